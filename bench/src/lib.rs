@@ -1,0 +1,1 @@
+//! QUAIL-B for aisql.

@@ -1,0 +1,95 @@
+//! The engine's error type and its one mapping to and from `DataFusionError`.
+
+use datafusion::error::DataFusionError;
+
+/// Errors raised by the engine. Every variant names what and where.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The plan file could not be read or decoded.
+    #[error("plan {path}: {message}")]
+    PlanFile {
+        /// Path of the plan file.
+        path: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The plan decodes but breaks a rule of SPEC §A.
+    #[error("invalid plan: {0}")]
+    InvalidPlan(String),
+    /// A label set is malformed or inconsistent.
+    #[error("labels: {0}")]
+    Labels(String),
+    /// The oracle needed a label the collection does not have.
+    #[error("missing label: predicate {predicate} has no label for ({left_id}, {})", right_id.as_deref().unwrap_or("null"))]
+    MissingLabel {
+        /// Predicate key.
+        predicate: String,
+        /// The `{0}` document id.
+        left_id: String,
+        /// The `{1}` document id, if any.
+        right_id: Option<String>,
+    },
+    /// Input data is missing or malformed (table files, columns, nulls).
+    #[error("data: {0}")]
+    Data(String),
+    /// The inference backend failed.
+    #[error("inference: {0}")]
+    Inference(String),
+    /// A model-crate error.
+    #[error(transparent)]
+    Model(#[from] aisql_models::ModelError),
+    /// I/O error with the path it concerns.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path being read or written.
+        path: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// An error inside DataFusion.
+    #[error(transparent)]
+    DataFusion(#[from] DataFusionError),
+}
+
+/// Engine result.
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+impl EngineError {
+    /// An I/O error for `path`.
+    pub fn io(path: impl AsRef<std::path::Path>, source: std::io::Error) -> Self {
+        EngineError::Io {
+            path: path.as_ref().display().to_string(),
+            source,
+        }
+    }
+}
+
+impl From<EngineError> for DataFusionError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::DataFusion(e) => e,
+            other => DataFusionError::External(Box::new(other)),
+        }
+    }
+}
+
+/// Recovers an `EngineError` that travelled through DataFusion as `External`.
+pub fn from_datafusion(e: DataFusionError) -> EngineError {
+    match e {
+        DataFusionError::External(inner) => match inner.downcast::<EngineError>() {
+            Ok(engine) => *engine,
+            Err(other) => EngineError::DataFusion(DataFusionError::External(other)),
+        },
+        DataFusionError::Context(ctx, inner) => match from_datafusion(*inner) {
+            EngineError::DataFusion(inner) => {
+                EngineError::DataFusion(DataFusionError::Context(ctx, Box::new(inner)))
+            }
+            engine => engine,
+        },
+        DataFusionError::Shared(shared) => match std::sync::Arc::try_unwrap(shared) {
+            Ok(e) => from_datafusion(e),
+            Err(shared) => EngineError::DataFusion(DataFusionError::Shared(shared)),
+        },
+        other => EngineError::DataFusion(other),
+    }
+}

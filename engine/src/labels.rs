@@ -1,0 +1,286 @@
+//! Reference labels of a QUAIL-B collection, held in memory for the oracle backend
+//! and for scoring.
+//!
+//! A collection maps each prompt template one-to-one to a predicate; a predicate's
+//! label set holds one answer per document (filters, one-document classifications)
+//! or per document pair (joins, joined-row classifications). Ids are interned per
+//! label set so that a join label costs a `(u32, u32)` key and a `u16` value —
+//! sf 1.0 has about 52 million labels.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{EngineError, Result};
+
+/// What a predicate answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PredicateKind {
+    /// One document, TRUE/FALSE.
+    Filter,
+    /// Two documents, TRUE/FALSE.
+    Join,
+    /// One or two documents, one label of a list.
+    Classify,
+}
+
+/// A predicate as a label-set manifest describes it (SPEC §C.1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PredicateInfo {
+    /// Predicate key, e.g. `quailb.imdb.review.mentions_positive_aspect`.
+    pub key: String,
+    /// Filter, join or classify.
+    pub kind: PredicateKind,
+    /// The prompt template exactly as written in the plans.
+    pub template: String,
+    /// Table of the `{0}` document.
+    pub left_table: String,
+    /// Text column of the `{0}` document.
+    pub left_column: String,
+    /// Table of the `{1}` document (joins, joined-row classifications).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub right_table: Option<String>,
+    /// Text column of the `{1}` document.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub right_column: Option<String>,
+    /// Classification labels in tie-break order (empty for filters and joins).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub labels: Vec<String>,
+    /// One description per label ("" = none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub descriptions: Vec<String>,
+}
+
+/// One reference answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LabelValue {
+    /// Filter or join answer.
+    Bool(bool),
+    /// Classification label (one of the predicate's labels).
+    Label(String),
+}
+
+/// Interns the string ids of one table side.
+#[derive(Debug, Default, Clone)]
+struct IdIndex {
+    ids: HashMap<Box<str>, u32>,
+}
+
+impl IdIndex {
+    fn intern(&mut self, id: &str) -> u32 {
+        let next = self.ids.len() as u32;
+        *self.ids.entry(id.into()).or_insert(next)
+    }
+    fn get(&self, id: &str) -> Option<u32> {
+        self.ids.get(id).copied()
+    }
+}
+
+const NO_RIGHT: u32 = u32::MAX;
+
+/// All reference labels of one predicate.
+#[derive(Debug, Clone)]
+pub struct LabelSet {
+    /// The predicate these labels answer.
+    pub info: PredicateInfo,
+    /// Label-set id (`ls_…`).
+    pub label_set_id: String,
+    left: IdIndex,
+    right: IdIndex,
+    values: HashMap<(u32, u32), u16>,
+}
+
+impl LabelSet {
+    /// An empty label set for `info`.
+    pub fn new(info: PredicateInfo, label_set_id: impl Into<String>) -> Self {
+        Self {
+            info,
+            label_set_id: label_set_id.into(),
+            left: IdIndex::default(),
+            right: IdIndex::default(),
+            values: HashMap::new(),
+        }
+    }
+
+    /// Number of labels held.
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// True when no label is held.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// Adds one label; a duplicate (left, right) or a value of the wrong kind is an error.
+    pub fn insert(&mut self, left_id: &str, right_id: Option<&str>, value: LabelValue) -> Result<()> {
+        let code = match (&value, self.info.kind) {
+            (LabelValue::Bool(b), PredicateKind::Filter | PredicateKind::Join) => *b as u16,
+            (LabelValue::Label(l), PredicateKind::Classify) => {
+                self.info.labels.iter().position(|x| x == l).ok_or_else(|| {
+                    EngineError::Labels(format!(
+                        "predicate {}: label {l:?} for id {left_id} is not one of its labels",
+                        self.info.key
+                    ))
+                })? as u16
+            }
+            _ => {
+                return Err(EngineError::Labels(format!(
+                    "predicate {} ({:?}): value {value:?} for id {left_id} has the wrong kind",
+                    self.info.key, self.info.kind
+                )));
+            }
+        };
+        let l = self.left.intern(left_id);
+        let r = match right_id {
+            Some(r) => self.right.intern(r),
+            None => NO_RIGHT,
+        };
+        if self.values.insert((l, r), code).is_some() {
+            return Err(EngineError::Labels(format!(
+                "predicate {}: duplicate label for ({left_id}, {})",
+                self.info.key,
+                right_id.unwrap_or("null")
+            )));
+        }
+        Ok(())
+    }
+
+    fn code(&self, left_id: &str, right_id: Option<&str>) -> Option<u16> {
+        let l = self.left.get(left_id)?;
+        let r = match right_id {
+            Some(r) => self.right.get(r)?,
+            None => NO_RIGHT,
+        };
+        self.values.get(&(l, r)).copied()
+    }
+
+    /// The TRUE/FALSE label of a document or pair, `None` when absent.
+    pub fn get_bool(&self, left_id: &str, right_id: Option<&str>) -> Option<bool> {
+        self.code(left_id, right_id).map(|c| c != 0)
+    }
+
+    /// The classification label of a document or pair, `None` when absent.
+    pub fn get_label(&self, left_id: &str, right_id: Option<&str>) -> Option<&str> {
+        self.code(left_id, right_id)
+            .map(|c| self.info.labels[c as usize].as_str())
+    }
+
+    /// The TRUE/FALSE label, or an error naming the predicate and ids.
+    pub fn require_bool(&self, left_id: &str, right_id: Option<&str>) -> Result<bool> {
+        self.get_bool(left_id, right_id)
+            .ok_or_else(|| self.missing(left_id, right_id))
+    }
+
+    /// The classification label, or an error naming the predicate and ids.
+    pub fn require_label(&self, left_id: &str, right_id: Option<&str>) -> Result<&str> {
+        self.get_label(left_id, right_id)
+            .ok_or_else(|| self.missing(left_id, right_id))
+    }
+
+    fn missing(&self, left_id: &str, right_id: Option<&str>) -> EngineError {
+        EngineError::MissingLabel {
+            predicate: self.info.key.clone(),
+            left_id: left_id.to_string(),
+            right_id: right_id.map(str::to_string),
+        }
+    }
+}
+
+/// The label sets of one collection, found by template.
+#[derive(Debug, Clone, Default)]
+pub struct LabelStore {
+    /// Collection id (`gt_…`, or a stand-in id).
+    pub collection_id: String,
+    /// The model that produced the labels.
+    pub reference_model: String,
+    by_template: HashMap<String, Arc<LabelSet>>,
+}
+
+impl LabelStore {
+    /// An empty store for a collection.
+    pub fn new(collection_id: impl Into<String>, reference_model: impl Into<String>) -> Self {
+        Self {
+            collection_id: collection_id.into(),
+            reference_model: reference_model.into(),
+            by_template: HashMap::new(),
+        }
+    }
+
+    /// Adds a label set; two sets with one template are an error (a template
+    /// identifies its predicate).
+    pub fn insert(&mut self, set: LabelSet) -> Result<()> {
+        let template = set.info.template.clone();
+        if let Some(old) = self.by_template.get(&template) {
+            return Err(EngineError::Labels(format!(
+                "predicates {} and {} share one template",
+                old.info.key, set.info.key
+            )));
+        }
+        self.by_template.insert(template, Arc::new(set));
+        Ok(())
+    }
+
+    /// The label set of a template, if the collection has one.
+    pub fn for_template(&self, template: &str) -> Option<&Arc<LabelSet>> {
+        self.by_template.get(template)
+    }
+
+    /// The label set of a template, or an error naming the operator.
+    pub fn require_template(&self, template: &str, operator: &str) -> Result<&Arc<LabelSet>> {
+        self.for_template(template).ok_or_else(|| {
+            EngineError::Labels(format!(
+                "collection {} has no label set for the template of {operator} ({})",
+                self.collection_id,
+                crate::prompt::shorten(template, 60)
+            ))
+        })
+    }
+
+    /// Every label set held.
+    pub fn sets(&self) -> impl Iterator<Item = &Arc<LabelSet>> {
+        self.by_template.values()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(kind: PredicateKind, labels: &[&str]) -> PredicateInfo {
+        PredicateInfo {
+            key: "k".into(),
+            kind,
+            template: "t {0}".into(),
+            left_table: "reviews".into(),
+            left_column: "body".into(),
+            right_table: None,
+            right_column: None,
+            labels: labels.iter().map(|s| s.to_string()).collect(),
+            descriptions: labels.iter().map(|_| String::new()).collect(),
+        }
+    }
+
+    #[test]
+    fn bool_labels_round_trip_and_missing_is_named() {
+        let mut set = LabelSet::new(info(PredicateKind::Join, &[]), "ls_1");
+        set.insert("rv0", Some("as1"), LabelValue::Bool(true)).unwrap();
+        set.insert("rv0", Some("as2"), LabelValue::Bool(false)).unwrap();
+        assert_eq!(set.get_bool("rv0", Some("as1")), Some(true));
+        assert_eq!(set.get_bool("rv0", Some("as2")), Some(false));
+        let err = set.require_bool("rv9", Some("as1")).unwrap_err().to_string();
+        assert!(err.contains("rv9") && err.contains('k'), "{err}");
+        assert!(set.insert("rv0", Some("as1"), LabelValue::Bool(false)).is_err());
+    }
+
+    #[test]
+    fn classification_labels_must_be_listed() {
+        let mut set = LabelSet::new(info(PredicateKind::Classify, &["a", "b"]), "ls_2");
+        set.insert("x", None, LabelValue::Label("b".into())).unwrap();
+        assert_eq!(set.get_label("x", None), Some("b"));
+        assert!(set.insert("y", None, LabelValue::Label("c".into())).is_err());
+        assert!(set.insert("y", None, LabelValue::Bool(true)).is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! aisql engine: Substrait plans with AI functions consumed through DataFusion.
