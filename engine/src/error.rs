@@ -46,6 +46,9 @@ pub enum EngineError {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// An Arrow compute error.
+    #[error(transparent)]
+    Arrow(#[from] datafusion::arrow::error::ArrowError),
     /// An error inside DataFusion.
     #[error(transparent)]
     DataFusion(#[from] DataFusionError),

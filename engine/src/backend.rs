@@ -1,0 +1,127 @@
+//! The inference-backend trait the AI operators call, and the oracle backend
+//! that answers from a collection's reference labels.
+//!
+//! Operators call a backend once per batch of requests, never per row. A batch
+//! belongs to one operator ([`AiCall`]) and its requests are ordered so that those
+//! sharing an anchor document are adjacent — the order a model backend needs to
+//! reuse the document's KV for every partner or question.
+
+use std::sync::Arc;
+
+use crate::error::{EngineError, Result};
+use crate::labels::LabelStore;
+use crate::prompt::PromptPieces;
+
+/// What kind of question an operator asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AiKind {
+    /// `ai_filter`: TRUE/FALSE about one document.
+    Filter,
+    /// `ai_join`: TRUE/FALSE about a pair.
+    Join,
+    /// `ai_classify`: one label for a document or a pair.
+    Classify,
+}
+
+/// One AI operator as the backend sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AiCall {
+    /// Operator id (`filter-1`, `join-2`, `classify-1`).
+    pub op_id: String,
+    /// Question kind.
+    pub kind: AiKind,
+    /// Prompt template as written in the plan.
+    pub template: String,
+    /// Tables of the `{0}` (and `{1}`) documents.
+    pub tables: Vec<String>,
+    /// Text columns of the `{0}` (and `{1}`) documents.
+    pub columns: Vec<String>,
+    /// Rendered fixed pieces of the operator's prompts.
+    pub pieces: PromptPieces,
+    /// Classification labels (tie-break order).
+    pub labels: Vec<String>,
+}
+
+/// A document in a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Doc<'a> {
+    /// Row id.
+    pub id: &'a str,
+    /// Text the prompt embeds.
+    pub text: &'a str,
+}
+
+/// One prompt to answer: the anchor (`{0}`) document and, for two-document
+/// operators, the partner (`{1}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AiRequest<'a> {
+    /// The `{0}` document.
+    pub anchor: Doc<'a>,
+    /// The `{1}` document.
+    pub partner: Option<Doc<'a>>,
+}
+
+/// Answers AI questions in batches.
+pub trait InferenceBackend: Send + Sync {
+    /// Short name recorded in results (`oracle`, `model`, …).
+    fn name(&self) -> &str;
+
+    /// TRUE/FALSE answers for a filter or join, one per request, in order.
+    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>>;
+
+    /// Chosen label index (into `call.labels`) per request, in order.
+    fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>>;
+
+    /// Engine measurements for the query so far (e.g. `fresh_tokens`), reset by
+    /// [`InferenceBackend::start_query`]. Keys follow SPEC §D.1.
+    fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {
+        serde_json::Map::new()
+    }
+
+    /// Called before a query runs.
+    fn start_query(&self) {}
+}
+
+/// Answers every question from the reference labels of a collection: the
+/// relational half of the engine can be proved exact before any model runs.
+#[derive(Debug, Clone)]
+pub struct OracleBackend {
+    labels: Arc<LabelStore>,
+}
+
+impl OracleBackend {
+    /// An oracle over `labels`.
+    pub fn new(labels: Arc<LabelStore>) -> Self {
+        Self { labels }
+    }
+}
+
+impl InferenceBackend for OracleBackend {
+    fn name(&self) -> &str {
+        "oracle"
+    }
+
+    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
+        let set = self.labels.require_template(&call.template, &call.op_id)?;
+        requests
+            .iter()
+            .map(|r| set.require_bool(r.anchor.id, r.partner.map(|p| p.id)))
+            .collect()
+    }
+
+    fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
+        let set = self.labels.require_template(&call.template, &call.op_id)?;
+        requests
+            .iter()
+            .map(|r| {
+                let label = set.require_label(r.anchor.id, r.partner.map(|p| p.id))?;
+                call.labels.iter().position(|l| l == label).ok_or_else(|| {
+                    EngineError::Labels(format!(
+                        "{}: reference label {label:?} is not among the plan's labels",
+                        call.op_id
+                    ))
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,140 @@
+//! Running one QUAIL-B query end to end: tables registered, plan consumed into
+//! DataFusion with AI nodes, executed, and the rows plus per-operator answer
+//! tables returned (SPEC §D.1's adapter contract).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::{Field, Schema};
+use datafusion::execution::SessionStateBuilder;
+use datafusion::logical_expr::LogicalPlanBuilder;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+use crate::answers::{AnswerRecorder, AnswerTable};
+use crate::backend::{AiKind, InferenceBackend};
+use crate::error::{EngineError, Result, from_datafusion};
+use crate::logical::AiConsumer;
+use crate::physical::{AiQueryPlanner, AiRuntime};
+use crate::plan::{Operator, QueryPlan};
+use crate::prompt::PromptFormat;
+use crate::tables::{TablePaths, register_tables};
+
+/// How a query runs.
+#[derive(Debug, Clone, Default)]
+pub struct QueryOptions {
+    /// Prompt layout.
+    pub format: PromptFormat,
+    /// Show progress bars on stderr.
+    pub progress: bool,
+}
+
+/// What a query returns (SPEC §D.1).
+#[derive(Debug, Clone)]
+pub struct QueryOutput {
+    /// Result rows: one string column per selected alias or label column.
+    pub rows: RecordBatch,
+    /// Answer tables of every AI operator, in post-order.
+    pub answers: Vec<AnswerTable>,
+    /// Seconds of query execution (consumption, planning, execution, model work).
+    pub runtime_s: f64,
+    /// Engine measurements (fresh tokens and the like).
+    pub measurements: serde_json::Map<String, serde_json::Value>,
+    /// Rows per physical table read.
+    pub table_rows: BTreeMap<String, usize>,
+}
+
+impl QueryOutput {
+    /// Answer tables of one kind, in post-order.
+    pub fn answers_of(&self, kind: AiKind) -> impl Iterator<Item = &AnswerTable> {
+        self.answers.iter().filter(move |t| t.kind == kind)
+    }
+}
+
+/// Runs `query` over the tables in `paths` with `backend`.
+pub async fn run_query(
+    query: &QueryPlan,
+    paths: &TablePaths,
+    backend: Arc<dyn InferenceBackend>,
+    options: &QueryOptions,
+) -> Result<QueryOutput> {
+    let recorder = Arc::new(AnswerRecorder::default());
+    let runtime = AiRuntime {
+        backend: backend.clone(),
+        recorder: recorder.clone(),
+        progress: options.progress,
+    };
+    let state = SessionStateBuilder::new()
+        .with_config(SessionConfig::new().with_target_partitions(1))
+        .with_default_features()
+        .with_query_planner(Arc::new(AiQueryPlanner::new(runtime)))
+        .build();
+    let ctx = SessionContext::new_with_state(state);
+    let table_rows = register_tables(&ctx, query, paths)?;
+
+    backend.start_query();
+    let started = Instant::now();
+    let state = ctx.state();
+    let consumer = AiConsumer::new(&state, query, options.format).map_err(from_datafusion)?;
+    let plan = consumer.consume().await.map_err(from_datafusion)?;
+    let plan = LogicalPlanBuilder::from(plan)
+        .distinct()
+        .and_then(|b| b.build())
+        .map_err(from_datafusion)?;
+    let batches = ctx
+        .execute_logical_plan(plan)
+        .await
+        .map_err(from_datafusion)?
+        .collect()
+        .await
+        .map_err(from_datafusion)?;
+    let runtime_s = started.elapsed().as_secs_f64();
+
+    let names = query.output_names();
+    let schema = Arc::new(Schema::new(
+        names
+            .iter()
+            .map(|n| Field::new(n, datafusion::arrow::datatypes::DataType::Utf8, false))
+            .collect::<Vec<_>>(),
+    ));
+    let rows = if batches.is_empty() {
+        RecordBatch::new_empty(schema.clone())
+    } else {
+        let merged = datafusion::arrow::compute::concat_batches(&batches[0].schema(), &batches)?;
+        if merged.num_columns() != names.len() {
+            return Err(EngineError::InvalidPlan(format!(
+                "the plan produced {} columns, expected {names:?}",
+                merged.num_columns()
+            )));
+        }
+        RecordBatch::try_new(schema.clone(), merged.columns().to_vec())?
+    };
+
+    let mut recorded = recorder.take();
+    let mut answers = Vec::new();
+    for op in &query.operators {
+        let (kind, aliases) = match op {
+            Operator::Filter { alias, .. } => (AiKind::Filter, vec![alias.clone()]),
+            Operator::Join { aliases, .. } => (AiKind::Join, aliases.to_vec()),
+            Operator::Classify { alias, partner, .. } => {
+                let mut a = vec![alias.clone()];
+                a.extend(partner.clone());
+                (AiKind::Classify, a)
+            }
+            Operator::InList { .. } => continue,
+        };
+        let table = match recorded.iter().position(|t| t.op_id == op.id()) {
+            Some(i) => recorded.swap_remove(i),
+            None => AnswerTable::new(op.id(), kind, aliases),
+        };
+        answers.push(table);
+    }
+    Ok(QueryOutput {
+        rows,
+        answers,
+        runtime_s,
+        measurements: backend.measurements(),
+        table_rows,
+    })
+}

@@ -1,0 +1,136 @@
+//! Input tables: Parquet files read into memory and registered with DataFusion.
+//!
+//! QUAIL-B plans declare every column `NULLABILITY_REQUIRED`, while Parquet
+//! written by pyarrow declares them nullable, and DataFusion's Substrait consumer
+//! rejects that mismatch. So every table is checked for nulls in the columns a
+//! plan reads (a null is a data error naming table, column and row) and then
+//! presented with non-nullable fields. String columns are normalised to `Utf8`.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, RecordBatch};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::datasource::MemTable;
+use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use datafusion::prelude::SessionContext;
+
+use crate::error::{EngineError, Result};
+use crate::plan::QueryPlan;
+
+/// Reads one Parquet table, requiring `columns` to exist, be strings and hold no
+/// nulls, and the table to have rows.
+pub fn read_table(table: &str, path: &Path, columns: &[String]) -> Result<RecordBatch> {
+    let file = File::open(path).map_err(|e| {
+        EngineError::Data(format!("table {table}: cannot open {}: {e}", path.display()))
+    })?;
+    let corrupt = |e: &dyn std::fmt::Display| {
+        EngineError::Data(format!(
+            "table {table}: {} is not a readable Parquet file: {e}",
+            path.display()
+        ))
+    };
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| corrupt(&e))?;
+    let schema = builder.schema().clone();
+    for c in columns {
+        if schema.field_with_name(c).is_err() {
+            return Err(EngineError::Data(format!(
+                "table {table} ({}) has no column {c:?}; it has {:?}",
+                path.display(),
+                schema.fields().iter().map(|f| f.name()).collect::<Vec<_>>()
+            )));
+        }
+    }
+    let reader = builder.build().map_err(|e| corrupt(&e))?;
+    let batches = reader
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| corrupt(&e))?;
+    let batch = datafusion::arrow::compute::concat_batches(&schema, &batches)?;
+    if batch.num_rows() == 0 {
+        return Err(EngineError::Data(format!(
+            "table {table} ({}) is empty",
+            path.display()
+        )));
+    }
+    let mut fields = Vec::with_capacity(schema.fields().len());
+    let mut arrays = Vec::with_capacity(schema.fields().len());
+    for (field, array) in schema.fields().iter().zip(batch.columns()) {
+        let needed = columns.iter().any(|c| c == field.name());
+        let (field, array) = match field.data_type() {
+            DataType::LargeUtf8 | DataType::Utf8View if needed => (
+                Field::new(field.name(), DataType::Utf8, field.is_nullable()),
+                cast(array, &DataType::Utf8)?,
+            ),
+            _ => (field.as_ref().clone(), array.clone()),
+        };
+        if needed {
+            if field.data_type() != &DataType::Utf8 {
+                return Err(EngineError::Data(format!(
+                    "table {table}: column {} is {} (expected a string)",
+                    field.name(),
+                    field.data_type()
+                )));
+            }
+            if array.null_count() > 0 {
+                let row = (0..array.len()).find(|&i| array.is_null(i)).unwrap_or(0);
+                return Err(EngineError::Data(format!(
+                    "table {table}: column {} is null in row {row} ({})",
+                    field.name(),
+                    path.display()
+                )));
+            }
+        }
+        let nullable = field.is_nullable() && array.null_count() > 0;
+        fields.push(field.with_nullable(nullable));
+        arrays.push(array);
+    }
+    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)?)
+}
+
+/// Where each physical table's Parquet file is.
+pub type TablePaths = BTreeMap<String, PathBuf>;
+
+/// The tables in a folder of `<table>.parquet` files.
+pub fn tables_in_dir(dir: &Path) -> Result<TablePaths> {
+    let entries = std::fs::read_dir(dir).map_err(|e| EngineError::io(dir, e))?;
+    let mut out = TablePaths::new();
+    for entry in entries {
+        let path = entry.map_err(|e| EngineError::io(dir, e))?.path();
+        if path.extension().is_some_and(|e| e == "parquet")
+            && let Some(stem) = path.file_stem().and_then(|s| s.to_str())
+        {
+            out.insert(stem.to_string(), path);
+        }
+    }
+    Ok(out)
+}
+
+/// Reads every table `query` scans and registers it with `ctx`. Returns the
+/// row count per table.
+pub fn register_tables(ctx: &SessionContext, query: &QueryPlan, paths: &TablePaths) -> Result<BTreeMap<String, usize>> {
+    let mut rows = BTreeMap::new();
+    for table in query.tables() {
+        let path = paths.get(&table).ok_or_else(|| {
+            EngineError::Data(format!(
+                "table {table} is needed by the plan but no file was given for it (known: {:?})",
+                paths.keys().collect::<Vec<_>>()
+            ))
+        })?;
+        let mut columns: Vec<String> = Vec::new();
+        for r in query.relations.iter().filter(|r| r.table == table) {
+            for c in &r.columns {
+                if !columns.contains(c) {
+                    columns.push(c.clone());
+                }
+            }
+        }
+        let batch = read_table(&table, path, &columns)?;
+        rows.insert(table.clone(), batch.num_rows());
+        let mem = MemTable::try_new(batch.schema(), vec![vec![batch]])?;
+        ctx.register_table(table.as_str(), Arc::new(mem))?;
+    }
+    Ok(rows)
+}
