@@ -39,12 +39,12 @@ pub enum EngineError {
     #[error(transparent)]
     Model(#[from] aisql_models::ModelError),
     /// I/O error with the path it concerns.
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         /// The path being read or written.
         path: String,
-        /// The underlying error.
-        source: std::io::Error,
+        /// The underlying error (not chained as a source: the message already shows it).
+        cause: std::io::Error,
     },
     /// An Arrow compute error.
     #[error(transparent)]
@@ -59,10 +59,10 @@ pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 impl EngineError {
     /// An I/O error for `path`.
-    pub fn io(path: impl AsRef<std::path::Path>, source: std::io::Error) -> Self {
+    pub fn io(path: impl AsRef<std::path::Path>, cause: std::io::Error) -> Self {
         EngineError::Io {
             path: path.as_ref().display().to_string(),
-            source,
+            cause,
         }
     }
 }

@@ -11,9 +11,11 @@
 pub mod answers;
 pub mod backend;
 pub mod canonical;
+pub mod explain;
 mod error;
 pub mod labels;
 pub mod logical;
+pub mod output;
 pub mod physical;
 pub mod plan;
 pub mod prompt;

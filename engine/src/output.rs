@@ -1,0 +1,119 @@
+//! Writing a query's outputs in the QUAIL-B per-query layout (SPEC §D.6):
+//! `plan.substrait`, `rows.parquet`, `filters-<i>.parquet`, `joins-<i>.parquet`,
+//! `classifications-<i>.parquet` (zstd), `i` = position among operators of that
+//! kind in post-order.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::parquet::basic::{Compression, ZstdLevel};
+use datafusion::parquet::file::properties::WriterProperties;
+use serde::Serialize;
+
+use crate::backend::AiKind;
+use crate::error::{EngineError, Result};
+use crate::plan::{QueryPlan, encode_plan};
+use crate::query::QueryOutput;
+
+/// One answer-table file: operator id and path relative to the run folder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct KeyedFile {
+    /// Operator id.
+    pub key: String,
+    /// File path.
+    pub path: String,
+}
+
+/// The files of one query (run.json `files`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct OutputFiles {
+    /// `plan.substrait`.
+    pub plan: String,
+    /// `rows.parquet`.
+    pub rows: String,
+    /// Filter answer tables.
+    pub filters: Vec<KeyedFile>,
+    /// Join answer tables.
+    pub joins: Vec<KeyedFile>,
+    /// Classification answer tables.
+    pub classifications: Vec<KeyedFile>,
+}
+
+/// Writes `batch` as a zstd Parquet file, atomically (temp file then rename).
+pub fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
+    let tmp = path.with_extension("parquet.tmp");
+    let file = File::create(&tmp).map_err(|e| EngineError::io(&tmp, e))?;
+    let props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).expect("valid zstd level")))
+        .build();
+    let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props))
+        .map_err(|e| EngineError::Data(format!("{}: {e}", path.display())))?;
+    writer
+        .write(batch)
+        .and_then(|_| writer.close().map(|_| ()))
+        .map_err(|e| EngineError::Data(format!("{}: {e}", path.display())))?;
+    std::fs::rename(&tmp, path).map_err(|e| EngineError::io(path, e))
+}
+
+/// Writes every output of `out` into `dir` (created if missing). Paths in the
+/// returned list are prefixed with `prefix` (e.g. the query id folder).
+pub fn write_query_outputs(dir: &Path, prefix: &str, query: &QueryPlan, out: &QueryOutput) -> Result<OutputFiles> {
+    std::fs::create_dir_all(dir).map_err(|e| EngineError::io(dir, e))?;
+    let rel = |name: &str| -> String {
+        if prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{prefix}/{name}")
+        }
+    };
+    let plan_path = dir.join("plan.substrait");
+    std::fs::write(&plan_path, encode_plan(&query.substrait)).map_err(|e| EngineError::io(&plan_path, e))?;
+    write_parquet(&dir.join("rows.parquet"), &out.rows)?;
+    let mut files = OutputFiles {
+        plan: rel("plan.substrait"),
+        rows: rel("rows.parquet"),
+        ..Default::default()
+    };
+    for (kind, stem) in [
+        (AiKind::Filter, "filters"),
+        (AiKind::Join, "joins"),
+        (AiKind::Classify, "classifications"),
+    ] {
+        for (i, table) in out.answers_of(kind).enumerate() {
+            let name = format!("{stem}-{i}.parquet");
+            write_parquet(&dir.join(&name), &table.to_record_batch()?)?;
+            let entry = KeyedFile {
+                key: table.op_id.clone(),
+                path: rel(&name),
+            };
+            match kind {
+                AiKind::Filter => files.filters.push(entry),
+                AiKind::Join => files.joins.push(entry),
+                AiKind::Classify => files.classifications.push(entry),
+            }
+        }
+    }
+    Ok(files)
+}
+
+/// Reads a Parquet file written by [`write_parquet`] (or the harness) back.
+pub fn read_parquet(path: &Path) -> Result<RecordBatch> {
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let file = File::open(path).map_err(|e| EngineError::io(path, e))?;
+    let bad = |e: &dyn std::fmt::Display| EngineError::Data(format!("{}: {e}", path.display()));
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| bad(&e))?;
+    let schema = builder.schema().clone();
+    let batches = builder
+        .build()
+        .map_err(|e| bad(&e))?
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| bad(&e))?;
+    Ok(datafusion::arrow::compute::concat_batches(&schema, &batches)?)
+}
+
+/// The output folder of a query inside a run folder.
+pub fn query_dir(run_dir: &Path, query_id: &str) -> PathBuf {
+    run_dir.join(query_id)
+}

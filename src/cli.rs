@@ -1,0 +1,118 @@
+//! Command-line arguments (clap derive). Every flag is documented; defaults are
+//! the ones a first run on a laptop needs (stand-in data, tiny model, CPU).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// aisql: SQL that calls a language model per row, from Substrait plans.
+#[derive(Debug, Parser)]
+#[command(name = "aisql", version, about, propagate_version = true)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the operator tree of a plan.
+    Explain {
+        /// Substrait plan (.json ProtoJSON, or .substrait/.pb binary).
+        plan: PathBuf,
+    },
+    /// Run one plan and print its rows.
+    Query(QueryArgs),
+    /// QUAIL-B data: generate the stand-in corpus or fetch the published one.
+    #[command(subcommand)]
+    Data(DataCommand),
+    /// Model utilities.
+    #[command(subcommand)]
+    Model(ModelCommand),
+}
+
+/// Which backend answers AI questions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendKind {
+    /// Reference labels of the QUAIL-B collection.
+    Oracle,
+    /// A Qwen3 model.
+    Model,
+}
+
+/// Where the input tables come from.
+#[derive(Debug, Clone, Args)]
+pub struct DataArgs {
+    /// QUAIL-B data root in the published layout (corpora/, collections/, label_sets/).
+    /// Without it: aisql's cache, the harness's cache, else the stand-in corpus.
+    #[arg(long, env = "AISQL_ROOT", conflicts_with = "tables")]
+    pub root: Option<PathBuf>,
+    /// A folder of `<table>.parquet` files (your own data; no reference labels).
+    #[arg(long)]
+    pub tables: Option<PathBuf>,
+    /// Scale factor of the QUAIL-B corpus.
+    #[arg(long, default_value_t = 0.1)]
+    pub sf: f64,
+    /// Reference collection id (default: the corpus's active collection).
+    #[arg(long)]
+    pub collection: Option<String>,
+}
+
+/// `aisql query`.
+#[derive(Debug, Args)]
+pub struct QueryArgs {
+    /// Substrait plan (.json ProtoJSON, or .substrait/.pb binary).
+    pub plan: PathBuf,
+    #[command(flatten)]
+    pub data: DataArgs,
+    /// Backend (default: model; the oracle needs reference labels, so --root or the QUAIL-B cache).
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendKind>,
+    /// Write rows.parquet, answer tables and plan.substrait here (SPEC §D.6 layout).
+    #[arg(long)]
+    pub output_dir: Option<PathBuf>,
+    /// Prompt layout: raw-v1 (reference) or qwen3-chat-nonthinking-v1.
+    #[arg(long, default_value = "raw-v1")]
+    pub prompt_format: String,
+    /// Print at most this many rows (all rows are always saved).
+    #[arg(long, default_value_t = 50)]
+    pub limit: usize,
+}
+
+/// `aisql data …`.
+#[derive(Debug, Subcommand)]
+pub enum DataCommand {
+    /// Generate the deterministic stand-in corpus with labels.
+    Generate {
+        /// Scale factor (0.1, 0.5, 1.0 match the published row counts; any > 0 works).
+        #[arg(long, default_value_t = 0.1)]
+        sf: f64,
+        /// Output root (default: ~/.cache/aisql/quailb-standin/).
+        #[arg(long)]
+        root: Option<PathBuf>,
+    },
+    /// Download the published corpus and collection (needs network access to S3).
+    Fetch {
+        /// Scale factor: 0.1, 0.5 or 1.0.
+        #[arg(long, default_value_t = 0.1)]
+        sf: f64,
+        /// Destination root (default: ~/.cache/aisql/quailb/).
+        #[arg(long)]
+        dest: Option<PathBuf>,
+    },
+}
+
+/// `aisql model …`.
+#[derive(Debug, Subcommand)]
+pub enum ModelCommand {
+    /// Write the deterministic tiny Qwen3 (real tokenizer, random weights).
+    Tiny {
+        /// Output folder (config.json, model.safetensors, tokenizer.json).
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed of the random weights.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+}

@@ -1,0 +1,28 @@
+//! One module per subcommand; `run` dispatches.
+
+mod data;
+mod model;
+mod query;
+
+use crate::cli::{Cli, Command};
+
+/// Runs the parsed command line.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Explain { plan } => {
+            let query = aisql_engine::plan::QueryPlan::from_file(&plan)?;
+            print!("{}", aisql_engine::explain::explain(&query));
+            Ok(())
+        }
+        Command::Query(args) => query::run(args),
+        Command::Data(cmd) => data::run(cmd),
+        Command::Model(cmd) => model::run(cmd),
+    }
+}
+
+/// A tokio runtime for the async parts of a command.
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}

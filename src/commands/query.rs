@@ -1,0 +1,71 @@
+//! `aisql query PLAN`: run one plan, print its rows, optionally save outputs.
+
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use aisql_bench::layout::Dataset;
+use aisql_engine::backend::{InferenceBackend, OracleBackend};
+use aisql_engine::plan::QueryPlan;
+use aisql_engine::query::{QueryOptions, run_query};
+use aisql_engine::tables::{TablePaths, tables_in_dir};
+use datafusion::arrow::util::pretty::pretty_format_batches;
+
+use crate::cli::{BackendKind, DataArgs, QueryArgs};
+
+/// Tables (and the dataset, when the data is a QUAIL-B root) for a query.
+pub fn resolve_tables(data: &DataArgs) -> anyhow::Result<(TablePaths, Option<Dataset>)> {
+    if let Some(dir) = &data.tables {
+        return Ok((tables_in_dir(dir)?, None));
+    }
+    let dataset = match &data.root {
+        Some(root) => Dataset::open(root, data.sf, data.collection.as_deref())?,
+        None => Dataset::resolve(None, data.sf)?,
+    };
+    Ok((dataset.tables.clone(), Some(dataset)))
+}
+
+pub fn run(args: QueryArgs) -> anyhow::Result<()> {
+    let query = QueryPlan::from_file(&args.plan)?;
+    let format = args.prompt_format.parse()?;
+    let (tables, dataset) = resolve_tables(&args.data)?;
+    let backend: Arc<dyn InferenceBackend> = match args.backend.unwrap_or(BackendKind::Model) {
+        BackendKind::Oracle => {
+            let Some(dataset) = &dataset else {
+                bail!("--backend oracle needs reference labels: use --root (a QUAIL-B data root), not --tables");
+            };
+            let labels = dataset
+                .load_labels(Some(&query.templates()))
+                .context("loading reference labels")?;
+            Arc::new(OracleBackend::new(Arc::new(labels)))
+        }
+        BackendKind::Model => bail!("the model backend is not available in this build yet; use --backend oracle"),
+    };
+    let rt = super::runtime()?;
+    let out = rt.block_on(run_query(
+        &query,
+        &tables,
+        backend,
+        &QueryOptions {
+            format,
+            progress: true,
+        },
+    ))?;
+    let shown = out.rows.slice(0, out.rows.num_rows().min(args.limit));
+    println!("{}", pretty_format_batches(&[shown])?);
+    println!(
+        "{} row{} in {:.3} s{}",
+        out.rows.num_rows(),
+        if out.rows.num_rows() == 1 { "" } else { "s" },
+        out.runtime_s,
+        if out.rows.num_rows() > args.limit {
+            format!(" ({} shown)", args.limit)
+        } else {
+            String::new()
+        }
+    );
+    if let Some(dir) = &args.output_dir {
+        aisql_engine::output::write_query_outputs(dir, "", &query, &out)?;
+        eprintln!("outputs written to {}", dir.display());
+    }
+    Ok(())
+}
