@@ -59,6 +59,53 @@ pub struct DataArgs {
     pub collection: Option<String>,
 }
 
+/// How AI questions are answered: backend, model, device and caching.
+#[derive(Debug, Clone, Args)]
+pub struct BackendArgs {
+    /// Backend: model (a Qwen3) or oracle (reference labels; needs a QUAIL-B root).
+    #[arg(long, value_enum, default_value = "model")]
+    pub backend: BackendKind,
+    /// With --backend oracle: run the model backend's scheduler over a virtual KV
+    /// cache (no forward passes) to report the fresh tokens the model would compute.
+    #[arg(long)]
+    pub simulate: bool,
+    /// Model: `tiny` (deterministic tiny Qwen3, generated on first use), a local
+    /// directory (config.json, *.safetensors[, tokenizer.json]) or a Hugging Face id
+    /// found in the local HF cache (e.g. Qwen/Qwen3-4B).
+    #[arg(long, default_value = "tiny", env = "AISQL_MODEL")]
+    pub model: String,
+    /// Run on the CPU (the default without --gpu).
+    #[arg(long, conflicts_with = "gpu")]
+    pub cpu: bool,
+    /// Run on CUDA device N (needs a build with `--features cuda`).
+    #[arg(long, value_name = "N")]
+    pub gpu: Option<usize>,
+    /// Weights dtype: f32, bf16 or f16 (default: f32 on CPU, bf16 on GPU).
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// Reuse document KV across questions, partners and rows (off: every prompt from scratch).
+    #[arg(long, value_enum, default_value = "on")]
+    pub prefix_cache: Switch,
+    /// KV memory budget in MiB (default: a quarter of free memory, at most 16 GiB on CPU).
+    #[arg(long)]
+    pub kv_budget_mb: Option<usize>,
+    /// Tokens per forward batch.
+    #[arg(long, default_value_t = 8192)]
+    pub batch_tokens: usize,
+    /// Prompt layout: raw-v1 (reference) or qwen3-chat-nonthinking-v1.
+    #[arg(long, default_value = "raw-v1")]
+    pub prompt_format: String,
+}
+
+/// An on/off switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Switch {
+    /// Enabled.
+    On,
+    /// Disabled.
+    Off,
+}
+
 /// `aisql query`.
 #[derive(Debug, Args)]
 pub struct QueryArgs {
@@ -66,15 +113,11 @@ pub struct QueryArgs {
     pub plan: PathBuf,
     #[command(flatten)]
     pub data: DataArgs,
-    /// Backend (default: model; the oracle needs reference labels, so --root or the QUAIL-B cache).
-    #[arg(long, value_enum)]
-    pub backend: Option<BackendKind>,
+    #[command(flatten)]
+    pub backend: BackendArgs,
     /// Write rows.parquet, answer tables and plan.substrait here (SPEC §D.6 layout).
     #[arg(long)]
     pub output_dir: Option<PathBuf>,
-    /// Prompt layout: raw-v1 (reference) or qwen3-chat-nonthinking-v1.
-    #[arg(long, default_value = "raw-v1")]
-    pub prompt_format: String,
     /// Print at most this many rows (all rows are always saved).
     #[arg(long, default_value_t = 50)]
     pub limit: usize,

@@ -1,5 +1,6 @@
 //! One module per subcommand; `run` dispatches.
 
+mod backend;
 mod data;
 mod model;
 mod query;

@@ -1,16 +1,12 @@
 //! `aisql query PLAN`: run one plan, print its rows, optionally save outputs.
 
-use std::sync::Arc;
-
-use anyhow::{Context, bail};
 use aisql_bench::layout::Dataset;
-use aisql_engine::backend::{InferenceBackend, OracleBackend};
 use aisql_engine::plan::QueryPlan;
 use aisql_engine::query::{QueryOptions, run_query};
 use aisql_engine::tables::{TablePaths, tables_in_dir};
 use datafusion::arrow::util::pretty::pretty_format_batches;
 
-use crate::cli::{BackendKind, DataArgs, QueryArgs};
+use crate::cli::{DataArgs, QueryArgs};
 
 /// Tables (and the dataset, when the data is a QUAIL-B root) for a query.
 pub fn resolve_tables(data: &DataArgs) -> anyhow::Result<(TablePaths, Option<Dataset>)> {
@@ -26,20 +22,9 @@ pub fn resolve_tables(data: &DataArgs) -> anyhow::Result<(TablePaths, Option<Dat
 
 pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     let query = QueryPlan::from_file(&args.plan)?;
-    let format = args.prompt_format.parse()?;
+    let format = args.backend.prompt_format.parse()?;
     let (tables, dataset) = resolve_tables(&args.data)?;
-    let backend: Arc<dyn InferenceBackend> = match args.backend.unwrap_or(BackendKind::Model) {
-        BackendKind::Oracle => {
-            let Some(dataset) = &dataset else {
-                bail!("--backend oracle needs reference labels: use --root (a QUAIL-B data root), not --tables");
-            };
-            let labels = dataset
-                .load_labels(Some(&query.templates()))
-                .context("loading reference labels")?;
-            Arc::new(OracleBackend::new(Arc::new(labels)))
-        }
-        BackendKind::Model => bail!("the model backend is not available in this build yet; use --backend oracle"),
-    };
+    let backend = super::backend::build(&args.backend, dataset.as_ref(), &query.templates())?;
     let rt = super::runtime()?;
     let out = rt.block_on(run_query(
         &query,
