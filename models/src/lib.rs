@@ -1,5 +1,42 @@
 //! Qwen3 in candle with a KV cache owned outside the model, so that one document's
 //! KV can be shared by many scored continuations.
+//!
+//! * [`Qwen3`]: the model ([`qwen3`]); load with [`Qwen3::load`] or [`Qwen3::from_files`].
+//! * [`KvHandle`]: a cached prefix ([`kv`]), made by [`Qwen3::prefill`].
+//! * Scoring ([`score`]): [`Qwen3::decide`], [`Qwen3::label_logprobs`], [`Qwen3::classify`].
+//! * [`tokenizer::Tokenizer`]: Qwen3's tokenizer (vendored copy included).
+//! * [`tiny`]: a deterministic random tiny Qwen3 for tests and benchmarks.
+
+#![warn(missing_docs)]
 
 mod error;
+pub mod kv;
+pub mod qwen3;
+pub mod score;
+pub mod source;
+#[cfg(test)]
+mod testutil;
+pub mod tiny;
+pub mod tokenizer;
+
 pub use error::{ModelError, Result};
+pub use kv::KvHandle;
+pub use qwen3::{Config, Qwen3};
+pub use score::{ClassifyRequest, Continuation, Decision};
+pub use source::{ModelFiles, default_dtype, device};
+pub use tokenizer::{AnswerIds, Tokenizer};
+
+pub use candle_core::{DType, Device};
+
+/// Loads a model and its tokenizer from `source`: a local directory, or a Hugging
+/// Face model id read from the local HF cache. The tokenizer is the model's own
+/// `tokenizer.json` when shipped, otherwise the vendored Qwen3 one.
+pub fn load(source: &str, device: &Device, dtype: Option<DType>) -> Result<(Qwen3, Tokenizer)> {
+    let files = ModelFiles::resolve(source)?;
+    let model = Qwen3::from_files(&files, device, dtype)?;
+    let tokenizer = match &files.tokenizer {
+        Some(path) => Tokenizer::from_file(path)?,
+        None => Tokenizer::vendored()?,
+    };
+    Ok((model, tokenizer))
+}

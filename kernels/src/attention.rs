@@ -1,0 +1,496 @@
+//! Attention of a packed batch of suffixes, each continuing its own cached prefix:
+//! every suffix token attends to all of its prefix's keys and causally to its own
+//! suffix's keys. Prefixes are given as a chain of KV segments (e.g. a document's
+//! KV, then a question prefilled on top of it), so nothing is copied to share them.
+//!
+//! Layouts are head-major throughout, matching the KV cache:
+//! * queries `q`: `(num_heads, total, head_dim)`, all suffixes packed along `total`;
+//! * suffix keys/values `k`, `v`: `(num_kv_heads, total, head_dim)`;
+//! * each prefix segment's K/V: `(num_kv_heads, seg_len, head_dim)`;
+//! * output: `(num_heads, total, head_dim)`.
+//!
+//! GQA: query head `h` reads KV head `h / (num_heads / num_kv_heads)`.
+
+use candle_core::{D, DType, Tensor};
+use rayon::prelude::*;
+
+use crate::cpu::{CpuF32, axpy, dot};
+use crate::{KernelError, Result};
+
+const KERNEL: &str = "prefix_suffix_attention";
+
+/// Head counts and softmax scale shared by every sequence of a call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnDims {
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads (divides `num_heads`).
+    pub num_kv_heads: usize,
+    /// Per-head width.
+    pub head_dim: usize,
+    /// Multiplier applied to `q·k` before the softmax, usually `1/sqrt(head_dim)`.
+    pub scale: f32,
+}
+
+/// One cached KV segment as f32 slices, layout `(num_kv_heads, len, head_dim)`.
+#[derive(Debug, Clone, Copy)]
+pub struct KvSlice<'a> {
+    /// Keys.
+    pub k: &'a [f32],
+    /// Values.
+    pub v: &'a [f32],
+    /// Positions in the segment.
+    pub len: usize,
+}
+
+/// One suffix of a packed batch, slice form: its prefix segments (oldest first) and
+/// where its tokens sit in the packed `total` dimension.
+#[derive(Debug, Clone)]
+pub struct SeqSlices<'a> {
+    /// Prefix segments, in position order.
+    pub prefix: Vec<KvSlice<'a>>,
+    /// First packed row of this suffix.
+    pub start: usize,
+    /// Number of suffix tokens.
+    pub len: usize,
+}
+
+/// One suffix of a packed batch, tensor form (see [`SeqSlices`]); each prefix entry is
+/// a `(k, v)` pair of shape `(num_kv_heads, seg_len, head_dim)`.
+#[derive(Debug, Clone)]
+pub struct SeqKv {
+    /// Prefix segments `(k, v)`, in position order.
+    pub prefix: Vec<(Tensor, Tensor)>,
+    /// First packed row of this suffix.
+    pub start: usize,
+    /// Number of suffix tokens.
+    pub len: usize,
+}
+
+fn bad(message: String) -> KernelError {
+    KernelError::BadInput {
+        kernel: KERNEL,
+        message,
+    }
+}
+
+fn check_seqs(total: usize, seqs: impl Iterator<Item = (usize, usize)>) -> Result<()> {
+    let mut next = 0;
+    for (start, len) in seqs {
+        if start != next {
+            return Err(bad(format!(
+                "suffixes must tile the packed rows in order: expected start {next}, got {start}"
+            )));
+        }
+        next = start + len;
+    }
+    if next != total {
+        return Err(bad(format!(
+            "suffix lengths sum to {next}, but {total} rows are packed"
+        )));
+    }
+    Ok(())
+}
+
+/// Shared-prefix attention on f32 slices (CPU), parallel over suffixes × heads.
+/// Writes `(num_heads, total, head_dim)` into `out`.
+pub fn prefix_suffix_attention_slices(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    seqs: &[SeqSlices<'_>],
+    dims: AttnDims,
+    out: &mut [f32],
+) -> Result<()> {
+    let AttnDims {
+        num_heads,
+        num_kv_heads,
+        head_dim: d,
+        scale,
+    } = dims;
+    if num_kv_heads == 0 || d == 0 || !num_heads.is_multiple_of(num_kv_heads) {
+        return Err(bad(format!(
+            "{num_heads} query heads cannot share {num_kv_heads} KV heads"
+        )));
+    }
+    let total = q.len() / (num_heads * d);
+    if q.len() != num_heads * total * d || out.len() != q.len() {
+        return Err(bad(format!(
+            "q has {} values, out {}; not (num_heads={num_heads}, T, {d})",
+            q.len(),
+            out.len()
+        )));
+    }
+    if k.len() != num_kv_heads * total * d || v.len() != k.len() {
+        return Err(bad(format!(
+            "k/v have {}/{} values, expected {}",
+            k.len(),
+            v.len(),
+            num_kv_heads * total * d
+        )));
+    }
+    check_seqs(total, seqs.iter().map(|s| (s.start, s.len)))?;
+    if total == 0 {
+        return Ok(());
+    }
+    for (i, s) in seqs.iter().enumerate() {
+        for seg in &s.prefix {
+            if seg.k.len() != num_kv_heads * seg.len * d || seg.v.len() != seg.k.len() {
+                return Err(bad(format!(
+                    "suffix {i}: prefix segment of len {} has {} K values",
+                    seg.len,
+                    seg.k.len()
+                )));
+            }
+        }
+    }
+    let group = num_heads / num_kv_heads;
+
+    // Split `out` into one disjoint (head, suffix) block each, so rayon can hand
+    // every block to a different thread without locking.
+    let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::with_capacity(num_heads * seqs.len());
+    for (h, head_out) in out.chunks_mut(total * d).enumerate() {
+        let mut rest = head_out;
+        for (s, seq) in seqs.iter().enumerate() {
+            let (block, tail) = rest.split_at_mut(seq.len * d);
+            tasks.push((h, s, block));
+            rest = tail;
+        }
+    }
+
+    tasks
+        .into_par_iter()
+        .for_each_init(Vec::new, |scores: &mut Vec<f32>, (h, s, block)| {
+            let seq = &seqs[s];
+            let g = h / group;
+            let prefix_len: usize = seq.prefix.iter().map(|p| p.len).sum();
+            let q_head = &q[h * total * d..(h + 1) * total * d];
+            let k_head = &k[g * total * d..(g + 1) * total * d];
+            let v_head = &v[g * total * d..(g + 1) * total * d];
+            for i in 0..seq.len {
+                let qi = &q_head[(seq.start + i) * d..(seq.start + i + 1) * d];
+                scores.clear();
+                for seg in &seq.prefix {
+                    let ks = &seg.k[g * seg.len * d..(g + 1) * seg.len * d];
+                    scores.extend(ks.chunks_exact(d).map(|kj| dot(qi, kj) * scale));
+                }
+                let own = &k_head[seq.start * d..(seq.start + i + 1) * d];
+                scores.extend(own.chunks_exact(d).map(|kj| dot(qi, kj) * scale));
+
+                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0f32;
+                for x in scores.iter_mut() {
+                    *x = (*x - max).exp();
+                    sum += *x;
+                }
+                let o = &mut block[i * d..(i + 1) * d];
+                o.fill(0.0);
+                let mut j = 0;
+                for seg in &seq.prefix {
+                    let vs = &seg.v[g * seg.len * d..(g + 1) * seg.len * d];
+                    for vj in vs.chunks_exact(d) {
+                        axpy(o, scores[j], vj);
+                        j += 1;
+                    }
+                }
+                debug_assert_eq!(j, prefix_len);
+                for vj in v_head[seq.start * d..(seq.start + i + 1) * d].chunks_exact(d) {
+                    axpy(o, scores[j], vj);
+                    j += 1;
+                }
+                let inv = 1.0 / sum;
+                o.iter_mut().for_each(|x| *x *= inv);
+            }
+        });
+    Ok(())
+}
+
+/// Shared-prefix attention on tensors. `q`: `(num_heads, total, head_dim)`, `k`/`v`:
+/// `(num_kv_heads, total, head_dim)`; returns `(num_heads, total, head_dim)` in `q`'s
+/// dtype. Contiguous f32 CPU inputs run the rayon kernel; anything else (GPU, bf16)
+/// runs [`prefix_suffix_attention_reference`].
+pub fn prefix_suffix_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seqs: &[SeqKv],
+    scale: f32,
+) -> Result<Tensor> {
+    let (num_heads, total, head_dim) = q.dims3()?;
+    let (num_kv_heads, k_total, k_dim) = k.dims3()?;
+    if k_total != total || k_dim != head_dim || v.dims() != k.dims() {
+        return Err(bad(format!(
+            "q {:?}, k {:?}, v {:?} disagree",
+            q.shape(),
+            k.shape(),
+            v.shape()
+        )));
+    }
+    let all_cpu_f32 = [q, k, v].iter().all(|t| crate::is_cpu_f32(t))
+        && seqs
+            .iter()
+            .flat_map(|s| &s.prefix)
+            .all(|(pk, pv)| crate::is_cpu_f32(pk) && crate::is_cpu_f32(pv));
+    if !all_cpu_f32 {
+        return prefix_suffix_attention_reference(q, k, v, seqs, scale);
+    }
+    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+    let prefix: Vec<Vec<(Tensor, Tensor)>> = seqs
+        .iter()
+        .map(|s| {
+            s.prefix
+                .iter()
+                .map(|(a, b)| Ok((a.contiguous()?, b.contiguous()?)))
+                .collect::<Result<_>>()
+        })
+        .collect::<Result<_>>()?;
+    let guards: Vec<Vec<(CpuF32<'_>, CpuF32<'_>, usize)>> = prefix
+        .iter()
+        .map(|p| {
+            p.iter()
+                .map(|(a, b)| Ok((CpuF32::new(KERNEL, a)?, CpuF32::new(KERNEL, b)?, a.dim(1)?)))
+                .collect()
+        })
+        .collect::<Result<_>>()?;
+    let mut slices = Vec::with_capacity(seqs.len());
+    for (s, g) in seqs.iter().zip(&guards) {
+        let prefix = g
+            .iter()
+            .map(|(a, b, len)| {
+                Ok(KvSlice {
+                    k: a.slice()?,
+                    v: b.slice()?,
+                    len: *len,
+                })
+            })
+            .collect::<Result<_>>()?;
+        slices.push(SeqSlices {
+            prefix,
+            start: s.start,
+            len: s.len,
+        });
+    }
+    let (gq, gk, gv) = (
+        CpuF32::new(KERNEL, &q)?,
+        CpuF32::new(KERNEL, &k)?,
+        CpuF32::new(KERNEL, &v)?,
+    );
+    let mut out = vec![0f32; num_heads * total * head_dim];
+    let dims = AttnDims {
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        scale,
+    };
+    prefix_suffix_attention_slices(
+        gq.slice()?,
+        gk.slice()?,
+        gv.slice()?,
+        &slices,
+        dims,
+        &mut out,
+    )?;
+    Ok(Tensor::from_vec(
+        out,
+        (num_heads, total, head_dim),
+        q.device(),
+    )?)
+}
+
+/// The same attention written with plain candle ops (concatenate the prefix, repeat KV
+/// heads, matmul, additive causal mask, softmax, matmul), one suffix at a time. Works
+/// on any device and dtype (computing in f32); the oracle for the fast kernels.
+pub fn prefix_suffix_attention_reference(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seqs: &[SeqKv],
+    scale: f32,
+) -> Result<Tensor> {
+    let (num_heads, total, _) = q.dims3()?;
+    let num_kv_heads = k.dim(0)?;
+    if num_kv_heads == 0 || !num_heads.is_multiple_of(num_kv_heads) {
+        return Err(bad(format!(
+            "{num_heads} query heads cannot share {num_kv_heads} KV heads"
+        )));
+    }
+    check_seqs(total, seqs.iter().map(|s| (s.start, s.len)))?;
+    let group = num_heads / num_kv_heads;
+    let dtype = q.dtype();
+    let f32 = |t: &Tensor| t.to_dtype(DType::F32);
+    let mut outs = Vec::with_capacity(seqs.len());
+    for s in seqs.iter().filter(|s| s.len > 0) {
+        let qs = f32(&q.narrow(1, s.start, s.len)?)?;
+        let mut ks: Vec<Tensor> = s
+            .prefix
+            .iter()
+            .map(|(pk, _)| f32(pk))
+            .collect::<candle_core::Result<_>>()?;
+        let mut vs: Vec<Tensor> = s
+            .prefix
+            .iter()
+            .map(|(_, pv)| f32(pv))
+            .collect::<candle_core::Result<_>>()?;
+        ks.push(f32(&k.narrow(1, s.start, s.len)?)?);
+        vs.push(f32(&v.narrow(1, s.start, s.len)?)?);
+        let (kall, vall) = (Tensor::cat(&ks, 1)?, Tensor::cat(&vs, 1)?);
+        let kv_len = kall.dim(1)?;
+        let prefix_len = kv_len - s.len;
+        let repeat = |t: Tensor| -> candle_core::Result<Tensor> {
+            let (h, l, d) = t.dims3()?;
+            t.unsqueeze(1)?
+                .expand((h, group, l, d))?
+                .reshape((h * group, l, d))
+        };
+        let (kall, vall) = (repeat(kall)?, repeat(vall)?);
+        let scores = (qs.matmul(&kall.t()?)? * scale as f64)?;
+        let mask: Vec<f32> = (0..s.len)
+            .flat_map(|i| {
+                (0..kv_len).map(move |j| {
+                    if j <= prefix_len + i {
+                        0.0
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+            })
+            .collect();
+        let mask = Tensor::from_vec(mask, (s.len, kv_len), q.device())?;
+        let probs = candle_nn_softmax(&scores.broadcast_add(&mask)?)?;
+        outs.push(probs.matmul(&vall)?);
+    }
+    if outs.is_empty() {
+        return Ok(q.zeros_like()?);
+    }
+    Ok(Tensor::cat(&outs, 1)?.to_dtype(dtype)?)
+}
+
+/// Softmax over the last dimension, in plain ops (this crate does not depend on candle-nn).
+fn candle_nn_softmax(x: &Tensor) -> candle_core::Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?;
+    let e = x.broadcast_sub(&max)?.exp()?;
+    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn randn(shape: (usize, usize, usize), seed: u64) -> Tensor {
+        // A tiny LCG keeps the test free of extra dependencies and fully deterministic.
+        let n = shape.0 * shape.1 * shape.2;
+        let mut x = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let data: Vec<f32> = (0..n)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect();
+        Tensor::from_vec(data, shape, &Device::Cpu).unwrap()
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    }
+
+    #[test]
+    fn matches_plain_attention_with_gqa_mixed_prefixes_and_lengths() {
+        let (h, kvh, d) = (8, 2, 32);
+        let doc_a = (randn((kvh, 7, d), 1), randn((kvh, 7, d), 2));
+        let doc_b = (randn((kvh, 13, d), 3), randn((kvh, 13, d), 4));
+        let question = (randn((kvh, 5, d), 5), randn((kvh, 5, d), 6));
+        let lens = [3usize, 1, 6, 4];
+        let total: usize = lens.iter().sum();
+        let (q, k, v) = (
+            randn((h, total, d), 7),
+            randn((kvh, total, d), 8),
+            randn((kvh, total, d), 9),
+        );
+        let prefixes = [
+            vec![doc_a.clone()],
+            vec![doc_b.clone()],
+            vec![doc_a.clone(), question.clone()],
+            vec![],
+        ];
+        let mut start = 0;
+        let seqs: Vec<SeqKv> = lens
+            .iter()
+            .zip(prefixes)
+            .map(|(&len, prefix)| {
+                let s = SeqKv { prefix, start, len };
+                start += len;
+                s
+            })
+            .collect();
+        let scale = 1.0 / (d as f32).sqrt();
+        let fast = prefix_suffix_attention(&q, &k, &v, &seqs, scale).unwrap();
+        let slow = prefix_suffix_attention_reference(&q, &k, &v, &seqs, scale).unwrap();
+        assert_eq!(fast.dims(), &[h, total, d]);
+        let diff = max_diff(&fast, &slow);
+        assert!(diff < 1e-5, "max diff {diff}");
+    }
+
+    #[test]
+    fn split_prefix_equals_one_segment() {
+        let (h, kvh, d) = (4, 4, 16);
+        let (pk, pv) = (randn((kvh, 9, d), 11), randn((kvh, 9, d), 12));
+        let (q, k, v) = (
+            randn((h, 2, d), 13),
+            randn((kvh, 2, d), 14),
+            randn((kvh, 2, d), 15),
+        );
+        let whole = [SeqKv {
+            prefix: vec![(pk.clone(), pv.clone())],
+            start: 0,
+            len: 2,
+        }];
+        let split = [SeqKv {
+            prefix: vec![
+                (pk.narrow(1, 0, 4).unwrap(), pv.narrow(1, 0, 4).unwrap()),
+                (pk.narrow(1, 4, 5).unwrap(), pv.narrow(1, 4, 5).unwrap()),
+            ],
+            start: 0,
+            len: 2,
+        }];
+        let a = prefix_suffix_attention(&q, &k, &v, &whole, 0.25).unwrap();
+        let b = prefix_suffix_attention(&q, &k, &v, &split, 0.25).unwrap();
+        assert!(max_diff(&a, &b) < 1e-6);
+    }
+
+    #[test]
+    fn rejects_inconsistent_inputs() {
+        let (q, k, v) = (
+            randn((4, 3, 8), 1),
+            randn((2, 3, 8), 2),
+            randn((2, 3, 8), 3),
+        );
+        let short = [SeqKv {
+            prefix: vec![],
+            start: 0,
+            len: 2,
+        }];
+        let err = prefix_suffix_attention(&q, &k, &v, &short, 1.0).unwrap_err();
+        assert!(err.to_string().contains("sum to 2"), "{err}");
+        let bad_heads = randn((3, 3, 8), 4);
+        let one = [SeqKv {
+            prefix: vec![],
+            start: 0,
+            len: 3,
+        }];
+        assert!(prefix_suffix_attention(&q, &bad_heads, &bad_heads, &one, 1.0).is_err());
+    }
+}

@@ -1,0 +1,145 @@
+//! Shared CPU helpers: borrowing a tensor's f32 storage and a vectorisable dot product.
+
+use candle_core::{Storage, Tensor};
+
+use crate::{KernelError, Result};
+
+/// A read guard on a contiguous f32 CPU tensor's storage, from which a slice is borrowed.
+pub(crate) struct CpuF32<'a> {
+    guard: candle_core::StorageRef<'a>,
+    start: usize,
+    end: usize,
+}
+
+impl<'a> CpuF32<'a> {
+    pub(crate) fn new(kernel: &'static str, t: &'a Tensor) -> Result<Self> {
+        let (guard, layout) = t.storage_and_layout();
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            return Err(KernelError::BadInput {
+                kernel,
+                message: format!("tensor {:?} is not contiguous", t.shape()),
+            });
+        };
+        if !matches!(&*guard, Storage::Cpu(_)) {
+            return Err(KernelError::BadInput {
+                kernel,
+                message: "tensor is not on the CPU".into(),
+            });
+        }
+        Ok(Self { guard, start, end })
+    }
+
+    pub(crate) fn slice(&self) -> Result<&[f32]> {
+        match &*self.guard {
+            Storage::Cpu(cpu) => Ok(&cpu.as_slice::<f32>()?[self.start..self.end]),
+            _ => unreachable!("checked in CpuF32::new"),
+        }
+    }
+}
+
+/// Dot product with eight independent accumulators, so the compiler can vectorise
+/// it (a single running sum would serialise on float addition order).
+#[inline]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut s = acc.iter().sum::<f32>();
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    s
+}
+
+/// `acc += w * x`, elementwise.
+#[inline]
+pub(crate) fn axpy(acc: &mut [f32], w: f32, x: &[f32]) {
+    for (a, b) in acc.iter_mut().zip(x) {
+        *a += w * b;
+    }
+}
+
+/// `ln Σ exp(x)` over a row, stable (max-shifted), in two vectorisable passes.
+pub(crate) fn log_sum_exp(x: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; 8];
+    let chunks = x.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for i in 0..8 {
+            if c[i] > m[i] {
+                m[i] = c[i];
+            }
+        }
+    }
+    let max = rest
+        .iter()
+        .chain(&m)
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    if !max.is_finite() {
+        return max;
+    }
+    let mut acc = [0f32; 8];
+    let chunks = x.chunks_exact(8);
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] += exp_nonpositive(c[i] - max);
+        }
+    }
+    let sum = acc.iter().sum::<f32>() + rest.iter().map(|&v| (v - max).exp()).sum::<f32>();
+    max + sum.ln()
+}
+
+/// `exp(x)` for `x ≤ 0`, branch-free so it vectorises (libm's `expf` does not); the
+/// Cephes `expf` reduction and polynomial, about 2 ulp, which is far inside the
+/// 1e-4 tolerance of label scores. Inputs below -87 flush to 0 like `expf` does.
+#[inline(always)]
+fn exp_nonpositive(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    let x = x.max(-87.0);
+    // floor(x·log2e + 0.5) via truncation of a positive value (SSE2 has no floor).
+    let fx = ((x * LOG2E + 0.5 + 128.0) as i32 - 128) as f32;
+    let r = x - fx * 0.693_359_4 + fx * 2.121_944_4e-4;
+    let z = r * r;
+    let p = ((((1.987_569_1e-4 * r + 1.398_2e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 1.666_666_5e-1)
+        * r
+        + 0.5;
+    let y = p * z + r + 1.0;
+    y * f32::from_bits(((fx as i32 + 127) as u32) << 23)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_exp_matches_libm() {
+        for i in 0..19_300 {
+            let x = -(i as f32) * 0.0045;
+            let (got, want) = (exp_nonpositive(x), x.exp());
+            assert!(
+                (got - want).abs() <= 4.0 * f32::EPSILON * want.max(f32::MIN_POSITIVE),
+                "exp({x}) = {got}, want {want}"
+            );
+        }
+        assert_eq!(exp_nonpositive(-1000.0), exp_nonpositive(-87.0));
+        assert!(exp_nonpositive(-87.0) < 1e-37);
+    }
+
+    #[test]
+    fn log_sum_exp_is_stable() {
+        let x: Vec<f32> = (0..1003)
+            .map(|i| (i as f32 * 0.37).sin() * 50.0 + 1000.0)
+            .collect();
+        let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let want = max + x.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
+        assert!((log_sum_exp(&x) as f64 - want).abs() < 1e-4);
+    }
+}

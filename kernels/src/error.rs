@@ -1,0 +1,22 @@
+//! The kernels crate's error type.
+
+/// Errors raised by a kernel whose inputs are inconsistent.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KernelError {
+    /// A candle tensor operation failed.
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+
+    /// Inputs disagree on a dimension, or a row id is out of range.
+    #[error("{kernel}: {message}")]
+    BadInput {
+        /// The kernel that rejected the input.
+        kernel: &'static str,
+        /// What is inconsistent.
+        message: String,
+    },
+}
+
+/// Kernels result.
+pub type Result<T, E = KernelError> = std::result::Result<T, E>;

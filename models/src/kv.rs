@@ -1,0 +1,158 @@
+//! The KV cache, owned outside the model: a [`KvHandle`] holds one segment of
+//! per-layer keys/values on top of an optional parent handle, so a document's KV is
+//! computed once and shared (never copied) by every question and label continuation
+//! prefilled on top of it. Handles are `Arc`s: cloning is free, memory is freed when
+//! the last clone drops or on [`KvHandle::release`].
+
+use std::sync::{Arc, RwLock};
+
+use candle_core::Tensor;
+
+use crate::{ModelError, Result};
+
+/// One layer's cached keys and values, each `(num_kv_heads, segment_len, head_dim)`.
+pub type LayerKv = (Tensor, Tensor);
+
+/// A shareable KV prefix: one segment of positions plus (optionally) the prefix it
+/// continues. Produced by [`crate::Qwen3::prefill`].
+#[derive(Clone)]
+pub struct KvHandle(Arc<KvNode>);
+
+struct KvNode {
+    id: u64,
+    model_uid: u64,
+    parent: Option<KvHandle>,
+    start: usize,
+    len: usize,
+    bytes: usize,
+    state: RwLock<Option<Segment>>,
+}
+
+/// What a live segment holds; dropped on release.
+#[derive(Clone)]
+pub(crate) struct Segment {
+    pub(crate) layers: Arc<Vec<LayerKv>>,
+    /// Final-normed hidden state at the segment's last position, `(hidden,)`: the
+    /// next-token logits of the prompt ending here are `head · last_hidden`, so a
+    /// label's first token can be scored without recomputing that position.
+    pub(crate) last_hidden: Tensor,
+}
+
+impl std::fmt::Debug for KvHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvHandle")
+            .field("id", &self.0.id)
+            .field("start", &self.0.start)
+            .field("len", &self.0.len)
+            .field("released", &self.is_released())
+            .finish()
+    }
+}
+
+impl KvHandle {
+    pub(crate) fn new(model_uid: u64, id: u64, parent: Option<KvHandle>, segment: Segment) -> Self {
+        let start = parent.as_ref().map_or(0, KvHandle::len);
+        let len = segment
+            .layers
+            .first()
+            .map_or(0, |(k, _)| k.dims().get(1).copied().unwrap_or(0));
+        let bytes = segment
+            .layers
+            .iter()
+            .map(|(k, v)| (k.elem_count() + v.elem_count()) * k.dtype().size_in_bytes())
+            .sum::<usize>()
+            + segment.last_hidden.elem_count() * segment.last_hidden.dtype().size_in_bytes();
+        Self(Arc::new(KvNode {
+            id,
+            model_uid,
+            parent,
+            start,
+            len,
+            bytes,
+            state: RwLock::new(Some(segment)),
+        }))
+    }
+
+    /// Unique id of this handle within its model (appears in errors).
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+
+    /// Total positions covered, ancestors included: the RoPE position of the next token.
+    pub fn len(&self) -> usize {
+        self.0.start + self.0.len
+    }
+
+    /// Whether the handle covers no positions (never true for a prefilled handle).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Positions held by this segment alone.
+    pub fn segment_len(&self) -> usize {
+        self.0.len
+    }
+
+    /// The prefix this segment continues, if any.
+    pub fn parent(&self) -> Option<&KvHandle> {
+        self.0.parent.as_ref()
+    }
+
+    /// Bytes of tensor data held by this segment alone (0 once released).
+    pub fn segment_bytes(&self) -> usize {
+        if self.is_released_self() {
+            0
+        } else {
+            self.0.bytes
+        }
+    }
+
+    /// Bytes held by this segment and all its ancestors: the memory this prefix pins.
+    pub fn total_bytes(&self) -> usize {
+        self.segment_bytes() + self.parent().map_or(0, KvHandle::total_bytes)
+    }
+
+    /// Frees this segment's tensors now, even while clones of the handle exist. Any
+    /// later use of this handle, or of a child built on it, is a
+    /// [`ModelError::ReleasedKv`] error. Releasing twice is a no-op.
+    pub fn release(&self) {
+        *self.0.state.write().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Whether this segment or any ancestor was released.
+    pub fn is_released(&self) -> bool {
+        self.is_released_self() || self.parent().is_some_and(KvHandle::is_released)
+    }
+
+    fn is_released_self(&self) -> bool {
+        self.0
+            .state
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
+    }
+
+    pub(crate) fn model_uid(&self) -> u64 {
+        self.0.model_uid
+    }
+
+    /// This segment's live contents.
+    pub(crate) fn segment(&self) -> Result<Segment> {
+        self.0
+            .state
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or(ModelError::ReleasedKv { id: self.0.id })
+    }
+
+    /// Every segment from the root to this one, oldest first.
+    pub(crate) fn chain(&self) -> Result<Vec<Segment>> {
+        let mut out = match self.parent() {
+            Some(p) => p.chain()?,
+            None => Vec::new(),
+        };
+        out.push(self.segment()?);
+        Ok(out)
+    }
+}

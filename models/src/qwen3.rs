@@ -1,0 +1,738 @@
+//! Qwen3 (dense, 0.6B … 32B) as a stateless forward over a *packed* batch: the
+//! tokens of many sequences are concatenated into one `(total, hidden)` matrix, so
+//! every projection is a single matmul, and each sequence may continue its own cached
+//! prefix at its own length. The KV cache lives outside the model ([`KvHandle`]);
+//! attention over `[prefix ‖ causal suffix]` is `aisql_kernels::prefix_suffix_attention`.
+//!
+//! Layout follows candle-transformers' `qwen3.rs` bottom-up (config, rotary, MLP,
+//! attention, layer, model); weight names mirror the Hugging Face checkpoints.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::Activation;
+use serde::{Deserialize, Serialize};
+
+use crate::kv::{KvHandle, LayerKv, Segment};
+use crate::source::{ModelFiles, Weights, default_dtype};
+use crate::{ModelError, Result};
+
+/// The `config.json` keys a Qwen3 checkpoint needs. Shape keys are required; the rest
+/// default as in `transformers`' `Qwen3Config`. Unknown keys are ignored.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct Config {
+    /// Rows of the embedding / output head (151936 for released Qwen3 models).
+    pub vocab_size: usize,
+    /// Residual-stream width.
+    pub hidden_size: usize,
+    /// SwiGLU inner width.
+    pub intermediate_size: usize,
+    /// Decoder layers.
+    pub num_hidden_layers: usize,
+    /// Query heads.
+    pub num_attention_heads: usize,
+    /// Key/value heads (GQA when fewer than query heads).
+    pub num_key_value_heads: usize,
+    /// Per-head width (Qwen3 sets it explicitly; it need not be hidden/heads).
+    pub head_dim: usize,
+    /// RoPE base.
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f64,
+    /// RMSNorm epsilon.
+    #[serde(default = "default_rms_norm_eps")]
+    pub rms_norm_eps: f64,
+    /// Whether the output head reuses `model.embed_tokens.weight`.
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    /// Whether q/k/v/o projections carry biases (false for Qwen3).
+    #[serde(default)]
+    pub attention_bias: bool,
+    /// MLP activation (SiLU for Qwen3).
+    #[serde(default = "default_act")]
+    pub hidden_act: Activation,
+    /// Sliding-window attention; rejected when true.
+    #[serde(default)]
+    pub use_sliding_window: bool,
+    /// RoPE scaling (YaRN etc.); rejected when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<serde_json::Value>,
+    /// Context length the checkpoint was trained for (informational).
+    #[serde(default = "default_max_pos")]
+    pub max_position_embeddings: usize,
+}
+
+fn default_rope_theta() -> f64 {
+    10_000.0
+}
+fn default_rms_norm_eps() -> f64 {
+    1e-6
+}
+fn default_act() -> Activation {
+    Activation::Silu
+}
+fn default_max_pos() -> usize {
+    32_768
+}
+
+impl Config {
+    /// Parses a `config.json`; a missing key or bad value names the file and the key.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
+        let cfg: Self = serde_json::from_str(&text).map_err(|e| ModelError::Config {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Rejects configs this implementation would compute wrongly.
+    pub fn validate(&self) -> Result<()> {
+        let u = |m: String| Err(ModelError::Unsupported(m));
+        if self.use_sliding_window {
+            return u("use_sliding_window = true".into());
+        }
+        if self.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
+            return u(format!(
+                "rope_scaling {}",
+                self.rope_scaling.as_ref().unwrap()
+            ));
+        }
+        if self.num_key_value_heads == 0
+            || !self
+                .num_attention_heads
+                .is_multiple_of(self.num_key_value_heads)
+        {
+            return u(format!(
+                "{} attention heads are not a multiple of {} KV heads",
+                self.num_attention_heads, self.num_key_value_heads
+            ));
+        }
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
+            return u(format!(
+                "head_dim {} must be even and positive",
+                self.head_dim
+            ));
+        }
+        if [
+            self.vocab_size,
+            self.hidden_size,
+            self.intermediate_size,
+            self.num_hidden_layers,
+        ]
+        .contains(&0)
+        {
+            return u("zero-sized vocab/hidden/intermediate/layers".into());
+        }
+        Ok(())
+    }
+}
+
+/// `y = x Wᵀ (+ b)` with the Hugging Face `(out, in)` weight layout.
+#[derive(Debug, Clone)]
+struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    fn load(w: &Loader, name: &str, out_dim: usize, in_dim: usize, bias: bool) -> Result<Self> {
+        let weight = w.get(&format!("{name}.weight"), &[out_dim, in_dim])?;
+        let bias = if bias {
+            Some(w.get(&format!("{name}.bias"), &[out_dim])?)
+        } else {
+            None
+        };
+        Ok(Self { weight, bias })
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let y = x.matmul(&self.weight.t()?)?;
+        match &self.bias {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
+        }
+    }
+}
+
+/// RMSNorm over the last dimension.
+#[derive(Debug, Clone)]
+struct RmsNorm {
+    weight: Tensor,
+    eps: f32,
+}
+
+impl RmsNorm {
+    fn load(w: &Loader, name: &str, dim: usize) -> Result<Self> {
+        Ok(Self {
+            weight: w.get(&format!("{name}.weight"), &[dim])?,
+            eps: w.cfg.rms_norm_eps as f32,
+        })
+    }
+}
+
+impl Module for RmsNorm {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps)
+    }
+}
+
+/// Weight access bound to one checkpoint, dtype and device.
+struct Loader<'a> {
+    weights: &'a Weights,
+    cfg: &'a Config,
+    dtype: DType,
+    device: &'a Device,
+}
+
+impl Loader<'_> {
+    fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        self.weights.get(name, shape, self.dtype, self.device)
+    }
+}
+
+/// Rotary embedding: cos/sin for arbitrary (per-row) positions, so packed rows of
+/// different sequences each get their own offsets.
+#[derive(Debug, Clone)]
+struct Rotary {
+    inv_freq: Vec<f32>,
+}
+
+impl Rotary {
+    fn new(cfg: &Config) -> Self {
+        let d = cfg.head_dim;
+        // Same formula and f32 rounding as candle-transformers, so both agree bit for bit.
+        let inv_freq = (0..d)
+            .step_by(2)
+            .map(|i| 1f32 / cfg.rope_theta.powf(i as f64 / d as f64) as f32)
+            .collect();
+        Self { inv_freq }
+    }
+
+    /// `(cos, sin)`, each `(positions.len(), head_dim / 2)`.
+    fn tables(
+        &self,
+        positions: &[usize],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<(Tensor, Tensor)> {
+        let half = self.inv_freq.len();
+        let mut cos = Vec::with_capacity(positions.len() * half);
+        let mut sin = Vec::with_capacity(positions.len() * half);
+        for &p in positions {
+            for &f in &self.inv_freq {
+                let a = p as f32 * f;
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+        let shape = (positions.len(), half);
+        Ok((
+            Tensor::from_vec(cos, shape, device)?.to_dtype(dtype)?,
+            Tensor::from_vec(sin, shape, device)?.to_dtype(dtype)?,
+        ))
+    }
+
+    /// Rotates `x` of shape `(heads, total, head_dim)`.
+    fn apply(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
+        candle_nn::rotary_emb::rope(&x.unsqueeze(0)?.contiguous()?, cos, sin)?.squeeze(0)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+    act: Activation,
+}
+
+impl Mlp {
+    fn load(w: &Loader, p: &str) -> Result<Self> {
+        let (h, i) = (w.cfg.hidden_size, w.cfg.intermediate_size);
+        Ok(Self {
+            gate_proj: Linear::load(w, &format!("{p}.gate_proj"), i, h, false)?,
+            up_proj: Linear::load(w, &format!("{p}.up_proj"), i, h, false)?,
+            down_proj: Linear::load(w, &format!("{p}.down_proj"), h, i, false)?,
+            act: w.cfg.hidden_act,
+        })
+    }
+}
+
+impl Module for Mlp {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let gate = x.apply(&self.gate_proj)?.apply(&self.act)?;
+        (gate * x.apply(&self.up_proj)?)?.apply(&self.down_proj)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+}
+
+impl Attention {
+    fn load(w: &Loader, p: &str) -> Result<Self> {
+        let c = w.cfg;
+        let (h, d, nh, nkv, b) = (
+            c.hidden_size,
+            c.head_dim,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.attention_bias,
+        );
+        Ok(Self {
+            q_proj: Linear::load(w, &format!("{p}.q_proj"), nh * d, h, b)?,
+            k_proj: Linear::load(w, &format!("{p}.k_proj"), nkv * d, h, b)?,
+            v_proj: Linear::load(w, &format!("{p}.v_proj"), nkv * d, h, b)?,
+            o_proj: Linear::load(w, &format!("{p}.o_proj"), h, nh * d, b)?,
+            q_norm: RmsNorm::load(w, &format!("{p}.q_norm"), d)?,
+            k_norm: RmsNorm::load(w, &format!("{p}.k_norm"), d)?,
+            num_heads: nh,
+            num_kv_heads: nkv,
+            head_dim: d,
+        })
+    }
+
+    /// Attention for packed rows `x` `(total, hidden)`; returns the output and this
+    /// call's keys/values `(num_kv_heads, total, head_dim)` for caching.
+    fn forward(
+        &self,
+        x: &Tensor,
+        rope: &RopeBatch,
+        seqs: &[aisql_kernels::SeqKv],
+    ) -> Result<(Tensor, LayerKv)> {
+        let total = x.dim(0)?;
+        let d = self.head_dim;
+        // 1. Project; 2. per-head RMSNorm on q and k (Qwen3's addition over Qwen2).
+        let q =
+            self.q_norm
+                .forward(&x.apply(&self.q_proj)?.reshape((total, self.num_heads, d))?)?;
+        let k = self.k_norm.forward(&x.apply(&self.k_proj)?.reshape((
+            total,
+            self.num_kv_heads,
+            d,
+        ))?)?;
+        let v = x
+            .apply(&self.v_proj)?
+            .reshape((total, self.num_kv_heads, d))?;
+        // 3. Head-major, the layout of the cache and the kernel.
+        let (q, k) = (q.transpose(0, 1)?, k.transpose(0, 1)?);
+        let v = v.transpose(0, 1)?.contiguous()?;
+        // 4. RoPE at each row's own position.
+        let q = rope.rotary.apply(&q, &rope.cos, &rope.sin)?;
+        let k = rope.rotary.apply(&k, &rope.cos, &rope.sin)?;
+        // 5. Attention over [cached prefix ‖ causal suffix].
+        let scale = 1.0 / (d as f32).sqrt();
+        let y = aisql_kernels::prefix_suffix_attention(&q, &k, &v, seqs, scale)?;
+        // 6. Back to rows and out-project.
+        let y = y
+            .transpose(0, 1)?
+            .reshape((total, self.num_heads * d))?
+            .apply(&self.o_proj)?;
+        Ok((y, (k, v)))
+    }
+}
+
+#[derive(Debug, Clone)]
+struct DecoderLayer {
+    self_attn: Attention,
+    mlp: Mlp,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+}
+
+impl DecoderLayer {
+    fn load(w: &Loader, i: usize) -> Result<Self> {
+        let p = format!("model.layers.{i}");
+        let h = w.cfg.hidden_size;
+        Ok(Self {
+            self_attn: Attention::load(w, &format!("{p}.self_attn"))?,
+            mlp: Mlp::load(w, &format!("{p}.mlp"))?,
+            input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), h)?,
+            post_attention_layernorm: RmsNorm::load(
+                w,
+                &format!("{p}.post_attention_layernorm"),
+                h,
+            )?,
+        })
+    }
+}
+
+/// Per-call RoPE tables for the packed rows.
+struct RopeBatch<'a> {
+    rotary: &'a Rotary,
+    cos: Tensor,
+    sin: Tensor,
+}
+
+/// One sequence of a packed forward: the cached segments it continues and its length.
+pub(crate) struct PackedSeq {
+    pub(crate) prefix: Vec<Segment>,
+    pub(crate) len: usize,
+}
+
+/// Output of a packed forward.
+pub(crate) struct Packed {
+    /// Final-normed hidden states `(total, hidden)`, rows in input order.
+    pub(crate) hidden: Tensor,
+    /// Per sequence, per layer, the new keys/values (when requested).
+    pub(crate) kv: Option<Vec<Vec<LayerKv>>>,
+}
+
+static NEXT_MODEL_UID: AtomicU64 = AtomicU64::new(1);
+
+/// A Qwen3 model. Holds only weights: every call is `&self`, the KV cache is passed
+/// in and out as [`KvHandle`]s, so one model can serve many threads and prefixes.
+pub struct Qwen3 {
+    cfg: Config,
+    embed_tokens: Tensor,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: Tensor,
+    rotary: Rotary,
+    device: Device,
+    dtype: DType,
+    uid: u64,
+    next_kv_id: AtomicU64,
+    fresh_tokens: AtomicU64,
+}
+
+impl std::fmt::Debug for Qwen3 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qwen3")
+            .field("cfg", &self.cfg)
+            .field("device", &self.device)
+            .field("dtype", &self.dtype)
+            .finish()
+    }
+}
+
+impl Qwen3 {
+    /// Loads a local model directory (`config.json` + safetensors) on `device`, in
+    /// `dtype` or the device default (f32 on CPU, bf16 on GPU).
+    pub fn load(dir: impl AsRef<Path>, device: &Device, dtype: Option<DType>) -> Result<Self> {
+        Self::from_files(&ModelFiles::from_dir(dir)?, device, dtype)
+    }
+
+    /// Loads from resolved [`ModelFiles`] (a directory or the HF cache).
+    pub fn from_files(files: &ModelFiles, device: &Device, dtype: Option<DType>) -> Result<Self> {
+        let cfg = Config::from_file(&files.config)?;
+        let weights = Weights::open(&files.weights)?;
+        Self::new(
+            cfg,
+            &weights,
+            device,
+            dtype.unwrap_or_else(|| default_dtype(device)),
+        )
+    }
+
+    fn new(cfg: Config, weights: &Weights, device: &Device, dtype: DType) -> Result<Self> {
+        cfg.validate()?;
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(ModelError::Unsupported(format!(
+                "dtype {dtype:?} (use f32, bf16 or f16)"
+            )));
+        }
+        let w = Loader {
+            weights,
+            cfg: &cfg,
+            dtype,
+            device,
+        };
+        let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+        let embed_tokens = w.get("model.embed_tokens.weight", &[v, h])?;
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| DecoderLayer::load(&w, i))
+            .collect::<Result<_>>()?;
+        let norm = RmsNorm::load(&w, "model.norm", h)?;
+        // Tied checkpoints sometimes still store `lm_head.weight`; like transformers we
+        // follow the config and share the embedding.
+        let lm_head = if cfg.tie_word_embeddings {
+            embed_tokens.clone()
+        } else {
+            w.get("lm_head.weight", &[v, h])?
+        };
+        Ok(Self {
+            rotary: Rotary::new(&cfg),
+            cfg,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            device: device.clone(),
+            dtype,
+            uid: NEXT_MODEL_UID.fetch_add(1, Ordering::Relaxed),
+            next_kv_id: AtomicU64::new(1),
+            fresh_tokens: AtomicU64::new(0),
+        })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The compute dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Positions computed by every forward pass so far (fresh tokens: cached prefix
+    /// positions are not counted again). The benchmark's fresh-token figure.
+    pub fn fresh_tokens(&self) -> u64 {
+        self.fresh_tokens.load(Ordering::Relaxed)
+    }
+
+    /// The output-head matrix `(vocab, hidden)` (the embedding when tied).
+    pub fn lm_head(&self) -> &Tensor {
+        &self.lm_head
+    }
+
+    /// KV bytes one cached position takes: layers × 2 × kv_heads × head_dim × dtype size.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        let c = &self.cfg;
+        c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * self.dtype.size_in_bytes()
+    }
+
+    pub(crate) fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        match tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            Some(&id) => Err(ModelError::TokenOutOfVocab {
+                id,
+                vocab_size: self.cfg.vocab_size,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn check_handle(&self, h: &KvHandle) -> Result<()> {
+        if h.model_uid() != self.uid {
+            return Err(ModelError::InvalidInput(format!(
+                "KV prefix #{} belongs to another model",
+                h.id()
+            )));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn new_handle(&self, parent: Option<KvHandle>, segment: Segment) -> KvHandle {
+        KvHandle::new(
+            self.uid,
+            self.next_kv_id.fetch_add(1, Ordering::Relaxed),
+            parent,
+            segment,
+        )
+    }
+
+    /// Runs the decoder over packed sequences. `tokens` holds every sequence's tokens
+    /// back to back (`seqs[i].len` each); sequence `i` continues `seqs[i].prefix`.
+    pub(crate) fn forward_packed(
+        &self,
+        tokens: &[u32],
+        seqs: &[PackedSeq],
+        keep_kv: bool,
+    ) -> Result<Packed> {
+        let total: usize = seqs.iter().map(|s| s.len).sum();
+        if total != tokens.len() || total == 0 {
+            return Err(ModelError::InvalidInput(format!(
+                "{} tokens packed for {total} positions",
+                tokens.len()
+            )));
+        }
+        self.check_tokens(tokens)?;
+        let mut positions = Vec::with_capacity(total);
+        let mut starts = Vec::with_capacity(seqs.len());
+        for s in seqs {
+            let offset: usize = s
+                .prefix
+                .iter()
+                .map(|p| p.layers.first().map_or(0, |(k, _)| k.dim(1).unwrap_or(0)))
+                .sum();
+            starts.push(positions.len());
+            positions.extend(offset..offset + s.len);
+        }
+        let (cos, sin) = self.rotary.tables(&positions, self.dtype, &self.device)?;
+        let rope = RopeBatch {
+            rotary: &self.rotary,
+            cos,
+            sin,
+        };
+
+        let ids = Tensor::from_slice(tokens, total, &self.device)?;
+        let mut x = self.embed_tokens.index_select(&ids, 0)?;
+        let mut kv: Vec<Vec<LayerKv>> = if keep_kv {
+            seqs.iter()
+                .map(|_| Vec::with_capacity(self.layers.len()))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        for (l, layer) in self.layers.iter().enumerate() {
+            let kseqs: Vec<aisql_kernels::SeqKv> = seqs
+                .iter()
+                .zip(&starts)
+                .map(|(s, &start)| aisql_kernels::SeqKv {
+                    prefix: s.prefix.iter().map(|p| p.layers[l].clone()).collect(),
+                    start,
+                    len: s.len,
+                })
+                .collect();
+            let h = layer.input_layernorm.forward(&x)?;
+            let (h, (k, v)) = layer.self_attn.forward(&h, &rope, &kseqs)?;
+            x = (x + h)?;
+            let h = layer
+                .post_attention_layernorm
+                .forward(&x)?
+                .apply(&layer.mlp)?;
+            x = (x + h)?;
+            if keep_kv {
+                for (i, (s, &start)) in seqs.iter().zip(&starts).enumerate() {
+                    // Copy out each sequence's slice so a cached segment does not pin
+                    // the whole batch's K/V buffers.
+                    let own = |t: &Tensor| -> candle_core::Result<Tensor> {
+                        let part = t.narrow(1, start, s.len)?;
+                        match (seqs.len(), part.is_contiguous()) {
+                            (1, _) => Ok(part),
+                            (_, true) => part.copy(),
+                            (_, false) => part.contiguous(),
+                        }
+                    };
+                    kv[i].push((own(&k)?, own(&v)?));
+                }
+            }
+        }
+        self.fresh_tokens.fetch_add(total as u64, Ordering::Relaxed);
+        Ok(Packed {
+            hidden: self.norm.forward(&x)?,
+            kv: keep_kv.then_some(kv),
+        })
+    }
+
+    /// Loads `dir` on the CPU in f32, panicking on error (tests only).
+    #[cfg(test)]
+    pub(crate) fn load_for_test(dir: &Path) -> Self {
+        Self::load(dir, &Device::Cpu, None).unwrap()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::tiny_dir;
+
+    /// Copies the tiny model so a test can damage one file.
+    fn scratch_copy() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+            std::fs::copy(tiny_dir().join(f), dir.path().join(f)).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn config_missing_a_key_names_file_and_key() {
+        let dir = scratch_copy();
+        let path = dir.path().join("config.json");
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        json.as_object_mut().unwrap().remove("num_key_value_heads");
+        std::fs::write(&path, json.to_string()).unwrap();
+        let err = Qwen3::load(dir.path(), &Device::Cpu, None).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, ModelError::Config { .. }), "{msg}");
+        assert!(
+            msg.contains("num_key_value_heads") && msg.contains("config.json"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn sliding_window_is_rejected() {
+        let cfg = Config {
+            use_sliding_window: true,
+            ..crate::tiny::tiny_config()
+        };
+        assert!(matches!(cfg.validate(), Err(ModelError::Unsupported(_))));
+    }
+
+    #[test]
+    fn corrupt_safetensors_names_the_file() {
+        let dir = scratch_copy();
+        std::fs::write(
+            dir.path().join("model.safetensors"),
+            b"\x10\x00\x00\x00\x00\x00\x00\x00{not json",
+        )
+        .unwrap();
+        let err = Qwen3::load(dir.path(), &Device::Cpu, None).unwrap_err();
+        assert!(matches!(err, ModelError::SafeTensors { .. }), "{err}");
+        assert!(err.to_string().contains("model.safetensors"), "{err}");
+    }
+
+    #[test]
+    fn shape_mismatch_names_tensor_and_both_shapes() {
+        let dir = scratch_copy();
+        let path = dir.path().join("config.json");
+        let text = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("\"intermediate_size\": 192", "\"intermediate_size\": 128");
+        std::fs::write(&path, text).unwrap();
+        let err = Qwen3::load(dir.path(), &Device::Cpu, None).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("model.layers.0.mlp.gate_proj.weight")
+                && msg.contains("[192, 64]")
+                && msg.contains("[128, 64]"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn missing_tensor_and_missing_files_are_named() {
+        let dir = scratch_copy();
+        let path = dir.path().join("config.json");
+        let text = std::fs::read_to_string(&path).unwrap().replace(
+            "\"tie_word_embeddings\": true",
+            "\"tie_word_embeddings\": false",
+        );
+        std::fs::write(&path, text).unwrap();
+        let err = Qwen3::load(dir.path(), &Device::Cpu, None).unwrap_err();
+        assert!(
+            matches!(&err, ModelError::MissingTensor { name } if name == "lm_head.weight"),
+            "{err}"
+        );
+        std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
+        let err = Qwen3::load(dir.path(), &Device::Cpu, None).unwrap_err();
+        assert!(err.to_string().contains("model.safetensors"), "{err}");
+        let err = Qwen3::load("/definitely/not/here", &Device::Cpu, None).unwrap_err();
+        assert!(err.to_string().contains("/definitely/not/here"), "{err}");
+    }
+
+    #[test]
+    fn loads_in_half_precision() {
+        let model = Qwen3::load(tiny_dir(), &Device::Cpu, Some(DType::BF16)).unwrap();
+        assert_eq!(model.dtype(), DType::BF16);
+        let h = model.prefill(None, &[1, 2, 3]).unwrap();
+        let logits = model
+            .next_token_logits(&[crate::Continuation::new(Some(&h), &[4])], &[5, 6])
+            .unwrap();
+        assert!(logits[0].iter().all(|x| x.is_finite()));
+        assert_eq!(model.kv_bytes_per_token(), 2 * 2 * 2 * 16 * 2);
+    }
+}

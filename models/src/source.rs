@@ -1,0 +1,317 @@
+//! Where a model comes from: a local directory or a Hugging Face model id resolved
+//! through the local HF cache (`hf-hub`, built without network support, so it is
+//! offline by construction), and reading its safetensors weights, single-file or
+//! sharded via `model.safetensors.index.json`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::safetensors::{Load, MmapedSafetensors};
+use candle_core::{DType, Device, Tensor};
+
+use crate::{ModelError, Result};
+
+/// The files of one model: `config.json`, the weights, and `tokenizer.json` if shipped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelFiles {
+    /// `config.json`.
+    pub config: PathBuf,
+    /// The safetensors files (one, or every shard named by the index).
+    pub weights: Vec<PathBuf>,
+    /// `tokenizer.json`, when the model ships one.
+    pub tokenizer: Option<PathBuf>,
+}
+
+impl ModelFiles {
+    /// The files of a local model directory. Errors name the missing path.
+    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
+        if !dir.is_dir() {
+            return Err(ModelError::MissingPath {
+                what: "model directory",
+                path: dir.to_path_buf(),
+            });
+        }
+        let config = dir.join("config.json");
+        if !config.is_file() {
+            return Err(ModelError::MissingPath {
+                what: "config.json",
+                path: config,
+            });
+        }
+        let single = dir.join("model.safetensors");
+        let index = dir.join("model.safetensors.index.json");
+        let weights = if single.is_file() {
+            vec![single]
+        } else if index.is_file() {
+            shard_names(&index)?
+                .into_iter()
+                .map(|n| dir.join(n))
+                .collect()
+        } else {
+            return Err(ModelError::MissingPath {
+                what: "model.safetensors (or model.safetensors.index.json)",
+                path: single,
+            });
+        };
+        if let Some(missing) = weights.iter().find(|p| !p.is_file()) {
+            return Err(ModelError::MissingPath {
+                what: "safetensors shard",
+                path: missing.clone(),
+            });
+        }
+        let tokenizer = Some(dir.join("tokenizer.json")).filter(|p| p.is_file());
+        Ok(Self {
+            config,
+            weights,
+            tokenizer,
+        })
+    }
+
+    /// The files of Hugging Face model `model_id` from the local HF cache (`HF_HOME`,
+    /// default `~/.cache/huggingface`). Nothing is downloaded: a file missing from the
+    /// cache is a [`ModelError::NotInHubCache`] naming the model, file and cache dir.
+    pub fn from_hub_cache(model_id: &str) -> Result<Self> {
+        Self::from_hub_cache_at(hf_hub::Cache::from_env(), model_id)
+    }
+
+    /// [`Self::from_hub_cache`] with an explicit cache (tests, custom `HF_HOME`).
+    pub fn from_hub_cache_at(cache: hf_hub::Cache, model_id: &str) -> Result<Self> {
+        let cache_dir = cache.path().clone();
+        let repo = cache.model(model_id.to_string());
+        let missing = |file: &str| ModelError::NotInHubCache {
+            model_id: model_id.to_string(),
+            file: file.to_string(),
+            cache_dir: cache_dir.clone(),
+        };
+        let config = repo
+            .get("config.json")
+            .ok_or_else(|| missing("config.json"))?;
+        let weights = if let Some(single) = repo.get("model.safetensors") {
+            vec![single]
+        } else {
+            let index = repo
+                .get("model.safetensors.index.json")
+                .ok_or_else(|| missing("model.safetensors"))?;
+            shard_names(&index)?
+                .iter()
+                .map(|n| repo.get(n).ok_or_else(|| missing(n)))
+                .collect::<Result<_>>()?
+        };
+        Ok(Self {
+            config,
+            weights,
+            tokenizer: repo.get("tokenizer.json"),
+        })
+    }
+
+    /// A local directory when `source` is an existing path, otherwise a Hugging Face
+    /// model id (`org/name`) looked up in the local HF cache.
+    pub fn resolve(source: &str) -> Result<Self> {
+        let path = Path::new(source);
+        if path.exists()
+            || source.starts_with('.')
+            || source.starts_with('/')
+            || source.split('/').count() != 2
+        {
+            Self::from_dir(path)
+        } else {
+            Self::from_hub_cache(source)
+        }
+    }
+}
+
+/// Shard file names listed in a `model.safetensors.index.json`, deduplicated, sorted.
+fn shard_names(index: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(index).map_err(|e| ModelError::io(index, e))?;
+    let bad = |message: String| ModelError::SafeTensors {
+        path: index.to_path_buf(),
+        message,
+    };
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let map = json
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad("no \"weight_map\" object".into()))?;
+    let mut names: Vec<String> = map
+        .values()
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect();
+    names.sort();
+    names.dedup();
+    if names.is_empty() {
+        return Err(bad("\"weight_map\" lists no files".into()));
+    }
+    Ok(names)
+}
+
+/// Memory-mapped safetensors files with a name → file routing table.
+pub(crate) struct Weights {
+    files: Vec<(PathBuf, MmapedSafetensors)>,
+    routing: HashMap<String, usize>,
+}
+
+impl Weights {
+    pub(crate) fn open(paths: &[PathBuf]) -> Result<Self> {
+        let mut files = Vec::with_capacity(paths.len());
+        let mut routing = HashMap::new();
+        for (i, path) in paths.iter().enumerate() {
+            if !path.is_file() {
+                return Err(ModelError::MissingPath {
+                    what: "safetensors file",
+                    path: path.clone(),
+                });
+            }
+            // SAFETY: the mapping is read-only; as with every mmap-based loader the file
+            // must not be truncated while the model is loading. Tensors are copied out
+            // in `get`, so the map is dropped once loading ends.
+            let st =
+                unsafe { MmapedSafetensors::new(path) }.map_err(|e| ModelError::SafeTensors {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?;
+            for (name, _) in st.tensors() {
+                routing.insert(name, i);
+            }
+            files.push((path.clone(), st));
+        }
+        Ok(Self { files, routing })
+    }
+
+    /// Loads `name`, checking it has `shape`, converted to `dtype` on `device`.
+    pub(crate) fn get(
+        &self,
+        name: &str,
+        shape: &[usize],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        let &i = self
+            .routing
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_string(),
+            })?;
+        let (path, st) = &self.files[i];
+        let view = st.get(name).map_err(|e| ModelError::SafeTensors {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        if view.shape() != shape {
+            return Err(ModelError::ShapeMismatch {
+                name: name.to_string(),
+                expected: shape.to_vec(),
+                found: view.shape().to_vec(),
+            });
+        }
+        let t = view
+            .load(&Device::Cpu)
+            .map_err(|e| ModelError::SafeTensors {
+                path: path.clone(),
+                message: format!("{name}: {e}"),
+            })?;
+        Ok(t.to_dtype(dtype)?.to_device(device)?)
+    }
+}
+
+/// The default compute dtype for a device: f32 on CPU (bf16 matmuls there are about
+/// 10× slower), bf16 on GPU.
+pub fn default_dtype(device: &Device) -> DType {
+    if device.is_cpu() {
+        DType::F32
+    } else {
+        DType::BF16
+    }
+}
+
+/// The device for `cuda_ordinal`: CPU for `None`, GPU `n` for `Some(n)` (an error in
+/// a build without the `cuda` feature).
+pub fn device(cuda_ordinal: Option<usize>) -> Result<Device> {
+    match cuda_ordinal {
+        None => Ok(Device::Cpu),
+        #[cfg(feature = "cuda")]
+        Some(n) => Ok(Device::new_cuda(n)?),
+        #[cfg(not(feature = "cuda"))]
+        Some(n) => Err(ModelError::Unsupported(format!(
+            "GPU {n} requested, but aisql was built without the `cuda` feature"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_model_dir_names_the_path() {
+        let err = ModelFiles::from_dir("/no/such/model").unwrap_err();
+        assert!(err.to_string().contains("/no/such/model"), "{err}");
+    }
+
+    #[test]
+    fn hub_id_not_in_cache_is_a_clear_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = hf_hub::Cache::new(tmp.path().to_path_buf());
+        let err = ModelFiles::from_hub_cache_at(cache, "Qwen/Qwen3-0.6B").unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, ModelError::NotInHubCache { .. }), "{msg}");
+        assert!(
+            msg.contains("Qwen/Qwen3-0.6B") && msg.contains("config.json"),
+            "{msg}"
+        );
+        assert!(msg.contains(&tmp.path().display().to_string()), "{msg}");
+    }
+
+    #[test]
+    fn hub_cache_layout_is_read_offline() {
+        // The HF cache layout: models--org--name/{refs/main, snapshots/<rev>/<file>}.
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = tmp.path().join("models--org--m");
+        std::fs::create_dir_all(repo.join("refs")).unwrap();
+        std::fs::write(repo.join("refs/main"), "abc123").unwrap();
+        let snap = repo.join("snapshots/abc123");
+        std::fs::create_dir_all(&snap).unwrap();
+        for f in ["config.json", "model.safetensors"] {
+            std::fs::write(snap.join(f), "{}").unwrap();
+        }
+        let files =
+            ModelFiles::from_hub_cache_at(hf_hub::Cache::new(tmp.path().to_path_buf()), "org/m")
+                .unwrap();
+        assert_eq!(files.config, snap.join("config.json"));
+        assert_eq!(files.weights, vec![snap.join("model.safetensors")]);
+        assert_eq!(files.tokenizer, None);
+    }
+
+    #[test]
+    fn sharded_index_lists_every_shard() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("config.json"), "{}").unwrap();
+        std::fs::write(
+            tmp.path().join("model.safetensors.index.json"),
+            r#"{"metadata":{},"weight_map":{"a":"model-00002-of-00002.safetensors","b":"model-00001-of-00002.safetensors","c":"model-00001-of-00002.safetensors"}}"#,
+        )
+        .unwrap();
+        let err = ModelFiles::from_dir(tmp.path()).unwrap_err();
+        assert!(
+            err.to_string().contains("model-00001-of-00002.safetensors"),
+            "{err}"
+        );
+        for n in [
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors",
+        ] {
+            std::fs::write(tmp.path().join(n), "").unwrap();
+        }
+        let files = ModelFiles::from_dir(tmp.path()).unwrap();
+        assert_eq!(files.weights.len(), 2);
+        assert!(files.weights[0].ends_with("model-00001-of-00002.safetensors"));
+    }
+
+    #[test]
+    fn cpu_defaults_to_f32() {
+        assert_eq!(default_dtype(&Device::Cpu), DType::F32);
+        assert!(device(None).unwrap().is_cpu());
+        #[cfg(not(feature = "cuda"))]
+        assert!(device(Some(0)).is_err());
+    }
+}
