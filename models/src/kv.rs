@@ -10,6 +10,9 @@ use candle_core::Tensor;
 
 use crate::{ModelError, Result};
 
+/// High bit set on the ids of prefix views, so errors tell them apart.
+const PREFIX_VIEW_ID: u64 = 1 << 63;
+
 /// One layer's cached keys and values, each `(num_kv_heads, segment_len, head_dim)`.
 pub type LayerKv = (Tensor, Tensor);
 
@@ -34,8 +37,9 @@ pub(crate) struct Segment {
     pub(crate) layers: Arc<Vec<LayerKv>>,
     /// Final-normed hidden state at the segment's last position, `(hidden,)`: the
     /// next-token logits of the prompt ending here are `head · last_hidden`, so a
-    /// label's first token can be scored without recomputing that position.
-    pub(crate) last_hidden: Tensor,
+    /// label's first token can be scored without recomputing that position. `None`
+    /// for a prefix view ([`KvHandle::prefix`]), whose last position was never an output.
+    pub(crate) last_hidden: Option<Tensor>,
 }
 
 impl std::fmt::Debug for KvHandle {
@@ -61,7 +65,10 @@ impl KvHandle {
             .iter()
             .map(|(k, v)| (k.elem_count() + v.elem_count()) * k.dtype().size_in_bytes())
             .sum::<usize>()
-            + segment.last_hidden.elem_count() * segment.last_hidden.dtype().size_in_bytes();
+            + segment
+                .last_hidden
+                .as_ref()
+                .map_or(0, |h| h.elem_count() * h.dtype().size_in_bytes());
         Self(Arc::new(KvNode {
             id,
             model_uid,
@@ -144,6 +151,44 @@ impl KvHandle {
             .unwrap_or_else(|e| e.into_inner())
             .clone()
             .ok_or(ModelError::ReleasedKv { id: self.0.id })
+    }
+
+    /// The first `len` positions of this prefix as a handle of their own, sharing
+    /// the tensors (a view, no copy): lets a cache reuse the common start of two
+    /// sequences whose KV was computed as one segment. The view has no final
+    /// hidden state, so it can only be continued (prefilled on), not scored.
+    pub fn prefix(&self, len: usize) -> Result<KvHandle> {
+        if len > self.len() || len == 0 {
+            return Err(ModelError::InvalidInput(format!(
+                "cannot take a {len}-position prefix of KV #{} ({} positions)",
+                self.id(),
+                self.len()
+            )));
+        }
+        if len == self.len() {
+            return Ok(self.clone());
+        }
+        if let Some(parent) = self.parent()
+            && len <= parent.len()
+        {
+            return parent.prefix(len);
+        }
+        let keep = len - self.0.start;
+        let segment = self.segment()?;
+        let layers = segment
+            .layers
+            .iter()
+            .map(|(k, v)| Ok((k.narrow(1, 0, keep)?.contiguous()?, v.narrow(1, 0, keep)?.contiguous()?)))
+            .collect::<Result<Vec<LayerKv>>>()?;
+        Ok(KvHandle::new(
+            self.0.model_uid,
+            self.0.id | PREFIX_VIEW_ID,
+            self.0.parent.clone(),
+            Segment {
+                layers: Arc::new(layers),
+                last_hidden: None,
+            },
+        ))
     }
 
     /// Every segment from the root to this one, oldest first.

@@ -408,6 +408,7 @@ pub struct Qwen3 {
     uid: u64,
     next_kv_id: AtomicU64,
     fresh_tokens: AtomicU64,
+    label_tokens: AtomicU64,
 }
 
 impl std::fmt::Debug for Qwen3 {
@@ -477,6 +478,7 @@ impl Qwen3 {
             uid: NEXT_MODEL_UID.fetch_add(1, Ordering::Relaxed),
             next_kv_id: AtomicU64::new(1),
             fresh_tokens: AtomicU64::new(0),
+            label_tokens: AtomicU64::new(0),
         })
     }
 
@@ -499,6 +501,17 @@ impl Qwen3 {
     /// positions are not counted again). The benchmark's fresh-token figure.
     pub fn fresh_tokens(&self) -> u64 {
         self.fresh_tokens.load(Ordering::Relaxed)
+    }
+
+    /// The part of [`Self::fresh_tokens`] spent feeding label continuations when
+    /// scoring classifications (every label token but the last). QUAIL-B's token
+    /// accounting stops at the answer cue, so these are reported apart.
+    pub fn label_tokens(&self) -> u64 {
+        self.label_tokens.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_label_tokens(&self, n: usize) {
+        self.label_tokens.fetch_add(n as u64, Ordering::Relaxed);
     }
 
     /// The output-head matrix `(vocab, hidden)` (the embedding when tied).

@@ -18,6 +18,16 @@ const LOGIT_CHUNK_ROWS: usize = 64;
 /// Packed tokens, their sequences, and per sequence `(item index, first packed row)`.
 type Packing = (Vec<u32>, Vec<PackedSeq>, Vec<(usize, usize)>);
 
+/// The hidden state a handle's prompt ends with, or an error for a prefix view.
+fn final_hidden(h: &KvHandle) -> Result<Tensor> {
+    h.segment()?.last_hidden.ok_or_else(|| {
+        ModelError::InvalidInput(format!(
+            "KV #{} is a prefix view: it can be continued but not scored",
+            h.id()
+        ))
+    })
+}
+
 /// Tokens continuing an optional cached prefix: one item of a batch.
 #[derive(Debug, Clone, Copy)]
 pub struct Continuation<'a> {
@@ -111,7 +121,7 @@ impl Qwen3 {
                 let last_hidden = packed.hidden.get(start + seq.len - 1)?;
                 let seg = Segment {
                     layers: std::sync::Arc::new(layers),
-                    last_hidden,
+                    last_hidden: Some(last_hidden),
                 };
                 out[item] = Some(self.new_handle(items[item].prefix.cloned(), seg));
             }
@@ -132,7 +142,7 @@ impl Qwen3 {
                 let h = c.prefix.ok_or_else(|| {
                     ModelError::InvalidInput(format!("item {i}: no prefix and no tokens"))
                 })?;
-                out[i] = Some(h.segment()?.last_hidden);
+                out[i] = Some(final_hidden(h)?);
             }
         }
         if !seqs.is_empty() {
@@ -227,6 +237,7 @@ impl Qwen3 {
             }
         }
         let (tokens, seqs, rows) = self.pack(&conts)?;
+        self.count_label_tokens(tokens.len());
         let packed = if seqs.is_empty() {
             None
         } else {
@@ -242,7 +253,7 @@ impl Qwen3 {
         for (c, &(p, l)) in owners.iter().enumerate() {
             let label = &items[p].1[l];
             if prompt_hidden[p].is_none() {
-                prompt_hidden[p] = Some(items[p].0.segment()?.last_hidden);
+                prompt_hidden[p] = Some(final_hidden(items[p].0)?);
             }
             hidden_rows.push(prompt_hidden[p].clone().expect("set above"));
             for j in 1..label.len() {
@@ -590,5 +601,45 @@ mod tests {
         let other = Qwen3::load_for_test(tiny_dir());
         let err = other.prefill(Some(&h), &[2]).unwrap_err();
         assert!(err.to_string().contains("another model"), "{err}");
+    }
+
+    #[test]
+    fn prefix_view_continues_like_the_full_sequence() {
+        let dir = tiny_dir();
+        let model = Qwen3::load_for_test(dir);
+        let reference = Reference::load(dir);
+        let seq = tokens(40, 7, 151_669);
+        // Two segments: 25 then 15 positions; views cut inside each of them.
+        let first = model.prefill(None, &seq[..25]).unwrap();
+        let whole = model.prefill(Some(&first), &seq[25..]).unwrap();
+        for cut in [10usize, 25, 31] {
+            let view = whole.prefix(cut).unwrap();
+            assert_eq!(view.len(), cut);
+            let before = model.fresh_tokens();
+            let cont = model.prefill(Some(&view), &seq[cut..]).unwrap();
+            assert_eq!(model.fresh_tokens() - before, (40 - cut) as u64);
+            assert_eq!(cont.len(), 40);
+            // The continuation's last position equals the full forward's.
+            let full = reference.logits(&seq);
+            let last = full.get(39).unwrap();
+            let mine = model
+                .next_token_logits(&[Continuation::new(Some(&view), &seq[cut..])], &[0, 1, 2])
+                .unwrap();
+            for (j, id) in [0usize, 1, 2].iter().enumerate() {
+                let want: f32 = last.get(*id).unwrap().to_scalar().unwrap();
+                let have = mine[0][j];
+                assert!((want - have).abs() <= TOL, "cut {cut}: {want} vs {have}");
+            }
+        }
+        // A view cannot be scored directly: it has no final position output.
+        let err = model
+            .decide(&[Continuation::new(Some(&whole.prefix(31).unwrap()), &[])], &model_answer_ids())
+            .unwrap_err();
+        assert!(err.to_string().contains("prefix view"), "{err}");
+        assert!(whole.prefix(41).is_err());
+    }
+
+    fn model_answer_ids() -> AnswerIds {
+        Tokenizer::vendored().unwrap().answer_ids().unwrap()
     }
 }
