@@ -30,6 +30,8 @@ pub enum Command {
     /// Model utilities.
     #[command(subcommand)]
     Model(ModelCommand),
+    /// Run the QUAIL-B benchmark; `bench report DIR` rescores, `bench compare A B` compares.
+    Bench(BenchArgs),
 }
 
 /// Which backend answers AI questions.
@@ -158,4 +160,83 @@ pub enum ModelCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+}
+
+/// `aisql bench`: run the QUAIL-B queries, or rescore / compare saved runs.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BenchArgs {
+    /// Rescore or compare saved runs instead of running the benchmark.
+    #[command(subcommand)]
+    pub action: Option<BenchAction>,
+    #[command(flatten)]
+    pub run: BenchRunArgs,
+}
+
+/// `aisql bench report|compare`.
+#[derive(Debug, Subcommand)]
+pub enum BenchAction {
+    /// Rescore a run's saved outputs (no model) and rewrite run.json, report.md,
+    /// measurements.parquet and the charts.
+    Report {
+        /// Run folder.
+        dir: PathBuf,
+        /// QUAIL-B data root of the run (default: as for `bench`).
+        #[arg(long, env = "AISQL_ROOT")]
+        root: Option<PathBuf>,
+    },
+    /// Compare two runs query by query, with exact McNemar tests per predicate.
+    Compare {
+        /// Run A (baseline).
+        a: PathBuf,
+        /// Run B.
+        b: PathBuf,
+        /// QUAIL-B data root of the runs (default: as for `bench`).
+        #[arg(long, env = "AISQL_ROOT")]
+        root: Option<PathBuf>,
+        /// Also write the comparison as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+}
+
+/// Flags of a benchmark run.
+#[derive(Debug, Args)]
+pub struct BenchRunArgs {
+    #[command(flatten)]
+    pub data: DataArgs,
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// Queries to run, comma-separated (e.g. IMDB-1,FEV-10), or `all` (the 43 published
+    /// queries, in catalog order; the default).
+    #[arg(long, value_delimiter = ',')]
+    pub queries: Option<Vec<String>>,
+    /// Run folder (default: a new timestamped folder under benchmark_results/). An
+    /// existing non-empty folder is refused unless --resume.
+    #[arg(long)]
+    pub output_dir: Option<PathBuf>,
+    /// Continue the run in DIR: complete queries (same definition hash) are kept, saved
+    /// ones are only rescored, the rest run again.
+    #[arg(long, value_name = "DIR", conflicts_with = "output_dir")]
+    pub resume: Option<PathBuf>,
+    /// QUAIL-B plans folder with catalog.json (default: $AISQL_QUAILB_PLANS, else
+    /// ../shared/quailb/plans beside the repository).
+    #[arg(long, env = "AISQL_QUAILB_PLANS")]
+    pub plans: Option<PathBuf>,
+    /// GPUs billed per query (cost = runtime × GPUs × hourly rate).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub gpu_count: u32,
+    /// Price of one GPU-hour in USD (without it, costs are unavailable).
+    #[arg(long)]
+    pub gpu_hourly_rate_usd: Option<f64>,
+    /// Per-query limit on engine time in seconds; a query over it is recorded as
+    /// `timeout` and the run goes on.
+    #[arg(long)]
+    pub timeout_s: Option<f64>,
+    /// Extra run metadata, KEY=VALUE (repeatable; VALUE parsed as JSON when it is JSON).
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub metadata: Vec<String>,
+    /// Stop at the first query that fails, times out or cannot be scored.
+    #[arg(long)]
+    pub fail_fast: bool,
 }

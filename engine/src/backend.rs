@@ -78,8 +78,8 @@ pub trait InferenceBackend: Send + Sync {
         serde_json::Map::new()
     }
 
-    /// Called before a query runs.
-    fn start_query(&self) {}
+    /// Called before a query runs: a backend may plan around its operators.
+    fn start_query(&self, _query: &crate::plan::QueryPlan) {}
 }
 
 /// Answers every question from the reference labels of a collection: the

@@ -13,6 +13,7 @@ pub mod backend;
 pub mod canonical;
 pub mod explain;
 mod error;
+pub mod kv_cache;
 pub mod labels;
 pub mod logical;
 pub mod output;
@@ -20,6 +21,7 @@ pub mod physical;
 pub mod plan;
 pub mod prompt;
 pub mod query;
+pub mod scheduler;
 pub mod tables;
 
 pub use error::{EngineError, Result, from_datafusion};

@@ -73,7 +73,7 @@ pub async fn run_query(
     let ctx = SessionContext::new_with_state(state);
     let table_rows = register_tables(&ctx, query, paths)?;
 
-    backend.start_query();
+    backend.start_query(query);
     let started = Instant::now();
     let state = ctx.state();
     let consumer = AiConsumer::new(&state, query, options.format).map_err(from_datafusion)?;

@@ -5,22 +5,69 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use aisql_bench::layout::Dataset;
 use aisql_engine::backend::{InferenceBackend, OracleBackend};
+use aisql_engine::scheduler::{ModelSpec, SchedulerConfig, default_kv_budget_bytes, load_model_backend, simulation_backend};
 
-use crate::cli::{BackendArgs, BackendKind};
+use crate::cli::{BackendArgs, BackendKind, Switch};
 
-/// The backend for `args`. `templates` are the prompt templates the queries use
-/// (the oracle loads only their label sets).
-pub fn build(args: &BackendArgs, dataset: Option<&Dataset>, templates: &[String]) -> anyhow::Result<Arc<dyn InferenceBackend>> {
+/// The scheduling knobs of `args`.
+pub fn scheduler_config(args: &BackendArgs) -> SchedulerConfig {
+    SchedulerConfig {
+        prefix_cache: args.prefix_cache == Switch::On,
+        kv_budget_bytes: args.kv_budget_mb.map_or_else(default_kv_budget_bytes, |mb| mb << 20),
+        batch_tokens: args.batch_tokens.max(1),
+    }
+}
+
+/// The backend for `args` and metadata describing it. `templates` are the prompt
+/// templates the queries use (the oracle loads only their label sets).
+pub fn build(
+    args: &BackendArgs,
+    dataset: Option<&Dataset>,
+    templates: &[String],
+) -> anyhow::Result<(Arc<dyn InferenceBackend>, serde_json::Map<String, serde_json::Value>)> {
+    let mut meta = serde_json::Map::new();
+    meta.insert("backend".into(), format!("{:?}", args.backend).to_lowercase().into());
+    meta.insert("prompt_format".into(), args.prompt_format.clone().into());
     match args.backend {
         BackendKind::Oracle => {
             let Some(dataset) = dataset else {
                 bail!("--backend oracle needs reference labels: use a QUAIL-B data root (--root), not --tables");
             };
-            let labels = dataset
-                .load_labels(Some(templates))
-                .context("loading reference labels")?;
-            Ok(Arc::new(OracleBackend::new(Arc::new(labels))))
+            let labels = Arc::new(
+                dataset
+                    .load_labels(Some(templates))
+                    .context("loading reference labels")?,
+            );
+            if args.simulate {
+                let config = scheduler_config(args);
+                meta.insert("simulation".into(), true.into());
+                meta.insert("prefix_cache".into(), config.prefix_cache.into());
+                meta.insert("kv_budget_bytes".into(), config.kv_budget_bytes.into());
+                return Ok((simulation_backend(labels, config)?, meta));
+            }
+            Ok((Arc::new(OracleBackend::new(labels)), meta))
         }
-        BackendKind::Model => bail!("the model backend is not available in this build yet; use --backend oracle"),
+        BackendKind::Model => {
+            if args.simulate {
+                bail!("--simulate runs the scheduler over reference labels: use it with --backend oracle");
+            }
+            let dtype = match args.dtype.as_deref() {
+                None => None,
+                Some("f32") => Some(aisql_models::DType::F32),
+                Some("bf16") => Some(aisql_models::DType::BF16),
+                Some("f16") => Some(aisql_models::DType::F16),
+                Some(other) => bail!("unknown --dtype {other:?} (f32, bf16 or f16)"),
+            };
+            let spec = ModelSpec {
+                model: args.model.clone(),
+                gpu: args.gpu,
+                dtype,
+                scheduler: scheduler_config(args),
+            };
+            let (backend, model_meta) =
+                load_model_backend(&spec).with_context(|| format!("loading model {:?}", args.model))?;
+            meta.extend(model_meta);
+            Ok((backend, meta))
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! One module per subcommand; `run` dispatches.
 
 mod backend;
+mod bench;
 mod data;
 mod model;
 mod query;
@@ -18,6 +19,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Query(args) => query::run(args),
         Command::Data(cmd) => data::run(cmd),
         Command::Model(cmd) => model::run(cmd),
+        Command::Bench(args) => bench::run(args),
     }
 }
 

@@ -24,7 +24,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     let query = QueryPlan::from_file(&args.plan)?;
     let format = args.backend.prompt_format.parse()?;
     let (tables, dataset) = resolve_tables(&args.data)?;
-    let backend = super::backend::build(&args.backend, dataset.as_ref(), &query.templates())?;
+    let (backend, _meta) = super::backend::build(&args.backend, dataset.as_ref(), &query.templates())?;
     let rt = super::runtime()?;
     let out = rt.block_on(run_query(
         &query,
@@ -48,6 +48,9 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
             String::new()
         }
     );
+    if let Some(fresh) = out.measurements.get("fresh_tokens") {
+        eprintln!("fresh tokens: {fresh} (prompt positions computed by the model)");
+    }
     if let Some(dir) = &args.output_dir {
         aisql_engine::output::write_query_outputs(dir, "", &query, &out)?;
         eprintln!("outputs written to {}", dir.display());

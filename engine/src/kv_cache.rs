@@ -1,0 +1,385 @@
+//! A radix trie over token sequences whose nodes hold KV handles: the prefix
+//! cache of the model backend.
+//!
+//! Each node stands for the token sequence on the path from the root and, once
+//! computed, holds the KV of that whole sequence (a handle chaining to its
+//! parent's). Inserting a sequence only adds structure; [`PrefixTrie::pending`]
+//! then lists, parents first, the nodes whose KV must be computed, so a caller can
+//! prefill a whole batch level by level and every distinct prefix is computed
+//! exactly once — the prefix-trie size QUAIL-B's minimum-token rule counts.
+//! When a new sequence leaves a cached edge midway, the edge is split and the
+//! split point gets a *view* of the longer KV (see [`KvOps::prefix`]).
+//!
+//! The trie is generic over the KV type so the same scheduling code drives the
+//! real model and the simulation's virtual cache.
+
+use std::collections::HashMap;
+
+/// What the trie needs from a KV handle type.
+pub trait KvOps: Clone {
+    /// A view of the first `len` positions (can be continued, not scored).
+    fn prefix(&self, len: usize) -> crate::Result<Self>;
+    /// Bytes this handle's own segment holds.
+    fn bytes(&self) -> usize;
+}
+
+/// Index of a node.
+pub type NodeId = usize;
+
+#[derive(Debug, Clone)]
+struct Node<K> {
+    /// Tokens on the edge from the parent.
+    edge: Vec<u32>,
+    /// Length of the whole sequence ending here.
+    depth: usize,
+    parent: NodeId,
+    children: HashMap<u32, NodeId>,
+    kv: Option<K>,
+    /// The KV is a view of a longer sequence: no output at its last position.
+    view: bool,
+    last_used: u64,
+    alive: bool,
+}
+
+/// The radix trie.
+#[derive(Debug, Clone)]
+pub struct PrefixTrie<K> {
+    nodes: Vec<Node<K>>,
+    free: Vec<NodeId>,
+    tick: u64,
+}
+
+impl<K: KvOps> PrefixTrie<K> {
+    /// A trie whose root (the empty sequence, or whatever `root_kv` holds) has `root_kv`.
+    pub fn new(root_kv: Option<K>) -> Self {
+        Self {
+            nodes: vec![Node {
+                edge: Vec::new(),
+                depth: 0,
+                parent: 0,
+                children: HashMap::new(),
+                kv: root_kv,
+                view: false,
+                last_used: 0,
+                alive: true,
+            }],
+            free: Vec::new(),
+            tick: 0,
+        }
+    }
+
+    fn alloc(&mut self, node: Node<K>) -> NodeId {
+        match self.free.pop() {
+            Some(id) => {
+                self.nodes[id] = node;
+                id
+            }
+            None => {
+                self.nodes.push(node);
+                self.nodes.len() - 1
+            }
+        }
+    }
+
+    /// Adds `seq` (structure only) and returns its node. Splits an edge where
+    /// `seq` leaves it, giving the split point a view of the edge's KV if any.
+    pub fn insert(&mut self, seq: &[u32]) -> crate::Result<NodeId> {
+        self.tick += 1;
+        let tick = self.tick;
+        let mut node = 0;
+        let mut pos = 0;
+        loop {
+            self.nodes[node].last_used = tick;
+            if pos == seq.len() {
+                return Ok(node);
+            }
+            let Some(&child) = self.nodes[node].children.get(&seq[pos]) else {
+                let leaf = self.alloc(Node {
+                    edge: seq[pos..].to_vec(),
+                    depth: seq.len(),
+                    parent: node,
+                    children: HashMap::new(),
+                    kv: None,
+                    view: false,
+                    last_used: tick,
+                    alive: true,
+                });
+                self.nodes[node].children.insert(seq[pos], leaf);
+                return Ok(leaf);
+            };
+            let edge = &self.nodes[child].edge;
+            let common = edge
+                .iter()
+                .zip(&seq[pos..])
+                .take_while(|(a, b)| a == b)
+                .count();
+            if common == edge.len() {
+                node = child;
+                pos += common;
+                continue;
+            }
+            // Split `child`'s edge after `common` tokens.
+            let split_depth = self.nodes[node].depth + common;
+            let kv = match &self.nodes[child].kv {
+                Some(k) => Some(k.prefix(split_depth)?),
+                None => None,
+            };
+            let head = self.nodes[child].edge[..common].to_vec();
+            let tail = self.nodes[child].edge[common..].to_vec();
+            let split = self.alloc(Node {
+                edge: head,
+                depth: split_depth,
+                parent: node,
+                children: HashMap::from([(tail[0], child)]),
+                view: kv.is_some(),
+                kv,
+                last_used: tick,
+                alive: true,
+            });
+            self.nodes[node].children.insert(seq[pos], split);
+            let c = &mut self.nodes[child];
+            c.edge = tail;
+            c.parent = split;
+            node = split;
+            pos += common;
+        }
+    }
+
+    /// The nodes on the way to `targets` (targets included) that have no KV yet,
+    /// grouped in waves: every node of a wave has a parent with KV once the
+    /// previous waves are computed.
+    pub fn pending(&self, targets: &[NodeId]) -> Vec<Vec<NodeId>> {
+        let mut need: HashMap<NodeId, usize> = HashMap::new();
+        for &t in targets {
+            let mut n = t;
+            while self.nodes[n].kv.is_none() && n != 0 {
+                if need.contains_key(&n) {
+                    break;
+                }
+                need.insert(n, 0);
+                n = self.nodes[n].parent;
+            }
+        }
+        let mut by_level: Vec<Vec<NodeId>> = Vec::new();
+        let mut ids: Vec<NodeId> = need.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            let mut level = 0;
+            let mut p = self.nodes[id].parent;
+            while need.contains_key(&p) {
+                level += 1;
+                p = self.nodes[p].parent;
+            }
+            if by_level.len() <= level {
+                by_level.resize(level + 1, Vec::new());
+            }
+            by_level[level].push(id);
+        }
+        by_level
+    }
+
+    /// KV of a node's parent (must exist).
+    pub fn parent_kv(&self, id: NodeId) -> Option<&K> {
+        self.nodes[self.nodes[id].parent].kv.as_ref()
+    }
+
+    /// Tokens from the parent to the node.
+    pub fn edge(&self, id: NodeId) -> &[u32] {
+        &self.nodes[id].edge
+    }
+
+    /// Stores a node's computed KV.
+    pub fn set_kv(&mut self, id: NodeId, kv: K) {
+        let n = &mut self.nodes[id];
+        n.kv = Some(kv);
+        n.view = false;
+    }
+
+    /// A node's KV, if computed.
+    pub fn kv(&self, id: NodeId) -> Option<&K> {
+        self.nodes[id].kv.as_ref()
+    }
+
+    /// Whether a node's KV is a view (cannot be scored).
+    pub fn is_view(&self, id: NodeId) -> bool {
+        self.nodes[id].view
+    }
+
+    /// Length of the node's sequence.
+    pub fn depth(&self, id: NodeId) -> usize {
+        self.nodes[id].depth
+    }
+
+    /// Bytes held by the computed KV of every node but the root (whose KV, when
+    /// given, belongs to someone else).
+    pub fn bytes(&self) -> usize {
+        self.nodes[1..]
+            .iter()
+            .filter(|n| n.alive)
+            .filter_map(|n| n.kv.as_ref())
+            .map(K::bytes)
+            .sum()
+    }
+
+    fn is_evictable_leaf(&self, i: NodeId) -> bool {
+        let n = &self.nodes[i];
+        i != 0 && n.alive && n.kv.is_some() && n.children.values().all(|&c| self.nodes[c].kv.is_none())
+    }
+
+    /// Drops the KV of the least recently used leaves until at most `target`
+    /// bytes are held or nothing more can go; `keep` vetoes nodes still needed.
+    /// Returns the removed nodes.
+    pub fn evict_lru(&mut self, target: usize, keep: &dyn Fn(NodeId) -> bool) -> Vec<NodeId> {
+        use std::cmp::Reverse;
+        use std::collections::BinaryHeap;
+        let mut held = self.bytes();
+        let mut heap: BinaryHeap<Reverse<(u64, NodeId)>> = (1..self.nodes.len())
+            .filter(|&i| self.is_evictable_leaf(i) && !keep(i))
+            .map(|i| Reverse((self.nodes[i].last_used, i)))
+            .collect();
+        let mut removed = Vec::new();
+        while held > target {
+            let Some(Reverse((_, v))) = heap.pop() else { break };
+            if !self.is_evictable_leaf(v) {
+                continue;
+            }
+            let parent = self.nodes[v].parent;
+            held -= self.remove_subtree(v, &mut removed);
+            if self.is_evictable_leaf(parent) && !keep(parent) {
+                heap.push(Reverse((self.nodes[parent].last_used, parent)));
+            }
+        }
+        removed
+    }
+
+    /// Removes every node that is neither kept nor an ancestor of a kept node.
+    /// Returns the removed nodes.
+    pub fn retain(&mut self, keep: &std::collections::HashSet<NodeId>) -> Vec<NodeId> {
+        let mut needed = vec![false; self.nodes.len()];
+        needed[0] = true;
+        for &k in keep {
+            let mut n = k;
+            while !needed[n] && self.nodes[n].alive {
+                needed[n] = true;
+                n = self.nodes[n].parent;
+            }
+        }
+        let mut removed = Vec::new();
+        let doomed: Vec<NodeId> = (1..self.nodes.len())
+            .filter(|&i| self.nodes[i].alive && !needed[i] && needed[self.nodes[i].parent])
+            .collect();
+        for d in doomed {
+            self.remove_subtree(d, &mut removed);
+        }
+        removed
+    }
+
+    /// Removes a subtree; returns the KV bytes it held.
+    fn remove_subtree(&mut self, id: NodeId, removed: &mut Vec<NodeId>) -> usize {
+        let mut freed = 0;
+        let children: Vec<NodeId> = self.nodes[id].children.values().copied().collect();
+        for c in children {
+            freed += self.remove_subtree(c, removed);
+        }
+        let parent = self.nodes[id].parent;
+        let first = self.nodes[id].edge[0];
+        if self.nodes[parent].children.get(&first) == Some(&id) {
+            self.nodes[parent].children.remove(&first);
+        }
+        let n = &mut self.nodes[id];
+        freed += n.kv.as_ref().map_or(0, K::bytes);
+        n.kv = None;
+        n.alive = false;
+        n.children.clear();
+        self.free.push(id);
+        removed.push(id);
+        freed
+    }
+
+    /// Whether a node id currently stands for a live node.
+    pub fn is_alive(&self, id: NodeId) -> bool {
+        self.nodes.get(id).is_some_and(|n| n.alive)
+    }
+
+    /// Number of live nodes with KV.
+    pub fn cached_nodes(&self) -> usize {
+        self.nodes.iter().filter(|n| n.alive && n.kv.is_some()).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A virtual KV: just the sequence length.
+    #[derive(Debug, Clone, PartialEq)]
+    struct Len(usize);
+
+    impl KvOps for Len {
+        fn prefix(&self, len: usize) -> crate::Result<Self> {
+            Ok(Len(len))
+        }
+        fn bytes(&self) -> usize {
+            self.0
+        }
+    }
+
+    /// Computes every pending node; returns the positions computed.
+    fn fill(t: &mut PrefixTrie<Len>, targets: &[NodeId]) -> usize {
+        let mut fresh = 0;
+        for wave in t.pending(targets) {
+            for id in wave {
+                let base = t.parent_kv(id).map_or(0, |k| k.0);
+                fresh += t.edge(id).len();
+                t.set_kv(id, Len(base + t.edge(id).len()));
+            }
+        }
+        fresh
+    }
+
+    #[test]
+    fn computes_each_distinct_prefix_once() {
+        let mut t = PrefixTrie::new(None);
+        let seqs: [&[u32]; 4] = [&[1, 2, 3, 4], &[1, 2, 3, 5, 6], &[1, 2], &[7]];
+        let ids: Vec<NodeId> = seqs.iter().map(|s| t.insert(s).unwrap()).collect();
+        // Distinct prefixes: 1,12,123,1234,1235,12356,7 = 7.
+        assert_eq!(fill(&mut t, &ids), 7);
+        for (s, id) in seqs.iter().zip(&ids) {
+            assert_eq!(t.kv(*id), Some(&Len(s.len())));
+        }
+        // Asking again costs nothing; a new branch costs only its new tokens.
+        let again = t.insert(&[1, 2, 3, 5, 6]).unwrap();
+        assert_eq!(fill(&mut t, &[again]), 0);
+        let branch = t.insert(&[1, 2, 3, 5, 9, 9]).unwrap();
+        assert_eq!(fill(&mut t, &[branch]), 2);
+    }
+
+    #[test]
+    fn splitting_a_computed_edge_reuses_a_view() {
+        let mut t = PrefixTrie::new(None);
+        let a = t.insert(&[1, 2, 3, 4, 5]).unwrap();
+        assert_eq!(fill(&mut t, &[a]), 5);
+        let b = t.insert(&[1, 2, 3, 9]).unwrap();
+        // Only token 9 is new: [1,2,3] comes from a view of [1..5].
+        assert_eq!(fill(&mut t, &[b]), 1);
+        let split = t.insert(&[1, 2, 3]).unwrap();
+        assert!(t.is_view(split));
+        assert_eq!(t.kv(split), Some(&Len(3)));
+        assert_eq!(t.kv(a), Some(&Len(5)));
+    }
+
+    #[test]
+    fn eviction_drops_least_recently_used_leaves_first() {
+        let mut t = PrefixTrie::new(None);
+        let a = t.insert(&[1, 2, 3]).unwrap();
+        let b = t.insert(&[4, 5, 6, 7]).unwrap();
+        fill(&mut t, &[a, b]);
+        t.insert(&[1, 2, 3]).unwrap(); // touch a
+        let removed = t.evict_lru(3, &|_| false);
+        assert_eq!(removed, vec![b]);
+        assert!(t.kv(a).is_some());
+        assert_eq!(t.cached_nodes(), 1);
+        let c = t.insert(&[4, 5]).unwrap();
+        assert_eq!(fill(&mut t, &[c]), 2);
+    }
+}

@@ -1,0 +1,904 @@
+//! Plan-aware execution of AI operators on a model: the [`ScheduledBackend`].
+//!
+//! Every prompt is `preamble + document + suffix`, tokenized piece by piece. The
+//! backend keeps two levels of prefix cache (radix tries of KV handles, see
+//! [`crate::kv_cache`]):
+//!
+//! 1. a **document trie** over `preamble + document` for every document asked
+//!    about (filter/classification subjects, join anchors). Documents that share
+//!    leading tokens — agent-trace snapshots of one trajectory — share KV;
+//! 2. per document, a **suffix trie** rooted at the document's KV holding the
+//!    questions asked of it (filter and classification tails, join frames), so
+//!    a chain of filters or a filter then a join computes each question's shared
+//!    start once and reuses the document KV for all of them.
+//!
+//! Join partners (and joined-row classifications) are scored as packed batches
+//! of `label + partner + tail` suffixes on top of the anchor's
+//! `preamble + anchor + frame` KV, never cached; a pair asked twice with the same
+//! prompt pieces is answered from a memo. This is exactly the structure of
+//! QUAIL-B's minimum-token rule (SPEC §D.4), so with enough KV memory the fresh
+//! tokens equal the minimum. Inserting a batch's sequences before computing them
+//! makes every distinct prefix computed once, in waves of packed forward passes
+//! bounded by a token budget.
+//!
+//! The cache lives for one query (fresh tokens are per query). When it outgrows
+//! the KV budget, least recently used documents (with their questions) are
+//! evicted — costing recomputation, never a wrong answer — and documents of
+//! tables no later operator reads are dropped as soon as their last operator
+//! starts.
+//!
+//! The same code runs over a virtual KV ([`SimExecutor`]): the simulation mode
+//! answers from labels and reports the fresh tokens the model would compute.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+
+use aisql_models::{ClassifyRequest, Continuation, KvHandle, Qwen3, Tokenizer};
+
+use crate::backend::{AiCall, AiKind, AiRequest, InferenceBackend, OracleBackend};
+use crate::error::{EngineError, Result};
+use crate::kv_cache::{KvOps, NodeId, PrefixTrie};
+use crate::plan::{Operator, QueryPlan};
+use crate::prompt::label_continuations;
+
+/// What the scheduler asks of an execution engine (the model or a simulation).
+pub trait Executor: Send + Sync {
+    /// KV handle type.
+    type Kv: KvOps + Send + Sync;
+    /// Name recorded in results.
+    fn name(&self) -> &str;
+    /// Prefills each `(parent, tokens)`; one handle per item.
+    fn prefill(&self, items: &[(Option<&Self::Kv>, &[u32])]) -> Result<Vec<Self::Kv>>;
+    /// TRUE/FALSE after each `(prefix, suffix)`; the suffix may be empty when the
+    /// prefix ends with the whole prompt. `requests` are the matching prompts.
+    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>], items: &[(Option<&Self::Kv>, &[u32])]) -> Result<Vec<bool>>;
+    /// Label index after each `(prefix, suffix)`, scoring `labels` (token ids of `" " + label`).
+    fn classify(
+        &self,
+        call: &AiCall,
+        requests: &[AiRequest<'_>],
+        items: &[(Option<&Self::Kv>, &[u32])],
+        labels: &[Vec<u32>],
+    ) -> Result<Vec<usize>>;
+    /// Prompt positions computed so far (label continuations excluded).
+    fn fresh_tokens(&self) -> u64;
+    /// Label-continuation positions computed so far.
+    fn label_tokens(&self) -> u64;
+    /// KV bytes per cached position (for the budget check).
+    fn kv_bytes_per_token(&self) -> usize;
+}
+
+impl KvOps for KvHandle {
+    fn prefix(&self, len: usize) -> Result<Self> {
+        Ok(KvHandle::prefix(self, len)?)
+    }
+    fn bytes(&self) -> usize {
+        self.segment_bytes()
+    }
+}
+
+/// The real model.
+pub struct ModelExecutor {
+    model: Arc<Qwen3>,
+    answers: aisql_models::AnswerIds,
+    name: String,
+}
+
+impl ModelExecutor {
+    /// Wraps a loaded model; `tokenizer` gives the TRUE/FALSE ids.
+    pub fn new(model: Arc<Qwen3>, tokenizer: &Tokenizer, name: impl Into<String>) -> Result<Self> {
+        Ok(Self {
+            answers: tokenizer.answer_ids()?,
+            model,
+            name: name.into(),
+        })
+    }
+}
+
+/// Index of the best score; ties go to the earlier label (SPEC §B.5).
+pub fn best_label(scores: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &s) in scores.iter().enumerate() {
+        if s > scores[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+impl Executor for ModelExecutor {
+    type Kv = KvHandle;
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn prefill(&self, items: &[(Option<&KvHandle>, &[u32])]) -> Result<Vec<KvHandle>> {
+        let conts: Vec<Continuation<'_>> = items.iter().map(|(p, t)| Continuation::new(*p, t)).collect();
+        Ok(self.model.prefill_batch(&conts)?)
+    }
+
+    fn decide(&self, _call: &AiCall, _requests: &[AiRequest<'_>], items: &[(Option<&KvHandle>, &[u32])]) -> Result<Vec<bool>> {
+        let conts: Vec<Continuation<'_>> = items.iter().map(|(p, t)| Continuation::new(*p, t)).collect();
+        Ok(self
+            .model
+            .decide(&conts, &self.answers)?
+            .into_iter()
+            .map(|d| d.answer)
+            .collect())
+    }
+
+    fn classify(
+        &self,
+        _call: &AiCall,
+        _requests: &[AiRequest<'_>],
+        items: &[(Option<&KvHandle>, &[u32])],
+        labels: &[Vec<u32>],
+    ) -> Result<Vec<usize>> {
+        let reqs: Vec<ClassifyRequest<'_>> = items
+            .iter()
+            .map(|(p, t)| ClassifyRequest {
+                prefix: *p,
+                prompt: t,
+                labels,
+            })
+            .collect();
+        Ok(self.model.classify(&reqs)?.iter().map(|s| best_label(s)).collect())
+    }
+
+    fn fresh_tokens(&self) -> u64 {
+        self.model.fresh_tokens() - self.model.label_tokens()
+    }
+
+    fn label_tokens(&self) -> u64 {
+        self.model.label_tokens()
+    }
+
+    fn kv_bytes_per_token(&self) -> usize {
+        self.model.kv_bytes_per_token()
+    }
+}
+
+/// A virtual KV: only the positions it covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VirtualKv {
+    len: usize,
+    segment: usize,
+}
+
+impl KvOps for VirtualKv {
+    fn prefix(&self, len: usize) -> Result<Self> {
+        Ok(VirtualKv {
+            len,
+            segment: len.min(self.segment),
+        })
+    }
+    fn bytes(&self) -> usize {
+        self.segment * SIM_BYTES_PER_TOKEN
+    }
+}
+
+/// Bytes per position the simulation charges (a 4B-class model in bf16).
+const SIM_BYTES_PER_TOKEN: usize = 147_456;
+
+/// The simulation: no forward passes; answers from labels; counts positions.
+pub struct SimExecutor {
+    oracle: OracleBackend,
+    fresh: std::sync::atomic::AtomicU64,
+    labels: std::sync::atomic::AtomicU64,
+}
+
+impl SimExecutor {
+    /// A simulation answering from `oracle`.
+    pub fn new(oracle: OracleBackend) -> Self {
+        Self {
+            oracle,
+            fresh: Default::default(),
+            labels: Default::default(),
+        }
+    }
+}
+
+impl Executor for SimExecutor {
+    type Kv = VirtualKv;
+
+    fn name(&self) -> &str {
+        "simulation"
+    }
+
+    fn prefill(&self, items: &[(Option<&VirtualKv>, &[u32])]) -> Result<Vec<VirtualKv>> {
+        Ok(items
+            .iter()
+            .map(|(p, t)| {
+                self.fresh
+                    .fetch_add(t.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                VirtualKv {
+                    len: p.map_or(0, |k| k.len) + t.len(),
+                    segment: t.len(),
+                }
+            })
+            .collect())
+    }
+
+    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>], items: &[(Option<&VirtualKv>, &[u32])]) -> Result<Vec<bool>> {
+        let fed: usize = items.iter().map(|(_, t)| t.len()).sum();
+        self.fresh
+            .fetch_add(fed as u64, std::sync::atomic::Ordering::Relaxed);
+        self.oracle.decide(call, requests)
+    }
+
+    fn classify(
+        &self,
+        call: &AiCall,
+        requests: &[AiRequest<'_>],
+        items: &[(Option<&VirtualKv>, &[u32])],
+        labels: &[Vec<u32>],
+    ) -> Result<Vec<usize>> {
+        let fed: usize = items.iter().map(|(_, t)| t.len()).sum();
+        let label_fed: usize = labels.iter().map(|l| l.len().saturating_sub(1)).sum();
+        self.fresh
+            .fetch_add(fed as u64, std::sync::atomic::Ordering::Relaxed);
+        self.labels.fetch_add(
+            (label_fed * items.len()) as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.oracle.classify(call, requests)
+    }
+
+    fn fresh_tokens(&self) -> u64 {
+        self.fresh.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn label_tokens(&self) -> u64 {
+        self.labels.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn kv_bytes_per_token(&self) -> usize {
+        SIM_BYTES_PER_TOKEN
+    }
+}
+
+/// Scheduling knobs.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Reuse KV across prompts (off: every prompt computed from scratch).
+    pub prefix_cache: bool,
+    /// KV memory budget in bytes.
+    pub kv_budget_bytes: usize,
+    /// Tokens per forward batch.
+    pub batch_tokens: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            prefix_cache: true,
+            kv_budget_bytes: default_kv_budget_bytes(),
+            batch_tokens: 8192,
+        }
+    }
+}
+
+/// A quarter of the memory available now, at most 16 GiB.
+pub fn default_kv_budget_bytes() -> usize {
+    let available = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|k| k.parse::<usize>().ok()))
+        })
+        .map_or(8 << 30, |kb| kb * 1024);
+    (available / 4).min(16 << 30)
+}
+
+type DocKey = (String, String);
+
+#[derive(Default)]
+struct Tokens {
+    docs: HashMap<DocKey, Arc<Vec<u32>>>,
+    pieces: HashMap<String, Arc<Vec<u32>>>,
+}
+
+struct Cache<K> {
+    docs: PrefixTrie<K>,
+    doc_nodes: HashMap<DocKey, NodeId>,
+    suffixes: HashMap<DocKey, PrefixTrie<K>>,
+    memo_bool: HashMap<(u64, DocKey, DocKey), bool>,
+    memo_label: HashMap<(u64, DocKey, DocKey), usize>,
+}
+
+impl<K: KvOps> Cache<K> {
+    fn new() -> Self {
+        Self {
+            docs: PrefixTrie::new(None),
+            doc_nodes: HashMap::new(),
+            suffixes: HashMap::new(),
+            memo_bool: HashMap::new(),
+            memo_label: HashMap::new(),
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.docs.bytes() + self.suffixes.values().map(PrefixTrie::bytes).sum::<usize>()
+    }
+}
+
+struct QueryState<K> {
+    cache: Cache<K>,
+    /// Per AI operator in post-order: (op id, anchor table).
+    ops: Vec<(String, String)>,
+    fresh_start: u64,
+    label_start: u64,
+    peak_bytes: usize,
+    evictions: u64,
+    current_op: Option<String>,
+}
+
+/// The model backend: plan-aware scheduling over an [`Executor`].
+pub struct ScheduledBackend<E: Executor> {
+    exec: E,
+    tokenizer: Tokenizer,
+    config: SchedulerConfig,
+    tokens: Mutex<Tokens>,
+    state: Mutex<QueryState<E::Kv>>,
+}
+
+impl<E: Executor> ScheduledBackend<E> {
+    /// A backend over `exec`, tokenizing with `tokenizer`.
+    pub fn new(exec: E, tokenizer: Tokenizer, config: SchedulerConfig) -> Self {
+        Self {
+            exec,
+            tokenizer,
+            config,
+            tokens: Mutex::new(Tokens::default()),
+            state: Mutex::new(QueryState {
+                cache: Cache::new(),
+                ops: Vec::new(),
+                fresh_start: 0,
+                label_start: 0,
+                peak_bytes: 0,
+                evictions: 0,
+                current_op: None,
+            }),
+        }
+    }
+
+    /// The executor.
+    pub fn executor(&self) -> &E {
+        &self.exec
+    }
+
+    fn piece(&self, text: &str) -> Result<Arc<Vec<u32>>> {
+        let mut t = self.tokens.lock().expect("tokens lock");
+        if let Some(ids) = t.pieces.get(text) {
+            return Ok(ids.clone());
+        }
+        let ids = Arc::new(self.tokenizer.encode(text)?);
+        t.pieces.insert(text.to_string(), ids.clone());
+        Ok(ids)
+    }
+
+    /// Token ids of documents, tokenized once per (table, column, id).
+    fn docs(&self, table: &str, column: &str, docs: &[(&str, &str)]) -> Result<Vec<Arc<Vec<u32>>>> {
+        let key = |id: &str| (format!("{table}.{column}"), id.to_string());
+        let missing: Vec<(&str, &str)> = {
+            let t = self.tokens.lock().expect("tokens lock");
+            let mut seen = HashSet::new();
+            docs.iter()
+                .filter(|(id, _)| !t.docs.contains_key(&key(id)) && seen.insert(*id))
+                .copied()
+                .collect()
+        };
+        if !missing.is_empty() {
+            let texts: Vec<&str> = missing.iter().map(|(_, text)| *text).collect();
+            let encoded = self.tokenizer.encode_batch(&texts)?;
+            let mut t = self.tokens.lock().expect("tokens lock");
+            for ((id, _), ids) in missing.iter().zip(encoded) {
+                t.docs.insert(key(id), Arc::new(ids));
+            }
+        }
+        let t = self.tokens.lock().expect("tokens lock");
+        Ok(docs.iter().map(|(id, _)| t.docs[&key(id)].clone()).collect())
+    }
+
+    /// Called at each operator's first batch: drops documents of tables that no
+    /// remaining operator asks about.
+    fn enter_operator(&self, state: &mut QueryState<E::Kv>, op_id: &str) {
+        if state.current_op.as_deref() == Some(op_id) {
+            return;
+        }
+        state.current_op = Some(op_id.to_string());
+        let Some(pos) = state.ops.iter().position(|(id, _)| id == op_id) else {
+            return;
+        };
+        let needed: HashSet<String> = state.ops[pos..].iter().map(|(_, t)| t.clone()).collect();
+        let cache = &mut state.cache;
+        cache
+            .doc_nodes
+            .retain(|(tc, _), _| needed.contains(tc.split('.').next().unwrap_or_default()));
+        let docs = &cache.doc_nodes;
+        cache.suffixes.retain(|k, _| docs.contains_key(k));
+        let keep: HashSet<NodeId> = cache.doc_nodes.values().copied().collect();
+        cache.docs.retain(&keep);
+    }
+
+    /// Keeps the cache within the budget by evicting the question tries of
+    /// documents, then the least recently used documents themselves.
+    fn enforce_budget(&self, state: &mut QueryState<E::Kv>) {
+        let held = state.cache.bytes();
+        state.peak_bytes = state.peak_bytes.max(held);
+        let budget = self.config.kv_budget_bytes;
+        if held <= budget {
+            return;
+        }
+        let cache = &mut state.cache;
+        let mut suffix_bytes: usize = cache.suffixes.values().map(PrefixTrie::bytes).sum();
+        let doc_bytes = held - suffix_bytes;
+        let keys: Vec<DocKey> = cache.suffixes.keys().cloned().collect();
+        for k in keys {
+            if doc_bytes + suffix_bytes <= budget {
+                break;
+            }
+            if let Some(t) = cache.suffixes.remove(&k) {
+                suffix_bytes -= t.bytes();
+                state.evictions += 1;
+            }
+        }
+        if doc_bytes + suffix_bytes > budget {
+            let removed: HashSet<NodeId> = cache
+                .docs
+                .evict_lru(budget.saturating_sub(suffix_bytes), &|_| false)
+                .into_iter()
+                .collect();
+            state.evictions += removed.len() as u64;
+            cache.doc_nodes.retain(|_, n| !removed.contains(n));
+            let docs = &cache.doc_nodes;
+            cache.suffixes.retain(|k, _| docs.contains_key(k));
+        }
+    }
+
+    /// Computes the pending nodes of a trie in waves of at most `batch_tokens`.
+    fn materialize(&self, trie: &mut PrefixTrie<E::Kv>, targets: &[NodeId]) -> Result<()> {
+        for wave in trie.pending(targets) {
+            let mut start = 0;
+            while start < wave.len() {
+                let mut end = start;
+                let mut tokens = 0;
+                while end < wave.len() && (end == start || tokens + trie.edge(wave[end]).len() <= self.config.batch_tokens) {
+                    tokens += trie.edge(wave[end]).len();
+                    end += 1;
+                }
+                let items: Vec<(Option<&E::Kv>, &[u32])> = wave[start..end]
+                    .iter()
+                    .map(|&id| (trie.parent_kv(id), trie.edge(id)))
+                    .collect();
+                let handles = self.exec.prefill(&items)?;
+                for (&id, h) in wave[start..end].iter().zip(handles) {
+                    trie.set_kv(id, h);
+                }
+                start = end;
+            }
+        }
+        Ok(())
+    }
+
+    /// The KV of `preamble + document` for each request's anchor, computed once.
+    fn anchor_prompts(
+        &self,
+        state: &mut QueryState<E::Kv>,
+        call: &AiCall,
+        requests: &[AiRequest<'_>],
+        suffix: &[u32],
+        scored: bool,
+    ) -> Result<Vec<(DocKey, NodeId)>> {
+        let preamble = self.piece(&call.pieces.preamble)?;
+        let docs: Vec<(&str, &str)> = requests.iter().map(|r| (r.anchor.id, r.anchor.text)).collect();
+        let tokens = self.docs(&call.tables[0], &call.columns[0], &docs)?;
+        let key_table = format!("{}.{}", call.tables[0], call.columns[0]);
+        let budget_tokens = self.config.kv_budget_bytes / self.exec.kv_bytes_per_token().max(1);
+        let cache = &mut state.cache;
+        let mut leaves = Vec::with_capacity(requests.len());
+        let mut keys = Vec::with_capacity(requests.len());
+        for (r, doc) in requests.iter().zip(&tokens) {
+            let len = preamble.len() + doc.len() + suffix.len();
+            if len > budget_tokens {
+                return Err(EngineError::Inference(format!(
+                    "{}: document {} of {} needs {len} positions of KV, over the KV budget of {budget_tokens} ({} MiB)",
+                    call.op_id,
+                    r.anchor.id,
+                    call.tables[0],
+                    self.config.kv_budget_bytes >> 20
+                )));
+            }
+            let mut seq = Vec::with_capacity(preamble.len() + doc.len());
+            seq.extend_from_slice(&preamble);
+            seq.extend_from_slice(doc);
+            let leaf = cache.docs.insert(&seq)?;
+            let key = (key_table.clone(), r.anchor.id.to_string());
+            cache.doc_nodes.insert(key.clone(), leaf);
+            leaves.push(leaf);
+            keys.push(key);
+        }
+        self.materialize(&mut cache.docs, &leaves)?;
+        // Question tries: rooted at each document's KV; the suffix computed once per document.
+        let mut targets: HashMap<DocKey, NodeId> = HashMap::new();
+        for (key, &leaf) in keys.iter().zip(&leaves) {
+            if targets.contains_key(key) {
+                continue;
+            }
+            let doc_kv = cache.docs.kv(leaf).cloned();
+            let trie = cache
+                .suffixes
+                .entry(key.clone())
+                .or_insert_with(|| PrefixTrie::new(doc_kv));
+            let node = trie.insert(suffix)?;
+            targets.insert(key.clone(), node);
+        }
+        // Compute all questions in waves across documents: gather pending items.
+        self.materialize_suffixes(cache, &targets)?;
+        // A scored question ending on a view (its exact text is a prefix of
+        // another question) needs its last position computed again.
+        for (key, &node) in targets.iter().filter(|_| scored) {
+            let trie = cache.suffixes.get_mut(key).expect("trie exists");
+            if node != 0 && trie.is_view(node) {
+                let depth = trie.depth(node);
+                let kv = trie.kv(node).expect("view has kv").clone();
+                let shorter = kv.prefix(depth - 1)?;
+                let last = [suffix[suffix.len() - 1]];
+                let h = self.exec.prefill(&[(Some(&shorter), &last[..])])?.remove(0);
+                trie.set_kv(node, h);
+            }
+        }
+        Ok(keys.into_iter().map(|k| {
+            let n = targets[&k];
+            (k, n)
+        }).collect())
+    }
+
+    /// Like [`Self::materialize`] over many per-document tries at once, so the
+    /// questions of a whole batch of documents share forward passes.
+    fn materialize_suffixes(&self, cache: &mut Cache<E::Kv>, targets: &HashMap<DocKey, NodeId>) -> Result<()> {
+        let mut waves: Vec<Vec<(DocKey, NodeId)>> = Vec::new();
+        for (key, &node) in targets {
+            let trie = &cache.suffixes[key];
+            for (level, wave) in trie.pending(&[node]).into_iter().enumerate() {
+                if waves.len() <= level {
+                    waves.resize(level + 1, Vec::new());
+                }
+                waves[level].extend(wave.into_iter().map(|n| (key.clone(), n)));
+            }
+        }
+        for wave in waves {
+            for chunk in chunk_by_tokens(&wave, self.config.batch_tokens, |(k, n)| cache.suffixes[k].edge(*n).len()) {
+                let items: Vec<(Option<&E::Kv>, &[u32])> = chunk
+                    .iter()
+                    .map(|(k, n)| {
+                        let t = &cache.suffixes[k];
+                        (t.parent_kv(*n), t.edge(*n))
+                    })
+                    .collect();
+                let handles = self.exec.prefill(&items)?;
+                let done: Vec<(DocKey, NodeId, E::Kv)> = chunk
+                    .iter()
+                    .cloned()
+                    .zip(handles)
+                    .map(|((k, n), h)| (k, n, h))
+                    .collect();
+                for (k, n, h) in done {
+                    cache.suffixes.get_mut(&k).expect("trie").set_kv(n, h);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn group_hash(call: &AiCall) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        call.pieces.hash(&mut h);
+        call.kind.hash(&mut h);
+        h.finish()
+    }
+
+    fn run(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Answers> {
+        if requests.is_empty() {
+            return Ok(Answers::Bools(Vec::new()));
+        }
+        if !self.config.prefix_cache {
+            return self.run_uncached(call, requests);
+        }
+        let mut state = self.state.lock().expect("scheduler lock");
+        self.enter_operator(&mut state, &call.op_id);
+        let pieces = &call.pieces;
+        let labels: Vec<Vec<u32>> = label_continuations(&call.labels)
+            .iter()
+            .map(|l| self.piece(l).map(|v| v.as_ref().clone()))
+            .collect::<Result<_>>()?;
+        let out = if !pieces.pair {
+            // One document: preamble + doc, then the tail as the question.
+            let tail = self.piece(&pieces.tail)?;
+            let nodes = self.anchor_prompts(&mut state, call, requests, &tail, true)?;
+            let cache = &state.cache;
+            let items: Vec<(Option<&E::Kv>, &[u32])> = nodes
+                .iter()
+                .map(|(k, n)| (cache.suffixes[k].kv(*n), &[][..]))
+                .collect();
+            match call.kind {
+                AiKind::Classify => Answers::Labels(self.exec.classify(call, requests, &items, &labels)?),
+                _ => Answers::Bools(self.exec.decide(call, requests, &items)?),
+            }
+        } else {
+            // Pairs: preamble + anchor + frame cached, partners packed as suffixes.
+            let frame = self.piece(&pieces.frame)?;
+            let label = self.piece(&pieces.label)?;
+            let tail = self.piece(&pieces.tail)?;
+            let nodes = self.anchor_prompts(&mut state, call, requests, &frame, false)?;
+            let partner_docs: Vec<(&str, &str)> = requests
+                .iter()
+                .map(|r| {
+                    let p = r.partner.expect("pair requests have partners");
+                    (p.id, p.text)
+                })
+                .collect();
+            let partners = self.docs(&call.tables[1], &call.columns[1], &partner_docs)?;
+            let group = Self::group_hash(call);
+            let partner_table = format!("{}.{}", call.tables[1], call.columns[1]);
+            // Memo: a pair asked before with the same pieces is not asked again.
+            let keys: Vec<(u64, DocKey, DocKey)> = nodes
+                .iter()
+                .zip(requests)
+                .map(|((k, _), r)| (group, k.clone(), (partner_table.clone(), r.partner.expect("pair").id.to_string())))
+                .collect();
+            let todo: Vec<usize> = (0..requests.len())
+                .filter(|&i| match call.kind {
+                    AiKind::Classify => !state.cache.memo_label.contains_key(&keys[i]),
+                    _ => !state.cache.memo_bool.contains_key(&keys[i]),
+                })
+                .collect();
+            let suffixes: Vec<Vec<u32>> = todo
+                .iter()
+                .map(|&i| [label.as_slice(), partners[i].as_slice(), tail.as_slice()].concat())
+                .collect();
+            let order: Vec<usize> = (0..todo.len()).collect();
+            for chunk in chunk_by_tokens(&order, self.config.batch_tokens, |&j| suffixes[j].len()) {
+                let cache = &state.cache;
+                let items: Vec<(Option<&E::Kv>, &[u32])> = chunk
+                    .iter()
+                    .map(|&j| {
+                        let (k, n) = &nodes[todo[j]];
+                        (cache.suffixes[k].kv(*n), suffixes[j].as_slice())
+                    })
+                    .collect();
+                let reqs: Vec<AiRequest<'_>> = chunk.iter().map(|&j| requests[todo[j]]).collect();
+                match call.kind {
+                    AiKind::Classify => {
+                        let got = self.exec.classify(call, &reqs, &items, &labels)?;
+                        for (&j, g) in chunk.iter().zip(got) {
+                            state.cache.memo_label.insert(keys[todo[j]].clone(), g);
+                        }
+                    }
+                    _ => {
+                        let got = self.exec.decide(call, &reqs, &items)?;
+                        for (&j, g) in chunk.iter().zip(got) {
+                            state.cache.memo_bool.insert(keys[todo[j]].clone(), g);
+                        }
+                    }
+                }
+            }
+            match call.kind {
+                AiKind::Classify => Answers::Labels(keys.iter().map(|k| state.cache.memo_label[k]).collect()),
+                _ => Answers::Bools(keys.iter().map(|k| state.cache.memo_bool[k]).collect()),
+            }
+        };
+        self.enforce_budget(&mut state);
+        Ok(out)
+    }
+
+    /// `--prefix-cache off`: every prompt from its first token.
+    fn run_uncached(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Answers> {
+        let pieces = &call.pieces;
+        let preamble = self.piece(&pieces.preamble)?;
+        let anchors: Vec<(&str, &str)> = requests.iter().map(|r| (r.anchor.id, r.anchor.text)).collect();
+        let anchor_tokens = self.docs(&call.tables[0], &call.columns[0], &anchors)?;
+        let partner_tokens = if pieces.pair {
+            let ps: Vec<(&str, &str)> = requests
+                .iter()
+                .map(|r| {
+                    let p = r.partner.expect("pair");
+                    (p.id, p.text)
+                })
+                .collect();
+            Some(self.docs(&call.tables[1], &call.columns[1], &ps)?)
+        } else {
+            None
+        };
+        let frame = self.piece(&pieces.frame)?;
+        let label = self.piece(&pieces.label)?;
+        let tail = self.piece(&pieces.tail)?;
+        let prompts: Vec<Vec<u32>> = (0..requests.len())
+            .map(|i| {
+                let mut v = Vec::new();
+                v.extend_from_slice(&preamble);
+                v.extend_from_slice(&anchor_tokens[i]);
+                v.extend_from_slice(&frame);
+                if let Some(p) = &partner_tokens {
+                    v.extend_from_slice(&label);
+                    v.extend_from_slice(&p[i]);
+                }
+                v.extend_from_slice(&tail);
+                v
+            })
+            .collect();
+        let labels: Vec<Vec<u32>> = label_continuations(&call.labels)
+            .iter()
+            .map(|l| self.piece(l).map(|v| v.as_ref().clone()))
+            .collect::<Result<_>>()?;
+        let order: Vec<usize> = (0..prompts.len()).collect();
+        let mut bools = Vec::new();
+        let mut chosen = Vec::new();
+        for chunk in chunk_by_tokens(&order, self.config.batch_tokens, |&i| prompts[i].len()) {
+            let items: Vec<(Option<&E::Kv>, &[u32])> = chunk.iter().map(|&i| (None, prompts[i].as_slice())).collect();
+            let reqs: Vec<AiRequest<'_>> = chunk.iter().map(|&i| requests[i]).collect();
+            match call.kind {
+                AiKind::Classify => chosen.extend(self.exec.classify(call, &reqs, &items, &labels)?),
+                _ => bools.extend(self.exec.decide(call, &reqs, &items)?),
+            }
+        }
+        Ok(match call.kind {
+            AiKind::Classify => Answers::Labels(chosen),
+            _ => Answers::Bools(bools),
+        })
+    }
+}
+
+enum Answers {
+    Bools(Vec<bool>),
+    Labels(Vec<usize>),
+}
+
+/// Splits `items` into consecutive chunks of at most `budget` tokens (at least one item each).
+fn chunk_by_tokens<'a, T>(items: &'a [T], budget: usize, tokens: impl Fn(&T) -> usize) -> Vec<&'a [T]> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < items.len() {
+        let mut end = start;
+        let mut used = 0;
+        while end < items.len() && (end == start || used + tokens(&items[end]) <= budget) {
+            used += tokens(&items[end]);
+            end += 1;
+        }
+        out.push(&items[start..end]);
+        start = end;
+    }
+    out
+}
+
+impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
+    fn name(&self) -> &str {
+        self.exec.name()
+    }
+
+    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
+        match self.run(call, requests)? {
+            Answers::Bools(b) => Ok(b),
+            Answers::Labels(_) => Err(EngineError::Inference(format!("{}: expected decisions", call.op_id))),
+        }
+    }
+
+    fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self.run(call, requests)? {
+            Answers::Labels(l) => Ok(l),
+            Answers::Bools(_) => Err(EngineError::Inference(format!("{}: expected labels", call.op_id))),
+        }
+    }
+
+    fn start_query(&self, query: &QueryPlan) {
+        let mut state = self.state.lock().expect("scheduler lock");
+        state.cache = Cache::new();
+        state.ops = query
+            .operators
+            .iter()
+            .filter_map(|o| {
+                let alias = match o {
+                    Operator::Filter { alias, .. } | Operator::Classify { alias, .. } => alias,
+                    Operator::Join { aliases, .. } => &aliases[0],
+                    Operator::InList { .. } => return None,
+                };
+                Some((o.id().to_string(), query.relation(alias)?.table.clone()))
+            })
+            .collect();
+        state.fresh_start = self.exec.fresh_tokens();
+        state.label_start = self.exec.label_tokens();
+        state.peak_bytes = 0;
+        state.evictions = 0;
+        state.current_op = None;
+    }
+
+    fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {
+        let state = self.state.lock().expect("scheduler lock");
+        let mut m = serde_json::Map::new();
+        m.insert("fresh_tokens".into(), (self.exec.fresh_tokens() - state.fresh_start).into());
+        m.insert("label_tokens".into(), (self.exec.label_tokens() - state.label_start).into());
+        m.insert("prefix_cache".into(), self.config.prefix_cache.into());
+        m.insert("kv_peak_bytes".into(), state.peak_bytes.max(state.cache.bytes()).into());
+        m.insert("kv_evictions".into(), state.evictions.into());
+        m.insert("kv_budget_bytes".into(), self.config.kv_budget_bytes.into());
+        m.insert("batch_tokens".into(), self.config.batch_tokens.into());
+        m
+    }
+}
+
+/// Which model to load and how to schedule it.
+#[derive(Debug, Clone)]
+pub struct ModelSpec {
+    /// `tiny`, a local directory, or a Hugging Face id in the local cache.
+    pub model: String,
+    /// CUDA device, `None` for the CPU.
+    pub gpu: Option<usize>,
+    /// Weights dtype (default: f32 on CPU, bf16 on GPU).
+    pub dtype: Option<aisql_models::DType>,
+    /// Scheduling knobs.
+    pub scheduler: SchedulerConfig,
+}
+
+/// Where `--model tiny` lives: generated on first use, deterministic (seed 0).
+pub fn tiny_model_dir() -> Result<std::path::PathBuf> {
+    let base = std::env::var_os("AISQL_CACHE_DIR")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/aisql")))
+        .unwrap_or_else(|| std::path::PathBuf::from(".aisql-cache"));
+    let dir = base.join("models/tiny-qwen3-seed0");
+    if !dir.join("model.safetensors").exists() {
+        let tmp = base.join(format!("models/.tiny-qwen3-seed0.{}", std::process::id()));
+        aisql_models::tiny::write_tiny_model(&tmp, 0)?;
+        std::fs::create_dir_all(dir.parent().expect("has parent")).map_err(|e| EngineError::io(&dir, e))?;
+        if std::fs::rename(&tmp, &dir).is_err() && !dir.join("model.safetensors").exists() {
+            return Err(EngineError::Inference(format!("could not place the tiny model at {}", dir.display())));
+        }
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    Ok(dir)
+}
+
+/// Loads the model of `spec` and wraps it in the scheduled backend. Also returns
+/// metadata describing it (model, device, dtype, budgets).
+pub fn load_model_backend(spec: &ModelSpec) -> Result<(Arc<ScheduledBackend<ModelExecutor>>, serde_json::Map<String, serde_json::Value>)> {
+    let source = if spec.model == "tiny" {
+        tiny_model_dir()?.display().to_string()
+    } else {
+        spec.model.clone()
+    };
+    let device = aisql_models::device(spec.gpu)?;
+    let (model, tokenizer) = aisql_models::load(&source, &device, spec.dtype)?;
+    let mut meta = serde_json::Map::new();
+    meta.insert("model".into(), spec.model.clone().into());
+    meta.insert("model_path".into(), source.into());
+    meta.insert(
+        "device".into(),
+        match spec.gpu {
+            Some(n) => format!("cuda:{n}"),
+            None => "cpu".to_string(),
+        }
+        .into(),
+    );
+    meta.insert("dtype".into(), format!("{:?}", model.dtype()).to_lowercase().into());
+    meta.insert("prefix_cache".into(), spec.scheduler.prefix_cache.into());
+    meta.insert("kv_budget_bytes".into(), spec.scheduler.kv_budget_bytes.into());
+    meta.insert("batch_tokens".into(), spec.scheduler.batch_tokens.into());
+    let exec = ModelExecutor::new(Arc::new(model), &tokenizer, "model")?;
+    Ok((Arc::new(ScheduledBackend::new(exec, tokenizer, spec.scheduler.clone())), meta))
+}
+
+/// The simulation backend: the model backend's scheduler over a virtual KV cache,
+/// answering from `labels`.
+pub fn simulation_backend(labels: Arc<crate::labels::LabelStore>, config: SchedulerConfig) -> Result<Arc<ScheduledBackend<SimExecutor>>> {
+    Ok(Arc::new(ScheduledBackend::new(
+        SimExecutor::new(OracleBackend::new(labels)),
+        Tokenizer::vendored()?,
+        config,
+    )))
+}

@@ -1,0 +1,182 @@
+//! `aisql bench`: the QUAIL-B driver (run, `report` to rescore, `compare` two runs).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use aisql_bench::compare::{compare_runs, comparison_markdown};
+use aisql_bench::driver::{BenchOptions, default_output_dir, default_plans_dir, rescore, run_bench, select_queries};
+use aisql_bench::layout::Dataset;
+use aisql_bench::run_file::{QueryStatus, RunFile, RunStatus};
+use anyhow::{Context, bail};
+
+use crate::cli::{BenchAction, BenchArgs, BenchRunArgs};
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.action {
+        Some(BenchAction::Report { dir, root }) => report(&dir, root.as_deref()),
+        Some(BenchAction::Compare { a, b, root, json }) => compare(&a, &b, root.as_deref(), json.as_deref()),
+        None => bench(args.run),
+    }
+}
+
+/// The dataset a saved run was made on.
+fn run_dataset(dir: &Path, root: Option<&Path>) -> anyhow::Result<Dataset> {
+    let run = RunFile::read(dir)?;
+    Ok(Dataset::resolve(root, run.scale_factor)?)
+}
+
+fn report(dir: &Path, root: Option<&Path>) -> anyhow::Result<()> {
+    let dataset = run_dataset(dir, root)?;
+    let run = rescore(dir, &dataset)?;
+    summarize(dir, &run);
+    Ok(())
+}
+
+fn compare(a: &Path, b: &Path, root: Option<&Path>, json: Option<&Path>) -> anyhow::Result<()> {
+    let dataset = run_dataset(a, root)?;
+    let c = compare_runs(a, b, &dataset)?;
+    print!("{}", comparison_markdown(&c));
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_string_pretty(&c)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn summarize(dir: &Path, run: &RunFile) {
+    let n = run.queries.len();
+    let complete = run.queries.iter().filter(|q| q.status == QueryStatus::Complete).count();
+    let good = run
+        .queries
+        .iter()
+        .filter(|q| q.assessment.as_ref().is_some_and(|a| a.verdict == aisql_bench::scoring::Verdict::Good))
+        .count();
+    println!(
+        "{complete} of {n} queries complete, {good} good; results in {}",
+        dir.join(aisql_bench::report::REPORT_MD).display()
+    );
+}
+
+/// `git rev-parse HEAD` of the working directory, if it is a git checkout.
+fn git_commit() -> Option<String> {
+    let out = std::process::Command::new("git").args(["rev-parse", "HEAD"]).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+fn metadata(args: &BenchRunArgs, plans: &Path) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    use serde_json::Value;
+    let b = &args.backend;
+    let mut m = serde_json::Map::new();
+    m.insert("aisql_version".into(), env!("CARGO_PKG_VERSION").into());
+    m.insert("git_commit".into(), git_commit().map_or(Value::Null, Value::from));
+    m.insert("model".into(), b.model.clone().into());
+    m.insert(
+        "device".into(),
+        b.gpu.map_or_else(|| "cpu".to_string(), |n| format!("cuda:{n}")).into(),
+    );
+    m.insert(
+        "dtype".into(),
+        b.dtype
+            .clone()
+            .unwrap_or_else(|| if b.gpu.is_some() { "bf16" } else { "f32" }.into())
+            .into(),
+    );
+    m.insert("batch_tokens".into(), b.batch_tokens.into());
+    m.insert("kv_budget_mb".into(), b.kv_budget_mb.map_or(Value::Null, Value::from));
+    m.insert("prefix_cache".into(), (b.prefix_cache == crate::cli::Switch::On).into());
+    m.insert("simulate".into(), b.simulate.into());
+    m.insert(
+        "threads".into(),
+        std::thread::available_parallelism().map_or(Value::Null, |n| n.get().into()),
+    );
+    if let Ok(t) = std::env::var("RAYON_NUM_THREADS") {
+        m.insert("rayon_num_threads".into(), t.into());
+    }
+    m.insert("os".into(), format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH).into());
+    m.insert("plans".into(), plans.display().to_string().into());
+    m.insert("timeout_s".into(), args.timeout_s.map_or(Value::Null, Value::from));
+    for kv in &args.metadata {
+        let Some((k, v)) = kv.split_once('=') else {
+            bail!("--metadata {kv:?}: expected KEY=VALUE");
+        };
+        let value = serde_json::from_str::<Value>(v).unwrap_or_else(|_| Value::from(v));
+        if value.as_f64().is_some_and(|f| !f.is_finite()) {
+            bail!("--metadata {kv:?}: not a finite number");
+        }
+        m.insert(k.to_string(), value);
+    }
+    Ok(m)
+}
+
+fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
+    if args.data.tables.is_some() {
+        bail!("aisql bench needs a QUAIL-B data root with reference labels (--root), not --tables");
+    }
+    if let Some(r) = args.gpu_hourly_rate_usd
+        && !(r.is_finite() && r >= 0.0)
+    {
+        bail!("--gpu-hourly-rate-usd must be a finite number ≥ 0, got {r}");
+    }
+    let timeout = match args.timeout_s {
+        Some(t) if !(t.is_finite() && t > 0.0) => bail!("--timeout-s must be > 0, got {t}"),
+        Some(t) => Some(Duration::from_secs_f64(t)),
+        None => None,
+    };
+    let plans_dir: PathBuf = args.plans.clone().unwrap_or_else(default_plans_dir);
+    let (output_dir, resume) = match &args.resume {
+        Some(dir) => (dir.clone(), true),
+        None => (args.output_dir.clone().unwrap_or_else(default_output_dir), false),
+    };
+    let wanted: Option<Vec<String>> = if resume {
+        Some(RunFile::read(&output_dir)?.queries.iter().map(|q| q.id.clone()).collect())
+    } else {
+        args.queries.clone()
+    };
+    let queries = select_queries(&plans_dir, wanted.as_deref())?;
+    let (sf, root) = if resume {
+        let run = RunFile::read(&output_dir)?;
+        (run.scale_factor, args.data.root.clone())
+    } else {
+        (args.data.sf, args.data.root.clone())
+    };
+    let dataset = match &root {
+        Some(r) => Dataset::open(r, sf, args.data.collection.as_deref())?,
+        None => Dataset::resolve(None, sf)?,
+    };
+    let mut templates: Vec<String> = queries.iter().flat_map(|(_, p)| p.templates()).collect();
+    templates.sort();
+    templates.dedup();
+    let format = args.backend.prompt_format.parse()?;
+    let mut meta = metadata(&args, &plans_dir)?;
+    let (backend, backend_meta) = super::backend::build(&args.backend, Some(&dataset), &templates)?;
+    for (k, v) in backend_meta {
+        meta.insert(k, v);
+    }
+    let opts = BenchOptions {
+        output_dir: output_dir.clone(),
+        resume,
+        timeout,
+        fail_fast: args.fail_fast,
+        gpu_count: args.gpu_count,
+        gpu_hourly_rate_usd: args.gpu_hourly_rate_usd,
+        metadata: meta,
+        format,
+        progress: true,
+    };
+    let rt = super::runtime()?;
+    let run = rt.block_on(run_bench(&opts, &dataset, backend, queries))?;
+    summarize(&output_dir, &run);
+    if run.status != RunStatus::Complete {
+        let bad = run.queries.iter().filter(|q| q.status != QueryStatus::Complete).count();
+        bail!(
+            "{bad} of {} queries did not complete (see {}); continue with --resume {}",
+            run.queries.len(),
+            output_dir.join("report.md").display(),
+            output_dir.display()
+        );
+    }
+    Ok(())
+}
