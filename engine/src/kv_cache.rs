@@ -21,6 +21,8 @@ pub trait KvOps: Clone {
     fn prefix(&self, len: usize) -> crate::Result<Self>;
     /// Bytes this handle's own segment holds.
     fn bytes(&self) -> usize;
+    /// Positions covered, ancestors included.
+    fn len(&self) -> usize;
 }
 
 /// Index of a node.
@@ -44,6 +46,9 @@ struct Node<K> {
 /// The radix trie.
 #[derive(Debug, Clone)]
 pub struct PrefixTrie<K> {
+    /// Positions the root's KV already covers (a question trie is rooted at its
+    /// document): node depths are relative to it, KV positions absolute.
+    root_len: usize,
     nodes: Vec<Node<K>>,
     free: Vec<NodeId>,
     tick: u64,
@@ -53,6 +58,7 @@ impl<K: KvOps> PrefixTrie<K> {
     /// A trie whose root (the empty sequence, or whatever `root_kv` holds) has `root_kv`.
     pub fn new(root_kv: Option<K>) -> Self {
         Self {
+            root_len: root_kv.as_ref().map_or(0, K::len),
             nodes: vec![Node {
                 edge: Vec::new(),
                 depth: 0,
@@ -121,7 +127,7 @@ impl<K: KvOps> PrefixTrie<K> {
             // Split `child`'s edge after `common` tokens.
             let split_depth = self.nodes[node].depth + common;
             let kv = match &self.nodes[child].kv {
-                Some(k) => Some(k.prefix(split_depth)?),
+                Some(k) => Some(k.prefix(self.root_len + split_depth)?),
                 None => None,
             };
             let head = self.nodes[child].edge[..common].to_vec();
@@ -322,6 +328,9 @@ mod tests {
         fn bytes(&self) -> usize {
             self.0
         }
+        fn len(&self) -> usize {
+            self.0
+        }
     }
 
     /// Computes every pending node; returns the positions computed.
@@ -366,6 +375,21 @@ mod tests {
         assert!(t.is_view(split));
         assert_eq!(t.kv(split), Some(&Len(3)));
         assert_eq!(t.kv(a), Some(&Len(5)));
+    }
+
+    #[test]
+    fn views_of_a_rooted_trie_use_absolute_positions() {
+        let mut t = PrefixTrie::new(Some(Len(100)));
+        let a = t.insert(&[1, 2, 3]).unwrap();
+        for wave in t.pending(&[a]) {
+            for id in wave {
+                let base = t.parent_kv(id).unwrap().0;
+                t.set_kv(id, Len(base + t.edge(id).len()));
+            }
+        }
+        assert_eq!(t.kv(a), Some(&Len(103)));
+        let split = t.insert(&[1, 2]).unwrap();
+        assert_eq!(t.kv(split), Some(&Len(102)));
     }
 
     #[test]

@@ -76,6 +76,9 @@ impl KvOps for KvHandle {
     fn bytes(&self) -> usize {
         self.segment_bytes()
     }
+    fn len(&self) -> usize {
+        KvHandle::len(self)
+    }
 }
 
 /// The real model.
@@ -165,6 +168,7 @@ impl Executor for ModelExecutor {
 pub struct VirtualKv {
     len: usize,
     segment: usize,
+    bytes_per_token: usize,
 }
 
 impl KvOps for VirtualKv {
@@ -172,28 +176,36 @@ impl KvOps for VirtualKv {
         Ok(VirtualKv {
             len,
             segment: len.min(self.segment),
+            bytes_per_token: self.bytes_per_token,
         })
     }
     fn bytes(&self) -> usize {
-        self.segment * SIM_BYTES_PER_TOKEN
+        self.segment * self.bytes_per_token
+    }
+    fn len(&self) -> usize {
+        self.len
     }
 }
 
-/// Bytes per position the simulation charges (a 4B-class model in bf16).
-const SIM_BYTES_PER_TOKEN: usize = 147_456;
+/// Bytes per position the simulation charges by default: Qwen3-4B in bf16
+/// (36 layers × K and V × 8 KV heads × 128 dims × 2 bytes).
+pub const QWEN3_4B_KV_BYTES_PER_TOKEN: usize = 147_456;
 
 /// The simulation: no forward passes; answers from labels; counts positions.
 pub struct SimExecutor {
     oracle: OracleBackend,
+    bytes_per_token: usize,
     fresh: std::sync::atomic::AtomicU64,
     labels: std::sync::atomic::AtomicU64,
 }
 
 impl SimExecutor {
-    /// A simulation answering from `oracle`.
-    pub fn new(oracle: OracleBackend) -> Self {
+    /// A simulation answering from `oracle`, charging `bytes_per_token` of KV
+    /// per cached position (the model it stands for).
+    pub fn new(oracle: OracleBackend, bytes_per_token: usize) -> Self {
         Self {
             oracle,
+            bytes_per_token,
             fresh: Default::default(),
             labels: Default::default(),
         }
@@ -216,6 +228,7 @@ impl Executor for SimExecutor {
                 VirtualKv {
                     len: p.map_or(0, |k| k.len) + t.len(),
                     segment: t.len(),
+                    bytes_per_token: self.bytes_per_token,
                 }
             })
             .collect())
@@ -255,7 +268,7 @@ impl Executor for SimExecutor {
     }
 
     fn kv_bytes_per_token(&self) -> usize {
-        SIM_BYTES_PER_TOKEN
+        self.bytes_per_token
     }
 }
 
@@ -893,11 +906,15 @@ pub fn load_model_backend(spec: &ModelSpec) -> Result<(Arc<ScheduledBackend<Mode
     Ok((Arc::new(ScheduledBackend::new(exec, tokenizer, spec.scheduler.clone())), meta))
 }
 
-/// The simulation backend: the model backend's scheduler over a virtual KV cache,
-/// answering from `labels`.
-pub fn simulation_backend(labels: Arc<crate::labels::LabelStore>, config: SchedulerConfig) -> Result<Arc<ScheduledBackend<SimExecutor>>> {
+/// The simulation backend: the model backend's scheduler over a virtual KV cache
+/// of `kv_bytes_per_token` per position, answering from `labels`.
+pub fn simulation_backend(
+    labels: Arc<crate::labels::LabelStore>,
+    config: SchedulerConfig,
+    kv_bytes_per_token: usize,
+) -> Result<Arc<ScheduledBackend<SimExecutor>>> {
     Ok(Arc::new(ScheduledBackend::new(
-        SimExecutor::new(OracleBackend::new(labels)),
+        SimExecutor::new(OracleBackend::new(labels), kv_bytes_per_token),
         Tokenizer::vendored()?,
         config,
     )))

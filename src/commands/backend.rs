@@ -5,7 +5,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use aisql_bench::layout::Dataset;
 use aisql_engine::backend::{InferenceBackend, OracleBackend};
-use aisql_engine::scheduler::{ModelSpec, SchedulerConfig, default_kv_budget_bytes, load_model_backend, simulation_backend};
+use aisql_engine::scheduler::{QWEN3_4B_KV_BYTES_PER_TOKEN, ModelSpec, SchedulerConfig, default_kv_budget_bytes, load_model_backend, simulation_backend};
 
 use crate::cli::{BackendArgs, BackendKind, Switch};
 
@@ -43,7 +43,8 @@ pub fn build(
                 meta.insert("simulation".into(), true.into());
                 meta.insert("prefix_cache".into(), config.prefix_cache.into());
                 meta.insert("kv_budget_bytes".into(), config.kv_budget_bytes.into());
-                return Ok((simulation_backend(labels, config)?, meta));
+                meta.insert("simulated_kv_bytes_per_token".into(), QWEN3_4B_KV_BYTES_PER_TOKEN.into());
+                return Ok((simulation_backend(labels, config, QWEN3_4B_KV_BYTES_PER_TOKEN)?, meta));
             }
             Ok((Arc::new(OracleBackend::new(labels)), meta))
         }

@@ -4,7 +4,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use aisql_bench::compare::{compare_runs, comparison_markdown};
-use aisql_bench::driver::{BenchOptions, default_output_dir, default_plans_dir, rescore, run_bench, select_queries};
+use aisql_bench::driver::{
+    BenchOptions, default_output_dir, default_plans_dir, rescore, run_bench, select_queries,
+};
 use aisql_bench::layout::Dataset;
 use aisql_bench::run_file::{QueryStatus, RunFile, RunStatus};
 use anyhow::{Context, bail};
@@ -14,7 +16,9 @@ use crate::cli::{BenchAction, BenchArgs, BenchRunArgs};
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.action {
         Some(BenchAction::Report { dir, root }) => report(&dir, root.as_deref()),
-        Some(BenchAction::Compare { a, b, root, json }) => compare(&a, &b, root.as_deref(), json.as_deref()),
+        Some(BenchAction::Compare { a, b, root, json }) => {
+            compare(&a, &b, root.as_deref(), json.as_deref())
+        }
         None => bench(args.run),
     }
 }
@@ -45,11 +49,19 @@ fn compare(a: &Path, b: &Path, root: Option<&Path>, json: Option<&Path>) -> anyh
 
 fn summarize(dir: &Path, run: &RunFile) {
     let n = run.queries.len();
-    let complete = run.queries.iter().filter(|q| q.status == QueryStatus::Complete).count();
+    let complete = run
+        .queries
+        .iter()
+        .filter(|q| q.status == QueryStatus::Complete)
+        .count();
     let good = run
         .queries
         .iter()
-        .filter(|q| q.assessment.as_ref().is_some_and(|a| a.verdict == aisql_bench::scoring::Verdict::Good))
+        .filter(|q| {
+            q.assessment
+                .as_ref()
+                .is_some_and(|a| a.verdict == aisql_bench::scoring::Verdict::Good)
+        })
         .count();
     println!(
         "{complete} of {n} queries complete, {good} good; results in {}",
@@ -59,23 +71,34 @@ fn summarize(dir: &Path, run: &RunFile) {
 
 /// `git rev-parse HEAD` of the working directory, if it is a git checkout.
 fn git_commit() -> Option<String> {
-    let out = std::process::Command::new("git").args(["rev-parse", "HEAD"]).output().ok()?;
+    let out = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .ok()?;
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
         .filter(|s| !s.is_empty())
 }
 
-fn metadata(args: &BenchRunArgs, plans: &Path) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+fn metadata(
+    args: &BenchRunArgs,
+    plans: &Path,
+) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
     use serde_json::Value;
     let b = &args.backend;
     let mut m = serde_json::Map::new();
     m.insert("aisql_version".into(), env!("CARGO_PKG_VERSION").into());
-    m.insert("git_commit".into(), git_commit().map_or(Value::Null, Value::from));
+    m.insert(
+        "git_commit".into(),
+        git_commit().map_or(Value::Null, Value::from),
+    );
     m.insert("model".into(), b.model.clone().into());
     m.insert(
         "device".into(),
-        b.gpu.map_or_else(|| "cpu".to_string(), |n| format!("cuda:{n}")).into(),
+        b.gpu
+            .map_or_else(|| "cpu".to_string(), |n| format!("cuda:{n}"))
+            .into(),
     );
     m.insert(
         "dtype".into(),
@@ -85,8 +108,14 @@ fn metadata(args: &BenchRunArgs, plans: &Path) -> anyhow::Result<serde_json::Map
             .into(),
     );
     m.insert("batch_tokens".into(), b.batch_tokens.into());
-    m.insert("kv_budget_mb".into(), b.kv_budget_mb.map_or(Value::Null, Value::from));
-    m.insert("prefix_cache".into(), (b.prefix_cache == crate::cli::Switch::On).into());
+    m.insert(
+        "kv_budget_mb".into(),
+        b.kv_budget_mb.map_or(Value::Null, Value::from),
+    );
+    m.insert(
+        "prefix_cache".into(),
+        (b.prefix_cache == crate::cli::Switch::On).into(),
+    );
     m.insert("simulate".into(), b.simulate.into());
     m.insert(
         "threads".into(),
@@ -95,9 +124,15 @@ fn metadata(args: &BenchRunArgs, plans: &Path) -> anyhow::Result<serde_json::Map
     if let Ok(t) = std::env::var("RAYON_NUM_THREADS") {
         m.insert("rayon_num_threads".into(), t.into());
     }
-    m.insert("os".into(), format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH).into());
+    m.insert(
+        "os".into(),
+        format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH).into(),
+    );
     m.insert("plans".into(), plans.display().to_string().into());
-    m.insert("timeout_s".into(), args.timeout_s.map_or(Value::Null, Value::from));
+    m.insert(
+        "timeout_s".into(),
+        args.timeout_s.map_or(Value::Null, Value::from),
+    );
     for kv in &args.metadata {
         let Some((k, v)) = kv.split_once('=') else {
             bail!("--metadata {kv:?}: expected KEY=VALUE");
@@ -128,10 +163,19 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
     let plans_dir: PathBuf = args.plans.clone().unwrap_or_else(default_plans_dir);
     let (output_dir, resume) = match &args.resume {
         Some(dir) => (dir.clone(), true),
-        None => (args.output_dir.clone().unwrap_or_else(default_output_dir), false),
+        None => (
+            args.output_dir.clone().unwrap_or_else(default_output_dir),
+            false,
+        ),
     };
     let wanted: Option<Vec<String>> = if resume {
-        Some(RunFile::read(&output_dir)?.queries.iter().map(|q| q.id.clone()).collect())
+        Some(
+            RunFile::read(&output_dir)?
+                .queries
+                .iter()
+                .map(|q| q.id.clone())
+                .collect(),
+        )
     } else {
         args.queries.clone()
     };
@@ -170,7 +214,11 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
     let run = rt.block_on(run_bench(&opts, &dataset, backend, queries))?;
     summarize(&output_dir, &run);
     if run.status != RunStatus::Complete {
-        let bad = run.queries.iter().filter(|q| q.status != QueryStatus::Complete).count();
+        let bad = run
+            .queries
+            .iter()
+            .filter(|q| q.status != QueryStatus::Complete)
+            .count();
         bail!(
             "{bad} of {} queries did not complete (see {}); continue with --resume {}",
             run.queries.len(),

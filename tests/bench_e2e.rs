@@ -1,0 +1,297 @@
+//! `aisql bench` end to end on the stand-in corpus with the oracle backend: all 43
+//! queries complete and good, the documented files and fields exist, `bench report`
+//! reproduces the metrics and `bench compare` of a run with itself shows no change.
+//!
+//! The main run uses the stand-in at sf 0.01 (about a minute in the dev profile,
+//! most of it IMDB-9/10, whose results have ~800k rows); the refusal test uses sf 0.002.
+
+use std::path::Path;
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+fn aisql() -> Command {
+    let mut c = Command::cargo_bin("aisql").unwrap();
+    c.env_remove("AISQL_ROOT").env_remove("AISQL_MODEL");
+    c
+}
+
+fn generate(root: &Path, sf: f64) {
+    aisql_bench::standin::generate(root, sf).unwrap();
+}
+
+fn read_json(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn oracle_bench_over_all_43_queries_is_good_and_reproducible() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("quailb");
+    generate(&root, 0.01);
+    let run = tmp.path().join("run");
+    aisql()
+        .args([
+            "bench",
+            "--sf",
+            "0.01",
+            "--backend",
+            "oracle",
+            "--gpu-hourly-rate-usd",
+            "2.5",
+        ])
+        .args(["--metadata", "purpose=e2e", "--metadata", "batch=3"])
+        .arg("--root")
+        .arg(&root)
+        .arg("--output-dir")
+        .arg(&run)
+        .assert()
+        .success();
+
+    let j = read_json(&run.join("run.json"));
+    assert_eq!(j["schema_version"], 2);
+    assert_eq!(j["status"], "complete");
+    for key in [
+        "quail_b_version",
+        "scale_factor",
+        "corpus_id",
+        "collection_id",
+        "reference_model",
+        "gpu_count",
+        "gpu_hourly_rate_usd",
+        "started_at",
+        "finished_at",
+    ] {
+        assert!(!j[key].is_null(), "run.json lacks {key}");
+    }
+    let meta = &j["metadata"];
+    assert_eq!(meta["purpose"], "e2e");
+    assert_eq!(meta["batch"], 3);
+    for key in [
+        "aisql_version",
+        "backend",
+        "prompt_format",
+        "model",
+        "device",
+        "prefix_cache",
+        "threads",
+    ] {
+        assert!(meta.get(key).is_some(), "metadata lacks {key}");
+    }
+    let queries = j["queries"].as_array().unwrap();
+    assert_eq!(queries.len(), 43);
+    assert_eq!(queries[0]["id"], "IMDB-1");
+    assert_eq!(queries[42]["id"], "AGENT-5");
+    for q in queries {
+        let id = q["id"].as_str().unwrap();
+        assert_eq!(q["status"], "complete", "{id}: {}", q["error"]);
+        assert_eq!(q["assessment"]["verdict"], "good", "{id}");
+        assert_eq!(q["definition_hash"].as_str().unwrap().len(), 64);
+        let m = &q["metrics"];
+        let out = &m["accuracy"]["output_accuracy"];
+        assert_eq!(out["precision"], 1.0, "{id}");
+        assert_eq!(out["recall"], 1.0, "{id}");
+        assert_eq!(out["exact_match"], true, "{id}");
+        let answers = &m["accuracy"]["answer_accuracy"];
+        assert_eq!(
+            answers["evaluated"], answers["correct"],
+            "{id}: the oracle agrees with the labels"
+        );
+        // The oracle reports no fresh tokens: fresh and regret are unavailable (null), never 0.
+        assert!(
+            m["fresh_tokens"].is_null()
+                && m["regret_tokens"].is_null()
+                && m["kv_regret_percent"].is_null()
+        );
+        assert!(m["input_tokens"].as_u64().unwrap() > 0, "{id}");
+        assert!(
+            m["minimum_tokens"].as_u64().unwrap() <= m["input_tokens"].as_u64().unwrap(),
+            "{id}"
+        );
+        assert!(m["cost_usd"].as_f64().unwrap() >= 0.0);
+        let joins = !q["files"]["joins"].as_array().unwrap().is_empty();
+        let key = if joins {
+            "document_pairs_per_second"
+        } else {
+            "documents_per_second"
+        };
+        assert!(m.get(key).is_some(), "{id}: {key}");
+        for f in ["plan", "rows", "prompt_pieces"] {
+            assert!(
+                run.join(q["files"][f].as_str().unwrap()).exists(),
+                "{id}: {f}"
+            );
+        }
+        let pieces = read_json(&run.join(id).join("prompt_pieces.json"));
+        assert_eq!(pieces["tokenizer"], "Qwen/Qwen3-32B");
+        assert!(!pieces["preamble"].as_array().unwrap().is_empty());
+    }
+
+    // measurements.parquet: one row per complete query, the documented columns.
+    let batch = aisql_engine::output::read_parquet(&run.join("measurements.parquet")).unwrap();
+    assert_eq!(batch.num_rows(), 43);
+    let names: Vec<String> = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "query",
+            "runtime_s",
+            "input_tokens",
+            "input_tokens_per_second",
+            "fresh_tokens",
+            "minimum_tokens",
+            "regret_tokens",
+            "regret_approximate",
+            "evaluated_document_pairs",
+            "input_rows",
+            "answers_evaluated",
+            "answers_correct",
+            "labels_evaluated",
+            "labels_correct",
+            "predicted_rows",
+            "expected_rows",
+            "matching_rows",
+            "cost_usd",
+            "cost_usd_per_million_input_tokens",
+            "kv_regret_percent",
+        ]
+    );
+    assert_eq!(
+        batch.column(4).null_count(),
+        43,
+        "fresh tokens unknown: null"
+    );
+
+    // report.md sections and charts.
+    let report = std::fs::read_to_string(run.join("report.md")).unwrap();
+    for s in [
+        "# QUAIL-B results",
+        "Status: complete",
+        "Scale factor: 0.01",
+        "## Query results",
+        "| Query | Status | Seconds | $/query | Throughput | Unit | Input tokens/s | $/million input tokens | KV regret (%) |",
+        "## Accuracy",
+        "## Assessment",
+        "## Input rows and token counts",
+        "## Configuration",
+        "```json",
+        "document pairs/second",
+        "unavailable",
+        "(runtime.svg)",
+    ] {
+        assert!(report.contains(s), "report.md lacks {s:?}");
+    }
+    assert!(!report.contains("## Errors"));
+    for svg in ["runtime.svg", "tokens.svg", "throughput.svg"] {
+        assert!(
+            std::fs::read_to_string(run.join(svg))
+                .unwrap()
+                .starts_with("<svg"),
+            "{svg}"
+        );
+    }
+
+    // `bench report` rescores the saved outputs to the same metrics.
+    aisql()
+        .args(["bench", "report"])
+        .arg(&run)
+        .arg("--root")
+        .arg(&root)
+        .assert()
+        .success();
+    let again = read_json(&run.join("run.json"));
+    for (a, b) in queries.iter().zip(again["queries"].as_array().unwrap()) {
+        assert_eq!(a["metrics"], b["metrics"], "{}", a["id"]);
+        assert_eq!(a["assessment"], b["assessment"]);
+    }
+
+    // `bench compare` of a run with itself: no change anywhere, p = 1.
+    let cmp = tmp.path().join("compare.json");
+    let out = aisql()
+        .args(["bench", "compare"])
+        .arg(&run)
+        .arg(&run)
+        .arg("--root")
+        .arg(&root)
+        .arg("--json")
+        .arg(&cmp)
+        .assert()
+        .success();
+    assert!(String::from_utf8_lossy(&out.get_output().stdout).contains("# QUAIL-B comparison"));
+    let c = read_json(&cmp);
+    let (mut predicates, mut paired) = (0, 0);
+    for q in c["queries"].as_array().unwrap() {
+        assert_eq!(q["runtime_ratio"], 1.0);
+        assert_eq!(q["input_tokens_delta"], 0);
+        assert_eq!(q["minimum_tokens_delta"], 0);
+        assert!(q["fresh_tokens_delta"].is_null());
+        assert_eq!(q["precision_delta"], 0.0);
+        assert_eq!(q["recall_delta"], 0.0);
+        for p in q["predicates"].as_array().unwrap() {
+            predicates += 1;
+            assert_eq!(p["a_correct_b_wrong"], 0);
+            assert_eq!(p["a_wrong_b_correct"], 0);
+            assert_eq!(p["p_value"], 1.0);
+            paired += p["paired"].as_u64().unwrap();
+        }
+    }
+    assert!(
+        predicates > 40 && paired > 1000,
+        "{predicates} predicates, {paired} answers compared"
+    );
+}
+
+#[test]
+fn a_non_empty_output_folder_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("quailb");
+    generate(&root, 0.002);
+    let run = tmp.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    std::fs::write(run.join("keep.txt"), "mine").unwrap();
+    aisql()
+        .args([
+            "bench",
+            "--sf",
+            "0.002",
+            "--backend",
+            "oracle",
+            "--queries",
+            "IMDB-1",
+        ])
+        .arg("--root")
+        .arg(&root)
+        .arg("--output-dir")
+        .arg(&run)
+        .assert()
+        .failure()
+        .stderr(predicates::str::contains("not empty"));
+    assert_eq!(
+        std::fs::read_to_string(run.join("keep.txt")).unwrap(),
+        "mine"
+    );
+    assert!(!run.join("run.json").exists());
+    // An unknown query id is a usage error naming the catalog.
+    aisql()
+        .args([
+            "bench",
+            "--sf",
+            "0.002",
+            "--backend",
+            "oracle",
+            "--queries",
+            "NOPE-1",
+        ])
+        .arg("--root")
+        .arg(&root)
+        .arg("--output-dir")
+        .arg(tmp.path().join("run2"))
+        .assert()
+        .failure()
+        .stderr(predicates::str::contains("unknown query"));
+}

@@ -1,0 +1,249 @@
+//! The benchmark run lifecycle through the library: resuming a crashed run does
+//! nothing twice and loses nothing, a query over its timeout is recorded and the run
+//! goes on (or stops with fail-fast), and a crafted output is assessed `bad`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use aisql_bench::driver::{BenchOptions, default_plans_dir, rescore, run_bench, select_queries};
+use aisql_bench::layout::Dataset;
+use aisql_bench::run_file::{QueryStatus, RunFile, RunStatus};
+use aisql_bench::scoring::{Reason, Verdict};
+use aisql_engine::backend::{AiCall, AiRequest, InferenceBackend, OracleBackend};
+
+/// The oracle, counting queries started and sleeping once in its first answer when asked.
+struct TestBackend {
+    oracle: OracleBackend,
+    started: AtomicUsize,
+    sleep_once: AtomicBool,
+    sleep: Duration,
+}
+
+impl TestBackend {
+    fn new(dataset: &Dataset, sleep: Option<Duration>) -> Arc<Self> {
+        Arc::new(Self {
+            oracle: OracleBackend::new(Arc::new(dataset.load_labels(None).unwrap())),
+            started: AtomicUsize::new(0),
+            sleep_once: AtomicBool::new(sleep.is_some()),
+            sleep: sleep.unwrap_or_default(),
+        })
+    }
+
+    fn nap(&self) {
+        if self.sleep_once.swap(false, Ordering::SeqCst) {
+            std::thread::sleep(self.sleep);
+        }
+    }
+}
+
+impl InferenceBackend for TestBackend {
+    fn name(&self) -> &str {
+        "test-oracle"
+    }
+    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> aisql_engine::Result<Vec<bool>> {
+        self.nap();
+        self.oracle.decide(call, requests)
+    }
+    fn classify(
+        &self,
+        call: &AiCall,
+        requests: &[AiRequest<'_>],
+    ) -> aisql_engine::Result<Vec<usize>> {
+        self.nap();
+        self.oracle.classify(call, requests)
+    }
+    fn start_query(&self, _query: &aisql_engine::plan::QueryPlan) {
+        self.started.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn options(dir: &Path, resume: bool, timeout: Option<Duration>, fail_fast: bool) -> BenchOptions {
+    BenchOptions {
+        output_dir: dir.to_path_buf(),
+        resume,
+        timeout,
+        fail_fast,
+        gpu_count: 1,
+        gpu_hourly_rate_usd: None,
+        metadata: serde_json::Map::new(),
+        format: Default::default(),
+        progress: false,
+    }
+}
+
+fn setup() -> (tempfile::TempDir, Dataset) {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("quailb");
+    aisql_bench::standin::generate(&root, 0.002).unwrap();
+    let dataset = Dataset::open(&root, 0.002, None).unwrap();
+    (tmp, dataset)
+}
+
+fn queries(ids: &[&str]) -> Vec<(String, aisql_engine::plan::QueryPlan)> {
+    let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+    select_queries(&default_plans_dir(), Some(&ids)).unwrap()
+}
+
+const IDS: [&str; 5] = ["IMDB-1", "IMDB-2", "BIO-3", "FEV-10", "AGENT-3"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_after_a_crash_does_nothing_twice_and_loses_nothing() {
+    let (tmp, dataset) = setup();
+    let dir = tmp.path().join("run");
+    let backend = TestBackend::new(&dataset, None);
+    let first = run_bench(
+        &options(&dir, false, None, false),
+        &dataset,
+        backend.clone(),
+        queries(&IDS),
+    )
+    .await
+    .unwrap();
+    assert_eq!(first.status, RunStatus::Complete);
+    assert_eq!(backend.started.load(Ordering::SeqCst), 5);
+
+    // Simulate a crash: IMDB-2 was running, BIO-3 had saved outputs but no score,
+    // FEV-10 and AGENT-3 never started; the run is still `running`.
+    let mut crashed = first.clone();
+    crashed.status = RunStatus::Running;
+    crashed.finished_at = None;
+    for q in &mut crashed.queries {
+        match q.id.as_str() {
+            "IMDB-2" => {
+                q.status = QueryStatus::Running;
+                q.metrics = None;
+                q.assessment = None;
+                q.files = None;
+            }
+            "BIO-3" => {
+                q.status = QueryStatus::Saved;
+                q.metrics = None;
+                q.assessment = None;
+            }
+            "FEV-10" | "AGENT-3" => {
+                *q = aisql_bench::run_file::QueryRecord::pending(&q.id, &q.definition_hash);
+            }
+            _ => {}
+        }
+    }
+    crashed.write(&dir).unwrap();
+    let imdb1_rows = std::fs::metadata(dir.join("IMDB-1/rows.parquet"))
+        .unwrap()
+        .modified()
+        .unwrap();
+
+    // A second, plain run into the same folder is refused.
+    let again = run_bench(
+        &options(&dir, false, None, false),
+        &dataset,
+        backend.clone(),
+        queries(&IDS),
+    )
+    .await;
+    assert!(again.unwrap_err().to_string().contains("not empty"));
+
+    let backend = TestBackend::new(&dataset, None);
+    let resumed = run_bench(
+        &options(&dir, true, None, false),
+        &dataset,
+        backend.clone(),
+        queries(&IDS),
+    )
+    .await
+    .unwrap();
+    // Only IMDB-2, FEV-10 and AGENT-3 ran again; BIO-3 was only rescored; IMDB-1 untouched.
+    assert_eq!(backend.started.load(Ordering::SeqCst), 3);
+    assert_eq!(resumed.status, RunStatus::Complete);
+    assert_eq!(
+        std::fs::metadata(dir.join("IMDB-1/rows.parquet"))
+            .unwrap()
+            .modified()
+            .unwrap(),
+        imdb1_rows
+    );
+    for (a, b) in first.queries.iter().zip(&resumed.queries) {
+        assert_eq!(b.status, QueryStatus::Complete, "{}", b.id);
+        let (ma, mb) = (a.metrics.as_ref().unwrap(), b.metrics.as_ref().unwrap());
+        assert_eq!(ma.accuracy, mb.accuracy, "{}", a.id);
+        assert_eq!(ma.minimum_tokens, mb.minimum_tokens, "{}", a.id);
+    }
+    let on_disk = RunFile::read(&dir).unwrap();
+    assert_eq!(on_disk.status, RunStatus::Complete);
+    assert!(on_disk.finished_at.is_some());
+    assert_eq!(resumed.metadata["resumed"], 1);
+
+    // A crafted output: IMDB-1 returns nothing → bad, EMPTY_RESULT after `report`.
+    let rows = aisql_engine::output::read_parquet(&dir.join("IMDB-1/rows.parquet")).unwrap();
+    aisql_engine::output::write_parquet(&dir.join("IMDB-1/rows.parquet"), &rows.slice(0, 0))
+        .unwrap();
+    let rescored = rescore(&dir, &dataset).unwrap();
+    let q = rescored.query("IMDB-1").unwrap();
+    let a = q.assessment.as_ref().unwrap();
+    assert_eq!(
+        (a.verdict, a.reasons.as_slice()),
+        (Verdict::Bad, &[Reason::EmptyResult][..])
+    );
+    assert_eq!(
+        q.metrics.as_ref().unwrap().accuracy.output_accuracy.recall,
+        0.0
+    );
+    assert!(
+        std::fs::read_to_string(dir.join("report.md"))
+            .unwrap()
+            .contains("EMPTY_RESULT")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_over_its_timeout_is_recorded_and_the_run_goes_on() {
+    let (tmp, dataset) = setup();
+    let dir = tmp.path().join("run");
+    let backend = TestBackend::new(&dataset, Some(Duration::from_secs(3)));
+    let ids = ["IMDB-1", "IMDB-11", "FEV-1"];
+    let run = run_bench(
+        &options(&dir, false, Some(Duration::from_millis(700)), false),
+        &dataset,
+        backend.clone(),
+        queries(&ids),
+    )
+    .await
+    .unwrap();
+    assert_eq!(run.status, RunStatus::Failed);
+    let q = &run.queries[0];
+    assert_eq!(q.status, QueryStatus::Timeout);
+    assert!(
+        q.error.as_deref().unwrap().starts_with("TimeoutError: "),
+        "{:?}",
+        q.error
+    );
+    assert!(q.metrics.is_none());
+    for q in &run.queries[1..] {
+        assert_eq!(q.status, QueryStatus::Complete, "{}: {:?}", q.id, q.error);
+    }
+    let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(report.contains("## Errors") && report.contains("- IMDB-1: TimeoutError"));
+    assert!(report.contains("Status: failed"));
+    let m = aisql_engine::output::read_parquet(&dir.join("measurements.parquet")).unwrap();
+    assert_eq!(m.num_rows(), 2);
+
+    // With fail-fast the run stops at the timeout; the rest stay pending.
+    let dir = tmp.path().join("run-ff");
+    let backend = TestBackend::new(&dataset, Some(Duration::from_secs(3)));
+    let run = run_bench(
+        &options(&dir, false, Some(Duration::from_millis(700)), true),
+        &dataset,
+        backend,
+        queries(&ids),
+    )
+    .await
+    .unwrap();
+    assert_eq!(run.status, RunStatus::Failed);
+    assert_eq!(run.queries[0].status, QueryStatus::Timeout);
+    assert!(
+        run.queries[1..]
+            .iter()
+            .all(|q| q.status == QueryStatus::Pending)
+    );
+}
