@@ -1,1 +1,13 @@
 //! QUAIL-B for aisql.
+
+pub mod charts;
+pub mod compare;
+pub mod corpus;
+pub mod driver;
+pub mod error;
+pub mod layout;
+pub mod report;
+pub mod run_file;
+pub mod scoring;
+pub mod standin;
+pub mod tokens;

@@ -1,0 +1,118 @@
+//! Errors of the QUAIL-B crate. Every variant names the table, predicate or path
+//! involved, and the counts where counts disagree.
+
+use std::path::PathBuf;
+
+/// Result with [`BenchError`].
+pub type Result<T, E = BenchError> = std::result::Result<T, E>;
+
+/// What can go wrong reading, generating or fetching QUAIL-B data.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A file could not be read or written.
+    #[error("{}: {message}", path.display())]
+    Io {
+        /// The file or folder.
+        path: PathBuf,
+        /// What failed.
+        message: String,
+    },
+    /// A Parquet file is unreadable (truncated, not Parquet, wrong columns).
+    #[error("parquet file {}: {message}", path.display())]
+    Parquet {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        message: String,
+    },
+    /// A manifest is missing, unparsable or inconsistent.
+    #[error("manifest {}: {message}", path.display())]
+    Manifest {
+        /// The manifest.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A table named by the corpus manifest (or required by QUAIL-B) has no file.
+    #[error("table {table}: file {} is missing", path.display())]
+    MissingTable {
+        /// Table name.
+        table: String,
+        /// Expected file.
+        path: PathBuf,
+    },
+    /// A table's row count differs from its manifest.
+    #[error("table {table}: manifest says {expected} rows, {} has {found}", path.display())]
+    RowCount {
+        /// Table name.
+        table: String,
+        /// The Parquet file.
+        path: PathBuf,
+        /// Rows in the manifest.
+        expected: u64,
+        /// Rows in the file.
+        found: u64,
+    },
+    /// A label set's row count differs from its manifest.
+    #[error(
+        "predicate {predicate} (label set {label_set_id}): manifest says {expected} labels, files hold {found}"
+    )]
+    LabelCount {
+        /// Predicate key.
+        predicate: String,
+        /// Label-set id.
+        label_set_id: String,
+        /// Rows in the manifest.
+        expected: u64,
+        /// Rows found.
+        found: u64,
+    },
+    /// A label row is invalid (wrong key or id, duplicate pair, unknown label, null id).
+    #[error("predicate {predicate}: {message}")]
+    Labels {
+        /// Predicate key.
+        predicate: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// No corpus with the requested scale factor under a root.
+    #[error("no QUAIL-B corpus with scale factor {sf} under {} (found: {available})", root.display())]
+    NoCorpus {
+        /// Layout root searched.
+        root: PathBuf,
+        /// Requested scale factor.
+        sf: f64,
+        /// Scale factors (and ids) found there.
+        available: String,
+    },
+    /// No usable collection (missing, incomplete, ambiguous, other corpus).
+    #[error("collection: {0}")]
+    Collection(String),
+    /// A scale factor the operation does not support.
+    #[error("scale factor: {0}")]
+    ScaleFactor(String),
+    /// A file's hash differs from its manifest.
+    #[error("{}: sha256 {found} differs from the manifest's {expected}", path.display())]
+    Hash {
+        /// The file.
+        path: PathBuf,
+        /// Hash in the manifest.
+        expected: String,
+        /// Hash of the file.
+        found: String,
+    },
+    /// Downloading from the object store failed.
+    #[error("fetch {path}: {message}")]
+    Fetch {
+        /// Object path (relative to the layout root).
+        path: String,
+        /// What failed.
+        message: String,
+    },
+    /// The stand-in generator failed.
+    #[error("stand-in generation: {0}")]
+    Generate(String),
+    /// An engine error (labels, plans).
+    #[error(transparent)]
+    Engine(#[from] aisql_engine::EngineError),
+}

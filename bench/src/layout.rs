@@ -1,0 +1,1575 @@
+//! The published QUAIL-B layout (SPEC §C.1): reader, look-up order, label loading and
+//! `fetch`.
+//!
+//! A *layout root* holds `corpora/<corpus_id>/{<table>.parquet, manifest.json,
+//! active_collection.json}`, `collections/<collection_id>/manifest.json` and
+//! `label_sets/<dataset>/<predicate>/<label_set_id>/{manifest.json, labels.parquet |
+//! parts/*.parquet}`. [`Dataset::open`] reads one (a local mirror of
+//! `s3://quail-bench/ground_truth/quailb/schema_v1/`, aisql's fetch cache, or the
+//! stand-in root); [`Dataset::resolve`] applies the look-up order
+//! `--root` → aisql cache → QUAIL-B harness cache → stand-in (generated on first use);
+//! [`fetch`] mirrors the published corpus of a scale factor from an object store.
+//!
+//! Remote source: the public bucket `quail-bench` over anonymous S3 (HTTPS, no
+//! signature) via `object_store`'s `aws` feature, prefix
+//! `ground_truth/quailb/schema_v1/` ([`default_source`]); region `us-east-1` unless
+//! `AWS_REGION`/`AWS_DEFAULT_REGION` says otherwise.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use aisql_engine::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo, PredicateKind};
+use datafusion::arrow::array::{Array, AsArray};
+use datafusion::arrow::datatypes::DataType;
+use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use datafusion::parquet::file::reader::{FileReader, SerializedFileReader};
+use futures::StreamExt;
+use object_store::path::Path as ObjPath;
+use object_store::{ObjectStore, ObjectStoreExt};
+use rayon::prelude::*;
+use serde::{Deserialize, Deserializer, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{BenchError, Result};
+use crate::standin;
+
+/// Path of the layout root inside the public bucket.
+pub const BUCKET: &str = "quail-bench";
+/// Prefix of the layout root inside [`BUCKET`].
+pub const BUCKET_PREFIX: &str = "ground_truth/quailb/schema_v1";
+
+/// A published corpus (SPEC §C table).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PublishedCorpus {
+    /// Scale factor.
+    pub scale_factor: f64,
+    /// Corpus id.
+    pub corpus_id: &'static str,
+    /// Collection of the 43-query line.
+    pub collection_43: &'static str,
+    /// Collection of the 42-query line.
+    pub collection_42: &'static str,
+}
+
+/// The published corpora and collections.
+pub const PUBLISHED: [PublishedCorpus; 3] = [
+    PublishedCorpus {
+        scale_factor: 0.1,
+        corpus_id: "c_1aa2c4f0d0b6c816fd37aa5748c33341",
+        collection_43: "gt_72abc9af3feaea668e493ece67e980a0",
+        collection_42: "gt_93e6532710832f1f11acf22f7baaa455",
+    },
+    PublishedCorpus {
+        scale_factor: 0.5,
+        corpus_id: "c_6773c85b3754908434661c1dadfad0fa",
+        collection_43: "gt_397dae1857e5850c84b61dccabb3431c",
+        collection_42: "gt_d204ad99618b2d56f584950ab81fc46d",
+    },
+    PublishedCorpus {
+        scale_factor: 1.0,
+        corpus_id: "c_81a95887a650aaa1a343e0d688b81bef",
+        collection_43: "gt_a72baf70eae95e6b1681a11091eaafca",
+        collection_42: "gt_ac3e48c5195c7007f96b35da621f7a2a",
+    },
+];
+
+fn same_sf(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-9
+}
+
+/// The published corpus of a scale factor, if there is one.
+pub fn published_for(sf: f64) -> Option<&'static PublishedCorpus> {
+    PUBLISHED.iter().find(|p| same_sf(p.scale_factor, sf))
+}
+
+fn published_or_err(sf: f64) -> Result<&'static PublishedCorpus> {
+    published_for(sf).ok_or_else(|| {
+        BenchError::ScaleFactor(format!(
+            "no published QUAIL-B corpus for scale factor {sf} (published: 0.1, 0.5, 1.0); \
+             use the stand-in (`aisql data generate --sf {sf}`) instead"
+        ))
+    })
+}
+
+// ---------------------------------------------------------------- manifests
+
+/// Per-table entry of a corpus manifest.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TableEntry {
+    /// Exact row count.
+    pub rows: u64,
+    /// Hash over the per-row canonical-JSON hashes (recorded, not re-computed on read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordered_rows_full_hash: Option<String>,
+    /// SHA-256 of the Parquet file (stand-in manifests; verified by `fetch`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_sha256: Option<String>,
+    /// File name relative to the corpus folder (default `<table>.parquet`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+}
+
+fn de_tables<'de, D: Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<BTreeMap<String, TableEntry>, D::Error> {
+    use serde::de::Error;
+    let v = serde_json::Value::deserialize(d)?;
+    let mut out = BTreeMap::new();
+    let entry = |v: &serde_json::Value| -> std::result::Result<TableEntry, D::Error> {
+        if let Some(n) = v.as_u64() {
+            return Ok(TableEntry {
+                rows: n,
+                ..Default::default()
+            });
+        }
+        serde_json::from_value(v.clone()).map_err(D::Error::custom)
+    };
+    match &v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                out.insert(k.clone(), entry(x)?);
+            }
+        }
+        serde_json::Value::Array(xs) => {
+            for x in xs {
+                let name = x
+                    .get("name")
+                    .or_else(|| x.get("table"))
+                    .and_then(|n| n.as_str())
+                    .ok_or_else(|| D::Error::custom("table entry without a name"))?;
+                out.insert(name.to_string(), entry(x)?);
+            }
+        }
+        _ => return Err(D::Error::custom("`tables` must be an object or a list")),
+    }
+    Ok(out)
+}
+
+/// `corpora/<corpus_id>/manifest.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CorpusManifest {
+    /// Corpus id (`c_…`).
+    pub corpus_id: String,
+    /// Scale factor.
+    pub scale_factor: f64,
+    /// Per table: rows and hashes.
+    #[serde(deserialize_with = "de_tables")]
+    pub tables: BTreeMap<String, TableEntry>,
+    /// Hash of the whole corpus.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub corpus_full_hash: Option<String>,
+    /// Schema version (1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_version: Option<u32>,
+    /// Data seed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_seed: Option<u64>,
+    /// True for the aisql stand-in.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub standin: bool,
+    /// Other fields, kept as read.
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+/// `summary` of a collection manifest.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CollectionSummary {
+    /// The reference model.
+    #[serde(default)]
+    pub model: String,
+}
+
+fn de_label_sets<'de, D: Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<BTreeMap<String, String>, D::Error> {
+    use serde::de::Error;
+    let m = BTreeMap::<String, serde_json::Value>::deserialize(d)?;
+    m.into_iter()
+        .map(|(k, v)| {
+            let id = match &v {
+                serde_json::Value::String(s) => s.clone(),
+                other => other
+                    .get("label_set_id")
+                    .and_then(|x| x.as_str())
+                    .ok_or_else(|| D::Error::custom(format!("label set of {k} has no id")))?
+                    .to_string(),
+            };
+            Ok((k, id))
+        })
+        .collect()
+}
+
+/// `collections/<collection_id>/manifest.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CollectionManifest {
+    /// Collection id (`gt_…`).
+    pub collection_id: String,
+    /// Corpus the labels belong to.
+    pub corpus_id: String,
+    /// Scale factor.
+    pub scale_factor: f64,
+    /// Must be `complete`.
+    pub status: String,
+    /// Predicate key → label-set id.
+    #[serde(deserialize_with = "de_label_sets")]
+    pub label_sets: BTreeMap<String, String>,
+    /// Summary with the reference model.
+    #[serde(default)]
+    pub summary: CollectionSummary,
+    /// True for the aisql stand-in.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub standin: bool,
+    /// Other fields (e.g. `reused_label_sets`), kept as read.
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+/// `label_sets/…/<label_set_id>/manifest.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LabelSetManifest {
+    /// Label-set id (`ls_…`).
+    pub label_set_id: String,
+    /// Must be `complete`.
+    pub status: String,
+    /// Exact number of label rows.
+    pub rows: u64,
+    /// Corpus the labels belong to.
+    pub corpus_id: String,
+    /// Hash of that corpus.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub corpus_full_hash: Option<String>,
+    /// Rows per source table.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub source_rows: BTreeMap<String, u64>,
+    /// The predicate.
+    pub predicate: PredicateInfo,
+    /// True for the aisql stand-in.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub standin: bool,
+    /// Other fields, kept as read.
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+// ---------------------------------------------------------------- sources
+
+/// Where the layout's files are.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LayoutSource {
+    /// A plain mirror: files at their layout paths under this root.
+    Plain(PathBuf),
+    /// The QUAIL-B harness download cache: files named by the SHA-256 hex of
+    /// `quail-bench/ground_truth/quailb/schema_v1/<path>` (SPEC §C.1).
+    HarnessCache(PathBuf),
+}
+
+impl LayoutSource {
+    /// The local file of a layout path (`corpora/…`, `label_sets/…`).
+    pub fn file(&self, rel: &str) -> PathBuf {
+        match self {
+            LayoutSource::Plain(root) => root.join(rel),
+            LayoutSource::HarnessCache(dir) => {
+                let h = harness_name(rel);
+                let plain = dir.join(&h);
+                if plain.exists() {
+                    return plain;
+                }
+                if let Some(ext) = Path::new(rel).extension().and_then(|e| e.to_str()) {
+                    let with = dir.join(format!("{h}.{ext}"));
+                    if with.exists() {
+                        return with;
+                    }
+                }
+                plain
+            }
+        }
+    }
+
+    /// The root folder.
+    pub fn root(&self) -> &Path {
+        match self {
+            LayoutSource::Plain(p) | LayoutSource::HarnessCache(p) => p,
+        }
+    }
+}
+
+/// The harness cache's file name of a layout path.
+pub fn harness_name(rel: &str) -> String {
+    hex::encode(Sha256::digest(
+        format!("{BUCKET}/{BUCKET_PREFIX}/{rel}").as_bytes(),
+    ))
+}
+
+/// aisql's cache folder: `$AISQL_CACHE_DIR`, else `$XDG_CACHE_HOME/aisql`, else `~/.cache/aisql`.
+pub fn aisql_cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("AISQL_CACHE_DIR") {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(d).join("aisql");
+    }
+    home().join(".cache").join("aisql")
+}
+
+/// The QUAIL-B harness cache: `$QUAIL_B_CACHE_DIR`, else `~/.cache/quail-b`.
+pub fn harness_cache_dir() -> PathBuf {
+    std::env::var_os("QUAIL_B_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home().join(".cache").join("quail-b"))
+}
+
+fn home() -> PathBuf {
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Root of fetched published data: `<aisql cache>/quailb`.
+pub fn published_cache_root() -> PathBuf {
+    aisql_cache_dir().join("quailb")
+}
+
+/// Root of the stand-in: `<aisql cache>/quailb-standin`.
+pub fn standin_root() -> PathBuf {
+    aisql_cache_dir().join("quailb-standin")
+}
+
+fn io(path: &Path, e: impl std::fmt::Display) -> BenchError {
+    BenchError::Io {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+    let s = fs::read_to_string(path).map_err(|e| BenchError::Manifest {
+        path: path.to_path_buf(),
+        message: format!("cannot read: {e}"),
+    })?;
+    serde_json::from_str(&s).map_err(|e| BenchError::Manifest {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+/// SHA-256 hex of a file.
+pub fn sha256_file(path: &Path) -> Result<String> {
+    let mut f = File::open(path).map_err(|e| io(path, e))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// Row count from a Parquet footer (errors name the file: truncated, not Parquet).
+pub fn parquet_rows(path: &Path) -> Result<u64> {
+    let f = File::open(path).map_err(|e| io(path, e))?;
+    let r = SerializedFileReader::new(f).map_err(|e| BenchError::Parquet {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    Ok(r.metadata().file_metadata().num_rows() as u64)
+}
+
+// ---------------------------------------------------------------- dataset
+
+/// A label set of the chosen collection, located and validated (manifest only).
+#[derive(Debug, Clone)]
+pub struct LabelSetRef {
+    /// Predicate key.
+    pub key: String,
+    /// Its manifest.
+    pub manifest: LabelSetManifest,
+    /// Label files (`labels.parquet`, or every `parts/*.parquet`).
+    pub files: Vec<PathBuf>,
+}
+
+/// A QUAIL-B corpus at one scale factor, with its chosen collection.
+#[derive(Debug, Clone)]
+pub struct Dataset {
+    /// Where the files are.
+    pub source: LayoutSource,
+    /// Corpus id (`c_…`).
+    pub corpus_id: String,
+    /// Chosen collection (`gt_…`); `None` when the corpus has no complete collection.
+    pub collection_id: Option<String>,
+    /// Scale factor.
+    pub scale_factor: f64,
+    /// Reference model of the collection (`summary.model`).
+    pub reference_model: String,
+    /// Table name → Parquet file.
+    pub tables: BTreeMap<String, PathBuf>,
+    /// Table name → rows (checked against the files).
+    pub table_rows: BTreeMap<String, u64>,
+    /// True for the aisql stand-in corpus.
+    pub standin: bool,
+    /// The corpus manifest.
+    pub manifest: CorpusManifest,
+    /// Predicate key → label set of the collection.
+    pub label_sets: BTreeMap<String, LabelSetRef>,
+}
+
+fn normalize_root(root: &Path) -> PathBuf {
+    let nested = root.join("ground_truth").join("quailb").join("schema_v1");
+    if !root.join("corpora").exists() && nested.join("corpora").exists() {
+        nested
+    } else {
+        root.to_path_buf()
+    }
+}
+
+fn find_label_set_dirs(root: &Path) -> HashMap<String, PathBuf> {
+    let mut out = HashMap::new();
+    fn walk(dir: &Path, depth: usize, out: &mut HashMap<String, PathBuf>) {
+        let Ok(rd) = fs::read_dir(dir) else { return };
+        for e in rd.flatten() {
+            let p = e.path();
+            if !p.is_dir() {
+                continue;
+            }
+            if p.join("manifest.json").exists() {
+                if let Some(name) = p.file_name().and_then(|n| n.to_str()) {
+                    out.insert(name.to_string(), p.clone());
+                }
+            } else if depth < 6 {
+                walk(&p, depth + 1, out);
+            }
+        }
+    }
+    walk(&root.join("label_sets"), 0, &mut out);
+    out
+}
+
+impl Dataset {
+    /// Opens the corpus of scale factor `sf` under a plain layout root (a mirror of
+    /// `ground_truth/quailb/schema_v1/`, or a folder holding that path), choosing the
+    /// collection `collection` or else the active / only complete one (SPEC §C.1).
+    /// Checks that every QUAIL-B table has a file with the manifest's row count and
+    /// that every label set of the collection has a complete manifest and files.
+    pub fn open(root: &Path, sf: f64, collection: Option<&str>) -> Result<Dataset> {
+        Self::open_source(LayoutSource::Plain(normalize_root(root)), sf, collection)
+    }
+
+    /// [`Dataset::open`] on any [`LayoutSource`].
+    pub fn open_source(source: LayoutSource, sf: f64, collection: Option<&str>) -> Result<Dataset> {
+        let (corpus_id, manifest) = find_corpus(&source, sf)?;
+        let cdir = format!("corpora/{corpus_id}");
+        // Tables.
+        let mut tables = BTreeMap::new();
+        let mut table_rows = BTreeMap::new();
+        for t in standin::TABLES {
+            if !manifest.tables.contains_key(t) {
+                return Err(BenchError::MissingTable {
+                    table: t.into(),
+                    path: source.file(&format!("{cdir}/manifest.json")),
+                });
+            }
+        }
+        for (t, e) in &manifest.tables {
+            let name = e.file.clone().unwrap_or_else(|| format!("{t}.parquet"));
+            let path = source.file(&format!("{cdir}/{name}"));
+            if !path.exists() {
+                return Err(BenchError::MissingTable {
+                    table: t.clone(),
+                    path,
+                });
+            }
+            let found = parquet_rows(&path)?;
+            if found != e.rows {
+                return Err(BenchError::RowCount {
+                    table: t.clone(),
+                    path,
+                    expected: e.rows,
+                    found,
+                });
+            }
+            tables.insert(t.clone(), path);
+            table_rows.insert(t.clone(), e.rows);
+        }
+        let standin = manifest.standin;
+        let mut ds = Dataset {
+            source: source.clone(),
+            corpus_id: corpus_id.clone(),
+            collection_id: None,
+            scale_factor: manifest.scale_factor,
+            reference_model: String::new(),
+            tables,
+            table_rows,
+            standin,
+            manifest,
+            label_sets: BTreeMap::new(),
+        };
+        let Some(coll) = choose_collection(&source, &corpus_id, sf, collection)? else {
+            return Ok(ds);
+        };
+        // Label sets.
+        let dirs = match &source {
+            LayoutSource::Plain(root) => find_label_set_dirs(root),
+            LayoutSource::HarnessCache(_) => HashMap::new(),
+        };
+        let reused: HashSet<String> = coll
+            .extra
+            .get("reused_label_sets")
+            .map(|v| match v {
+                serde_json::Value::Object(m) => m
+                    .iter()
+                    .flat_map(|(k, x)| [Some(k.clone()), x.as_str().map(str::to_string)])
+                    .flatten()
+                    .collect(),
+                serde_json::Value::Array(xs) => xs
+                    .iter()
+                    .filter_map(|x| x.as_str().map(str::to_string))
+                    .collect(),
+                _ => HashSet::new(),
+            })
+            .unwrap_or_default();
+        let mut templates: HashMap<String, String> = HashMap::new();
+        for (key, ls_id) in &coll.label_sets {
+            let (mpath, files) = match &source {
+                LayoutSource::Plain(_) => {
+                    let dir = dirs.get(ls_id).cloned().ok_or_else(|| BenchError::Labels {
+                        predicate: key.clone(),
+                        message: format!(
+                            "label set {ls_id} of collection {} not found under label_sets/",
+                            coll.collection_id
+                        ),
+                    })?;
+                    let single = dir.join("labels.parquet");
+                    let files = if single.exists() {
+                        vec![single]
+                    } else {
+                        let mut v: Vec<PathBuf> = fs::read_dir(dir.join("parts"))
+                            .map(|rd| {
+                                rd.flatten()
+                                    .map(|e| e.path())
+                                    .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                        v.sort();
+                        v
+                    };
+                    (dir.join("manifest.json"), files)
+                }
+                LayoutSource::HarnessCache(_) => {
+                    let rel = standin::labels_predicate_dir(key).join(ls_id);
+                    let rel = rel.to_string_lossy().replace('\\', "/");
+                    let m = source.file(&format!("label_sets/{rel}/manifest.json"));
+                    let f = source.file(&format!("label_sets/{rel}/labels.parquet"));
+                    (m, if f.exists() { vec![f] } else { vec![] })
+                }
+            };
+            let m: LabelSetManifest = read_json(&mpath)?;
+            let bad = |message: String| BenchError::Manifest {
+                path: mpath.clone(),
+                message,
+            };
+            if m.label_set_id != *ls_id {
+                return Err(bad(format!(
+                    "label_set_id {} but the collection names {ls_id}",
+                    m.label_set_id
+                )));
+            }
+            if m.status != "complete" {
+                return Err(bad(format!(
+                    "label set {ls_id} has status {:?}, not complete",
+                    m.status
+                )));
+            }
+            if m.predicate.key != *key {
+                return Err(bad(format!(
+                    "predicate key {} but the collection maps {key} to it",
+                    m.predicate.key
+                )));
+            }
+            if m.corpus_id != corpus_id && !reused.contains(ls_id) && !reused.contains(key) {
+                return Err(bad(format!(
+                    "label set belongs to corpus {}, not {corpus_id}",
+                    m.corpus_id
+                )));
+            }
+            if files.is_empty() {
+                return Err(BenchError::Labels {
+                    predicate: key.clone(),
+                    message: format!(
+                        "label set {ls_id} has no labels.parquet or parts/*.parquet next to {}",
+                        mpath.display()
+                    ),
+                });
+            }
+            if let Some(other) = templates.insert(m.predicate.template.clone(), key.clone()) {
+                return Err(BenchError::Collection(format!(
+                    "predicates {other} and {key} share one template"
+                )));
+            }
+            ds.label_sets.insert(
+                key.clone(),
+                LabelSetRef {
+                    key: key.clone(),
+                    manifest: m,
+                    files,
+                },
+            );
+        }
+        ds.collection_id = Some(coll.collection_id.clone());
+        ds.reference_model = coll.summary.model.clone();
+        Ok(ds)
+    }
+
+    /// The dataset for scale factor `sf`, in this order: `root` (a local mirror);
+    /// aisql's cache (`~/.cache/aisql/quailb/`) when it holds the published corpus; the
+    /// QUAIL-B harness cache when it holds it; else the stand-in under
+    /// `~/.cache/aisql/quailb-standin/`, generated on first use. Using the stand-in
+    /// prints one line on stderr.
+    pub fn resolve(root: Option<&Path>, sf: f64) -> Result<Dataset> {
+        if let Some(r) = root {
+            return Self::open(r, sf, None);
+        }
+        if let Some(p) = published_for(sf) {
+            let cache = published_cache_root();
+            if cache
+                .join("corpora")
+                .join(p.corpus_id)
+                .join("manifest.json")
+                .exists()
+            {
+                return Self::open(&cache, sf, None);
+            }
+            let hc = LayoutSource::HarnessCache(harness_cache_dir());
+            if hc
+                .file(&format!("corpora/{}/manifest.json", p.corpus_id))
+                .exists()
+            {
+                return Self::open_source(hc, sf, None);
+            }
+        }
+        Self::standin(&standin_root(), sf)
+    }
+
+    /// The stand-in of `sf` under `root`, generated when missing or incomplete.
+    pub fn standin(root: &Path, sf: f64) -> Result<Dataset> {
+        if let Ok(d) = Self::open(root, sf, None)
+            && d.standin
+            && d.collection_id.is_some()
+        {
+            eprintln!(
+                "note: published QUAIL-B data for sf {sf} not found; using the deterministic stand-in corpus {} at {} (not the published data)",
+                d.corpus_id,
+                root.display()
+            );
+            return Ok(d);
+        }
+        eprintln!(
+            "note: published QUAIL-B data for sf {sf} not found; generating the deterministic stand-in corpus at {} (not the published data)",
+            root.display()
+        );
+        standin::generate(root, sf)?;
+        Self::open(root, sf, None)
+    }
+
+    /// True when this is a published corpus (SPEC §C ids).
+    pub fn is_published(&self) -> bool {
+        PUBLISHED.iter().any(|p| p.corpus_id == self.corpus_id)
+    }
+
+    /// True when the chosen collection is a published one.
+    pub fn is_published_collection(&self) -> bool {
+        self.collection_id.as_deref().is_some_and(|c| {
+            PUBLISHED
+                .iter()
+                .any(|p| p.collection_43 == c || p.collection_42 == c)
+        })
+    }
+
+    /// Loads the label sets whose template is in `templates` (all when `None`) into a
+    /// [`LabelStore`], validating each: every row's `predicate_key` and `label_set_id`
+    /// match the manifest, ids are non-null, no (left, right) pair repeats, labels are
+    /// from the predicate's list, and the row count equals the manifest's `rows`.
+    pub fn load_labels(&self, templates: Option<&[String]>) -> Result<LabelStore> {
+        let coll = self.collection_id.clone().ok_or_else(|| {
+            BenchError::Collection(format!(
+                "corpus {} has no complete collection",
+                self.corpus_id
+            ))
+        })?;
+        let wanted: Option<HashSet<&str>> =
+            templates.map(|t| t.iter().map(String::as_str).collect());
+        let refs: Vec<&LabelSetRef> = self
+            .label_sets
+            .values()
+            .filter(|r| {
+                wanted
+                    .as_ref()
+                    .is_none_or(|w| w.contains(r.manifest.predicate.template.as_str()))
+            })
+            .collect();
+        let sets: Vec<LabelSet> = refs
+            .par_iter()
+            .map(|r| load_label_set(r))
+            .collect::<Result<_>>()?;
+        let mut store = LabelStore::new(coll, self.reference_model.clone());
+        for s in sets {
+            store.insert(s)?;
+        }
+        Ok(store)
+    }
+}
+
+fn find_corpus(source: &LayoutSource, sf: f64) -> Result<(String, CorpusManifest)> {
+    let mut found: Vec<(String, CorpusManifest)> = Vec::new();
+    let mut available = Vec::new();
+    match source {
+        LayoutSource::Plain(root) => {
+            let dir = root.join("corpora");
+            if let Ok(rd) = fs::read_dir(&dir) {
+                let mut entries: Vec<PathBuf> = rd
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.is_dir())
+                    .collect();
+                entries.sort();
+                for p in entries {
+                    let mpath = p.join("manifest.json");
+                    if !mpath.exists() {
+                        continue;
+                    }
+                    let m: CorpusManifest = read_json(&mpath)?;
+                    let name = p.file_name().unwrap().to_string_lossy().to_string();
+                    if m.corpus_id != name {
+                        return Err(BenchError::Manifest {
+                            path: mpath,
+                            message: format!(
+                                "corpus_id {} differs from its folder {name}",
+                                m.corpus_id
+                            ),
+                        });
+                    }
+                    available.push(format!("{} ({})", m.scale_factor, m.corpus_id));
+                    if same_sf(m.scale_factor, sf) {
+                        found.push((name, m));
+                    }
+                }
+            }
+        }
+        LayoutSource::HarnessCache(_) => {
+            let p = published_or_err(sf)?;
+            let mpath = source.file(&format!("corpora/{}/manifest.json", p.corpus_id));
+            if mpath.exists() {
+                let m: CorpusManifest = read_json(&mpath)?;
+                found.push((p.corpus_id.to_string(), m));
+            }
+        }
+    }
+    if found.len() > 1 {
+        if let Some(p) = published_for(sf)
+            && let Some(i) = found.iter().position(|(id, _)| id == p.corpus_id)
+        {
+            return Ok(found.swap_remove(i));
+        }
+        return Err(BenchError::NoCorpus {
+            root: source.root().to_path_buf(),
+            sf,
+            available: format!(
+                "several corpora with this scale factor: {}",
+                available.join(", ")
+            ),
+        });
+    }
+    let Some(one) = found.pop() else {
+        if published_for(sf).is_none() && available.iter().all(|a| !a.contains("c_")) {
+            // Nothing at all: say which scale factors are published.
+        }
+        return Err(BenchError::NoCorpus {
+            root: source.root().to_path_buf(),
+            sf,
+            available: if available.is_empty() {
+                "none".into()
+            } else {
+                available.join(", ")
+            },
+        });
+    };
+    let m = &one.1;
+    if !same_sf(m.scale_factor, sf) {
+        return Err(BenchError::Manifest {
+            path: source.file(&format!("corpora/{}/manifest.json", one.0)),
+            message: format!("scale factor {} but {sf} was asked for", m.scale_factor),
+        });
+    }
+    Ok(one)
+}
+
+fn read_collection(source: &LayoutSource, id: &str) -> Result<CollectionManifest> {
+    let path = source.file(&format!("collections/{id}/manifest.json"));
+    if !path.exists() {
+        return Err(BenchError::Collection(format!(
+            "collection {id}: {} is missing",
+            path.display()
+        )));
+    }
+    let m: CollectionManifest = read_json(&path)?;
+    if m.collection_id != id {
+        return Err(BenchError::Manifest {
+            path,
+            message: format!("collection_id {} differs from {id}", m.collection_id),
+        });
+    }
+    Ok(m)
+}
+
+fn check_collection(m: &CollectionManifest, corpus_id: &str, sf: f64) -> Result<()> {
+    if m.status != "complete" {
+        return Err(BenchError::Collection(format!(
+            "collection {} has status {:?}, not complete",
+            m.collection_id, m.status
+        )));
+    }
+    if m.corpus_id != corpus_id || !same_sf(m.scale_factor, sf) {
+        return Err(BenchError::Collection(format!(
+            "collection {} belongs to corpus {} at sf {}, not {corpus_id} at sf {sf}",
+            m.collection_id, m.corpus_id, m.scale_factor
+        )));
+    }
+    Ok(())
+}
+
+fn choose_collection(
+    source: &LayoutSource,
+    corpus_id: &str,
+    sf: f64,
+    explicit: Option<&str>,
+) -> Result<Option<CollectionManifest>> {
+    if let Some(id) = explicit {
+        let m = read_collection(source, id)?;
+        check_collection(&m, corpus_id, sf)?;
+        return Ok(Some(m));
+    }
+    let active = source.file(&format!("corpora/{corpus_id}/active_collection.json"));
+    if active.exists() {
+        let v: serde_json::Value = read_json(&active)?;
+        let id = v
+            .get("collection_id")
+            .and_then(|x| x.as_str())
+            .ok_or_else(|| BenchError::Manifest {
+                path: active.clone(),
+                message: "no collection_id".into(),
+            })?;
+        let m = read_collection(source, id)?;
+        check_collection(&m, corpus_id, sf)?;
+        return Ok(Some(m));
+    }
+    match source {
+        LayoutSource::Plain(root) => {
+            let mut complete = Vec::new();
+            if let Ok(rd) = fs::read_dir(root.join("collections")) {
+                for e in rd.flatten() {
+                    let p = e.path().join("manifest.json");
+                    if let Ok(m) = read_json::<CollectionManifest>(&p)
+                        && m.status == "complete"
+                        && m.corpus_id == corpus_id
+                        && same_sf(m.scale_factor, sf)
+                    {
+                        complete.push(m);
+                    }
+                }
+            }
+            match complete.len() {
+                0 => Ok(None),
+                1 => Ok(complete.pop()),
+                _ => Err(BenchError::Collection(format!(
+                    "several complete collections for corpus {corpus_id}: {}; name one",
+                    complete
+                        .iter()
+                        .map(|m| m.collection_id.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))),
+            }
+        }
+        LayoutSource::HarnessCache(_) => {
+            let p = published_or_err(sf)?;
+            let m = read_collection(source, p.collection_43)?;
+            check_collection(&m, corpus_id, sf)?;
+            Ok(Some(m))
+        }
+    }
+}
+
+fn load_label_set(r: &LabelSetRef) -> Result<LabelSet> {
+    let m = &r.manifest;
+    let key = &r.key;
+    let lerr = |message: String| BenchError::Labels {
+        predicate: key.clone(),
+        message,
+    };
+    let mut set = LabelSet::new(m.predicate.clone(), m.label_set_id.clone());
+    let classify = m.predicate.kind == PredicateKind::Classify;
+    let mut rows = 0u64;
+    for path in &r.files {
+        let perr = |e: &dyn std::fmt::Display| BenchError::Parquet {
+            path: path.clone(),
+            message: e.to_string(),
+        };
+        let f = File::open(path).map_err(|e| io(path, e))?;
+        let reader = ParquetRecordBatchReaderBuilder::try_new(f)
+            .map_err(|e| perr(&e))?
+            .with_batch_size(65_536)
+            .build()
+            .map_err(|e| perr(&e))?;
+        for batch in reader {
+            let batch = batch.map_err(|e| perr(&e))?;
+            let col = |name: &str| {
+                batch
+                    .column_by_name(name)
+                    .cloned()
+                    .ok_or_else(|| perr(&format!("no column {name}")))
+            };
+            let as_str = |name: &str| -> Result<datafusion::arrow::array::ArrayRef> {
+                let c = col(name)?;
+                if c.data_type() == &DataType::Utf8 {
+                    Ok(c)
+                } else {
+                    datafusion::arrow::compute::cast(&c, &DataType::Utf8).map_err(|e| perr(&e))
+                }
+            };
+            let kcol = as_str("predicate_key")?;
+            let lscol = as_str("label_set_id")?;
+            let left = as_str("left_id")?;
+            let right = as_str("right_id")?;
+            let (k, ls, l, rt) = (
+                kcol.as_string::<i32>(),
+                lscol.as_string::<i32>(),
+                left.as_string::<i32>(),
+                right.as_string::<i32>(),
+            );
+            let value = if classify {
+                as_str("label")?
+            } else {
+                col("answer")?
+            };
+            for i in 0..batch.num_rows() {
+                if k.is_null(i) || k.value(i) != key {
+                    return Err(lerr(format!(
+                        "row {} of {} has predicate_key {:?}",
+                        rows + i as u64,
+                        path.display(),
+                        k.is_valid(i).then(|| k.value(i))
+                    )));
+                }
+                if ls.is_null(i) || ls.value(i) != m.label_set_id {
+                    return Err(lerr(format!(
+                        "row {} of {} has label_set_id {:?}, not {}",
+                        rows + i as u64,
+                        path.display(),
+                        ls.is_valid(i).then(|| ls.value(i)),
+                        m.label_set_id
+                    )));
+                }
+                if l.is_null(i) {
+                    return Err(lerr(format!(
+                        "row {} of {} has a null left_id",
+                        rows + i as u64,
+                        path.display()
+                    )));
+                }
+                let r_id = rt.is_valid(i).then(|| rt.value(i));
+                if value.is_null(i) {
+                    return Err(lerr(format!(
+                        "row {} of {} has a null answer",
+                        rows + i as u64,
+                        path.display()
+                    )));
+                }
+                let v = if classify {
+                    LabelValue::Label(value.as_string::<i32>().value(i).to_string())
+                } else {
+                    LabelValue::Bool(
+                        value
+                            .as_boolean_opt()
+                            .ok_or_else(|| perr(&"answer is not boolean"))?
+                            .value(i),
+                    )
+                };
+                set.insert(l.value(i), r_id, v)
+                    .map_err(|e| lerr(e.to_string()))?;
+            }
+            rows += batch.num_rows() as u64;
+        }
+    }
+    if rows != m.rows {
+        return Err(BenchError::LabelCount {
+            predicate: key.clone(),
+            label_set_id: m.label_set_id.clone(),
+            expected: m.rows,
+            found: rows,
+        });
+    }
+    Ok(set)
+}
+
+// ---------------------------------------------------------------- fetch
+
+/// What [`fetch`] did.
+#[derive(Debug, Clone, Default)]
+pub struct FetchSummary {
+    /// Layout root written (the aisql cache root for the CLI).
+    pub dest: PathBuf,
+    /// Corpus id.
+    pub corpus_id: String,
+    /// Collection id.
+    pub collection_id: String,
+    /// Files downloaded.
+    pub downloaded: usize,
+    /// Files already complete and skipped.
+    pub skipped: usize,
+    /// Bytes downloaded.
+    pub bytes: u64,
+}
+
+/// The public bucket as an anonymous S3 store, rooted at the layout root.
+pub fn default_source() -> Result<Arc<dyn ObjectStore>> {
+    let region = std::env::var("AWS_REGION")
+        .or_else(|_| std::env::var("AWS_DEFAULT_REGION"))
+        .unwrap_or_else(|_| "us-east-1".into());
+    let s3 = object_store::aws::AmazonS3Builder::new()
+        .with_bucket_name(BUCKET)
+        .with_region(region)
+        .with_skip_signature(true)
+        .build()
+        .map_err(|e| BenchError::Fetch {
+            path: format!("s3://{BUCKET}"),
+            message: e.to_string(),
+        })?;
+    Ok(Arc::new(object_store::prefix::PrefixStore::new(
+        s3,
+        BUCKET_PREFIX,
+    )))
+}
+
+fn ferr(path: &str, e: impl std::fmt::Display) -> BenchError {
+    BenchError::Fetch {
+        path: path.into(),
+        message: e.to_string(),
+    }
+}
+
+async fn get_json<T: serde::de::DeserializeOwned>(
+    source: &Arc<dyn ObjectStore>,
+    rel: &str,
+) -> Result<(T, Vec<u8>)> {
+    let bytes = source
+        .get(&ObjPath::from(rel))
+        .await
+        .map_err(|e| ferr(rel, e))?
+        .bytes()
+        .await
+        .map_err(|e| ferr(rel, e))?;
+    let v = serde_json::from_slice(&bytes).map_err(|e| ferr(rel, format!("bad JSON: {e}")))?;
+    Ok((v, bytes.to_vec()))
+}
+
+/// Downloads `rel` to `dest/rel` unless a file of the same size is already there.
+async fn download(
+    source: &Arc<dyn ObjectStore>,
+    rel: &str,
+    dest: &Path,
+    sum: &mut FetchSummary,
+) -> Result<PathBuf> {
+    let target = dest.join(rel);
+    let meta = source
+        .head(&ObjPath::from(rel))
+        .await
+        .map_err(|e| ferr(rel, e))?;
+    if let Ok(m) = fs::metadata(&target)
+        && m.len() == meta.size
+    {
+        sum.skipped += 1;
+        return Ok(target);
+    }
+    if let Some(p) = target.parent() {
+        fs::create_dir_all(p).map_err(|e| io(p, e))?;
+    }
+    let part = target.with_extension("partial");
+    let mut f = File::create(&part).map_err(|e| io(&part, e))?;
+    let mut stream = source
+        .get(&ObjPath::from(rel))
+        .await
+        .map_err(|e| ferr(rel, e))?
+        .into_stream();
+    let mut n = 0u64;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ferr(rel, e))?;
+        f.write_all(&chunk).map_err(|e| io(&part, e))?;
+        n += chunk.len() as u64;
+    }
+    f.sync_all().map_err(|e| io(&part, e))?;
+    drop(f);
+    if n != meta.size {
+        return Err(ferr(rel, format!("got {n} bytes, expected {}", meta.size)));
+    }
+    fs::rename(&part, &target).map_err(|e| io(&target, e))?;
+    sum.downloaded += 1;
+    sum.bytes += n;
+    Ok(target)
+}
+
+fn write_bytes(path: &Path, bytes: &[u8]) -> Result<()> {
+    if let Some(p) = path.parent() {
+        fs::create_dir_all(p).map_err(|e| io(p, e))?;
+    }
+    fs::write(path, bytes).map_err(|e| io(path, e))
+}
+
+/// Mirrors the published corpus and its collection for `sf` from `source` (paths
+/// relative to the layout root; [`default_source`] for the real bucket) into the
+/// plain layout under `dest`. Verifies table row counts (and file hashes where the
+/// manifest gives `file_sha256`) and label row counts; resumable: complete files are
+/// skipped, manifests are written last. Ends with [`Dataset::open`] on the result.
+pub async fn fetch(source: Arc<dyn ObjectStore>, dest: &Path, sf: f64) -> Result<FetchSummary> {
+    let p = published_or_err(sf)?;
+    fetch_corpus(source, dest, sf, p.corpus_id, None).await
+}
+
+/// [`fetch`] of any corpus id (and optionally a named collection).
+pub async fn fetch_corpus(
+    source: Arc<dyn ObjectStore>,
+    dest: &Path,
+    sf: f64,
+    corpus_id: &str,
+    collection: Option<&str>,
+) -> Result<FetchSummary> {
+    let mut sum = FetchSummary {
+        dest: dest.to_path_buf(),
+        corpus_id: corpus_id.into(),
+        ..Default::default()
+    };
+    let cdir = format!("corpora/{corpus_id}");
+    let (manifest, manifest_bytes): (CorpusManifest, _) =
+        get_json(&source, &format!("{cdir}/manifest.json")).await?;
+    if manifest.corpus_id != corpus_id || !same_sf(manifest.scale_factor, sf) {
+        return Err(ferr(
+            &format!("{cdir}/manifest.json"),
+            format!(
+                "names corpus {} at sf {}",
+                manifest.corpus_id, manifest.scale_factor
+            ),
+        ));
+    }
+    for (t, e) in &manifest.tables {
+        let rel = format!(
+            "{cdir}/{}",
+            e.file.clone().unwrap_or_else(|| format!("{t}.parquet"))
+        );
+        let path = download(&source, &rel, dest, &mut sum).await?;
+        let found = parquet_rows(&path)?;
+        if found != e.rows {
+            let _ = fs::remove_file(&path);
+            return Err(BenchError::RowCount {
+                table: t.clone(),
+                path,
+                expected: e.rows,
+                found,
+            });
+        }
+        if let Some(h) = &e.file_sha256 {
+            let got = sha256_file(&path)?;
+            if &got != h {
+                let _ = fs::remove_file(&path);
+                return Err(BenchError::Hash {
+                    path,
+                    expected: h.clone(),
+                    found: got,
+                });
+            }
+        }
+    }
+    let active_rel = format!("{cdir}/active_collection.json");
+    let active: Option<(serde_json::Value, Vec<u8>)> = get_json(&source, &active_rel).await.ok();
+    let coll_id = match (collection, &active) {
+        (Some(c), _) => c.to_string(),
+        (None, Some((v, _))) => v
+            .get("collection_id")
+            .and_then(|x| x.as_str())
+            .map(str::to_string)
+            .ok_or_else(|| ferr(&active_rel, "no collection_id"))?,
+        (None, None) => published_for(sf)
+            .map(|p| p.collection_43.to_string())
+            .ok_or_else(|| ferr(&active_rel, "missing"))?,
+    };
+    let coll_rel = format!("collections/{coll_id}/manifest.json");
+    let (coll, coll_bytes): (CollectionManifest, _) = get_json(&source, &coll_rel).await?;
+    check_collection(&coll, corpus_id, sf)?;
+    // Locate label sets by listing label_sets/.
+    let mut objects: Vec<String> = Vec::new();
+    let mut listing = source.list(Some(&ObjPath::from("label_sets")));
+    while let Some(meta) = listing.next().await {
+        objects.push(
+            meta.map_err(|e| ferr("label_sets/", e))?
+                .location
+                .to_string(),
+        );
+    }
+    for (key, ls_id) in &coll.label_sets {
+        let prefix = objects
+            .iter()
+            .filter_map(|o| {
+                o.find(&format!("/{ls_id}/"))
+                    .map(|i| o[..i + ls_id.len() + 2].to_string())
+            })
+            .next()
+            .ok_or_else(|| {
+                ferr(
+                    &format!("label_sets/…/{ls_id}/"),
+                    format!("label set of {key} not found"),
+                )
+            })?;
+        let mrel = format!("{prefix}manifest.json");
+        let (lm, lm_bytes): (LabelSetManifest, _) = get_json(&source, &mrel).await?;
+        let single = format!("{prefix}labels.parquet");
+        let mut files: Vec<&String> = objects.iter().filter(|o| **o == single).collect();
+        if files.is_empty() {
+            files = objects
+                .iter()
+                .filter(|o| o.starts_with(&format!("{prefix}parts/")) && o.ends_with(".parquet"))
+                .collect();
+        }
+        let mut rows = 0;
+        for f in files {
+            let path = download(&source, f, dest, &mut sum).await?;
+            rows += parquet_rows(&path)?;
+        }
+        if rows != lm.rows {
+            return Err(BenchError::LabelCount {
+                predicate: key.clone(),
+                label_set_id: ls_id.clone(),
+                expected: lm.rows,
+                found: rows,
+            });
+        }
+        write_bytes(&dest.join(&mrel), &lm_bytes)?;
+    }
+    write_bytes(&dest.join(format!("{cdir}/manifest.json")), &manifest_bytes)?;
+    if let Some((_, b)) = &active {
+        write_bytes(&dest.join(&active_rel), b)?;
+    }
+    write_bytes(&dest.join(&coll_rel), &coll_bytes)?;
+    sum.collection_id = coll_id.clone();
+    Dataset::open(dest, sf, Some(&coll_id))?;
+    Ok(sum)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::standin::{generate, predicates};
+
+    const SF: f64 = 0.001;
+
+    fn small_root() -> (tempfile::TempDir, standin::GenerateSummary) {
+        let d = tempfile::tempdir().unwrap();
+        let s = generate(d.path(), SF).unwrap();
+        (d, s)
+    }
+
+    fn copy_dir(from: &Path, to: &Path) {
+        fs::create_dir_all(to).unwrap();
+        for e in fs::read_dir(from).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                copy_dir(&p, &to.join(e.file_name()));
+            } else {
+                fs::copy(&p, to.join(e.file_name())).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn standin_opens_and_every_plan_predicate_has_complete_labels() {
+        let (d, s) = small_root();
+        let ds = Dataset::open(d.path(), SF, None).unwrap();
+        assert!(ds.standin && !ds.is_published() && !ds.is_published_collection());
+        assert_eq!(ds.collection_id.as_deref(), Some(s.collection_id.as_str()));
+        assert!(s.collection_id.starts_with("gt_") && s.collection_id.len() == 35);
+        assert_eq!(ds.label_sets.len(), 31);
+        let store = ds.load_labels(None).unwrap();
+        let rows = &ds.table_rows;
+        for p in predicates() {
+            let set = store
+                .for_template(p.template)
+                .unwrap_or_else(|| panic!("no labels for {}", p.key));
+            let n = rows[p.left.0] * p.right.map(|r| rows[r.0]).unwrap_or(1);
+            if p.name == "IMDB_ASPECT_SENTIMENT" {
+                // Only the pairs the reference join keeps (DISCUSS_ASPECT TRUE).
+                let disc = store
+                    .for_template(
+                        predicates()
+                            .iter()
+                            .find(|x| x.name == "DISCUSS_ASPECT")
+                            .unwrap()
+                            .template,
+                    )
+                    .unwrap();
+                let kept = (0..rows["reviews"])
+                    .flat_map(|r| (0..12).map(move |a| (r, a)))
+                    .filter(|(r, a)| {
+                        disc.get_bool(&format!("rv{r}"), Some(&format!("as{a}"))) == Some(true)
+                    })
+                    .count();
+                assert_eq!(set.len(), kept);
+                assert!(kept > 0);
+            } else {
+                assert_eq!(set.len() as u64, n, "{}", p.key);
+            }
+        }
+        // LEPJOIN agrees with the list columns; SUPPORT with the claims' annotation.
+        let lep = store
+            .for_template(
+                predicates()
+                    .iter()
+                    .find(|x| x.name == "LEPJOIN")
+                    .unwrap()
+                    .template,
+            )
+            .unwrap();
+        assert!(lep.get_bool("lc0", Some("lp0")) == Some(true));
+        // Templates in the shipped plans all have a label set (when the plans are present).
+        let plans = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/quailb/plans");
+        if plans.exists() {
+            let mut seen = 0;
+            for e in fs::read_dir(&plans).unwrap().flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                if !name.ends_with(".json")
+                    || name == "catalog.json"
+                    || name.starts_with("PRIV")
+                    || name.starts_with("IMDB-16")
+                {
+                    continue;
+                }
+                let text = fs::read_to_string(e.path()).unwrap();
+                let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+                let mut stack = vec![&v];
+                while let Some(x) = stack.pop() {
+                    match x {
+                        serde_json::Value::Object(m) => {
+                            if let Some(serde_json::Value::String(s)) = m.get("string")
+                                && s.contains("{0}")
+                            {
+                                assert!(
+                                    store.for_template(s).is_some(),
+                                    "{name}: no label set for template {s:?}"
+                                );
+                                seen += 1;
+                            }
+                            stack.extend(m.values());
+                        }
+                        serde_json::Value::Array(xs) => stack.extend(xs.iter()),
+                        _ => {}
+                    }
+                }
+            }
+            assert!(seen >= 43, "{seen}");
+        }
+        // Loading a subset only loads those.
+        let one = vec![predicates()[0].template.to_string()];
+        assert_eq!(ds.load_labels(Some(&one)).unwrap().sets().count(), 1);
+    }
+
+    #[test]
+    fn generation_is_byte_identical() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let sa = generate(a.path(), SF).unwrap();
+        let sb = generate(b.path(), SF).unwrap();
+        assert_eq!(sa.corpus_id, sb.corpus_id);
+        assert_eq!(sa.collection_id, sb.collection_id);
+        let mut files = Vec::new();
+        fn walk(d: &Path, base: &Path, out: &mut Vec<PathBuf>) {
+            for e in fs::read_dir(d).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    walk(&p, base, out);
+                } else {
+                    out.push(p.strip_prefix(base).unwrap().to_path_buf());
+                }
+            }
+        }
+        walk(a.path(), a.path(), &mut files);
+        assert!(files.len() > 40);
+        for f in files {
+            assert_eq!(
+                fs::read(a.path().join(&f)).unwrap(),
+                fs::read(b.path().join(&f)).unwrap(),
+                "{}",
+                f.display()
+            );
+        }
+    }
+
+    #[test]
+    fn bad_roots_give_clear_errors() {
+        let (d, s) = small_root();
+        // Unknown scale factor.
+        let e = Dataset::open(d.path(), 0.3, None).unwrap_err().to_string();
+        assert!(e.contains("0.3") && e.contains("0.001"), "{e}");
+        // Missing table.
+        let bad = tempfile::tempdir().unwrap();
+        copy_dir(d.path(), bad.path());
+        fs::remove_file(
+            bad.path()
+                .join("corpora")
+                .join(&s.corpus_id)
+                .join("terms.parquet"),
+        )
+        .unwrap();
+        let e = Dataset::open(bad.path(), SF, None).unwrap_err().to_string();
+        assert!(e.contains("terms") && e.contains("missing"), "{e}");
+        // Truncated Parquet.
+        let bad = tempfile::tempdir().unwrap();
+        copy_dir(d.path(), bad.path());
+        let f = bad
+            .path()
+            .join("corpora")
+            .join(&s.corpus_id)
+            .join("claims.parquet");
+        let bytes = fs::read(&f).unwrap();
+        fs::write(&f, &bytes[..bytes.len() / 2]).unwrap();
+        let e = Dataset::open(bad.path(), SF, None).unwrap_err().to_string();
+        assert!(e.contains("claims.parquet"), "{e}");
+        // Manifest with wrong counts.
+        let bad = tempfile::tempdir().unwrap();
+        copy_dir(d.path(), bad.path());
+        let mpath = bad
+            .path()
+            .join("corpora")
+            .join(&s.corpus_id)
+            .join("manifest.json");
+        let mut m: CorpusManifest =
+            serde_json::from_str(&fs::read_to_string(&mpath).unwrap()).unwrap();
+        m.tables.get_mut("reviews").unwrap().rows += 1;
+        fs::write(&mpath, serde_json::to_string(&m).unwrap()).unwrap();
+        let e = Dataset::open(bad.path(), SF, None).unwrap_err().to_string();
+        assert!(
+            e.contains("reviews") && e.contains("51") && e.contains("50"),
+            "{e}"
+        );
+        // Label manifest with wrong rows.
+        let bad = tempfile::tempdir().unwrap();
+        copy_dir(d.path(), bad.path());
+        let ds = Dataset::open(bad.path(), SF, None).unwrap();
+        let r = &ds.label_sets["quailb.imdb.review.sentiment"];
+        let dir = r.files[0].parent().unwrap();
+        let mut lm = r.manifest.clone();
+        lm.rows = 7;
+        fs::write(
+            dir.join("manifest.json"),
+            serde_json::to_string(&lm).unwrap(),
+        )
+        .unwrap();
+        let ds = Dataset::open(bad.path(), SF, None).unwrap();
+        let e = ds.load_labels(None).unwrap_err().to_string();
+        assert!(
+            e.contains("quailb.imdb.review.sentiment") && e.contains('7') && e.contains("50"),
+            "{e}"
+        );
+        // Unknown sf for the published data.
+        let src: Arc<dyn ObjectStore> =
+            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(d.path()).unwrap());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let e = rt
+            .block_on(fetch(src, bad.path(), 0.2))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("0.2") && e.contains("published"), "{e}");
+        assert!(published_for(0.5).is_some() && published_for(0.25).is_none());
+    }
+
+    #[test]
+    fn fetch_mirrors_a_local_object_store_and_resumes() {
+        let (d, s) = small_root();
+        let src: Arc<dyn ObjectStore> =
+            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(d.path()).unwrap());
+        let dest = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let sum = rt
+            .block_on(fetch_corpus(
+                src.clone(),
+                dest.path(),
+                SF,
+                &s.corpus_id,
+                None,
+            ))
+            .unwrap();
+        assert_eq!(sum.collection_id, s.collection_id);
+        assert!(sum.downloaded >= 9 + 31 && sum.skipped == 0, "{sum:?}");
+        let ds = Dataset::open(dest.path(), SF, None).unwrap();
+        assert_eq!(ds.load_labels(None).unwrap().sets().count(), 31);
+        // Second run skips complete files; a corrupted table is re-downloaded.
+        let again = rt
+            .block_on(fetch_corpus(
+                src.clone(),
+                dest.path(),
+                SF,
+                &s.corpus_id,
+                None,
+            ))
+            .unwrap();
+        assert_eq!(again.downloaded, 0);
+        assert_eq!(again.skipped, sum.downloaded);
+        // Hash check: a source file that differs from its manifest is rejected.
+        let bad = tempfile::tempdir().unwrap();
+        copy_dir(d.path(), bad.path());
+        let t = bad
+            .path()
+            .join("corpora")
+            .join(&s.corpus_id)
+            .join("aspects.parquet");
+        assert!(t.exists());
+        let mpath = bad
+            .path()
+            .join("corpora")
+            .join(&s.corpus_id)
+            .join("manifest.json");
+        let mut m: CorpusManifest =
+            serde_json::from_str(&fs::read_to_string(&mpath).unwrap()).unwrap();
+        m.tables.get_mut("aspects").unwrap().file_sha256 = Some("00".repeat(32));
+        fs::write(&mpath, serde_json::to_string(&m).unwrap()).unwrap();
+        let src2: Arc<dyn ObjectStore> =
+            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(bad.path()).unwrap());
+        let dest2 = tempfile::tempdir().unwrap();
+        let e = rt
+            .block_on(fetch_corpus(src2, dest2.path(), SF, &s.corpus_id, None))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("aspects") && e.contains("sha256"), "{e}");
+    }
+
+    #[test]
+    fn resolve_prefers_root_then_caches_then_standin() {
+        let (d, s) = small_root();
+        let ds = Dataset::resolve(Some(d.path()), SF).unwrap();
+        assert_eq!(ds.corpus_id, s.corpus_id);
+        // The harness cache's hashed names.
+        assert_eq!(harness_name("x").len(), 64);
+        let hc = LayoutSource::HarnessCache(PathBuf::from("/nonexistent"));
+        assert!(
+            hc.file("corpora/c_1/manifest.json")
+                .ends_with(harness_name("corpora/c_1/manifest.json"))
+        );
+    }
+}

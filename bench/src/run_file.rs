@@ -1,0 +1,264 @@
+//! `run.json` (SPEC §D.6, schema version 2): the state of a benchmark run,
+//! rewritten atomically (temp file, then rename) after every state change so a
+//! crash or Ctrl-C always leaves a readable file that `--resume` can continue.
+
+use std::path::Path;
+
+use aisql_engine::output::KeyedFile;
+use serde::{Deserialize, Serialize};
+
+use crate::scoring::{Accuracy, Assessment};
+
+/// The run.json schema version written.
+pub const SCHEMA_VERSION: u32 = 2;
+/// The QUAIL-B line this driver implements.
+pub const QUAIL_B_VERSION: &str = "43-query (7c76513)";
+/// File name of the run state.
+pub const RUN_JSON: &str = "run.json";
+
+/// State of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// Queries are being run.
+    Running,
+    /// Every query finished and was scored.
+    Complete,
+    /// The run ended with at least one query not complete, or was interrupted.
+    Failed,
+}
+
+/// State of one query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueryStatus {
+    /// Not started.
+    Pending,
+    /// The engine is running it.
+    Running,
+    /// Outputs are saved; scoring comes next.
+    Saved,
+    /// Saved and scored.
+    Complete,
+    /// The engine failed (or the run was interrupted during it).
+    Failed,
+    /// Outputs are saved but scoring failed.
+    ScoringFailed,
+    /// The engine exceeded `--timeout-s`.
+    Timeout,
+}
+
+impl QueryStatus {
+    /// The status as written in run.json.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueryStatus::Pending => "pending",
+            QueryStatus::Running => "running",
+            QueryStatus::Saved => "saved",
+            QueryStatus::Complete => "complete",
+            QueryStatus::Failed => "failed",
+            QueryStatus::ScoringFailed => "scoring_failed",
+            QueryStatus::Timeout => "timeout",
+        }
+    }
+}
+
+/// The files of one query, relative to the run folder.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueryFiles {
+    /// `plan.substrait`.
+    pub plan: String,
+    /// `rows.parquet`.
+    pub rows: String,
+    /// Filter answer tables (`[]` when the query has no filter).
+    pub filters: Option<Vec<KeyedFile>>,
+    /// Join answer tables.
+    pub joins: Option<Vec<KeyedFile>>,
+    /// Classification answer tables (present only if reported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub classifications: Option<Vec<KeyedFile>>,
+    /// `prompt_pieces.json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_pieces: Option<String>,
+}
+
+/// Throughput of a query: documents per second without joins, pairs per second with.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum Throughput {
+    /// Σ input rows / runtime.
+    #[serde(rename = "documents_per_second")]
+    Documents(Option<f64>),
+    /// Evaluated document pairs / runtime.
+    #[serde(rename = "document_pairs_per_second")]
+    Pairs(Option<f64>),
+}
+
+impl Throughput {
+    /// The value, if known.
+    pub fn value(self) -> Option<f64> {
+        match self {
+            Throughput::Documents(v) | Throughput::Pairs(v) => v,
+        }
+    }
+
+    /// The unit as the report names it.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Throughput::Documents(_) => "documents/second",
+            Throughput::Pairs(_) => "document pairs/second",
+        }
+    }
+}
+
+/// Metrics of a scored query (SPEC §D.2, §D.4, §D.5). Unknown values are `null`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueryMetrics {
+    /// Query execution seconds.
+    pub runtime_s: f64,
+    /// Rows of each alias's table.
+    pub input_rows: std::collections::BTreeMap<String, u64>,
+    /// Output and predicate agreement with the reference.
+    pub accuracy: Accuracy,
+    /// runtime × GPUs × hourly rate.
+    pub cost_usd: Option<f64>,
+    /// Full prompt lengths (KV hits included).
+    pub input_tokens: Option<u64>,
+    /// Engine-reported positions run through the model.
+    pub fresh_tokens: Option<u64>,
+    /// Positions an unlimited prefix cache must compute.
+    pub minimum_tokens: Option<u64>,
+    /// fresh − minimum.
+    pub regret_tokens: Option<i64>,
+    /// True when the minimum was rescaled to engine-reported input tokens.
+    pub regret_approximate: bool,
+    /// Σ rows of the join answer tables (join queries).
+    pub evaluated_document_pairs: Option<u64>,
+    /// Input tokens / runtime.
+    pub input_tokens_per_second: Option<f64>,
+    /// Cost per million input tokens.
+    pub cost_usd_per_million_input_tokens: Option<f64>,
+    /// 100 × regret / fresh.
+    pub kv_regret_percent: Option<f64>,
+    /// Documents or pairs per second.
+    #[serde(flatten)]
+    pub throughput: Throughput,
+}
+
+/// One query of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueryRecord {
+    /// Catalog id (`IMDB-1`).
+    pub id: String,
+    /// SHA-256 of the query definition (SPEC §D.6).
+    pub definition_hash: String,
+    /// Lifecycle state.
+    pub status: QueryStatus,
+    /// Saved outputs.
+    pub files: Option<QueryFiles>,
+    /// Query execution seconds.
+    pub runtime_s: Option<f64>,
+    /// Engine measurements.
+    pub measurements: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Scores and token metrics.
+    pub metrics: Option<QueryMetrics>,
+    /// `good` / `bad` with reasons.
+    #[serde(default)]
+    pub assessment: Option<Assessment>,
+    /// `"<Type>: <message>"`.
+    pub error: Option<String>,
+}
+
+impl QueryRecord {
+    /// A query not yet run.
+    pub fn pending(id: &str, definition_hash: &str) -> Self {
+        Self {
+            id: id.to_string(),
+            definition_hash: definition_hash.to_string(),
+            status: QueryStatus::Pending,
+            files: None,
+            runtime_s: None,
+            measurements: None,
+            metrics: None,
+            assessment: None,
+            error: None,
+        }
+    }
+}
+
+/// The whole run.json.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunFile {
+    /// Always [`SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// QUAIL-B line.
+    pub quail_b_version: String,
+    /// Scale factor of the corpus.
+    pub scale_factor: f64,
+    /// Corpus id.
+    pub corpus_id: String,
+    /// Reference collection.
+    pub collection_id: Option<String>,
+    /// Model of the reference labels.
+    pub reference_model: String,
+    /// Everything that affects performance.
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// GPUs billed.
+    pub gpu_count: u32,
+    /// Price of one GPU-hour.
+    pub gpu_hourly_rate_usd: Option<f64>,
+    /// ISO-8601 UTC.
+    pub started_at: String,
+    /// ISO-8601 UTC, once the run ends.
+    pub finished_at: Option<String>,
+    /// Run state.
+    pub status: RunStatus,
+    /// Queries in run order.
+    pub queries: Vec<QueryRecord>,
+}
+
+impl RunFile {
+    /// Reads `<dir>/run.json`.
+    pub fn read(dir: &Path) -> anyhow::Result<Self> {
+        let path = dir.join(RUN_JSON);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let run: RunFile = serde_json::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{}: not a QUAIL-B run.json: {e}", path.display()))?;
+        anyhow::ensure!(
+            run.schema_version == SCHEMA_VERSION,
+            "{}: schema_version {} (this aisql reads {SCHEMA_VERSION})",
+            path.display(),
+            run.schema_version
+        );
+        Ok(run)
+    }
+
+    /// Writes `<dir>/run.json` atomically.
+    pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
+        let text = serde_json::to_string_pretty(self)? + "\n";
+        write_atomic(&dir.join(RUN_JSON), text.as_bytes())
+    }
+
+    /// The record of a query.
+    pub fn query(&self, id: &str) -> Option<&QueryRecord> {
+        self.queries.iter().find(|q| q.id == id)
+    }
+
+    /// The record of a query, mutable.
+    pub fn query_mut(&mut self, id: &str) -> Option<&mut QueryRecord> {
+        self.queries.iter_mut().find(|q| q.id == id)
+    }
+}
+
+/// Writes `bytes` to `path` through a temp file in the same folder and a rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    std::fs::write(&tmp, bytes).map_err(|e| anyhow::anyhow!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+/// Now as ISO-8601 UTC with seconds (`2026-01-02T03:04:05Z`).
+pub fn now_utc() -> String {
+    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}

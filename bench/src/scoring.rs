@@ -1,0 +1,1046 @@
+//! Scoring one query against the reference labels (SPEC §D.2): the reference
+//! result built from the labels, output quality on distinct tuples, predicate
+//! accuracy of filter/join answers, label accuracy of classifications, and a
+//! `good`/`bad` assessment with deterministic reasons.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+
+use aisql_engine::answers::AnswerTable;
+use aisql_engine::backend::AiKind;
+use aisql_engine::labels::{LabelSet, LabelStore};
+use aisql_engine::output::{KeyedFile, read_parquet};
+use aisql_engine::plan::{Operator, QueryPlan};
+use datafusion::arrow::array::{Array, BooleanArray, RecordBatch, StringArray};
+use serde::{Deserialize, Serialize};
+
+use crate::corpus::Corpus;
+use crate::run_file::QueryFiles;
+
+/// Scoring could not be done (a missing label, an unreadable output, …).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ScoringError(pub String);
+
+type Result<T> = std::result::Result<T, ScoringError>;
+
+fn err(msg: impl Into<String>) -> ScoringError {
+    ScoringError(msg.into())
+}
+
+/// Rounds to 6 decimals (SPEC §D.2).
+pub fn r6(x: f64) -> f64 {
+    (x * 1e6).round() / 1e6
+}
+
+fn ratio(num: u64, den: u64) -> f64 {
+    if den == 0 {
+        0.0
+    } else {
+        r6(num as f64 / den as f64)
+    }
+}
+
+fn harmonic(p: f64, r: f64) -> f64 {
+    if p + r == 0.0 {
+        0.0
+    } else {
+        r6(2.0 * p * r / (p + r))
+    }
+}
+
+/// TRUE/FALSE agreement counts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct BinaryCounts {
+    /// Answers compared.
+    pub evaluated: u64,
+    /// Answers equal to the label.
+    pub correct: u64,
+    /// TRUE answered, TRUE labelled.
+    pub tp: u64,
+    /// FALSE answered, FALSE labelled.
+    pub tn: u64,
+    /// TRUE answered, FALSE labelled.
+    pub fp: u64,
+    /// FALSE answered, TRUE labelled.
+    #[serde(rename = "fn")]
+    pub fn_: u64,
+    /// correct / evaluated.
+    pub accuracy: f64,
+    /// tp / (tp + fp).
+    pub precision: f64,
+    /// tp / (tp + fn).
+    pub recall: f64,
+    /// Harmonic mean of precision and recall.
+    pub f1: f64,
+}
+
+impl BinaryCounts {
+    fn add(&mut self, answer: bool, label: bool) {
+        self.evaluated += 1;
+        match (answer, label) {
+            (true, true) => self.tp += 1,
+            (false, false) => self.tn += 1,
+            (true, false) => self.fp += 1,
+            (false, true) => self.fn_ += 1,
+        }
+        self.correct = self.tp + self.tn;
+    }
+
+    fn merge(&mut self, o: &BinaryCounts) {
+        self.evaluated += o.evaluated;
+        self.tp += o.tp;
+        self.tn += o.tn;
+        self.fp += o.fp;
+        self.fn_ += o.fn_;
+        self.correct = self.tp + self.tn;
+    }
+
+    fn finish(mut self) -> Self {
+        self.accuracy = ratio(self.correct, self.evaluated);
+        self.precision = ratio(self.tp, self.tp + self.fp);
+        self.recall = ratio(self.tp, self.tp + self.fn_);
+        self.f1 = harmonic(self.precision, self.recall);
+        self
+    }
+}
+
+/// Classification agreement counts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LabelCounts {
+    /// Labels equal to the reference.
+    pub correct: u64,
+    /// Labels compared.
+    pub evaluated: u64,
+    /// Joined rows without a reference label (excluded).
+    pub unlabeled: u64,
+    /// correct / evaluated (null when nothing was evaluated).
+    pub accuracy: Option<f64>,
+}
+
+impl LabelCounts {
+    fn merge(&mut self, o: &LabelCounts) {
+        self.correct += o.correct;
+        self.evaluated += o.evaluated;
+        self.unlabeled += o.unlabeled;
+    }
+
+    fn finish(mut self) -> Self {
+        self.accuracy =
+            (self.evaluated > 0).then(|| r6(self.correct as f64 / self.evaluated as f64));
+        self
+    }
+}
+
+/// Agreement of one predicate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+pub enum PredicateScore {
+    /// A filter.
+    Filter {
+        /// Predicate key of the label set.
+        predicate_key: String,
+        /// Operator id.
+        operator_id: String,
+        /// Alias filtered.
+        alias: String,
+        /// Counts.
+        #[serde(flatten)]
+        counts: BinaryCounts,
+    },
+    /// A join.
+    Join {
+        /// Predicate key.
+        predicate_key: String,
+        /// Operator id.
+        operator_id: String,
+        /// Counts.
+        #[serde(flatten)]
+        counts: BinaryCounts,
+    },
+    /// A classification.
+    Classify {
+        /// Predicate key.
+        predicate_key: String,
+        /// Operator id.
+        operator_id: String,
+        /// Counts.
+        #[serde(flatten)]
+        counts: LabelCounts,
+    },
+}
+
+/// Output quality on distinct tuples.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OutputAccuracy {
+    /// Distinct output tuples.
+    pub predicted_rows: u64,
+    /// Distinct reference tuples.
+    pub expected_rows: u64,
+    /// Tuples in both.
+    pub matching_rows: u64,
+    /// matched / predicted.
+    pub precision: f64,
+    /// matched / expected.
+    pub recall: f64,
+    /// Harmonic mean.
+    pub f1: f64,
+    /// predicted = expected = matched.
+    pub exact_match: bool,
+    /// predicted − matched.
+    pub false_positive_rows: u64,
+    /// expected − matched.
+    pub false_negative_rows: u64,
+}
+
+/// Output quality from the three counts.
+pub fn output_accuracy(predicted: u64, expected: u64, matching: u64) -> OutputAccuracy {
+    let (precision, recall, f1) = if predicted == 0 && expected == 0 {
+        (1.0, 1.0, 1.0)
+    } else {
+        let p = ratio(matching, predicted);
+        let r = ratio(matching, expected);
+        (p, r, harmonic(p, r))
+    };
+    OutputAccuracy {
+        predicted_rows: predicted,
+        expected_rows: expected,
+        matching_rows: matching,
+        precision,
+        recall,
+        f1,
+        exact_match: predicted == expected && expected == matching,
+        false_positive_rows: predicted - matching,
+        false_negative_rows: expected - matching,
+    }
+}
+
+/// Everything SPEC §D.2 records about accuracy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Accuracy {
+    /// Reference collection.
+    pub ground_truth_collection_id: String,
+    /// Model of the reference labels.
+    pub ground_truth_reference_model: String,
+    /// Filter and join answers pooled.
+    pub answer_accuracy: BinaryCounts,
+    /// Classifications pooled.
+    pub label_accuracy: LabelCounts,
+    /// Output tuples.
+    pub output_accuracy: OutputAccuracy,
+    /// Per operator.
+    pub per_predicate: Vec<PredicateScore>,
+    /// Σ over relations of table rows.
+    pub input_document_rows: u64,
+    /// Distinct (table, id).
+    pub unique_input_documents: u64,
+}
+
+/// Why a query's output is not the reference (Genie-style assessment reasons).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Reason {
+    /// The output has no rows; the reference has some.
+    EmptyResult,
+    /// Reference rows are missing from the output.
+    ResultMissingRows,
+    /// The output has rows the reference does not.
+    ResultExtraRows,
+    /// Expected columns are missing.
+    ResultMissingColumns,
+    /// The output has columns the reference does not.
+    ResultExtraColumns,
+    /// A row has the reference ids but another label.
+    LabelMismatch,
+    /// The reference is empty; the output is not.
+    EmptyReference,
+}
+
+impl Reason {
+    /// The reason as written in run.json.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::EmptyResult => "EMPTY_RESULT",
+            Reason::ResultMissingRows => "RESULT_MISSING_ROWS",
+            Reason::ResultExtraRows => "RESULT_EXTRA_ROWS",
+            Reason::ResultMissingColumns => "RESULT_MISSING_COLUMNS",
+            Reason::ResultExtraColumns => "RESULT_EXTRA_COLUMNS",
+            Reason::LabelMismatch => "LABEL_MISMATCH",
+            Reason::EmptyReference => "EMPTY_REFERENCE",
+        }
+    }
+}
+
+/// Verdict on a query's output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    /// Output rows equal the reference.
+    Good,
+    /// They differ.
+    Bad,
+}
+
+/// Verdict and reasons.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assessment {
+    /// good or bad.
+    pub verdict: Verdict,
+    /// Sorted reasons (empty when good).
+    pub reasons: Vec<Reason>,
+}
+
+/// Strings as small integers, so that large results compare cheaply.
+#[derive(Debug, Clone, Default)]
+pub struct Interner {
+    map: HashMap<String, u32>,
+    strings: Vec<String>,
+}
+
+impl Interner {
+    /// The number of `s` (added on first sight).
+    pub fn intern(&mut self, s: &str) -> u32 {
+        if let Some(&i) = self.map.get(s) {
+            return i;
+        }
+        let i = self.strings.len() as u32;
+        self.strings.push(s.to_string());
+        self.map.insert(s.to_string(), i);
+        i
+    }
+
+    /// The string of a number.
+    pub fn get(&self, i: u32) -> &str {
+        &self.strings[i as usize]
+    }
+}
+
+/// A set of distinct tuples with named columns (values interned).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tuples {
+    /// Column names.
+    pub columns: Vec<String>,
+    /// Distinct rows.
+    pub rows: HashSet<Vec<u32>>,
+}
+
+impl Tuples {
+    /// Distinct tuples from strings.
+    pub fn from_strings(columns: &[&str], rows: &[&[&str]], interner: &mut Interner) -> Self {
+        Self {
+            columns: columns.iter().map(|s| s.to_string()).collect(),
+            rows: rows
+                .iter()
+                .map(|r| r.iter().map(|s| interner.intern(s)).collect())
+                .collect(),
+        }
+    }
+
+    /// Distinct string tuples of a batch (every column must be a string).
+    pub fn from_batch(batch: &RecordBatch, interner: &mut Interner) -> Result<Self> {
+        let columns: Vec<String> = batch
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        let arrays: Vec<&StringArray> = batch
+            .columns()
+            .iter()
+            .zip(&columns)
+            .map(|(a, n)| {
+                a.as_any()
+                    .downcast_ref::<StringArray>()
+                    .ok_or_else(|| err(format!("output column {n} is not a string column")))
+            })
+            .collect::<Result<_>>()?;
+        let mut rows = HashSet::with_capacity(batch.num_rows());
+        for i in 0..batch.num_rows() {
+            let row = arrays
+                .iter()
+                .zip(&columns)
+                .map(|(a, n)| {
+                    if a.is_null(i) {
+                        Err(err(format!("output column {n} is null in row {i}")))
+                    } else {
+                        Ok(interner.intern(a.value(i)))
+                    }
+                })
+                .collect::<Result<Vec<_>>>()?;
+            rows.insert(row);
+        }
+        Ok(Self { columns, rows })
+    }
+
+    /// The rows with columns reordered to `order` (None when the sets differ).
+    fn reordered(&self, order: &[String]) -> Option<HashSet<Vec<u32>>> {
+        let idx: Vec<usize> = order
+            .iter()
+            .map(|c| self.columns.iter().position(|x| x == c))
+            .collect::<Option<_>>()?;
+        if idx.len() != self.columns.len() {
+            return None;
+        }
+        Some(
+            self.rows
+                .iter()
+                .map(|r| idx.iter().map(|&i| r[i]).collect())
+                .collect(),
+        )
+    }
+}
+
+/// Compares output and reference: quality counts and the assessment.
+/// `label_columns` are the names of the output's label columns (not ids).
+pub fn compare_rows(
+    predicted: &Tuples,
+    expected: &Tuples,
+    label_columns: &[String],
+) -> (OutputAccuracy, Assessment) {
+    let mut reasons = Vec::new();
+    let pred_set: HashSet<&String> = predicted.columns.iter().collect();
+    let exp_set: HashSet<&String> = expected.columns.iter().collect();
+    if exp_set.iter().any(|c| !pred_set.contains(c)) {
+        reasons.push(Reason::ResultMissingColumns);
+    }
+    if pred_set.iter().any(|c| !exp_set.contains(c)) {
+        reasons.push(Reason::ResultExtraColumns);
+    }
+    let n_pred = predicted.rows.len() as u64;
+    let n_exp = expected.rows.len() as u64;
+    if n_exp == 0 && n_pred > 0 {
+        reasons.push(Reason::EmptyReference);
+    }
+    if n_pred == 0 && n_exp > 0 {
+        reasons.push(Reason::EmptyResult);
+    }
+    let aligned = if reasons
+        .iter()
+        .any(|r| matches!(r, Reason::ResultMissingColumns | Reason::ResultExtraColumns))
+    {
+        None
+    } else {
+        predicted.reordered(&expected.columns)
+    };
+    let matching = match &aligned {
+        Some(rows) => rows.intersection(&expected.rows).count() as u64,
+        None => 0,
+    };
+    if let Some(rows) = &aligned
+        && n_pred > 0
+        && n_exp > 0
+    {
+        let extra: Vec<&Vec<u32>> = rows.difference(&expected.rows).collect();
+        let missing: Vec<&Vec<u32>> = expected.rows.difference(rows).collect();
+        let id_cols: Vec<usize> = (0..expected.columns.len())
+            .filter(|&i| !label_columns.contains(&expected.columns[i]))
+            .collect();
+        let key = |r: &Vec<u32>| -> Vec<u32> { id_cols.iter().map(|&i| r[i]).collect() };
+        let (mut extra_left, mut missing_left) = (extra.len(), missing.len());
+        if id_cols.len() < expected.columns.len() {
+            let missing_keys: HashSet<Vec<u32>> = missing.iter().map(|r| key(r)).collect();
+            let extra_keys: HashSet<Vec<u32>> = extra.iter().map(|r| key(r)).collect();
+            let mismatched = extra
+                .iter()
+                .filter(|r| missing_keys.contains(&key(r)))
+                .count();
+            if mismatched > 0 {
+                reasons.push(Reason::LabelMismatch);
+            }
+            extra_left -= mismatched;
+            missing_left -= missing
+                .iter()
+                .filter(|r| extra_keys.contains(&key(r)))
+                .count();
+        }
+        if missing_left > 0 {
+            reasons.push(Reason::ResultMissingRows);
+        }
+        if extra_left > 0 {
+            reasons.push(Reason::ResultExtraRows);
+        }
+    }
+    reasons.sort();
+    reasons.dedup();
+    let quality = output_accuracy(n_pred, n_exp, matching);
+    let verdict = if reasons.is_empty() && quality.exact_match {
+        Verdict::Good
+    } else {
+        Verdict::Bad
+    };
+    (quality, Assessment { verdict, reasons })
+}
+
+fn label_set<'a>(labels: &'a LabelStore, op: &Operator) -> Result<&'a LabelSet> {
+    let template = op.template().unwrap_or_default();
+    labels
+        .for_template(template)
+        .map(|s| s.as_ref())
+        .ok_or_else(|| {
+            err(format!(
+                "collection {} has no labels for {}",
+                labels.collection_id,
+                op.id()
+            ))
+        })
+}
+
+/// The reference result of a query (SPEC §D.2), columns in output order.
+pub fn reference_rows(
+    plan: &QueryPlan,
+    labels: &LabelStore,
+    corpus: &Corpus,
+    interner: &mut Interner,
+) -> anyhow::Result<Tuples> {
+    // Survivors per alias.
+    let mut survivors: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for r in &plan.relations {
+        survivors.insert(r.alias.clone(), corpus.ids(&r.table)?.ids.clone());
+    }
+    let mut doc_labels: HashMap<(String, String), HashMap<String, String>> = HashMap::new();
+    for op in &plan.operators {
+        match op {
+            Operator::Filter { alias, id, .. } => {
+                let set = label_set(labels, op)?;
+                let s = survivors.get_mut(alias).expect("alias of a filter");
+                let mut keep = Vec::with_capacity(s.len());
+                for x in s.drain(..) {
+                    if set.get_bool(&x, None).ok_or_else(|| {
+                        err(format!(
+                            "{id}: predicate {} has no label for {x}",
+                            set.info.key
+                        ))
+                    })? {
+                        keep.push(x);
+                    }
+                }
+                *s = keep;
+            }
+            Operator::Classify {
+                alias,
+                partner: None,
+                output,
+                ..
+            } => {
+                let set = label_set(labels, op)?;
+                let s = survivors.get_mut(alias).expect("alias of a classification");
+                let mut map = HashMap::new();
+                s.retain(|x| match set.get_label(x, None) {
+                    Some(l) => {
+                        map.insert(x.clone(), l.to_string());
+                        true
+                    }
+                    None => false,
+                });
+                doc_labels.insert((alias.clone(), output.clone()), map);
+            }
+            _ => {}
+        }
+    }
+    for op in &plan.operators {
+        if let Operator::InList {
+            alias,
+            output,
+            accepted,
+            ..
+        } = op
+        {
+            let map = doc_labels
+                .get(&(alias.clone(), output.clone()))
+                .ok_or_else(|| {
+                    err(format!(
+                        "{}: no classification for {alias}.{output}",
+                        op.id()
+                    ))
+                })?;
+            survivors
+                .get_mut(alias)
+                .expect("alias of an IN-list")
+                .retain(|x| map.get(x).is_some_and(|l| accepted.contains(l)));
+        }
+    }
+    // Joins, then their natural join.
+    let mut result: Option<(Vec<String>, Vec<Vec<u32>>)> = None;
+    for op in &plan.operators {
+        let Operator::Join { aliases, on, .. } = op else {
+            continue;
+        };
+        let set = label_set(labels, op)?;
+        let rel = |a: &str| plan.relation(a).expect("join alias");
+        let eq_cols: Vec<_> = on
+            .iter()
+            .map(|(c0, c1)| -> anyhow::Result<_> {
+                Ok((
+                    corpus.column(&rel(&aliases[0]).table, c0)?,
+                    corpus.column(&rel(&aliases[1]).table, c1)?,
+                ))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let left = &survivors[&aliases[0]];
+        let right = &survivors[&aliases[1]];
+        let mut by_key: HashMap<Vec<&str>, Vec<&String>> = HashMap::new();
+        for y in right {
+            let k: Vec<&str> = eq_cols
+                .iter()
+                .map(|(_, c1)| c1.get(y).unwrap_or(""))
+                .collect();
+            by_key.entry(k).or_default().push(y);
+        }
+        let mut pairs = Vec::new();
+        for x in left {
+            let k: Vec<&str> = eq_cols
+                .iter()
+                .map(|(c0, _)| c0.get(x).unwrap_or(""))
+                .collect();
+            for y in by_key.get(&k).map(Vec::as_slice).unwrap_or(&[]) {
+                if set.get_bool(x, Some(y)) == Some(true) {
+                    pairs.push(vec![interner.intern(x), interner.intern(y)]);
+                }
+            }
+        }
+        let rel_cols = aliases.to_vec();
+        result = Some(match result {
+            None => (rel_cols, pairs),
+            Some((cols, rows)) => natural_join(&cols, &rows, &rel_cols, &pairs),
+        });
+    }
+    let (cols, mut rows) = match result {
+        Some(r) => r,
+        None => {
+            let base = &plan.relations[0].alias;
+            (
+                vec![base.clone()],
+                survivors[base]
+                    .iter()
+                    .map(|x| vec![interner.intern(x)])
+                    .collect(),
+            )
+        }
+    };
+    // Restrict each alias to its survivors.
+    let sets: Vec<HashSet<u32>> = cols
+        .iter()
+        .map(|a| survivors[a].iter().map(|x| interner.intern(x)).collect())
+        .collect();
+    rows.retain(|r| r.iter().zip(&sets).all(|(x, s)| s.contains(x)));
+    // Label columns and projection.
+    let col_of = |a: &str| cols.iter().position(|c| c == a);
+    let mut out = HashSet::new();
+    for r in &rows {
+        let mut t = Vec::with_capacity(plan.select.len());
+        for s in &plan.select {
+            if s.column == "id" {
+                let i =
+                    col_of(&s.alias).ok_or_else(|| err(format!("alias {} not joined", s.alias)))?;
+                t.push(r[i]);
+                continue;
+            }
+            let op = plan
+                .operators
+                .iter()
+                .find(|o| matches!(o, Operator::Classify { alias, output, .. } if *alias == s.alias && *output == s.column))
+                .ok_or_else(|| err(format!("no classification outputs {}.{}", s.alias, s.column)))?;
+            let Operator::Classify { alias, partner, .. } = op else {
+                unreachable!()
+            };
+            let x = interner
+                .get(r[col_of(alias).ok_or_else(|| err(format!("alias {alias} not joined")))?]);
+            let label = match partner {
+                None => doc_labels[&(alias.clone(), s.column.clone())]
+                    .get(x)
+                    .cloned()
+                    .ok_or_else(|| err(format!("{}: no label for {x}", op.id())))?,
+                Some(p) => {
+                    let y = interner
+                        .get(r[col_of(p).ok_or_else(|| err(format!("alias {p} not joined")))?]);
+                    label_set(labels, op)?
+                        .get_label(x, Some(y))
+                        .map(str::to_string)
+                        .ok_or_else(|| {
+                            err(format!(
+                                "{}: no reference label for the pair ({x}, {y})",
+                                op.id()
+                            ))
+                        })?
+                }
+            };
+            t.push(interner.intern(&label));
+        }
+        out.insert(t);
+    }
+    Ok(Tuples {
+        columns: plan.output_names(),
+        rows: out,
+    })
+}
+
+fn natural_join(
+    lc: &[String],
+    lrows: &[Vec<u32>],
+    rc: &[String],
+    rrows: &[Vec<u32>],
+) -> (Vec<String>, Vec<Vec<u32>>) {
+    let shared: Vec<(usize, usize)> = lc
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| rc.iter().position(|x| x == c).map(|j| (i, j)))
+        .collect();
+    let extra: Vec<usize> = (0..rc.len())
+        .filter(|j| !shared.iter().any(|&(_, s)| s == *j))
+        .collect();
+    let mut index: HashMap<Vec<u32>, Vec<&Vec<u32>>> = HashMap::new();
+    for r in rrows {
+        index
+            .entry(shared.iter().map(|&(_, j)| r[j]).collect())
+            .or_default()
+            .push(r);
+    }
+    let mut cols = lc.to_vec();
+    cols.extend(extra.iter().map(|&j| rc[j].clone()));
+    let mut rows = Vec::new();
+    for l in lrows {
+        let k: Vec<u32> = shared.iter().map(|&(i, _)| l[i]).collect();
+        for r in index.get(&k).map(Vec::as_slice).unwrap_or(&[]) {
+            let mut row = l.clone();
+            row.extend(extra.iter().map(|&j| r[j]));
+            rows.push(row);
+        }
+    }
+    (cols, rows)
+}
+
+/// TRUE/FALSE agreement of one filter/join answer table; a missing label is an error.
+pub fn agreement(table: &AnswerTable, set: &LabelSet) -> Result<BinaryCounts> {
+    let mut c = BinaryCounts::default();
+    for row in 0..table.len() {
+        let left = &table.ids[0][row];
+        let right = table.ids.get(1).map(|c| c[row].as_str());
+        let label = set.get_bool(left, right).ok_or_else(|| {
+            err(format!(
+                "{}: predicate {} has no label for ({left}, {})",
+                table.op_id,
+                set.info.key,
+                right.unwrap_or("null")
+            ))
+        })?;
+        c.add(table.answers[row], label);
+    }
+    Ok(c.finish())
+}
+
+/// Label agreement of one classification answer table.
+pub fn label_agreement(table: &AnswerTable, set: &LabelSet) -> Result<LabelCounts> {
+    let mut c = LabelCounts::default();
+    for row in 0..table.len() {
+        let left = &table.ids[0][row];
+        let right = table.ids.get(1).map(|c| c[row].as_str());
+        match set.get_label(left, right) {
+            Some(l) => {
+                c.evaluated += 1;
+                c.correct += u64::from(l == table.labels[row]);
+            }
+            None if right.is_some() => c.unlabeled += 1,
+            None => {
+                return Err(err(format!(
+                    "{}: predicate {} has no label for {left}",
+                    table.op_id, set.info.key
+                )));
+            }
+        }
+    }
+    Ok(c.finish())
+}
+
+/// The saved outputs of a query, read back from its files.
+#[derive(Debug, Clone)]
+pub struct SavedQuery {
+    /// `rows.parquet` as distinct tuples.
+    pub rows: Tuples,
+    /// The strings of `rows`.
+    pub interner: Interner,
+    /// Answer tables in file order (filters, joins, classifications).
+    pub answers: Vec<AnswerTable>,
+}
+
+fn read_answer_table(path: &Path, key: &str, kind: AiKind) -> Result<AnswerTable> {
+    let batch = read_parquet(path).map_err(|e| err(e.to_string()))?;
+    let n = batch.num_columns();
+    if n < 2 {
+        return Err(err(format!(
+            "{}: an answer table needs id and answer columns",
+            path.display()
+        )));
+    }
+    let aliases: Vec<String> = batch.schema().fields()[..n - 1]
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    let mut t = AnswerTable::new(key, kind, aliases);
+    for c in 0..n - 1 {
+        let a = batch
+            .column(c)
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .ok_or_else(|| err(format!("{}: id column {c} is not a string", path.display())))?;
+        t.ids[c] = (0..a.len()).map(|i| a.value(i).to_string()).collect();
+    }
+    match kind {
+        AiKind::Classify => {
+            let a = batch
+                .column(n - 1)
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .ok_or_else(|| err(format!("{}: label column is not a string", path.display())))?;
+            t.labels = (0..a.len()).map(|i| a.value(i).to_string()).collect();
+        }
+        _ => {
+            let a = batch
+                .column(n - 1)
+                .as_any()
+                .downcast_ref::<BooleanArray>()
+                .ok_or_else(|| err(format!("{}: answer column is not boolean", path.display())))?;
+            t.answers = (0..a.len()).map(|i| a.value(i)).collect();
+        }
+    }
+    Ok(t)
+}
+
+impl SavedQuery {
+    /// Reads the files of a query saved under `run_dir`.
+    pub fn load(run_dir: &Path, files: &QueryFiles) -> Result<Self> {
+        let batch = read_parquet(&run_dir.join(&files.rows)).map_err(|e| err(e.to_string()))?;
+        let mut interner = Interner::default();
+        let rows = Tuples::from_batch(&batch, &mut interner)?;
+        let mut answers = Vec::new();
+        let groups: [(&Option<Vec<KeyedFile>>, AiKind); 3] = [
+            (&files.filters, AiKind::Filter),
+            (&files.joins, AiKind::Join),
+            (&files.classifications, AiKind::Classify),
+        ];
+        for (list, kind) in groups {
+            for f in list.iter().flatten() {
+                answers.push(read_answer_table(&run_dir.join(&f.path), &f.key, kind)?);
+            }
+        }
+        Ok(Self {
+            rows,
+            interner,
+            answers,
+        })
+    }
+
+    /// The answer table of an operator.
+    pub fn answers_of(&self, op_id: &str) -> Option<&AnswerTable> {
+        self.answers.iter().find(|t| t.op_id == op_id)
+    }
+}
+
+/// Label columns of a plan's output (names).
+pub fn label_columns(plan: &QueryPlan) -> Vec<String> {
+    plan.select
+        .iter()
+        .filter(|s| s.column != "id")
+        .map(|s| s.name.clone())
+        .collect()
+}
+
+/// Scores a saved query: accuracy record and assessment.
+pub fn score_accuracy(
+    plan: &QueryPlan,
+    labels: &LabelStore,
+    corpus: &Corpus,
+    table_rows: &BTreeMap<String, u64>,
+    saved: &SavedQuery,
+) -> anyhow::Result<(Accuracy, Assessment)> {
+    let mut interner = saved.interner.clone();
+    let expected = reference_rows(plan, labels, corpus, &mut interner)?;
+    let (output, assessment) = compare_rows(&saved.rows, &expected, &label_columns(plan));
+    let mut answer = BinaryCounts::default();
+    let mut label = LabelCounts::default();
+    let mut per = Vec::new();
+    for op in &plan.operators {
+        if op.template().is_none() {
+            continue;
+        }
+        let table = saved
+            .answers_of(op.id())
+            .ok_or_else(|| err(format!("{}: no answer table was saved", op.id())))?;
+        let set = label_set(labels, op)?;
+        let key = set.info.key.clone();
+        let operator_id = op.id().to_string();
+        match op {
+            Operator::Filter { alias, .. } => {
+                let counts = agreement(table, set)?;
+                answer.merge(&counts);
+                per.push(PredicateScore::Filter {
+                    predicate_key: key,
+                    operator_id,
+                    alias: alias.clone(),
+                    counts,
+                });
+            }
+            Operator::Join { .. } => {
+                let counts = agreement(table, set)?;
+                answer.merge(&counts);
+                per.push(PredicateScore::Join {
+                    predicate_key: key,
+                    operator_id,
+                    counts,
+                });
+            }
+            Operator::Classify { .. } => {
+                let counts = label_agreement(table, set)?;
+                label.merge(&counts);
+                per.push(PredicateScore::Classify {
+                    predicate_key: key,
+                    operator_id,
+                    counts,
+                });
+            }
+            Operator::InList { .. } => {}
+        }
+    }
+    let rows_of = |t: &str| table_rows.get(t).copied().unwrap_or(0);
+    Ok((
+        Accuracy {
+            ground_truth_collection_id: labels.collection_id.clone(),
+            ground_truth_reference_model: labels.reference_model.clone(),
+            answer_accuracy: answer.finish(),
+            label_accuracy: label.finish(),
+            output_accuracy: output,
+            per_predicate: per,
+            input_document_rows: plan.relations.iter().map(|r| rows_of(&r.table)).sum(),
+            unique_input_documents: plan.tables().iter().map(|t| rows_of(t)).sum(),
+        },
+        assessment,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tuples(cols: &[&str], rows: &[&[&str]]) -> Tuples {
+        thread_local!(static INTERNER: std::cell::RefCell<Interner> = Default::default());
+        INTERNER.with(|i| Tuples::from_strings(cols, rows, &mut i.borrow_mut()))
+    }
+
+    fn reasons(p: &Tuples, e: &Tuples) -> Vec<&'static str> {
+        let (_, a) = compare_rows(p, e, &["label".to_string()]);
+        assert_eq!(a.verdict == Verdict::Good, a.reasons.is_empty());
+        a.reasons.iter().map(|r| r.as_str()).collect()
+    }
+
+    #[test]
+    fn equal_outputs_are_good_even_when_empty_or_reordered() {
+        let e = tuples(&["r", "label"], &[&["1", "x"], &["2", "y"]]);
+        let p = tuples(&["label", "r"], &[&["y", "2"], &["x", "1"]]);
+        let (q, a) = compare_rows(&p, &e, &["label".into()]);
+        assert_eq!(a.verdict, Verdict::Good);
+        assert_eq!(
+            (q.precision, q.recall, q.f1, q.exact_match),
+            (1.0, 1.0, 1.0, true)
+        );
+        let empty = tuples(&["r"], &[]);
+        let (q, a) = compare_rows(&empty, &empty, &[]);
+        assert_eq!(a.verdict, Verdict::Good);
+        assert_eq!(q.precision, 1.0);
+    }
+
+    #[test]
+    fn every_reason_is_triggered() {
+        let e = tuples(&["r", "label"], &[&["1", "x"], &["2", "y"]]);
+        assert_eq!(reasons(&tuples(&["r", "label"], &[]), &e), ["EMPTY_RESULT"]);
+        assert_eq!(
+            reasons(&tuples(&["r", "label"], &[&["1", "x"]]), &e),
+            ["RESULT_MISSING_ROWS"]
+        );
+        assert_eq!(
+            reasons(
+                &tuples(&["r", "label"], &[&["1", "x"], &["2", "y"], &["3", "z"]]),
+                &e
+            ),
+            ["RESULT_EXTRA_ROWS"]
+        );
+        assert_eq!(
+            reasons(&tuples(&["r"], &[&["1"], &["2"]]), &e),
+            ["RESULT_MISSING_COLUMNS"]
+        );
+        assert_eq!(
+            reasons(&tuples(&["r", "label", "z"], &[&["1", "x", "0"]]), &e),
+            ["RESULT_EXTRA_COLUMNS"]
+        );
+        assert_eq!(
+            reasons(&tuples(&["r", "label"], &[&["1", "x"], &["2", "x"]]), &e),
+            ["LABEL_MISMATCH"]
+        );
+        assert_eq!(
+            reasons(
+                &tuples(&["r", "label"], &[&["1", "x"]]),
+                &tuples(&["r", "label"], &[])
+            ),
+            ["EMPTY_REFERENCE"]
+        );
+    }
+
+    #[test]
+    fn quality_counts_are_rounded_and_harmonic() {
+        let q = output_accuracy(3, 2, 1);
+        assert_eq!(q.precision, 0.333333);
+        assert_eq!(q.recall, 0.5);
+        assert_eq!(q.f1, 0.4);
+        assert_eq!(
+            (q.false_positive_rows, q.false_negative_rows, q.exact_match),
+            (2, 1, false)
+        );
+        let q = output_accuracy(0, 4, 0);
+        assert_eq!((q.precision, q.recall, q.f1), (0.0, 0.0, 0.0));
+    }
+
+    #[test]
+    fn binary_agreement_counts_and_missing_label_is_an_error() {
+        use aisql_engine::labels::{LabelValue, PredicateInfo, PredicateKind};
+        let info = PredicateInfo {
+            key: "k".into(),
+            kind: PredicateKind::Filter,
+            template: "t {0}".into(),
+            left_table: "reviews".into(),
+            left_column: "review".into(),
+            right_table: None,
+            right_column: None,
+            labels: vec![],
+            descriptions: vec![],
+        };
+        let mut set = LabelSet::new(info, "ls");
+        for (id, v) in [("a", true), ("b", false), ("c", true), ("d", false)] {
+            set.insert(id, None, LabelValue::Bool(v)).unwrap();
+        }
+        let mut t = AnswerTable::new("filter-1", AiKind::Filter, vec!["r".into()]);
+        t.ids[0] = vec!["a".into(), "b".into(), "c".into(), "d".into()];
+        t.answers = vec![true, true, false, false];
+        let c = agreement(&t, &set).unwrap();
+        assert_eq!(
+            (c.evaluated, c.correct, c.tp, c.tn, c.fp, c.fn_),
+            (4, 2, 1, 1, 1, 1)
+        );
+        assert_eq!(
+            (c.accuracy, c.precision, c.recall, c.f1),
+            (0.5, 0.5, 0.5, 0.5)
+        );
+        t.ids[0].push("zz".into());
+        t.answers.push(true);
+        assert!(agreement(&t, &set).unwrap_err().to_string().contains("zz"));
+    }
+
+    #[test]
+    fn natural_join_on_shared_aliases() {
+        let (c, r) = natural_join(
+            &["a".into(), "b".into()],
+            &[vec![1, 10], vec![2, 11]],
+            &["b".into(), "c".into()],
+            &[vec![10, 20], vec![10, 21]],
+        );
+        assert_eq!(c, ["a", "b", "c"]);
+        assert_eq!(r, [vec![1, 10, 20], vec![1, 10, 21]]);
+    }
+}
