@@ -484,6 +484,7 @@ pub async fn run_bench(
                 Err(e) => Outcome::Failed(format!("PanicError: {e}")),
             },
             _ = timeout => {
+                backend.cancel();
                 abort.abort();
                 Outcome::Timeout(format!(
                     "TimeoutError: query execution exceeded the {} s timeout",
@@ -491,6 +492,7 @@ pub async fn run_bench(
                 ))
             }
             _ = stop_rx.wait_for(|s| *s) => {
+                backend.cancel();
                 abort.abort();
                 Outcome::Interrupted
             }

@@ -78,6 +78,10 @@ pub trait InferenceBackend: Send + Sync {
         serde_json::Map::new()
     }
 
+    /// Asks work in flight to stop soon (a timed-out or interrupted query); calls
+    /// after this may fail with a "cancelled" error until the next query starts.
+    fn cancel(&self) {}
+
     /// Called before a query runs: a backend may plan around its operators.
     fn start_query(&self, _query: &crate::plan::QueryPlan) {}
 }

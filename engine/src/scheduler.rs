@@ -356,6 +356,7 @@ pub struct ScheduledBackend<E: Executor> {
     config: SchedulerConfig,
     tokens: Mutex<Tokens>,
     state: Mutex<QueryState<E::Kv>>,
+    cancelled: std::sync::atomic::AtomicBool,
 }
 
 impl<E: Executor> ScheduledBackend<E> {
@@ -375,7 +376,15 @@ impl<E: Executor> ScheduledBackend<E> {
                 evictions: 0,
                 current_op: None,
             }),
+            cancelled: Default::default(),
         }
+    }
+
+    fn check_cancelled(&self, call: &AiCall) -> Result<()> {
+        if self.cancelled.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(EngineError::Inference(format!("{}: cancelled", call.op_id)));
+        }
+        Ok(())
     }
 
     /// The executor.
@@ -615,6 +624,7 @@ impl<E: Executor> ScheduledBackend<E> {
     }
 
     fn run(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Answers> {
+        self.check_cancelled(call)?;
         if requests.is_empty() {
             return Ok(Answers::Bools(Vec::new()));
         }
@@ -675,6 +685,7 @@ impl<E: Executor> ScheduledBackend<E> {
                 .collect();
             let order: Vec<usize> = (0..todo.len()).collect();
             for chunk in chunk_by_tokens(&order, self.config.batch_tokens, |&j| suffixes[j].len()) {
+                self.check_cancelled(call)?;
                 let cache = &state.cache;
                 let items: Vec<(Option<&E::Kv>, &[u32])> = chunk
                     .iter()
@@ -751,6 +762,7 @@ impl<E: Executor> ScheduledBackend<E> {
         let mut bools = Vec::new();
         let mut chosen = Vec::new();
         for chunk in chunk_by_tokens(&order, self.config.batch_tokens, |&i| prompts[i].len()) {
+            self.check_cancelled(call)?;
             let items: Vec<(Option<&E::Kv>, &[u32])> = chunk.iter().map(|&i| (None, prompts[i].as_slice())).collect();
             let reqs: Vec<AiRequest<'_>> = chunk.iter().map(|&i| requests[i]).collect();
             match call.kind {
@@ -809,7 +821,12 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         }
     }
 
+    fn cancel(&self) {
+        self.cancelled.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn start_query(&self, query: &QueryPlan) {
+        self.cancelled.store(false, std::sync::atomic::Ordering::Relaxed);
         let mut state = self.state.lock().expect("scheduler lock");
         state.cache = Cache::new();
         state.ops = query
