@@ -232,6 +232,11 @@ pub fn prefix_suffix_attention(
             .flat_map(|s| &s.prefix)
             .all(|(pk, pv)| crate::is_cpu_f32(pk) && crate::is_cpu_f32(pv));
     if !all_cpu_f32 {
+        // GPU tensors: suffixes sharing a prefix batched into large candle ops. CPU
+        // tensors of other dtypes keep the per-sequence reference.
+        if !q.device().is_cpu() {
+            return crate::grouped::prefix_suffix_attention_grouped(q, k, v, seqs, scale);
+        }
         return prefix_suffix_attention_reference(q, k, v, seqs, scale);
     }
     let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);

@@ -11,7 +11,10 @@
 
 pub mod attention;
 pub(crate) mod cpu;
+#[cfg(all(test, feature = "cuda"))]
+mod cuda_tests;
 mod error;
+pub mod grouped;
 pub mod head;
 
 pub use attention::{
@@ -19,6 +22,7 @@ pub use attention::{
     prefix_suffix_attention_reference, prefix_suffix_attention_slices,
 };
 pub use error::{KernelError, Result};
+pub use grouped::prefix_suffix_attention_grouped;
 pub use head::{restricted_head, target_logprobs};
 
 /// Whether the fast CPU kernels can read `t` directly as an f32 slice.
@@ -27,6 +31,7 @@ pub(crate) fn is_cpu_f32(t: &candle_core::Tensor) -> bool {
 }
 
 #[cfg(feature = "cuda")]
-/// The CUDA build uses the candle-op fallbacks on GPU tensors until dedicated CUDA
-/// kernels land; this marker keeps the feature-gated path compiled and tested.
+/// The CUDA build runs candle's CUDA ops on GPU tensors (shared-prefix attention via
+/// [`grouped::prefix_suffix_attention_grouped`], the restricted head via an 8-row
+/// `index_select` + matmul); no hand-written CUDA kernels yet, hence `false`.
 pub const CUDA_KERNELS: bool = false;

@@ -181,9 +181,10 @@ impl Module for RmsNorm {
     }
 }
 
-/// Weight access bound to one checkpoint, dtype and device.
+/// Weight access bound to one checkpoint (or to seeded random weights made on the
+/// device itself, see [`Qwen3::random`]), dtype and device.
 struct Loader<'a> {
-    weights: &'a Weights,
+    weights: Option<&'a Weights>,
     cfg: &'a Config,
     dtype: DType,
     device: &'a Device,
@@ -191,7 +192,15 @@ struct Loader<'a> {
 
 impl Loader<'_> {
     fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        self.weights.get(name, shape, self.dtype, self.device)
+        match self.weights {
+            Some(w) => w.get(name, shape, self.dtype, self.device),
+            // Random weights: norms 1, everything else N(0, 0.02²), drawn on the device
+            // (curand on CUDA) in f32 and converted, so no host copy of the weights.
+            None if name.ends_with("norm.weight") => {
+                Ok(Tensor::ones(shape, self.dtype, self.device)?)
+            }
+            None => Ok(Tensor::randn(0f32, 0.02f32, shape, self.device)?.to_dtype(self.dtype)?),
+        }
     }
 }
 
@@ -434,13 +443,27 @@ impl Qwen3 {
         let weights = Weights::open(&files.weights)?;
         Self::new(
             cfg,
-            &weights,
+            Some(&weights),
             device,
             dtype.unwrap_or_else(|| default_dtype(device)),
         )
     }
 
-    fn new(cfg: Config, weights: &Weights, device: &Device, dtype: DType) -> Result<Self> {
+    /// A model of shape `cfg` with seeded random weights generated directly on
+    /// `device` (no file, no host copy): for throughput measurements at real model
+    /// shapes without a download. Norm weights are 1, the rest N(0, 0.02²). The
+    /// random stream is the device's (`Device::set_seed(seed)` is called first on a
+    /// GPU), so the same seed gives the same weights on one GPU kind; candle's CPU
+    /// generator cannot be seeded, so CPU weights are not reproducible.
+    pub fn random(cfg: Config, device: &Device, dtype: Option<DType>, seed: u64) -> Result<Self> {
+        if !device.is_cpu() {
+            device.set_seed(seed)?;
+        }
+        let dtype = dtype.unwrap_or_else(|| default_dtype(device));
+        Self::new(cfg, None, device, dtype)
+    }
+
+    fn new(cfg: Config, weights: Option<&Weights>, device: &Device, dtype: DType) -> Result<Self> {
         cfg.validate()?;
         if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
             return Err(ModelError::Unsupported(format!(
@@ -735,6 +758,21 @@ mod tests {
         assert!(err.to_string().contains("model.safetensors"), "{err}");
         let err = Qwen3::load("/definitely/not/here", &Device::Cpu, None).unwrap_err();
         assert!(err.to_string().contains("/definitely/not/here"), "{err}");
+    }
+
+    #[test]
+    fn random_model_runs_on_cpu() {
+        let cfg = Config {
+            vocab_size: 1000,
+            ..crate::tiny::tiny_config()
+        };
+        let model = Qwen3::random(cfg, &Device::Cpu, None, 3).unwrap();
+        assert_eq!(model.dtype(), DType::F32);
+        let h = model.prefill(None, &[1, 2, 3]).unwrap();
+        let logits = model
+            .next_token_logits(&[crate::Continuation::new(Some(&h), &[4])], &[5, 6])
+            .unwrap();
+        assert!(logits[0].iter().all(|x| x.is_finite()));
     }
 
     #[test]

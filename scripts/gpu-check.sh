@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Runs the prebuilt GPU check (models/examples/gpu_check.rs) and prints/writes its JSON.
+#
+#   scripts/gpu-check.sh [--cpu] [--out FILE] [--device N] [--models 0.6b,4b]
+#
+# On a GPU machine (no Rust, no network) it runs the CUDA binary
+# $AISQL_GPU_CHECK_BIN (default .gpu-carry/gpu_check, built with
+# `cargo build --release -p aisql-models --features cuda --example gpu_check`).
+# Missing CUDA runtime libraries (cudart, cublas, cublasLt, curand, nvrtc) are looked
+# up in .gpu-carry/lib, $CUDA_HOME, /usr/local/cuda and Python's nvidia wheels.
+# With --cpu it runs on the CPU, building the binary without `cuda` if no CPU
+# build exists (needs cargo).
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+CARRY="${AISQL_GPU_CARRY:-$ROOT/.gpu-carry}"
+CPU=0; OUT=""; PASS=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --cpu) CPU=1; PASS+=(--cpu); shift ;;
+    --out) OUT="$2"; shift 2 ;;
+    --device|--models) PASS+=("$1" "$2"); shift 2 ;;
+    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
+    *) echo "gpu-check.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+OUT="${OUT:-$ROOT/target/gpu-check.json}"; mkdir -p "$(dirname "$OUT")"
+
+if [[ $CPU == 1 ]]; then
+  BIN="${AISQL_GPU_CHECK_BIN:-$ROOT/target/release/examples/gpu_check}"
+  if [[ ! -x "$BIN" ]]; then
+    echo "gpu-check.sh: building the CPU gpu_check ($BIN)" >&2
+    (cd "$ROOT" && cargo build --release -p aisql-models --example gpu_check) || exit 1
+  fi
+else
+  BIN="${AISQL_GPU_CHECK_BIN:-$CARRY/gpu_check}"
+  # Carried binaries may come xz-compressed (the PTX inside compresses 7x).
+  for z in "$CARRY"/*.xz; do
+    [[ -f "$z" && ! -e "${z%.xz}" ]] || continue
+    if command -v xz >/dev/null; then xz -dk "$z"; else
+      python3 -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],"wb"))' "$z" "${z%.xz}"; fi
+    chmod +x "${z%.xz}"
+  done
+  [[ -x "$BIN" ]] || { echo "gpu-check.sh: no CUDA binary at $BIN (build it with --features cuda, see scripts/cuda-toolchain.sh)" >&2; exit 1; }
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader || true
+  else
+    echo "gpu-check.sh: nvidia-smi not found (no GPU driver?)" >&2
+  fi
+  # Library search path: carried libs first, then the machine's CUDA installs.
+  DIRS=("$CARRY/lib")
+  [[ -n "${CUDA_HOME:-}" ]] && DIRS+=("$CUDA_HOME/lib64" "$CUDA_HOME/lib")
+  DIRS+=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu)
+  for py in python3 /usr/bin/python3; do
+    command -v "$py" >/dev/null || continue
+    while read -r d; do DIRS+=("$d"); done < <("$py" - <<'PY' 2>/dev/null
+import glob, os, site, sys
+roots = set(site.getsitepackages() + [site.getusersitepackages()] + sys.path)
+for r in roots:
+    for d in glob.glob(os.path.join(r, "nvidia", "*", "lib")):
+        print(d)
+PY
+)
+  done
+  LP=""
+  for d in "${DIRS[@]}"; do [[ -d "$d" ]] && LP="$LP:$d"; done
+  export LD_LIBRARY_PATH="${LP#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # Libraries still missing: search the file system once for them.
+  MISSING=$(ldd "$BIN" 2>&1 | awk '/not found/ && $1 ~ /^lib/ {print $1}' | sort -u)
+  for lib in $MISSING; do
+    f=$(find / -xdev \( -path /proc -o -path /sys \) -prune -o -name "$lib" -print 2>/dev/null | head -1)
+    [[ -n "$f" ]] && export LD_LIBRARY_PATH="$(dirname "$f"):$LD_LIBRARY_PATH" && echo "gpu-check.sh: $lib from $(dirname "$f")" >&2
+  done
+  # Too old a libstdc++ on the machine: use the carried one.
+  if ldd "$BIN" 2>&1 | grep -q "GLIBCXX.*not found" && [[ -d "$CARRY/compat" ]]; then
+    export LD_LIBRARY_PATH="$CARRY/compat:$LD_LIBRARY_PATH"
+  fi
+  echo "gpu-check.sh: ldd:" >&2
+  ldd "$BIN" 2>&1 | grep -E "cuda|cublas|curand|nvrtc|stdc|not found" >&2
+fi
+
+echo "gpu-check.sh: running $BIN ${PASS[*]:-}" >&2
+"$BIN" "${PASS[@]}" --out "$OUT"
+rc=$?
+# GPU-vs-CPU kernel tests, when their (carried) test binary is there.
+if [[ $CPU == 0 && -x "$CARRY/kernels_cuda_tests" ]]; then
+  echo "gpu-check.sh: kernel tests ($CARRY/kernels_cuda_tests cuda_tests)" >&2
+  "$CARRY/kernels_cuda_tests" cuda_tests --nocapture --test-threads=1 2>&1 | tee "${OUT%.json}-kernel-tests.log"
+fi
+[[ -f "$OUT" ]] && echo "gpu-check.sh: JSON written to $OUT (exit $rc)" >&2
+exit $rc
