@@ -94,6 +94,10 @@ pub struct BackendArgs {
     /// Tokens per forward batch.
     #[arg(long, default_value_t = 8192)]
     pub batch_tokens: usize,
+    /// Rows streamed through the AI operators at a time: a chain of operators
+    /// finishes one batch of documents while their KV is still cached.
+    #[arg(long, default_value_t = 256)]
+    pub batch_rows: usize,
     /// Prompt layout: raw-v1 (reference) or qwen3-chat-nonthinking-v1.
     #[arg(long, default_value = "raw-v1")]
     pub prompt_format: String,

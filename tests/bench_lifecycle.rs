@@ -70,6 +70,7 @@ fn options(dir: &Path, resume: bool, timeout: Option<Duration>, fail_fast: bool)
         metadata: serde_json::Map::new(),
         format: Default::default(),
         progress: false,
+        batch_rows: 256,
     }
 }
 

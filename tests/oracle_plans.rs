@@ -25,31 +25,58 @@ async fn every_catalog_query_matches_the_reference_result() {
     let (store, labels) = draw_labels(&corpus, &plans);
     let backend = Arc::new(OracleBackend::new(Arc::new(store)));
     let mut nonempty = 0;
-    for (id, q) in ids.iter().zip(&plans) {
-        let out = run_query(q, &corpus.paths(), backend.clone(), &QueryOptions::default())
-            .await
-            .unwrap_or_else(|e| panic!("{id}: {e}"));
-        let names: Vec<String> = out.rows.schema().fields().iter().map(|f| f.name().clone()).collect();
-        assert_eq!(names, q.output_names(), "{id}: output columns");
-        let expected = reference_rows(q, &corpus, &labels);
-        let got = result_rows(&out.rows);
-        assert_eq!(got.len(), out.rows.num_rows(), "{id}: duplicate result rows");
-        assert_eq!(got, expected, "{id}: rows differ from the reference");
-        nonempty += usize::from(!expected.is_empty());
-        // Answer tables: one per AI operator, each tuple once.
-        let ai_ops = q.operators.iter().filter(|o| o.template().is_some()).count();
-        assert_eq!(out.answers.len(), ai_ops, "{id}");
-        for t in &out.answers {
-            let mut seen = HashSet::new();
-            for row in 0..t.len() {
-                let key: Vec<&str> = t.ids.iter().map(|c| c[row].as_str()).collect();
-                assert!(seen.insert(key), "{id} {}: duplicate tuple", t.op_id);
-            }
-            match t.kind {
-                AiKind::Classify => assert_eq!(t.labels.len(), t.len()),
-                _ => assert_eq!(t.answers.len(), t.len()),
+    // One batch per table, and many small batches streamed through the operators.
+    for batch_rows in [256, 3] {
+        let options = QueryOptions {
+            batch_rows,
+            ..Default::default()
+        };
+        for (id, q) in ids.iter().zip(&plans) {
+            let out = run_query(q, &corpus.paths(), backend.clone(), &options)
+                .await
+                .unwrap_or_else(|e| panic!("{id} (batches of {batch_rows}): {e}"));
+            let names: Vec<String> = out
+                .rows
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect();
+            assert_eq!(names, q.output_names(), "{id}: output columns");
+            let expected = reference_rows(q, &corpus, &labels);
+            let got = result_rows(&out.rows);
+            assert_eq!(
+                got.len(),
+                out.rows.num_rows(),
+                "{id}: duplicate result rows"
+            );
+            assert_eq!(
+                got, expected,
+                "{id} (batches of {batch_rows}): rows differ from the reference"
+            );
+            nonempty += usize::from(!expected.is_empty() && batch_rows == 256);
+            // Answer tables: one per AI operator, each tuple once.
+            let ai_ops = q
+                .operators
+                .iter()
+                .filter(|o| o.template().is_some())
+                .count();
+            assert_eq!(out.answers.len(), ai_ops, "{id}");
+            for t in &out.answers {
+                let mut seen = HashSet::new();
+                for row in 0..t.len() {
+                    let key: Vec<&str> = t.ids.iter().map(|c| c[row].as_str()).collect();
+                    assert!(seen.insert(key), "{id} {}: duplicate tuple", t.op_id);
+                }
+                match t.kind {
+                    AiKind::Classify => assert_eq!(t.labels.len(), t.len()),
+                    _ => assert_eq!(t.answers.len(), t.len()),
+                }
             }
         }
     }
-    assert!(nonempty >= 35, "only {nonempty} queries had rows: the corpus is too sparse to test");
+    assert!(
+        nonempty >= 35,
+        "only {nonempty} queries had rows: the corpus is too sparse to test"
+    );
 }

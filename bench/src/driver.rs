@@ -139,6 +139,8 @@ pub struct BenchOptions {
     pub format: PromptFormat,
     /// Progress bars on stderr (drawn only on a terminal).
     pub progress: bool,
+    /// Rows per batch streamed through the AI operators.
+    pub batch_rows: usize,
 }
 
 /// What scoring needs, shared by every query of a run.
@@ -435,6 +437,7 @@ pub async fn run_bench(
     let query_options = QueryOptions {
         format: opts.format,
         progress: opts.progress && std::io::stderr().is_terminal(),
+        batch_rows: opts.batch_rows,
     };
     let mut interrupted = false;
     for (id, plan) in &plans {

@@ -133,31 +133,64 @@ impl ExecutionPlan for AiExec {
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> DfResult<SendableRecordBatchStream> {
+        use futures::{StreamExt, TryStreamExt};
         if partition != 0 {
             return Err(DataFusionError::Internal(format!(
                 "AiExec has one partition, asked for {partition}"
             )));
         }
-        let inputs = self.inputs.clone();
-        let spec = self.spec.clone();
+        let spec = Arc::new(self.spec.clone());
         let schema = self.schema.clone();
         let runtime = self.runtime.clone();
-        let work = async move {
-            let mut collected = Vec::with_capacity(inputs.len());
-            for input in inputs {
-                let input_schema = input.schema();
-                let batches = datafusion::physical_plan::collect(input, context.clone()).await?;
-                collected.push(concat_batches(&input_schema, &batches)?);
-            }
-            let out_schema = schema.clone();
-            tokio::task::spawn_blocking(move || evaluate(&spec, &runtime, &collected, out_schema))
+        let memo = Arc::new(std::sync::Mutex::new(Memo::default()));
+        // Runs one batch's model work off the async threads.
+        let blocking = move |f: Box<dyn FnOnce() -> Result<RecordBatch> + Send>| async move {
+            tokio::task::spawn_blocking(f)
                 .await
                 .map_err(|e| DataFusionError::External(Box::new(e)))?
                 .map_err(DataFusionError::from)
         };
+        if spec.call.kind != AiKind::Join {
+            // One input streamed batch by batch: a chain of operators sees each
+            // batch of documents in turn while their KV is still cached.
+            let input = datafusion::physical_plan::execute_stream(self.inputs[0].clone(), context)?;
+            let stream = input.and_then(move |batch| {
+                let (spec, runtime, schema, memo) = (spec.clone(), runtime.clone(), schema.clone(), memo.clone());
+                blocking(Box::new(move || {
+                    let mut memo = memo.lock().expect("memo lock");
+                    match spec.slots.len() {
+                        1 => one_document(&spec, &runtime, &mut memo, &batch, schema),
+                        _ => pair_classify(&spec, &runtime, &mut memo, &batch, schema),
+                    }
+                }))
+            });
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream)));
+        }
+        // Joins: collect the partner side, then stream the anchor side.
+        let anchor_left = spec.slots[0].id_index < spec.left_width;
+        let (anchor_plan, partner_plan) = if anchor_left {
+            (self.inputs[0].clone(), self.inputs[1].clone())
+        } else {
+            (self.inputs[1].clone(), self.inputs[0].clone())
+        };
+        let partners = async move {
+            let partner_schema = partner_plan.schema();
+            let batches = datafusion::physical_plan::collect(partner_plan, context.clone()).await?;
+            let partners = Arc::new(concat_batches(&partner_schema, &batches)?);
+            let anchors = datafusion::physical_plan::execute_stream(anchor_plan, context)?;
+            Ok::<_, DataFusionError>(anchors.and_then(move |batch| {
+                let (spec, runtime, schema, memo, partners) =
+                    (spec.clone(), runtime.clone(), schema.clone(), memo.clone(), partners.clone());
+                blocking(Box::new(move || {
+                    let mut memo = memo.lock().expect("memo lock");
+                    join(&spec, &runtime, &mut memo, &batch, &partners, schema)
+                }))
+            }))
+        };
+        let stream = futures::stream::once(partners).try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema.clone(),
-            futures::stream::once(work),
+            stream.boxed(),
         )))
     }
 }
@@ -171,22 +204,6 @@ fn strings<'a>(batch: &'a RecordBatch, index: usize, what: &str) -> Result<&'a S
         )));
     }
     Ok(col.as_string::<i32>())
-}
-
-/// Row index of the first occurrence of each distinct value, per row.
-fn canonical_rows(ids: &StringArray) -> (Vec<u32>, bool) {
-    let mut first: HashMap<&str, u32> = HashMap::with_capacity(ids.len());
-    let mut unique = true;
-    let canon = (0..ids.len())
-        .map(|i| {
-            let id = ids.value(i);
-            *first
-                .entry(id)
-                .and_modify(|_| unique = false)
-                .or_insert(i as u32)
-        })
-        .collect();
-    (canon, unique)
 }
 
 fn progress_bar(runtime: &AiRuntime, op_id: &str, total: usize) -> ProgressBar {
@@ -248,67 +265,94 @@ fn check_len(spec: &AiSpec, got: usize, want: usize) -> Result<()> {
     Ok(())
 }
 
-fn evaluate(spec: &AiSpec, runtime: &AiRuntime, inputs: &[RecordBatch], schema: SchemaRef) -> Result<RecordBatch> {
-    match (spec.call.kind, spec.slots.len()) {
-        (AiKind::Filter, 1) | (AiKind::Classify, 1) => one_document(spec, runtime, &inputs[0], schema),
-        (AiKind::Classify, 2) => pair_classify(spec, runtime, &inputs[0], schema),
-        (AiKind::Join, 2) => join(spec, runtime, &inputs[0], &inputs[1], schema),
-        _ => Err(EngineError::InvalidPlan(format!(
-            "{}: unexpected operator shape",
-            spec.call.op_id
-        ))),
-    }
+/// Answers already given by one operator, keyed by the ids of the document (and
+/// partner; "" for one-document prompts): input batches stream through an
+/// operator one at a time, and a document or pair seen in an earlier batch is
+/// neither asked nor recorded again.
+#[derive(Debug, Default)]
+struct Memo {
+    answers: HashMap<(String, String), u16>,
 }
 
-/// Filters and one-document classifications.
-fn one_document(spec: &AiSpec, runtime: &AiRuntime, batch: &RecordBatch, schema: SchemaRef) -> Result<RecordBatch> {
+/// Asks the backend about the requests not yet in `memo`, records them, and
+/// stores their answers (bool as 0/1, or label index).
+fn ask_new(
+    spec: &AiSpec,
+    runtime: &AiRuntime,
+    memo: &mut Memo,
+    requests: Vec<AiRequest<'_>>,
+) -> Result<()> {
+    let key = |r: &AiRequest<'_>| (r.anchor.id.to_string(), r.partner.map_or(String::new(), |p| p.id.to_string()));
+    let mut seen = std::collections::HashSet::new();
+    let mut fresh: Vec<AiRequest<'_>> = requests
+        .into_iter()
+        .filter(|r| !memo.answers.contains_key(&key(r)) && seen.insert(key(r)))
+        .collect();
+    // Requests sharing an anchor document arrive together (stable: first-seen order within).
+    let mut first: HashMap<&str, usize> = HashMap::new();
+    for (i, r) in fresh.iter().enumerate() {
+        first.entry(r.anchor.id).or_insert(i);
+    }
+    let order: Vec<usize> = fresh.iter().map(|r| first[r.anchor.id]).collect();
+    let mut idx: Vec<usize> = (0..fresh.len()).collect();
+    idx.sort_by_key(|&i| (order[i], i));
+    fresh = idx.into_iter().map(|i| fresh[i]).collect();
+    let mut aliases = vec![spec.slots[0].alias.clone()];
+    if spec.slots.len() > 1 {
+        aliases.push(spec.slots[1].alias.clone());
+    }
+    let mut table = AnswerTable::new(&spec.call.op_id, spec.call.kind, aliases);
+    table.ids[0] = fresh.iter().map(|r| r.anchor.id.to_string()).collect();
+    if spec.slots.len() > 1 {
+        table.ids[1] = fresh
+            .iter()
+            .map(|r| r.partner.map_or(String::new(), |p| p.id.to_string()))
+            .collect();
+    }
+    let codes: Vec<u16> = match spec.call.kind {
+        AiKind::Classify => {
+            let chosen = classify_all(spec, runtime, &fresh)?;
+            table.labels = chosen.iter().map(|&i| spec.call.labels[i].clone()).collect();
+            chosen.into_iter().map(|i| i as u16).collect()
+        }
+        AiKind::Filter | AiKind::Join => {
+            let answers = decide_all(spec, runtime, &fresh)?;
+            table.answers = answers.clone();
+            answers.into_iter().map(u16::from).collect()
+        }
+    };
+    for (r, c) in fresh.iter().zip(codes) {
+        memo.answers.insert(key(r), c);
+    }
+    runtime.recorder.record(table);
+    Ok(())
+}
+
+/// Filters and one-document classifications, one input batch at a time.
+fn one_document(spec: &AiSpec, runtime: &AiRuntime, memo: &mut Memo, batch: &RecordBatch, schema: SchemaRef) -> Result<RecordBatch> {
     let op = &spec.call.op_id;
     let slot = &spec.slots[0];
     let ids = strings(batch, slot.id_index, op)?;
     let texts = strings(batch, slot.text_index, op)?;
-    let (canon, _) = canonical_rows(ids);
-    let distinct: Vec<u32> = canon
-        .iter()
-        .enumerate()
-        .filter(|(i, c)| **c as usize == *i)
-        .map(|(i, _)| i as u32)
-        .collect();
-    let requests: Vec<AiRequest<'_>> = distinct
-        .iter()
-        .map(|&i| AiRequest {
+    let requests: Vec<AiRequest<'_>> = (0..batch.num_rows())
+        .map(|i| AiRequest {
             anchor: Doc {
-                id: ids.value(i as usize),
-                text: texts.value(i as usize),
+                id: ids.value(i),
+                text: texts.value(i),
             },
             partner: None,
         })
         .collect();
-    let mut position = vec![u32::MAX; batch.num_rows()];
-    for (k, &i) in distinct.iter().enumerate() {
-        position[i as usize] = k as u32;
-    }
-    let mut table = AnswerTable::new(op, spec.call.kind, vec![slot.alias.clone()]);
-    table.ids[0] = requests.iter().map(|r| r.anchor.id.to_string()).collect();
+    ask_new(spec, runtime, memo, requests)?;
+    let code = |i: usize| memo.answers[&(ids.value(i).to_string(), String::new())];
     match spec.call.kind {
         AiKind::Filter => {
-            let answers = decide_all(spec, runtime, &requests)?;
-            let mask: BooleanArray = canon
-                .iter()
-                .map(|&c| Some(answers[position[c as usize] as usize]))
-                .collect();
-            table.answers = answers;
-            runtime.recorder.record(table);
+            let mask: BooleanArray = (0..batch.num_rows()).map(|i| Some(code(i) != 0)).collect();
             let out = filter_record_batch(batch, &mask)?;
             Ok(RecordBatch::try_new(schema, out.columns().to_vec())?)
         }
         _ => {
-            let chosen = classify_all(spec, runtime, &requests)?;
-            let labels: Vec<&str> = chosen.iter().map(|&i| spec.call.labels[i].as_str()).collect();
-            let column = StringArray::from_iter_values(
-                canon.iter().map(|&c| labels[position[c as usize] as usize]),
-            );
-            table.labels = labels.iter().map(|s| s.to_string()).collect();
-            runtime.recorder.record(table);
+            let column = StringArray::from_iter_values((0..batch.num_rows()).map(|i| spec.call.labels[code(i) as usize].as_str()));
             append_column(batch, Arc::new(column), schema)
         }
     }
@@ -321,64 +365,42 @@ fn append_column(batch: &RecordBatch, column: ArrayRef, schema: SchemaRef) -> Re
 }
 
 /// Joined-row classification: one label per distinct (anchor, partner) pair.
-fn pair_classify(spec: &AiSpec, runtime: &AiRuntime, batch: &RecordBatch, schema: SchemaRef) -> Result<RecordBatch> {
+fn pair_classify(spec: &AiSpec, runtime: &AiRuntime, memo: &mut Memo, batch: &RecordBatch, schema: SchemaRef) -> Result<RecordBatch> {
     let op = &spec.call.op_id;
     let (s0, s1) = (&spec.slots[0], &spec.slots[1]);
     let (ids0, texts0) = (strings(batch, s0.id_index, op)?, strings(batch, s0.text_index, op)?);
     let (ids1, texts1) = (strings(batch, s1.id_index, op)?, strings(batch, s1.text_index, op)?);
-    let mut pair_index: HashMap<(&str, &str), u32> = HashMap::new();
-    let mut firsts = Vec::new();
-    let row_pair: Vec<u32> = (0..batch.num_rows())
-        .map(|i| {
-            *pair_index.entry((ids0.value(i), ids1.value(i))).or_insert_with(|| {
-                firsts.push(i);
-                (firsts.len() - 1) as u32
-            })
+    let requests: Vec<AiRequest<'_>> = (0..batch.num_rows())
+        .map(|i| AiRequest {
+            anchor: Doc {
+                id: ids0.value(i),
+                text: texts0.value(i),
+            },
+            partner: Some(Doc {
+                id: ids1.value(i),
+                text: texts1.value(i),
+            }),
         })
         .collect();
-    // Group by anchor so one anchor's KV serves all its partners.
-    let mut order: Vec<usize> = (0..firsts.len()).collect();
-    order.sort_by_key(|&k| (ids0.value(firsts[k]), firsts[k]));
-    let requests: Vec<AiRequest<'_>> = order
-        .iter()
-        .map(|&k| {
-            let i = firsts[k];
-            AiRequest {
-                anchor: Doc {
-                    id: ids0.value(i),
-                    text: texts0.value(i),
-                },
-                partner: Some(Doc {
-                    id: ids1.value(i),
-                    text: texts1.value(i),
-                }),
-            }
-        })
-        .collect();
-    let chosen = classify_all(spec, runtime, &requests)?;
-    let mut label_of_pair = vec![0usize; firsts.len()];
-    for (pos, &k) in order.iter().enumerate() {
-        label_of_pair[k] = chosen[pos];
-    }
-    let mut table = AnswerTable::new(op, AiKind::Classify, vec![s0.alias.clone(), s1.alias.clone()]);
-    table.ids[0] = requests.iter().map(|r| r.anchor.id.to_string()).collect();
-    table.ids[1] = requests
-        .iter()
-        .map(|r| r.partner.expect("pair").id.to_string())
-        .collect();
-    table.labels = chosen.iter().map(|&i| spec.call.labels[i].clone()).collect();
-    runtime.recorder.record(table);
-    let column = StringArray::from_iter_values(
-        row_pair
-            .iter()
-            .map(|&p| spec.call.labels[label_of_pair[p as usize]].as_str()),
-    );
+    ask_new(spec, runtime, memo, requests)?;
+    let column = StringArray::from_iter_values((0..batch.num_rows()).map(|i| {
+        let c = memo.answers[&(ids0.value(i).to_string(), ids1.value(i).to_string())];
+        spec.call.labels[c as usize].as_str()
+    }));
     append_column(batch, Arc::new(column), schema)
 }
 
-/// AI join: every (anchor, partner) candidate that meets the equalities is asked
-/// once; TRUE pairs are emitted as left ‖ right rows.
-fn join(spec: &AiSpec, runtime: &AiRuntime, left: &RecordBatch, right: &RecordBatch, schema: SchemaRef) -> Result<RecordBatch> {
+/// AI join of one batch of anchor rows against all partner rows: every candidate
+/// that meets the equalities is asked once (across batches, via `memo`); TRUE
+/// pairs are emitted as left ‖ right rows.
+fn join(
+    spec: &AiSpec,
+    runtime: &AiRuntime,
+    memo: &mut Memo,
+    anchor_batch: &RecordBatch,
+    partner_batch: &RecordBatch,
+    schema: SchemaRef,
+) -> Result<RecordBatch> {
     let op = &spec.call.op_id;
     let lw = spec.left_width;
     let side = |index: usize| -> (bool, usize) {
@@ -387,112 +409,74 @@ fn join(spec: &AiSpec, runtime: &AiRuntime, left: &RecordBatch, right: &RecordBa
     let (s0, s1) = (&spec.slots[0], &spec.slots[1]);
     let (anchor_left, a_id) = side(s0.id_index);
     let (_, a_text) = side(s0.text_index);
-    let (partner_left, p_id) = side(s1.id_index);
+    let (_, p_id) = side(s1.id_index);
     let (_, p_text) = side(s1.text_index);
-    if anchor_left == partner_left {
-        return Err(EngineError::InvalidPlan(format!(
-            "{op}: both documents come from one join input"
-        )));
-    }
-    let (anchor_batch, partner_batch) = if anchor_left { (left, right) } else { (right, left) };
     let a_ids = strings(anchor_batch, a_id, op)?;
     let a_texts = strings(anchor_batch, a_text, op)?;
     let p_ids = strings(partner_batch, p_id, op)?;
     let p_texts = strings(partner_batch, p_text, op)?;
 
     // Partner rows per equality key (all partner rows when there is no equality).
-    let eq: Vec<(usize, usize)> = spec
+    let a_keys: Vec<&StringArray> = spec
         .equalities
         .iter()
-        .map(|&(c0, c1)| (side(c0).1, side(c1).1))
-        .collect();
-    let eq_cols = |batch: &RecordBatch, which: &dyn Fn(&(usize, usize)) -> usize| -> Result<Vec<StringArray>> {
-        eq.iter()
-            .map(|e| strings(batch, which(e), op).cloned())
-            .collect()
-    };
-    let a_keys = eq_cols(anchor_batch, &|e| e.0)?;
-    let p_keys = eq_cols(partner_batch, &|e| e.1)?;
-    let key = |cols: &[StringArray], row: usize| -> Vec<String> {
-        cols.iter().map(|c| c.value(row).to_string()).collect()
-    };
-    let mut by_key: HashMap<Vec<String>, Vec<u32>> = HashMap::new();
-    if !eq.is_empty() {
+        .map(|&(c0, _)| strings(anchor_batch, side(c0).1, op))
+        .collect::<Result<_>>()?;
+    let p_keys: Vec<&StringArray> = spec
+        .equalities
+        .iter()
+        .map(|&(_, c1)| strings(partner_batch, side(c1).1, op))
+        .collect::<Result<_>>()?;
+    let mut by_key: HashMap<Vec<&str>, Vec<u32>> = HashMap::new();
+    if !p_keys.is_empty() {
         for r in 0..partner_batch.num_rows() {
-            by_key.entry(key(&p_keys, r)).or_default().push(r as u32);
+            by_key
+                .entry(p_keys.iter().map(|c| c.value(r)).collect())
+                .or_default()
+                .push(r as u32);
         }
     }
     let all_partners: Vec<u32> = (0..partner_batch.num_rows() as u32).collect();
-
-    let (a_canon, a_unique) = canonical_rows(a_ids);
-    let (p_canon, p_unique) = canonical_rows(p_ids);
-    // Candidates grouped by anchor row; distinct pairs numbered in first-seen order.
-    let mut candidates: Vec<(u32, u32, u32)> = Vec::new(); // (anchor row, partner row, pair)
-    let mut pair_index: HashMap<(u32, u32), u32> = HashMap::new();
-    let mut pairs: Vec<(u32, u32)> = Vec::new();
+    let mut candidates: Vec<(u32, u32)> = Vec::new();
     for a in 0..anchor_batch.num_rows() {
-        let partners = if eq.is_empty() {
+        let partners = if p_keys.is_empty() {
             &all_partners[..]
         } else {
-            by_key.get(&key(&a_keys, a)).map_or(&[][..], |v| &v[..])
+            let k: Vec<&str> = a_keys.iter().map(|c| c.value(a)).collect();
+            by_key.get(&k).map_or(&[][..], |v| &v[..])
         };
-        for &p in partners {
-            let k = (a_canon[a], p_canon[p as usize]);
-            let pair = if a_unique && p_unique {
-                pairs.push(k);
-                (pairs.len() - 1) as u32
-            } else {
-                *pair_index.entry(k).or_insert_with(|| {
-                    pairs.push(k);
-                    (pairs.len() - 1) as u32
-                })
-            };
-            candidates.push((a as u32, p, pair));
-        }
+        candidates.extend(partners.iter().map(|&p| (a as u32, p)));
     }
-    let mut order: Vec<usize> = (0..pairs.len()).collect();
-    order.sort_by_key(|&k| pairs[k].0);
-    let requests: Vec<AiRequest<'_>> = order
+    let requests: Vec<AiRequest<'_>> = candidates
         .iter()
-        .map(|&k| {
-            let (a, p) = (pairs[k].0 as usize, pairs[k].1 as usize);
-            AiRequest {
-                anchor: Doc {
-                    id: a_ids.value(a),
-                    text: a_texts.value(a),
-                },
-                partner: Some(Doc {
-                    id: p_ids.value(p),
-                    text: p_texts.value(p),
-                }),
-            }
+        .map(|&(a, p)| AiRequest {
+            anchor: Doc {
+                id: a_ids.value(a as usize),
+                text: a_texts.value(a as usize),
+            },
+            partner: Some(Doc {
+                id: p_ids.value(p as usize),
+                text: p_texts.value(p as usize),
+            }),
         })
         .collect();
-    let answers = decide_all(spec, runtime, &requests)?;
-    let mut answer_of_pair = vec![false; pairs.len()];
-    for (pos, &k) in order.iter().enumerate() {
-        answer_of_pair[k] = answers[pos];
-    }
-    let mut table = AnswerTable::new(op, AiKind::Join, vec![s0.alias.clone(), s1.alias.clone()]);
-    table.ids[0] = requests.iter().map(|r| r.anchor.id.to_string()).collect();
-    table.ids[1] = requests
-        .iter()
-        .map(|r| r.partner.expect("pair").id.to_string())
-        .collect();
-    table.answers = answers;
-    runtime.recorder.record(table);
-
-    let mut left_rows = Vec::new();
-    let mut right_rows = Vec::new();
-    for &(a, p, pair) in &candidates {
-        if answer_of_pair[pair as usize] {
-            let (l, r) = if anchor_left { (a, p) } else { (p, a) };
-            left_rows.push(l);
-            right_rows.push(r);
+    ask_new(spec, runtime, memo, requests)?;
+    let mut anchor_rows = Vec::new();
+    let mut partner_rows = Vec::new();
+    for &(a, p) in &candidates {
+        let k = (a_ids.value(a as usize).to_string(), p_ids.value(p as usize).to_string());
+        if memo.answers[&k] != 0 {
+            anchor_rows.push(a);
+            partner_rows.push(p);
         }
     }
-    let li = UInt32Array::from(left_rows);
-    let ri = UInt32Array::from(right_rows);
+    let (left, right, li, ri) = if anchor_left {
+        (anchor_batch, partner_batch, anchor_rows, partner_rows)
+    } else {
+        (partner_batch, anchor_batch, partner_rows, anchor_rows)
+    };
+    let li = UInt32Array::from(li);
+    let ri = UInt32Array::from(ri);
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
     for c in left.columns() {
         columns.push(take(c.as_ref(), &li, None)?);

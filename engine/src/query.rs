@@ -22,12 +22,25 @@ use crate::prompt::PromptFormat;
 use crate::tables::{TablePaths, register_tables};
 
 /// How a query runs.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct QueryOptions {
     /// Prompt layout.
     pub format: PromptFormat,
     /// Show progress bars on stderr.
     pub progress: bool,
+    /// Rows per batch streamed through the AI operators: a chain of operators
+    /// handles one batch of documents at a time, so their KV stays cached.
+    pub batch_rows: usize,
+}
+
+impl Default for QueryOptions {
+    fn default() -> Self {
+        Self {
+            format: PromptFormat::default(),
+            progress: false,
+            batch_rows: 256,
+        }
+    }
 }
 
 /// What a query returns (SPEC §D.1).
@@ -66,12 +79,16 @@ pub async fn run_query(
         progress: options.progress,
     };
     let state = SessionStateBuilder::new()
-        .with_config(SessionConfig::new().with_target_partitions(1))
+        .with_config(
+            SessionConfig::new()
+                .with_target_partitions(1)
+                .with_batch_size(options.batch_rows.max(1)),
+        )
         .with_default_features()
         .with_query_planner(Arc::new(AiQueryPlanner::new(runtime)))
         .build();
     let ctx = SessionContext::new_with_state(state);
-    let table_rows = register_tables(&ctx, query, paths)?;
+    let table_rows = register_tables(&ctx, query, paths, options.batch_rows)?;
 
     backend.start_query(query);
     let started = Instant::now();

@@ -108,9 +108,14 @@ pub fn tables_in_dir(dir: &Path) -> Result<TablePaths> {
     Ok(out)
 }
 
-/// Reads every table `query` scans and registers it with `ctx`. Returns the
-/// row count per table.
-pub fn register_tables(ctx: &SessionContext, query: &QueryPlan, paths: &TablePaths) -> Result<BTreeMap<String, usize>> {
+/// Reads every table `query` scans and registers it with `ctx`, served in batches
+/// of `batch_rows` rows (the unit AI operators stream). Returns the row count per table.
+pub fn register_tables(
+    ctx: &SessionContext,
+    query: &QueryPlan,
+    paths: &TablePaths,
+    batch_rows: usize,
+) -> Result<BTreeMap<String, usize>> {
     let mut rows = BTreeMap::new();
     for table in query.tables() {
         let path = paths.get(&table).ok_or_else(|| {
@@ -129,7 +134,12 @@ pub fn register_tables(ctx: &SessionContext, query: &QueryPlan, paths: &TablePat
         }
         let batch = read_table(&table, path, &columns)?;
         rows.insert(table.clone(), batch.num_rows());
-        let mem = MemTable::try_new(batch.schema(), vec![vec![batch]])?;
+        let step = batch_rows.max(1);
+        let slices: Vec<RecordBatch> = (0..batch.num_rows())
+            .step_by(step)
+            .map(|start| batch.slice(start, step.min(batch.num_rows() - start)))
+            .collect();
+        let mem = MemTable::try_new(batch.schema(), vec![slices])?;
         ctx.register_table(table.as_str(), Arc::new(mem))?;
     }
     Ok(rows)

@@ -209,6 +209,7 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
         metadata: meta,
         format,
         progress: true,
+        batch_rows: args.backend.batch_rows,
     };
     let rt = super::runtime()?;
     let run = rt.block_on(run_bench(&opts, &dataset, backend, queries))?;

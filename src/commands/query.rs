@@ -33,6 +33,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         &QueryOptions {
             format,
             progress: true,
+            batch_rows: args.backend.batch_rows,
         },
     ))?;
     let shown = out.rows.slice(0, out.rows.num_rows().min(args.limit));

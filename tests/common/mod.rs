@@ -13,7 +13,9 @@ use std::sync::Arc;
 
 use aisql_engine::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo, PredicateKind};
 use aisql_engine::plan::{Operator, QueryPlan};
-use datafusion::arrow::array::{ArrayRef, Int32Array, ListBuilder, RecordBatch, StringArray, StringBuilder};
+use datafusion::arrow::array::{
+    ArrayRef, Int32Array, ListBuilder, RecordBatch, StringArray, StringBuilder,
+};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
 
@@ -28,7 +30,10 @@ pub fn catalog_ids() -> Vec<String> {
     let catalog: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
     catalog
         .iter()
-        .filter(|q| !q["privacy"].as_bool().unwrap_or(false) && !q["labels_pending"].as_bool().unwrap_or(false))
+        .filter(|q| {
+            !q["privacy"].as_bool().unwrap_or(false)
+                && !q["labels_pending"].as_bool().unwrap_or(false)
+        })
         .map(|q| q["id"].as_str().unwrap().to_string())
         .collect()
 }
@@ -79,7 +84,11 @@ fn write_parquet(path: &Path, columns: Vec<(&str, ArrayRef)>) {
         .map(|(n, a)| Field::new(*n, a.data_type().clone(), true))
         .collect();
     let schema = Arc::new(Schema::new(fields));
-    let batch = RecordBatch::try_new(schema.clone(), columns.into_iter().map(|(_, a)| a).collect()).unwrap();
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        columns.into_iter().map(|(_, a)| a).collect(),
+    )
+    .unwrap();
     let file = std::fs::File::create(path).unwrap();
     let mut w = ArrowWriter::try_new(file, schema, None).unwrap();
     w.write(&batch).unwrap();
@@ -87,8 +96,17 @@ fn write_parquet(path: &Path, columns: Vec<(&str, ArrayRef)>) {
 }
 
 const ASPECTS: [&str; 12] = [
-    "the acting", "the plot", "the directing", "the cinematography", "the soundtrack", "the pacing",
-    "the ending", "the dialogue", "the special effects", "the character development", "the screenplay",
+    "the acting",
+    "the plot",
+    "the directing",
+    "the cinematography",
+    "the soundtrack",
+    "the pacing",
+    "the ending",
+    "the dialogue",
+    "the special effects",
+    "the character development",
+    "the screenplay",
     "the editing",
 ];
 
@@ -96,39 +114,99 @@ impl TinyCorpus {
     /// Writes the corpus as `<table>.parquet` files under `dir`.
     pub fn write(dir: &Path) -> Self {
         std::fs::create_dir_all(dir).unwrap();
-        let ids = |prefix: &str, n: usize| -> Vec<String> { (0..n).map(|i| format!("{prefix}{i}")).collect() };
+        let ids = |prefix: &str, n: usize| -> Vec<String> {
+            (0..n).map(|i| format!("{prefix}{i}")).collect()
+        };
         let texts = |kind: &str, ids: &[String]| -> Vec<String> {
-            ids.iter().map(|i| format!("The {kind} {i} says something worth judging.")).collect()
+            ids.iter()
+                .map(|i| format!("The {kind} {i} says something worth judging."))
+                .collect()
         };
         let mut tables = BTreeMap::new();
-        let mut add = |name: &str, text_column: &'static str, ids: Vec<String>, texts: Vec<String>, extra: Vec<(&str, ArrayRef)>| {
+        let mut add = |name: &str,
+                       text_column: &'static str,
+                       ids: Vec<String>,
+                       texts: Vec<String>,
+                       extra: Vec<(&str, ArrayRef)>| {
             let mut cols = vec![("id", string_col(&ids)), (text_column, string_col(&texts))];
             cols.extend(extra);
             write_parquet(&dir.join(format!("{name}.parquet")), cols);
-            tables.insert(name.to_string(), TinyTable { ids, texts, text_column });
+            tables.insert(
+                name.to_string(),
+                TinyTable {
+                    ids,
+                    texts,
+                    text_column,
+                },
+            );
         };
         let rv = ids("rv", 12);
         add("reviews", "body", rv.clone(), texts("review", &rv), vec![]);
         let asp = ids("as", 12);
-        add("aspects", "aspect", asp, ASPECTS.iter().map(|s| s.to_string()).collect(), vec![]);
+        add(
+            "aspects",
+            "aspect",
+            asp,
+            ASPECTS.iter().map(|s| s.to_string()).collect(),
+            vec![],
+        );
         let tm = ids("tm", 8);
         let rp = ids("rp", 7);
-        let reactions: Vec<Vec<String>> = (0..rp.len()).map(|i| vec![format!("term {}", i % 8)]).collect();
-        add("reports", "report", rp.clone(), texts("report", &rp), vec![("reactions", list_col(&reactions))]);
-        add("terms", "term", tm.clone(), (0..tm.len()).map(|i| format!("term {i}")).collect(), vec![]);
+        let reactions: Vec<Vec<String>> = (0..rp.len())
+            .map(|i| vec![format!("term {}", i % 8)])
+            .collect();
+        add(
+            "reports",
+            "report",
+            rp.clone(),
+            texts("report", &rp),
+            vec![("reactions", list_col(&reactions))],
+        );
+        add(
+            "terms",
+            "term",
+            tm.clone(),
+            (0..tm.len()).map(|i| format!("term {i}")).collect(),
+            vec![],
+        );
         let ev: Vec<String> = (0..6).map(|i| format!("Wiki_Page_{i}")).collect();
         let cl = ids("cl", 9);
-        let verdicts: Vec<String> = (0..cl.len()).map(|i| if i % 3 == 0 { "REFUTES" } else { "SUPPORTS" }.to_string()).collect();
+        let verdicts: Vec<String> = (0..cl.len())
+            .map(|i| if i % 3 == 0 { "REFUTES" } else { "SUPPORTS" }.to_string())
+            .collect();
         let urls: Vec<String> = (0..cl.len()).map(|i| ev[i % ev.len()].clone()).collect();
-        add("claims", "claim", cl.clone(), texts("claim", &cl), vec![("label", string_col(&verdicts)), ("evidence_wiki_url", string_col(&urls))]);
+        add(
+            "claims",
+            "claim",
+            cl.clone(),
+            texts("claim", &cl),
+            vec![
+                ("label", string_col(&verdicts)),
+                ("evidence_wiki_url", string_col(&urls)),
+            ],
+        );
         add("evidence", "text", ev.clone(), texts("page", &ev), vec![]);
         let lc = ids("lc", 8);
         let lp = ids("lp", 6);
         let cited: Vec<Vec<String>> = (0..lc.len()).map(|i| vec![format!("p{}", i % 6)]).collect();
         let pids: Vec<Vec<String>> = (0..lp.len()).map(|i| vec![format!("p{i}")]).collect();
-        add("citation_contexts", "destination_context", lc.clone(), texts("excerpt", &lc), vec![("cited_passage_ids", list_col(&cited))]);
-        add("citation_passages", "passage_text", lp.clone(), texts("passage", &lp), vec![("passage_ids", list_col(&pids))]);
-        let at: Vec<String> = (0..10).map(|i| format!("at{:04}-t{:03}", i / 3, 5 * (i % 3 + 1))).collect();
+        add(
+            "citation_contexts",
+            "destination_context",
+            lc.clone(),
+            texts("excerpt", &lc),
+            vec![("cited_passage_ids", list_col(&cited))],
+        );
+        add(
+            "citation_passages",
+            "passage_text",
+            lp.clone(),
+            texts("passage", &lp),
+            vec![("passage_ids", list_col(&pids))],
+        );
+        let at: Vec<String> = (0..10)
+            .map(|i| format!("at{:04}-t{:03}", i / 3, 5 * (i % 3 + 1)))
+            .collect();
         let traj: Vec<String> = at.iter().map(|s| s[..6].to_string()).collect();
         let turns: Vec<i32> = (0..10).map(|i| 5 * (i % 3 + 1)).collect();
         add(
@@ -138,16 +216,30 @@ impl TinyCorpus {
             texts("trace", &at),
             vec![
                 ("trajectory_id", string_col(&traj)),
-                ("turn_index", Arc::new(Int32Array::from(turns.clone())) as ArrayRef),
-                ("token_count", Arc::new(Int32Array::from(turns.iter().map(|t| t * 100).collect::<Vec<_>>())) as ArrayRef),
+                (
+                    "turn_index",
+                    Arc::new(Int32Array::from(turns.clone())) as ArrayRef,
+                ),
+                (
+                    "token_count",
+                    Arc::new(Int32Array::from(
+                        turns.iter().map(|t| t * 100).collect::<Vec<_>>(),
+                    )) as ArrayRef,
+                ),
             ],
         );
-        Self { dir: dir.to_path_buf(), tables }
+        Self {
+            dir: dir.to_path_buf(),
+            tables,
+        }
     }
 
     /// `<table>.parquet` paths.
     pub fn paths(&self) -> BTreeMap<String, PathBuf> {
-        self.tables.keys().map(|t| (t.clone(), self.dir.join(format!("{t}.parquet")))).collect()
+        self.tables
+            .keys()
+            .map(|t| (t.clone(), self.dir.join(format!("{t}.parquet"))))
+            .collect()
     }
 }
 
@@ -159,15 +251,32 @@ pub struct TinyLabels {
 }
 
 /// Labels for every predicate the given plans use, by template.
-pub fn draw_labels(corpus: &TinyCorpus, plans: &[QueryPlan]) -> (LabelStore, HashMap<String, TinyLabels>) {
+pub fn draw_labels(
+    corpus: &TinyCorpus,
+    plans: &[QueryPlan],
+) -> (LabelStore, HashMap<String, TinyLabels>) {
     let mut infos: BTreeMap<String, PredicateInfo> = BTreeMap::new();
     for q in plans {
         for op in &q.operators {
             let rel = |a: &str| q.relation(a).unwrap();
             let (kind, left, right, labels, descriptions) = match op {
-                Operator::Filter { alias, .. } => (PredicateKind::Filter, rel(alias), None, vec![], vec![]),
-                Operator::Join { aliases, .. } => (PredicateKind::Join, rel(&aliases[0]), Some(rel(&aliases[1])), vec![], vec![]),
-                Operator::Classify { alias, partner, labels, descriptions, .. } => (
+                Operator::Filter { alias, .. } => {
+                    (PredicateKind::Filter, rel(alias), None, vec![], vec![])
+                }
+                Operator::Join { aliases, .. } => (
+                    PredicateKind::Join,
+                    rel(&aliases[0]),
+                    Some(rel(&aliases[1])),
+                    vec![],
+                    vec![],
+                ),
+                Operator::Classify {
+                    alias,
+                    partner,
+                    labels,
+                    descriptions,
+                    ..
+                } => (
                     PredicateKind::Classify,
                     rel(alias),
                     partner.as_deref().map(rel),
@@ -209,9 +318,14 @@ pub fn draw_labels(corpus: &TinyCorpus, plans: &[QueryPlan]) -> (LabelStore, Has
                 let h = draw(&[template, l, r_id]);
                 match info.kind {
                     PredicateKind::Filter | PredicateKind::Join => {
-                        let pct = if info.kind == PredicateKind::Filter { 60 } else { 40 };
+                        let pct = if info.kind == PredicateKind::Filter {
+                            60
+                        } else {
+                            40
+                        };
                         let b = h % 100 < pct;
-                        set.insert(l, r.map(|s| s.as_str()), LabelValue::Bool(b)).unwrap();
+                        set.insert(l, r.map(|s| s.as_str()), LabelValue::Bool(b))
+                            .unwrap();
                         t.bools.insert((l.clone(), r_id.to_string()), b);
                     }
                     PredicateKind::Classify => {
@@ -219,7 +333,8 @@ pub fn draw_labels(corpus: &TinyCorpus, plans: &[QueryPlan]) -> (LabelStore, Has
                             continue;
                         }
                         let label = info.labels[(h % info.labels.len() as u64) as usize].clone();
-                        set.insert(l, r.map(|s| s.as_str()), LabelValue::Label(label.clone())).unwrap();
+                        set.insert(l, r.map(|s| s.as_str()), LabelValue::Label(label.clone()))
+                            .unwrap();
                         t.labels.insert((l.clone(), r_id.to_string()), label);
                     }
                 }
@@ -237,32 +352,61 @@ fn draw_bool(template: &str, l: &str, r: &str) -> bool {
 
 /// The reference result of SPEC §D.2, computed from the labels alone: sorted
 /// distinct rows of the selected columns.
-pub fn reference_rows(q: &QueryPlan, corpus: &TinyCorpus, labels: &HashMap<String, TinyLabels>) -> Vec<Vec<String>> {
+pub fn reference_rows(
+    q: &QueryPlan,
+    corpus: &TinyCorpus,
+    labels: &HashMap<String, TinyLabels>,
+) -> Vec<Vec<String>> {
     // Per alias survivors.
     let mut survivors: HashMap<String, BTreeSet<String>> = HashMap::new();
     for r in &q.relations {
-        survivors.insert(r.alias.clone(), corpus.tables[&r.table].ids.iter().cloned().collect());
+        survivors.insert(
+            r.alias.clone(),
+            corpus.tables[&r.table].ids.iter().cloned().collect(),
+        );
     }
-    let one_doc_label = |template: &str, id: &str| labels[template].labels.get(&(id.to_string(), String::new())).cloned();
+    let one_doc_label = |template: &str, id: &str| {
+        labels[template]
+            .labels
+            .get(&(id.to_string(), String::new()))
+            .cloned()
+    };
     for op in &q.operators {
         match op {
-            Operator::Filter { alias, template, .. } => {
+            Operator::Filter {
+                alias, template, ..
+            } => {
                 let l = &labels[template];
-                survivors.get_mut(alias).unwrap().retain(|id| l.bools[&(id.clone(), String::new())]);
+                survivors
+                    .get_mut(alias)
+                    .unwrap()
+                    .retain(|id| l.bools[&(id.clone(), String::new())]);
             }
-            Operator::Classify { alias, template, partner: None, .. } => {
-                survivors.get_mut(alias).unwrap().retain(|id| one_doc_label(template, id).is_some());
+            Operator::Classify {
+                alias,
+                template,
+                partner: None,
+                ..
+            } => {
+                survivors
+                    .get_mut(alias)
+                    .unwrap()
+                    .retain(|id| one_doc_label(template, id).is_some());
             }
-            Operator::InList { alias, output, accepted, .. } => {
+            Operator::InList {
+                alias,
+                output,
+                accepted,
+                ..
+            } => {
                 let Some(Operator::Classify { template, .. }) = q.operators.iter().find(
                     |o| matches!(o, Operator::Classify { alias: a, output: c, .. } if a == alias && c == output),
                 ) else {
                     panic!("in-list without classification")
                 };
-                survivors
-                    .get_mut(alias)
-                    .unwrap()
-                    .retain(|id| one_doc_label(template, id).is_some_and(|l| accepted.contains(&l)));
+                survivors.get_mut(alias).unwrap().retain(|id| {
+                    one_doc_label(template, id).is_some_and(|l| accepted.contains(&l))
+                });
             }
             _ => {}
         }
@@ -281,14 +425,27 @@ pub fn reference_rows(q: &QueryPlan, corpus: &TinyCorpus, labels: &HashMap<Strin
     };
     let mut rows: Option<Vec<BTreeMap<String, String>>> = None;
     for op in &q.operators {
-        let Operator::Join { aliases, template, on, .. } = op else { continue };
+        let Operator::Join {
+            aliases,
+            template,
+            on,
+            ..
+        } = op
+        else {
+            continue;
+        };
         let l = &labels[template];
         let mut pairs = Vec::new();
         for a in &survivors[&aliases[0]] {
             for b in &survivors[&aliases[1]] {
-                let eq = on.iter().all(|(c0, c1)| column_of(&aliases[0], a, c0) == column_of(&aliases[1], b, c1));
+                let eq = on
+                    .iter()
+                    .all(|(c0, c1)| column_of(&aliases[0], a, c0) == column_of(&aliases[1], b, c1));
                 if eq && l.bools[&(a.clone(), b.clone())] {
-                    pairs.push(BTreeMap::from([(aliases[0].clone(), a.clone()), (aliases[1].clone(), b.clone())]));
+                    pairs.push(BTreeMap::from([
+                        (aliases[0].clone(), a.clone()),
+                        (aliases[1].clone(), b.clone()),
+                    ]));
                 }
             }
         }
@@ -311,7 +468,10 @@ pub fn reference_rows(q: &QueryPlan, corpus: &TinyCorpus, labels: &HashMap<Strin
     }
     let rows = rows.unwrap_or_else(|| {
         let base = &q.relations[0].alias;
-        survivors[base].iter().map(|id| BTreeMap::from([(base.clone(), id.clone())])).collect()
+        survivors[base]
+            .iter()
+            .map(|id| BTreeMap::from([(base.clone(), id.clone())]))
+            .collect()
     });
     let mut out = BTreeSet::new();
     'row: for r in rows {
@@ -326,7 +486,10 @@ pub fn reference_rows(q: &QueryPlan, corpus: &TinyCorpus, labels: &HashMap<Strin
             ) else {
                 panic!("selected label without classification")
             };
-            let key = (r[&s.alias].clone(), partner.as_ref().map(|p| r[p].clone()).unwrap_or_default());
+            let key = (
+                r[&s.alias].clone(),
+                partner.as_ref().map(|p| r[p].clone()).unwrap_or_default(),
+            );
             match labels[template].labels.get(&key) {
                 Some(l) => v.push(l.clone()),
                 None if partner.is_some() => panic!("joined row without a reference label"),
