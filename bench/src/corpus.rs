@@ -57,7 +57,7 @@ impl Corpus {
         } else {
             vec!["id".to_string(), column.to_string()]
         };
-        let batch = read_table(table, path, &wanted)?;
+        let batch = read_table(table, path, &wanted, &[])?;
         let strings = |name: &str| -> anyhow::Result<Vec<String>> {
             let idx = batch.schema().index_of(name)?;
             let array = batch

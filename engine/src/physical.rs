@@ -195,6 +195,33 @@ impl ExecutionPlan for AiExec {
     }
 }
 
+/// A text column: plain `Utf8`, or `Utf8View` (how tables are registered, so
+/// that joins copy 16-byte views instead of document texts).
+enum Texts<'a> {
+    Plain(&'a StringArray),
+    View(&'a datafusion::arrow::array::StringViewArray),
+}
+
+impl<'a> Texts<'a> {
+    fn value(&self, i: usize) -> &'a str {
+        match self {
+            Texts::Plain(a) => a.value(i),
+            Texts::View(a) => a.value(i),
+        }
+    }
+}
+
+fn texts<'a>(batch: &'a RecordBatch, index: usize, what: &str) -> Result<Texts<'a>> {
+    let col = batch.column(index);
+    match col.data_type() {
+        DataType::Utf8 => Ok(Texts::Plain(col.as_string::<i32>())),
+        DataType::Utf8View => Ok(Texts::View(col.as_string_view())),
+        other => Err(EngineError::Data(format!(
+            "{what}: text column {index} is {other} (expected a string)"
+        ))),
+    }
+}
+
 fn strings<'a>(batch: &'a RecordBatch, index: usize, what: &str) -> Result<&'a StringArray> {
     let col = batch.column(index);
     if col.data_type() != &DataType::Utf8 {
@@ -333,7 +360,7 @@ fn one_document(spec: &AiSpec, runtime: &AiRuntime, memo: &mut Memo, batch: &Rec
     let op = &spec.call.op_id;
     let slot = &spec.slots[0];
     let ids = strings(batch, slot.id_index, op)?;
-    let texts = strings(batch, slot.text_index, op)?;
+    let texts = texts(batch, slot.text_index, op)?;
     let requests: Vec<AiRequest<'_>> = (0..batch.num_rows())
         .map(|i| AiRequest {
             anchor: Doc {
@@ -368,8 +395,8 @@ fn append_column(batch: &RecordBatch, column: ArrayRef, schema: SchemaRef) -> Re
 fn pair_classify(spec: &AiSpec, runtime: &AiRuntime, memo: &mut Memo, batch: &RecordBatch, schema: SchemaRef) -> Result<RecordBatch> {
     let op = &spec.call.op_id;
     let (s0, s1) = (&spec.slots[0], &spec.slots[1]);
-    let (ids0, texts0) = (strings(batch, s0.id_index, op)?, strings(batch, s0.text_index, op)?);
-    let (ids1, texts1) = (strings(batch, s1.id_index, op)?, strings(batch, s1.text_index, op)?);
+    let (ids0, texts0) = (strings(batch, s0.id_index, op)?, texts(batch, s0.text_index, op)?);
+    let (ids1, texts1) = (strings(batch, s1.id_index, op)?, texts(batch, s1.text_index, op)?);
     let requests: Vec<AiRequest<'_>> = (0..batch.num_rows())
         .map(|i| AiRequest {
             anchor: Doc {
@@ -412,9 +439,9 @@ fn join(
     let (_, p_id) = side(s1.id_index);
     let (_, p_text) = side(s1.text_index);
     let a_ids = strings(anchor_batch, a_id, op)?;
-    let a_texts = strings(anchor_batch, a_text, op)?;
+    let a_texts = texts(anchor_batch, a_text, op)?;
     let p_ids = strings(partner_batch, p_id, op)?;
-    let p_texts = strings(partner_batch, p_text, op)?;
+    let p_texts = texts(partner_batch, p_text, op)?;
 
     // Partner rows per equality key (all partner rows when there is no equality).
     let a_keys: Vec<&StringArray> = spec

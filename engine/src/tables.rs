@@ -22,8 +22,9 @@ use crate::error::{EngineError, Result};
 use crate::plan::QueryPlan;
 
 /// Reads one Parquet table, requiring `columns` to exist, be strings and hold no
-/// nulls, and the table to have rows.
-pub fn read_table(table: &str, path: &Path, columns: &[String]) -> Result<RecordBatch> {
+/// nulls, and the table to have rows. `text_columns` are served as `Utf8View`
+/// (joins then copy views, not document texts), the other strings as `Utf8`.
+pub fn read_table(table: &str, path: &Path, columns: &[String], text_columns: &[String]) -> Result<RecordBatch> {
     let file = File::open(path).map_err(|e| {
         EngineError::Data(format!("table {table}: cannot open {}: {e}", path.display()))
     })?;
@@ -66,8 +67,16 @@ pub fn read_table(table: &str, path: &Path, columns: &[String]) -> Result<Record
             ),
             _ => (field.as_ref().clone(), array.clone()),
         };
+        let (field, array) = if text_columns.iter().any(|c| c == field.name()) && field.data_type() == &DataType::Utf8 {
+            (
+                Field::new(field.name(), DataType::Utf8View, field.is_nullable()),
+                cast(&array, &DataType::Utf8View)?,
+            )
+        } else {
+            (field, array)
+        };
         if needed {
-            if field.data_type() != &DataType::Utf8 {
+            if !matches!(field.data_type(), DataType::Utf8 | DataType::Utf8View) {
                 return Err(EngineError::Data(format!(
                     "table {table}: column {} is {} (expected a string)",
                     field.name(),
@@ -125,14 +134,18 @@ pub fn register_tables(
             ))
         })?;
         let mut columns: Vec<String> = Vec::new();
+        let mut text_columns: Vec<String> = Vec::new();
         for r in query.relations.iter().filter(|r| r.table == table) {
+            if !text_columns.contains(&r.text_column) {
+                text_columns.push(r.text_column.clone());
+            }
             for c in &r.columns {
                 if !columns.contains(c) {
                     columns.push(c.clone());
                 }
             }
         }
-        let batch = read_table(&table, path, &columns)?;
+        let batch = read_table(&table, path, &columns, &text_columns)?;
         rows.insert(table.clone(), batch.num_rows());
         let step = batch_rows.max(1);
         let slices: Vec<RecordBatch> = (0..batch.num_rows())

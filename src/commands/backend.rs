@@ -9,6 +9,9 @@ use aisql_engine::scheduler::{QWEN3_4B_KV_BYTES_PER_TOKEN, ModelSpec, SchedulerC
 
 use crate::cli::{BackendArgs, BackendKind, Switch};
 
+/// KV budget the simulation assumes without `--kv-budget-mb`.
+const SIMULATED_KV_BUDGET_BYTES: usize = 100 << 30;
+
 /// The scheduling knobs of `args`.
 pub fn scheduler_config(args: &BackendArgs) -> SchedulerConfig {
     SchedulerConfig {
@@ -39,7 +42,12 @@ pub fn build(
                     .context("loading reference labels")?,
             );
             if args.simulate {
-                let config = scheduler_config(args);
+                let mut config = scheduler_config(args);
+                if args.kv_budget_mb.is_none() {
+                    // The simulation stands for a GPU deployment: Qwen3-4B on an
+                    // H200 leaves about 100 GiB of its 141 GB for KV.
+                    config.kv_budget_bytes = SIMULATED_KV_BUDGET_BYTES;
+                }
                 meta.insert("simulation".into(), true.into());
                 meta.insert("prefix_cache".into(), config.prefix_cache.into());
                 meta.insert("kv_budget_bytes".into(), config.kv_budget_bytes.into());
