@@ -320,6 +320,9 @@ struct Cache<K> {
     suffixes: HashMap<DocKey, PrefixTrie<K>>,
     memo_bool: HashMap<(u64, DocKey, DocKey), bool>,
     memo_label: HashMap<(u64, DocKey, DocKey), usize>,
+    /// Per document, the call that last used it (eviction order).
+    last_used: HashMap<DocKey, u64>,
+    calls: u64,
 }
 
 impl<K: KvOps> Cache<K> {
@@ -330,6 +333,8 @@ impl<K: KvOps> Cache<K> {
             suffixes: HashMap::new(),
             memo_bool: HashMap::new(),
             memo_label: HashMap::new(),
+            last_used: HashMap::new(),
+            calls: 0,
         }
     }
 
@@ -446,9 +451,10 @@ impl<E: Executor> ScheduledBackend<E> {
         cache.docs.retain(&keep);
     }
 
-    /// Keeps the cache within the budget by evicting the question tries of
-    /// documents, then the least recently used documents themselves.
-    fn enforce_budget(&self, state: &mut QueryState<E::Kv>) {
+    /// Keeps the cache within the budget. Documents of the current call are
+    /// kept; among the others, the least recently used go first — their question
+    /// tries, then the documents themselves.
+    fn enforce_budget(&self, state: &mut QueryState<E::Kv>, keep: &HashSet<DocKey>) {
         let held = state.cache.bytes();
         state.peak_bytes = state.peak_bytes.max(held);
         let budget = self.config.kv_budget_bytes;
@@ -458,8 +464,14 @@ impl<E: Executor> ScheduledBackend<E> {
         let cache = &mut state.cache;
         let mut suffix_bytes: usize = cache.suffixes.values().map(PrefixTrie::bytes).sum();
         let doc_bytes = held - suffix_bytes;
-        let keys: Vec<DocKey> = cache.suffixes.keys().cloned().collect();
-        for k in keys {
+        let mut victims: Vec<(u64, DocKey)> = cache
+            .suffixes
+            .keys()
+            .filter(|k| !keep.contains(*k))
+            .map(|k| (cache.last_used.get(k).copied().unwrap_or(0), k.clone()))
+            .collect();
+        victims.sort_unstable();
+        for (_, k) in victims {
             if doc_bytes + suffix_bytes <= budget {
                 break;
             }
@@ -469,9 +481,10 @@ impl<E: Executor> ScheduledBackend<E> {
             }
         }
         if doc_bytes + suffix_bytes > budget {
+            let keep_nodes: HashSet<NodeId> = keep.iter().filter_map(|k| cache.doc_nodes.get(k).copied()).collect();
             let removed: HashSet<NodeId> = cache
                 .docs
-                .evict_lru(budget.saturating_sub(suffix_bytes), &|_| false)
+                .evict_lru(budget.saturating_sub(suffix_bytes), &|n| keep_nodes.contains(&n))
                 .into_iter()
                 .collect();
             state.evictions += removed.len() as u64;
@@ -542,6 +555,10 @@ impl<E: Executor> ScheduledBackend<E> {
             cache.doc_nodes.insert(key.clone(), leaf);
             leaves.push(leaf);
             keys.push(key);
+        }
+        cache.calls += 1;
+        for k in &keys {
+            cache.last_used.insert(k.clone(), cache.calls);
         }
         self.materialize(&mut cache.docs, &leaves)?;
         // Question tries: rooted at each document's KV; the suffix computed once per document.
@@ -715,7 +732,11 @@ impl<E: Executor> ScheduledBackend<E> {
                 _ => Answers::Bools(keys.iter().map(|k| state.cache.memo_bool[k]).collect()),
             }
         };
-        self.enforce_budget(&mut state);
+        let keep: HashSet<DocKey> = requests
+            .iter()
+            .map(|r| (format!("{}.{}", call.tables[0], call.columns[0]), r.anchor.id.to_string()))
+            .collect();
+        self.enforce_budget(&mut state, &keep);
         Ok(out)
     }
 

@@ -11,10 +11,10 @@
 //!
 //! GQA: query head `h` reads KV head `h / (num_heads / num_kv_heads)`.
 
-use candle_core::{D, DType, Tensor};
+use candle_core::{DType, Tensor};
 use rayon::prelude::*;
 
-use crate::cpu::{CpuF32, axpy, dot};
+use crate::cpu::{CpuF32, axpy, dot, exp_nonpositive};
 use crate::{KernelError, Result};
 
 const KERNEL: &str = "prefix_suffix_attention";
@@ -145,7 +145,15 @@ pub fn prefix_suffix_attention_slices(
         }
     }
     let group = num_heads / num_kv_heads;
+    match d {
+        16 => return Ok(tiled::<16>(q, k, v, seqs, dims, out)),
+        32 => return Ok(tiled::<32>(q, k, v, seqs, dims, out)),
+        64 => return Ok(tiled::<64>(q, k, v, seqs, dims, out)),
+        128 => return Ok(tiled::<128>(q, k, v, seqs, dims, out)),
+        _ => {}
+    }
 
+    // Other head widths: one row at a time, full score rows.
     // Split `out` into one disjoint (head, suffix) block each, so rayon can hand
     // every block to a different thread without locking.
     let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::with_capacity(num_heads * seqs.len());
@@ -203,6 +211,276 @@ pub fn prefix_suffix_attention_slices(
             }
         });
     Ok(())
+}
+
+/// Query positions per task of the tiled kernel; a task covers them for every query
+/// head of one GQA group, so each K/V block it loads serves `group × Q_TILE` rows.
+const Q_TILE: usize = 32;
+/// Keys per block of the tiled kernel: a block's K (transposed) and V stay in L1.
+const K_BLOCK: usize = 64;
+
+/// `a * b + c`; fused (one rounding) in the FMA build of the kernel.
+trait Madd {
+    fn madd(a: f32, b: f32, c: f32) -> f32;
+}
+struct Plain;
+impl Madd for Plain {
+    #[inline(always)]
+    fn madd(a: f32, b: f32, c: f32) -> f32 {
+        a * b + c
+    }
+}
+#[cfg(target_arch = "x86_64")]
+struct Fused;
+#[cfg(target_arch = "x86_64")]
+impl Madd for Fused {
+    #[inline(always)]
+    fn madd(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
+/// One task of the tiled kernel: query positions `i0..i1` of suffix `seq`, for the
+/// query heads of KV head `g`; `outs[hh]` is head `g·group + hh`'s output block.
+struct TileTask<'o> {
+    seq: usize,
+    g: usize,
+    i0: usize,
+    i1: usize,
+    outs: Vec<&'o mut [f32]>,
+}
+
+/// Per-thread buffers of the tiled kernel.
+#[derive(Default)]
+struct Scratch {
+    q: Vec<f32>,
+    o: Vec<f32>,
+    m: Vec<f32>,
+    l: Vec<f32>,
+    kt: Vec<f32>,
+}
+
+/// Flash-attention style kernel for head width `D`: parallel over (KV head, suffix,
+/// query tile); each task streams its keys (prefix segments, then the causal part of
+/// its own suffix, skipping blocks wholly in its future) in blocks of `K_BLOCK`,
+/// keeping a running max / sum / output per query row, so no score row is
+/// materialised beyond one block. Inputs were validated by the caller.
+fn tiled<const D: usize>(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    seqs: &[SeqSlices<'_>],
+    dims: AttnDims,
+    out: &mut [f32],
+) {
+    let group = dims.num_heads / dims.num_kv_heads;
+    let total = q.len() / (dims.num_heads * D);
+    let tiles: Vec<(usize, usize, usize)> = seqs
+        .iter()
+        .enumerate()
+        .flat_map(|(s, seq)| {
+            (0..seq.len)
+                .step_by(Q_TILE)
+                .map(move |i0| (s, i0, (i0 + Q_TILE).min(seq.len)))
+        })
+        .collect();
+    let mut tasks: Vec<TileTask<'_>> = (0..dims.num_kv_heads)
+        .flat_map(|g| {
+            tiles.iter().map(move |&(seq, i0, i1)| TileTask {
+                seq,
+                g,
+                i0,
+                i1,
+                outs: Vec::with_capacity(group),
+            })
+        })
+        .collect();
+    // Tiles are in packed-row order, so each head's output splits into them in turn.
+    for (h, head_out) in out.chunks_mut(total * D).enumerate() {
+        let base = (h / group) * tiles.len();
+        let mut rest = head_out;
+        for (t, &(_, i0, i1)) in tiles.iter().enumerate() {
+            let (block, tail) = rest.split_at_mut((i1 - i0) * D);
+            tasks[base + t].outs.push(block);
+            rest = tail;
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    let fma = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+    tasks
+        .into_par_iter()
+        .for_each_init(Scratch::default, |sc, mut task| {
+            #[cfg(target_arch = "x86_64")]
+            if fma {
+                // SAFETY: the CPU supports AVX2 and FMA (checked above).
+                unsafe { tile_avx2::<D>(q, k, v, seqs, dims, total, &mut task, sc) };
+                return;
+            }
+            tile::<D, Plain>(q, k, v, seqs, dims, total, &mut task, sc);
+        });
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+fn tile_avx2<const D: usize>(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    seqs: &[SeqSlices<'_>],
+    dims: AttnDims,
+    total: usize,
+    task: &mut TileTask<'_>,
+    sc: &mut Scratch,
+) {
+    tile::<D, Fused>(q, k, v, seqs, dims, total, task, sc)
+}
+
+/// Runs one [`TileTask`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn tile<const D: usize, M: Madd>(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    seqs: &[SeqSlices<'_>],
+    dims: AttnDims,
+    total: usize,
+    task: &mut TileTask<'_>,
+    sc: &mut Scratch,
+) {
+    let group = dims.num_heads / dims.num_kv_heads;
+    let (g, i0, i1) = (task.g, task.i0, task.i1);
+    let seq = &seqs[task.seq];
+    let n = i1 - i0;
+    let rows = group * n;
+    // Rows are (head in group, position); queries pre-scaled.
+    sc.q.clear();
+    for hh in 0..group {
+        let base = ((g * group + hh) * total + seq.start + i0) * D;
+        sc.q.extend(q[base..base + n * D].iter().map(|x| x * dims.scale));
+    }
+    sc.o.clear();
+    sc.o.resize(rows * D, 0.0);
+    sc.m.clear();
+    sc.m.resize(rows, f32::NEG_INFINITY);
+    sc.l.clear();
+    sc.l.resize(rows, 0.0);
+    sc.kt.resize(D * K_BLOCK, 0.0);
+
+    let prefix_len: usize = seq.prefix.iter().map(|p| p.len).sum();
+    // The suffix's own keys, up to the last one this tile's queries can see.
+    let own = (g * total + seq.start) * D..(g * total + seq.start + i1) * D;
+    let sources = seq
+        .prefix
+        .iter()
+        .map(|p| {
+            let r = g * p.len * D..(g + 1) * p.len * D;
+            (&p.k[r.clone()], &p.v[r])
+        })
+        .chain(std::iter::once((&k[own.clone()], &v[own])));
+    let mut first = 0; // position of the current block's first key
+    for (ks, vs) in sources {
+        for (kb, vb) in ks.chunks(K_BLOCK * D).zip(vs.chunks(K_BLOCK * D)) {
+            let nb = kb.len() / D;
+            let kt = &mut sc.kt[..D * K_BLOCK];
+            for (j, kj) in kb.chunks_exact(D).enumerate() {
+                for c in 0..D {
+                    kt[c * K_BLOCK + j] = kj[c];
+                }
+            }
+            if nb < K_BLOCK {
+                for c in 0..D {
+                    kt[c * K_BLOCK + nb..(c + 1) * K_BLOCK].fill(0.0);
+                }
+            }
+            let kt: &[f32] = kt;
+            for r in 0..rows {
+                // Keys at positions ≤ the query's own are visible.
+                let qpos = prefix_len + i0 + r % n;
+                let nvalid = (qpos + 1).saturating_sub(first).min(nb);
+                if nvalid == 0 {
+                    continue;
+                }
+                let qr: &[f32; D] = sc.q[r * D..(r + 1) * D].try_into().unwrap();
+                let mut s = [0f32; K_BLOCK];
+                for (c, &qc) in qr.iter().enumerate() {
+                    let kc: &[f32; K_BLOCK] =
+                        kt[c * K_BLOCK..(c + 1) * K_BLOCK].try_into().unwrap();
+                    for j in 0..K_BLOCK {
+                        s[j] = M::madd(qc, kc[j], s[j]);
+                    }
+                }
+                for x in &mut s[nvalid..] {
+                    *x = f32::NEG_INFINITY;
+                }
+                let m_old = sc.m[r];
+                let m_new = m_old.max(block_max(&s));
+                let alpha = if m_old == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    exp_nonpositive(m_old - m_new)
+                };
+                let mut acc = [0f32; 8];
+                for c in s.chunks_exact_mut(8) {
+                    for i in 0..8 {
+                        let p = exp_nonpositive(c[i] - m_new);
+                        c[i] = p;
+                        acc[i] += p;
+                    }
+                }
+                for x in &mut s[nvalid..] {
+                    *x = 0.0;
+                }
+                // Masked lanes contributed exp(-87) ≈ 1.6e-38 each; negligible, but
+                // recompute the sum over the valid lanes only when any were masked.
+                let sum = if nvalid == K_BLOCK {
+                    acc.iter().sum::<f32>()
+                } else {
+                    s[..nvalid].iter().sum::<f32>()
+                };
+                sc.m[r] = m_new;
+                sc.l[r] = sc.l[r] * alpha + sum;
+                let mut o = [0f32; D];
+                for (&p, vj) in s[..nvalid].iter().zip(vb.chunks_exact(D)) {
+                    for c in 0..D {
+                        o[c] = M::madd(p, vj[c], o[c]);
+                    }
+                }
+                let or = &mut sc.o[r * D..(r + 1) * D];
+                for c in 0..D {
+                    or[c] = M::madd(or[c], alpha, o[c]);
+                }
+            }
+            first += nb;
+        }
+    }
+    for (hh, block) in task.outs.iter_mut().enumerate() {
+        for ii in 0..n {
+            let r = hh * n + ii;
+            let inv = 1.0 / sc.l[r];
+            for (dst, &x) in block[ii * D..(ii + 1) * D]
+                .iter_mut()
+                .zip(&sc.o[r * D..(r + 1) * D])
+            {
+                *dst = x * inv;
+            }
+        }
+    }
+}
+
+/// Max of a score block, in eight lanes so it vectorises.
+#[inline(always)]
+fn block_max(s: &[f32; K_BLOCK]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; 8];
+    for c in s.chunks_exact(8) {
+        for i in 0..8 {
+            if c[i] > m[i] {
+                m[i] = c[i];
+            }
+        }
+    }
+    m.iter().copied().fold(f32::NEG_INFINITY, f32::max)
 }
 
 /// Shared-prefix attention on tensors. `q`: `(num_heads, total, head_dim)`, `k`/`v`:
@@ -372,9 +650,9 @@ pub fn prefix_suffix_attention_reference(
 
 /// Softmax over the last dimension, in plain ops (this crate does not depend on candle-nn).
 fn candle_nn_softmax(x: &Tensor) -> candle_core::Result<Tensor> {
-    let max = x.max_keepdim(D::Minus1)?;
+    let max = x.max_keepdim(candle_core::D::Minus1)?;
     let e = x.broadcast_sub(&max)?.exp()?;
-    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+    e.broadcast_div(&e.sum_keepdim(candle_core::D::Minus1)?)
 }
 
 #[cfg(test)]
@@ -447,6 +725,46 @@ mod tests {
         assert_eq!(fast.dims(), &[h, total, d]);
         let diff = max_diff(&fast, &slow);
         assert!(diff < 1e-5, "max diff {diff}");
+    }
+
+    #[test]
+    fn tiled_kernel_matches_plain_attention_across_blocks_and_tiles() {
+        // Lengths straddle Q_TILE / K_BLOCK boundaries; head widths hit the tiled
+        // kernel (16, 64) and the row-at-a-time one (8).
+        for (h, kvh, d) in [(4, 2, 16), (6, 3, 64), (4, 1, 8)] {
+            let seg_a = (randn((kvh, 130, d), 21), randn((kvh, 130, d), 22));
+            let seg_b = (randn((kvh, 63, d), 23), randn((kvh, 63, d), 24));
+            let lens = [97usize, 1, 64, 33, 0, 5];
+            let total: usize = lens.iter().sum();
+            let (q, k, v) = (
+                (randn((h, total, d), 25) * 3.0).unwrap(),
+                randn((kvh, total, d), 26),
+                randn((kvh, total, d), 27),
+            );
+            let prefixes = [
+                vec![seg_a.clone(), seg_b.clone()],
+                vec![seg_a.clone()],
+                vec![],
+                vec![seg_b.clone()],
+                vec![seg_a.clone()],
+                vec![seg_b.clone(), seg_a.clone()],
+            ];
+            let mut start = 0;
+            let seqs: Vec<SeqKv> = lens
+                .iter()
+                .zip(prefixes)
+                .map(|(&len, prefix)| {
+                    let s = SeqKv { prefix, start, len };
+                    start += len;
+                    s
+                })
+                .collect();
+            let scale = 1.0 / (d as f32).sqrt();
+            let fast = prefix_suffix_attention(&q, &k, &v, &seqs, scale).unwrap();
+            let slow = prefix_suffix_attention_reference(&q, &k, &v, &seqs, scale).unwrap();
+            let diff = max_diff(&fast, &slow);
+            assert!(diff < 1e-5, "d={d}: max diff {diff}");
+        }
     }
 
     #[test]

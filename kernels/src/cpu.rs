@@ -100,7 +100,7 @@ pub(crate) fn log_sum_exp(x: &[f32]) -> f32 {
 /// Cephes `expf` reduction and polynomial, about 2 ulp, which is far inside the
 /// 1e-4 tolerance of label scores. Inputs below -87 flush to 0 like `expf` does.
 #[inline(always)]
-fn exp_nonpositive(x: f32) -> f32 {
+pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     let x = x.max(-87.0);
     // floor(x·log2e + 0.5) via truncation of a positive value (SSE2 has no floor).
