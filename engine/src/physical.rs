@@ -464,7 +464,29 @@ fn join(
         }
     }
     let all_partners: Vec<u32> = (0..partner_batch.num_rows() as u32).collect();
+    // Distinct documents by id on each side (a side may repeat an id: after a
+    // join the same partner appears in many rows); pairs are indexed densely.
+    let canon = |ids: &StringArray, rows: usize| -> (Vec<u32>, Vec<u32>) {
+        let mut first: HashMap<&str, u32> = HashMap::new();
+        let mut firsts = Vec::new();
+        let of_row = (0..rows)
+            .map(|i| {
+                *first.entry(ids.value(i)).or_insert_with(|| {
+                    firsts.push(i as u32);
+                    (firsts.len() - 1) as u32
+                })
+            })
+            .collect();
+        (of_row, firsts)
+    };
+    let (a_of_row, a_first) = canon(a_ids, anchor_batch.num_rows());
+    let (p_of_row, p_first) = canon(p_ids, partner_batch.num_rows());
+    let np = p_first.len();
+    const UNSEEN: u16 = u16::MAX;
+    const ASKED: u16 = u16::MAX - 1;
+    let mut pair_code = vec![UNSEEN; a_first.len() * np];
     let mut candidates: Vec<(u32, u32)> = Vec::new();
+    let mut distinct: Vec<usize> = Vec::new();
     for a in 0..anchor_batch.num_rows() {
         let partners = if p_keys.is_empty() {
             &all_partners[..]
@@ -472,27 +494,44 @@ fn join(
             let k: Vec<&str> = a_keys.iter().map(|c| c.value(a)).collect();
             by_key.get(&k).map_or(&[][..], |v| &v[..])
         };
-        candidates.extend(partners.iter().map(|&p| (a as u32, p)));
+        for &p in partners {
+            let pair = a_of_row[a] as usize * np + p_of_row[p as usize] as usize;
+            if pair_code[pair] == UNSEEN {
+                pair_code[pair] = ASKED;
+                distinct.push(pair);
+            }
+            candidates.push((a as u32, p));
+        }
     }
-    let requests: Vec<AiRequest<'_>> = candidates
+    let pair_ids = |pair: usize| -> (usize, usize) {
+        (a_first[pair / np] as usize, p_first[pair % np] as usize)
+    };
+    let requests: Vec<AiRequest<'_>> = distinct
         .iter()
-        .map(|&(a, p)| AiRequest {
-            anchor: Doc {
-                id: a_ids.value(a as usize),
-                text: a_texts.value(a as usize),
-            },
-            partner: Some(Doc {
-                id: p_ids.value(p as usize),
-                text: p_texts.value(p as usize),
-            }),
+        .map(|&pair| {
+            let (a, p) = pair_ids(pair);
+            AiRequest {
+                anchor: Doc {
+                    id: a_ids.value(a),
+                    text: a_texts.value(a),
+                },
+                partner: Some(Doc {
+                    id: p_ids.value(p),
+                    text: p_texts.value(p),
+                }),
+            }
         })
         .collect();
     ask_new(spec, runtime, memo, requests)?;
+    for &pair in &distinct {
+        let (a, p) = pair_ids(pair);
+        pair_code[pair] = memo.answers[&(a_ids.value(a).to_string(), p_ids.value(p).to_string())];
+    }
     let mut anchor_rows = Vec::new();
     let mut partner_rows = Vec::new();
     for &(a, p) in &candidates {
-        let k = (a_ids.value(a as usize).to_string(), p_ids.value(p as usize).to_string());
-        if memo.answers[&k] != 0 {
+        let pair = a_of_row[a as usize] as usize * np + p_of_row[p as usize] as usize;
+        if pair_code[pair] != 0 {
             anchor_rows.push(a);
             partner_rows.push(p);
         }

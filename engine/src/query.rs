@@ -95,10 +95,20 @@ pub async fn run_query(
     let state = ctx.state();
     let consumer = AiConsumer::new(&state, query, options.format).map_err(from_datafusion)?;
     let plan = consumer.consume().await.map_err(from_datafusion)?;
-    let plan = LogicalPlanBuilder::from(plan)
-        .distinct()
-        .and_then(|b| b.build())
-        .map_err(from_datafusion)?;
+    // Scan rows have unique ids, so rows that keep every relation's id are
+    // distinct already; only a projection dropping a relation needs DISTINCT.
+    let all_ids = query
+        .relations
+        .iter()
+        .all(|r| query.select.iter().any(|s| s.alias == r.alias && s.column == "id"));
+    let plan = if all_ids {
+        plan
+    } else {
+        LogicalPlanBuilder::from(plan)
+            .distinct()
+            .and_then(|b| b.build())
+            .map_err(from_datafusion)?
+    };
     let batches = ctx
         .execute_logical_plan(plan)
         .await

@@ -56,6 +56,21 @@ pub fn read_table(table: &str, path: &Path, columns: &[String], text_columns: &[
             path.display()
         )));
     }
+    if let Some(ids) = batch.column_by_name("id")
+        && let Some(ids) = ids.as_any().downcast_ref::<datafusion::arrow::array::StringArray>()
+    {
+        let mut seen = std::collections::HashSet::with_capacity(ids.len());
+        for (row, id) in ids.iter().enumerate() {
+            if let Some(id) = id
+                && !seen.insert(id)
+            {
+                return Err(EngineError::Data(format!(
+                    "table {table} ({}): id {id:?} repeats in row {row}; ids must be unique",
+                    path.display()
+                )));
+            }
+        }
+    }
     let mut fields = Vec::with_capacity(schema.fields().len());
     let mut arrays = Vec::with_capacity(schema.fields().len());
     for (field, array) in schema.fields().iter().zip(batch.columns()) {

@@ -102,9 +102,13 @@ pub(crate) fn log_sum_exp(x: &[f32]) -> f32 {
 #[inline(always)]
 pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // 1.5·2^23: adding it rounds to an integer held in the low mantissa bits.
+    const MAGIC: f32 = 12_582_912.0;
     let x = x.max(-87.0);
-    // floor(x·log2e + 0.5) via truncation of a positive value (SSE2 has no floor).
-    let fx = ((x * LOG2E + 0.5 + 128.0) as i32 - 128) as f32;
+    // n = round(x·log2e) without a float→int cast (Rust's saturating `as` does not
+    // vectorise): after adding MAGIC the low mantissa bits hold n.
+    let t = x * LOG2E + MAGIC;
+    let fx = t - MAGIC;
     let r = x - fx * 0.693_359_4 + fx * 2.121_944_4e-4;
     let z = r * r;
     let p = ((((1.987_569_1e-4 * r + 1.398_2e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
@@ -112,7 +116,8 @@ pub(crate) fn exp_nonpositive(x: f32) -> f32 {
         * r
         + 0.5;
     let y = p * z + r + 1.0;
-    y * f32::from_bits(((fx as i32 + 127) as u32) << 23)
+    // 2^n: n + 127 (≥ 1 since x ≥ -87) shifted into the exponent field.
+    y * f32::from_bits(t.to_bits().wrapping_sub(MAGIC.to_bits() - 127) << 23)
 }
 
 #[cfg(test)]
