@@ -441,11 +441,26 @@ fn tile<const D: usize, M: Madd>(
                 };
                 sc.m[r] = m_new;
                 sc.l[r] = sc.l[r] * alpha + sum;
-                let mut o = [0f32; D];
-                for (&p, vj) in s[..nvalid].iter().zip(vb.chunks_exact(D)) {
-                    for c in 0..D {
-                        o[c] = M::madd(p, vj[c], o[c]);
+                // Four independent accumulators, so the FMA chains overlap.
+                let mut o4 = [[0f32; D]; 4];
+                let (ps, vs) = (&s[..nvalid], &vb[..nvalid * D]);
+                for (p4, v4) in ps.chunks_exact(4).zip(vs.chunks_exact(4 * D)) {
+                    for (u, acc) in o4.iter_mut().enumerate() {
+                        let vj = &v4[u * D..(u + 1) * D];
+                        for c in 0..D {
+                            acc[c] = M::madd(p4[u], vj[c], acc[c]);
+                        }
                     }
+                }
+                let tail = nvalid / 4 * 4;
+                for (&p, vj) in ps[tail..].iter().zip(vs[tail * D..].chunks_exact(D)) {
+                    for c in 0..D {
+                        o4[0][c] = M::madd(p, vj[c], o4[0][c]);
+                    }
+                }
+                let mut o = [0f32; D];
+                for c in 0..D {
+                    o[c] = (o4[0][c] + o4[1][c]) + (o4[2][c] + o4[3][c]);
                 }
                 let or = &mut sc.o[r * D..(r + 1) * D];
                 for c in 0..D {
