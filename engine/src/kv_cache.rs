@@ -258,6 +258,16 @@ impl<K: KvOps> PrefixTrie<K> {
         removed
     }
 
+    /// Drops one node's KV if it is a leaf (no child holds KV); returns the bytes
+    /// freed (0 when it is not a leaf or already gone).
+    pub fn evict_leaf(&mut self, id: NodeId) -> usize {
+        if !self.is_evictable_leaf(id) {
+            return 0;
+        }
+        let mut removed = Vec::new();
+        self.remove_subtree(id, &mut removed)
+    }
+
     /// Removes every node that is neither kept nor an ancestor of a kept node.
     /// Returns the removed nodes.
     pub fn retain(&mut self, keep: &std::collections::HashSet<NodeId>) -> Vec<NodeId> {

@@ -452,39 +452,45 @@ impl<E: Executor> ScheduledBackend<E> {
     }
 
     /// Keeps the cache within the budget. Documents of the current call are
-    /// kept; among the others, the least recently used go first — their question
-    /// tries, then the documents themselves.
+    /// kept; among the others, the least recently used go first, each with its
+    /// question trie, then shared prefixes no document holds any more.
     fn enforce_budget(&self, state: &mut QueryState<E::Kv>, keep: &HashSet<DocKey>) {
-        let held = state.cache.bytes();
+        let mut held = state.cache.bytes();
         state.peak_bytes = state.peak_bytes.max(held);
         let budget = self.config.kv_budget_bytes;
         if held <= budget {
             return;
         }
         let cache = &mut state.cache;
-        let mut suffix_bytes: usize = cache.suffixes.values().map(PrefixTrie::bytes).sum();
-        let doc_bytes = held - suffix_bytes;
         let mut victims: Vec<(u64, DocKey)> = cache
-            .suffixes
-            .keys()
-            .filter(|k| !keep.contains(*k))
-            .map(|k| (cache.last_used.get(k).copied().unwrap_or(0), k.clone()))
+            .last_used
+            .iter()
+            .filter(|(k, _)| !keep.contains(*k))
+            .map(|(k, &t)| (t, k.clone()))
             .collect();
         victims.sort_unstable();
+        let keep_nodes: HashSet<NodeId> = keep.iter().filter_map(|k| cache.doc_nodes.get(k).copied()).collect();
         for (_, k) in victims {
-            if doc_bytes + suffix_bytes <= budget {
+            if held <= budget {
                 break;
             }
+            cache.last_used.remove(&k);
             if let Some(t) = cache.suffixes.remove(&k) {
-                suffix_bytes -= t.bytes();
+                held -= t.bytes();
                 state.evictions += 1;
             }
+            if let Some(node) = cache.doc_nodes.remove(&k) {
+                // Another document with the same text may still use the node.
+                let shared = keep_nodes.contains(&node) || cache.doc_nodes.values().any(|&n| n == node);
+                if !shared {
+                    held -= cache.docs.evict_leaf(node);
+                }
+            }
         }
-        if doc_bytes + suffix_bytes > budget {
-            let keep_nodes: HashSet<NodeId> = keep.iter().filter_map(|k| cache.doc_nodes.get(k).copied()).collect();
+        if held > budget {
             let removed: HashSet<NodeId> = cache
                 .docs
-                .evict_lru(budget.saturating_sub(suffix_bytes), &|n| keep_nodes.contains(&n))
+                .evict_lru(budget.saturating_sub(held - cache.docs.bytes()), &|n| keep_nodes.contains(&n))
                 .into_iter()
                 .collect();
             state.evictions += removed.len() as u64;
