@@ -78,6 +78,12 @@ pub trait InferenceBackend: Send + Sync {
         serde_json::Map::new()
     }
 
+    /// How many positions of KV the backend can hold, if it caches KV: input
+    /// batches are cut so that one batch of documents fits in a fraction of it.
+    fn kv_capacity_tokens(&self) -> Option<usize> {
+        None
+    }
+
     /// Asks work in flight to stop soon (a timed-out or interrupted query); calls
     /// after this may fail with a "cancelled" error until the next query starts.
     fn cancel(&self) {}

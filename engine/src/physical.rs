@@ -39,9 +39,12 @@ use crate::backend::{AiKind, AiRequest, Doc, InferenceBackend};
 use crate::error::{EngineError, Result};
 use crate::logical::{AiNode, AiSpec};
 
-/// Requests per backend call: large enough to batch well, small enough to show
-/// progress and bound memory.
-const REQUESTS_PER_CALL: usize = 4096;
+/// Requests per backend call. One input batch is asked in one call, so the
+/// backend knows every document that batch still needs (it keeps their KV while
+/// it evicts); it splits the work into forward passes by tokens itself.
+const REQUESTS_PER_CALL: usize = usize::MAX;
+/// Operators with fewer prompts than this show no progress bar.
+const PROGRESS_MIN_PROMPTS: usize = 4096;
 
 /// Shared by every AI operator of one query.
 #[derive(Clone)]
@@ -234,7 +237,7 @@ fn strings<'a>(batch: &'a RecordBatch, index: usize, what: &str) -> Result<&'a S
 }
 
 fn progress_bar(runtime: &AiRuntime, op_id: &str, total: usize) -> ProgressBar {
-    if !runtime.progress || total < REQUESTS_PER_CALL {
+    if !runtime.progress || total < PROGRESS_MIN_PROMPTS {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(total as u64);

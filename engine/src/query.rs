@@ -88,7 +88,12 @@ pub async fn run_query(
         .with_query_planner(Arc::new(AiQueryPlanner::new(runtime)))
         .build();
     let ctx = SessionContext::new_with_state(state);
-    let table_rows = register_tables(&ctx, query, paths, options.batch_rows)?;
+    // A batch of documents should fit in a quarter of the KV cache (about four
+    // bytes of text per token), so chained operators find it still cached.
+    let batch_text_bytes = backend
+        .kv_capacity_tokens()
+        .unwrap_or(usize::MAX);
+    let table_rows = register_tables(&ctx, query, paths, options.batch_rows, batch_text_bytes)?;
 
     backend.start_query(query);
     let started = Instant::now();

@@ -848,6 +848,12 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         }
     }
 
+    fn kv_capacity_tokens(&self) -> Option<usize> {
+        self.config
+            .prefix_cache
+            .then(|| self.config.kv_budget_bytes / self.exec.kv_bytes_per_token().max(1))
+    }
+
     fn cancel(&self) {
         self.cancelled.store(true, std::sync::atomic::Ordering::Relaxed);
     }

@@ -11,7 +11,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, RecordBatch};
+use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::datasource::MemTable;
@@ -133,12 +133,14 @@ pub fn tables_in_dir(dir: &Path) -> Result<TablePaths> {
 }
 
 /// Reads every table `query` scans and registers it with `ctx`, served in batches
-/// of `batch_rows` rows (the unit AI operators stream). Returns the row count per table.
+/// of at most `batch_rows` rows and about `batch_text_bytes` bytes of document
+/// text (the unit AI operators stream). Returns the row count per table.
 pub fn register_tables(
     ctx: &SessionContext,
     query: &QueryPlan,
     paths: &TablePaths,
     batch_rows: usize,
+    batch_text_bytes: usize,
 ) -> Result<BTreeMap<String, usize>> {
     let mut rows = BTreeMap::new();
     for table in query.tables() {
@@ -162,11 +164,28 @@ pub fn register_tables(
         }
         let batch = read_table(&table, path, &columns, &text_columns)?;
         rows.insert(table.clone(), batch.num_rows());
-        let step = batch_rows.max(1);
-        let slices: Vec<RecordBatch> = (0..batch.num_rows())
-            .step_by(step)
-            .map(|start| batch.slice(start, step.min(batch.num_rows() - start)))
-            .collect();
+        let text_len = |row: usize| -> usize {
+            text_columns
+                .iter()
+                .filter_map(|c| batch.column_by_name(c))
+                .map(|a| match a.data_type() {
+                    DataType::Utf8View => a.as_string_view().value(row).len(),
+                    DataType::Utf8 => a.as_string::<i32>().value(row).len(),
+                    _ => 0,
+                })
+                .sum()
+        };
+        let mut slices: Vec<RecordBatch> = Vec::new();
+        let (mut start, mut bytes) = (0, 0);
+        for row in 0..batch.num_rows() {
+            let len = text_len(row);
+            if row > start && (row - start >= batch_rows.max(1) || bytes + len > batch_text_bytes) {
+                slices.push(batch.slice(start, row - start));
+                (start, bytes) = (row, 0);
+            }
+            bytes += len;
+        }
+        slices.push(batch.slice(start, batch.num_rows() - start));
         let mem = MemTable::try_new(batch.schema(), vec![slices])?;
         ctx.register_table(table.as_str(), Arc::new(mem))?;
     }
