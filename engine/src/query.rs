@@ -82,18 +82,30 @@ pub async fn run_query(
         .with_config(
             SessionConfig::new()
                 .with_target_partitions(1)
-                .with_batch_size(options.batch_rows.max(1)),
+                .with_batch_size(options.batch_rows.max(1))
+                // Coalescing would merge the small batches an IN-list leaves into
+                // one spanning many earlier batches, whose KV may be gone by then.
+                .with_coalesce_batches(false),
         )
         .with_default_features()
         .with_query_planner(Arc::new(AiQueryPlanner::new(runtime)))
         .build();
     let ctx = SessionContext::new_with_state(state);
-    // A batch of documents should fit in a quarter of the KV cache (about four
-    // bytes of text per token), so chained operators find it still cached.
+    // A batch of documents should take about an eighth of the KV cache (half a
+    // byte of text per cached position is an eighth at ~4 bytes per token), so
+    // the documents of the batches in flight stay cached for chained operators.
     let batch_text_bytes = backend
         .kv_capacity_tokens()
-        .unwrap_or(usize::MAX);
-    let table_rows = register_tables(&ctx, query, paths, options.batch_rows, batch_text_bytes)?;
+        .map_or(usize::MAX, |tokens| tokens / 2);
+    let (table_rows, fewest) = register_tables(&ctx, query, paths, options.batch_rows, batch_text_bytes)?;
+    // DataFusion's filters (IN-lists) coalesce their output up to the batch
+    // size: keep that at one input batch, or survivors of many batches would
+    // reach the next AI operator together, after their KV was evicted.
+    ctx.state_ref()
+        .write()
+        .config_mut()
+        .options_mut()
+        .set("datafusion.execution.batch_size", &fewest.max(1).to_string())?;
 
     backend.start_query(query);
     let started = Instant::now();

@@ -134,15 +134,17 @@ pub fn tables_in_dir(dir: &Path) -> Result<TablePaths> {
 
 /// Reads every table `query` scans and registers it with `ctx`, served in batches
 /// of at most `batch_rows` rows and about `batch_text_bytes` bytes of document
-/// text (the unit AI operators stream). Returns the row count per table.
+/// text (the unit AI operators stream). Returns the row count per table and the
+/// fewest rows any table puts in a full batch.
 pub fn register_tables(
     ctx: &SessionContext,
     query: &QueryPlan,
     paths: &TablePaths,
     batch_rows: usize,
     batch_text_bytes: usize,
-) -> Result<BTreeMap<String, usize>> {
+) -> Result<(BTreeMap<String, usize>, usize)> {
     let mut rows = BTreeMap::new();
+    let mut fewest = batch_rows.max(1);
     for table in query.tables() {
         let path = paths.get(&table).ok_or_else(|| {
             EngineError::Data(format!(
@@ -185,9 +187,12 @@ pub fn register_tables(
             }
             bytes += len;
         }
+        if let Some(first) = slices.first() {
+            fewest = fewest.min(first.num_rows());
+        }
         slices.push(batch.slice(start, batch.num_rows() - start));
         let mem = MemTable::try_new(batch.schema(), vec![slices])?;
         ctx.register_table(table.as_str(), Arc::new(mem))?;
     }
-    Ok(rows)
+    Ok((rows, fewest))
 }
