@@ -20,7 +20,8 @@ fn aisql() -> Command {
 }
 
 fn imdb1() -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(plans_dir().join("IMDB-1.json")).unwrap()).unwrap()
+    serde_json::from_str(&std::fs::read_to_string(plans_dir().join("IMDB-1.json")).unwrap())
+        .unwrap()
 }
 
 fn write_plan(dir: &Path, name: &str, v: &serde_json::Value) -> std::path::PathBuf {
@@ -32,7 +33,14 @@ fn write_plan(dir: &Path, name: &str, v: &serde_json::Value) -> std::path::PathB
 /// Runs `aisql query PLAN --tables DIR` and expects exit 1 with `needle` on stderr.
 fn query_fails(plan: &Path, tables: &Path, needle: &str) {
     aisql()
-        .args(["query", plan.to_str().unwrap(), "--tables", tables.to_str().unwrap(), "--backend", "model"])
+        .args([
+            "query",
+            plan.to_str().unwrap(),
+            "--tables",
+            tables.to_str().unwrap(),
+            "--backend",
+            "model",
+        ])
         .assert()
         .code(1)
         .stderr(predicate::str::contains(needle).and(predicate::str::contains("panicked").not()));
@@ -54,18 +62,30 @@ fn malformed_plans_are_rejected_with_the_reason() {
 
     let mut v = imdb1();
     v["version"]["minor_number"] = serde_json::json!(64);
-    query_fails(&write_plan(dir.path(), "version.json", &v), &tables, "Substrait version 0.64.0 is not supported");
+    query_fails(
+        &write_plan(dir.path(), "version.json", &v),
+        &tables,
+        "Substrait version 0.64.0 is not supported",
+    );
 
     let mut v = imdb1();
     v["extensions"][0]["extension_function"]["name"] = serde_json::json!("ai_summarize:str_str");
-    query_fails(&write_plan(dir.path(), "function.json", &v), &tables, "unknown function \"ai_summarize\"");
+    query_fails(
+        &write_plan(dir.path(), "function.json", &v),
+        &tables,
+        "unknown function \"ai_summarize\"",
+    );
 
     let mut v = imdb1();
     v["relations"][0]["root"]["input"]["project"]["input"]["filter"]["condition"]["scalar_function"]["arguments"]
         .as_array_mut()
         .unwrap()
         .push(serde_json::json!({"value": {"literal": {"string": "extra"}}}));
-    query_fails(&write_plan(dir.path(), "arity.json", &v), &tables, "ai_filter takes 2 arguments, got 3");
+    query_fails(
+        &write_plan(dir.path(), "arity.json", &v),
+        &tables,
+        "ai_filter takes 2 arguments, got 3",
+    );
 
     // explain reports the same errors.
     aisql()
@@ -85,7 +105,11 @@ fn missing_or_malformed_tables_are_named() {
     let good = std::fs::read(&reviews).unwrap();
 
     std::fs::remove_file(&reviews).unwrap();
-    query_fails(&plan, &tables, "table reviews is needed by the plan but no file was given");
+    query_fails(
+        &plan,
+        &tables,
+        "table reviews is needed by the plan but no file was given",
+    );
 
     std::fs::write(&reviews, &good[..good.len() / 2]).unwrap();
     query_fails(&plan, &tables, "is not a readable Parquet file");
@@ -130,9 +154,18 @@ fn bad_flags_are_usage_errors() {
         ])
         .assert()
         .code(1)
-        .stderr(predicate::str::contains("--backend oracle needs reference labels"));
+        .stderr(predicate::str::contains(
+            "--backend oracle needs reference labels",
+        ));
     aisql()
-        .args(["query", plans_dir().join("IMDB-1.json").to_str().unwrap(), "--tables", dir.path().to_str().unwrap(), "--gpu", "0"])
+        .args([
+            "query",
+            plans_dir().join("IMDB-1.json").to_str().unwrap(),
+            "--tables",
+            dir.path().to_str().unwrap(),
+            "--gpu",
+            "0",
+        ])
         .assert()
         .code(1)
         .stderr(predicate::str::contains("cuda"));
@@ -147,15 +180,25 @@ async fn a_label_missing_from_the_collection_names_predicate_and_id() {
     // Rebuild the one label set without the label of rv3.
     let old = store.sets().next().unwrap().clone();
     let mut set = LabelSet::new(old.info.clone(), old.label_set_id.clone());
-    for id in corpus.tables["reviews"].ids.iter().filter(|id| *id != "rv3") {
+    for id in corpus.tables["reviews"]
+        .ids
+        .iter()
+        .filter(|id| *id != "rv3")
+    {
         let b = old.get_bool(id, None).unwrap();
-        set.insert(id, None, aisql_engine::labels::LabelValue::Bool(b)).unwrap();
+        set.insert(id, None, aisql_engine::labels::LabelValue::Bool(b))
+            .unwrap();
     }
     let mut broken = LabelStore::new("gt_broken", "none");
     broken.insert(set).unwrap();
-    let err = run_query(&q, &corpus.paths(), Arc::new(OracleBackend::new(Arc::new(broken))), &QueryOptions::default())
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = run_query(
+        &q,
+        &corpus.paths(),
+        Arc::new(OracleBackend::new(Arc::new(broken))),
+        &QueryOptions::default(),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
     assert!(err.contains(&old.info.key) && err.contains("rv3"), "{err}");
 }

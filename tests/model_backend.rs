@@ -19,12 +19,16 @@ use aisql_engine::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo, Pred
 use aisql_engine::plan::{Operator, QueryPlan};
 use aisql_engine::prompt::{PromptFormat, operator_pieces};
 use aisql_engine::query::{QueryOptions, QueryOutput, run_query};
-use aisql_engine::scheduler::{Executor, ModelSpec, SchedulerConfig, load_model_backend, simulation_backend};
+use aisql_engine::scheduler::{
+    Executor, ModelSpec, SchedulerConfig, load_model_backend, simulation_backend,
+};
 use aisql_models::Tokenizer;
 use datafusion::arrow::array::AsArray;
 
 const SF: f64 = 0.0005;
-const QUERIES: [&str; 9] = ["IMDB-7", "IMDB-4", "FEV-8", "FEV-9", "IMDB-8", "IMDB-15", "AGENT-1", "AGENT-4", "FEV-10"];
+const QUERIES: [&str; 9] = [
+    "IMDB-7", "IMDB-4", "FEV-8", "FEV-9", "IMDB-8", "IMDB-15", "AGENT-1", "AGENT-4", "FEV-10",
+];
 
 fn plans_dir() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/quailb/plans")
@@ -41,9 +45,19 @@ fn config(prefix_cache: bool) -> SchedulerConfig {
 /// Document texts of a table: id -> text of `column`.
 fn texts(path: &Path, column: &str) -> HashMap<String, String> {
     let batch = aisql_engine::output::read_parquet(path).unwrap();
-    let ids = batch.column_by_name("id").unwrap().as_string::<i32>().clone();
-    let text = batch.column_by_name(column).unwrap().as_string::<i32>().clone();
-    (0..batch.num_rows()).map(|i| (ids.value(i).to_string(), text.value(i).to_string())).collect()
+    let ids = batch
+        .column_by_name("id")
+        .unwrap()
+        .as_string::<i32>()
+        .clone();
+    let text = batch
+        .column_by_name(column)
+        .unwrap()
+        .as_string::<i32>()
+        .clone();
+    (0..batch.num_rows())
+        .map(|i| (ids.value(i).to_string(), text.value(i).to_string()))
+        .collect()
 }
 
 /// Number of distinct prefixes of a set of sequences.
@@ -85,17 +99,26 @@ fn input_and_minimum(q: &QueryPlan, out: &QueryOutput, tokens: &mut Tokens<'_>) 
     let mut input = 0;
     let mut subjects: BTreeMap<(String, String), Vec<u32>> = BTreeMap::new();
     let mut suffixes: BTreeMap<(String, String), Vec<Vec<u32>>> = BTreeMap::new();
-    let mut groups: BTreeMap<((String, String), Vec<u32>), (usize, BTreeSet<(String, String)>)> = BTreeMap::new();
+    let mut groups: BTreeMap<((String, String), Vec<u32>), (usize, BTreeSet<(String, String)>)> =
+        BTreeMap::new();
     for table in &out.answers {
         let op = q.operator(&table.op_id).unwrap();
         let pieces = operator_pieces(PromptFormat::RawV1, op).unwrap().unwrap();
-        let (pre, frame, label, tail) = (enc(&pieces.preamble), enc(&pieces.frame), enc(&pieces.label), enc(&pieces.tail));
+        let (pre, frame, label, tail) = (
+            enc(&pieces.preamble),
+            enc(&pieces.frame),
+            enc(&pieces.label),
+            enc(&pieces.tail),
+        );
         let rel = |alias: &str| q.relation(alias).unwrap().clone();
         let anchor = rel(&table.aliases[0]);
         for row in 0..table.len() {
             let a_id = &table.ids[0][row];
             let a = tokens.doc(&anchor.table, &anchor.text_column, a_id);
-            let a_key = (format!("{}.{}", anchor.table, anchor.text_column), a_id.clone());
+            let a_key = (
+                format!("{}.{}", anchor.table, anchor.text_column),
+                a_id.clone(),
+            );
             subjects.insert(a_key.clone(), [pre.clone(), a.clone()].concat());
             input += pre.len() + a.len() + frame.len() + tail.len();
             if pieces.pair {
@@ -103,10 +126,25 @@ fn input_and_minimum(q: &QueryPlan, out: &QueryOutput, tokens: &mut Tokens<'_>) 
                 let p_id = &table.ids[1][row];
                 let p = tokens.doc(&partner.table, &partner.text_column, p_id);
                 input += label.len() + p.len();
-                suffixes.entry(a_key.clone()).or_default().push(frame.clone());
-                let group_key = [frame.clone(), vec![u32::MAX], label.clone(), vec![u32::MAX], tail.clone()].concat();
-                let g = groups.entry((a_key, group_key)).or_insert((label.len() + tail.len(), BTreeSet::new()));
-                g.1.insert((format!("{}.{}", partner.table, partner.text_column), p_id.clone()));
+                suffixes
+                    .entry(a_key.clone())
+                    .or_default()
+                    .push(frame.clone());
+                let group_key = [
+                    frame.clone(),
+                    vec![u32::MAX],
+                    label.clone(),
+                    vec![u32::MAX],
+                    tail.clone(),
+                ]
+                .concat();
+                let g = groups
+                    .entry((a_key, group_key))
+                    .or_insert((label.len() + tail.len(), BTreeSet::new()));
+                g.1.insert((
+                    format!("{}.{}", partner.table, partner.text_column),
+                    p_id.clone(),
+                ));
             } else {
                 suffixes.entry(a_key).or_default().push(tail.clone());
             }
@@ -189,7 +227,11 @@ fn same_answers(a: &[AnswerTable], b: &[AnswerTable], what: &str) {
             (0..t.len())
                 .map(|r| {
                     let ids = t.ids.iter().map(|c| c[r].clone()).collect();
-                    let v = if t.kind == AiKind::Classify { t.labels[r].clone() } else { t.answers[r].to_string() };
+                    let v = if t.kind == AiKind::Classify {
+                        t.labels[r].clone()
+                    } else {
+                        t.answers[r].to_string()
+                    };
                     (ids, v)
                 })
                 .collect()
@@ -204,30 +246,77 @@ async fn cached_equals_uncached_and_fresh_tokens_meet_the_minimum() {
     aisql_bench::standin::generate(dir.path(), SF).unwrap();
     let dataset = Dataset::open(dir.path(), SF, None).unwrap();
     let tok = Tokenizer::vendored().unwrap();
-    let mut tokens = Tokens { tok: &tok, dataset: &dataset, cache: HashMap::new() };
-    let spec = |cache: bool| ModelSpec { model: "tiny".into(), gpu: None, dtype: None, scheduler: config(cache) };
+    let mut tokens = Tokens {
+        tok: &tok,
+        dataset: &dataset,
+        cache: HashMap::new(),
+    };
+    let spec = |cache: bool| ModelSpec {
+        model: "tiny".into(),
+        gpu: None,
+        dtype: None,
+        scheduler: config(cache),
+    };
     let (cached, _) = load_model_backend(&spec(true)).unwrap();
     let (uncached, _) = load_model_backend(&spec(false)).unwrap();
     let options = QueryOptions::default();
     let mut shared_prefix_seen = false;
     for id in QUERIES {
         let q = QueryPlan::from_file(&plans_dir().join(format!("{id}.json"))).unwrap();
-        let c = run_query(&q, &dataset.tables, cached.clone() as Arc<dyn InferenceBackend>, &options).await.unwrap();
-        let o = run_query(&q, &dataset.tables, uncached.clone() as Arc<dyn InferenceBackend>, &options).await.unwrap();
+        let c = run_query(
+            &q,
+            &dataset.tables,
+            cached.clone() as Arc<dyn InferenceBackend>,
+            &options,
+        )
+        .await
+        .unwrap();
+        let o = run_query(
+            &q,
+            &dataset.tables,
+            uncached.clone() as Arc<dyn InferenceBackend>,
+            &options,
+        )
+        .await
+        .unwrap();
         same_answers(&c.answers, &o.answers, id);
         assert_eq!(c.rows, o.rows, "{id}: rows");
         let (input, minimum) = input_and_minimum(&q, &c, &mut tokens);
-        assert_eq!(fresh(&o), input, "{id}: without the cache every input token is fresh");
-        assert!(fresh(&c) >= minimum, "{id}: fresh {} below the minimum {minimum}", fresh(&c));
-        assert_eq!(fresh(&c), minimum, "{id}: regret with an unlimited KV budget (input {input})");
+        assert_eq!(
+            fresh(&o),
+            input,
+            "{id}: without the cache every input token is fresh"
+        );
+        assert!(
+            fresh(&c) >= minimum,
+            "{id}: fresh {} below the minimum {minimum}",
+            fresh(&c)
+        );
+        assert_eq!(
+            fresh(&c),
+            minimum,
+            "{id}: regret with an unlimited KV budget (input {input})"
+        );
         shared_prefix_seen |= id == "AGENT-1" && minimum * 2 < input;
 
         // The simulation, fed the model's answers, schedules the same work.
         let store = Arc::new(labels_from_answers(&q, &[&c]));
-        let sim = simulation_backend(store, config(true), cached.executor().kv_bytes_per_token()).unwrap();
-        let s = run_query(&q, &dataset.tables, sim as Arc<dyn InferenceBackend>, &options).await.unwrap();
+        let sim = simulation_backend(store, config(true), cached.executor().kv_bytes_per_token())
+            .unwrap();
+        let s = run_query(
+            &q,
+            &dataset.tables,
+            sim as Arc<dyn InferenceBackend>,
+            &options,
+        )
+        .await
+        .unwrap();
         same_answers(&c.answers, &s.answers, id);
-        assert_eq!(fresh(&s), fresh(&c), "{id}: simulation and model fresh tokens");
+        assert_eq!(
+            fresh(&s),
+            fresh(&c),
+            "{id}: simulation and model fresh tokens"
+        );
         eprintln!(
             "{id}: input {input} minimum {minimum} fresh {} (cached {:.2} s, uncached {:.2} s)",
             fresh(&c),
@@ -235,7 +324,10 @@ async fn cached_equals_uncached_and_fresh_tokens_meet_the_minimum() {
             o.runtime_s
         );
     }
-    assert!(shared_prefix_seen, "agent-trace snapshots should share most of their tokens");
+    assert!(
+        shared_prefix_seen,
+        "agent-trace snapshots should share most of their tokens"
+    );
 }
 
 #[tokio::test]
@@ -247,13 +339,25 @@ async fn a_document_larger_than_the_kv_budget_is_a_clear_error() {
         model: "tiny".into(),
         gpu: None,
         dtype: None,
-        scheduler: SchedulerConfig { prefix_cache: true, kv_budget_bytes: 64 * 1024, batch_tokens: 4096 },
+        scheduler: SchedulerConfig {
+            prefix_cache: true,
+            kv_budget_bytes: 64 * 1024,
+            batch_tokens: 4096,
+        },
     };
     let (backend, _) = load_model_backend(&spec).unwrap();
     let q = QueryPlan::from_file(&plans_dir().join("AGENT-1.json")).unwrap();
-    let err = run_query(&q, &dataset.tables, backend as Arc<dyn InferenceBackend>, &QueryOptions::default())
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("over the KV budget") && err.contains("agent_traces"), "{err}");
+    let err = run_query(
+        &q,
+        &dataset.tables,
+        backend as Arc<dyn InferenceBackend>,
+        &QueryOptions::default(),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("over the KV budget") && err.contains("agent_traces"),
+        "{err}"
+    );
 }

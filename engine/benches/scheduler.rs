@@ -14,12 +14,15 @@ use aisql_engine::scheduler::{QWEN3_4B_KV_BYTES_PER_TOKEN, SchedulerConfig, simu
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
 const WORDS: [&str; 16] = [
-    "the", "movie", "acting", "plot", "was", "great", "terrible", "ending", "director", "scene", "music",
-    "I", "loved", "boring", "actor", "story",
+    "the", "movie", "acting", "plot", "was", "great", "terrible", "ending", "director", "scene",
+    "music", "I", "loved", "boring", "actor", "story",
 ];
 
 fn review(i: usize) -> String {
-    (0..260).map(|j| WORDS[(i * 7 + j * 13 + j / 5) % WORDS.len()]).collect::<Vec<_>>().join(" ")
+    (0..260)
+        .map(|j| WORDS[(i * 7 + j * 13 + j / 5) % WORDS.len()])
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn info(key: &str, kind: PredicateKind, template: &str) -> PredicateInfo {
@@ -39,7 +42,9 @@ fn info(key: &str, kind: PredicateKind, template: &str) -> PredicateInfo {
 fn bench(c: &mut Criterion) {
     let ids: Vec<String> = (0..5000).map(|i| format!("rv{i}")).collect();
     let texts: Vec<String> = (0..5000).map(review).collect();
-    let aspects: Vec<(String, String)> = (0..12).map(|i| (format!("as{i}"), format!("the aspect {i}"))).collect();
+    let aspects: Vec<(String, String)> = (0..12)
+        .map(|i| (format!("as{i}"), format!("the aspect {i}")))
+        .collect();
     let templates = [
         "Judge strictly from the review above whether it mentions at least one positive aspect of the movie.\n\n{0}\n\nInstruction: answer TRUE if the review mentions at least one positive aspect of the movie, FALSE otherwise.",
         "Judge strictly from the review above whether it discusses the ending of the movie.\n\n{0}\n\nInstruction: answer TRUE if the review discusses the ending of the movie, FALSE otherwise.",
@@ -50,20 +55,23 @@ fn bench(c: &mut Criterion) {
     for (k, t) in templates.iter().enumerate() {
         let mut set = LabelSet::new(info(&format!("f{k}"), PredicateKind::Filter, t), "ls");
         for (i, id) in ids.iter().enumerate() {
-            set.insert(id, None, LabelValue::Bool((i + k) % 3 != 0)).unwrap();
+            set.insert(id, None, LabelValue::Bool((i + k) % 3 != 0))
+                .unwrap();
         }
         store.insert(set).unwrap();
     }
     let mut set = LabelSet::new(info("j", PredicateKind::Join, join_template), "ls");
     for (i, id) in ids.iter().enumerate() {
         for (j, (a, _)) in aspects.iter().enumerate() {
-            set.insert(id, Some(a), LabelValue::Bool((i + j) % 4 == 0)).unwrap();
+            set.insert(id, Some(a), LabelValue::Bool((i + j) % 4 == 0))
+                .unwrap();
         }
     }
     store.insert(set).unwrap();
     let store = Arc::new(store);
     let plan = QueryPlan::from_file(
-        &std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/quailb/plans/IMDB-7.json"),
+        &std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../shared/quailb/plans/IMDB-7.json"),
     )
     .unwrap();
     let calls: Vec<AiCall> = templates
@@ -97,7 +105,10 @@ fn bench(c: &mut Criterion) {
     let requests: Vec<AiRequest<'_>> = ids
         .iter()
         .zip(&texts)
-        .map(|(id, text)| AiRequest { anchor: Doc { id, text }, partner: None })
+        .map(|(id, text)| AiRequest {
+            anchor: Doc { id, text },
+            partner: None,
+        })
         .collect();
     // Warm the token cache once: timing covers scheduling and the virtual cache.
     backend.start_query(&plan);
@@ -117,7 +128,10 @@ fn bench(c: &mut Criterion) {
     let pairs: Vec<AiRequest<'_>> = requests
         .iter()
         .flat_map(|r| {
-            aspects.iter().map(move |(a, t)| AiRequest { anchor: r.anchor, partner: Some(Doc { id: a, text: t }) })
+            aspects.iter().map(move |(a, t)| AiRequest {
+                anchor: r.anchor,
+                partner: Some(Doc { id: a, text: t }),
+            })
         })
         .collect();
     group.throughput(Throughput::Elements(pairs.len() as u64));

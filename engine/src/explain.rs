@@ -19,7 +19,9 @@ pub fn explain(query: &QueryPlan) -> String {
     let Some(plan_rel::RelType::Root(root)) = query.substrait.relations[0].rel_type.as_ref() else {
         return out;
     };
-    let Some(rel::RelType::Project(project)) = root.input.as_ref().and_then(|r| r.rel_type.as_ref()) else {
+    let Some(rel::RelType::Project(project)) =
+        root.input.as_ref().and_then(|r| r.rel_type.as_ref())
+    else {
         return out;
     };
     let select: Vec<String> = query
@@ -56,7 +58,12 @@ impl Walker<'_> {
         let children: Vec<&Rel> = match r.rel_type.as_ref() {
             Some(rel::RelType::Filter(f)) => f.input.as_deref().into_iter().collect(),
             Some(rel::RelType::Project(p)) => p.input.as_deref().into_iter().collect(),
-            Some(rel::RelType::Join(j)) => j.left.as_deref().into_iter().chain(j.right.as_deref()).collect(),
+            Some(rel::RelType::Join(j)) => j
+                .left
+                .as_deref()
+                .into_iter()
+                .chain(j.right.as_deref())
+                .collect(),
             _ => Vec::new(),
         };
         let child_lines: Vec<Vec<String>> = children.into_iter().map(|c| self.rel(c)).collect();
@@ -172,7 +179,13 @@ mod tests {
         }
         let q = QueryPlan::from_file(&dir.join("IMDB-15.json")).unwrap();
         let text = explain(&q);
-        assert!(text.contains("InList in-list-1 r.sentiment IN [negative, mixed]"), "{text}");
-        assert!(text.contains("AiClassify classify-2 on {0}=r {1}=a -> r.aspect_sentiment"), "{text}");
+        assert!(
+            text.contains("InList in-list-1 r.sentiment IN [negative, mixed]"),
+            "{text}"
+        );
+        assert!(
+            text.contains("AiClassify classify-2 on {0}=r {1}=a -> r.aspect_sentiment"),
+            "{text}"
+        );
     }
 }

@@ -229,7 +229,10 @@ impl<K: KvOps> PrefixTrie<K> {
 
     fn is_evictable_leaf(&self, i: NodeId) -> bool {
         let n = &self.nodes[i];
-        i != 0 && n.alive && n.kv.is_some() && n.children.values().all(|&c| self.nodes[c].kv.is_none())
+        i != 0
+            && n.alive
+            && n.kv.is_some()
+            && n.children.values().all(|&c| self.nodes[c].kv.is_none())
     }
 
     /// Drops the KV of the least recently used leaves until at most `target`
@@ -245,7 +248,9 @@ impl<K: KvOps> PrefixTrie<K> {
             .collect();
         let mut removed = Vec::new();
         while held > target {
-            let Some(Reverse((_, v))) = heap.pop() else { break };
+            let Some(Reverse((_, v))) = heap.pop() else {
+                break;
+            };
             if !self.is_evictable_leaf(v) {
                 continue;
             }
@@ -319,7 +324,10 @@ impl<K: KvOps> PrefixTrie<K> {
 
     /// Number of live nodes with KV.
     pub fn cached_nodes(&self) -> usize {
-        self.nodes.iter().filter(|n| n.alive && n.kv.is_some()).count()
+        self.nodes
+            .iter()
+            .filter(|n| n.alive && n.kv.is_some())
+            .count()
     }
 }
 

@@ -115,17 +115,25 @@ impl LabelSet {
     }
 
     /// Adds one label; a duplicate (left, right) or a value of the wrong kind is an error.
-    pub fn insert(&mut self, left_id: &str, right_id: Option<&str>, value: LabelValue) -> Result<()> {
+    pub fn insert(
+        &mut self,
+        left_id: &str,
+        right_id: Option<&str>,
+        value: LabelValue,
+    ) -> Result<()> {
         let code = match (&value, self.info.kind) {
             (LabelValue::Bool(b), PredicateKind::Filter | PredicateKind::Join) => *b as u16,
-            (LabelValue::Label(l), PredicateKind::Classify) => {
-                self.info.labels.iter().position(|x| x == l).ok_or_else(|| {
+            (LabelValue::Label(l), PredicateKind::Classify) => self
+                .info
+                .labels
+                .iter()
+                .position(|x| x == l)
+                .ok_or_else(|| {
                     EngineError::Labels(format!(
                         "predicate {}: label {l:?} for id {left_id} is not one of its labels",
                         self.info.key
                     ))
-                })? as u16
-            }
+                })? as u16,
             _ => {
                 return Err(EngineError::Labels(format!(
                     "predicate {} ({:?}): value {value:?} for id {left_id} has the wrong kind",
@@ -266,21 +274,33 @@ mod tests {
     #[test]
     fn bool_labels_round_trip_and_missing_is_named() {
         let mut set = LabelSet::new(info(PredicateKind::Join, &[]), "ls_1");
-        set.insert("rv0", Some("as1"), LabelValue::Bool(true)).unwrap();
-        set.insert("rv0", Some("as2"), LabelValue::Bool(false)).unwrap();
+        set.insert("rv0", Some("as1"), LabelValue::Bool(true))
+            .unwrap();
+        set.insert("rv0", Some("as2"), LabelValue::Bool(false))
+            .unwrap();
         assert_eq!(set.get_bool("rv0", Some("as1")), Some(true));
         assert_eq!(set.get_bool("rv0", Some("as2")), Some(false));
-        let err = set.require_bool("rv9", Some("as1")).unwrap_err().to_string();
+        let err = set
+            .require_bool("rv9", Some("as1"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("rv9") && err.contains('k'), "{err}");
-        assert!(set.insert("rv0", Some("as1"), LabelValue::Bool(false)).is_err());
+        assert!(
+            set.insert("rv0", Some("as1"), LabelValue::Bool(false))
+                .is_err()
+        );
     }
 
     #[test]
     fn classification_labels_must_be_listed() {
         let mut set = LabelSet::new(info(PredicateKind::Classify, &["a", "b"]), "ls_2");
-        set.insert("x", None, LabelValue::Label("b".into())).unwrap();
+        set.insert("x", None, LabelValue::Label("b".into()))
+            .unwrap();
         assert_eq!(set.get_label("x", None), Some("b"));
-        assert!(set.insert("y", None, LabelValue::Label("c".into())).is_err());
+        assert!(
+            set.insert("y", None, LabelValue::Label("c".into()))
+                .is_err()
+        );
         assert!(set.insert("y", None, LabelValue::Bool(true)).is_err());
     }
 }

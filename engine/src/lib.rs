@@ -11,8 +11,8 @@
 pub mod answers;
 pub mod backend;
 pub mod canonical;
-pub mod explain;
 mod error;
+pub mod explain;
 pub mod kv_cache;
 pub mod labels;
 pub mod logical;

@@ -24,8 +24,8 @@ use datafusion::arrow::datatypes::{DataType, Field};
 use datafusion::catalog::TableProvider;
 use datafusion::common::{Column, DFSchema, DFSchemaRef, TableReference};
 use datafusion::error::{DataFusionError, Result as DfResult};
-use datafusion::execution::SessionState;
 use datafusion::execution::FunctionRegistry;
+use datafusion::execution::SessionState;
 use datafusion::logical_expr::{
     Expr, Extension, LogicalPlan, LogicalPlanBuilder, UserDefinedLogicalNodeCore,
 };
@@ -149,7 +149,11 @@ pub struct AiConsumer<'a> {
 
 impl<'a> AiConsumer<'a> {
     /// A consumer for `query` over the tables registered in `state`.
-    pub fn new(state: &'a SessionState, query: &'a QueryPlan, format: PromptFormat) -> DfResult<Self> {
+    pub fn new(
+        state: &'a SessionState,
+        query: &'a QueryPlan,
+        format: PromptFormat,
+    ) -> DfResult<Self> {
         Ok(Self {
             extensions: Extensions::try_from(&query.substrait.extensions)?,
             state,
@@ -177,21 +181,25 @@ impl<'a> AiConsumer<'a> {
 
     fn contains_function(&self, e: &Expression, name: &str) -> bool {
         match e.rex_type.as_ref() {
-            Some(RexType::ScalarFunction(f)) => {
-                self.function_base(e) == Some(name)
-                    || f.arguments.iter().any(|a| match &a.arg_type {
-                        Some(datafusion_substrait::substrait::proto::function_argument::ArgType::Value(v)) => {
-                            self.contains_function(v, name)
-                        }
-                        _ => false,
-                    })
-            }
+            Some(RexType::ScalarFunction(f)) => self.function_base(e) == Some(name)
+                || f.arguments.iter().any(|a| match &a.arg_type {
+                    Some(
+                        datafusion_substrait::substrait::proto::function_argument::ArgType::Value(
+                            v,
+                        ),
+                    ) => self.contains_function(v, name),
+                    _ => false,
+                }),
             _ => false,
         }
     }
 
     /// The next operator of a kind, in post-order, from the validated query.
-    fn next_operator(&self, prefix: &'static str, common: Option<&RelCommon>) -> DfResult<&'a Operator> {
+    fn next_operator(
+        &self,
+        prefix: &'static str,
+        common: Option<&RelCommon>,
+    ) -> DfResult<&'a Operator> {
         let n = {
             let mut c = self.counters.lock().expect("counter lock");
             let n = c.entry(prefix).or_insert(0);
@@ -204,7 +212,9 @@ impl<'a> AiConsumer<'a> {
             .filter(|a| !a.is_empty())
             .unwrap_or_else(|| format!("{prefix}-{n}"));
         self.query.operator(&id).ok_or_else(|| {
-            DataFusionError::Plan(format!("operator {id} is missing from the query description"))
+            DataFusionError::Plan(format!(
+                "operator {id} is missing from the query description"
+            ))
         })
     }
 
@@ -264,7 +274,10 @@ fn ai_plan(node: AiNode) -> LogicalPlan {
 
 #[async_trait]
 impl SubstraitConsumer for AiConsumer<'_> {
-    async fn resolve_table_ref(&self, table_ref: &TableReference) -> DfResult<Option<Arc<dyn TableProvider>>> {
+    async fn resolve_table_ref(
+        &self,
+        table_ref: &TableReference,
+    ) -> DfResult<Option<Arc<dyn TableProvider>>> {
         let table = table_ref.table().to_string();
         let schema = self.state.schema_for_ref(table_ref.clone())?;
         schema.table(&table).await
@@ -299,11 +312,18 @@ impl SubstraitConsumer for AiConsumer<'_> {
             return from_filter_rel(self, rel).await;
         }
         let input = self
-            .consume_rel(rel.input.as_deref().ok_or_else(|| DataFusionError::Plan("filter without input".into()))?)
+            .consume_rel(
+                rel.input
+                    .as_deref()
+                    .ok_or_else(|| DataFusionError::Plan("filter without input".into()))?,
+            )
             .await?;
         let op = self.next_operator("filter", rel.common.as_ref())?;
         let Operator::Filter { alias, .. } = op else {
-            return Err(DataFusionError::Plan(format!("{} is not a filter", op.id())));
+            return Err(DataFusionError::Plan(format!(
+                "{} is not a filter",
+                op.id()
+            )));
         };
         let spec = AiSpec {
             call: self.call(op, AiKind::Filter, &[alias])?,
@@ -329,8 +349,12 @@ impl SubstraitConsumer for AiConsumer<'_> {
             return from_join_rel(self, rel).await;
         }
         let missing = || DataFusionError::Plan("join without both inputs".into());
-        let left = self.consume_rel(rel.left.as_deref().ok_or_else(missing)?).await?;
-        let right = self.consume_rel(rel.right.as_deref().ok_or_else(missing)?).await?;
+        let left = self
+            .consume_rel(rel.left.as_deref().ok_or_else(missing)?)
+            .await?;
+        let right = self
+            .consume_rel(rel.right.as_deref().ok_or_else(missing)?)
+            .await?;
         let op = self.next_operator("join", rel.common.as_ref())?;
         let Operator::Join { aliases, on, .. } = op else {
             return Err(DataFusionError::Plan(format!("{} is not a join", op.id())));
@@ -339,7 +363,9 @@ impl SubstraitConsumer for AiConsumer<'_> {
         let col = |alias: &str, column: &str| {
             schema
                 .index_of_column(&Column::new(Some(TableReference::bare(alias)), column))
-                .map_err(|_| DataFusionError::Plan(format!("{}: no column {alias}.{column}", op.id())))
+                .map_err(|_| {
+                    DataFusionError::Plan(format!("{}: no column {alias}.{column}", op.id()))
+                })
         };
         let equalities = on
             .iter()
@@ -347,7 +373,10 @@ impl SubstraitConsumer for AiConsumer<'_> {
             .collect::<DfResult<Vec<_>>>()?;
         let spec = AiSpec {
             call: self.call(op, AiKind::Join, &[&aliases[0], &aliases[1]])?,
-            slots: vec![self.slot(&schema, &aliases[0])?, self.slot(&schema, &aliases[1])?],
+            slots: vec![
+                self.slot(&schema, &aliases[0])?,
+                self.slot(&schema, &aliases[1])?,
+            ],
             equalities,
             left_width: left.schema().fields().len(),
             output: None,
@@ -360,12 +389,17 @@ impl SubstraitConsumer for AiConsumer<'_> {
     }
 
     async fn consume_project(&self, rel: &ProjectRel) -> DfResult<LogicalPlan> {
-        let is_ai = rel.expressions.len() == 1 && self.function_base(&rel.expressions[0]) == Some("ai_classify");
+        let is_ai = rel.expressions.len() == 1
+            && self.function_base(&rel.expressions[0]) == Some("ai_classify");
         if !is_ai {
             return from_project_rel(self, rel).await;
         }
         let input = self
-            .consume_rel(rel.input.as_deref().ok_or_else(|| DataFusionError::Plan("projection without input".into()))?)
+            .consume_rel(
+                rel.input
+                    .as_deref()
+                    .ok_or_else(|| DataFusionError::Plan("projection without input".into()))?,
+            )
             .await?;
         let op = self.next_operator("classify", rel.common.as_ref())?;
         let Operator::Classify {
@@ -375,7 +409,10 @@ impl SubstraitConsumer for AiConsumer<'_> {
             ..
         } = op
         else {
-            return Err(DataFusionError::Plan(format!("{} is not a classification", op.id())));
+            return Err(DataFusionError::Plan(format!(
+                "{} is not a classification",
+                op.id()
+            )));
         };
         let mut aliases = vec![alias.as_str()];
         aliases.extend(partner.as_deref());

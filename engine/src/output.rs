@@ -46,7 +46,9 @@ pub fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
     let tmp = path.with_extension("parquet.tmp");
     let file = File::create(&tmp).map_err(|e| EngineError::io(&tmp, e))?;
     let props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).expect("valid zstd level")))
+        .set_compression(Compression::ZSTD(
+            ZstdLevel::try_new(3).expect("valid zstd level"),
+        ))
         .build();
     let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props))
         .map_err(|e| EngineError::Data(format!("{}: {e}", path.display())))?;
@@ -59,7 +61,12 @@ pub fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
 
 /// Writes every output of `out` into `dir` (created if missing). Paths in the
 /// returned list are prefixed with `prefix` (e.g. the query id folder).
-pub fn write_query_outputs(dir: &Path, prefix: &str, query: &QueryPlan, out: &QueryOutput) -> Result<OutputFiles> {
+pub fn write_query_outputs(
+    dir: &Path,
+    prefix: &str,
+    query: &QueryPlan,
+    out: &QueryOutput,
+) -> Result<OutputFiles> {
     std::fs::create_dir_all(dir).map_err(|e| EngineError::io(dir, e))?;
     let rel = |name: &str| -> String {
         if prefix.is_empty() {
@@ -69,7 +76,8 @@ pub fn write_query_outputs(dir: &Path, prefix: &str, query: &QueryPlan, out: &Qu
         }
     };
     let plan_path = dir.join("plan.substrait");
-    std::fs::write(&plan_path, encode_plan(&query.substrait)).map_err(|e| EngineError::io(&plan_path, e))?;
+    std::fs::write(&plan_path, encode_plan(&query.substrait))
+        .map_err(|e| EngineError::io(&plan_path, e))?;
     write_parquet(&dir.join("rows.parquet"), &out.rows)?;
     let mut files = OutputFiles {
         plan: rel("plan.substrait"),
@@ -110,7 +118,9 @@ pub fn read_parquet(path: &Path) -> Result<RecordBatch> {
         .map_err(|e| bad(&e))?
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| bad(&e))?;
-    Ok(datafusion::arrow::compute::concat_batches(&schema, &batches)?)
+    Ok(datafusion::arrow::compute::concat_batches(
+        &schema, &batches,
+    )?)
 }
 
 /// The output folder of a query inside a run folder.

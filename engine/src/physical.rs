@@ -18,9 +18,12 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::compute::{concat_batches, filter_record_batch, take};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::catalog::Session;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::context::QueryPlanner;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{LogicalPlan, UserDefinedLogicalNode};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -29,9 +32,6 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
-use datafusion::execution::context::QueryPlanner;
-use datafusion::catalog::Session;
-use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::answers::{AnswerRecorder, AnswerTable};
@@ -77,7 +77,12 @@ pub struct AiExec {
 
 impl AiExec {
     /// An operator over `inputs` producing `schema`.
-    pub fn new(spec: AiSpec, inputs: Vec<Arc<dyn ExecutionPlan>>, schema: SchemaRef, runtime: AiRuntime) -> Self {
+    pub fn new(
+        spec: AiSpec,
+        inputs: Vec<Arc<dyn ExecutionPlan>>,
+        schema: SchemaRef,
+        runtime: AiRuntime,
+    ) -> Self {
         let cache = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(schema.clone()),
             Partitioning::UnknownPartitioning(1),
@@ -126,7 +131,10 @@ impl ExecutionPlan for AiExec {
         Ok(TreeNodeRecursion::Continue)
     }
 
-    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> DfResult<Arc<dyn ExecutionPlan>> {
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
         Ok(Arc::new(AiExec::new(
             self.spec.clone(),
             children,
@@ -135,7 +143,11 @@ impl ExecutionPlan for AiExec {
         )))
     }
 
-    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> DfResult<SendableRecordBatchStream> {
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
         use futures::{StreamExt, TryStreamExt};
         if partition != 0 {
             return Err(DataFusionError::Internal(format!(
@@ -158,7 +170,8 @@ impl ExecutionPlan for AiExec {
             // batch of documents in turn while their KV is still cached.
             let input = datafusion::physical_plan::execute_stream(self.inputs[0].clone(), context)?;
             let stream = input.and_then(move |batch| {
-                let (spec, runtime, schema, memo) = (spec.clone(), runtime.clone(), schema.clone(), memo.clone());
+                let (spec, runtime, schema, memo) =
+                    (spec.clone(), runtime.clone(), schema.clone(), memo.clone());
                 blocking(Box::new(move || {
                     let mut memo = memo.lock().expect("memo lock");
                     match spec.slots.len() {
@@ -167,7 +180,10 @@ impl ExecutionPlan for AiExec {
                     }
                 }))
             });
-            return Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream)));
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(
+                self.schema.clone(),
+                stream,
+            )));
         }
         // Joins: collect the partner side, then stream the anchor side.
         let anchor_left = spec.slots[0].id_index < spec.left_width;
@@ -182,8 +198,13 @@ impl ExecutionPlan for AiExec {
             let partners = Arc::new(concat_batches(&partner_schema, &batches)?);
             let anchors = datafusion::physical_plan::execute_stream(anchor_plan, context)?;
             Ok::<_, DataFusionError>(anchors.and_then(move |batch| {
-                let (spec, runtime, schema, memo, partners) =
-                    (spec.clone(), runtime.clone(), schema.clone(), memo.clone(), partners.clone());
+                let (spec, runtime, schema, memo, partners) = (
+                    spec.clone(),
+                    runtime.clone(),
+                    schema.clone(),
+                    memo.clone(),
+                    partners.clone(),
+                );
                 blocking(Box::new(move || {
                     let mut memo = memo.lock().expect("memo lock");
                     join(&spec, &runtime, &mut memo, &batch, &partners, schema)
@@ -242,9 +263,11 @@ fn progress_bar(runtime: &AiRuntime, op_id: &str, total: usize) -> ProgressBar {
     }
     let bar = ProgressBar::new(total as u64);
     bar.set_style(
-        ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} prompts {per_sec} eta {eta}")
-            .expect("valid template")
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{prefix:>12} [{bar:30}] {pos}/{len} prompts {per_sec} eta {eta}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
     );
     bar.set_prefix(op_id.to_string());
     bar
@@ -265,7 +288,11 @@ fn decide_all(spec: &AiSpec, runtime: &AiRuntime, requests: &[AiRequest<'_>]) ->
 }
 
 /// Label indices for `requests`, asked in chunks.
-fn classify_all(spec: &AiSpec, runtime: &AiRuntime, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
+fn classify_all(
+    spec: &AiSpec,
+    runtime: &AiRuntime,
+    requests: &[AiRequest<'_>],
+) -> Result<Vec<usize>> {
     let bar = progress_bar(runtime, &spec.call.op_id, requests.len());
     let mut out = Vec::with_capacity(requests.len());
     for chunk in requests.chunks(REQUESTS_PER_CALL) {
@@ -312,7 +339,12 @@ fn ask_new(
     memo: &mut Memo,
     requests: Vec<AiRequest<'_>>,
 ) -> Result<()> {
-    let key = |r: &AiRequest<'_>| (r.anchor.id.to_string(), r.partner.map_or(String::new(), |p| p.id.to_string()));
+    let key = |r: &AiRequest<'_>| {
+        (
+            r.anchor.id.to_string(),
+            r.partner.map_or(String::new(), |p| p.id.to_string()),
+        )
+    };
     let mut seen = std::collections::HashSet::new();
     let mut fresh: Vec<AiRequest<'_>> = requests
         .into_iter()
@@ -342,7 +374,10 @@ fn ask_new(
     let codes: Vec<u16> = match spec.call.kind {
         AiKind::Classify => {
             let chosen = classify_all(spec, runtime, &fresh)?;
-            table.labels = chosen.iter().map(|&i| spec.call.labels[i].clone()).collect();
+            table.labels = chosen
+                .iter()
+                .map(|&i| spec.call.labels[i].clone())
+                .collect();
             chosen.into_iter().map(|i| i as u16).collect()
         }
         AiKind::Filter | AiKind::Join => {
@@ -359,7 +394,13 @@ fn ask_new(
 }
 
 /// Filters and one-document classifications, one input batch at a time.
-fn one_document(spec: &AiSpec, runtime: &AiRuntime, memo: &mut Memo, batch: &RecordBatch, schema: SchemaRef) -> Result<RecordBatch> {
+fn one_document(
+    spec: &AiSpec,
+    runtime: &AiRuntime,
+    memo: &mut Memo,
+    batch: &RecordBatch,
+    schema: SchemaRef,
+) -> Result<RecordBatch> {
     let op = &spec.call.op_id;
     let slot = &spec.slots[0];
     let ids = strings(batch, slot.id_index, op)?;
@@ -382,7 +423,9 @@ fn one_document(spec: &AiSpec, runtime: &AiRuntime, memo: &mut Memo, batch: &Rec
             Ok(RecordBatch::try_new(schema, out.columns().to_vec())?)
         }
         _ => {
-            let column = StringArray::from_iter_values((0..batch.num_rows()).map(|i| spec.call.labels[code(i) as usize].as_str()));
+            let column = StringArray::from_iter_values(
+                (0..batch.num_rows()).map(|i| spec.call.labels[code(i) as usize].as_str()),
+            );
             append_column(batch, Arc::new(column), schema)
         }
     }
@@ -395,11 +438,23 @@ fn append_column(batch: &RecordBatch, column: ArrayRef, schema: SchemaRef) -> Re
 }
 
 /// Joined-row classification: one label per distinct (anchor, partner) pair.
-fn pair_classify(spec: &AiSpec, runtime: &AiRuntime, memo: &mut Memo, batch: &RecordBatch, schema: SchemaRef) -> Result<RecordBatch> {
+fn pair_classify(
+    spec: &AiSpec,
+    runtime: &AiRuntime,
+    memo: &mut Memo,
+    batch: &RecordBatch,
+    schema: SchemaRef,
+) -> Result<RecordBatch> {
     let op = &spec.call.op_id;
     let (s0, s1) = (&spec.slots[0], &spec.slots[1]);
-    let (ids0, texts0) = (strings(batch, s0.id_index, op)?, texts(batch, s0.text_index, op)?);
-    let (ids1, texts1) = (strings(batch, s1.id_index, op)?, texts(batch, s1.text_index, op)?);
+    let (ids0, texts0) = (
+        strings(batch, s0.id_index, op)?,
+        texts(batch, s0.text_index, op)?,
+    );
+    let (ids1, texts1) = (
+        strings(batch, s1.id_index, op)?,
+        texts(batch, s1.text_index, op)?,
+    );
     let requests: Vec<AiRequest<'_>> = (0..batch.num_rows())
         .map(|i| AiRequest {
             anchor: Doc {
@@ -434,7 +489,11 @@ fn join(
     let op = &spec.call.op_id;
     let lw = spec.left_width;
     let side = |index: usize| -> (bool, usize) {
-        if index < lw { (true, index) } else { (false, index - lw) }
+        if index < lw {
+            (true, index)
+        } else {
+            (false, index - lw)
+        }
     };
     let (s0, s1) = (&spec.slots[0], &spec.slots[1]);
     let (anchor_left, a_id) = side(s0.id_index);

@@ -347,11 +347,9 @@ impl QueryPlan {
             select,
         };
         for r in &mut query.relations {
-            r.text_column = reader
-                .text_columns
-                .get(&r.alias)
-                .cloned()
-                .ok_or_else(|| invalid(format!("relation {} is read by no AI function", r.alias)))?;
+            r.text_column = reader.text_columns.get(&r.alias).cloned().ok_or_else(|| {
+                invalid(format!("relation {} is read by no AI function", r.alias))
+            })?;
         }
         query.validate()?;
         Ok(query)
@@ -593,14 +591,12 @@ impl Reader {
                         project.expressions.len()
                     )));
                 }
-                let field = self.classify(project.common.as_ref(), &project.expressions[0], &fields)?;
+                let field =
+                    self.classify(project.common.as_ref(), &project.expressions[0], &fields)?;
                 fields.push(field);
                 Ok(fields)
             }
-            Some(other) => Err(invalid(format!(
-                "unsupported relation {}",
-                rel_name(other)
-            ))),
+            Some(other) => Err(invalid(format!("unsupported relation {}", rel_name(other)))),
             None => Err(invalid("a relation has no type")),
         }
     }
@@ -610,9 +606,8 @@ impl Reader {
             Some(read_rel::ReadType::NamedTable(t)) if t.names.len() == 1 => t.names[0].clone(),
             _ => return Err(invalid("a read must name exactly one table")),
         };
-        let alias = hint_alias(read.common.as_ref()).ok_or_else(|| {
-            invalid(format!("the read of table {table} has no alias hint"))
-        })?;
+        let alias = hint_alias(read.common.as_ref())
+            .ok_or_else(|| invalid(format!("the read of table {table} has no alias hint")))?;
         if self.relations.iter().any(|r| r.alias == alias) {
             return Err(invalid(format!("alias {alias:?} is used twice")));
         }
@@ -639,7 +634,10 @@ impl Reader {
             .collect())
     }
 
-    fn function_of<'e>(&self, e: &'e Expression) -> Option<(FunctionKind, &'e proto::expression::ScalarFunction)> {
+    fn function_of<'e>(
+        &self,
+        e: &'e Expression,
+    ) -> Option<(FunctionKind, &'e proto::expression::ScalarFunction)> {
         match e.rex_type.as_ref()? {
             RexType::ScalarFunction(f) => {
                 let decl = self.functions.get(&f.function_reference)?;
@@ -669,7 +667,10 @@ impl Reader {
             .iter()
             .map(|a| match &a.arg_type {
                 Some(ArgType::Value(v)) => Ok(v),
-                _ => Err(invalid(format!("{what}: {} has a non-value argument", decl.name))),
+                _ => Err(invalid(format!(
+                    "{what}: {} has a non-value argument",
+                    decl.name
+                ))),
             })
             .collect::<Result<Vec<_>>>()?;
         let expected = match kind {
@@ -703,7 +704,12 @@ impl Reader {
         }
     }
 
-    fn filter(&mut self, common: Option<&RelCommon>, cond: &Expression, fields: &[Field]) -> Result<()> {
+    fn filter(
+        &mut self,
+        common: Option<&RelCommon>,
+        cond: &Expression,
+        fields: &[Field],
+    ) -> Result<()> {
         if let Some(RexType::SingularOrList(list)) = cond.rex_type.as_ref() {
             let id = self.next_id(common, "in-list")?;
             let value = list
@@ -754,7 +760,9 @@ impl Reader {
         let id = self.next_id(common, "filter")?;
         let (kind, args) = self.call(cond, &id)?;
         if kind != FunctionKind::AiFilter {
-            return Err(invalid(format!("{id}: a filter condition must call ai_filter")));
+            return Err(invalid(format!(
+                "{id}: a filter condition must call ai_filter"
+            )));
         }
         let template = string_literal(args[0], &id)?;
         check_placeholders(&template, 1, &id)?;
@@ -849,7 +857,12 @@ impl Reader {
         Ok(())
     }
 
-    fn classify(&mut self, common: Option<&RelCommon>, e: &Expression, fields: &[Field]) -> Result<Field> {
+    fn classify(
+        &mut self,
+        common: Option<&RelCommon>,
+        e: &Expression,
+        fields: &[Field],
+    ) -> Result<Field> {
         let id = self.next_id(common, "classify")?;
         let (kind, args) = self.call(e, &id)?;
         let (alias, partner, rest) = match kind {
@@ -860,9 +873,7 @@ impl Reader {
                 (a, Some(p), &args[3..])
             }
             _ => {
-                return Err(invalid(format!(
-                    "{id}: a projection must call ai_classify"
-                )));
+                return Err(invalid(format!("{id}: a projection must call ai_classify")));
             }
         };
         let template = string_literal(args[0], &id)?;
@@ -930,7 +941,11 @@ impl Reader {
             } else {
                 column.clone()
             };
-            if column != "id" && !self.label_columns.contains_key(&(alias.clone(), column.clone())) {
+            if column != "id"
+                && !self
+                    .label_columns
+                    .contains_key(&(alias.clone(), column.clone()))
+            {
                 return Err(invalid(format!(
                     "root selects {alias}.{column}, which is neither an id nor a label column"
                 )));
@@ -989,10 +1004,14 @@ fn field_ref(e: &Expression, fields: &[Field], what: &str) -> Result<Field> {
         return Err(invalid(format!("{what}: expected a column reference")));
     };
     let Some(ReferenceType::DirectReference(seg)) = &sel.reference_type else {
-        return Err(invalid(format!("{what}: expected a direct column reference")));
+        return Err(invalid(format!(
+            "{what}: expected a direct column reference"
+        )));
     };
     let Some(reference_segment::ReferenceType::StructField(f)) = &seg.reference_type else {
-        return Err(invalid(format!("{what}: expected a struct field reference")));
+        return Err(invalid(format!(
+            "{what}: expected a struct field reference"
+        )));
     };
     usize::try_from(f.field)
         .ok()
@@ -1032,7 +1051,9 @@ fn string_list(e: &Expression, what: &str) -> Result<Vec<String>> {
                 _ => Err(invalid(format!("{what}: list values must be strings"))),
             })
             .collect(),
-        _ => Err(invalid(format!("{what}: expected a list literal of strings"))),
+        _ => Err(invalid(format!(
+            "{what}: expected a list literal of strings"
+        ))),
     }
 }
 
@@ -1063,7 +1084,9 @@ fn fold(s: &str) -> String {
 
 fn check_labels(labels: &[String], descriptions: &[String], what: &str) -> Result<()> {
     if labels.len() < 2 {
-        return Err(invalid(format!("{what}: a classification needs at least two labels")));
+        return Err(invalid(format!(
+            "{what}: a classification needs at least two labels"
+        )));
     }
     if descriptions.len() != labels.len() {
         return Err(invalid(format!(
@@ -1079,7 +1102,9 @@ fn check_labels(labels: &[String], descriptions: &[String], what: &str) -> Resul
             return Err(invalid(format!("{what}: empty label")));
         }
         if let Some(prev) = seen.insert(f.clone(), l) {
-            return Err(invalid(format!("{what}: labels {prev:?} and {l:?} are the same")));
+            return Err(invalid(format!(
+                "{what}: labels {prev:?} and {l:?} are the same"
+            )));
         }
     }
     for a in &folded {
@@ -1107,7 +1132,8 @@ mod tests {
     fn reads_every_catalog_plan() {
         let dir = plans_dir();
         let catalog: Vec<serde_json::Value> =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("catalog.json")).unwrap()).unwrap();
+            serde_json::from_str(&std::fs::read_to_string(dir.join("catalog.json")).unwrap())
+                .unwrap();
         assert_eq!(catalog.len(), 46);
         for q in &catalog {
             let id = q["id"].as_str().unwrap();
@@ -1141,16 +1167,23 @@ mod tests {
         let q = QueryPlan::from_file(&plans_dir().join("IMDB-15.json")).unwrap();
         let ids: Vec<&str> = q.operators.iter().map(|o| o.id()).collect();
         assert_eq!(ids, ["classify-1", "in-list-1", "join-1", "classify-2"]);
-        let Operator::Classify { partner, output, .. } = q.operator("classify-2").unwrap() else {
+        let Operator::Classify {
+            partner, output, ..
+        } = q.operator("classify-2").unwrap()
+        else {
             panic!()
         };
         assert_eq!(partner.as_deref(), Some("a"));
         assert_eq!(output, "aspect_sentiment");
-        assert_eq!(q.output_names(), ["r", "sentiment", "a", "aspect_sentiment"]);
+        assert_eq!(
+            q.output_names(),
+            ["r", "sentiment", "a", "aspect_sentiment"]
+        );
     }
 
     fn imdb1_json() -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(plans_dir().join("IMDB-1.json")).unwrap()).unwrap()
+        serde_json::from_str(&std::fs::read_to_string(plans_dir().join("IMDB-1.json")).unwrap())
+            .unwrap()
     }
 
     fn from_json(v: serde_json::Value) -> Result<QueryPlan> {

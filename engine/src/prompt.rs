@@ -19,8 +19,7 @@ use crate::plan::Operator;
 /// Instruction of filters and joins (raw-v1).
 pub const TASK_INSTRUCTION: &str = "Evaluate TRUE or FALSE for the following question: ";
 /// Instruction of filters and joins in the chat layout.
-pub const CHAT_TASK_INSTRUCTION: &str =
-    "You are performing a data processing task. Evaluate TRUE or FALSE for the following question: ";
+pub const CHAT_TASK_INSTRUCTION: &str = "You are performing a data processing task. Evaluate TRUE or FALSE for the following question: ";
 /// Instruction of classifications.
 pub const CLASSIFY_INSTRUCTION: &str =
     "Answer with exactly one of the categories below for the following question: ";
@@ -263,7 +262,10 @@ pub fn operator_pieces(format: PromptFormat, op: &Operator) -> Result<Option<Pro
 
 /// The continuations scored for a classification: `" " + label`.
 pub fn label_continuations(labels: &[String]) -> Vec<String> {
-    labels.iter().map(|l| format!("{LABEL_PREFIX}{l}")).collect()
+    labels
+        .iter()
+        .map(|l| format!("{LABEL_PREFIX}{l}"))
+        .collect()
 }
 
 /// `text` cut to about `max` characters with an ellipsis, newlines shown as `⏎`.
@@ -330,10 +332,15 @@ mod tests {
             p.render("<R>", None),
             "DOCUMENT:\n<R>\n\nAnswer with exactly one of the categories below for the following question: Judge strictly from the review above which category best describes the overall sentiment it expresses about the movie.\n\nCategories:\n- positive\n- negative\n- neutral\n- mixed\nANSWER:"
         );
-        let tr: Vec<String> = ["bug fixed, tests pass", "bug still occurs"].map(String::from).to_vec();
-        let d: Vec<String> = ["the reported bug no longer occurs and other tests pass", "the reported bug still happens"]
+        let tr: Vec<String> = ["bug fixed, tests pass", "bug still occurs"]
             .map(String::from)
             .to_vec();
+        let d: Vec<String> = [
+            "the reported bug no longer occurs and other tests pass",
+            "the reported bug still happens",
+        ]
+        .map(String::from)
+        .to_vec();
         let p = classify_pieces(
             PromptFormat::RawV1,
             "Judge strictly from the agent trace above what the most recent test or reproduction run showed.\n\n{0}",
@@ -360,7 +367,10 @@ mod tests {
         let s = p.render("<R>", None);
         assert!(s.starts_with("<|im_start|>user\nDOCUMENT:\n<R>\n\nYou are performing a data processing task. Evaluate TRUE"));
         assert!(s.ends_with("\nANSWER:<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"));
-        assert_eq!("qwen3-chat-nonthinking-v1".parse::<PromptFormat>().unwrap(), PromptFormat::Qwen3ChatNonthinkingV1);
+        assert_eq!(
+            "qwen3-chat-nonthinking-v1".parse::<PromptFormat>().unwrap(),
+            PromptFormat::Qwen3ChatNonthinkingV1
+        );
         assert!("chatml".parse::<PromptFormat>().is_err());
     }
 

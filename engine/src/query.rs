@@ -97,15 +97,15 @@ pub async fn run_query(
     let batch_text_bytes = backend
         .kv_capacity_tokens()
         .map_or(usize::MAX, |tokens| tokens / 2);
-    let (table_rows, fewest) = register_tables(&ctx, query, paths, options.batch_rows, batch_text_bytes)?;
+    let (table_rows, fewest) =
+        register_tables(&ctx, query, paths, options.batch_rows, batch_text_bytes)?;
     // DataFusion's filters (IN-lists) coalesce their output up to the batch
     // size: keep that at one input batch, or survivors of many batches would
     // reach the next AI operator together, after their KV was evicted.
-    ctx.state_ref()
-        .write()
-        .config_mut()
-        .options_mut()
-        .set("datafusion.execution.batch_size", &fewest.max(1).to_string())?;
+    ctx.state_ref().write().config_mut().options_mut().set(
+        "datafusion.execution.batch_size",
+        &fewest.max(1).to_string(),
+    )?;
 
     backend.start_query(query);
     let started = Instant::now();
@@ -114,10 +114,12 @@ pub async fn run_query(
     let plan = consumer.consume().await.map_err(from_datafusion)?;
     // Scan rows have unique ids, so rows that keep every relation's id are
     // distinct already; only a projection dropping a relation needs DISTINCT.
-    let all_ids = query
-        .relations
-        .iter()
-        .all(|r| query.select.iter().any(|s| s.alias == r.alias && s.column == "id"));
+    let all_ids = query.relations.iter().all(|r| {
+        query
+            .select
+            .iter()
+            .any(|s| s.alias == r.alias && s.column == "id")
+    });
     let plan = if all_ids {
         plan
     } else {

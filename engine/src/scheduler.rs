@@ -52,7 +52,12 @@ pub trait Executor: Send + Sync {
     fn prefill(&self, items: &[(Option<&Self::Kv>, &[u32])]) -> Result<Vec<Self::Kv>>;
     /// TRUE/FALSE after each `(prefix, suffix)`; the suffix may be empty when the
     /// prefix ends with the whole prompt. `requests` are the matching prompts.
-    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>], items: &[(Option<&Self::Kv>, &[u32])]) -> Result<Vec<bool>>;
+    fn decide(
+        &self,
+        call: &AiCall,
+        requests: &[AiRequest<'_>],
+        items: &[(Option<&Self::Kv>, &[u32])],
+    ) -> Result<Vec<bool>>;
     /// Label index after each `(prefix, suffix)`, scoring `labels` (token ids of `" " + label`).
     fn classify(
         &self,
@@ -118,12 +123,23 @@ impl Executor for ModelExecutor {
     }
 
     fn prefill(&self, items: &[(Option<&KvHandle>, &[u32])]) -> Result<Vec<KvHandle>> {
-        let conts: Vec<Continuation<'_>> = items.iter().map(|(p, t)| Continuation::new(*p, t)).collect();
+        let conts: Vec<Continuation<'_>> = items
+            .iter()
+            .map(|(p, t)| Continuation::new(*p, t))
+            .collect();
         Ok(self.model.prefill_batch(&conts)?)
     }
 
-    fn decide(&self, _call: &AiCall, _requests: &[AiRequest<'_>], items: &[(Option<&KvHandle>, &[u32])]) -> Result<Vec<bool>> {
-        let conts: Vec<Continuation<'_>> = items.iter().map(|(p, t)| Continuation::new(*p, t)).collect();
+    fn decide(
+        &self,
+        _call: &AiCall,
+        _requests: &[AiRequest<'_>],
+        items: &[(Option<&KvHandle>, &[u32])],
+    ) -> Result<Vec<bool>> {
+        let conts: Vec<Continuation<'_>> = items
+            .iter()
+            .map(|(p, t)| Continuation::new(*p, t))
+            .collect();
         Ok(self
             .model
             .decide(&conts, &self.answers)?
@@ -147,7 +163,12 @@ impl Executor for ModelExecutor {
                 labels,
             })
             .collect();
-        Ok(self.model.classify(&reqs)?.iter().map(|s| best_label(s)).collect())
+        Ok(self
+            .model
+            .classify(&reqs)?
+            .iter()
+            .map(|s| best_label(s))
+            .collect())
     }
 
     fn fresh_tokens(&self) -> u64 {
@@ -234,7 +255,12 @@ impl Executor for SimExecutor {
             .collect())
     }
 
-    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>], items: &[(Option<&VirtualKv>, &[u32])]) -> Result<Vec<bool>> {
+    fn decide(
+        &self,
+        call: &AiCall,
+        requests: &[AiRequest<'_>],
+        items: &[(Option<&VirtualKv>, &[u32])],
+    ) -> Result<Vec<bool>> {
         let fed: usize = items.iter().map(|(_, t)| t.len()).sum();
         self.fresh
             .fetch_add(fed as u64, std::sync::atomic::Ordering::Relaxed);
@@ -300,7 +326,11 @@ pub fn default_kv_budget_bytes() -> usize {
         .and_then(|s| {
             s.lines()
                 .find(|l| l.starts_with("MemAvailable:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|k| k.parse::<usize>().ok()))
+                .and_then(|l| {
+                    l.split_whitespace()
+                        .nth(1)
+                        .and_then(|k| k.parse::<usize>().ok())
+                })
         })
         .map_or(8 << 30, |kb| kb * 1024);
     (available / 4).min(16 << 30)
@@ -427,7 +457,10 @@ impl<E: Executor> ScheduledBackend<E> {
             }
         }
         let t = self.tokens.lock().expect("tokens lock");
-        Ok(docs.iter().map(|(id, _)| t.docs[&key(id)].clone()).collect())
+        Ok(docs
+            .iter()
+            .map(|(id, _)| t.docs[&key(id)].clone())
+            .collect())
     }
 
     /// Called at each operator's first batch: drops documents of tables that no
@@ -469,7 +502,10 @@ impl<E: Executor> ScheduledBackend<E> {
             .map(|(k, &t)| (t, k.clone()))
             .collect();
         victims.sort_unstable();
-        let keep_nodes: HashSet<NodeId> = keep.iter().filter_map(|k| cache.doc_nodes.get(k).copied()).collect();
+        let keep_nodes: HashSet<NodeId> = keep
+            .iter()
+            .filter_map(|k| cache.doc_nodes.get(k).copied())
+            .collect();
         for (_, k) in victims {
             if held <= budget {
                 break;
@@ -481,7 +517,8 @@ impl<E: Executor> ScheduledBackend<E> {
             }
             if let Some(node) = cache.doc_nodes.remove(&k) {
                 // Another document with the same text may still use the node.
-                let shared = keep_nodes.contains(&node) || cache.doc_nodes.values().any(|&n| n == node);
+                let shared =
+                    keep_nodes.contains(&node) || cache.doc_nodes.values().any(|&n| n == node);
                 if !shared {
                     held -= cache.docs.evict_leaf(node);
                 }
@@ -490,7 +527,9 @@ impl<E: Executor> ScheduledBackend<E> {
         if held > budget {
             let removed: HashSet<NodeId> = cache
                 .docs
-                .evict_lru(budget.saturating_sub(held - cache.docs.bytes()), &|n| keep_nodes.contains(&n))
+                .evict_lru(budget.saturating_sub(held - cache.docs.bytes()), &|n| {
+                    keep_nodes.contains(&n)
+                })
                 .into_iter()
                 .collect();
             state.evictions += removed.len() as u64;
@@ -507,7 +546,10 @@ impl<E: Executor> ScheduledBackend<E> {
             while start < wave.len() {
                 let mut end = start;
                 let mut tokens = 0;
-                while end < wave.len() && (end == start || tokens + trie.edge(wave[end]).len() <= self.config.batch_tokens) {
+                while end < wave.len()
+                    && (end == start
+                        || tokens + trie.edge(wave[end]).len() <= self.config.batch_tokens)
+                {
                     tokens += trie.edge(wave[end]).len();
                     end += 1;
                 }
@@ -535,7 +577,10 @@ impl<E: Executor> ScheduledBackend<E> {
         scored: bool,
     ) -> Result<Vec<(DocKey, NodeId)>> {
         let preamble = self.piece(&call.pieces.preamble)?;
-        let docs: Vec<(&str, &str)> = requests.iter().map(|r| (r.anchor.id, r.anchor.text)).collect();
+        let docs: Vec<(&str, &str)> = requests
+            .iter()
+            .map(|r| (r.anchor.id, r.anchor.text))
+            .collect();
         let tokens = self.docs(&call.tables[0], &call.columns[0], &docs)?;
         let key_table = format!("{}.{}", call.tables[0], call.columns[0]);
         let budget_tokens = self.config.kv_budget_bytes / self.exec.kv_bytes_per_token().max(1);
@@ -596,15 +641,22 @@ impl<E: Executor> ScheduledBackend<E> {
                 trie.set_kv(node, h);
             }
         }
-        Ok(keys.into_iter().map(|k| {
-            let n = targets[&k];
-            (k, n)
-        }).collect())
+        Ok(keys
+            .into_iter()
+            .map(|k| {
+                let n = targets[&k];
+                (k, n)
+            })
+            .collect())
     }
 
     /// Like [`Self::materialize`] over many per-document tries at once, so the
     /// questions of a whole batch of documents share forward passes.
-    fn materialize_suffixes(&self, cache: &mut Cache<E::Kv>, targets: &HashMap<DocKey, NodeId>) -> Result<()> {
+    fn materialize_suffixes(
+        &self,
+        cache: &mut Cache<E::Kv>,
+        targets: &HashMap<DocKey, NodeId>,
+    ) -> Result<()> {
         let mut waves: Vec<Vec<(DocKey, NodeId)>> = Vec::new();
         for (key, &node) in targets {
             let trie = &cache.suffixes[key];
@@ -616,7 +668,9 @@ impl<E: Executor> ScheduledBackend<E> {
             }
         }
         for wave in waves {
-            for chunk in chunk_by_tokens(&wave, self.config.batch_tokens, |(k, n)| cache.suffixes[k].edge(*n).len()) {
+            for chunk in chunk_by_tokens(&wave, self.config.batch_tokens, |(k, n)| {
+                cache.suffixes[k].edge(*n).len()
+            }) {
                 let items: Vec<(Option<&E::Kv>, &[u32])> = chunk
                     .iter()
                     .map(|(k, n)| {
@@ -671,7 +725,9 @@ impl<E: Executor> ScheduledBackend<E> {
                 .map(|(k, n)| (cache.suffixes[k].kv(*n), &[][..]))
                 .collect();
             match call.kind {
-                AiKind::Classify => Answers::Labels(self.exec.classify(call, requests, &items, &labels)?),
+                AiKind::Classify => {
+                    Answers::Labels(self.exec.classify(call, requests, &items, &labels)?)
+                }
                 _ => Answers::Bools(self.exec.decide(call, requests, &items)?),
             }
         } else {
@@ -694,7 +750,16 @@ impl<E: Executor> ScheduledBackend<E> {
             let keys: Vec<(u64, DocKey, DocKey)> = nodes
                 .iter()
                 .zip(requests)
-                .map(|((k, _), r)| (group, k.clone(), (partner_table.clone(), r.partner.expect("pair").id.to_string())))
+                .map(|((k, _), r)| {
+                    (
+                        group,
+                        k.clone(),
+                        (
+                            partner_table.clone(),
+                            r.partner.expect("pair").id.to_string(),
+                        ),
+                    )
+                })
                 .collect();
             let todo: Vec<usize> = (0..requests.len())
                 .filter(|&i| match call.kind {
@@ -734,13 +799,20 @@ impl<E: Executor> ScheduledBackend<E> {
                 }
             }
             match call.kind {
-                AiKind::Classify => Answers::Labels(keys.iter().map(|k| state.cache.memo_label[k]).collect()),
+                AiKind::Classify => {
+                    Answers::Labels(keys.iter().map(|k| state.cache.memo_label[k]).collect())
+                }
                 _ => Answers::Bools(keys.iter().map(|k| state.cache.memo_bool[k]).collect()),
             }
         };
         let keep: HashSet<DocKey> = requests
             .iter()
-            .map(|r| (format!("{}.{}", call.tables[0], call.columns[0]), r.anchor.id.to_string()))
+            .map(|r| {
+                (
+                    format!("{}.{}", call.tables[0], call.columns[0]),
+                    r.anchor.id.to_string(),
+                )
+            })
             .collect();
         self.enforce_budget(&mut state, &keep);
         Ok(out)
@@ -750,7 +822,10 @@ impl<E: Executor> ScheduledBackend<E> {
     fn run_uncached(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Answers> {
         let pieces = &call.pieces;
         let preamble = self.piece(&pieces.preamble)?;
-        let anchors: Vec<(&str, &str)> = requests.iter().map(|r| (r.anchor.id, r.anchor.text)).collect();
+        let anchors: Vec<(&str, &str)> = requests
+            .iter()
+            .map(|r| (r.anchor.id, r.anchor.text))
+            .collect();
         let anchor_tokens = self.docs(&call.tables[0], &call.columns[0], &anchors)?;
         let partner_tokens = if pieces.pair {
             let ps: Vec<(&str, &str)> = requests
@@ -790,10 +865,15 @@ impl<E: Executor> ScheduledBackend<E> {
         let mut chosen = Vec::new();
         for chunk in chunk_by_tokens(&order, self.config.batch_tokens, |&i| prompts[i].len()) {
             self.check_cancelled(call)?;
-            let items: Vec<(Option<&E::Kv>, &[u32])> = chunk.iter().map(|&i| (None, prompts[i].as_slice())).collect();
+            let items: Vec<(Option<&E::Kv>, &[u32])> = chunk
+                .iter()
+                .map(|&i| (None, prompts[i].as_slice()))
+                .collect();
             let reqs: Vec<AiRequest<'_>> = chunk.iter().map(|&i| requests[i]).collect();
             match call.kind {
-                AiKind::Classify => chosen.extend(self.exec.classify(call, &reqs, &items, &labels)?),
+                AiKind::Classify => {
+                    chosen.extend(self.exec.classify(call, &reqs, &items, &labels)?)
+                }
                 _ => bools.extend(self.exec.decide(call, &reqs, &items)?),
             }
         }
@@ -810,7 +890,11 @@ enum Answers {
 }
 
 /// Splits `items` into consecutive chunks of at most `budget` tokens (at least one item each).
-fn chunk_by_tokens<'a, T>(items: &'a [T], budget: usize, tokens: impl Fn(&T) -> usize) -> Vec<&'a [T]> {
+fn chunk_by_tokens<'a, T>(
+    items: &'a [T],
+    budget: usize,
+    tokens: impl Fn(&T) -> usize,
+) -> Vec<&'a [T]> {
     let mut out = Vec::new();
     let mut start = 0;
     while start < items.len() {
@@ -834,7 +918,10 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
     fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
         match self.run(call, requests)? {
             Answers::Bools(b) => Ok(b),
-            Answers::Labels(_) => Err(EngineError::Inference(format!("{}: expected decisions", call.op_id))),
+            Answers::Labels(_) => Err(EngineError::Inference(format!(
+                "{}: expected decisions",
+                call.op_id
+            ))),
         }
     }
 
@@ -844,7 +931,10 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         }
         match self.run(call, requests)? {
             Answers::Labels(l) => Ok(l),
-            Answers::Bools(_) => Err(EngineError::Inference(format!("{}: expected labels", call.op_id))),
+            Answers::Bools(_) => Err(EngineError::Inference(format!(
+                "{}: expected labels",
+                call.op_id
+            ))),
         }
     }
 
@@ -855,11 +945,13 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
     }
 
     fn cancel(&self) {
-        self.cancelled.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.cancelled
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn start_query(&self, query: &QueryPlan) {
-        self.cancelled.store(false, std::sync::atomic::Ordering::Relaxed);
+        self.cancelled
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         let mut state = self.state.lock().expect("scheduler lock");
         state.cache = Cache::new();
         state.ops = query
@@ -884,10 +976,19 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
     fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {
         let state = self.state.lock().expect("scheduler lock");
         let mut m = serde_json::Map::new();
-        m.insert("fresh_tokens".into(), (self.exec.fresh_tokens() - state.fresh_start).into());
-        m.insert("label_tokens".into(), (self.exec.label_tokens() - state.label_start).into());
+        m.insert(
+            "fresh_tokens".into(),
+            (self.exec.fresh_tokens() - state.fresh_start).into(),
+        );
+        m.insert(
+            "label_tokens".into(),
+            (self.exec.label_tokens() - state.label_start).into(),
+        );
         m.insert("prefix_cache".into(), self.config.prefix_cache.into());
-        m.insert("kv_peak_bytes".into(), state.peak_bytes.max(state.cache.bytes()).into());
+        m.insert(
+            "kv_peak_bytes".into(),
+            state.peak_bytes.max(state.cache.bytes()).into(),
+        );
         m.insert("kv_evictions".into(), state.evictions.into());
         m.insert("kv_budget_bytes".into(), self.config.kv_budget_bytes.into());
         m.insert("batch_tokens".into(), self.config.batch_tokens.into());
@@ -912,15 +1013,21 @@ pub struct ModelSpec {
 pub fn tiny_model_dir() -> Result<std::path::PathBuf> {
     let base = std::env::var_os("AISQL_CACHE_DIR")
         .map(std::path::PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/aisql")))
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/aisql"))
+        })
         .unwrap_or_else(|| std::path::PathBuf::from(".aisql-cache"));
     let dir = base.join("models/tiny-qwen3-seed0");
     if !dir.join("model.safetensors").exists() {
         let tmp = base.join(format!("models/.tiny-qwen3-seed0.{}", std::process::id()));
         aisql_models::tiny::write_tiny_model(&tmp, 0)?;
-        std::fs::create_dir_all(dir.parent().expect("has parent")).map_err(|e| EngineError::io(&dir, e))?;
+        std::fs::create_dir_all(dir.parent().expect("has parent"))
+            .map_err(|e| EngineError::io(&dir, e))?;
         if std::fs::rename(&tmp, &dir).is_err() && !dir.join("model.safetensors").exists() {
-            return Err(EngineError::Inference(format!("could not place the tiny model at {}", dir.display())));
+            return Err(EngineError::Inference(format!(
+                "could not place the tiny model at {}",
+                dir.display()
+            )));
         }
         let _ = std::fs::remove_dir_all(&tmp);
     }
@@ -929,7 +1036,12 @@ pub fn tiny_model_dir() -> Result<std::path::PathBuf> {
 
 /// Loads the model of `spec` and wraps it in the scheduled backend. Also returns
 /// metadata describing it (model, device, dtype, budgets).
-pub fn load_model_backend(spec: &ModelSpec) -> Result<(Arc<ScheduledBackend<ModelExecutor>>, serde_json::Map<String, serde_json::Value>)> {
+pub fn load_model_backend(
+    spec: &ModelSpec,
+) -> Result<(
+    Arc<ScheduledBackend<ModelExecutor>>,
+    serde_json::Map<String, serde_json::Value>,
+)> {
     let source = if spec.model == "tiny" {
         tiny_model_dir()?.display().to_string()
     } else {
@@ -948,12 +1060,25 @@ pub fn load_model_backend(spec: &ModelSpec) -> Result<(Arc<ScheduledBackend<Mode
         }
         .into(),
     );
-    meta.insert("dtype".into(), format!("{:?}", model.dtype()).to_lowercase().into());
+    meta.insert(
+        "dtype".into(),
+        format!("{:?}", model.dtype()).to_lowercase().into(),
+    );
     meta.insert("prefix_cache".into(), spec.scheduler.prefix_cache.into());
-    meta.insert("kv_budget_bytes".into(), spec.scheduler.kv_budget_bytes.into());
+    meta.insert(
+        "kv_budget_bytes".into(),
+        spec.scheduler.kv_budget_bytes.into(),
+    );
     meta.insert("batch_tokens".into(), spec.scheduler.batch_tokens.into());
     let exec = ModelExecutor::new(Arc::new(model), &tokenizer, "model")?;
-    Ok((Arc::new(ScheduledBackend::new(exec, tokenizer, spec.scheduler.clone())), meta))
+    Ok((
+        Arc::new(ScheduledBackend::new(
+            exec,
+            tokenizer,
+            spec.scheduler.clone(),
+        )),
+        meta,
+    ))
 }
 
 /// The simulation backend: the model backend's scheduler over a virtual KV cache

@@ -24,9 +24,17 @@ use crate::plan::QueryPlan;
 /// Reads one Parquet table, requiring `columns` to exist, be strings and hold no
 /// nulls, and the table to have rows. `text_columns` are served as `Utf8View`
 /// (joins then copy views, not document texts), the other strings as `Utf8`.
-pub fn read_table(table: &str, path: &Path, columns: &[String], text_columns: &[String]) -> Result<RecordBatch> {
+pub fn read_table(
+    table: &str,
+    path: &Path,
+    columns: &[String],
+    text_columns: &[String],
+) -> Result<RecordBatch> {
     let file = File::open(path).map_err(|e| {
-        EngineError::Data(format!("table {table}: cannot open {}: {e}", path.display()))
+        EngineError::Data(format!(
+            "table {table}: cannot open {}: {e}",
+            path.display()
+        ))
     })?;
     let corrupt = |e: &dyn std::fmt::Display| {
         EngineError::Data(format!(
@@ -57,7 +65,9 @@ pub fn read_table(table: &str, path: &Path, columns: &[String], text_columns: &[
         )));
     }
     if let Some(ids) = batch.column_by_name("id")
-        && let Some(ids) = ids.as_any().downcast_ref::<datafusion::arrow::array::StringArray>()
+        && let Some(ids) = ids
+            .as_any()
+            .downcast_ref::<datafusion::arrow::array::StringArray>()
     {
         let mut seen = std::collections::HashSet::with_capacity(ids.len());
         for (row, id) in ids.iter().enumerate() {
@@ -82,7 +92,9 @@ pub fn read_table(table: &str, path: &Path, columns: &[String], text_columns: &[
             ),
             _ => (field.as_ref().clone(), array.clone()),
         };
-        let (field, array) = if text_columns.iter().any(|c| c == field.name()) && field.data_type() == &DataType::Utf8 {
+        let (field, array) = if text_columns.iter().any(|c| c == field.name())
+            && field.data_type() == &DataType::Utf8
+        {
             (
                 Field::new(field.name(), DataType::Utf8View, field.is_nullable()),
                 cast(&array, &DataType::Utf8View)?,

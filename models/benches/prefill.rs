@@ -57,9 +57,7 @@ fn bench(c: &mut Criterion) {
     let prefixes: Vec<_> = (0..SEQS as u32)
         .map(|i| model.prefill(None, &tokens(SEQ_PREFIX, 100 + i)).unwrap())
         .collect();
-    let news: Vec<Vec<u32>> = (0..SEQS as u32)
-        .map(|i| tokens(SEQ_NEW, 200 + i))
-        .collect();
+    let news: Vec<Vec<u32>> = (0..SEQS as u32).map(|i| tokens(SEQ_NEW, 200 + i)).collect();
     let items: Vec<Continuation> = prefixes
         .iter()
         .zip(&news)

@@ -178,7 +178,12 @@ impl KvHandle {
         let layers = segment
             .layers
             .iter()
-            .map(|(k, v)| Ok((k.narrow(1, 0, keep)?.contiguous()?, v.narrow(1, 0, keep)?.contiguous()?)))
+            .map(|(k, v)| {
+                Ok((
+                    k.narrow(1, 0, keep)?.contiguous()?,
+                    v.narrow(1, 0, keep)?.contiguous()?,
+                ))
+            })
             .collect::<Result<Vec<LayerKv>>>()?;
         Ok(KvHandle::new(
             self.0.model_uid,

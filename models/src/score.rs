@@ -633,7 +633,10 @@ mod tests {
         }
         // A view cannot be scored directly: it has no final position output.
         let err = model
-            .decide(&[Continuation::new(Some(&whole.prefix(31).unwrap()), &[])], &model_answer_ids())
+            .decide(
+                &[Continuation::new(Some(&whole.prefix(31).unwrap()), &[])],
+                &model_answer_ids(),
+            )
             .unwrap_err();
         assert!(err.to_string().contains("prefix view"), "{err}");
         assert!(whole.prefix(41).is_err());

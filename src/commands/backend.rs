@@ -2,10 +2,13 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
 use aisql_bench::layout::Dataset;
 use aisql_engine::backend::{InferenceBackend, OracleBackend};
-use aisql_engine::scheduler::{QWEN3_4B_KV_BYTES_PER_TOKEN, ModelSpec, SchedulerConfig, default_kv_budget_bytes, load_model_backend, simulation_backend};
+use aisql_engine::scheduler::{
+    ModelSpec, QWEN3_4B_KV_BYTES_PER_TOKEN, SchedulerConfig, default_kv_budget_bytes,
+    load_model_backend, simulation_backend,
+};
+use anyhow::{Context, bail};
 
 use crate::cli::{BackendArgs, BackendKind, Switch};
 
@@ -16,7 +19,9 @@ const SIMULATED_KV_BUDGET_BYTES: usize = 100 << 30;
 pub fn scheduler_config(args: &BackendArgs) -> SchedulerConfig {
     SchedulerConfig {
         prefix_cache: args.prefix_cache == Switch::On,
-        kv_budget_bytes: args.kv_budget_mb.map_or_else(default_kv_budget_bytes, |mb| mb << 20),
+        kv_budget_bytes: args
+            .kv_budget_mb
+            .map_or_else(default_kv_budget_bytes, |mb| mb << 20),
         batch_tokens: args.batch_tokens.max(1),
     }
 }
@@ -27,14 +32,22 @@ pub fn build(
     args: &BackendArgs,
     dataset: Option<&Dataset>,
     templates: &[String],
-) -> anyhow::Result<(Arc<dyn InferenceBackend>, serde_json::Map<String, serde_json::Value>)> {
+) -> anyhow::Result<(
+    Arc<dyn InferenceBackend>,
+    serde_json::Map<String, serde_json::Value>,
+)> {
     let mut meta = serde_json::Map::new();
-    meta.insert("backend".into(), format!("{:?}", args.backend).to_lowercase().into());
+    meta.insert(
+        "backend".into(),
+        format!("{:?}", args.backend).to_lowercase().into(),
+    );
     meta.insert("prompt_format".into(), args.prompt_format.clone().into());
     match args.backend {
         BackendKind::Oracle => {
             let Some(dataset) = dataset else {
-                bail!("--backend oracle needs reference labels: use a QUAIL-B data root (--root), not --tables");
+                bail!(
+                    "--backend oracle needs reference labels: use a QUAIL-B data root (--root), not --tables"
+                );
             };
             let labels = Arc::new(
                 dataset
@@ -51,14 +64,22 @@ pub fn build(
                 meta.insert("simulation".into(), true.into());
                 meta.insert("prefix_cache".into(), config.prefix_cache.into());
                 meta.insert("kv_budget_bytes".into(), config.kv_budget_bytes.into());
-                meta.insert("simulated_kv_bytes_per_token".into(), QWEN3_4B_KV_BYTES_PER_TOKEN.into());
-                return Ok((simulation_backend(labels, config, QWEN3_4B_KV_BYTES_PER_TOKEN)?, meta));
+                meta.insert(
+                    "simulated_kv_bytes_per_token".into(),
+                    QWEN3_4B_KV_BYTES_PER_TOKEN.into(),
+                );
+                return Ok((
+                    simulation_backend(labels, config, QWEN3_4B_KV_BYTES_PER_TOKEN)?,
+                    meta,
+                ));
             }
             Ok((Arc::new(OracleBackend::new(labels)), meta))
         }
         BackendKind::Model => {
             if args.simulate {
-                bail!("--simulate runs the scheduler over reference labels: use it with --backend oracle");
+                bail!(
+                    "--simulate runs the scheduler over reference labels: use it with --backend oracle"
+                );
             }
             let dtype = match args.dtype.as_deref() {
                 None => None,
@@ -73,8 +94,8 @@ pub fn build(
                 dtype,
                 scheduler: scheduler_config(args),
             };
-            let (backend, model_meta) =
-                load_model_backend(&spec).with_context(|| format!("loading model {:?}", args.model))?;
+            let (backend, model_meta) = load_model_backend(&spec)
+                .with_context(|| format!("loading model {:?}", args.model))?;
             meta.extend(model_meta);
             Ok((backend, meta))
         }

@@ -1,8 +1,8 @@
 //! `aisql data generate|fetch`.
 
-use anyhow::Context;
 use aisql_bench::layout;
 use aisql_bench::standin;
+use anyhow::Context;
 
 use crate::cli::DataCommand;
 
@@ -12,9 +12,15 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
             let root = root.unwrap_or_else(layout::standin_root);
             let summary = standin::generate(&root, sf)
                 .with_context(|| format!("generating the stand-in corpus at sf {sf}"))?;
-            println!("corpus {} collection {} (sf {})", summary.corpus_id, summary.collection_id, summary.scale_factor);
+            println!(
+                "corpus {} collection {} (sf {})",
+                summary.corpus_id, summary.collection_id, summary.scale_factor
+            );
             for (table, t) in &summary.tables {
-                println!("  {table:<18} {:>9} rows {:>12} bytes {:>7.2} s", t.rows, t.bytes, t.seconds);
+                println!(
+                    "  {table:<18} {:>9} rows {:>12} bytes {:>7.2} s",
+                    t.rows, t.bytes, t.seconds
+                );
             }
             let labels: u64 = summary.label_rows.values().sum();
             println!(

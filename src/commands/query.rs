@@ -24,7 +24,8 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     let query = QueryPlan::from_file(&args.plan)?;
     let format = args.backend.prompt_format.parse()?;
     let (tables, dataset) = resolve_tables(&args.data)?;
-    let (backend, _meta) = super::backend::build(&args.backend, dataset.as_ref(), &query.templates())?;
+    let (backend, _meta) =
+        super::backend::build(&args.backend, dataset.as_ref(), &query.templates())?;
     let rt = super::runtime()?;
     let out = rt.block_on(run_query(
         &query,
