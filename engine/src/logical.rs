@@ -34,6 +34,7 @@ use datafusion_substrait::logical_plan::consumer::{
     SubstraitConsumer, from_filter_rel, from_join_rel, from_project_rel, from_read_rel,
     from_substrait_plan_with_consumer,
 };
+use datafusion_substrait::substrait::proto::function_argument::ArgType;
 use datafusion_substrait::substrait::proto::{
     Expression, FilterRel, JoinRel, ProjectRel, ReadRel, RelCommon, expression::RexType,
 };
@@ -180,18 +181,14 @@ impl<'a> AiConsumer<'a> {
     }
 
     fn contains_function(&self, e: &Expression, name: &str) -> bool {
-        match e.rex_type.as_ref() {
-            Some(RexType::ScalarFunction(f)) => self.function_base(e) == Some(name)
-                || f.arguments.iter().any(|a| match &a.arg_type {
-                    Some(
-                        datafusion_substrait::substrait::proto::function_argument::ArgType::Value(
-                            v,
-                        ),
-                    ) => self.contains_function(v, name),
-                    _ => false,
-                }),
-            _ => false,
-        }
+        let Some(RexType::ScalarFunction(f)) = e.rex_type.as_ref() else {
+            return false;
+        };
+        self.function_base(e) == Some(name)
+            || f.arguments.iter().any(|a| match &a.arg_type {
+                Some(ArgType::Value(v)) => self.contains_function(v, name),
+                _ => false,
+            })
     }
 
     /// The next operator of a kind, in post-order, from the validated query.
