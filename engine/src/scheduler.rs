@@ -542,26 +542,16 @@ impl<E: Executor> ScheduledBackend<E> {
     /// Computes the pending nodes of a trie in waves of at most `batch_tokens`.
     fn materialize(&self, trie: &mut PrefixTrie<E::Kv>, targets: &[NodeId]) -> Result<()> {
         for wave in trie.pending(targets) {
-            let mut start = 0;
-            while start < wave.len() {
-                let mut end = start;
-                let mut tokens = 0;
-                while end < wave.len()
-                    && (end == start
-                        || tokens + trie.edge(wave[end]).len() <= self.config.batch_tokens)
-                {
-                    tokens += trie.edge(wave[end]).len();
-                    end += 1;
-                }
-                let items: Vec<(Option<&E::Kv>, &[u32])> = wave[start..end]
+            for chunk in chunk_by_tokens(&wave, self.config.batch_tokens, |&id| trie.edge(id).len())
+            {
+                let items: Vec<(Option<&E::Kv>, &[u32])> = chunk
                     .iter()
                     .map(|&id| (trie.parent_kv(id), trie.edge(id)))
                     .collect();
                 let handles = self.exec.prefill(&items)?;
-                for (&id, h) in wave[start..end].iter().zip(handles) {
+                for (&id, h) in chunk.iter().zip(handles) {
                     trie.set_kv(id, h);
                 }
-                start = end;
             }
         }
         Ok(())
