@@ -315,13 +315,63 @@ impl Interner {
     }
 }
 
+/// Most columns a scored row can have (relations joined, or output columns).
+/// The 43 queries need at most 4.
+pub const ROW_CAP: usize = 8;
+
+/// A tuple of interned values stored inline: result sets can hold tens of
+/// millions of rows (IMDB-9 at sf 0.1), so a row must not cost a heap block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Row {
+    len: u8,
+    values: [u32; ROW_CAP],
+}
+
+impl std::ops::Deref for Row {
+    type Target = [u32];
+    fn deref(&self) -> &[u32] {
+        &self.values[..self.len as usize]
+    }
+}
+
+impl Extend<u32> for Row {
+    /// Values past [`ROW_CAP`] are dropped; callers check widths first
+    /// ([`check_width`]).
+    fn extend<I: IntoIterator<Item = u32>>(&mut self, iter: I) {
+        for x in iter {
+            if (self.len as usize) < ROW_CAP {
+                self.values[self.len as usize] = x;
+                self.len += 1;
+            }
+        }
+    }
+}
+
+impl FromIterator<u32> for Row {
+    fn from_iter<I: IntoIterator<Item = u32>>(iter: I) -> Self {
+        let mut row = Row::default();
+        row.extend(iter);
+        row
+    }
+}
+
+/// An error when rows of `width` columns do not fit in a [`Row`].
+fn check_width(width: usize, what: &str) -> Result<()> {
+    if width > ROW_CAP {
+        return Err(err(format!(
+            "{what} has {width} columns; scoring supports at most {ROW_CAP}"
+        )));
+    }
+    Ok(())
+}
+
 /// A set of distinct tuples with named columns (values interned).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Tuples {
     /// Column names.
     pub columns: Vec<String>,
     /// Distinct rows.
-    pub rows: HashSet<Vec<u32>>,
+    pub rows: HashSet<Row>,
 }
 
 impl Tuples {
@@ -354,6 +404,7 @@ impl Tuples {
                     .ok_or_else(|| err(format!("output column {n} is not a string column")))
             })
             .collect::<Result<_>>()?;
+        check_width(columns.len(), "the output")?;
         let mut rows = HashSet::with_capacity(batch.num_rows());
         for i in 0..batch.num_rows() {
             let row = arrays
@@ -366,14 +417,14 @@ impl Tuples {
                         Ok(interner.intern(a.value(i)))
                     }
                 })
-                .collect::<Result<Vec<_>>>()?;
+                .collect::<Result<Row>>()?;
             rows.insert(row);
         }
         Ok(Self { columns, rows })
     }
 
     /// The rows with columns reordered to `order` (None when the sets differ).
-    fn reordered(&self, order: &[String]) -> Option<HashSet<Vec<u32>>> {
+    fn reordered(&self, order: &[String]) -> Option<HashSet<Row>> {
         let idx: Vec<usize> = order
             .iter()
             .map(|c| self.columns.iter().position(|x| x == c))
@@ -430,16 +481,16 @@ pub fn compare_rows(
         && n_pred > 0
         && n_exp > 0
     {
-        let extra: Vec<&Vec<u32>> = rows.difference(&expected.rows).collect();
-        let missing: Vec<&Vec<u32>> = expected.rows.difference(rows).collect();
+        let extra: Vec<&Row> = rows.difference(&expected.rows).collect();
+        let missing: Vec<&Row> = expected.rows.difference(rows).collect();
         let id_cols: Vec<usize> = (0..expected.columns.len())
             .filter(|&i| !label_columns.contains(&expected.columns[i]))
             .collect();
-        let key = |r: &Vec<u32>| -> Vec<u32> { id_cols.iter().map(|&i| r[i]).collect() };
+        let key = |r: &Row| -> Row { id_cols.iter().map(|&i| r[i]).collect() };
         let (mut extra_left, mut missing_left) = (extra.len(), missing.len());
         if id_cols.len() < expected.columns.len() {
-            let missing_keys: HashSet<Vec<u32>> = missing.iter().map(|r| key(r)).collect();
-            let extra_keys: HashSet<Vec<u32>> = extra.iter().map(|r| key(r)).collect();
+            let missing_keys: HashSet<Row> = missing.iter().map(|r| key(r)).collect();
+            let extra_keys: HashSet<Row> = extra.iter().map(|r| key(r)).collect();
             let mismatched = extra
                 .iter()
                 .filter(|r| missing_keys.contains(&key(r)))
@@ -560,7 +611,9 @@ pub fn reference_rows(
         }
     }
     // Joins, then their natural join.
-    let mut result: Option<(Vec<String>, Vec<Vec<u32>>)> = None;
+    check_width(plan.relations.len(), "the query's join")?;
+    check_width(plan.select.len(), "the query's output")?;
+    let mut result: Option<(Vec<String>, Vec<Row>)> = None;
     for op in &plan.operators {
         let Operator::Join { aliases, on, .. } = op else {
             continue;
@@ -594,7 +647,11 @@ pub fn reference_rows(
                 .collect();
             for y in by_key.get(&k).map(Vec::as_slice).unwrap_or(&[]) {
                 if set.get_bool(x, Some(y)) == Some(true) {
-                    pairs.push(vec![interner.intern(x), interner.intern(y)]);
+                    pairs.push(
+                        [interner.intern(x), interner.intern(y)]
+                            .into_iter()
+                            .collect::<Row>(),
+                    );
                 }
             }
         }
@@ -612,7 +669,7 @@ pub fn reference_rows(
                 vec![base.clone()],
                 survivors[base]
                     .iter()
-                    .map(|x| vec![interner.intern(x)])
+                    .map(|x| std::iter::once(interner.intern(x)).collect::<Row>())
                     .collect(),
             )
         }
@@ -627,12 +684,12 @@ pub fn reference_rows(
     let col_of = |a: &str| cols.iter().position(|c| c == a);
     let mut out = HashSet::new();
     for r in &rows {
-        let mut t = Vec::with_capacity(plan.select.len());
+        let mut t = Row::default();
         for s in &plan.select {
             if s.column == "id" {
                 let i =
                     col_of(&s.alias).ok_or_else(|| err(format!("alias {} not joined", s.alias)))?;
-                t.push(r[i]);
+                t.extend([r[i]]);
                 continue;
             }
             let op = plan
@@ -664,7 +721,7 @@ pub fn reference_rows(
                         })?
                 }
             };
-            t.push(interner.intern(&label));
+            t.extend([interner.intern(&label)]);
         }
         out.insert(t);
     }
@@ -676,10 +733,10 @@ pub fn reference_rows(
 
 fn natural_join(
     lc: &[String],
-    lrows: &[Vec<u32>],
+    lrows: &[Row],
     rc: &[String],
-    rrows: &[Vec<u32>],
-) -> (Vec<String>, Vec<Vec<u32>>) {
+    rrows: &[Row],
+) -> (Vec<String>, Vec<Row>) {
     let shared: Vec<(usize, usize)> = lc
         .iter()
         .enumerate()
@@ -688,7 +745,7 @@ fn natural_join(
     let extra: Vec<usize> = (0..rc.len())
         .filter(|j| !shared.iter().any(|&(_, s)| s == *j))
         .collect();
-    let mut index: HashMap<Vec<u32>, Vec<&Vec<u32>>> = HashMap::new();
+    let mut index: HashMap<Row, Vec<&Row>> = HashMap::new();
     for r in rrows {
         index
             .entry(shared.iter().map(|&(_, j)| r[j]).collect())
@@ -699,9 +756,9 @@ fn natural_join(
     cols.extend(extra.iter().map(|&j| rc[j].clone()));
     let mut rows = Vec::new();
     for l in lrows {
-        let k: Vec<u32> = shared.iter().map(|&(i, _)| l[i]).collect();
+        let k: Row = shared.iter().map(|&(i, _)| l[i]).collect();
         for r in index.get(&k).map(Vec::as_slice).unwrap_or(&[]) {
-            let mut row = l.clone();
+            let mut row = *l;
             row.extend(extra.iter().map(|&j| r[j]));
             rows.push(row);
         }
@@ -1034,13 +1091,15 @@ mod tests {
 
     #[test]
     fn natural_join_on_shared_aliases() {
+        let row = |v: &[u32]| v.iter().copied().collect::<Row>();
         let (c, r) = natural_join(
             &["a".into(), "b".into()],
-            &[vec![1, 10], vec![2, 11]],
+            &[row(&[1, 10]), row(&[2, 11])],
             &["b".into(), "c".into()],
-            &[vec![10, 20], vec![10, 21]],
+            &[row(&[10, 20]), row(&[10, 21])],
         );
         assert_eq!(c, ["a", "b", "c"]);
-        assert_eq!(r, [vec![1, 10, 20], vec![1, 10, 21]]);
+        assert_eq!(r, [row(&[1, 10, 20]), row(&[1, 10, 21])]);
+        assert_eq!(&*r[0], &[1, 10, 20]);
     }
 }
