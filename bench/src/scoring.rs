@@ -315,9 +315,9 @@ impl Interner {
     }
 }
 
-/// Most columns a scored row can have (relations joined, or output columns).
-/// The 43 queries need at most 4.
-pub const ROW_CAP: usize = 8;
+/// Most columns a scored row can have (relations joined, or output columns):
+/// the 43 queries need at most 4, and every byte counts at tens of millions of rows.
+pub const ROW_CAP: usize = 4;
 
 /// A tuple of interned values stored inline: result sets can hold tens of
 /// millions of rows (IMDB-9 at sf 0.1), so a row must not cost a heap block.
@@ -423,8 +423,9 @@ impl Tuples {
         Ok(Self { columns, rows })
     }
 
-    /// The rows with columns reordered to `order` (None when the sets differ).
-    fn reordered(&self, order: &[String]) -> Option<HashSet<Row>> {
+    /// The rows with columns reordered to `order` (None when the sets differ);
+    /// borrowed when the order is already the same.
+    fn reordered(&self, order: &[String]) -> Option<std::borrow::Cow<'_, HashSet<Row>>> {
         let idx: Vec<usize> = order
             .iter()
             .map(|c| self.columns.iter().position(|x| x == c))
@@ -432,12 +433,15 @@ impl Tuples {
         if idx.len() != self.columns.len() {
             return None;
         }
-        Some(
+        if idx.iter().enumerate().all(|(i, &j)| i == j) {
+            return Some(std::borrow::Cow::Borrowed(&self.rows));
+        }
+        Some(std::borrow::Cow::Owned(
             self.rows
                 .iter()
                 .map(|r| idx.iter().map(|&i| r[i]).collect())
                 .collect(),
-        )
+        ))
     }
 }
 
