@@ -16,6 +16,8 @@ mod cuda_tests;
 mod error;
 pub mod grouped;
 pub mod head;
+#[cfg(test)]
+mod testutil;
 
 pub use attention::{
     AttnDims, KvSlice, SeqKv, SeqSlices, prefix_suffix_attention,

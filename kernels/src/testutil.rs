@@ -1,0 +1,34 @@
+//! Test helpers shared by the kernels' unit tests: deterministic tensors and
+//! the largest absolute difference between two tensors.
+
+use candle_core::{Device, Tensor};
+
+pub(crate) fn randn(shape: (usize, usize, usize), seed: u64) -> Tensor {
+    // A tiny LCG keeps the test free of extra dependencies and fully deterministic.
+    let n = shape.0 * shape.1 * shape.2;
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let data: Vec<f32> = (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect();
+    Tensor::from_vec(data, shape, &Device::Cpu).unwrap()
+}
+
+pub(crate) fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
