@@ -725,29 +725,19 @@ impl<E: Executor> ScheduledBackend<E> {
             let frame = self.piece(&pieces.frame)?;
             let label = self.piece(&pieces.label)?;
             let tail = self.piece(&pieces.tail)?;
-            let nodes = self.anchor_prompts(&mut state, call, requests, &frame, false)?;
-            let partner_docs: Vec<(&str, &str)> = requests
+            let group = Self::group_hash(call);
+            let anchor_table = format!("{}.{}", call.tables[0], call.columns[0]);
+            let partner_table = format!("{}.{}", call.tables[1], call.columns[1]);
+            // Memo: a pair asked before with the same pieces is not asked again,
+            // and its anchor's KV is not needed for it.
+            let keys: Vec<(u64, DocKey, DocKey)> = requests
                 .iter()
                 .map(|r| {
                     let p = r.partner.expect("pair requests have partners");
-                    (p.id, p.text)
-                })
-                .collect();
-            let partners = self.docs(&call.tables[1], &call.columns[1], &partner_docs)?;
-            let group = Self::group_hash(call);
-            let partner_table = format!("{}.{}", call.tables[1], call.columns[1]);
-            // Memo: a pair asked before with the same pieces is not asked again.
-            let keys: Vec<(u64, DocKey, DocKey)> = nodes
-                .iter()
-                .zip(requests)
-                .map(|((k, _), r)| {
                     (
                         group,
-                        k.clone(),
-                        (
-                            partner_table.clone(),
-                            r.partner.expect("pair").id.to_string(),
-                        ),
+                        (anchor_table.clone(), r.anchor.id.to_string()),
+                        (partner_table.clone(), p.id.to_string()),
                     )
                 })
                 .collect();
@@ -757,9 +747,23 @@ impl<E: Executor> ScheduledBackend<E> {
                     _ => !state.cache.memo_bool.contains_key(&keys[i]),
                 })
                 .collect();
-            let suffixes: Vec<Vec<u32>> = todo
+            let todo_requests: Vec<AiRequest<'_>> = todo.iter().map(|&i| requests[i]).collect();
+            let nodes = if todo.is_empty() {
+                Vec::new()
+            } else {
+                self.anchor_prompts(&mut state, call, &todo_requests, &frame, false)?
+            };
+            let partner_docs: Vec<(&str, &str)> = todo_requests
                 .iter()
-                .map(|&i| [label.as_slice(), partners[i].as_slice(), tail.as_slice()].concat())
+                .map(|r| {
+                    let p = r.partner.expect("pair requests have partners");
+                    (p.id, p.text)
+                })
+                .collect();
+            let partners = self.docs(&call.tables[1], &call.columns[1], &partner_docs)?;
+            let suffixes: Vec<Vec<u32>> = partners
+                .iter()
+                .map(|p| [label.as_slice(), p.as_slice(), tail.as_slice()].concat())
                 .collect();
             let order: Vec<usize> = (0..todo.len()).collect();
             for chunk in chunk_by_tokens(&order, self.config.batch_tokens, |&j| suffixes[j].len()) {
@@ -768,11 +772,11 @@ impl<E: Executor> ScheduledBackend<E> {
                 let items: Vec<(Option<&E::Kv>, &[u32])> = chunk
                     .iter()
                     .map(|&j| {
-                        let (k, n) = &nodes[todo[j]];
+                        let (k, n) = &nodes[j];
                         (cache.suffixes[k].kv(*n), suffixes[j].as_slice())
                     })
                     .collect();
-                let reqs: Vec<AiRequest<'_>> = chunk.iter().map(|&j| requests[todo[j]]).collect();
+                let reqs: Vec<AiRequest<'_>> = chunk.iter().map(|&j| todo_requests[j]).collect();
                 match call.kind {
                     AiKind::Classify => {
                         let got = self.exec.classify(call, &reqs, &items, &labels)?;
