@@ -527,6 +527,10 @@ pub fn prefix_suffix_attention(
     if !all_cpu_f32 {
         // GPU tensors: suffixes sharing a prefix batched into large candle ops. CPU
         // tensors of other dtypes keep the per-sequence reference.
+        #[cfg(feature = "cuda")]
+        if q.device().is_cuda() {
+            return crate::cuda::prefix_suffix_attention(q, k, v, seqs, scale);
+        }
         if !q.device().is_cpu() {
             return crate::grouped::prefix_suffix_attention_grouped(q, k, v, seqs, scale);
         }

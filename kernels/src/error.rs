@@ -16,6 +16,15 @@ pub enum KernelError {
         /// What is inconsistent.
         message: String,
     },
+
+    /// A CUDA kernel disagreed with the candle-ops composition in its first-use check.
+    #[error("CUDA kernel {kernel} failed its self-check: {message}")]
+    SelfCheck {
+        /// The kernel that failed.
+        kernel: &'static str,
+        /// What differed.
+        message: String,
+    },
 }
 
 /// Kernels result.

@@ -22,52 +22,71 @@ pub fn prefix_suffix_attention_grouped(
 ) -> Result<Tensor> {
     let (num_heads, total, d) = q.dims3()?;
     let kvh = k.dim(0)?;
-    let packed_in_order = {
-        let mut next = 0;
-        seqs.iter().all(|s| {
-            let ok = s.start == next;
-            next += s.len;
-            ok
-        }) && next == total
-    };
-    if kvh == 0 || !num_heads.is_multiple_of(kvh) || !packed_in_order {
+    if kvh == 0 || !num_heads.is_multiple_of(kvh) || !packed_in_order(seqs, total) {
         return crate::prefix_suffix_attention_reference(q, k, v, seqs, scale);
     }
     let group = num_heads / kvh;
-    let dtype = q.dtype();
+    let mut outs = Vec::new();
+    for run in prefix_runs(seqs) {
+        let first = &seqs[run.start];
+        if first.len > 0 {
+            outs.push(group_attention(
+                q,
+                k,
+                v,
+                first,
+                run.len(),
+                group,
+                kvh,
+                d,
+                scale,
+            )?);
+        }
+    }
+    if outs.is_empty() {
+        return Ok(q.zeros_like()?);
+    }
+    Ok(Tensor::cat(&outs, 1)?.to_dtype(q.dtype())?)
+}
+
+/// Whether `seqs` are packed back to back in order from row 0 and cover `total` rows.
+pub(crate) fn packed_in_order(seqs: &[SeqKv], total: usize) -> bool {
+    let mut next = 0;
+    seqs.iter().all(|s| {
+        let ok = s.start == next;
+        next += s.len;
+        ok
+    }) && next == total
+}
+
+/// Runs of consecutive sequences with the same length over the same prefix tensors:
+/// each run is one batched computation in [`group_attention`].
+pub(crate) fn prefix_runs(seqs: &[SeqKv]) -> Vec<std::ops::Range<usize>> {
     let same_prefix = |a: &SeqKv, b: &SeqKv| {
-        a.prefix.len() == b.prefix.len()
+        a.len == b.len
+            && a.prefix.len() == b.prefix.len()
             && a.prefix
                 .iter()
                 .zip(&b.prefix)
                 .all(|((ak, av), (bk, bv))| ak.id() == bk.id() && av.id() == bv.id())
     };
-    let mut outs = Vec::new();
+    let mut runs = Vec::new();
     let mut i = 0;
     while i < seqs.len() {
-        let first = &seqs[i];
         let mut n = 1;
-        while i + n < seqs.len() && seqs[i + n].len == first.len && same_prefix(first, &seqs[i + n])
-        {
+        while i + n < seqs.len() && same_prefix(&seqs[i], &seqs[i + n]) {
             n += 1;
         }
+        runs.push(i..i + n);
         i += n;
-        let s = first.len;
-        if s == 0 {
-            continue;
-        }
-        outs.push(group_attention(q, k, v, first, n, group, kvh, d, scale)?);
     }
-    if outs.is_empty() {
-        return Ok(q.zeros_like()?);
-    }
-    Ok(Tensor::cat(&outs, 1)?.to_dtype(dtype)?)
+    runs
 }
 
 /// `n` suffixes of `first.len` tokens each, packed from `first.start`, all over
 /// `first.prefix`. Returns `(num_heads, n * len, d)` in f32.
 #[allow(clippy::too_many_arguments)]
-fn group_attention(
+pub(crate) fn group_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,

@@ -30,6 +30,10 @@ pub fn restricted_head(hidden: &Tensor, head_weight: &Tensor, rows: &[u32]) -> R
             message: format!("row {bad} is out of range for {vocab} rows"),
         });
     }
+    #[cfg(feature = "cuda")]
+    if hidden.device().is_cuda() && crate::cuda_kernels() != crate::CudaKernels::Off {
+        return crate::cuda::restricted_head(hidden, head_weight, rows);
+    }
     if !(crate::is_cpu_f32(hidden) && crate::is_cpu_f32(head_weight)) {
         let ids = Tensor::new(rows, head_weight.device())?;
         let sel = head_weight.index_select(&ids, 0)?.to_dtype(DType::F32)?;

@@ -3,19 +3,22 @@
 //! always built; CUDA versions live behind the `cuda` feature.
 //!
 //! Every kernel has a candle-`Tensor` entry point that picks the fast CPU path for
-//! contiguous f32 CPU tensors and otherwise falls back to plain candle ops (any
-//! device, any float dtype), so a CUDA kernel can later slot into the same
-//! dispatch without changing callers.
+//! contiguous f32 CPU tensors, the hand-written CUDA kernels (`cuda/aisql_kernels.cu`,
+//! see [`CudaKernels`]) for CUDA tensors in a `cuda` build, and otherwise plain
+//! candle ops (any device, any float dtype).
 
 #![warn(missing_docs)]
 
 pub mod attention;
 pub(crate) mod cpu;
-#[cfg(all(test, feature = "cuda"))]
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(test)]
 mod cuda_tests;
 mod error;
 pub mod grouped;
 pub mod head;
+mod launch;
 #[cfg(test)]
 mod testutil;
 
@@ -32,8 +35,58 @@ pub(crate) fn is_cpu_f32(t: &candle_core::Tensor) -> bool {
     t.device().is_cpu() && t.dtype() == candle_core::DType::F32
 }
 
-#[cfg(feature = "cuda")]
-/// The CUDA build runs candle's CUDA ops on GPU tensors (shared-prefix attention via
-/// [`grouped::prefix_suffix_attention_grouped`], the restricted head via an 8-row
-/// `index_select` + matmul); no hand-written CUDA kernels yet, hence `false`.
-pub const CUDA_KERNELS: bool = false;
+/// Whether CUDA tensors use the hand-written kernels of `cuda/aisql_kernels.cu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CudaKernels {
+    /// The kernels, except that runs of suffixes over one prefix with a lot of work
+    /// (a long anchor with hundreds of partners) use cuBLAS matmuls (the default).
+    Auto,
+    /// The kernels for every sequence.
+    All,
+    /// Candle ops only ([`grouped`] and an `index_select` head).
+    Off,
+}
+
+static CUDA_KERNELS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(u8::MAX);
+
+/// The current [`CudaKernels`] mode: set by [`set_cuda_kernels`], else read once from
+/// `AISQL_CUDA_KERNELS` (`auto`, `all` or `off`; anything else warns and is `auto`).
+pub fn cuda_kernels() -> CudaKernels {
+    use std::sync::atomic::Ordering;
+    let decode = |v: u8| match v {
+        1 => CudaKernels::All,
+        2 => CudaKernels::Off,
+        _ => CudaKernels::Auto,
+    };
+    match CUDA_KERNELS.load(Ordering::Relaxed) {
+        u8::MAX => {
+            let mode = match std::env::var("AISQL_CUDA_KERNELS").as_deref() {
+                Ok("all") => CudaKernels::All,
+                Ok("off") => CudaKernels::Off,
+                Ok("auto") | Err(_) => CudaKernels::Auto,
+                Ok(other) => {
+                    eprintln!(
+                        "warning: AISQL_CUDA_KERNELS={other:?} is not auto, all or off; using auto"
+                    );
+                    CudaKernels::Auto
+                }
+            };
+            set_cuda_kernels(mode);
+            mode
+        }
+        v => decode(v),
+    }
+}
+
+/// Chooses the [`CudaKernels`] mode for the whole process (benchmarks compare them).
+pub fn set_cuda_kernels(mode: CudaKernels) {
+    let v = match mode {
+        CudaKernels::Auto => 0,
+        CudaKernels::All => 1,
+        CudaKernels::Off => 2,
+    };
+    CUDA_KERNELS.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether this build has the hand-written CUDA kernels (the `cuda` feature).
+pub const CUDA_KERNELS_BUILT: bool = cfg!(feature = "cuda");

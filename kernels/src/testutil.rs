@@ -20,8 +20,15 @@ pub(crate) fn randn(shape: (usize, usize, usize), seed: u64) -> Tensor {
     Tensor::from_vec(data, shape, &Device::Cpu).unwrap()
 }
 
+/// Compared on the CPU in f32, so GPU and lower-precision results compare directly.
 pub(crate) fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
+    let cpu_f32 = |t: &Tensor| {
+        t.to_device(&Device::Cpu)
+            .unwrap()
+            .to_dtype(candle_core::DType::F32)
+            .unwrap()
+    };
+    (cpu_f32(a) - cpu_f32(b))
         .unwrap()
         .abs()
         .unwrap()
