@@ -146,10 +146,22 @@ pub fn prefix_suffix_attention_slices(
     }
     let group = num_heads / num_kv_heads;
     match d {
-        16 => return Ok(tiled::<16>(q, k, v, seqs, dims, out)),
-        32 => return Ok(tiled::<32>(q, k, v, seqs, dims, out)),
-        64 => return Ok(tiled::<64>(q, k, v, seqs, dims, out)),
-        128 => return Ok(tiled::<128>(q, k, v, seqs, dims, out)),
+        16 => {
+            tiled::<16>(q, k, v, seqs, dims, out);
+            return Ok(());
+        }
+        32 => {
+            tiled::<32>(q, k, v, seqs, dims, out);
+            return Ok(());
+        }
+        64 => {
+            tiled::<64>(q, k, v, seqs, dims, out);
+            return Ok(());
+        }
+        128 => {
+            tiled::<128>(q, k, v, seqs, dims, out);
+            return Ok(());
+        }
         _ => {}
     }
 
