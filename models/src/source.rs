@@ -230,7 +230,9 @@ pub fn device(cuda_ordinal: Option<usize>) -> Result<Device> {
     match cuda_ordinal {
         None => Ok(Device::Cpu),
         #[cfg(feature = "cuda")]
-        Some(n) => Ok(Device::new_cuda(n)?),
+        Some(n) => Device::new_cuda(n).map_err(|e| {
+            ModelError::Unsupported(format!("cannot open CUDA device {n} (--gpu {n}): {e}"))
+        }),
         #[cfg(not(feature = "cuda"))]
         Some(n) => Err(ModelError::Unsupported(format!(
             "GPU {n} requested, but aisql was built without the `cuda` feature"
