@@ -5,7 +5,7 @@
 #
 # On a GPU machine (no Rust, no network) it runs the CUDA binary
 # $AISQL_GPU_CHECK_BIN (default .gpu-carry/gpu_check, built with
-# `cargo build --release -p aisql-models --features cuda --example gpu_check`).
+# scripts/gpu-carry.sh, which packs it with the kernels' GPU tests into .gpu-carry/).
 # Missing CUDA runtime libraries (cudart, cublas, cublasLt, curand, nvrtc) are looked
 # up in .gpu-carry/lib, $CUDA_HOME, /usr/local/cuda and Python's nvidia wheels.
 # With --cpu it runs on the CPU, building the binary without `cuda` if no CPU
@@ -85,6 +85,8 @@ rc=$?
 if [[ $CPU == 0 && -x "$CARRY/kernels_cuda_tests" ]]; then
   echo "gpu-check.sh: kernel tests ($CARRY/kernels_cuda_tests cuda_tests)" >&2
   "$CARRY/kernels_cuda_tests" cuda_tests --nocapture --test-threads=1 2>&1 | tee "${OUT%.json}-kernel-tests.log"
+  trc=${PIPESTATUS[0]}
+  [[ $trc == 0 ]] || { echo "gpu-check.sh: kernel tests failed (exit $trc)" >&2; [[ $rc == 0 ]] && rc=$trc; }
 fi
 [[ -f "$OUT" ]] && echo "gpu-check.sh: JSON written to $OUT (exit $rc)" >&2
 exit $rc

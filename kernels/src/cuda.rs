@@ -196,7 +196,9 @@ fn launch_psa(
             message: format!("{ptotal} prefix positions in one call exceed the kernel's i32 range"),
         });
     }
-    let (pk, pv) = if seg_k.is_empty() {
+    // No prefix positions at all (no segments, or only empty ones): a 1-position
+    // placeholder, since empty CUDA tensors are not safe to hand to a launch.
+    let (pk, pv) = if ptotal == 0 {
         let z = Tensor::zeros((1, 1, head_dim), dtype, dev)?;
         (z.clone(), z)
     } else {

@@ -1,7 +1,9 @@
-//! GPU-against-CPU checks of the kernels' CUDA path, in every build: each test
-//! prints why it skipped when no CUDA device can be opened (a CPU-only build, or a
-//! `cuda` build on a machine without a GPU), and otherwise compares every
-//! [`CudaKernels`] mode against the CPU kernels.
+//! Checks of the kernels' CUDA path, in every build:
+//! * GPU against CPU: each test prints why it skipped when no CUDA device can be
+//!   opened (a CPU-only build, or a `cuda` build on a machine without a GPU), and
+//!   otherwise compares every [`CudaKernels`] mode against the CPU kernels;
+//! * the CUDA source itself under host emulation (`cuda/emulation/`), which needs
+//!   only a C++20 compiler, so kernel changes are tested on machines without a GPU.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -114,4 +116,50 @@ fn restricted_head_gpu_matches_cpu() {
         }
     }
     set_cuda_kernels(CudaKernels::Auto);
+}
+
+/// Compiles `cuda/aisql_kernels.cu` unchanged as host C++ (one thread per CUDA thread,
+/// a barrier for `__syncthreads`) and runs every kernel case of
+/// `cuda/emulation/harness.cpp` against its naive reference.
+#[test]
+fn cuda_source_matches_reference_under_host_emulation() {
+    use std::process::Command;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda/emulation");
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    let exe = std::env::temp_dir().join(format!("aisql-cuda-emulation-{}", std::process::id()));
+    let build = Command::new(&cxx)
+        .args([
+            "-std=c++20",
+            "-O1",
+            "-pthread",
+            "-Ishim",
+            "harness.cpp",
+            "-o",
+        ])
+        .arg(&exe)
+        .current_dir(&dir)
+        .output();
+    let build = match build {
+        Ok(out) => out,
+        Err(e) => {
+            println!("skipped: no C++ compiler {cxx:?} ({e})");
+            return;
+        }
+    };
+    assert!(
+        build.status.success(),
+        "{cxx} failed on cuda/emulation/harness.cpp:\n{}",
+        String::from_utf8_lossy(&build.stderr)
+    );
+    let run = Command::new(&exe)
+        .output()
+        .expect("run the emulation harness");
+    let _ = std::fs::remove_file(&exe);
+    let report = String::from_utf8_lossy(&run.stdout);
+    println!("{report}");
+    assert!(
+        run.status.success() && report.contains("failures: 0"),
+        "CUDA kernels disagree with the reference under emulation:\n{report}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
 }
