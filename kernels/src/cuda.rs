@@ -40,10 +40,21 @@ const MODULE: &str = "aisql_kernels";
 const DEFAULT_CUBLAS_FLOP: f64 = 2e9;
 
 fn cublas_flop_threshold() -> f64 {
-    std::env::var("AISQL_PSA_CUBLAS_FLOP")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(DEFAULT_CUBLAS_FLOP)
+    static THRESHOLD: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *THRESHOLD.get_or_init(|| match std::env::var("AISQL_PSA_CUBLAS_FLOP") {
+        Err(_) => DEFAULT_CUBLAS_FLOP,
+        Ok(v) => v
+            .parse::<f64>()
+            .ok()
+            .filter(|t| *t >= 0.0)
+            .unwrap_or_else(|| {
+                eprintln!(
+                    "warning: AISQL_PSA_CUBLAS_FLOP={v:?} is not a non-negative number; \
+                 using {DEFAULT_CUBLAS_FLOP:e}"
+                );
+                DEFAULT_CUBLAS_FLOP
+            }),
+    })
 }
 
 /// Shared-prefix attention on CUDA tensors (same contract as
@@ -105,7 +116,11 @@ pub(crate) fn prefix_suffix_attention(
         Some(launch_psa(q, k, v, seqs, &in_kernel, scale, shape, group)?)
     };
     if !to_cublas.iter().any(|&b| b) {
-        return Ok(kernel_out.expect("every run went to the kernel"));
+        // Every run went to the kernel (or the batch has no rows).
+        return match kernel_out {
+            Some(out) => Ok(out),
+            None => Ok(q.zeros_like()?),
+        };
     }
     // Assemble in row order: kernel rows for its runs, cuBLAS outputs for the rest.
     let mut parts = Vec::new();
