@@ -101,6 +101,22 @@ pub struct BackendArgs {
     /// Prompt layout: raw-v1 (reference) or qwen3-chat-nonthinking-v1.
     #[arg(long, default_value = "raw-v1")]
     pub prompt_format: String,
+    /// On a GPU: auto (aisql's CUDA kernels for attention and the answer head,
+    /// cuBLAS for shared-prefix runs with a lot of work), all (the attention kernel
+    /// for every sequence) or off (candle ops only).
+    #[arg(long, value_enum, default_value = "auto", env = "AISQL_CUDA_KERNELS")]
+    pub cuda_kernels: CudaKernelsArg,
+}
+
+/// `--cuda-kernels` (see `aisql_kernels::CudaKernels`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CudaKernelsArg {
+    /// Kernels, cuBLAS for large shared-prefix runs.
+    Auto,
+    /// The attention kernel for every sequence.
+    All,
+    /// Candle ops only.
+    Off,
 }
 
 /// An on/off switch.

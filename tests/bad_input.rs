@@ -141,6 +141,17 @@ fn bad_flags_are_usage_errors() {
         .assert()
         .code(2)
         .stderr(predicate::str::contains("maybe"));
+    aisql()
+        .args(["query", "x.json", "--cuda-kernels", "fast"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("fast"));
+    aisql()
+        .env("AISQL_CUDA_KERNELS", "fast")
+        .args(["query", "x.json"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("fast"));
     let dir = tempfile::tempdir().unwrap();
     TinyCorpus::write(dir.path());
     aisql()

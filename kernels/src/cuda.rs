@@ -523,7 +523,7 @@ fn run_self_check(dev: &Device) -> Result<()> {
         kernel,
         message: format!(
             "max |kernel - candle ops| = {diff:.3e} on random f32 inputs; \
-             set AISQL_CUDA_KERNELS=off to use candle ops only"
+             run with --cuda-kernels off to use candle ops only"
         ),
     };
     let randn = |shape: (usize, usize, usize)| Tensor::randn(0f32, 1f32, shape, dev);

@@ -47,38 +47,19 @@ pub enum CudaKernels {
     Off,
 }
 
-static CUDA_KERNELS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(u8::MAX);
+static CUDA_KERNELS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
-/// The current [`CudaKernels`] mode: set by [`set_cuda_kernels`], else read once from
-/// `AISQL_CUDA_KERNELS` (`auto`, `all` or `off`; anything else warns and is `auto`).
+/// The current [`CudaKernels`] mode ([`CudaKernels::Auto`] unless
+/// [`set_cuda_kernels`] chose another; the CLI's `--cuda-kernels` does).
 pub fn cuda_kernels() -> CudaKernels {
-    use std::sync::atomic::Ordering;
-    let decode = |v: u8| match v {
+    match CUDA_KERNELS.load(std::sync::atomic::Ordering::Relaxed) {
         1 => CudaKernels::All,
         2 => CudaKernels::Off,
         _ => CudaKernels::Auto,
-    };
-    match CUDA_KERNELS.load(Ordering::Relaxed) {
-        u8::MAX => {
-            let mode = match std::env::var("AISQL_CUDA_KERNELS").as_deref() {
-                Ok("all") => CudaKernels::All,
-                Ok("off") => CudaKernels::Off,
-                Ok("auto") | Err(_) => CudaKernels::Auto,
-                Ok(other) => {
-                    eprintln!(
-                        "warning: AISQL_CUDA_KERNELS={other:?} is not auto, all or off; using auto"
-                    );
-                    CudaKernels::Auto
-                }
-            };
-            set_cuda_kernels(mode);
-            mode
-        }
-        v => decode(v),
     }
 }
 
-/// Chooses the [`CudaKernels`] mode for the whole process (benchmarks compare them).
+/// Chooses the [`CudaKernels`] mode for the whole process.
 pub fn set_cuda_kernels(mode: CudaKernels) {
     let v = match mode {
         CudaKernels::Auto => 0,

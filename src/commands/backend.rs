@@ -10,7 +10,7 @@ use aisql_engine::scheduler::{
 };
 use anyhow::{Context, bail};
 
-use crate::cli::{BackendArgs, BackendKind, Switch};
+use crate::cli::{BackendArgs, BackendKind, CudaKernelsArg, Switch};
 
 /// KV budget the simulation assumes without `--kv-budget-mb`.
 const SIMULATED_KV_BUDGET_BYTES: usize = 100 << 30;
@@ -88,6 +88,18 @@ pub fn build(
                 Some("f16") => Some(aisql_models::DType::F16),
                 Some(other) => bail!("unknown --dtype {other:?} (f32, bf16 or f16)"),
             };
+            let kernels = match args.cuda_kernels {
+                CudaKernelsArg::Auto => aisql_kernels::CudaKernels::Auto,
+                CudaKernelsArg::All => aisql_kernels::CudaKernels::All,
+                CudaKernelsArg::Off => aisql_kernels::CudaKernels::Off,
+            };
+            aisql_kernels::set_cuda_kernels(kernels);
+            if args.gpu.is_some() {
+                meta.insert(
+                    "cuda_kernels".into(),
+                    format!("{kernels:?}").to_lowercase().into(),
+                );
+            }
             let spec = ModelSpec {
                 model: args.model.clone(),
                 gpu: args.gpu,
