@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Runs the prebuilt GPU check (models/examples/gpu_check.rs) and prints/writes its JSON.
 #
-#   scripts/gpu-check.sh [--cpu] [--out FILE] [--device N] [--models 0.6b,4b]
+#   scripts/gpu-check.sh [--cpu] [--out FILE] [--device N] [--models 0.6b,4b] [--e2e]
+#
+# --e2e (after scripts/gpu-carry.sh --with-aisql) also runs `aisql bench` on the GPU
+# over the carried end-to-end queries (tiny model, stand-in sf 0.01 generated on the
+# spot) in f32 and bf16, and compares each with the carried CPU run
+# (`aisql bench compare`: per predicate, the decisions that differ).
 #
 # On a GPU machine (no Rust, no network) it runs the CUDA binary
 # $AISQL_GPU_CHECK_BIN (default .gpu-carry/gpu_check, built with
@@ -13,13 +18,15 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 CARRY="${AISQL_GPU_CARRY:-$ROOT/.gpu-carry}"
-CPU=0; OUT=""; PASS=()
+CPU=0; OUT=""; PASS=(); E2E=0; DEVICE=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --cpu) CPU=1; PASS+=(--cpu); shift ;;
     --out) OUT="$2"; shift 2 ;;
-    --device|--models) PASS+=("$1" "$2"); shift 2 ;;
-    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
+    --device) DEVICE="$2"; PASS+=("$1" "$2"); shift 2 ;;
+    --models) PASS+=("$1" "$2"); shift 2 ;;
+    --e2e) E2E=1; shift ;;
+    -h|--help) sed -n 2,18p "$0"; exit 0 ;;
     *) echo "gpu-check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -87,6 +94,26 @@ if [[ $CPU == 0 && -x "$CARRY/kernels_cuda_tests" ]]; then
   "$CARRY/kernels_cuda_tests" cuda_tests --nocapture --test-threads=1 2>&1 | tee "${OUT%.json}-kernel-tests.log"
   trc=${PIPESTATUS[0]}
   [[ $trc == 0 ]] || { echo "gpu-check.sh: kernel tests failed (exit $trc)" >&2; [[ $rc == 0 ]] && rc=$trc; }
+fi
+# End to end: the engine on the GPU against the carried CPU run.
+if [[ $E2E == 1 && $CPU == 0 ]]; then
+  if [[ -x "$CARRY/aisql" && -f "$CARRY/e2e-queries" ]]; then
+    Q=$(cat "$CARRY/e2e-queries"); E2E_DIR="$(dirname "$OUT")/e2e"
+    rm -rf "$E2E_DIR"; mkdir -p "$E2E_DIR"
+    for dt in f32 bf16; do
+      echo "gpu-check.sh: aisql bench --gpu $DEVICE --dtype $dt --queries $Q" >&2
+      "$CARRY/aisql" bench --sf 0.01 --queries "$Q" --plans "$CARRY/plans" --gpu "$DEVICE" --dtype "$dt" \
+        --output-dir "$E2E_DIR/gpu-$dt" 2>&1 | tail -n 25
+      erc=${PIPESTATUS[0]}
+      "$CARRY/aisql" bench compare "$CARRY/e2e-cpu-f32" "$E2E_DIR/gpu-$dt" --json "$E2E_DIR/compare-cpu-f32-vs-gpu-$dt.json" \
+        > "$E2E_DIR/compare-cpu-f32-vs-gpu-$dt.md" 2>&1
+      crc=$?
+      echo "gpu-check.sh: e2e $dt: bench exit $erc, compare exit $crc ($E2E_DIR/compare-cpu-f32-vs-gpu-$dt.md)" >&2
+      [[ $erc == 0 && $crc == 0 ]] || { [[ $rc == 0 ]] && rc=1; }
+    done
+  else
+    echo "gpu-check.sh: --e2e needs the carried aisql (scripts/gpu-carry.sh --with-aisql)" >&2; [[ $rc == 0 ]] && rc=1
+  fi
 fi
 [[ -f "$OUT" ]] && echo "gpu-check.sh: JSON written to $OUT (exit $rc)" >&2
 exit $rc
