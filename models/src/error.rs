@@ -59,6 +59,10 @@ pub enum ModelError {
         message: String,
     },
 
+    /// The requested device cannot be used (no CUDA in this build, or no such GPU).
+    #[error("{0}")]
+    Device(String),
+
     /// A config describes an architecture this crate does not run.
     #[error("unsupported model config: {0}")]
     Unsupported(String),

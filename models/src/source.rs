@@ -231,11 +231,12 @@ pub fn device(cuda_ordinal: Option<usize>) -> Result<Device> {
         None => Ok(Device::Cpu),
         #[cfg(feature = "cuda")]
         Some(n) => Device::new_cuda(n).map_err(|e| {
-            ModelError::Unsupported(format!("cannot open CUDA device {n} (--gpu {n}): {e}"))
+            ModelError::Device(format!("cannot open CUDA device {n} (--gpu {n}): {e}"))
         }),
         #[cfg(not(feature = "cuda"))]
-        Some(n) => Err(ModelError::Unsupported(format!(
-            "GPU {n} requested, but aisql was built without the `cuda` feature"
+        Some(n) => Err(ModelError::Device(format!(
+            "GPU {n} requested, but aisql was built without the `cuda` feature \
+             (build with `--features cuda`, see README \"CUDA\")"
         ))),
     }
 }
