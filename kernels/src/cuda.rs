@@ -26,7 +26,7 @@ use candle_core::{
 };
 
 use crate::attention::SeqKv;
-use crate::launch::{PSA_THREADS, PsaShape, psa_shape};
+use crate::launch::{PSA_THREADS, PsaSeq, PsaShape, psa_plan, psa_shape};
 use crate::{CudaKernels, KernelError, Result, cuda_kernels};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/aisql_kernels.ptx"));
@@ -172,16 +172,14 @@ fn launch_psa(
     );
     let v = v.contiguous()?;
     let (kvh, _, head_dim) = k.dims3()?;
-    // Distinct prefix segments, concatenated once: a document's KV shared by many
-    // suffixes is copied a single time per call.
-    let mut seg_index: HashMap<(candle_core::TensorId, candle_core::TensorId), usize> =
-        HashMap::new();
-    let (mut seg_k, mut seg_v, mut seg_off, mut seg_len) = (vec![], vec![], vec![], vec![]);
-    let mut ptotal = 0usize;
-    let mut seq_seg_begin = vec![0u32];
-    let mut seq_segs: Vec<u32> = Vec::new();
-    for &i in which {
-        for (pk, pv) in &seqs[i].prefix {
+    // Each prefix segment is keyed by its tensors: sequences continuing the same
+    // document's KV share one copy of it in the concatenated prefix buffer.
+    type Key = (candle_core::TensorId, candle_core::TensorId);
+    let mut tensors: HashMap<Key, (&Tensor, &Tensor)> = HashMap::new();
+    let mut plan_seqs = Vec::with_capacity(seqs.len());
+    for s in seqs {
+        let mut prefix = Vec::with_capacity(s.prefix.len());
+        for (pk, pv) in &s.prefix {
             let len = pk.dim(1)?;
             if pk.dims() != [kvh, len, head_dim] || pv.dims() != pk.dims() {
                 return Err(KernelError::BadInput {
@@ -193,83 +191,61 @@ fn launch_psa(
                     ),
                 });
             }
-            let id = *seg_index.entry((pk.id(), pv.id())).or_insert_with(|| {
-                seg_k.push(pk.clone());
-                seg_v.push(pv.clone());
-                seg_off.push(ptotal as u32);
-                seg_len.push(len as u32);
-                ptotal += len;
-                seg_off.len() - 1
-            });
-            seq_segs.push(id as u32);
+            let key = (pk.id(), pv.id());
+            tensors.insert(key, (pk, pv));
+            prefix.push((key, len));
         }
-        seq_seg_begin.push(seq_segs.len() as u32);
+        plan_seqs.push(PsaSeq {
+            start: s.start,
+            len: s.len,
+            prefix,
+        });
     }
-    if ptotal > i32::MAX as usize {
+    let plan = psa_plan(&plan_seqs, which, shape.tokens);
+    if plan.prefix_positions > i32::MAX as usize {
         return Err(KernelError::BadInput {
             kernel: "prefix_suffix_attention",
-            message: format!("{ptotal} prefix positions in one call exceed the kernel's i32 range"),
+            message: format!(
+                "{} prefix positions in one call exceed the kernel's i32 range",
+                plan.prefix_positions
+            ),
         });
     }
     // No prefix positions at all (no segments, or only empty ones): a 1-position
     // placeholder, since empty CUDA tensors are not safe to hand to a launch.
-    let (pk, pv) = if ptotal == 0 {
+    let (pk, pv) = if plan.prefix_positions == 0 {
         let z = Tensor::zeros((1, 1, head_dim), dtype, dev)?;
         (z.clone(), z)
     } else {
+        let k_parts: Vec<Tensor> = plan
+            .segments
+            .iter()
+            .map(|key| tensors[key].0.clone())
+            .collect();
+        let v_parts: Vec<Tensor> = plan
+            .segments
+            .iter()
+            .map(|key| tensors[key].1.clone())
+            .collect();
         (
-            Tensor::cat(&seg_k, 1)?.to_dtype(dtype)?.contiguous()?,
-            Tensor::cat(&seg_v, 1)?.to_dtype(dtype)?.contiguous()?,
+            Tensor::cat(&k_parts, 1)?.to_dtype(dtype)?.contiguous()?,
+            Tensor::cat(&v_parts, 1)?.to_dtype(dtype)?.contiguous()?,
         )
     };
-    // The kernel indexes segments per sequence through seq_seg_begin into
-    // (seg_off, seg_len) lists of that sequence's own segments, in order.
-    let seg_off_of: Vec<u32> = seq_segs.iter().map(|&s| seg_off[s as usize]).collect();
-    let seg_len_of: Vec<u32> = seq_segs.iter().map(|&s| seg_len[s as usize]).collect();
-    let (mut tile_seq, mut tile_q0) = (vec![], vec![]);
-    let (mut seq_start, mut seq_len) = (vec![], vec![]);
-    for (local, &i) in which.iter().enumerate() {
-        let s = &seqs[i];
-        seq_start.push(s.start as u32);
-        seq_len.push(s.len as u32);
-        for q0 in (0..s.len).step_by(shape.tokens) {
-            tile_seq.push(local as u32);
-            tile_q0.push(q0 as u32);
-        }
-    }
-    let mut meta = Vec::new();
-    let mut ranges = Vec::new();
-    for part in [
-        &tile_seq,
-        &tile_q0,
-        &seq_start,
-        &seq_len,
-        &seq_seg_begin,
-        &seg_off_of,
-        &seg_len_of,
-    ] {
-        ranges.push(meta.len()..meta.len() + part.len());
-        meta.extend_from_slice(part);
-    }
-    meta.push(0); // never empty, so the device buffer always exists
-    let meta = Tensor::from_vec(meta, meta_len(&ranges), dev)?;
+    let meta = Tensor::from_vec(plan.meta, plan.ranges.last().map_or(0, |r| r.end) + 1, dev)?;
     let op = PsaOp {
         pk,
         pv,
         meta,
-        ranges,
-        tiles: tile_seq.len(),
+        ranges: plan.ranges,
+        tiles: plan.tiles,
         kv_heads: kvh,
-        ptotal,
+        ptotal: plan.prefix_positions,
         group,
         shape,
         scale,
     };
     Ok(q.apply_op3_no_bwd(&k, &v, &op)?)
-}
-
-fn meta_len(ranges: &[std::ops::Range<usize>]) -> usize {
-    ranges.last().map_or(0, |r| r.end) + 1
 }
 
 struct PsaOp {

@@ -1,8 +1,8 @@
 // Runs the CUDA kernels of ../aisql_kernels.cu, compiled unchanged as host C++ over
 // the shims in shim/ (one std::thread per CUDA thread, std::barrier for
 // __syncthreads), against naive double-precision references, so the kernels are
-// checked on machines without a GPU. The launch metadata and psa_shape are
-// rebuilt here exactly as kernels/src/cuda.rs and launch.rs build them.
+// checked on machines without a GPU. The launch metadata and block shape are
+// rebuilt here exactly as psa_plan and psa_shape in kernels/src/launch.rs build them.
 //
 //   g++ -std=c++20 -O1 -pthread -Ishim harness.cpp -o harness && ./harness [quick]
 //
@@ -101,7 +101,7 @@ Result run_psa(const Case& c) {
     std::vector<int> which = c.which;
     if (which.empty()) for (int i = 0; i < (int)c.seqs.size(); ++i) which.push_back(i);
 
-    // ---- metadata exactly as cuda.rs launch_psa builds it ----
+    // ---- metadata exactly as launch.rs psa_plan builds it ----
     std::map<int, int> seg_index;  // tensor identity -> distinct index
     std::vector<int> dseg;         // distinct index -> segment id
     std::vector<uint32_t> seg_off, seg_len, seq_seg_begin{0}, seq_segs;
