@@ -56,7 +56,7 @@ if [[ $WITH_AISQL == 1 ]]; then
   [[ -f "$PLANS/catalog.json" ]] || { echo "gpu-carry.sh: no QUAIL-B plans at $PLANS" >&2; exit 1; }
   cargo build --release --features cuda --bin aisql
   pack "$CARGO_TARGET_DIR/release/aisql" aisql
-  rm -rf "$CARRY/plans" "$CARRY/e2e-cpu-f32"; cp -r "$PLANS" "$CARRY/plans"
+  rm -rf "$CARRY/plans" "$CARRY/e2e-cpu-f32"; cp -r "$PLANS" "$CARRY/plans"; chmod -R u+w "$CARRY/plans"
   echo "$E2E_QUERIES" > "$CARRY/e2e-queries"
   # The CPU reference, with the default (CPU) build.
   (unset CARGO_TARGET_DIR; cargo run --quiet --bin aisql -- bench --sf 0.01 --queries "$E2E_QUERIES" \
