@@ -97,10 +97,11 @@ impl Tokens<'_> {
 fn input_and_minimum(q: &QueryPlan, out: &QueryOutput, tokens: &mut Tokens<'_>) -> (usize, usize) {
     let enc = |s: &str| tokens.tok.encode(s).unwrap();
     let mut input = 0;
-    let mut subjects: BTreeMap<(String, String), Vec<u32>> = BTreeMap::new();
-    let mut suffixes: BTreeMap<(String, String), Vec<Vec<u32>>> = BTreeMap::new();
-    let mut groups: BTreeMap<((String, String), Vec<u32>), (usize, BTreeSet<(String, String)>)> =
-        BTreeMap::new();
+    // A document: ("table.column", row id).
+    type Subject = (String, String);
+    let mut subjects: BTreeMap<Subject, Vec<u32>> = BTreeMap::new();
+    let mut suffixes: BTreeMap<Subject, Vec<Vec<u32>>> = BTreeMap::new();
+    let mut groups: BTreeMap<(Subject, Vec<u32>), (usize, BTreeSet<Subject>)> = BTreeMap::new();
     for table in &out.answers {
         let op = q.operator(&table.op_id).unwrap();
         let pieces = operator_pieces(PromptFormat::RawV1, op).unwrap().unwrap();

@@ -23,6 +23,10 @@ pub trait KvOps: Clone {
     fn bytes(&self) -> usize;
     /// Positions covered, ancestors included.
     fn len(&self) -> usize;
+    /// Whether the handle covers no positions.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Index of a node.

@@ -549,7 +549,7 @@ fn join(
     let mut pair_code = vec![UNSEEN; a_first.len() * np];
     let mut candidates: Vec<(u32, u32)> = Vec::new();
     let mut distinct: Vec<usize> = Vec::new();
-    for a in 0..anchor_batch.num_rows() {
+    for (a, &a_canon) in a_of_row.iter().enumerate().take(anchor_batch.num_rows()) {
         let partners = if p_keys.is_empty() {
             &all_partners[..]
         } else {
@@ -557,7 +557,7 @@ fn join(
             by_key.get(&k).map_or(&[][..], |v| &v[..])
         };
         for &p in partners {
-            let pair = a_of_row[a] as usize * np + p_of_row[p as usize] as usize;
+            let pair = a_canon as usize * np + p_of_row[p as usize] as usize;
             if pair_code[pair] == UNSEEN {
                 pair_code[pair] = ASKED;
                 distinct.push(pair);

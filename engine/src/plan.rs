@@ -406,12 +406,12 @@ impl QueryPlan {
         }
         let mut labels = HashSet::new();
         for o in &self.operators {
-            if let Operator::Classify { output, id, .. } = o {
-                if !labels.insert(output.clone()) || self.relation(output).is_some() {
-                    return Err(invalid(format!(
-                        "{id}: label column {output:?} repeats another label column or an alias"
-                    )));
-                }
+            if let Operator::Classify { output, id, .. } = o
+                && (!labels.insert(output.clone()) || self.relation(output).is_some())
+            {
+                return Err(invalid(format!(
+                    "{id}: label column {output:?} repeats another label column or an alias"
+                )));
             }
         }
         // Every label column must be used: selected or tested by an IN-list.

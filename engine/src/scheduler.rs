@@ -884,11 +884,7 @@ enum Answers {
 }
 
 /// Splits `items` into consecutive chunks of at most `budget` tokens (at least one item each).
-fn chunk_by_tokens<'a, T>(
-    items: &'a [T],
-    budget: usize,
-    tokens: impl Fn(&T) -> usize,
-) -> Vec<&'a [T]> {
+fn chunk_by_tokens<T>(items: &[T], budget: usize, tokens: impl Fn(&T) -> usize) -> Vec<&[T]> {
     let mut out = Vec::new();
     let mut start = 0;
     while start < items.len() {
@@ -1028,14 +1024,14 @@ pub fn tiny_model_dir() -> Result<std::path::PathBuf> {
     Ok(dir)
 }
 
+/// Metadata describing a backend (model, device, dtype, budgets), for run records.
+pub type RunMetadata = serde_json::Map<String, serde_json::Value>;
+
 /// Loads the model of `spec` and wraps it in the scheduled backend. Also returns
 /// metadata describing it (model, device, dtype, budgets).
 pub fn load_model_backend(
     spec: &ModelSpec,
-) -> Result<(
-    Arc<ScheduledBackend<ModelExecutor>>,
-    serde_json::Map<String, serde_json::Value>,
-)> {
+) -> Result<(Arc<ScheduledBackend<ModelExecutor>>, RunMetadata)> {
     let source = if spec.model == "tiny" {
         tiny_model_dir()?.display().to_string()
     } else {
