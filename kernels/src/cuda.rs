@@ -168,9 +168,8 @@ fn launch_psa(
     let (q, k, v) = (
         q.contiguous()?,
         k.to_dtype(dtype)?.contiguous()?,
-        v.to_dtype(dtype)?,
+        v.to_dtype(dtype)?.contiguous()?,
     );
-    let v = v.contiguous()?;
     let (kvh, _, head_dim) = k.dims3()?;
     // Each prefix segment is keyed by its tensors: sequences continuing the same
     // document's KV share one copy of it in the concatenated prefix buffer.
@@ -232,7 +231,8 @@ fn launch_psa(
             Tensor::cat(&v_parts, 1)?.to_dtype(dtype)?.contiguous()?,
         )
     };
-    let meta = Tensor::from_vec(plan.meta, plan.ranges.last().map_or(0, |r| r.end) + 1, dev)?;
+    let meta_len = plan.meta.len();
+    let meta = Tensor::from_vec(plan.meta, meta_len, dev)?;
     let op = PsaOp {
         pk,
         pv,
