@@ -88,7 +88,8 @@ pub struct BackendArgs {
     /// Reuse document KV across questions, partners and rows (off: every prompt from scratch).
     #[arg(long, value_enum, default_value = "on")]
     pub prefix_cache: Switch,
-    /// KV memory budget in MiB (default: a quarter of free memory, at most 16 GiB on CPU).
+    /// KV memory budget in MiB (default on CPU: a quarter of free memory, at most
+    /// 16 GiB; on a GPU: 70 % of its memory left free by the weights, less 4 GiB).
     #[arg(long)]
     pub kv_budget_mb: Option<usize>,
     /// Tokens per forward batch.

@@ -257,6 +257,7 @@ async fn cached_equals_uncached_and_fresh_tokens_meet_the_minimum() {
         gpu: None,
         dtype: None,
         scheduler: config(cache),
+        kv_budget_from_device: true, // on the CPU: keeps config(cache)'s budget
     };
     let (cached, _) = load_model_backend(&spec(true)).unwrap();
     let (uncached, _) = load_model_backend(&spec(false)).unwrap();
@@ -345,6 +346,7 @@ async fn a_document_larger_than_the_kv_budget_is_a_clear_error() {
             kv_budget_bytes: 64 * 1024,
             batch_tokens: 4096,
         },
+        kv_budget_from_device: false,
     };
     let (backend, _) = load_model_backend(&spec).unwrap();
     let q = QueryPlan::from_file(&plans_dir().join("AGENT-1.json")).unwrap();

@@ -997,6 +997,16 @@ pub struct ModelSpec {
     pub dtype: Option<aisql_models::DType>,
     /// Scheduling knobs.
     pub scheduler: SchedulerConfig,
+    /// The KV budget was not chosen by the user: on a GPU, replace it by
+    /// [`gpu_kv_budget_bytes`] of the memory left free once the weights are loaded.
+    pub kv_budget_from_device: bool,
+}
+
+/// KV budget on a GPU with `free` bytes free after loading the weights: 70 % of it,
+/// less 4 GiB kept for activations (a forward batch of 8,192 tokens and the score
+/// matrices of a large shared-prefix run each take a few GiB).
+pub fn gpu_kv_budget_bytes(free: usize) -> usize {
+    (free / 10 * 7).saturating_sub(4 << 30)
 }
 
 /// Where `--model tiny` lives: generated on first use, deterministic (seed 0).
@@ -1039,7 +1049,14 @@ pub fn load_model_backend(
     };
     let device = aisql_models::device(spec.gpu)?;
     let (model, tokenizer) = aisql_models::load(&source, &device, spec.dtype)?;
+    let mut scheduler = spec.scheduler.clone();
     let mut meta = serde_json::Map::new();
+    if spec.kv_budget_from_device
+        && let Some(free) = aisql_models::device_free_memory(&device)
+    {
+        scheduler.kv_budget_bytes = gpu_kv_budget_bytes(free);
+        meta.insert("device_free_bytes_after_weights".into(), free.into());
+    }
     meta.insert("model".into(), spec.model.clone().into());
     meta.insert("model_path".into(), source.into());
     meta.insert(
@@ -1054,19 +1071,12 @@ pub fn load_model_backend(
         "dtype".into(),
         format!("{:?}", model.dtype()).to_lowercase().into(),
     );
-    meta.insert("prefix_cache".into(), spec.scheduler.prefix_cache.into());
-    meta.insert(
-        "kv_budget_bytes".into(),
-        spec.scheduler.kv_budget_bytes.into(),
-    );
-    meta.insert("batch_tokens".into(), spec.scheduler.batch_tokens.into());
+    meta.insert("prefix_cache".into(), scheduler.prefix_cache.into());
+    meta.insert("kv_budget_bytes".into(), scheduler.kv_budget_bytes.into());
+    meta.insert("batch_tokens".into(), scheduler.batch_tokens.into());
     let exec = ModelExecutor::new(Arc::new(model), &tokenizer, "model")?;
     Ok((
-        Arc::new(ScheduledBackend::new(
-            exec,
-            tokenizer,
-            spec.scheduler.clone(),
-        )),
+        Arc::new(ScheduledBackend::new(exec, tokenizer, scheduler)),
         meta,
     ))
 }
@@ -1083,4 +1093,21 @@ pub fn simulation_backend(
         Tokenizer::vendored()?,
         config,
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An H200 with Qwen3-4B's bf16 weights loaded keeps close to 90 GiB for KV
+    /// (the simulation assumes 100 GiB); a nearly full GPU gets no budget rather
+    /// than a negative one (the scheduler then names the document that does not fit).
+    #[test]
+    fn gpu_kv_budget_leaves_room_for_activations() {
+        let gib = 1usize << 30;
+        let h200_after_4b = 131 * gib;
+        let budget = gpu_kv_budget_bytes(h200_after_4b);
+        assert!((87 * gib..88 * gib).contains(&budget), "{}", budget / gib);
+        assert_eq!(gpu_kv_budget_bytes(5 * gib), 0);
+    }
 }

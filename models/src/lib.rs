@@ -23,7 +23,7 @@ pub use error::{ModelError, Result};
 pub use kv::KvHandle;
 pub use qwen3::{Config, Qwen3};
 pub use score::{ClassifyRequest, Continuation, Decision};
-pub use source::{ModelFiles, default_dtype, device};
+pub use source::{ModelFiles, default_dtype, device, device_free_memory};
 pub use tokenizer::{AnswerIds, Tokenizer};
 
 pub use candle_core::{DType, Device};

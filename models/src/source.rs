@@ -241,6 +241,21 @@ pub fn device(cuda_ordinal: Option<usize>) -> Result<Device> {
     }
 }
 
+/// Free memory of `device` in bytes: the GPU's free memory for a CUDA device, `None`
+/// for the CPU (whose budget comes from the host's memory).
+pub fn device_free_memory(device: &Device) -> Option<usize> {
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(cuda) => cuda
+            .cuda_stream()
+            .context()
+            .mem_get_info()
+            .ok()
+            .map(|(free, _)| free),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -105,6 +105,7 @@ pub fn build(
                 gpu: args.gpu,
                 dtype,
                 scheduler: scheduler_config(args),
+                kv_budget_from_device: args.kv_budget_mb.is_none(),
             };
             let (backend, model_meta) = load_model_backend(&spec)
                 .with_context(|| format!("loading model {:?}", args.model))?;
