@@ -67,6 +67,21 @@ pub struct SeqKv {
     pub len: usize,
 }
 
+impl SeqKv {
+    /// Suffixes of the given lengths over the given prefixes, packed back to back
+    /// from row 0 in order.
+    pub fn packed(plan: impl IntoIterator<Item = (usize, Vec<(Tensor, Tensor)>)>) -> Vec<SeqKv> {
+        let mut start = 0;
+        plan.into_iter()
+            .map(|(len, prefix)| {
+                let s = SeqKv { prefix, start, len };
+                start += len;
+                s
+            })
+            .collect()
+    }
+}
+
 fn bad(message: String) -> KernelError {
     KernelError::BadInput {
         kernel: KERNEL,
@@ -670,7 +685,7 @@ pub fn prefix_suffix_attention_reference(
             })
             .collect();
         let mask = Tensor::from_vec(mask, (s.len, kv_len), q.device())?;
-        let probs = candle_nn_softmax(&scores.broadcast_add(&mask)?)?;
+        let probs = softmax_last_dim(&scores.broadcast_add(&mask)?)?;
         outs.push(probs.matmul(&vall)?);
     }
     if outs.is_empty() {
@@ -680,7 +695,7 @@ pub fn prefix_suffix_attention_reference(
 }
 
 /// Softmax over the last dimension, in plain ops (this crate does not depend on candle-nn).
-fn candle_nn_softmax(x: &Tensor) -> candle_core::Result<Tensor> {
+pub(crate) fn softmax_last_dim(x: &Tensor) -> candle_core::Result<Tensor> {
     let max = x.max_keepdim(candle_core::D::Minus1)?;
     let e = x.broadcast_sub(&max)?.exp()?;
     e.broadcast_div(&e.sum_keepdim(candle_core::D::Minus1)?)
@@ -710,16 +725,7 @@ mod tests {
             vec![doc_a.clone(), question.clone()],
             vec![],
         ];
-        let mut start = 0;
-        let seqs: Vec<SeqKv> = lens
-            .iter()
-            .zip(prefixes)
-            .map(|(&len, prefix)| {
-                let s = SeqKv { prefix, start, len };
-                start += len;
-                s
-            })
-            .collect();
+        let seqs = SeqKv::packed(lens.into_iter().zip(prefixes));
         let scale = 1.0 / (d as f32).sqrt();
         let fast = prefix_suffix_attention(&q, &k, &v, &seqs, scale).unwrap();
         let slow = prefix_suffix_attention_reference(&q, &k, &v, &seqs, scale).unwrap();
@@ -750,16 +756,7 @@ mod tests {
                 vec![seg_a.clone()],
                 vec![seg_b.clone(), seg_a.clone()],
             ];
-            let mut start = 0;
-            let seqs: Vec<SeqKv> = lens
-                .iter()
-                .zip(prefixes)
-                .map(|(&len, prefix)| {
-                    let s = SeqKv { prefix, start, len };
-                    start += len;
-                    s
-                })
-                .collect();
+            let seqs = SeqKv::packed(lens.into_iter().zip(prefixes));
             let scale = 1.0 / (d as f32).sqrt();
             let fast = prefix_suffix_attention(&q, &k, &v, &seqs, scale).unwrap();
             let slow = prefix_suffix_attention_reference(&q, &k, &v, &seqs, scale).unwrap();

@@ -515,16 +515,10 @@ fn run_self_check(dev: &Device) -> Result<()> {
         randn((kvh, total, d))?,
         randn((kvh, total, d))?,
     );
-    let mut start = 0;
-    let seqs: Vec<SeqKv> = plan
-        .iter()
-        .map(|&(len, segs)| {
-            let prefix = [doc.clone(), question.clone()][..segs].to_vec();
-            let s = SeqKv { prefix, start, len };
-            start += len;
-            s
-        })
-        .collect();
+    let seqs = SeqKv::packed(
+        plan.iter()
+            .map(|&(len, segs)| (len, [doc.clone(), question.clone()][..segs].to_vec())),
+    );
     let all: Vec<usize> = (0..seqs.len()).collect();
     let shape = psa_shape(d, h / kvh).expect("the self-check shape is supported");
     let ours = launch_psa(&q, &k, &v, &seqs, &all, 0.125, shape, h / kvh)?;

@@ -14,6 +14,16 @@ use crate::{CudaKernels, set_cuda_kernels};
 /// The kernel mode is process-wide; tests that switch it take turns.
 static MODE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Runs `check` under every [`CudaKernels`] mode in turn, then restores the default.
+fn each_mode(mut check: impl FnMut(CudaKernels)) {
+    let _turn = MODE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    for mode in [CudaKernels::Auto, CudaKernels::All, CudaKernels::Off] {
+        set_cuda_kernels(mode);
+        check(mode);
+    }
+    set_cuda_kernels(CudaKernels::Auto);
+}
+
 fn gpu() -> Option<Device> {
     match Device::new_cuda(0) {
         Ok(d) => Some(d),
@@ -24,8 +34,6 @@ fn gpu() -> Option<Device> {
     }
 }
 
-const MODES: [CudaKernels; 3] = [CudaKernels::Auto, CudaKernels::All, CudaKernels::Off];
-
 /// Qwen3-4B attention shape: a 300-token document shared by three 40-token
 /// questions, a 25-token suffix with no prefix, a two-segment prefix, and a
 /// 2,000-token anchor under 24 15-token partners (large enough for cuBLAS in
@@ -33,7 +41,6 @@ const MODES: [CudaKernels; 3] = [CudaKernels::Auto, CudaKernels::All, CudaKernel
 #[test]
 fn shared_prefix_attention_gpu_matches_cpu() {
     let Some(dev) = gpu() else { return };
-    let _turn = MODE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let (h, kvh, d) = (32, 8, 128);
     let doc = (randn((kvh, 300, d), 1), randn((kvh, 300, d), 2));
     let question = (randn((kvh, 9, d), 10), randn((kvh, 9, d), 11));
@@ -53,32 +60,17 @@ fn shared_prefix_attention_gpu_matches_cpu() {
         randn((kvh, total, d), 5),
     );
     let seqs_on = |dev: &Device, dt: DType| {
-        let mut start = 0;
-        plan.iter()
-            .map(|(len, prefix)| {
-                let prefix = prefix
-                    .iter()
-                    .map(|(a, b)| {
-                        let to = |t: &Tensor| t.to_device(dev).unwrap().to_dtype(dt).unwrap();
-                        (to(a), to(b))
-                    })
-                    .collect();
-                let s = SeqKv {
-                    prefix,
-                    start,
-                    len: *len,
-                };
-                start += len;
-                s
-            })
-            .collect::<Vec<_>>()
+        let to = |t: &Tensor| t.to_device(dev).unwrap().to_dtype(dt).unwrap();
+        SeqKv::packed(
+            plan.iter()
+                .map(|(len, prefix)| (*len, prefix.iter().map(|(a, b)| (to(a), to(b))).collect())),
+        )
     };
     let scale = 1.0 / (d as f32).sqrt();
     let cpu = crate::prefix_suffix_attention(&q, &k, &v, &seqs_on(&Device::Cpu, DType::F32), scale)
         .unwrap();
     let to = |t: &Tensor, dt| t.to_device(&dev).unwrap().to_dtype(dt).unwrap();
-    for mode in MODES {
-        set_cuda_kernels(mode);
+    each_mode(|mode| {
         for (dt, tol) in [(DType::F32, 1e-4), (DType::BF16, 3e-2)] {
             let seqs = seqs_on(&dev, dt);
             let g =
@@ -89,20 +81,17 @@ fn shared_prefix_attention_gpu_matches_cpu() {
             println!("attention {mode:?} {dt:?}: max |gpu - cpu| = {diff:.3e}");
             assert!(diff < tol, "{mode:?} {dt:?}: {diff}");
         }
-    }
-    set_cuda_kernels(CudaKernels::Auto);
+    });
 }
 
 #[test]
 fn restricted_head_gpu_matches_cpu() {
     let Some(dev) = gpu() else { return };
-    let _turn = MODE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let hidden = randn((1, 64, 1024), 6).squeeze(0).unwrap();
     let head = randn((1, 151_936, 1024), 7).squeeze(0).unwrap();
     let rows = [12u32, 345, 6789, 10111, 121, 3141, 51617, 151_935];
     let cpu = crate::restricted_head(&hidden, &head, &rows).unwrap();
-    for mode in MODES {
-        set_cuda_kernels(mode);
+    each_mode(|mode| {
         for (dt, tol) in [(DType::F32, 1e-3), (DType::BF16, 0.5)] {
             let g = crate::restricted_head(
                 &hidden.to_device(&dev).unwrap().to_dtype(dt).unwrap(),
@@ -114,8 +103,7 @@ fn restricted_head_gpu_matches_cpu() {
             println!("restricted head {mode:?} {dt:?}: max |gpu - cpu| = {diff:.3e}");
             assert!(diff < tol, "{mode:?} {dt:?}: {diff}");
         }
-    }
-    set_cuda_kernels(CudaKernels::Auto);
+    });
 }
 
 /// Compiles `cuda/aisql_kernels.cu` unchanged as host C++ (one thread per CUDA thread,

@@ -152,7 +152,7 @@ pub(crate) fn group_attention(
             Some((pv, p)),
         )
     };
-    let probs = softmax((scores * scale as f64)?)?;
+    let probs = crate::attention::softmax_last_dim(&(scores * scale as f64)?)?;
     let total_keys = probs.dim(D::Minus1)?;
     let p = total_keys - s;
     let mut out = probs.narrow(D::Minus1, p, s)?.matmul(&vs)?;
@@ -171,12 +171,6 @@ pub(crate) fn group_attention(
         .transpose(1, 2)?
         .contiguous()?
         .reshape((kvh * group, rows, d))?)
-}
-
-fn softmax(x: Tensor) -> candle_core::Result<Tensor> {
-    let max = x.max_keepdim(D::Minus1)?;
-    let e = x.broadcast_sub(&max)?.exp()?;
-    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
 }
 
 #[cfg(test)]
@@ -209,15 +203,7 @@ mod tests {
             randn((kvh, total, d), 8),
             randn((kvh, total, d), 9),
         );
-        let mut start = 0;
-        let seqs: Vec<SeqKv> = plan
-            .into_iter()
-            .map(|(len, prefix)| {
-                let s = SeqKv { prefix, start, len };
-                start += len;
-                s
-            })
-            .collect();
+        let seqs = SeqKv::packed(plan);
         let a = prefix_suffix_attention_grouped(&q, &k, &v, &seqs, 0.3).unwrap();
         let b = crate::prefix_suffix_attention_reference(&q, &k, &v, &seqs, 0.3).unwrap();
         assert_eq!(a.dims(), b.dims());
