@@ -9,7 +9,6 @@
 #   scripts/gpu-carry.sh                # needs scripts/cuda-toolchain.sh (run it first once)
 #   scripts/gpu-carry.sh --with-aisql   # also the whole engine, for gpu-check.sh --e2e:
 #     aisql.xz               the `aisql` binary, --features cuda (~30 MB packed)
-#     plans/                 the QUAIL-B plans
 #     e2e-queries            the queries of the end-to-end check
 #     e2e-cpu-f32/           their bench run on this machine's CPU (tiny model, f32,
 #                            stand-in sf 0.01), the reference the GPU run is compared to
@@ -52,14 +51,14 @@ pack "$TESTS" kernels_cuda_tests
 cp -L "$CUDA_HOME/lib/libcudart.so.13" "$CARRY/lib/"
 cp -L "$(g++ -print-file-name=libstdc++.so.6 2>/dev/null || echo /usr/lib/x86_64-linux-gnu/libstdc++.so.6)" "$CARRY/compat/libstdc++.so.6"
 if [[ $WITH_AISQL == 1 ]]; then
-  PLANS="${AISQL_QUAILB_PLANS:-$ROOT/../shared/quailb/plans}"
-  [[ -f "$PLANS/catalog.json" ]] || { echo "gpu-carry.sh: no QUAIL-B plans at $PLANS" >&2; exit 1; }
+  # The QUAIL-B plans are built into the binary; AISQL_QUAILB_PLANS, when set, overrides
+  # them in both runs below.
   cargo build --release --features cuda --bin aisql
   pack "$CARGO_TARGET_DIR/release/aisql" aisql
-  rm -rf "$CARRY/plans" "$CARRY/e2e-cpu-f32"; cp -r "$PLANS" "$CARRY/plans"; chmod -R u+w "$CARRY/plans"
+  rm -rf "$CARRY/plans" "$CARRY/e2e-cpu-f32"
   echo "$E2E_QUERIES" > "$CARRY/e2e-queries"
   # The CPU reference, with the default (CPU) build.
   (unset CARGO_TARGET_DIR; cargo run --quiet --bin aisql -- bench --sf 0.01 --queries "$E2E_QUERIES" \
-     --plans "$CARRY/plans" --cpu --dtype f32 --output-dir "$CARRY/e2e-cpu-f32")
+     --cpu --dtype f32 --output-dir "$CARRY/e2e-cpu-f32")
 fi
 du -sh "$CARRY" >&2

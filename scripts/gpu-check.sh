@@ -102,7 +102,7 @@ if [[ $E2E == 1 && $CPU == 0 ]]; then
     rm -rf "$E2E_DIR"; mkdir -p "$E2E_DIR"
     for dt in f32 bf16; do
       echo "gpu-check.sh: aisql bench --gpu $DEVICE --dtype $dt --queries $Q" >&2
-      "$CARRY/aisql" bench --sf 0.01 --queries "$Q" --plans "$CARRY/plans" --gpu "$DEVICE" --dtype "$dt" \
+      "$CARRY/aisql" bench --sf 0.01 --queries "$Q" --gpu "$DEVICE" --dtype "$dt" \
         --output-dir "$E2E_DIR/gpu-$dt" 2>&1 | tail -n 25
       erc=${PIPESTATUS[0]}
       "$CARRY/aisql" bench compare "$CARRY/e2e-cpu-f32" "$E2E_DIR/gpu-$dt" --json "$E2E_DIR/compare-cpu-f32-vs-gpu-$dt.json" \

@@ -19,8 +19,11 @@ pub struct Cli {
 pub enum Command {
     /// Print the operator tree of a plan.
     Explain {
-        /// Substrait plan (.json ProtoJSON, or .substrait/.pb binary).
-        plan: PathBuf,
+        /// Substrait plan file (.json ProtoJSON, or .substrait/.pb binary), or a
+        /// QUAIL-B query id (IMDB-7).
+        plan: String,
+        #[command(flatten)]
+        plans: PlansArg,
     },
     /// Run one plan and print its rows.
     Query(QueryArgs),
@@ -32,6 +35,15 @@ pub enum Command {
     Model(ModelCommand),
     /// Run the QUAIL-B benchmark; `bench report DIR` rescores, `bench compare A B` compares.
     Bench(BenchArgs),
+}
+
+/// Where QUAIL-B query ids and the benchmark's plans come from.
+#[derive(Debug, Clone, Args)]
+pub struct PlansArg {
+    /// QUAIL-B plans folder (catalog.json and <ID>.json files) instead of the plans
+    /// built into aisql.
+    #[arg(long = "plans", value_name = "DIR", env = "AISQL_QUAILB_PLANS")]
+    pub dir: Option<PathBuf>,
 }
 
 /// Which backend answers AI questions.
@@ -132,8 +144,11 @@ pub enum Switch {
 /// `aisql query`.
 #[derive(Debug, Args)]
 pub struct QueryArgs {
-    /// Substrait plan (.json ProtoJSON, or .substrait/.pb binary).
-    pub plan: PathBuf,
+    /// Substrait plan file (.json ProtoJSON, or .substrait/.pb binary), or a QUAIL-B
+    /// query id (IMDB-7).
+    pub plan: String,
+    #[command(flatten)]
+    pub plans: PlansArg,
     #[command(flatten)]
     pub data: DataArgs,
     #[command(flatten)]
@@ -240,10 +255,8 @@ pub struct BenchRunArgs {
     /// ones are only rescored, the rest run again.
     #[arg(long, value_name = "DIR", conflicts_with = "output_dir")]
     pub resume: Option<PathBuf>,
-    /// QUAIL-B plans folder with catalog.json (default: $AISQL_QUAILB_PLANS, else
-    /// ../shared/quailb/plans beside the repository).
-    #[arg(long, env = "AISQL_QUAILB_PLANS")]
-    pub plans: Option<PathBuf>,
+    #[command(flatten)]
+    pub plans: PlansArg,
     /// GPUs billed per query (cost = runtime × GPUs × hourly rate).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub gpu_count: u32,

@@ -71,12 +71,20 @@ fn oracle_bench_over_all_43_queries_is_good_and_reproducible() {
         "aisql_version",
         "backend",
         "prompt_format",
-        "model",
-        "device",
-        "prefix_cache",
+        "plans",
         "threads",
     ] {
         assert!(meta.get(key).is_some(), "metadata lacks {key}");
+    }
+    assert_eq!(meta["backend"], "oracle");
+    assert!(
+        meta["plans"].as_str().unwrap().starts_with("embedded"),
+        "{}",
+        meta["plans"]
+    );
+    // The oracle runs no model: run.json records none.
+    for key in ["model", "dtype", "device", "kv_budget_bytes"] {
+        assert!(meta.get(key).is_none(), "an oracle run records {key}");
     }
     let queries = j["queries"].as_array().unwrap();
     assert_eq!(queries.len(), 43);
@@ -97,17 +105,19 @@ fn oracle_bench_over_all_43_queries_is_good_and_reproducible() {
             answers["evaluated"], answers["correct"],
             "{id}: the oracle agrees with the labels"
         );
-        // The oracle reports no fresh tokens: fresh and regret are unavailable (null), never 0.
-        assert!(
-            m["fresh_tokens"].is_null()
-                && m["regret_tokens"].is_null()
-                && m["kv_regret_percent"].is_null()
-        );
-        assert!(m["input_tokens"].as_u64().unwrap() > 0, "{id}");
-        assert!(
-            m["minimum_tokens"].as_u64().unwrap() <= m["input_tokens"].as_u64().unwrap(),
-            "{id}"
-        );
+        // The oracle reports no fresh tokens, so (SPEC §D.3) there are no prompt
+        // pieces: input, minimum and regret are unavailable (null), never numbers.
+        for key in [
+            "fresh_tokens",
+            "input_tokens",
+            "minimum_tokens",
+            "regret_tokens",
+            "kv_regret_percent",
+        ] {
+            assert!(m[key].is_null(), "{id}: {key} = {}", m[key]);
+        }
+        assert!(q["files"].get("prompt_pieces").is_none(), "{id}");
+        assert!(!run.join(id).join("prompt_pieces.json").exists(), "{id}");
         assert!(m["cost_usd"].as_f64().unwrap() >= 0.0);
         let joins = !q["files"]["joins"].as_array().unwrap().is_empty();
         let key = if joins {
@@ -116,15 +126,12 @@ fn oracle_bench_over_all_43_queries_is_good_and_reproducible() {
             "documents_per_second"
         };
         assert!(m.get(key).is_some(), "{id}: {key}");
-        for f in ["plan", "rows", "prompt_pieces"] {
+        for f in ["plan", "rows"] {
             assert!(
                 run.join(q["files"][f].as_str().unwrap()).exists(),
                 "{id}: {f}"
             );
         }
-        let pieces = read_json(&run.join(id).join("prompt_pieces.json"));
-        assert_eq!(pieces["tokenizer"], "Qwen/Qwen3-32B");
-        assert!(!pieces["preamble"].as_array().unwrap().is_empty());
     }
 
     // measurements.parquet: one row per complete query, the documented columns.
@@ -227,8 +234,8 @@ fn oracle_bench_over_all_43_queries_is_good_and_reproducible() {
     let (mut predicates, mut paired) = (0, 0);
     for q in c["queries"].as_array().unwrap() {
         assert_eq!(q["runtime_ratio"], 1.0);
-        assert_eq!(q["input_tokens_delta"], 0);
-        assert_eq!(q["minimum_tokens_delta"], 0);
+        assert!(q["input_tokens_delta"].is_null());
+        assert!(q["minimum_tokens_delta"].is_null());
         assert!(q["fresh_tokens_delta"].is_null());
         assert_eq!(q["precision_delta"], 0.0);
         assert_eq!(q["recall_delta"], 0.0);
@@ -244,6 +251,54 @@ fn oracle_bench_over_all_43_queries_is_good_and_reproducible() {
         predicates > 40 && paired > 1000,
         "{predicates} predicates, {paired} answers compared"
     );
+}
+
+#[test]
+fn simulated_fresh_tokens_give_prompt_pieces_minimum_and_regret() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("quailb");
+    generate(&root, 0.002);
+    let run = tmp.path().join("run");
+    aisql()
+        .args([
+            "bench",
+            "--sf",
+            "0.002",
+            "--backend",
+            "oracle",
+            "--simulate",
+        ])
+        .args(["--queries", "IMDB-1,IMDB-7,FEV-8"])
+        .arg("--root")
+        .arg(&root)
+        .arg("--output-dir")
+        .arg(&run)
+        .assert()
+        .success();
+    let j = read_json(&run.join("run.json"));
+    assert_eq!(j["metadata"]["simulation"], true);
+    for q in j["queries"].as_array().unwrap() {
+        let id = q["id"].as_str().unwrap();
+        let m = &q["metrics"];
+        let (fresh, input, minimum) = (
+            m["fresh_tokens"].as_u64().unwrap(),
+            m["input_tokens"].as_u64().unwrap(),
+            m["minimum_tokens"].as_u64().unwrap(),
+        );
+        assert!(
+            0 < minimum && minimum <= fresh && fresh <= input,
+            "{id}: {m}"
+        );
+        assert_eq!(
+            m["regret_tokens"].as_u64().unwrap(),
+            fresh - minimum,
+            "{id}"
+        );
+        assert!(m["kv_regret_percent"].as_f64().is_some(), "{id}");
+        let pieces = read_json(&run.join(q["files"]["prompt_pieces"].as_str().unwrap()));
+        assert_eq!(pieces["tokenizer"], "Qwen/Qwen3-32B");
+        assert!(!pieces["preamble"].as_array().unwrap().is_empty());
+    }
 }
 
 #[test]

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use aisql_bench::driver::{BenchOptions, default_plans_dir, rescore, run_bench, select_queries};
+use aisql_bench::driver::{BenchOptions, rescore, run_bench};
 use aisql_bench::layout::Dataset;
+use aisql_bench::plans::PlanSource;
 use aisql_bench::run_file::{QueryStatus, RunFile, RunStatus};
 use aisql_bench::scoring::{Reason, Verdict};
 use aisql_engine::backend::{AiCall, AiRequest, InferenceBackend, OracleBackend};
@@ -67,7 +68,9 @@ fn options(dir: &Path, resume: bool, timeout: Option<Duration>, fail_fast: bool)
         fail_fast,
         gpu_count: 1,
         gpu_hourly_rate_usd: None,
-        metadata: serde_json::Map::new(),
+        backend_metadata: serde_json::Map::new(),
+        plans: PlanSource::Embedded.describe(),
+        user_metadata: serde_json::Map::new(),
         format: Default::default(),
         progress: false,
         batch_rows: 256,
@@ -84,7 +87,7 @@ fn setup() -> (tempfile::TempDir, Dataset) {
 
 fn queries(ids: &[&str]) -> Vec<(String, aisql_engine::plan::QueryPlan)> {
     let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
-    select_queries(&default_plans_dir(), Some(&ids)).unwrap()
+    PlanSource::Embedded.select(Some(&ids)).unwrap()
 }
 
 const IDS: [&str; 5] = ["IMDB-1", "IMDB-2", "BIO-3", "FEV-10", "AGENT-3"];

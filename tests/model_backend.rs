@@ -31,7 +31,7 @@ const QUERIES: [&str; 9] = [
 ];
 
 fn plans_dir() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/quailb/plans")
+    aisql_bench::plans::repository_plans_dir()
 }
 
 fn config(prefix_cache: bool) -> SchedulerConfig {

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
+use crate::error::{BenchError, Result};
 use crate::run_file::{QueryStatus, RunFile};
 
 /// Bars of one series: name, value per query, colour.
@@ -16,7 +17,7 @@ fn bar_chart(
     y_desc: &str,
     labels: &[String],
     series: &[Series<'_>],
-) -> anyhow::Result<()> {
+) -> Result<()> {
     let n = labels.len().max(1);
     let max = series
         .iter()
@@ -25,7 +26,10 @@ fn bar_chart(
     let top = if max > 0.0 { max * 1.1 } else { 1.0 };
     let width = (160 + 22 * n as u32).max(480);
     let root = SVGBackend::new(path, (width, 480)).into_drawing_area();
-    let e = |e: &dyn std::fmt::Display| anyhow::anyhow!("{}: {e}", path.display());
+    let e = |e: &dyn std::fmt::Display| BenchError::Io {
+        path: path.to_path_buf(),
+        message: format!("chart: {e}"),
+    };
     root.fill(&WHITE).map_err(|x| e(&x))?;
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 18))
@@ -84,7 +88,7 @@ fn bar_chart(
 }
 
 /// Writes the charts of `run` into `dir`; returns (title, file name) per chart.
-pub fn write_charts(dir: &Path, run: &RunFile) -> anyhow::Result<Vec<(String, String)>> {
+pub fn write_charts(dir: &Path, run: &RunFile) -> Result<Vec<(String, String)>> {
     let done: Vec<_> = run
         .queries
         .iter()

@@ -9,9 +9,10 @@ use std::path::Path;
 use aisql_engine::backend::AiKind;
 use serde::Serialize;
 
+use crate::error::{BenchError, Result};
 use crate::layout::Dataset;
 use crate::report::g6;
-use crate::run_file::{QueryRecord, QueryStatus, RunFile};
+use crate::run_file::{QueryRecord, QueryStatus, RunFile, read_saved_plan};
 use crate::scoring::SavedQuery;
 
 /// Exact two-sided McNemar p-value for `b` and `c` discordant pairs:
@@ -102,7 +103,7 @@ fn predicates(
     qb: &QueryRecord,
     labels: &aisql_engine::labels::LabelStore,
     templates: &HashMap<String, String>,
-) -> anyhow::Result<Vec<PredicateComparison>> {
+) -> Result<Vec<PredicateComparison>> {
     let (Some(fa), Some(fb)) = (&qa.files, &qb.files) else {
         return Ok(Vec::new());
     };
@@ -151,30 +152,34 @@ fn predicates(
 }
 
 /// Compares runs `a` and `b` (same corpus); `dataset` supplies the labels.
-pub fn compare_runs(a: &Path, b: &Path, dataset: &Dataset) -> anyhow::Result<RunComparison> {
+pub fn compare_runs(a: &Path, b: &Path, dataset: &Dataset) -> Result<RunComparison> {
     let ra = RunFile::read(a)?;
     let rb = RunFile::read(b)?;
-    anyhow::ensure!(
-        ra.corpus_id == rb.corpus_id,
-        "the runs used different corpora ({} and {})",
-        ra.corpus_id,
-        rb.corpus_id
-    );
-    anyhow::ensure!(
-        ra.corpus_id == dataset.corpus_id,
-        "the runs used corpus {}, the data found is {}",
-        ra.corpus_id,
-        dataset.corpus_id
-    );
+    if ra.corpus_id != rb.corpus_id {
+        return Err(BenchError::Run {
+            dir: b.to_path_buf(),
+            message: format!(
+                "used corpus {}, run {} used {}: compare runs of one corpus",
+                rb.corpus_id,
+                a.display(),
+                ra.corpus_id
+            ),
+        });
+    }
+    if ra.corpus_id != dataset.corpus_id {
+        return Err(BenchError::Run {
+            dir: a.to_path_buf(),
+            message: format!(
+                "used corpus {}, the data found is {} (pass the runs' --root and --sf)",
+                ra.corpus_id, dataset.corpus_id
+            ),
+        });
+    }
     // Templates of every AI operator, from the saved plans of run A.
     let mut templates = HashMap::new();
     for q in &ra.queries {
         let Some(f) = &q.files else { continue };
-        let bytes = std::fs::read(a.join(&f.plan))?;
-        let plan = aisql_engine::plan::QueryPlan::from_substrait(
-            aisql_engine::plan::decode_plan(&bytes, false)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", q.id))?,
-        )?;
+        let plan = read_saved_plan(a, f)?;
         for op in &plan.operators {
             if let Some(t) = op.template() {
                 templates.insert(format!("{}/{}", q.id, op.id()), t.to_string());

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use aisql_engine::tables::read_table;
+
+use crate::error::{BenchError, Result};
 use datafusion::arrow::array::{Array, StringArray};
 
 /// One string column of a table, with the table's ids alongside.
@@ -43,28 +45,30 @@ impl Corpus {
     }
 
     /// `column` of `table` (read on first use).
-    pub fn column(&self, table: &str, column: &str) -> anyhow::Result<Arc<TableColumn>> {
+    pub fn column(&self, table: &str, column: &str) -> Result<Arc<TableColumn>> {
         let key = (table.to_string(), column.to_string());
         if let Some(c) = self.columns.lock().expect("corpus lock").get(&key) {
             return Ok(c.clone());
         }
-        let path = self
-            .paths
-            .get(table)
-            .ok_or_else(|| anyhow::anyhow!("table {table} has no file"))?;
+        let path = self.paths.get(table).ok_or_else(|| {
+            BenchError::Scoring(format!("table {table} is not among the dataset's tables"))
+        })?;
         let wanted = if column == "id" {
             vec!["id".to_string()]
         } else {
             vec!["id".to_string(), column.to_string()]
         };
         let batch = read_table(table, path, &wanted, &[])?;
-        let strings = |name: &str| -> anyhow::Result<Vec<String>> {
+        let strings = |name: &str| -> Result<Vec<String>> {
             let idx = batch.schema().index_of(name)?;
             let array = batch
                 .column(idx)
                 .as_any()
                 .downcast_ref::<StringArray>()
-                .ok_or_else(|| anyhow::anyhow!("table {table}: column {name} is not a string"))?;
+                .ok_or_else(|| BenchError::Parquet {
+                    path: path.clone(),
+                    message: format!("table {table}: column {name} is not a string"),
+                })?;
             Ok((0..array.len())
                 .map(|i| array.value(i).to_string())
                 .collect())
@@ -89,7 +93,7 @@ impl Corpus {
     }
 
     /// Ids of `table` in file order.
-    pub fn ids(&self, table: &str) -> anyhow::Result<Arc<TableColumn>> {
+    pub fn ids(&self, table: &str) -> Result<Arc<TableColumn>> {
         self.column(table, "id")
     }
 }

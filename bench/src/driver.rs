@@ -1,7 +1,9 @@
 //! The QUAIL-B driver: runs the catalog's queries through the engine one at a
 //! time, saves each query's outputs, scores them, and keeps `run.json` current
 //! after every state change (SPEC §D.6). A run can be resumed, queries can time
-//! out without ending the run, and Ctrl-C leaves a consistent run.json.
+//! out without ending the run, and Ctrl-C leaves a consistent run.json. Writing
+//! outputs, tokenizing and scoring run on blocking threads, never on the runtime
+//! that drives the engine.
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
@@ -10,113 +12,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aisql_engine::backend::InferenceBackend;
-use aisql_engine::labels::LabelStore;
-use aisql_engine::output::write_query_outputs;
-use aisql_engine::plan::{Operator, QueryPlan, decode_plan};
+use aisql_engine::output::{OutputFiles, write_query_outputs};
+use aisql_engine::plan::QueryPlan;
 use aisql_engine::prompt::PromptFormat;
 use aisql_engine::query::{QueryOptions, QueryOutput, run_query};
 use aisql_engine::tables::TablePaths;
-use aisql_models::tokenizer::Tokenizer;
-use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::corpus::Corpus;
+use crate::error::{BenchError, Result};
 use crate::layout::Dataset;
 use crate::run_file::{
-    QUAIL_B_VERSION, QueryFiles, QueryMetrics, QueryRecord, QueryStatus, RunFile, RunStatus,
-    SCHEMA_VERSION, Throughput, now_utc, write_atomic,
+    QUAIL_B_VERSION, QueryRecord, QueryStatus, RunFile, RunStatus, SCHEMA_VERSION, now_utc,
+    read_saved_plan,
 };
-use crate::scoring::{Assessment, SavedQuery, score_accuracy};
-use crate::tokens::{DocTokens, piece_counts, pieces_json, plan_pieces, token_metrics};
-
-/// Environment variable naming the QUAIL-B plans folder.
-pub const PLANS_ENV: &str = "AISQL_QUAILB_PLANS";
-
-/// The plans folder: `$AISQL_QUAILB_PLANS`, else `../shared/quailb/plans` beside the
-/// repository (where the project keeps the delivered plans), else `./shared/quailb/plans`.
-pub fn default_plans_dir() -> PathBuf {
-    if let Some(p) = std::env::var_os(PLANS_ENV) {
-        return PathBuf::from(p);
-    }
-    let beside_repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/quailb/plans");
-    if beside_repo.join("catalog.json").exists() {
-        return beside_repo;
-    }
-    PathBuf::from("shared/quailb/plans")
-}
-
-/// One catalog entry.
-#[derive(Debug, Clone, serde::Deserialize)]
-pub struct CatalogEntry {
-    /// Query id.
-    pub id: String,
-    /// What the query does.
-    pub description: String,
-    /// PrivacyPolicies corpus (not among the 43).
-    #[serde(default)]
-    pub privacy: bool,
-    /// Labels not published (not among the 43).
-    #[serde(default)]
-    pub labels_pending: bool,
-}
-
-/// Reads `catalog.json`.
-pub fn read_catalog(plans_dir: &Path) -> anyhow::Result<Vec<CatalogEntry>> {
-    let path = plans_dir.join("catalog.json");
-    let text = std::fs::read_to_string(&path).with_context(|| {
-        format!(
-            "reading the QUAIL-B catalog {} (set --plans or {PLANS_ENV})",
-            path.display()
-        )
-    })?;
-    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
-}
-
-/// The queries to run, in catalog order: `wanted` ids (or `all`), default the published ones.
-pub fn select_queries(
-    plans_dir: &Path,
-    wanted: Option<&[String]>,
-) -> anyhow::Result<Vec<(String, QueryPlan)>> {
-    let catalog = read_catalog(plans_dir)?;
-    let published = |e: &CatalogEntry| !e.privacy && !e.labels_pending;
-    let ids: Vec<String> = match wanted {
-        None => catalog
-            .iter()
-            .filter(|e| published(e))
-            .map(|e| e.id.clone())
-            .collect(),
-        Some(w) if w.iter().any(|x| x == "all") => catalog
-            .iter()
-            .filter(|e| published(e))
-            .map(|e| e.id.clone())
-            .collect(),
-        Some(w) => {
-            for x in w {
-                if !catalog.iter().any(|e| &e.id == x) {
-                    bail!(
-                        "unknown query {x:?}; the catalog has {}",
-                        catalog
-                            .iter()
-                            .map(|e| e.id.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    );
-                }
-            }
-            catalog
-                .iter()
-                .filter(|e| w.contains(&e.id))
-                .map(|e| e.id.clone())
-                .collect()
-        }
-    };
-    ids.into_iter()
-        .map(|id| {
-            let plan = QueryPlan::from_file(&plans_dir.join(format!("{id}.json")))?;
-            Ok((id, plan))
-        })
-        .collect()
-}
+use crate::scoring::Scorer;
 
 /// How a benchmark run is done.
 #[derive(Debug, Clone)]
@@ -133,8 +42,13 @@ pub struct BenchOptions {
     pub gpu_count: u32,
     /// Price of one GPU-hour.
     pub gpu_hourly_rate_usd: Option<f64>,
-    /// Run configuration recorded in run.json.
-    pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// The backend's description of itself, from whatever built it (model, device,
+    /// dtype, budgets; an oracle records no model), recorded in run.json's metadata.
+    pub backend_metadata: Metadata,
+    /// Where the plans came from (`PlanSource::describe`).
+    pub plans: String,
+    /// The user's own pairs (`--metadata KEY=VALUE`), recorded last, so they win.
+    pub user_metadata: Metadata,
     /// Prompt layout the engine sends.
     pub format: PromptFormat,
     /// Progress bars on stderr (drawn only on a terminal).
@@ -143,163 +57,53 @@ pub struct BenchOptions {
     pub batch_rows: usize,
 }
 
-/// What scoring needs, shared by every query of a run.
-pub struct Scorer {
-    labels: LabelStore,
-    corpus: Corpus,
-    docs: DocTokens,
-    tokenizer: Tokenizer,
-    table_rows: BTreeMap<String, u64>,
+/// run.json's `metadata` object.
+pub type Metadata = serde_json::Map<String, serde_json::Value>;
+
+/// `git rev-parse HEAD` of the working directory, if it is a git checkout.
+fn git_commit() -> Option<String> {
+    let out = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+        .filter(|s| !s.is_empty())
 }
 
-impl Scorer {
-    /// Labels of `templates` and the tables of `dataset`.
-    pub fn new(dataset: &Dataset, templates: &[String]) -> anyhow::Result<Self> {
-        let labels = dataset
-            .load_labels(Some(templates))
-            .context("loading reference labels for scoring")?;
-        let tokenizer = Tokenizer::vendored()?;
-        Ok(Self {
-            labels,
-            corpus: Corpus::new(dataset.tables.clone()),
-            docs: DocTokens::new(tokenizer.clone()),
-            tokenizer,
-            table_rows: dataset.table_rows.clone(),
-        })
+/// run.json's `metadata`, assembled here and nowhere else: the build and machine,
+/// the run's options, the backend's own description, then the user's pairs.
+pub fn run_metadata(opts: &BenchOptions, backend: &dyn InferenceBackend) -> Metadata {
+    use serde_json::Value;
+    let mut m = Metadata::new();
+    m.insert("aisql_version".into(), env!("CARGO_PKG_VERSION").into());
+    m.insert(
+        "git_commit".into(),
+        git_commit().map_or(Value::Null, Value::from),
+    );
+    m.insert(
+        "os".into(),
+        format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH).into(),
+    );
+    m.insert(
+        "threads".into(),
+        std::thread::available_parallelism().map_or(Value::Null, |n| n.get().into()),
+    );
+    if let Ok(t) = std::env::var("RAYON_NUM_THREADS") {
+        m.insert("rayon_num_threads".into(), t.into());
     }
-
-    /// Writes `prompt_pieces.json` of a query; returns its path relative to the run.
-    pub fn write_pieces(
-        &self,
-        run_dir: &Path,
-        id: &str,
-        plan: &QueryPlan,
-    ) -> anyhow::Result<String> {
-        let pieces = plan_pieces(plan, &self.tokenizer)?;
-        let rel = format!("{id}/prompt_pieces.json");
-        let text = serde_json::to_string(&pieces_json(&pieces))? + "\n";
-        write_atomic(&run_dir.join(&rel), text.as_bytes())?;
-        Ok(rel)
-    }
-
-    /// Scores a saved query.
-    pub fn score(
-        &self,
-        run_dir: &Path,
-        plan: &QueryPlan,
-        rec: &QueryRecord,
-        gpu_count: u32,
-        rate: Option<f64>,
-    ) -> anyhow::Result<(QueryMetrics, Assessment)> {
-        let files = rec.files.as_ref().context("the query has no saved files")?;
-        let runtime_s = rec.runtime_s.context("the query has no runtime")?;
-        let t0 = std::time::Instant::now();
-        let saved = SavedQuery::load(run_dir, files)?;
-        let t1 = t0.elapsed();
-        let (accuracy, assessment) =
-            score_accuracy(plan, &self.labels, &self.corpus, &self.table_rows, &saved)?;
-        let t2 = t0.elapsed();
-        let pieces = plan_pieces(plan, &self.tokenizer)?;
-        let counts = piece_counts(&pieces, &saved.answers, &self.corpus, &self.docs)?;
-        if std::env::var_os("AISQL_BENCH_TIMING").is_some() {
-            eprintln!(
-                "{}: load {t1:?} accuracy {:?} tokens {:?}",
-                rec.id,
-                t2 - t1,
-                t0.elapsed() - t2
-            );
-        }
-        let empty = serde_json::Map::new();
-        let tokens = token_metrics(Some(counts), rec.measurements.as_ref().unwrap_or(&empty))?;
-        let input_rows: BTreeMap<String, u64> = plan
-            .relations
-            .iter()
-            .map(|r| {
-                (
-                    r.alias.clone(),
-                    self.table_rows.get(&r.table).copied().unwrap_or(0),
-                )
-            })
-            .collect();
-        let per_s = |v: f64| (runtime_s > 0.0).then(|| v / runtime_s);
-        let has_join = plan
-            .operators
-            .iter()
-            .any(|o| matches!(o, Operator::Join { .. }));
-        let pairs = if has_join {
-            let joins: Vec<u64> = plan
-                .operators
-                .iter()
-                .filter(|o| matches!(o, Operator::Join { .. }))
-                .map(|o| saved.answers_of(o.id()).map(|t| t.len() as u64))
-                .collect::<Option<_>>()
-                .unwrap_or_default();
-            if joins.is_empty() {
-                rec.measurements
-                    .as_ref()
-                    .and_then(|m| m.get("evaluated_document_pairs"))
-                    .and_then(|v| v.as_u64())
-            } else {
-                Some(joins.iter().sum())
-            }
-        } else {
-            None
-        };
-        let throughput = if has_join {
-            Throughput::Pairs(pairs.and_then(|p| per_s(p as f64)))
-        } else {
-            Throughput::Documents(per_s(input_rows.values().sum::<u64>() as f64))
-        };
-        let cost_usd = rate.map(|r| runtime_s / 3600.0 * gpu_count as f64 * r);
-        let cost_per_m = match (cost_usd, tokens.input_tokens) {
-            (Some(c), Some(i)) if i > 0 => Some(c / i as f64 * 1e6),
-            _ => None,
-        };
-        Ok((
-            QueryMetrics {
-                runtime_s,
-                input_rows,
-                accuracy,
-                cost_usd,
-                input_tokens: tokens.input_tokens,
-                fresh_tokens: tokens.fresh_tokens,
-                minimum_tokens: tokens.minimum_tokens,
-                regret_tokens: tokens.regret_tokens,
-                regret_approximate: tokens.regret_approximate,
-                evaluated_document_pairs: pairs,
-                input_tokens_per_second: tokens.input_tokens.and_then(|i| per_s(i as f64)),
-                cost_usd_per_million_input_tokens: cost_per_m,
-                kv_regret_percent: tokens.kv_regret_percent,
-                throughput,
-            },
-            assessment,
-        ))
-    }
-}
-
-/// Scores `rec` in place: complete with metrics, or scoring_failed with the error.
-fn score_into(
-    scorer: &Scorer,
-    run_dir: &Path,
-    plan: &QueryPlan,
-    rec: &mut QueryRecord,
-    gpu_count: u32,
-    rate: Option<f64>,
-) {
-    match scorer.score(run_dir, plan, rec, gpu_count, rate) {
-        Ok((m, a)) => {
-            rec.metrics = Some(m);
-            rec.assessment = Some(a);
-            rec.status = QueryStatus::Complete;
-            rec.error = None;
-        }
-        Err(e) => {
-            rec.metrics = None;
-            rec.assessment = None;
-            rec.status = QueryStatus::ScoringFailed;
-            rec.error = Some(format!("ScoringError: {e:#}"));
-        }
-    }
+    m.insert("backend".into(), backend.name().into());
+    m.insert("prompt_format".into(), opts.format.name().into());
+    m.insert("plans".into(), opts.plans.clone().into());
+    m.insert("batch_rows".into(), opts.batch_rows.into());
+    m.insert(
+        "timeout_s".into(),
+        opts.timeout.map_or(Value::Null, |t| t.as_secs_f64().into()),
+    );
+    m.extend(opts.backend_metadata.clone());
+    m.extend(opts.user_metadata.clone());
+    m
 }
 
 fn is_empty_dir(dir: &Path) -> bool {
@@ -318,43 +122,114 @@ enum Outcome {
     Interrupted,
 }
 
+/// Runs `f` on a blocking thread: Parquet writing, tokenization and scoring are
+/// CPU and disk work that must not stall the runtime driving the engine.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| BenchError::Task(e.to_string()))?
+}
+
+/// Scores `rec` on a blocking thread and returns it scored.
+async fn score_blocking(
+    scorer: &Arc<Scorer>,
+    dir: &Path,
+    plan: &QueryPlan,
+    mut rec: QueryRecord,
+    gpu_count: u32,
+    rate: Option<f64>,
+) -> Result<QueryRecord> {
+    let (scorer, dir, plan) = (scorer.clone(), dir.to_path_buf(), plan.clone());
+    blocking(move || {
+        scorer.score_into(&dir, &plan, &mut rec, gpu_count, rate);
+        Ok(rec)
+    })
+    .await
+}
+
+/// Writes a finished query's outputs and prompt pieces on a blocking thread.
+async fn save_blocking(
+    scorer: &Arc<Scorer>,
+    dir: &Path,
+    id: &str,
+    plan: &QueryPlan,
+    out: Box<QueryOutput>,
+) -> Result<OutputFiles> {
+    let (scorer, dir, id, plan) = (
+        scorer.clone(),
+        dir.to_path_buf(),
+        id.to_string(),
+        plan.clone(),
+    );
+    blocking(move || {
+        let mut files = write_query_outputs(&dir.join(&id), &id, &plan, &out)?;
+        files.prompt_pieces = scorer.save_pieces(&dir, &id, &plan, &out.measurements)?;
+        Ok(files)
+    })
+    .await
+}
+
+fn templates_of<'a>(plans: impl IntoIterator<Item = &'a QueryPlan>) -> Vec<String> {
+    let mut t: Vec<String> = plans.into_iter().flat_map(|p| p.templates()).collect();
+    t.sort();
+    t.dedup();
+    t
+}
+
+fn run_error(dir: &Path, message: String) -> BenchError {
+    BenchError::Run {
+        dir: dir.to_path_buf(),
+        message,
+    }
+}
+
+/// `complete` when every query is complete, else `failed`.
+fn final_status(run: &RunFile) -> RunStatus {
+    if run
+        .queries
+        .iter()
+        .all(|q| q.status == QueryStatus::Complete)
+    {
+        RunStatus::Complete
+    } else {
+        RunStatus::Failed
+    }
+}
+
 /// Runs `queries` and writes the run folder. Returns the final run.json; the run's
-/// status is `complete` only when every query is complete.
+/// status is `complete` only when every query is complete. `opts.metadata` is
+/// recorded as given (the caller describes the run); a resumed run adds `resumed`.
 pub async fn run_bench(
     opts: &BenchOptions,
     dataset: &Dataset,
     backend: Arc<dyn InferenceBackend>,
     queries: Vec<(String, QueryPlan)>,
-) -> anyhow::Result<RunFile> {
+) -> Result<RunFile> {
     let dir = &opts.output_dir;
     let format_name = opts.format.name();
-    let mut metadata = opts.metadata.clone();
-    metadata.insert("backend".into(), backend.name().into());
-    metadata.insert("prompt_format".into(), format_name.into());
-    metadata
-        .entry("aisql_version")
-        .or_insert(env!("CARGO_PKG_VERSION").into());
+    let mut metadata = run_metadata(opts, backend.as_ref());
 
     let (mut run, plans) = if opts.resume {
-        let mut run =
-            RunFile::read(dir).context("--resume needs the run folder of an earlier run")?;
+        let mut run = RunFile::read(dir)?;
         if run.corpus_id != dataset.corpus_id {
-            bail!(
-                "{}: the run used corpus {} (sf {}), this dataset is {} (sf {})",
-                dir.display(),
-                run.corpus_id,
-                run.scale_factor,
-                dataset.corpus_id,
-                dataset.scale_factor
-            );
+            return Err(run_error(
+                dir,
+                format!(
+                    "the run used corpus {} (sf {}), this dataset is {} (sf {})",
+                    run.corpus_id, run.scale_factor, dataset.corpus_id, dataset.scale_factor
+                ),
+            ));
         }
         let by_id: BTreeMap<String, QueryPlan> = queries.into_iter().collect();
         let mut plans = Vec::new();
         for rec in &mut run.queries {
-            let plan = by_id.get(&rec.id).cloned().with_context(|| {
-                format!(
-                    "{} is in the run but was not loaded from the plans folder",
-                    rec.id
+            let plan = by_id.get(&rec.id).cloned().ok_or_else(|| {
+                run_error(
+                    dir,
+                    format!(
+                        "{} is in the run but was not among the plans loaded",
+                        rec.id
+                    ),
                 )
             })?;
             let hash = plan.definition_hash(format_name);
@@ -376,13 +251,18 @@ pub async fn run_bench(
         (run, plans)
     } else {
         if dir.exists() && !is_empty_dir(dir) {
-            bail!(
-                "output folder {} exists and is not empty; choose a new --output-dir or continue it with --resume {}",
-                dir.display(),
-                dir.display()
-            );
+            return Err(run_error(
+                dir,
+                format!(
+                    "the output folder exists and is not empty; choose a new --output-dir or continue it with --resume {}",
+                    dir.display()
+                ),
+            ));
         }
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|e| BenchError::Io {
+            path: dir.clone(),
+            message: e.to_string(),
+        })?;
         let run = RunFile {
             schema_version: SCHEMA_VERSION,
             quail_b_version: QUAIL_B_VERSION.into(),
@@ -405,13 +285,10 @@ pub async fn run_bench(
     };
     run.write(dir)?;
 
-    let templates: Vec<String> = {
-        let mut t: Vec<String> = plans.iter().flat_map(|(_, p)| p.templates()).collect();
-        t.sort();
-        t.dedup();
-        t
+    let scorer = {
+        let (dataset, templates) = (dataset.clone(), templates_of(plans.iter().map(|(_, p)| p)));
+        Arc::new(blocking(move || Scorer::new(&dataset, &templates)).await?)
     };
-    let scorer = Scorer::new(dataset, &templates)?;
     let (gpu_count, rate) = (run.gpu_count, run.gpu_hourly_rate_usd);
 
     // Ctrl-C sets a flag the loop watches (the first signal; a second one kills as usual).
@@ -450,7 +327,8 @@ pub async fn run_bench(
             }
             QueryStatus::Saved | QueryStatus::ScoringFailed if rec.files.is_some() => {
                 bar.set_message(format!("{id} (scoring)"));
-                score_into(&scorer, dir, plan, rec, gpu_count, rate);
+                let scored = score_blocking(&scorer, dir, plan, rec.clone(), gpu_count, rate);
+                *run.query_mut(id).expect("record") = scored.await?;
                 run.write(dir)?;
                 bar.inc(1);
                 continue;
@@ -505,28 +383,18 @@ pub async fn run_bench(
             Outcome::Done(out) => {
                 rec.runtime_s = Some(out.runtime_s);
                 rec.measurements = Some(out.measurements.clone());
-                let qdir = dir.join(id);
-                let saved = write_query_outputs(&qdir, id, plan, &out)
-                    .map_err(anyhow::Error::from)
-                    .and_then(|files| Ok((files, scorer.write_pieces(dir, id, plan)?)));
-                match saved {
-                    Ok((files, pieces)) => {
-                        rec.files = Some(QueryFiles {
-                            plan: files.plan,
-                            rows: files.rows,
-                            filters: Some(files.filters),
-                            joins: Some(files.joins),
-                            classifications: Some(files.classifications),
-                            prompt_pieces: Some(pieces),
-                        });
+                match save_blocking(&scorer, dir, id, plan, out).await {
+                    Ok(files) => {
+                        rec.files = Some(files);
                         rec.status = QueryStatus::Saved;
+                        let saved = rec.clone();
                         run.write(dir)?;
-                        let rec = run.query_mut(id).expect("record");
-                        score_into(&scorer, dir, plan, rec, gpu_count, rate);
+                        let scored = score_blocking(&scorer, dir, plan, saved, gpu_count, rate);
+                        *run.query_mut(id).expect("record") = scored.await?;
                     }
                     Err(e) => {
                         rec.status = QueryStatus::Failed;
-                        rec.error = Some(format!("SaveError: {e:#}"));
+                        rec.error = Some(format!("SaveError: {e}"));
                     }
                 }
             }
@@ -563,38 +431,41 @@ pub async fn run_bench(
     }
     bar.finish_and_clear();
     signal_task.abort();
-    run.status = if run
-        .queries
-        .iter()
-        .all(|q| q.status == QueryStatus::Complete)
-    {
-        RunStatus::Complete
-    } else {
-        RunStatus::Failed
-    };
+    run.status = final_status(&run);
     run.finished_at = Some(now_utc());
     run.write(dir)?;
-    crate::report::write_reports(dir, &run)?;
+    let run = {
+        let dir = dir.clone();
+        blocking(move || {
+            crate::report::write_reports(&dir, &run)?;
+            Ok(run)
+        })
+        .await?
+    };
     if interrupted {
-        bail!(
-            "interrupted; run.json is consistent, continue with --resume {}",
-            dir.display()
-        );
+        return Err(run_error(
+            dir,
+            format!(
+                "interrupted; run.json is consistent, continue with --resume {}",
+                dir.display()
+            ),
+        ));
     }
     Ok(run)
 }
 
 /// Rescores the saved outputs of a run without running a model (`aisql bench report`),
 /// rewriting run.json, measurements.parquet, report.md and the charts.
-pub fn rescore(dir: &Path, dataset: &Dataset) -> anyhow::Result<RunFile> {
+pub fn rescore(dir: &Path, dataset: &Dataset) -> Result<RunFile> {
     let mut run = RunFile::read(dir)?;
     if run.corpus_id != dataset.corpus_id {
-        bail!(
-            "{}: the run used corpus {}, the data found is {} (pass the run's --root and --sf)",
-            dir.display(),
-            run.corpus_id,
-            dataset.corpus_id
-        );
+        return Err(run_error(
+            dir,
+            format!(
+                "the run used corpus {}, the data found is {} (pass the run's --root and --sf)",
+                run.corpus_id, dataset.corpus_id
+            ),
+        ));
     }
     let format_name = run
         .metadata
@@ -605,25 +476,20 @@ pub fn rescore(dir: &Path, dataset: &Dataset) -> anyhow::Result<RunFile> {
     let mut plans = Vec::new();
     for rec in &run.queries {
         let Some(files) = &rec.files else { continue };
-        let path = dir.join(&files.plan);
-        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-        let plan = QueryPlan::from_substrait(
-            decode_plan(&bytes, false).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
-        )?;
+        let plan = read_saved_plan(dir, files)?;
         let hash = plan.definition_hash(&format_name);
         if hash != rec.definition_hash {
-            bail!(
-                "{}: the saved plan's definition hash {hash} differs from run.json's {}",
-                rec.id,
-                rec.definition_hash
-            );
+            return Err(run_error(
+                dir,
+                format!(
+                    "{}: the saved plan's definition hash {hash} differs from run.json's {}",
+                    rec.id, rec.definition_hash
+                ),
+            ));
         }
         plans.push((rec.id.clone(), plan));
     }
-    let mut templates: Vec<String> = plans.iter().flat_map(|(_, p)| p.templates()).collect();
-    templates.sort();
-    templates.dedup();
-    let scorer = Scorer::new(dataset, &templates)?;
+    let scorer = Scorer::new(dataset, &templates_of(plans.iter().map(|(_, p)| p)))?;
     let (gpu_count, rate) = (run.gpu_count, run.gpu_hourly_rate_usd);
     for (id, plan) in &plans {
         let rec = run.query_mut(id).expect("record");
@@ -633,21 +499,14 @@ pub fn rescore(dir: &Path, dataset: &Dataset) -> anyhow::Result<RunFile> {
         ) {
             continue;
         }
+        let measurements = rec.measurements.clone().unwrap_or_default();
         if let Some(files) = rec.files.as_mut() {
-            files.prompt_pieces = Some(scorer.write_pieces(dir, id, plan)?);
+            files.prompt_pieces = scorer.save_pieces(dir, id, plan, &measurements)?;
         }
-        score_into(&scorer, dir, plan, rec, gpu_count, rate);
+        scorer.score_into(dir, plan, rec, gpu_count, rate);
     }
     if run.status != RunStatus::Running {
-        run.status = if run
-            .queries
-            .iter()
-            .all(|q| q.status == QueryStatus::Complete)
-        {
-            RunStatus::Complete
-        } else {
-            RunStatus::Failed
-        };
+        run.status = final_status(&run);
     }
     run.write(dir)?;
     crate::report::write_reports(dir, &run)?;

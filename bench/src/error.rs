@@ -109,6 +109,48 @@ pub enum BenchError {
         /// What failed.
         message: String,
     },
+    /// The QUAIL-B plans (embedded, or a `--plans` folder) are missing a file or
+    /// hold one that does not parse.
+    #[error("QUAIL-B plans ({source_name}): {message}")]
+    Plans {
+        /// Where the plans come from (`embedded`, or the folder).
+        source_name: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A plan argument is neither a readable file nor a query id of the catalog.
+    #[error("plan {arg:?}: {message}")]
+    PlanArg {
+        /// The argument as given.
+        arg: String,
+        /// Why it could not be used.
+        message: String,
+    },
+    /// A run folder or its run.json cannot be used (missing, another corpus,
+    /// another schema, a plan that changed).
+    #[error("run {}: {message}", dir.display())]
+    Run {
+        /// The run folder.
+        dir: std::path::PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A saved query could not be scored (a missing label or answer table, an
+    /// unreadable output).
+    #[error("scoring: {0}")]
+    Scoring(String),
+    /// Token counting for the token metrics failed.
+    #[error("token metrics: {0}")]
+    Tokens(String),
+    /// The tokenizer failed.
+    #[error(transparent)]
+    Model(#[from] aisql_models::ModelError),
+    /// Arrow could not build or convert a batch (reports, measurements).
+    #[error("arrow: {0}")]
+    Arrow(#[from] datafusion::arrow::error::ArrowError),
+    /// A blocking task (writing outputs, scoring) panicked or was cancelled.
+    #[error("background task: {0}")]
+    Task(String),
     /// The stand-in generator failed.
     #[error("stand-in generation: {0}")]
     Generate(String),

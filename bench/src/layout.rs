@@ -1343,7 +1343,7 @@ mod tests {
             .unwrap();
         assert!(lep.get_bool("lc0", Some("lp0")) == Some(true));
         // Templates in the shipped plans all have a label set (when the plans are present).
-        let plans = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/quailb/plans");
+        let plans = crate::plans::repository_plans_dir();
         if plans.exists() {
             let mut seen = 0;
             for e in fs::read_dir(&plans).unwrap().flatten() {

@@ -6,6 +6,7 @@ pub mod corpus;
 pub mod driver;
 pub mod error;
 pub mod layout;
+pub mod plans;
 pub mod report;
 pub mod run_file;
 pub mod scoring;

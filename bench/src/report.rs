@@ -9,6 +9,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 
+use crate::error::Result;
 use crate::run_file::{QueryMetrics, QueryRecord, QueryStatus, RunFile, write_atomic};
 
 /// File name of the report.
@@ -216,7 +217,7 @@ pub fn report_markdown(run: &RunFile, charts: &[(String, String)]) -> String {
 }
 
 /// `measurements.parquet`: one row per complete query.
-pub fn measurements_batch(run: &RunFile) -> anyhow::Result<RecordBatch> {
+pub fn measurements_batch(run: &RunFile) -> Result<RecordBatch> {
     let done: Vec<(&QueryRecord, &QueryMetrics)> = run
         .queries
         .iter()
@@ -318,7 +319,7 @@ pub fn measurements_batch(run: &RunFile) -> anyhow::Result<RecordBatch> {
 }
 
 /// Writes report.md, measurements.parquet and the charts into the run folder.
-pub fn write_reports(dir: &Path, run: &RunFile) -> anyhow::Result<()> {
+pub fn write_reports(dir: &Path, run: &RunFile) -> Result<()> {
     aisql_engine::output::write_parquet(
         &dir.join(MEASUREMENTS_PARQUET),
         &measurements_batch(run)?,

@@ -4,9 +4,11 @@
 
 use std::path::Path;
 
-use aisql_engine::output::KeyedFile;
+use aisql_engine::output::OutputFiles;
+use aisql_engine::plan::{QueryPlan, decode_plan};
 use serde::{Deserialize, Serialize};
 
+use crate::error::{BenchError, Result};
 use crate::scoring::{Accuracy, Assessment};
 
 /// The run.json schema version written.
@@ -61,25 +63,6 @@ impl QueryStatus {
             QueryStatus::Timeout => "timeout",
         }
     }
-}
-
-/// The files of one query, relative to the run folder.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct QueryFiles {
-    /// `plan.substrait`.
-    pub plan: String,
-    /// `rows.parquet`.
-    pub rows: String,
-    /// Filter answer tables (`[]` when the query has no filter).
-    pub filters: Option<Vec<KeyedFile>>,
-    /// Join answer tables.
-    pub joins: Option<Vec<KeyedFile>>,
-    /// Classification answer tables (present only if reported).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub classifications: Option<Vec<KeyedFile>>,
-    /// `prompt_pieces.json`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prompt_pieces: Option<String>,
 }
 
 /// Throughput of a query: documents per second without joins, pairs per second with.
@@ -154,7 +137,7 @@ pub struct QueryRecord {
     /// Lifecycle state.
     pub status: QueryStatus,
     /// Saved outputs.
-    pub files: Option<QueryFiles>,
+    pub files: Option<OutputFiles>,
     /// Query execution seconds.
     pub runtime_s: Option<f64>,
     /// Engine measurements.
@@ -218,24 +201,32 @@ pub struct RunFile {
 
 impl RunFile {
     /// Reads `<dir>/run.json`.
-    pub fn read(dir: &Path) -> anyhow::Result<Self> {
+    pub fn read(dir: &Path) -> Result<Self> {
         let path = dir.join(RUN_JSON);
+        let bad = |message: String| BenchError::Run {
+            dir: dir.to_path_buf(),
+            message,
+        };
         let text = std::fs::read_to_string(&path)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            .map_err(|e| bad(format!("cannot read {}: {e}", path.display())))?;
         let run: RunFile = serde_json::from_str(&text)
-            .map_err(|e| anyhow::anyhow!("{}: not a QUAIL-B run.json: {e}", path.display()))?;
-        anyhow::ensure!(
-            run.schema_version == SCHEMA_VERSION,
-            "{}: schema_version {} (this aisql reads {SCHEMA_VERSION})",
-            path.display(),
-            run.schema_version
-        );
+            .map_err(|e| bad(format!("{} is not a QUAIL-B run.json: {e}", path.display())))?;
+        if run.schema_version != SCHEMA_VERSION {
+            return Err(bad(format!(
+                "{} has schema_version {} (this aisql reads {SCHEMA_VERSION})",
+                path.display(),
+                run.schema_version
+            )));
+        }
         Ok(run)
     }
 
     /// Writes `<dir>/run.json` atomically.
-    pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
-        let text = serde_json::to_string_pretty(self)? + "\n";
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        let text = serde_json::to_string_pretty(self).map_err(|e| BenchError::Run {
+            dir: dir.to_path_buf(),
+            message: format!("cannot serialize run.json: {e}"),
+        })? + "\n";
         write_atomic(&dir.join(RUN_JSON), text.as_bytes())
     }
 
@@ -250,12 +241,29 @@ impl RunFile {
     }
 }
 
-/// Writes `bytes` to `path` through a temp file in the same folder and a rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+/// Writes `bytes` to `path` through a temp file in the same folder and a rename, so
+/// a reader (or a crash) never sees a half-written file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let io = |p: &Path, e: std::io::Error| BenchError::Io {
+        path: p.to_path_buf(),
+        message: e.to_string(),
+    };
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
     let tmp = path.with_file_name(format!(".{name}.tmp"));
-    std::fs::write(&tmp, bytes).map_err(|e| anyhow::anyhow!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    std::fs::write(&tmp, bytes).map_err(|e| io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io(path, e))
+}
+
+/// The plan a query of a run was run with (its saved `plan.substrait`).
+pub fn read_saved_plan(run_dir: &Path, files: &OutputFiles) -> Result<QueryPlan> {
+    let path = run_dir.join(&files.plan);
+    let bad = |message: String| BenchError::Run {
+        dir: run_dir.to_path_buf(),
+        message: format!("{}: {message}", path.display()),
+    };
+    let bytes = std::fs::read(&path).map_err(|e| bad(e.to_string()))?;
+    let plan = decode_plan(&bytes, false).map_err(bad)?;
+    QueryPlan::from_substrait(plan).map_err(|e| bad(e.to_string()))
 }
 
 /// Now as ISO-8601 UTC with seconds (`2026-01-02T03:04:05Z`).

@@ -9,23 +9,21 @@ use std::path::Path;
 use aisql_engine::answers::AnswerTable;
 use aisql_engine::backend::AiKind;
 use aisql_engine::labels::{LabelSet, LabelStore};
-use aisql_engine::output::{KeyedFile, read_parquet};
+use aisql_engine::output::{OutputFiles, read_parquet};
 use aisql_engine::plan::{Operator, QueryPlan};
-use datafusion::arrow::array::{Array, BooleanArray, RecordBatch, StringArray};
+use datafusion::arrow::array::{Array, RecordBatch, StringArray};
 use serde::{Deserialize, Serialize};
 
+use aisql_models::tokenizer::Tokenizer;
+
 use crate::corpus::Corpus;
-use crate::run_file::QueryFiles;
+use crate::error::{BenchError, Result};
+use crate::layout::Dataset;
+use crate::run_file::{QueryMetrics, QueryRecord, QueryStatus, Throughput, write_atomic};
+use crate::tokens::{DocTokens, piece_counts, pieces_json, plan_pieces, token_metrics};
 
-/// Scoring could not be done (a missing label, an unreadable output, …).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ScoringError(pub String);
-
-type Result<T> = std::result::Result<T, ScoringError>;
-
-fn err(msg: impl Into<String>) -> ScoringError {
-    ScoringError(msg.into())
+fn err(msg: impl Into<String>) -> BenchError {
+    BenchError::Scoring(msg.into())
 }
 
 /// Rounds to 6 decimals (SPEC §D.2).
@@ -546,7 +544,7 @@ pub fn reference_rows(
     labels: &LabelStore,
     corpus: &Corpus,
     interner: &mut Interner,
-) -> anyhow::Result<Tuples> {
+) -> Result<Tuples> {
     // Survivors per alias.
     let mut survivors: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for r in &plan.relations {
@@ -626,13 +624,13 @@ pub fn reference_rows(
         let rel = |a: &str| plan.relation(a).expect("join alias");
         let eq_cols: Vec<_> = on
             .iter()
-            .map(|(c0, c1)| -> anyhow::Result<_> {
+            .map(|(c0, c1)| -> Result<_> {
                 Ok((
                     corpus.column(&rel(&aliases[0]).table, c0)?,
                     corpus.column(&rel(&aliases[1]).table, c1)?,
                 ))
             })
-            .collect::<anyhow::Result<_>>()?;
+            .collect::<Result<_>>()?;
         let left = &survivors[&aliases[0]];
         let right = &survivors[&aliases[1]];
         let mut by_key: HashMap<Vec<&str>, Vec<&String>> = HashMap::new();
@@ -823,64 +821,24 @@ pub struct SavedQuery {
     pub answers: Vec<AnswerTable>,
 }
 
-fn read_answer_table(path: &Path, key: &str, kind: AiKind) -> Result<AnswerTable> {
-    let batch = read_parquet(path).map_err(|e| err(e.to_string()))?;
-    let n = batch.num_columns();
-    if n < 2 {
-        return Err(err(format!(
-            "{}: an answer table needs id and answer columns",
-            path.display()
-        )));
-    }
-    let aliases: Vec<String> = batch.schema().fields()[..n - 1]
-        .iter()
-        .map(|f| f.name().clone())
-        .collect();
-    let mut t = AnswerTable::new(key, kind, aliases);
-    for c in 0..n - 1 {
-        let a = batch
-            .column(c)
-            .as_any()
-            .downcast_ref::<StringArray>()
-            .ok_or_else(|| err(format!("{}: id column {c} is not a string", path.display())))?;
-        t.ids[c] = (0..a.len()).map(|i| a.value(i).to_string()).collect();
-    }
-    match kind {
-        AiKind::Classify => {
-            let a = batch
-                .column(n - 1)
-                .as_any()
-                .downcast_ref::<StringArray>()
-                .ok_or_else(|| err(format!("{}: label column is not a string", path.display())))?;
-            t.labels = (0..a.len()).map(|i| a.value(i).to_string()).collect();
-        }
-        _ => {
-            let a = batch
-                .column(n - 1)
-                .as_any()
-                .downcast_ref::<BooleanArray>()
-                .ok_or_else(|| err(format!("{}: answer column is not boolean", path.display())))?;
-            t.answers = (0..a.len()).map(|i| a.value(i)).collect();
-        }
-    }
-    Ok(t)
-}
-
 impl SavedQuery {
     /// Reads the files of a query saved under `run_dir`.
-    pub fn load(run_dir: &Path, files: &QueryFiles) -> Result<Self> {
-        let batch = read_parquet(&run_dir.join(&files.rows)).map_err(|e| err(e.to_string()))?;
+    pub fn load(run_dir: &Path, files: &OutputFiles) -> Result<Self> {
+        let batch = read_parquet(&run_dir.join(&files.rows))?;
         let mut interner = Interner::default();
         let rows = Tuples::from_batch(&batch, &mut interner)?;
         let mut answers = Vec::new();
-        let groups: [(&Option<Vec<KeyedFile>>, AiKind); 3] = [
+        for (list, kind) in [
             (&files.filters, AiKind::Filter),
             (&files.joins, AiKind::Join),
             (&files.classifications, AiKind::Classify),
-        ];
-        for (list, kind) in groups {
-            for f in list.iter().flatten() {
-                answers.push(read_answer_table(&run_dir.join(&f.path), &f.key, kind)?);
+        ] {
+            for f in list {
+                let path = run_dir.join(&f.path);
+                let batch = read_parquet(&path)?;
+                let table = AnswerTable::from_record_batch(&f.key, kind, &batch)
+                    .map_err(|e| err(format!("{}: {e}", path.display())))?;
+                answers.push(table);
             }
         }
         Ok(Self {
@@ -912,7 +870,7 @@ pub fn score_accuracy(
     corpus: &Corpus,
     table_rows: &BTreeMap<String, u64>,
     saved: &SavedQuery,
-) -> anyhow::Result<(Accuracy, Assessment)> {
+) -> Result<(Accuracy, Assessment)> {
     let mut interner = saved.interner.clone();
     let expected = reference_rows(plan, labels, corpus, &mut interner)?;
     let (output, assessment) = compare_rows(&saved.rows, &expected, &label_columns(plan));
@@ -975,6 +933,174 @@ pub fn score_accuracy(
         },
         assessment,
     ))
+}
+
+/// What scoring needs, shared by every query of a run: the reference labels of the
+/// run's templates, the input tables' columns and the documents' token ids.
+pub struct Scorer {
+    labels: LabelStore,
+    corpus: Corpus,
+    docs: DocTokens,
+    table_rows: BTreeMap<String, u64>,
+}
+
+impl Scorer {
+    /// Labels of `templates` and the tables of `dataset`.
+    pub fn new(dataset: &Dataset, templates: &[String]) -> Result<Self> {
+        let labels = dataset.load_labels(Some(templates))?;
+        Ok(Self {
+            labels,
+            corpus: Corpus::new(dataset.tables.clone()),
+            docs: DocTokens::new(Tokenizer::vendored()?),
+            table_rows: dataset.table_rows.clone(),
+        })
+    }
+
+    /// Writes `prompt_pieces.json` of a query and returns its path relative to the
+    /// run, or `None` when the engine reported no fresh tokens: SPEC §D.3 pairs prompt
+    /// pieces with `measurements.fresh_tokens`, so without them QUAIL-B has no pieces,
+    /// and no minimum tokens or regret.
+    pub fn save_pieces(
+        &self,
+        run_dir: &Path,
+        id: &str,
+        plan: &QueryPlan,
+        measurements: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Option<String>> {
+        if !has_fresh_tokens(measurements) {
+            return Ok(None);
+        }
+        let pieces = plan_pieces(plan, self.docs.tokenizer())?;
+        let rel = format!("{id}/prompt_pieces.json");
+        let text = pieces_json(&pieces).to_string() + "\n";
+        write_atomic(&run_dir.join(&rel), text.as_bytes())?;
+        Ok(Some(rel))
+    }
+
+    /// Scores a saved query: its metrics and assessment.
+    pub fn score(
+        &self,
+        run_dir: &Path,
+        plan: &QueryPlan,
+        rec: &QueryRecord,
+        gpu_count: u32,
+        rate: Option<f64>,
+    ) -> Result<(QueryMetrics, Assessment)> {
+        let files = rec
+            .files
+            .as_ref()
+            .ok_or_else(|| err(format!("{}: the query has no saved files", rec.id)))?;
+        let runtime_s = rec
+            .runtime_s
+            .ok_or_else(|| err(format!("{}: the query has no runtime", rec.id)))?;
+        let empty = serde_json::Map::new();
+        let measurements = rec.measurements.as_ref().unwrap_or(&empty);
+        let saved = SavedQuery::load(run_dir, files)?;
+        let (accuracy, assessment) =
+            score_accuracy(plan, &self.labels, &self.corpus, &self.table_rows, &saved)?;
+        let counts = if files.prompt_pieces.is_some() && has_fresh_tokens(measurements) {
+            let pieces = plan_pieces(plan, self.docs.tokenizer())?;
+            Some(piece_counts(
+                &pieces,
+                &saved.answers,
+                &self.corpus,
+                &self.docs,
+            )?)
+        } else {
+            None
+        };
+        let tokens = token_metrics(counts, measurements)?;
+        let input_rows: BTreeMap<String, u64> = plan
+            .relations
+            .iter()
+            .map(|r| {
+                (
+                    r.alias.clone(),
+                    self.table_rows.get(&r.table).copied().unwrap_or(0),
+                )
+            })
+            .collect();
+        let per_s = |v: f64| (runtime_s > 0.0).then(|| v / runtime_s);
+        let joins: Vec<&Operator> = plan
+            .operators
+            .iter()
+            .filter(|o| matches!(o, Operator::Join { .. }))
+            .collect();
+        let pairs = if joins.is_empty() {
+            None
+        } else {
+            joins
+                .iter()
+                .map(|o| saved.answers_of(o.id()).map(|t| t.len() as u64))
+                .sum::<Option<u64>>()
+                .or_else(|| {
+                    measurements
+                        .get("evaluated_document_pairs")
+                        .and_then(|v| v.as_u64())
+                })
+        };
+        let throughput = if joins.is_empty() {
+            Throughput::Documents(per_s(input_rows.values().sum::<u64>() as f64))
+        } else {
+            Throughput::Pairs(pairs.and_then(|p| per_s(p as f64)))
+        };
+        let cost_usd = rate.map(|r| runtime_s / 3600.0 * gpu_count as f64 * r);
+        let cost_per_m = match (cost_usd, tokens.input_tokens) {
+            (Some(c), Some(i)) if i > 0 => Some(c / i as f64 * 1e6),
+            _ => None,
+        };
+        Ok((
+            QueryMetrics {
+                runtime_s,
+                input_rows,
+                accuracy,
+                cost_usd,
+                input_tokens: tokens.input_tokens,
+                fresh_tokens: tokens.fresh_tokens,
+                minimum_tokens: tokens.minimum_tokens,
+                regret_tokens: tokens.regret_tokens,
+                regret_approximate: tokens.regret_approximate,
+                evaluated_document_pairs: pairs,
+                input_tokens_per_second: tokens.input_tokens.and_then(|i| per_s(i as f64)),
+                cost_usd_per_million_input_tokens: cost_per_m,
+                kv_regret_percent: tokens.kv_regret_percent,
+                throughput,
+            },
+            assessment,
+        ))
+    }
+
+    /// Scores `rec` in place: `complete` with metrics, or `scoring_failed` with the
+    /// error.
+    pub fn score_into(
+        &self,
+        run_dir: &Path,
+        plan: &QueryPlan,
+        rec: &mut QueryRecord,
+        gpu_count: u32,
+        rate: Option<f64>,
+    ) {
+        match self.score(run_dir, plan, rec, gpu_count, rate) {
+            Ok((m, a)) => {
+                rec.metrics = Some(m);
+                rec.assessment = Some(a);
+                rec.status = QueryStatus::Complete;
+                rec.error = None;
+            }
+            Err(e) => {
+                rec.metrics = None;
+                rec.assessment = None;
+                rec.status = QueryStatus::ScoringFailed;
+                rec.error = Some(format!("ScoringError: {e}"));
+            }
+        }
+    }
+}
+
+fn has_fresh_tokens(measurements: &serde_json::Map<String, serde_json::Value>) -> bool {
+    measurements
+        .get("fresh_tokens")
+        .is_some_and(|v| v.as_u64().is_some())
 }
 
 #[cfg(test)]

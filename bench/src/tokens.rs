@@ -13,6 +13,7 @@ use aisql_models::tokenizer::Tokenizer;
 use serde_json::json;
 
 use crate::corpus::Corpus;
+use crate::error::{BenchError, Result};
 
 /// Tokenizer name recorded in `prompt_pieces.json`.
 pub const TOKENIZER_NAME: &str = "Qwen/Qwen3-32B";
@@ -41,7 +42,7 @@ pub struct OpPieces {
 }
 
 /// Tokenizes the reference (`raw-v1`) pieces of every AI operator of `plan`.
-pub fn plan_pieces(plan: &QueryPlan, tok: &Tokenizer) -> anyhow::Result<Vec<OpPieces>> {
+pub fn plan_pieces(plan: &QueryPlan, tok: &Tokenizer) -> Result<Vec<OpPieces>> {
     let mut out = Vec::new();
     for op in &plan.operators {
         let Some(p) = operator_pieces(PromptFormat::RawV1, op)? else {
@@ -57,13 +58,13 @@ pub fn plan_pieces(plan: &QueryPlan, tok: &Tokenizer) -> anyhow::Result<Vec<OpPi
             }
             Operator::InList { .. } => continue,
         };
-        let doc = |a: &str| -> anyhow::Result<(String, String)> {
+        let doc = |a: &str| -> Result<(String, String)> {
             let r = plan
                 .relation(a)
-                .ok_or_else(|| anyhow::anyhow!("{}: unknown alias {a}", op.id()))?;
+                .ok_or_else(|| BenchError::Tokens(format!("{}: unknown alias {a}", op.id())))?;
             Ok((r.table.clone(), r.text_column.clone()))
         };
-        let enc = |s: &str| -> anyhow::Result<Vec<u32>> {
+        let enc = |s: &str| -> Result<Vec<u32>> {
             if s.is_empty() {
                 Ok(Vec::new())
             } else {
@@ -145,7 +146,7 @@ impl DocTokens {
         corpus: &Corpus,
         doc: &(String, String),
         ids: &HashSet<&str>,
-    ) -> anyhow::Result<DocMap> {
+    ) -> Result<DocMap> {
         let missing: Vec<&str> = {
             let cache = self.cache.lock().expect("token cache lock");
             let known = cache.get(doc);
@@ -159,11 +160,11 @@ impl DocTokens {
             let texts: Vec<&str> = missing
                 .iter()
                 .map(|id| {
-                    column
-                        .get(id)
-                        .ok_or_else(|| anyhow::anyhow!("table {}: no row with id {id}", doc.0))
+                    column.get(id).ok_or_else(|| {
+                        BenchError::Tokens(format!("table {}: no row with id {id}", doc.0))
+                    })
                 })
-                .collect::<anyhow::Result<_>>()?;
+                .collect::<Result<_>>()?;
             let mut encoded = Vec::with_capacity(texts.len());
             for chunk in texts.chunks(256) {
                 encoded.extend(self.tok.encode_batch(chunk)?);
@@ -225,7 +226,7 @@ pub fn piece_counts(
     answers: &[AnswerTable],
     corpus: &Corpus,
     docs: &DocTokens,
-) -> anyhow::Result<PieceCounts> {
+) -> Result<PieceCounts> {
     // Document kinds (table, text column) as small numbers; documents as (kind, id).
     let mut kinds: Vec<(String, String)> = Vec::new();
     let mut kind_of = |d: &(String, String)| -> usize {
@@ -243,7 +244,7 @@ pub fn piece_counts(
         let t = answers
             .iter()
             .find(|t| t.op_id == p.id)
-            .ok_or_else(|| anyhow::anyhow!("{}: no answer table", p.id))?;
+            .ok_or_else(|| BenchError::Tokens(format!("{}: no answer table", p.id)))?;
         let a = kind_of(&p.anchor);
         let b = p.partner.as_ref().map(&mut kind_of);
         wanted.resize_with(
@@ -252,11 +253,12 @@ pub fn piece_counts(
         );
         wanted[a].extend(t.ids[0].iter().map(String::as_str));
         if let Some(b) = b {
-            anyhow::ensure!(
-                t.ids.len() == 2,
-                "{}: answer table lacks the partner column",
-                p.id
-            );
+            if t.ids.len() != 2 {
+                return Err(BenchError::Tokens(format!(
+                    "{}: answer table lacks the partner column",
+                    p.id
+                )));
+            }
             wanted[b].extend(t.ids[1].iter().map(String::as_str));
         }
         tables.push((p, t, a, b));
@@ -265,7 +267,7 @@ pub fn piece_counts(
         .iter()
         .zip(&wanted)
         .map(|(k, ids)| docs.get(corpus, k, ids))
-        .collect::<anyhow::Result<_>>()?;
+        .collect::<Result<_>>()?;
     let len_of = |k: usize, id: &str| toks[k][id].len() as u64;
 
     let mut input = 0u64;
@@ -376,8 +378,12 @@ fn measured(m: &serde_json::Map<String, serde_json::Value>, key: &str) -> Option
 pub fn token_metrics(
     counts: Option<PieceCounts>,
     measurements: &serde_json::Map<String, serde_json::Value>,
-) -> anyhow::Result<TokenMetrics> {
+) -> Result<TokenMetrics> {
     let fresh = measured(measurements, "fresh_tokens");
+    // SPEC §D.3: prompt pieces go with the engine's fresh tokens. Without them the
+    // harness has no pieces: input tokens are the engine's own (or unknown), and the
+    // minimum and the regret are unavailable, not numbers.
+    let counts = counts.filter(|_| fresh.is_some());
     let reported_input = measured(measurements, "input_tokens");
     let mut approximate = false;
     let (input, minimum) = match (counts, reported_input) {
@@ -396,10 +402,11 @@ pub fn token_metrics(
     let regret = match (fresh, minimum) {
         (Some(f), Some(m)) if approximate => Some((f as i64 - m as i64).max(0)),
         (Some(f), Some(m)) => {
-            anyhow::ensure!(
-                f >= m,
-                "the engine reported {f} fresh tokens, below the minimum {m} an unlimited prefix cache needs"
-            );
+            if f < m {
+                return Err(BenchError::Tokens(format!(
+                    "the engine reported {f} fresh tokens, below the minimum {m} an unlimited prefix cache needs"
+                )));
+            }
             Some(f as i64 - m as i64)
         }
         _ => None,
@@ -552,11 +559,17 @@ mod tests {
         });
         let mut m = serde_json::Map::new();
         let t = token_metrics(counts, &m).unwrap();
+        // No fresh tokens (an oracle run): no prompt pieces, so input, minimum and
+        // regret are unavailable, as the QUAIL-B harness reports them.
         assert_eq!(
             (t.fresh_tokens, t.regret_tokens, t.kv_regret_percent),
             (None, None, None)
         );
-        assert_eq!(t.minimum_tokens, Some(80));
+        assert_eq!((t.input_tokens, t.minimum_tokens), (None, None));
+        m.insert("input_tokens".into(), json!(300));
+        let t = token_metrics(counts, &m).unwrap();
+        assert_eq!((t.input_tokens, t.minimum_tokens), (Some(300), None));
+        m.remove("input_tokens");
         m.insert("fresh_tokens".into(), json!(100));
         let t = token_metrics(counts, &m).unwrap();
         assert_eq!(

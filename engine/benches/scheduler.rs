@@ -71,7 +71,7 @@ fn bench(c: &mut Criterion) {
     let store = Arc::new(store);
     let plan = QueryPlan::from_file(
         &std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../shared/quailb/plans/IMDB-7.json"),
+            .join("../bench/quailb/plans/IMDB-7.json"),
     )
     .unwrap();
     let calls: Vec<AiCall> = templates

@@ -165,7 +165,7 @@ mod tests {
 
     #[test]
     fn fev8_tree_shows_every_operator_and_scan() {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/quailb/plans");
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../bench/quailb/plans");
         let q = QueryPlan::from_file(&dir.join("FEV-8.json")).unwrap();
         let text = explain(&q);
         for needle in [

@@ -26,19 +26,26 @@ pub struct KeyedFile {
     pub path: String,
 }
 
-/// The files of one query (run.json `files`).
+/// The files of one query, relative to the run folder (run.json `files`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct OutputFiles {
     /// `plan.substrait`.
     pub plan: String,
     /// `rows.parquet`.
     pub rows: String,
-    /// Filter answer tables.
+    /// Filter answer tables (`[]` when the query has no filter).
+    #[serde(default)]
     pub filters: Vec<KeyedFile>,
-    /// Join answer tables.
+    /// Join answer tables (`[]` when the query has no join).
+    #[serde(default)]
     pub joins: Vec<KeyedFile>,
-    /// Classification answer tables.
+    /// Classification answer tables (omitted when the query has none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub classifications: Vec<KeyedFile>,
+    /// `prompt_pieces.json` (SPEC §D.3), written by the benchmark when the token
+    /// metrics can be computed (the engine reported fresh tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_pieces: Option<String>,
 }
 
 /// Writes `batch` as a zstd Parquet file, atomically (temp file then rename).

@@ -1125,7 +1125,8 @@ mod tests {
     use std::path::PathBuf;
 
     pub(crate) fn plans_dir() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/quailb/plans")
+        // The repository's copy, which the bench crate embeds in the binary.
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../bench/quailb/plans")
     }
 
     #[test]

@@ -36,12 +36,9 @@ pub fn build(
     Arc<dyn InferenceBackend>,
     serde_json::Map<String, serde_json::Value>,
 )> {
+    // The backend's description for run records: only what this backend uses (an
+    // oracle run has no model, device or dtype).
     let mut meta = serde_json::Map::new();
-    meta.insert(
-        "backend".into(),
-        format!("{:?}", args.backend).to_lowercase().into(),
-    );
-    meta.insert("prompt_format".into(), args.prompt_format.clone().into());
     match args.backend {
         BackendKind::Oracle => {
             let Some(dataset) = dataset else {
@@ -64,6 +61,7 @@ pub fn build(
                 meta.insert("simulation".into(), true.into());
                 meta.insert("prefix_cache".into(), config.prefix_cache.into());
                 meta.insert("kv_budget_bytes".into(), config.kv_budget_bytes.into());
+                meta.insert("batch_tokens".into(), config.batch_tokens.into());
                 meta.insert(
                     "simulated_kv_bytes_per_token".into(),
                     QWEN3_4B_KV_BYTES_PER_TOKEN.into(),

@@ -1,13 +1,12 @@
 //! `aisql bench`: the QUAIL-B driver (run, `report` to rescore, `compare` two runs).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use aisql_bench::compare::{compare_runs, comparison_markdown};
-use aisql_bench::driver::{
-    BenchOptions, default_output_dir, default_plans_dir, rescore, run_bench, select_queries,
-};
+use aisql_bench::driver::{BenchOptions, Metadata, default_output_dir, rescore, run_bench};
 use aisql_bench::layout::Dataset;
+use aisql_bench::plans::PlanSource;
 use aisql_bench::run_file::{QueryStatus, RunFile, RunStatus};
 use anyhow::{Context, bail};
 
@@ -69,75 +68,15 @@ fn summarize(dir: &Path, run: &RunFile) {
     );
 }
 
-/// `git rev-parse HEAD` of the working directory, if it is a git checkout.
-fn git_commit() -> Option<String> {
-    let out = std::process::Command::new("git")
-        .args(["rev-parse", "HEAD"])
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
-        .filter(|s| !s.is_empty())
-}
-
-fn metadata(
-    args: &BenchRunArgs,
-    plans: &Path,
-) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
-    use serde_json::Value;
-    let b = &args.backend;
-    let mut m = serde_json::Map::new();
-    m.insert("aisql_version".into(), env!("CARGO_PKG_VERSION").into());
-    m.insert(
-        "git_commit".into(),
-        git_commit().map_or(Value::Null, Value::from),
-    );
-    m.insert("model".into(), b.model.clone().into());
-    m.insert(
-        "device".into(),
-        b.gpu
-            .map_or_else(|| "cpu".to_string(), |n| format!("cuda:{n}"))
-            .into(),
-    );
-    m.insert(
-        "dtype".into(),
-        b.dtype
-            .clone()
-            .unwrap_or_else(|| if b.gpu.is_some() { "bf16" } else { "f32" }.into())
-            .into(),
-    );
-    m.insert("batch_tokens".into(), b.batch_tokens.into());
-    m.insert(
-        "kv_budget_mb".into(),
-        b.kv_budget_mb.map_or(Value::Null, Value::from),
-    );
-    m.insert(
-        "prefix_cache".into(),
-        (b.prefix_cache == crate::cli::Switch::On).into(),
-    );
-    m.insert("simulate".into(), b.simulate.into());
-    m.insert(
-        "threads".into(),
-        std::thread::available_parallelism().map_or(Value::Null, |n| n.get().into()),
-    );
-    if let Ok(t) = std::env::var("RAYON_NUM_THREADS") {
-        m.insert("rayon_num_threads".into(), t.into());
-    }
-    m.insert(
-        "os".into(),
-        format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH).into(),
-    );
-    m.insert("plans".into(), plans.display().to_string().into());
-    m.insert(
-        "timeout_s".into(),
-        args.timeout_s.map_or(Value::Null, Value::from),
-    );
-    for kv in &args.metadata {
+/// The user's `--metadata KEY=VALUE` pairs (VALUE parsed as JSON when it is JSON).
+fn user_metadata(pairs: &[String]) -> anyhow::Result<Metadata> {
+    let mut m = Metadata::new();
+    for kv in pairs {
         let Some((k, v)) = kv.split_once('=') else {
             bail!("--metadata {kv:?}: expected KEY=VALUE");
         };
-        let value = serde_json::from_str::<Value>(v).unwrap_or_else(|_| Value::from(v));
+        let value = serde_json::from_str::<serde_json::Value>(v)
+            .unwrap_or_else(|_| serde_json::Value::from(v));
         if value.as_f64().is_some_and(|f| !f.is_finite()) {
             bail!("--metadata {kv:?}: not a finite number");
         }
@@ -160,7 +99,7 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
         Some(t) => Some(Duration::from_secs_f64(t)),
         None => None,
     };
-    let plans_dir: PathBuf = args.plans.clone().unwrap_or_else(default_plans_dir);
+    let plans = PlanSource::choose(args.plans.dir.as_deref());
     let (output_dir, resume) = match &args.resume {
         Some(dir) => (dir.clone(), true),
         None => (
@@ -179,7 +118,7 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
     } else {
         args.queries.clone()
     };
-    let queries = select_queries(&plans_dir, wanted.as_deref())?;
+    let queries = plans.select(wanted.as_deref())?;
     let (sf, root) = if resume {
         let run = RunFile::read(&output_dir)?;
         (run.scale_factor, args.data.root.clone())
@@ -194,11 +133,9 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
     templates.sort();
     templates.dedup();
     let format = args.backend.prompt_format.parse()?;
-    let mut meta = metadata(&args, &plans_dir)?;
-    let (backend, backend_meta) = super::backend::build(&args.backend, Some(&dataset), &templates)?;
-    for (k, v) in backend_meta {
-        meta.insert(k, v);
-    }
+    let user_metadata = user_metadata(&args.metadata)?;
+    let (backend, backend_metadata) =
+        super::backend::build(&args.backend, Some(&dataset), &templates)?;
     let opts = BenchOptions {
         output_dir: output_dir.clone(),
         resume,
@@ -206,7 +143,9 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
         fail_fast: args.fail_fast,
         gpu_count: args.gpu_count,
         gpu_hourly_rate_usd: args.gpu_hourly_rate_usd,
-        metadata: meta,
+        backend_metadata,
+        plans: plans.describe(),
+        user_metadata,
         format,
         progress: true,
         batch_rows: args.backend.batch_rows,

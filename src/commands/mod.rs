@@ -11,8 +11,9 @@ use crate::cli::{Cli, Command};
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Explain { plan } => {
-            let query = aisql_engine::plan::QueryPlan::from_file(&plan)?;
+        Command::Explain { plan, plans } => {
+            let source = aisql_bench::plans::PlanSource::choose(plans.dir.as_deref());
+            let query = aisql_bench::plans::open_plan(&plan, &source)?;
             print!("{}", aisql_engine::explain::explain(&query));
             Ok(())
         }

@@ -1,7 +1,7 @@
 //! `aisql query PLAN`: run one plan, print its rows, optionally save outputs.
 
 use aisql_bench::layout::Dataset;
-use aisql_engine::plan::QueryPlan;
+use aisql_bench::plans::{PlanSource, open_plan};
 use aisql_engine::query::{QueryOptions, run_query};
 use aisql_engine::tables::{TablePaths, tables_in_dir};
 use datafusion::arrow::util::pretty::pretty_format_batches;
@@ -21,7 +21,8 @@ pub fn resolve_tables(data: &DataArgs) -> anyhow::Result<(TablePaths, Option<Dat
 }
 
 pub fn run(args: QueryArgs) -> anyhow::Result<()> {
-    let query = QueryPlan::from_file(&args.plan)?;
+    let source = PlanSource::choose(args.plans.dir.as_deref());
+    let query = open_plan(&args.plan, &source)?;
     let format = args.backend.prompt_format.parse()?;
     let (tables, dataset) = resolve_tables(&args.data)?;
     let (backend, _meta) =

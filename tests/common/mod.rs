@@ -19,9 +19,9 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
 
-/// The delivered plans.
+/// The repository's QUAIL-B plans (the ones built into the binary).
 pub fn plans_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/quailb/plans")
+    aisql_bench::plans::repository_plans_dir()
 }
 
 /// The 43 scored query ids, in catalog order.
