@@ -87,17 +87,17 @@ fn explain_by_query_id_works_from_any_folder() {
         .success();
 }
 
+/// Runs `cmd`, expects exit code 1 (an error, not a usage error or a panic) and
+/// returns its stderr.
+fn fails(cmd: &mut Command) -> String {
+    let out = cmd.assert().code(1).get_output().stderr.clone();
+    String::from_utf8(out).unwrap()
+}
+
 #[test]
 fn unknown_ids_and_overriding_folders_give_clear_errors() {
     let tmp = tempfile::tempdir().unwrap();
-    let err = aisql_in(tmp.path())
-        .args(["explain", "IMDB-77"])
-        .assert()
-        .code(1)
-        .get_output()
-        .stderr
-        .clone();
-    let err = String::from_utf8(err).unwrap();
+    let err = fails(aisql_in(tmp.path()).args(["explain", "IMDB-77"]));
     assert!(
         err.contains("IMDB-77") && err.contains("no such file") && err.contains("IMDB-7,"),
         "{err}"
@@ -110,27 +110,20 @@ fn unknown_ids_and_overriding_folders_give_clear_errors() {
         plans.join("catalog.json"),
     )
     .unwrap();
-    let err = aisql_in(tmp.path())
-        .args(["explain", "IMDB-7", "--plans"])
-        .arg(&plans)
-        .assert()
-        .code(1)
-        .get_output()
-        .stderr
-        .clone();
-    let err = String::from_utf8(err).unwrap();
+    let err = fails(
+        aisql_in(tmp.path())
+            .args(["explain", "IMDB-7", "--plans"])
+            .arg(&plans),
+    );
     assert!(
         err.contains("IMDB-7.json") && err.contains("plans"),
         "{err}"
     );
     // So does the environment variable.
-    let err = aisql_in(tmp.path())
-        .env("AISQL_QUAILB_PLANS", &plans)
-        .args(["explain", "IMDB-7"])
-        .assert()
-        .code(1)
-        .get_output()
-        .stderr
-        .clone();
-    assert!(String::from_utf8(err).unwrap().contains("IMDB-7.json"));
+    let err = fails(
+        aisql_in(tmp.path())
+            .env("AISQL_QUAILB_PLANS", &plans)
+            .args(["explain", "IMDB-7"]),
+    );
+    assert!(err.contains("IMDB-7.json"), "{err}");
 }
