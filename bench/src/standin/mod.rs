@@ -15,10 +15,12 @@
 //!   derived tables (terms, evidence, LePaRD passages/contexts) follow upstream's rules
 //!   (terms by frequency, evidence in a hashed "scan" order, LePaRD first-seen order);
 //! * generation is streamed (row groups, label parts) and parallel (rayon);
-//! * the corpus id (`c_…`) and collection id (`gt_…`) are SHA-256 hashes of canonical
-//!   JSON, never equal to the published ids; manifests carry `"standin": true`.
+//! * the corpus, collection and label-set ids (`c_…`, `gt_…`, `ls_…`) and the per-row
+//!   hashes are SHA-256 over canonical JSON ([`aisql_engine::canonical`]), never equal
+//!   to the published ids; manifests carry `"standin": true` and the generator version.
 //!
-//! Entry points: [`generate`], [`planned_rows`].
+//! Entry points: [`generate`], [`planned_rows`]; [`stale_reason`] tells whether a
+//! cached stand-in is what this generator writes (the ids it would compute).
 
 mod agent;
 mod biodex;
