@@ -154,6 +154,14 @@ pub enum BenchError {
     /// The stand-in generator failed.
     #[error("stand-in generation: {0}")]
     Generate(String),
+    /// A table a query needs has no entry in the corpus manifest.
+    #[error("table {table} is not in the corpus manifest {}", path.display())]
+    TableNotInManifest {
+        /// Table name.
+        table: String,
+        /// The corpus manifest.
+        path: PathBuf,
+    },
     /// An engine error (labels, plans).
     #[error(transparent)]
     Engine(#[from] aisql_engine::EngineError),

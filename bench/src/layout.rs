@@ -1,13 +1,14 @@
-//! The published QUAIL-B layout (SPEC §C.1): reader, look-up order, label loading and
-//! `fetch`.
+//! The published QUAIL-B layout (SPEC §C.1): its facts (table list, label-set paths,
+//! published ids, cache roots), the reader, label loading and `fetch`. The look-up
+//! order that falls back to the stand-in is [`crate::resolve`]'s.
 //!
 //! A *layout root* holds `corpora/<corpus_id>/{<table>.parquet, manifest.json,
 //! active_collection.json}`, `collections/<collection_id>/manifest.json` and
 //! `label_sets/<dataset>/<predicate>/<label_set_id>/{manifest.json, labels.parquet |
 //! parts/*.parquet}`. [`Dataset::open`] reads one (a local mirror of
 //! `s3://quail-bench/ground_truth/quailb/schema_v1/`, aisql's fetch cache, or the
-//! stand-in root); [`Dataset::resolve`] applies the look-up order
-//! `--root` → aisql cache → QUAIL-B harness cache → stand-in (generated on first use);
+//! stand-in root), checking manifests only; [`Dataset::require_tables`] and
+//! [`Dataset::load_labels`] check the tables and label sets a query needs.
 //! [`fetch`] mirrors the published corpus of a scale factor from an object store.
 //!
 //! Remote source: the public bucket `quail-bench` over anonymous S3 (HTTPS, no
@@ -21,7 +22,9 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use aisql_engine::cache_dir::cache_dir;
 use aisql_engine::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo, PredicateKind};
+use aisql_engine::tables::TablePaths;
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -34,7 +37,31 @@ use serde::{Deserialize, Deserializer, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{BenchError, Result};
-use crate::standin;
+
+/// The nine QUAIL-B tables, in SPEC §C order (PrivacyPolicies is optional and not here).
+pub const TABLES: [&str; 9] = [
+    "reviews",
+    "aspects",
+    "reports",
+    "terms",
+    "claims",
+    "evidence",
+    "citation_contexts",
+    "citation_passages",
+    "agent_traces",
+];
+
+/// Folder of a predicate's label sets under `label_sets/`: the key without its
+/// `quailb.` prefix, split at the first dot into dataset and predicate path
+/// (`quailb.imdb.review.sentiment` → `imdb/review.sentiment`). A label set `ls_…` of
+/// that predicate is `label_sets/<this>/<ls_…>/`.
+pub fn labels_predicate_dir(key: &str) -> PathBuf {
+    let rest = key.strip_prefix("quailb.").unwrap_or(key);
+    match rest.split_once('.') {
+        Some((ds, pred)) => Path::new(ds).join(pred),
+        None => PathBuf::from(rest),
+    }
+}
 
 /// Path of the layout root inside the public bucket.
 pub const BUCKET: &str = "quail-bench";
@@ -304,17 +331,6 @@ pub fn harness_name(rel: &str) -> String {
     ))
 }
 
-/// aisql's cache folder: `$AISQL_CACHE_DIR`, else `$XDG_CACHE_HOME/aisql`, else `~/.cache/aisql`.
-pub fn aisql_cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("AISQL_CACHE_DIR") {
-        return PathBuf::from(d);
-    }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
-        return PathBuf::from(d).join("aisql");
-    }
-    home().join(".cache").join("aisql")
-}
-
 /// The QUAIL-B harness cache: `$QUAIL_B_CACHE_DIR`, else `~/.cache/quail-b`.
 pub fn harness_cache_dir() -> PathBuf {
     std::env::var_os("QUAIL_B_CACHE_DIR")
@@ -328,14 +344,15 @@ fn home() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-/// Root of fetched published data: `<aisql cache>/quailb`.
+/// Root of fetched published data: `quailb/` under aisql's cache folder
+/// ([`aisql_engine::cache_dir::cache_dir`]).
 pub fn published_cache_root() -> PathBuf {
-    aisql_cache_dir().join("quailb")
+    cache_dir().join("quailb")
 }
 
-/// Root of the stand-in: `<aisql cache>/quailb-standin`.
+/// Root of the stand-in: `quailb-standin/` under aisql's cache folder.
 pub fn standin_root() -> PathBuf {
-    aisql_cache_dir().join("quailb-standin")
+    cache_dir().join("quailb-standin")
 }
 
 fn io(path: &Path, e: impl std::fmt::Display) -> BenchError {
@@ -395,6 +412,11 @@ pub struct LabelSetRef {
 }
 
 /// A QUAIL-B corpus at one scale factor, with its chosen collection.
+///
+/// Opening checks only the manifests (corpus and collection): the tables and label
+/// sets a query needs are checked when asked for, by [`Dataset::require_tables`] and
+/// [`Dataset::load_labels`], so a root holding one dataset's files can run that
+/// dataset's queries, and a query does not pay for checking what it does not read.
 #[derive(Debug, Clone)]
 pub struct Dataset {
     /// Where the files are.
@@ -407,16 +429,24 @@ pub struct Dataset {
     pub scale_factor: f64,
     /// Reference model of the collection (`summary.model`).
     pub reference_model: String,
-    /// Table name → Parquet file.
+    /// Table name → Parquet file, for every table of the corpus manifest, as the
+    /// manifest names it. Unchecked (the file may be missing): use
+    /// [`Dataset::require_tables`] for the tables a query reads.
     pub tables: BTreeMap<String, PathBuf>,
-    /// Table name → rows (checked against the files).
+    /// Table name → rows, as the corpus manifest says (checked against the file by
+    /// [`Dataset::require_tables`]).
     pub table_rows: BTreeMap<String, u64>,
     /// True for the aisql stand-in corpus.
     pub standin: bool,
     /// The corpus manifest.
     pub manifest: CorpusManifest,
-    /// Predicate key → label set of the collection.
-    pub label_sets: BTreeMap<String, LabelSetRef>,
+    /// Predicate key → label-set id, from the chosen collection's manifest (empty
+    /// without a collection). Located and validated only when loaded
+    /// ([`Dataset::label_set`], [`Dataset::load_labels`]).
+    pub label_sets: BTreeMap<String, String>,
+    /// Label sets (ids or predicate keys) the collection borrows from another corpus
+    /// (`reused_label_sets`): their manifests may name that corpus.
+    pub reused_label_sets: HashSet<String>,
 }
 
 fn normalize_root(root: &Path) -> PathBuf {
@@ -428,6 +458,8 @@ fn normalize_root(root: &Path) -> PathBuf {
     }
 }
 
+/// Label-set folders under `root/label_sets/` by folder name (= label-set id): the
+/// dataset/predicate path in between is informative only (SPEC §C.1).
 fn find_label_set_dirs(root: &Path) -> HashMap<String, PathBuf> {
     let mut out = HashMap::new();
     fn walk(dir: &Path, depth: usize, out: &mut HashMap<String, PathBuf>) {
@@ -450,12 +482,39 @@ fn find_label_set_dirs(root: &Path) -> HashMap<String, PathBuf> {
     out
 }
 
+fn reused_label_sets(coll: &CollectionManifest) -> HashSet<String> {
+    coll.extra
+        .get("reused_label_sets")
+        .map(|v| match v {
+            serde_json::Value::Object(m) => m
+                .iter()
+                .flat_map(|(k, x)| [Some(k.clone()), x.as_str().map(str::to_string)])
+                .flatten()
+                .collect(),
+            serde_json::Value::Array(xs) => xs
+                .iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect(),
+            _ => HashSet::new(),
+        })
+        .unwrap_or_default()
+}
+
+/// Where the label sets are, found once per [`Dataset::load_labels`] call.
+enum LabelDirs {
+    /// Plain layout: label-set id → folder.
+    Found(HashMap<String, PathBuf>),
+    /// Harness cache: paths follow [`labels_predicate_dir`].
+    ByRule,
+}
+
 impl Dataset {
     /// Opens the corpus of scale factor `sf` under a plain layout root (a mirror of
     /// `ground_truth/quailb/schema_v1/`, or a folder holding that path), choosing the
     /// collection `collection` or else the active / only complete one (SPEC §C.1).
-    /// Checks that every QUAIL-B table has a file with the manifest's row count and
-    /// that every label set of the collection has a complete manifest and files.
+    /// Reads and checks the corpus and collection manifests only; tables and label
+    /// sets are checked when required ([`Dataset::require_tables`],
+    /// [`Dataset::load_labels`]).
     pub fn open(root: &Path, sf: f64, collection: Option<&str>) -> Result<Dataset> {
         Self::open_source(LayoutSource::Plain(normalize_root(root)), sf, collection)
     }
@@ -464,217 +523,91 @@ impl Dataset {
     pub fn open_source(source: LayoutSource, sf: f64, collection: Option<&str>) -> Result<Dataset> {
         let (corpus_id, manifest) = find_corpus(&source, sf)?;
         let cdir = format!("corpora/{corpus_id}");
-        // Tables.
-        let mut tables = BTreeMap::new();
-        let mut table_rows = BTreeMap::new();
-        for t in standin::TABLES {
-            if !manifest.tables.contains_key(t) {
-                return Err(BenchError::MissingTable {
-                    table: t.into(),
-                    path: source.file(&format!("{cdir}/manifest.json")),
-                });
+        let tables = manifest
+            .tables
+            .iter()
+            .map(|(t, e)| {
+                (
+                    t.clone(),
+                    source.file(&format!("{cdir}/{}", table_file(t, e))),
+                )
+            })
+            .collect();
+        let table_rows = manifest
+            .tables
+            .iter()
+            .map(|(t, e)| (t.clone(), e.rows))
+            .collect();
+        let coll = choose_collection(&source, &corpus_id, sf, collection)?;
+        Ok(Dataset {
+            source,
+            corpus_id,
+            collection_id: coll.as_ref().map(|c| c.collection_id.clone()),
+            scale_factor: manifest.scale_factor,
+            reference_model: coll
+                .as_ref()
+                .map(|c| c.summary.model.clone())
+                .unwrap_or_default(),
+            tables,
+            table_rows,
+            standin: manifest.standin,
+            manifest,
+            label_sets: coll
+                .as_ref()
+                .map(|c| c.label_sets.clone())
+                .unwrap_or_default(),
+            reused_label_sets: coll.as_ref().map(reused_label_sets).unwrap_or_default(),
+        })
+    }
+
+    /// The corpus manifest's path.
+    pub fn manifest_path(&self) -> PathBuf {
+        self.source
+            .file(&format!("corpora/{}/manifest.json", self.corpus_id))
+    }
+
+    /// Checks the tables `names` and returns their files: each must be in the corpus
+    /// manifest, have its file, and that file's Parquet footer must give the
+    /// manifest's row count. Errors name the table and what is wrong (not in the
+    /// manifest, file missing, unreadable, row count).
+    pub fn require_tables(&self, names: &[&str]) -> Result<TablePaths> {
+        let mut out = TablePaths::new();
+        for &t in names {
+            if out.contains_key(t) {
+                continue;
             }
-        }
-        for (t, e) in &manifest.tables {
-            let name = e.file.clone().unwrap_or_else(|| format!("{t}.parquet"));
-            let path = source.file(&format!("{cdir}/{name}"));
+            let Some(e) = self.manifest.tables.get(t) else {
+                return Err(BenchError::TableNotInManifest {
+                    table: t.into(),
+                    path: self.manifest_path(),
+                });
+            };
+            let path =
+                self.source
+                    .file(&format!("corpora/{}/{}", self.corpus_id, table_file(t, e)));
             if !path.exists() {
                 return Err(BenchError::MissingTable {
-                    table: t.clone(),
+                    table: t.into(),
                     path,
                 });
             }
             let found = parquet_rows(&path)?;
             if found != e.rows {
                 return Err(BenchError::RowCount {
-                    table: t.clone(),
+                    table: t.into(),
                     path,
                     expected: e.rows,
                     found,
                 });
             }
-            tables.insert(t.clone(), path);
-            table_rows.insert(t.clone(), e.rows);
+            out.insert(t.to_string(), path);
         }
-        let standin = manifest.standin;
-        let mut ds = Dataset {
-            source: source.clone(),
-            corpus_id: corpus_id.clone(),
-            collection_id: None,
-            scale_factor: manifest.scale_factor,
-            reference_model: String::new(),
-            tables,
-            table_rows,
-            standin,
-            manifest,
-            label_sets: BTreeMap::new(),
-        };
-        let Some(coll) = choose_collection(&source, &corpus_id, sf, collection)? else {
-            return Ok(ds);
-        };
-        // Label sets.
-        let dirs = match &source {
-            LayoutSource::Plain(root) => find_label_set_dirs(root),
-            LayoutSource::HarnessCache(_) => HashMap::new(),
-        };
-        let reused: HashSet<String> = coll
-            .extra
-            .get("reused_label_sets")
-            .map(|v| match v {
-                serde_json::Value::Object(m) => m
-                    .iter()
-                    .flat_map(|(k, x)| [Some(k.clone()), x.as_str().map(str::to_string)])
-                    .flatten()
-                    .collect(),
-                serde_json::Value::Array(xs) => xs
-                    .iter()
-                    .filter_map(|x| x.as_str().map(str::to_string))
-                    .collect(),
-                _ => HashSet::new(),
-            })
-            .unwrap_or_default();
-        let mut templates: HashMap<String, String> = HashMap::new();
-        for (key, ls_id) in &coll.label_sets {
-            let (mpath, files) = match &source {
-                LayoutSource::Plain(_) => {
-                    let dir = dirs.get(ls_id).cloned().ok_or_else(|| BenchError::Labels {
-                        predicate: key.clone(),
-                        message: format!(
-                            "label set {ls_id} of collection {} not found under label_sets/",
-                            coll.collection_id
-                        ),
-                    })?;
-                    let single = dir.join("labels.parquet");
-                    let files = if single.exists() {
-                        vec![single]
-                    } else {
-                        let mut v: Vec<PathBuf> = fs::read_dir(dir.join("parts"))
-                            .map(|rd| {
-                                rd.flatten()
-                                    .map(|e| e.path())
-                                    .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
-                                    .collect()
-                            })
-                            .unwrap_or_default();
-                        v.sort();
-                        v
-                    };
-                    (dir.join("manifest.json"), files)
-                }
-                LayoutSource::HarnessCache(_) => {
-                    let rel = standin::labels_predicate_dir(key).join(ls_id);
-                    let rel = rel.to_string_lossy().replace('\\', "/");
-                    let m = source.file(&format!("label_sets/{rel}/manifest.json"));
-                    let f = source.file(&format!("label_sets/{rel}/labels.parquet"));
-                    (m, if f.exists() { vec![f] } else { vec![] })
-                }
-            };
-            let m: LabelSetManifest = read_json(&mpath)?;
-            let bad = |message: String| BenchError::Manifest {
-                path: mpath.clone(),
-                message,
-            };
-            if m.label_set_id != *ls_id {
-                return Err(bad(format!(
-                    "label_set_id {} but the collection names {ls_id}",
-                    m.label_set_id
-                )));
-            }
-            if m.status != "complete" {
-                return Err(bad(format!(
-                    "label set {ls_id} has status {:?}, not complete",
-                    m.status
-                )));
-            }
-            if m.predicate.key != *key {
-                return Err(bad(format!(
-                    "predicate key {} but the collection maps {key} to it",
-                    m.predicate.key
-                )));
-            }
-            if m.corpus_id != corpus_id && !reused.contains(ls_id) && !reused.contains(key) {
-                return Err(bad(format!(
-                    "label set belongs to corpus {}, not {corpus_id}",
-                    m.corpus_id
-                )));
-            }
-            if files.is_empty() {
-                return Err(BenchError::Labels {
-                    predicate: key.clone(),
-                    message: format!(
-                        "label set {ls_id} has no labels.parquet or parts/*.parquet next to {}",
-                        mpath.display()
-                    ),
-                });
-            }
-            if let Some(other) = templates.insert(m.predicate.template.clone(), key.clone()) {
-                return Err(BenchError::Collection(format!(
-                    "predicates {other} and {key} share one template"
-                )));
-            }
-            ds.label_sets.insert(
-                key.clone(),
-                LabelSetRef {
-                    key: key.clone(),
-                    manifest: m,
-                    files,
-                },
-            );
-        }
-        ds.collection_id = Some(coll.collection_id.clone());
-        ds.reference_model = coll.summary.model.clone();
-        Ok(ds)
+        Ok(out)
     }
 
-    /// The dataset for scale factor `sf`, in this order: `root` (a local mirror);
-    /// aisql's cache (`~/.cache/aisql/quailb/`) when it holds the published corpus; the
-    /// QUAIL-B harness cache when it holds it; else the stand-in under
-    /// `~/.cache/aisql/quailb-standin/`, generated on first use. Using the stand-in
-    /// prints one line on stderr.
-    pub fn resolve(root: Option<&Path>, sf: f64) -> Result<Dataset> {
-        if let Some(r) = root {
-            return Self::open(r, sf, None);
-        }
-        if let Some(p) = published_for(sf) {
-            let cache = published_cache_root();
-            if cache
-                .join("corpora")
-                .join(p.corpus_id)
-                .join("manifest.json")
-                .exists()
-            {
-                return Self::open(&cache, sf, None);
-            }
-            let hc = LayoutSource::HarnessCache(harness_cache_dir());
-            if hc
-                .file(&format!("corpora/{}/manifest.json", p.corpus_id))
-                .exists()
-            {
-                return Self::open_source(hc, sf, None);
-            }
-        }
-        Self::standin(&standin_root(), sf)
-    }
-
-    /// The stand-in of `sf` under `root`, generated when missing or incomplete.
-    pub fn standin(root: &Path, sf: f64) -> Result<Dataset> {
-        if let Ok(d) = Self::open(root, sf, None)
-            && d.standin
-            && d.collection_id.is_some()
-        {
-            eprintln!(
-                "note: published QUAIL-B data for sf {sf} not found; using the deterministic stand-in corpus {} at {} (not the published data)",
-                d.corpus_id,
-                root.display()
-            );
-            return Ok(d);
-        }
-        eprintln!(
-            "note: published QUAIL-B data for sf {sf} not found; generating the deterministic stand-in corpus at {} (not the published data)",
-            root.display()
-        );
-        standin::generate(root, sf)?;
-        Self::open(root, sf, None)
+    /// [`Dataset::require_tables`] of the nine QUAIL-B tables ([`TABLES`]).
+    pub fn require_all_tables(&self) -> Result<TablePaths> {
+        self.require_tables(&TABLES)
     }
 
     /// True when this is a published corpus (SPEC §C ids).
@@ -691,38 +624,261 @@ impl Dataset {
         })
     }
 
-    /// Loads the label sets whose template is in `templates` (all when `None`) into a
-    /// [`LabelStore`], validating each: every row's `predicate_key` and `label_set_id`
-    /// match the manifest, ids are non-null, no (left, right) pair repeats, labels are
-    /// from the predicate's list, and the row count equals the manifest's `rows`.
-    pub fn load_labels(&self, templates: Option<&[String]>) -> Result<LabelStore> {
-        let coll = self.collection_id.clone().ok_or_else(|| {
+    fn collection_or_err(&self) -> Result<&str> {
+        self.collection_id.as_deref().ok_or_else(|| {
             BenchError::Collection(format!(
                 "corpus {} has no complete collection",
                 self.corpus_id
             ))
+        })
+    }
+
+    fn label_dirs(&self) -> LabelDirs {
+        match &self.source {
+            LayoutSource::Plain(root) => LabelDirs::Found(find_label_set_dirs(root)),
+            LayoutSource::HarnessCache(_) => LabelDirs::ByRule,
+        }
+    }
+
+    /// The manifest path and label files of the label set `ls_id` of predicate `key`.
+    fn locate_label_set(
+        &self,
+        dirs: &LabelDirs,
+        key: &str,
+        ls_id: &str,
+    ) -> Result<(PathBuf, Vec<PathBuf>)> {
+        let missing = |where_: String| BenchError::Labels {
+            predicate: key.into(),
+            message: format!(
+                "label set {ls_id} of collection {} is missing: no {where_}",
+                self.collection_id.as_deref().unwrap_or("?")
+            ),
+        };
+        match dirs {
+            LabelDirs::Found(found) => {
+                let dir = found.get(ls_id).ok_or_else(|| {
+                    missing(format!(
+                        "folder {ls_id} (with a manifest.json) under {}",
+                        self.source.root().join("label_sets").display()
+                    ))
+                })?;
+                let single = dir.join("labels.parquet");
+                let files = if single.exists() {
+                    vec![single]
+                } else {
+                    let mut v: Vec<PathBuf> = fs::read_dir(dir.join("parts"))
+                        .map(|rd| {
+                            rd.flatten()
+                                .map(|e| e.path())
+                                .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    v.sort();
+                    v
+                };
+                Ok((dir.join("manifest.json"), files))
+            }
+            LabelDirs::ByRule => {
+                let rel = labels_predicate_dir(key).join(ls_id);
+                let rel = rel.to_string_lossy().replace('\\', "/");
+                let m = self.source.file(&format!("label_sets/{rel}/manifest.json"));
+                if !m.exists() {
+                    return Err(missing(format!("manifest {}", m.display())));
+                }
+                let f = self
+                    .source
+                    .file(&format!("label_sets/{rel}/labels.parquet"));
+                Ok((m, if f.exists() { vec![f] } else { vec![] }))
+            }
+        }
+    }
+
+    /// Checks a label set's manifest against the collection and the corpus, and
+    /// that it has label files.
+    fn check_label_set(
+        &self,
+        key: &str,
+        ls_id: &str,
+        mpath: &Path,
+        m: &LabelSetManifest,
+        files: &[PathBuf],
+    ) -> Result<()> {
+        let bad = |message: String| BenchError::Manifest {
+            path: mpath.to_path_buf(),
+            message,
+        };
+        if m.label_set_id != ls_id {
+            return Err(bad(format!(
+                "label_set_id {} but the collection names {ls_id}",
+                m.label_set_id
+            )));
+        }
+        if m.status != "complete" {
+            return Err(bad(format!(
+                "label set {ls_id} has status {:?}, not complete",
+                m.status
+            )));
+        }
+        if m.predicate.key != key {
+            return Err(bad(format!(
+                "predicate key {} but the collection maps {key} to it",
+                m.predicate.key
+            )));
+        }
+        if m.corpus_id != self.corpus_id
+            && !self.reused_label_sets.contains(ls_id)
+            && !self.reused_label_sets.contains(key)
+        {
+            return Err(bad(format!(
+                "label set belongs to corpus {}, not {}",
+                m.corpus_id, self.corpus_id
+            )));
+        }
+        if files.is_empty() {
+            return Err(BenchError::Labels {
+                predicate: key.into(),
+                message: format!(
+                    "label set {ls_id} has no labels.parquet or parts/*.parquet next to {}",
+                    mpath.display()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The label set of predicate `key` in the chosen collection, located and its
+    /// manifest checked (the labels themselves are read by [`Dataset::load_labels`]).
+    pub fn label_set(&self, key: &str) -> Result<LabelSetRef> {
+        let coll = self.collection_or_err()?;
+        let ls_id = self.label_sets.get(key).ok_or_else(|| BenchError::Labels {
+            predicate: key.into(),
+            message: format!("collection {coll} has no label set for it"),
         })?;
+        let (mpath, files) = self.locate_label_set(&self.label_dirs(), key, ls_id)?;
+        let m: LabelSetManifest = read_json(&mpath)?;
+        self.check_label_set(key, ls_id, &mpath, &m, &files)?;
+        Ok(LabelSetRef {
+            key: key.into(),
+            manifest: m,
+            files,
+        })
+    }
+
+    /// Loads the label sets whose template is in `templates` (all when `None`) into a
+    /// [`LabelStore`], validating each: its manifest matches the collection and the
+    /// corpus, every row's `predicate_key` and `label_set_id` match the manifest, ids
+    /// are non-null, no (left, right) pair repeats, labels are from the predicate's
+    /// list, and the row count equals the manifest's `rows`.
+    ///
+    /// With `templates`, label sets of other templates are not validated, and may be
+    /// missing: a root can hold one dataset's label sets. A template no label set has
+    /// is left out of the store (its operators cannot be scored, SPEC §C.1) — unless
+    /// some label sets of the collection are missing or unreadable, since the
+    /// template may be theirs: then the error names each of those (predicate key and
+    /// label-set id). With `None`, every label set of the collection must be there.
+    pub fn load_labels(&self, templates: Option<&[String]>) -> Result<LabelStore> {
+        let coll = self.collection_or_err()?.to_string();
         let wanted: Option<HashSet<&str>> =
             templates.map(|t| t.iter().map(String::as_str).collect());
-        let refs: Vec<&LabelSetRef> = self
-            .label_sets
-            .values()
-            .filter(|r| {
-                wanted
-                    .as_ref()
-                    .is_none_or(|w| w.contains(r.manifest.predicate.template.as_str()))
-            })
-            .collect();
-        let sets: Vec<LabelSet> = refs
-            .par_iter()
-            .map(|r| load_label_set(r))
-            .collect::<Result<_>>()?;
+        let dirs = self.label_dirs();
+        let mut refs: Vec<LabelSetRef> = Vec::new();
+        // Label sets not found, and found but unreadable (tolerated with `templates`).
+        let mut missing: Vec<String> = Vec::new();
+        let mut unreadable: Vec<String> = Vec::new();
+        let mut by_template: HashMap<String, String> = HashMap::new();
+        for (key, ls_id) in &self.label_sets {
+            let (mpath, files) = match (self.locate_label_set(&dirs, key, ls_id), &wanted) {
+                (Ok(x), _) => x,
+                (Err(e), None) => return Err(e),
+                (Err(_), Some(_)) => {
+                    missing.push(format!("{key} ({ls_id})"));
+                    continue;
+                }
+            };
+            let m: LabelSetManifest = match (read_json(&mpath), &wanted) {
+                (Ok(m), _) => m,
+                (Err(e), None) => return Err(e),
+                (Err(e), Some(_)) => {
+                    unreadable.push(format!("predicate {key} (label set {ls_id}): {e}"));
+                    continue;
+                }
+            };
+            let template = m.predicate.template.clone();
+            if let Some(other) = by_template.insert(template.clone(), key.clone()) {
+                return Err(BenchError::Collection(format!(
+                    "predicates {other} and {key} of collection {coll} share one template"
+                )));
+            }
+            if wanted
+                .as_ref()
+                .is_some_and(|w| !w.contains(template.as_str()))
+            {
+                continue;
+            }
+            self.check_label_set(key, ls_id, &mpath, &m, &files)?;
+            refs.push(LabelSetRef {
+                key: key.clone(),
+                manifest: m,
+                files,
+            });
+        }
+        if let Some(w) = &wanted {
+            let mut uncovered: Vec<&str> = w
+                .iter()
+                .copied()
+                .filter(|t| !by_template.contains_key(*t))
+                .collect();
+            let some_unavailable = !missing.is_empty() || !unreadable.is_empty();
+            if !uncovered.is_empty() && some_unavailable {
+                uncovered.sort();
+                let mut why = Vec::new();
+                if !missing.is_empty() {
+                    why.push(format!(
+                        "missing from {}: {}",
+                        self.source.root().join("label_sets").display(),
+                        missing.join(", ")
+                    ));
+                }
+                if !unreadable.is_empty() {
+                    why.push(format!("unreadable: {}", unreadable.join("; ")));
+                }
+                return Err(BenchError::Collection(format!(
+                    "no label set found for template{} {}; label sets of collection {coll} \
+                     that could hold {} are {}",
+                    if uncovered.len() == 1 { "" } else { "s" },
+                    uncovered
+                        .iter()
+                        .map(|t| short_template(t))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    if uncovered.len() == 1 { "it" } else { "them" },
+                    why.join("; "),
+                )));
+            }
+        }
+        let sets: Vec<LabelSet> = refs.par_iter().map(load_label_set).collect::<Result<_>>()?;
         let mut store = LabelStore::new(coll, self.reference_model.clone());
         for s in sets {
             store.insert(s)?;
         }
         Ok(store)
     }
+}
+
+/// A template cut to its first 60 characters, quoted, for error messages.
+fn short_template(t: &str) -> String {
+    let cut: String = t.chars().take(60).collect();
+    if cut.len() < t.len() {
+        format!("{cut:?}…")
+    } else {
+        format!("{cut:?}")
+    }
+}
+
+/// A table's file name in its corpus folder (the manifest's `file`, else `<table>.parquet`).
+fn table_file(table: &str, e: &TableEntry) -> String {
+    e.file.clone().unwrap_or_else(|| format!("{table}.parquet"))
 }
 
 fn find_corpus(source: &LayoutSource, sf: f64) -> Result<(String, CorpusManifest)> {
@@ -1270,306 +1426,39 @@ pub async fn fetch_corpus(
 
 #[cfg(test)]
 mod tests {
+    // The reader over generated roots is tested in `crate::layout_tests` (the
+    // generator sits above this module).
     use super::*;
-    use crate::standin::{generate, predicates};
-
-    const SF: f64 = 0.001;
-
-    fn small_root() -> (tempfile::TempDir, standin::GenerateSummary) {
-        let d = tempfile::tempdir().unwrap();
-        let s = generate(d.path(), SF).unwrap();
-        (d, s)
-    }
-
-    fn copy_dir(from: &Path, to: &Path) {
-        fs::create_dir_all(to).unwrap();
-        for e in fs::read_dir(from).unwrap().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                copy_dir(&p, &to.join(e.file_name()));
-            } else {
-                fs::copy(&p, to.join(e.file_name())).unwrap();
-            }
-        }
-    }
 
     #[test]
-    fn standin_opens_and_every_plan_predicate_has_complete_labels() {
-        let (d, s) = small_root();
-        let ds = Dataset::open(d.path(), SF, None).unwrap();
-        assert!(ds.standin && !ds.is_published() && !ds.is_published_collection());
-        assert_eq!(ds.collection_id.as_deref(), Some(s.collection_id.as_str()));
-        assert!(s.collection_id.starts_with("gt_") && s.collection_id.len() == 35);
-        assert_eq!(ds.label_sets.len(), 31);
-        let store = ds.load_labels(None).unwrap();
-        let rows = &ds.table_rows;
-        for p in predicates() {
-            let set = store
-                .for_template(p.template)
-                .unwrap_or_else(|| panic!("no labels for {}", p.key));
-            let n = rows[p.left.0] * p.right.map(|r| rows[r.0]).unwrap_or(1);
-            if p.name == "IMDB_ASPECT_SENTIMENT" {
-                // Only the pairs the reference join keeps (DISCUSS_ASPECT TRUE).
-                let disc = store
-                    .for_template(
-                        predicates()
-                            .iter()
-                            .find(|x| x.name == "DISCUSS_ASPECT")
-                            .unwrap()
-                            .template,
-                    )
-                    .unwrap();
-                let kept = (0..rows["reviews"])
-                    .flat_map(|r| (0..12).map(move |a| (r, a)))
-                    .filter(|(r, a)| {
-                        disc.get_bool(&format!("rv{r}"), Some(&format!("as{a}"))) == Some(true)
-                    })
-                    .count();
-                assert_eq!(set.len(), kept);
-                assert!(kept > 0);
-            } else {
-                assert_eq!(set.len() as u64, n, "{}", p.key);
-            }
-        }
-        // LEPJOIN agrees with the list columns; SUPPORT with the claims' annotation.
-        let lep = store
-            .for_template(
-                predicates()
-                    .iter()
-                    .find(|x| x.name == "LEPJOIN")
-                    .unwrap()
-                    .template,
-            )
-            .unwrap();
-        assert!(lep.get_bool("lc0", Some("lp0")) == Some(true));
-        // Templates in the shipped plans all have a label set (when the plans are present).
-        let plans = crate::plans::repository_plans_dir();
-        if plans.exists() {
-            let mut seen = 0;
-            for e in fs::read_dir(&plans).unwrap().flatten() {
-                let name = e.file_name().to_string_lossy().to_string();
-                if !name.ends_with(".json")
-                    || name == "catalog.json"
-                    || name.starts_with("PRIV")
-                    || name.starts_with("IMDB-16")
-                {
-                    continue;
-                }
-                let text = fs::read_to_string(e.path()).unwrap();
-                let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-                let mut stack = vec![&v];
-                while let Some(x) = stack.pop() {
-                    match x {
-                        serde_json::Value::Object(m) => {
-                            if let Some(serde_json::Value::String(s)) = m.get("string")
-                                && s.contains("{0}")
-                            {
-                                assert!(
-                                    store.for_template(s).is_some(),
-                                    "{name}: no label set for template {s:?}"
-                                );
-                                seen += 1;
-                            }
-                            stack.extend(m.values());
-                        }
-                        serde_json::Value::Array(xs) => stack.extend(xs.iter()),
-                        _ => {}
-                    }
-                }
-            }
-            assert!(seen >= 43, "{seen}");
-        }
-        // Loading a subset only loads those.
-        let one = vec![predicates()[0].template.to_string()];
-        assert_eq!(ds.load_labels(Some(&one)).unwrap().sets().count(), 1);
-    }
-
-    #[test]
-    fn generation_is_byte_identical() {
-        let a = tempfile::tempdir().unwrap();
-        let b = tempfile::tempdir().unwrap();
-        let sa = generate(a.path(), SF).unwrap();
-        let sb = generate(b.path(), SF).unwrap();
-        assert_eq!(sa.corpus_id, sb.corpus_id);
-        assert_eq!(sa.collection_id, sb.collection_id);
-        let mut files = Vec::new();
-        fn walk(d: &Path, base: &Path, out: &mut Vec<PathBuf>) {
-            for e in fs::read_dir(d).unwrap().flatten() {
-                let p = e.path();
-                if p.is_dir() {
-                    walk(&p, base, out);
-                } else {
-                    out.push(p.strip_prefix(base).unwrap().to_path_buf());
-                }
-            }
-        }
-        walk(a.path(), a.path(), &mut files);
-        assert!(files.len() > 40);
-        for f in files {
-            assert_eq!(
-                fs::read(a.path().join(&f)).unwrap(),
-                fs::read(b.path().join(&f)).unwrap(),
-                "{}",
-                f.display()
-            );
-        }
-    }
-
-    #[test]
-    fn bad_roots_give_clear_errors() {
-        let (d, s) = small_root();
-        // Unknown scale factor.
-        let e = Dataset::open(d.path(), 0.3, None).unwrap_err().to_string();
-        assert!(e.contains("0.3") && e.contains("0.001"), "{e}");
-        // Missing table.
-        let bad = tempfile::tempdir().unwrap();
-        copy_dir(d.path(), bad.path());
-        fs::remove_file(
-            bad.path()
-                .join("corpora")
-                .join(&s.corpus_id)
-                .join("terms.parquet"),
-        )
-        .unwrap();
-        let e = Dataset::open(bad.path(), SF, None).unwrap_err().to_string();
-        assert!(e.contains("terms") && e.contains("missing"), "{e}");
-        // Truncated Parquet.
-        let bad = tempfile::tempdir().unwrap();
-        copy_dir(d.path(), bad.path());
-        let f = bad
-            .path()
-            .join("corpora")
-            .join(&s.corpus_id)
-            .join("claims.parquet");
-        let bytes = fs::read(&f).unwrap();
-        fs::write(&f, &bytes[..bytes.len() / 2]).unwrap();
-        let e = Dataset::open(bad.path(), SF, None).unwrap_err().to_string();
-        assert!(e.contains("claims.parquet"), "{e}");
-        // Manifest with wrong counts.
-        let bad = tempfile::tempdir().unwrap();
-        copy_dir(d.path(), bad.path());
-        let mpath = bad
-            .path()
-            .join("corpora")
-            .join(&s.corpus_id)
-            .join("manifest.json");
-        let mut m: CorpusManifest =
-            serde_json::from_str(&fs::read_to_string(&mpath).unwrap()).unwrap();
-        m.tables.get_mut("reviews").unwrap().rows += 1;
-        fs::write(&mpath, serde_json::to_string(&m).unwrap()).unwrap();
-        let e = Dataset::open(bad.path(), SF, None).unwrap_err().to_string();
-        assert!(
-            e.contains("reviews") && e.contains("51") && e.contains("50"),
-            "{e}"
-        );
-        // Label manifest with wrong rows.
-        let bad = tempfile::tempdir().unwrap();
-        copy_dir(d.path(), bad.path());
-        let ds = Dataset::open(bad.path(), SF, None).unwrap();
-        let r = &ds.label_sets["quailb.imdb.review.sentiment"];
-        let dir = r.files[0].parent().unwrap();
-        let mut lm = r.manifest.clone();
-        lm.rows = 7;
-        fs::write(
-            dir.join("manifest.json"),
-            serde_json::to_string(&lm).unwrap(),
-        )
-        .unwrap();
-        let ds = Dataset::open(bad.path(), SF, None).unwrap();
-        let e = ds.load_labels(None).unwrap_err().to_string();
-        assert!(
-            e.contains("quailb.imdb.review.sentiment") && e.contains('7') && e.contains("50"),
-            "{e}"
-        );
-        // Unknown sf for the published data.
-        let src: Arc<dyn ObjectStore> =
-            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(d.path()).unwrap());
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let e = rt
-            .block_on(fetch(src, bad.path(), 0.2))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("0.2") && e.contains("published"), "{e}");
+    fn published_ids_harness_names_and_label_paths() {
         assert!(published_for(0.5).is_some() && published_for(0.25).is_none());
-    }
-
-    #[test]
-    fn fetch_mirrors_a_local_object_store_and_resumes() {
-        let (d, s) = small_root();
-        let src: Arc<dyn ObjectStore> =
-            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(d.path()).unwrap());
-        let dest = tempfile::tempdir().unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let sum = rt
-            .block_on(fetch_corpus(
-                src.clone(),
-                dest.path(),
-                SF,
-                &s.corpus_id,
-                None,
-            ))
-            .unwrap();
-        assert_eq!(sum.collection_id, s.collection_id);
-        assert!(sum.downloaded >= 9 + 31 && sum.skipped == 0, "{sum:?}");
-        let ds = Dataset::open(dest.path(), SF, None).unwrap();
-        assert_eq!(ds.load_labels(None).unwrap().sets().count(), 31);
-        // Second run skips complete files; a corrupted table is re-downloaded.
-        let again = rt
-            .block_on(fetch_corpus(
-                src.clone(),
-                dest.path(),
-                SF,
-                &s.corpus_id,
-                None,
-            ))
-            .unwrap();
-        assert_eq!(again.downloaded, 0);
-        assert_eq!(again.skipped, sum.downloaded);
-        // Hash check: a source file that differs from its manifest is rejected.
-        let bad = tempfile::tempdir().unwrap();
-        copy_dir(d.path(), bad.path());
-        let t = bad
-            .path()
-            .join("corpora")
-            .join(&s.corpus_id)
-            .join("aspects.parquet");
-        assert!(t.exists());
-        let mpath = bad
-            .path()
-            .join("corpora")
-            .join(&s.corpus_id)
-            .join("manifest.json");
-        let mut m: CorpusManifest =
-            serde_json::from_str(&fs::read_to_string(&mpath).unwrap()).unwrap();
-        m.tables.get_mut("aspects").unwrap().file_sha256 = Some("00".repeat(32));
-        fs::write(&mpath, serde_json::to_string(&m).unwrap()).unwrap();
-        let src2: Arc<dyn ObjectStore> =
-            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(bad.path()).unwrap());
-        let dest2 = tempfile::tempdir().unwrap();
-        let e = rt
-            .block_on(fetch_corpus(src2, dest2.path(), SF, &s.corpus_id, None))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("aspects") && e.contains("sha256"), "{e}");
-    }
-
-    #[test]
-    fn resolve_prefers_root_then_caches_then_standin() {
-        let (d, s) = small_root();
-        let ds = Dataset::resolve(Some(d.path()), SF).unwrap();
-        assert_eq!(ds.corpus_id, s.corpus_id);
-        // The harness cache's hashed names.
         assert_eq!(harness_name("x").len(), 64);
         let hc = LayoutSource::HarnessCache(PathBuf::from("/nonexistent"));
         assert!(
             hc.file("corpora/c_1/manifest.json")
                 .ends_with(harness_name("corpora/c_1/manifest.json"))
         );
+        assert_eq!(
+            labels_predicate_dir("quailb.imdb.review.sentiment"),
+            Path::new("imdb").join("review.sentiment")
+        );
+        assert_eq!(labels_predicate_dir("x"), PathBuf::from("x"));
+    }
+
+    #[test]
+    fn fetch_rejects_an_unpublished_scale_factor() {
+        let d = tempfile::tempdir().unwrap();
+        let src: Arc<dyn ObjectStore> =
+            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(d.path()).unwrap());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let e = rt
+            .block_on(fetch(src, d.path(), 0.2))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("0.2") && e.contains("published"), "{e}");
     }
 }

@@ -6,8 +6,11 @@ pub mod corpus;
 pub mod driver;
 pub mod error;
 pub mod layout;
+#[cfg(test)]
+mod layout_tests;
 pub mod plans;
 pub mod report;
+pub mod resolve;
 pub mod run_file;
 pub mod scoring;
 pub mod standin;

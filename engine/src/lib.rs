@@ -10,6 +10,7 @@
 
 pub mod answers;
 pub mod backend;
+pub mod cache_dir;
 pub mod canonical;
 mod error;
 pub mod explain;

@@ -1009,14 +1009,10 @@ pub fn gpu_kv_budget_bytes(free: usize) -> usize {
     (free / 10 * 7).saturating_sub(4 << 30)
 }
 
-/// Where `--model tiny` lives: generated on first use, deterministic (seed 0).
+/// Where `--model tiny` lives: `models/tiny-qwen3-seed0` under aisql's cache folder
+/// ([`crate::cache_dir::cache_dir`]), generated on first use, deterministic (seed 0).
 pub fn tiny_model_dir() -> Result<std::path::PathBuf> {
-    let base = std::env::var_os("AISQL_CACHE_DIR")
-        .map(std::path::PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/aisql"))
-        })
-        .unwrap_or_else(|| std::path::PathBuf::from(".aisql-cache"));
+    let base = crate::cache_dir::cache_dir();
     let dir = base.join("models/tiny-qwen3-seed0");
     if !dir.join("model.safetensors").exists() {
         let tmp = base.join(format!("models/.tiny-qwen3-seed0.{}", std::process::id()));

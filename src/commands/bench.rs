@@ -7,6 +7,7 @@ use aisql_bench::compare::{compare_runs, comparison_markdown};
 use aisql_bench::driver::{BenchOptions, Metadata, default_output_dir, rescore, run_bench};
 use aisql_bench::layout::Dataset;
 use aisql_bench::plans::PlanSource;
+use aisql_bench::resolve::resolve;
 use aisql_bench::run_file::{QueryStatus, RunFile, RunStatus};
 use anyhow::{Context, bail};
 
@@ -25,7 +26,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 /// The dataset a saved run was made on.
 fn run_dataset(dir: &Path, root: Option<&Path>) -> anyhow::Result<Dataset> {
     let run = RunFile::read(dir)?;
-    Ok(Dataset::resolve(root, run.scale_factor)?)
+    Ok(resolve(root, run.scale_factor, None)?)
 }
 
 fn report(dir: &Path, root: Option<&Path>) -> anyhow::Result<()> {
@@ -125,10 +126,16 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
     } else {
         (args.data.sf, args.data.root.clone())
     };
-    let dataset = match &root {
-        Some(r) => Dataset::open(r, sf, args.data.collection.as_deref())?,
-        None => Dataset::resolve(None, sf)?,
-    };
+    let dataset = resolve(root.as_deref(), sf, args.data.collection.as_deref())?;
+    // Check the tables of the selected queries before running any (only those: a root
+    // may hold just one dataset's tables).
+    let mut needed: Vec<&str> = queries
+        .iter()
+        .flat_map(|(_, p)| p.relations.iter().map(|r| r.table.as_str()))
+        .collect();
+    needed.sort_unstable();
+    needed.dedup();
+    dataset.require_tables(&needed)?;
     let mut templates: Vec<String> = queries.iter().flat_map(|(_, p)| p.templates()).collect();
     templates.sort();
     templates.dedup();

@@ -2,29 +2,34 @@
 
 use aisql_bench::layout::Dataset;
 use aisql_bench::plans::{PlanSource, open_plan};
+use aisql_bench::resolve::resolve;
 use aisql_engine::query::{QueryOptions, run_query};
 use aisql_engine::tables::{TablePaths, tables_in_dir};
 use datafusion::arrow::util::pretty::pretty_format_batches;
 
 use crate::cli::{DataArgs, QueryArgs};
 
-/// Tables (and the dataset, when the data is a QUAIL-B root) for a query.
-pub fn resolve_tables(data: &DataArgs) -> anyhow::Result<(TablePaths, Option<Dataset>)> {
+/// Tables (and the dataset, when the data is a QUAIL-B root) for a query that reads
+/// the tables `needed`. Of a QUAIL-B dataset only those are checked and returned (a
+/// root may hold just one dataset's tables).
+pub fn resolve_tables(
+    data: &DataArgs,
+    needed: &[&str],
+) -> anyhow::Result<(TablePaths, Option<Dataset>)> {
     if let Some(dir) = &data.tables {
         return Ok((tables_in_dir(dir)?, None));
     }
-    let dataset = match &data.root {
-        Some(root) => Dataset::open(root, data.sf, data.collection.as_deref())?,
-        None => Dataset::resolve(None, data.sf)?,
-    };
-    Ok((dataset.tables.clone(), Some(dataset)))
+    let dataset = resolve(data.root.as_deref(), data.sf, data.collection.as_deref())?;
+    let tables = dataset.require_tables(needed)?;
+    Ok((tables, Some(dataset)))
 }
 
 pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     let source = PlanSource::choose(args.plans.dir.as_deref());
     let query = open_plan(&args.plan, &source)?;
     let format = args.backend.prompt_format.parse()?;
-    let (tables, dataset) = resolve_tables(&args.data)?;
+    let needed: Vec<&str> = query.relations.iter().map(|r| r.table.as_str()).collect();
+    let (tables, dataset) = resolve_tables(&args.data, &needed)?;
     let (backend, _meta) =
         super::backend::build(&args.backend, dataset.as_ref(), &query.templates())?;
     let rt = super::runtime()?;

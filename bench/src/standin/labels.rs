@@ -12,11 +12,10 @@ use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::properties::WriterProperties;
 use rayon::prelude::*;
-use serde_json::json;
 
 use super::{PredDef, Truth, agent, biodex, fever, imdb, lepard};
 use crate::error::{BenchError, Result};
-use crate::layout::LabelSetManifest;
+use crate::layout::{LabelSetManifest, labels_predicate_dir};
 
 /// Rows per Parquet row group / per part file.
 const ROW_GROUP: usize = 1 << 20;
@@ -93,15 +92,6 @@ fn answer(p: &PredDef, t: &Truth, l: usize, r: Option<usize>) -> Option<Value> {
         "AGENT_ROOT_CAUSE" => L(agent::ROOT_CAUSES[t.snapshots[l].root_cause as usize]),
         other => unreachable!("no planted truth for predicate {other}"),
     })
-}
-
-/// `label_sets/` sub-path of a predicate key: `quailb.imdb.review.sentiment` → `imdb/review.sentiment`.
-pub fn predicate_dir(key: &str) -> PathBuf {
-    let rest = key.strip_prefix("quailb.").unwrap_or(key);
-    match rest.split_once('.') {
-        Some((ds, pred)) => Path::new(ds).join(pred),
-        None => PathBuf::from(rest),
-    }
 }
 
 struct Writer {
@@ -246,11 +236,8 @@ fn write_one(
     t: &Truth,
 ) -> Result<Written> {
     let info = p.info();
-    let label_set_id = super::hashed_id(
-        "ls_",
-        &json!({"corpus_id": corpus_id, "predicate": info, "generator": super::GENERATOR_VERSION}),
-    );
-    let rel_dir = predicate_dir(p.key).join(&label_set_id);
+    let label_set_id = super::label_set_id(corpus_id, p);
+    let rel_dir = labels_predicate_dir(p.key).join(&label_set_id);
     let dir = base.join(&rel_dir);
     fs::create_dir_all(&dir).map_err(|e| err(&dir, e))?;
     let left_ids = &t.ids[p.left.0];

@@ -15,10 +15,12 @@
 //!   derived tables (terms, evidence, LePaRD passages/contexts) follow upstream's rules
 //!   (terms by frequency, evidence in a hashed "scan" order, LePaRD first-seen order);
 //! * generation is streamed (row groups, label parts) and parallel (rayon);
-//! * the corpus id (`c_…`) and collection id (`gt_…`) are SHA-256 hashes of canonical
-//!   JSON, never equal to the published ids; manifests carry `"standin": true`.
+//! * the corpus, collection and label-set ids (`c_…`, `gt_…`, `ls_…`) and the per-row
+//!   hashes are SHA-256 over canonical JSON ([`aisql_engine::canonical`]), never equal
+//!   to the published ids; manifests carry `"standin": true` and the generator version.
 //!
-//! Entry points: [`generate`], [`planned_rows`].
+//! Entry points: [`generate`], [`planned_rows`]; [`stale_reason`] tells whether a
+//! cached stand-in is what this generator writes (the ids it would compute).
 
 mod agent;
 mod biodex;
@@ -36,6 +38,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use aisql_engine::canonical;
 use aisql_engine::labels::PredicateKind;
 use datafusion::arrow::array::{ArrayRef, Int32Builder, ListBuilder, RecordBatch, StringBuilder};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -47,29 +50,18 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::error::{BenchError, Result};
-use crate::layout::{self, CollectionManifest, CorpusManifest, TableEntry};
+use crate::layout::{self, CollectionManifest, CorpusManifest, Dataset, TABLES, TableEntry};
 
 pub use rng::DATA_SEED;
 
 /// The reference "model" recorded in stand-in collections.
 pub const STANDIN_MODEL: &str = "aisql-standin-v1 (labels by construction)";
-/// Generator version, part of the stand-in corpus identity.
-pub const GENERATOR_VERSION: &str = "aisql-standin-v1";
+/// Generator version, part of the stand-in corpus identity and recorded in the corpus
+/// manifest (`generator`). v2: ids and row hashes over canonical JSON (v1 hashed
+/// serde_json's insertion-ordered output, so its ids were not SPEC §C's).
+pub const GENERATOR_VERSION: &str = "aisql-standin-v2";
 /// Snapshots above this many Qwen3 tokens are skipped (SPEC §C).
 pub const AGENT_TOKEN_CAP: usize = 24_000;
-
-/// The nine tables, in SPEC §C order.
-pub const TABLES: [&str; 9] = [
-    "reviews",
-    "aspects",
-    "reports",
-    "terms",
-    "claims",
-    "evidence",
-    "citation_contexts",
-    "citation_passages",
-    "agent_traces",
-];
 
 /// One predicate of the 43 plans (SPEC §C, §E).
 #[derive(Debug, Clone, Copy)]
@@ -107,11 +99,6 @@ impl PredDef {
             descriptions: self.descriptions.iter().map(|s| s.to_string()).collect(),
         }
     }
-}
-
-/// `label_sets/` sub-path of a predicate key: `quailb.imdb.review.sentiment` → `imdb/review.sentiment`.
-pub fn labels_predicate_dir(key: &str) -> PathBuf {
-    labels::predicate_dir(key)
 }
 
 /// The 31 predicates used by the 43 plans.
@@ -401,20 +388,9 @@ impl TableSink {
         self.writer
             .write(&batch)
             .map_err(|e| io_err(&self.path, e))?;
-        // Per-row canonical JSON hashes (keys sorted by serde_json's map).
+        // Per-row canonical-JSON hashes, one hex line each (SPEC §C corpus identity).
         for r in rows {
-            let mut m = serde_json::Map::new();
-            for (name, cell) in names.iter().zip(r) {
-                let v = match cell {
-                    Cell::S(s) => json!(s),
-                    Cell::L(xs) => json!(xs),
-                    Cell::I(x) => json!(x),
-                };
-                m.insert(name.clone(), v);
-            }
-            let row = serde_json::to_string(&serde_json::Value::Object(m)).unwrap();
-            self.hasher
-                .update(hex::encode(Sha256::digest(row.as_bytes())));
+            self.hasher.update(row_hash(&names, r));
             self.hasher.update(b"\n");
         }
         self.rows += rows.len() as u64;
@@ -825,15 +801,122 @@ pub(crate) fn count_tokens(tok: &aisql_models::tokenizer::Tokenizer, text: &str)
     total + tok.encode(&text[start..]).map(|v| v.len()).unwrap_or(0)
 }
 
-/// Canonical JSON (sorted keys, no spaces) of a value.
-pub(crate) fn canonical_json(v: &serde_json::Value) -> String {
-    serde_json::to_string(v).expect("json")
+/// SHA-256 hex of one row's canonical JSON: an object of column name → value.
+fn row_hash(names: &[String], row: &[Cell<'_>]) -> String {
+    let m: serde_json::Map<String, serde_json::Value> = names
+        .iter()
+        .zip(row)
+        .map(|(name, cell)| {
+            let v = match cell {
+                Cell::S(s) => json!(s),
+                Cell::L(xs) => json!(xs),
+                Cell::I(x) => json!(x),
+            };
+            (name.clone(), v)
+        })
+        .collect();
+    canonical::sha256_hex(&serde_json::Value::Object(m))
 }
 
-/// `prefix` + the first 32 hex digits of SHA-256 over canonical JSON of `v`.
-pub(crate) fn hashed_id(prefix: &str, v: &serde_json::Value) -> String {
-    let h = hex::encode(Sha256::digest(canonical_json(v).as_bytes()));
-    format!("{prefix}{}", &h[..32])
+/// The object whose canonical-JSON hash is a stand-in corpus's identity: generator,
+/// scale factor, seed and per table its rows and ordered-rows hash.
+pub fn corpus_identity(sf: f64, tables: &BTreeMap<String, TableEntry>) -> serde_json::Value {
+    let tables_json: serde_json::Map<String, serde_json::Value> = tables
+        .iter()
+        .map(|(k, e)| {
+            (
+                k.clone(),
+                json!({"rows": e.rows, "hash": e.ordered_rows_full_hash}),
+            )
+        })
+        .collect();
+    json!({
+        "schema_version": 1,
+        "benchmark": "quailb-standin",
+        "generator": GENERATOR_VERSION,
+        "scale_factor": sf,
+        "data_seed": DATA_SEED,
+        "tables": tables_json,
+    })
+}
+
+/// The stand-in corpus id of `sf` with these tables: `c_` + 32 hex digits of the
+/// SHA-256 of [`corpus_identity`]'s canonical JSON.
+pub fn corpus_id(sf: f64, tables: &BTreeMap<String, TableEntry>) -> String {
+    canonical::hashed_id("c", &corpus_identity(sf, tables))
+}
+
+/// The stand-in label-set id of predicate `p` in corpus `corpus_id`.
+pub fn label_set_id(corpus_id: &str, p: &PredDef) -> String {
+    canonical::hashed_id(
+        "ls",
+        &json!({"corpus_id": corpus_id, "predicate": p.info(), "generator": GENERATOR_VERSION}),
+    )
+}
+
+/// The stand-in collection id of corpus `corpus_id` with these label sets (predicate
+/// key → label-set id).
+pub fn collection_id(corpus_id: &str, label_sets: &BTreeMap<String, String>) -> String {
+    canonical::hashed_id(
+        "gt",
+        &json!({"corpus_id": corpus_id, "label_sets": label_sets, "model": STANDIN_MODEL}),
+    )
+}
+
+/// Why the stand-in `ds` is not what this generator would write for its scale factor
+/// (`None` when it is): not a stand-in, another generator version, or ids that are
+/// not the hashes this generator computes from the manifests (e.g. a cache written
+/// before the ids were canonical). Reads nothing beyond the opened manifests.
+pub fn stale_reason(ds: &Dataset) -> Option<String> {
+    let m = &ds.manifest;
+    if !ds.standin {
+        return Some(format!("corpus {} is not a stand-in", ds.corpus_id));
+    }
+    let generator = m.extra.get("generator").and_then(|g| g.as_str());
+    if generator != Some(GENERATOR_VERSION) {
+        return Some(format!(
+            "made by generator {}, not {GENERATOR_VERSION}",
+            generator.unwrap_or("aisql-standin-v1")
+        ));
+    }
+    if m.tables.keys().map(String::as_str).ne(sorted_tables()) {
+        return Some(format!(
+            "its manifest lists tables {:?}",
+            m.tables.keys().collect::<Vec<_>>()
+        ));
+    }
+    let want = corpus_id(m.scale_factor, &m.tables);
+    if want != ds.corpus_id {
+        return Some(format!(
+            "corpus id {} is not the hash of its manifest ({want})",
+            ds.corpus_id
+        ));
+    }
+    let Some(coll) = &ds.collection_id else {
+        return Some("it has no complete collection".into());
+    };
+    let sets: BTreeMap<String, String> = predicates()
+        .iter()
+        .map(|p| (p.key.to_string(), label_set_id(&ds.corpus_id, p)))
+        .collect();
+    if sets != ds.label_sets {
+        return Some(format!(
+            "collection {coll} does not map the predicates to this generator's label sets"
+        ));
+    }
+    let want = collection_id(&ds.corpus_id, &sets);
+    if &want != coll {
+        return Some(format!(
+            "collection id {coll} is not the hash of its label sets ({want})"
+        ));
+    }
+    None
+}
+
+fn sorted_tables() -> impl Iterator<Item = &'static str> {
+    let mut t = TABLES;
+    t.sort_unstable();
+    t.into_iter()
 }
 
 fn write_json(path: &Path, v: &impl serde::Serialize) -> Result<()> {
@@ -965,25 +1048,9 @@ pub fn generate_with(root: &Path, sf: f64, opts: &GenerateOptions) -> Result<Gen
             gen_agent(&corpus_tmp, c.traces, &mut truth)?,
         );
         // Corpus identity.
-        let tables_json: serde_json::Map<String, serde_json::Value> = entries
-            .iter()
-            .map(|(k, e)| {
-                (
-                    k.clone(),
-                    json!({"rows": e.rows, "hash": e.ordered_rows_full_hash}),
-                )
-            })
-            .collect();
-        let identity = json!({
-            "schema_version": 1,
-            "benchmark": "quailb-standin",
-            "generator": GENERATOR_VERSION,
-            "scale_factor": sf,
-            "data_seed": DATA_SEED,
-            "tables": tables_json,
-        });
-        let corpus_id = hashed_id("c_", &identity);
-        let corpus_full_hash = hex::encode(Sha256::digest(canonical_json(&identity).as_bytes()));
+        let identity = corpus_identity(sf, &entries);
+        let corpus_id = canonical::hashed_id("c", &identity);
+        let corpus_full_hash = canonical::sha256_hex(&identity);
         let manifest = CorpusManifest {
             corpus_id: corpus_id.clone(),
             scale_factor: sf,
@@ -992,7 +1059,7 @@ pub fn generate_with(root: &Path, sf: f64, opts: &GenerateOptions) -> Result<Gen
             schema_version: Some(1),
             data_seed: Some(DATA_SEED),
             standin: true,
-            extra: BTreeMap::new(),
+            extra: BTreeMap::from([("generator".to_string(), json!(GENERATOR_VERSION))]),
         };
         let mut summary = GenerateSummary {
             root: root.to_path_buf(),
@@ -1020,10 +1087,7 @@ pub fn generate_with(root: &Path, sf: f64, opts: &GenerateOptions) -> Result<Gen
                 summary.label_rows.insert(w.key.clone(), w.rows);
                 summary.label_bytes += w.bytes;
             }
-            let collection_id = hashed_id(
-                "gt_",
-                &json!({"corpus_id": corpus_id, "label_sets": map, "model": STANDIN_MODEL}),
-            );
+            let collection_id = collection_id(&corpus_id, &map);
             summary.label_seconds = t1.elapsed().as_secs_f64();
             summary.collection_id = collection_id.clone();
             collection = Some((
@@ -1178,6 +1242,63 @@ mod tests {
         );
         assert!(s.corpus_id.starts_with("c_") && s.corpus_id.len() == 34);
         assert!(!layout::PUBLISHED.iter().any(|p| p.corpus_id == s.corpus_id));
+        // The generated aspects table's ordered-rows hash, computed outside the project:
+        // python3 -c 'import json,hashlib; A=["the acting","the plot","the directing","the cinematography","the soundtrack","the pacing","the ending","the dialogue","the special effects","the character development","the screenplay","the editing"]; print(hashlib.sha256("".join(hashlib.sha256(json.dumps({"id":"as%d"%i,"aspect":a},sort_keys=True,separators=(",",":"),ensure_ascii=False).encode()).hexdigest()+"\n" for i,a in enumerate(A)).encode()).hexdigest())'
+        let m: CorpusManifest =
+            serde_json::from_str(&fs::read_to_string(cdir.join("manifest.json")).unwrap()).unwrap();
+        assert_eq!(
+            m.tables["aspects"].ordered_rows_full_hash.as_deref(),
+            Some("a7b54bfb582ced25b8db66b9aeae02de8c75e78d07ca855a3b786a1fa66a14b7")
+        );
+        assert_eq!(s.corpus_id, corpus_id(0.002, &m.tables));
+    }
+
+    /// Ids and hashes are SHA-256 over canonical JSON (sorted keys, `,`/`:`, UTF-8),
+    /// pinned against values computed outside the project (Python's `json.dumps` with
+    /// `sort_keys=True`), so a regression to serde_json's insertion-ordered output (its
+    /// `preserve_order` feature is on in this workspace) fails here.
+    #[test]
+    fn ids_are_hashes_of_canonical_json() {
+        // python3 -c 'import json,hashlib; o={"corpus_id":"c_0123456789abcdef0123456789abcdef","generator":"aisql-standin-v2","predicate":{"key":"quailb.biodex.reaction.is_neurological","kind":"filter","template":"Is this reaction neurological, affecting the nervous system? {0}","left_table":"terms","left_column":"term"}}; print("ls_"+hashlib.sha256(json.dumps(o,sort_keys=True,separators=(",",":"),ensure_ascii=False).encode()).hexdigest()[:32])'
+        let neuro = predicates()
+            .iter()
+            .find(|p| p.name == "NEUROLOGICAL_REACTION")
+            .unwrap();
+        assert_eq!(
+            label_set_id("c_0123456789abcdef0123456789abcdef", neuro),
+            "ls_22b578b23173fc1b9d8c4cf0cc1cf5d8"
+        );
+        // python3 -c 'import json,hashlib; o={"schema_version":1,"benchmark":"quailb-standin","generator":"aisql-standin-v2","scale_factor":0.001,"data_seed":20260818,"tables":{"aspects":{"rows":12,"hash":"ab"},"reviews":{"rows":50,"hash":None}}}; print("c_"+hashlib.sha256(json.dumps(o,sort_keys=True,separators=(",",":"),ensure_ascii=False).encode()).hexdigest()[:32])'
+        let tables = BTreeMap::from([
+            (
+                "aspects".to_string(),
+                TableEntry {
+                    rows: 12,
+                    ordered_rows_full_hash: Some("ab".into()),
+                    ..Default::default()
+                },
+            ),
+            (
+                "reviews".to_string(),
+                TableEntry {
+                    rows: 50,
+                    ..Default::default()
+                },
+            ),
+        ]);
+        assert_eq!(
+            corpus_id(0.001, &tables),
+            "c_00742ccd0d00831d970f661902d72d2f"
+        );
+        // One row of `aspects`, its columns in schema order (id, aspect):
+        // python3 -c 'import json,hashlib; print(hashlib.sha256(json.dumps({"id":"as0","aspect":"the acting"},sort_keys=True,separators=(",",":"),ensure_ascii=False).encode()).hexdigest())'
+        assert_eq!(
+            row_hash(
+                &["id".into(), "aspect".into()],
+                &[Cell::S("as0"), Cell::S("the acting")]
+            ),
+            "c7a37f3e6e58f24984b8d9c925b7243ad937f416d43935562bfc8186e11d0634"
+        );
     }
 
     #[test]
@@ -1190,6 +1311,37 @@ mod tests {
         texts.push("a\n\n  b\n   \n c\r\n d)\n  e \n\tf\n".repeat(40));
         for x in &texts {
             assert_eq!(count_tokens(&tok, x), tok.encode(x).unwrap().len(), "{x:?}");
+        }
+    }
+
+    #[test]
+    fn generation_is_byte_identical() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let sa = generate(a.path(), 0.001).unwrap();
+        let sb = generate(b.path(), 0.001).unwrap();
+        assert_eq!(sa.corpus_id, sb.corpus_id);
+        assert_eq!(sa.collection_id, sb.collection_id);
+        let mut files = Vec::new();
+        fn walk(d: &Path, base: &Path, out: &mut Vec<PathBuf>) {
+            for e in fs::read_dir(d).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    walk(&p, base, out);
+                } else {
+                    out.push(p.strip_prefix(base).unwrap().to_path_buf());
+                }
+            }
+        }
+        walk(a.path(), a.path(), &mut files);
+        assert!(files.len() > 40);
+        for f in files {
+            assert_eq!(
+                fs::read(a.path().join(&f)).unwrap(),
+                fs::read(b.path().join(&f)).unwrap(),
+                "{}",
+                f.display()
+            );
         }
     }
 
