@@ -350,3 +350,66 @@ fn a_non_empty_output_folder_is_refused() {
         .failure()
         .stderr(predicates::str::contains("unknown query"));
 }
+
+/// SIGTERM (a scheduler's or service manager's stop) is handled like Ctrl-C: the
+/// query in flight is recorded as interrupted, run.json stays consistent, the exit
+/// code is 1, and `--resume` finishes the run.
+#[cfg(unix)]
+#[test]
+fn sigterm_leaves_a_consistent_run_that_resume_finishes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("quailb");
+    generate(&root, 0.01);
+    let run = tmp.path().join("run");
+    let bin = assert_cmd::cargo::cargo_bin("aisql");
+    let mut child = std::process::Command::new(&bin)
+        .args(["bench", "--sf", "0.01", "--queries", "IMDB-1,FEV-1", "--cpu"])
+        .arg("--root")
+        .arg(&root)
+        .arg("--output-dir")
+        .arg(&run)
+        .env_remove("AISQL_ROOT")
+        .env_remove("AISQL_MODEL")
+        .env("AISQL_CACHE_DIR", tmp.path().join("cache"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the model is working on IMDB-1.
+    let running = (0..1200).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        std::fs::read_to_string(run.join("run.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .is_some_and(|j| j["queries"][0]["status"] == "running")
+    });
+    assert!(running, "IMDB-1 never started");
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--resume"), "{stderr}");
+    let j = read_json(&run.join("run.json"));
+    assert_eq!(j["status"], "failed");
+    let q = &j["queries"][0];
+    assert!(
+        q["error"].as_str().unwrap().starts_with("Interrupted"),
+        "{}",
+        q["error"]
+    );
+    assert_eq!(j["queries"][1]["status"], "pending");
+    aisql()
+        .args(["bench", "--cpu", "--resume"])
+        .arg(&run)
+        .arg("--root")
+        .arg(&root)
+        .env("AISQL_CACHE_DIR", tmp.path().join("cache"))
+        .assert()
+        .success();
+    let j = read_json(&run.join("run.json"));
+    assert_eq!(j["status"], "complete");
+    assert_eq!(j["metadata"]["resumed"], 1);
+}

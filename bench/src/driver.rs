@@ -122,6 +122,27 @@ enum Outcome {
     Interrupted,
 }
 
+/// Resolves on the first Ctrl-C (SIGINT) or, on Unix, SIGTERM: a service manager's
+/// or a scheduler's stop is handled like Ctrl-C, leaving a run that `--resume` continues.
+async fn stop_signal() {
+    // A handler that cannot be installed never fires, rather than stopping the run.
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    {
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+        return;
+    }
+    ctrl_c.await
+}
+
 /// Runs `f` on a blocking thread: Parquet writing, tokenization and scoring are
 /// CPU and disk work that must not stall the runtime driving the engine.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
@@ -291,12 +312,12 @@ pub async fn run_bench(
     };
     let (gpu_count, rate) = (run.gpu_count, run.gpu_hourly_rate_usd);
 
-    // Ctrl-C sets a flag the loop watches (the first signal; a second one kills as usual).
+    // Ctrl-C or SIGTERM sets a flag the loop watches (the first signal; a second
+    // one ends the process as usual).
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let signal_task = tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            let _ = stop_tx.send(true);
-        }
+        stop_signal().await;
+        let _ = stop_tx.send(true);
     });
 
     let bar = if opts.progress {
@@ -409,7 +430,8 @@ pub async fn run_bench(
             Outcome::Interrupted => {
                 rec.status = QueryStatus::Failed;
                 rec.error = Some(
-                    "Interrupted: the run was interrupted (Ctrl-C) while this query ran".into(),
+                    "Interrupted: the run was interrupted (Ctrl-C or SIGTERM) while this query ran"
+                        .into(),
                 );
                 interrupted = true;
             }

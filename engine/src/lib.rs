@@ -22,6 +22,7 @@ pub mod physical;
 pub mod plan;
 pub mod prompt;
 pub mod query;
+pub mod query_gate;
 pub mod scheduler;
 pub mod tables;
 

@@ -41,6 +41,7 @@ use crate::error::{EngineError, Result};
 use crate::kv_cache::{KvOps, NodeId, PrefixTrie};
 use crate::plan::{Operator, QueryPlan};
 use crate::prompt::label_continuations;
+use crate::query_gate::{QueryGate, Ticket};
 
 /// What the scheduler asks of an execution engine (the model or a simulation).
 pub trait Executor: Send + Sync {
@@ -391,7 +392,7 @@ pub struct ScheduledBackend<E: Executor> {
     config: SchedulerConfig,
     tokens: Mutex<Tokens>,
     state: Mutex<QueryState<E::Kv>>,
-    cancelled: std::sync::atomic::AtomicBool,
+    gate: QueryGate,
 }
 
 impl<E: Executor> ScheduledBackend<E> {
@@ -411,15 +412,8 @@ impl<E: Executor> ScheduledBackend<E> {
                 evictions: 0,
                 current_op: None,
             }),
-            cancelled: Default::default(),
+            gate: QueryGate::default(),
         }
-    }
-
-    fn check_cancelled(&self, call: &AiCall) -> Result<()> {
-        if self.cancelled.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err(EngineError::Inference(format!("{}: cancelled", call.op_id)));
-        }
-        Ok(())
     }
 
     /// The executor.
@@ -540,10 +534,17 @@ impl<E: Executor> ScheduledBackend<E> {
     }
 
     /// Computes the pending nodes of a trie in waves of at most `batch_tokens`.
-    fn materialize(&self, trie: &mut PrefixTrie<E::Kv>, targets: &[NodeId]) -> Result<()> {
+    fn materialize(
+        &self,
+        ticket: Ticket,
+        op_id: &str,
+        trie: &mut PrefixTrie<E::Kv>,
+        targets: &[NodeId],
+    ) -> Result<()> {
         for wave in trie.pending(targets) {
             for chunk in chunk_by_tokens(&wave, self.config.batch_tokens, |&id| trie.edge(id).len())
             {
+                self.gate.check(ticket, op_id)?;
                 let items: Vec<(Option<&E::Kv>, &[u32])> = chunk
                     .iter()
                     .map(|&id| (trie.parent_kv(id), trie.edge(id)))
@@ -560,6 +561,7 @@ impl<E: Executor> ScheduledBackend<E> {
     /// The KV of `preamble + document` for each request's anchor, computed once.
     fn anchor_prompts(
         &self,
+        ticket: Ticket,
         state: &mut QueryState<E::Kv>,
         call: &AiCall,
         requests: &[AiRequest<'_>],
@@ -601,7 +603,7 @@ impl<E: Executor> ScheduledBackend<E> {
         for k in &keys {
             cache.last_used.insert(k.clone(), cache.calls);
         }
-        self.materialize(&mut cache.docs, &leaves)?;
+        self.materialize(ticket, &call.op_id, &mut cache.docs, &leaves)?;
         // Question tries: rooted at each document's KV; the suffix computed once per document.
         let mut targets: HashMap<DocKey, NodeId> = HashMap::new();
         for (key, &leaf) in keys.iter().zip(&leaves) {
@@ -617,7 +619,7 @@ impl<E: Executor> ScheduledBackend<E> {
             targets.insert(key.clone(), node);
         }
         // Compute all questions in waves across documents: gather pending items.
-        self.materialize_suffixes(cache, &targets)?;
+        self.materialize_suffixes(ticket, &call.op_id, cache, &targets)?;
         // A scored question ending on a view (its exact text is a prefix of
         // another question) needs its last position computed again.
         for (key, &node) in targets.iter().filter(|_| scored) {
@@ -644,6 +646,8 @@ impl<E: Executor> ScheduledBackend<E> {
     /// questions of a whole batch of documents share forward passes.
     fn materialize_suffixes(
         &self,
+        ticket: Ticket,
+        op_id: &str,
         cache: &mut Cache<E::Kv>,
         targets: &HashMap<DocKey, NodeId>,
     ) -> Result<()> {
@@ -661,6 +665,7 @@ impl<E: Executor> ScheduledBackend<E> {
             for chunk in chunk_by_tokens(&wave, self.config.batch_tokens, |(k, n)| {
                 cache.suffixes[k].edge(*n).len()
             }) {
+                self.gate.check(ticket, op_id)?;
                 let items: Vec<(Option<&E::Kv>, &[u32])> = chunk
                     .iter()
                     .map(|(k, n)| {
@@ -691,12 +696,14 @@ impl<E: Executor> ScheduledBackend<E> {
     }
 
     fn run(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Answers> {
-        self.check_cancelled(call)?;
+        // Held until this call returns: the next query starts only after it.
+        let (_in_flight, ticket) = self.gate.enter();
+        self.gate.check(ticket, &call.op_id)?;
         if requests.is_empty() {
             return Ok(Answers::Bools(Vec::new()));
         }
         if !self.config.prefix_cache {
-            return self.run_uncached(call, requests);
+            return self.run_uncached(ticket, call, requests);
         }
         let mut state = self.state.lock().expect("scheduler lock");
         self.enter_operator(&mut state, &call.op_id);
@@ -708,7 +715,7 @@ impl<E: Executor> ScheduledBackend<E> {
         let out = if !pieces.pair {
             // One document: preamble + doc, then the tail as the question.
             let tail = self.piece(&pieces.tail)?;
-            let nodes = self.anchor_prompts(&mut state, call, requests, &tail, true)?;
+            let nodes = self.anchor_prompts(ticket, &mut state, call, requests, &tail, true)?;
             let cache = &state.cache;
             let items: Vec<(Option<&E::Kv>, &[u32])> = nodes
                 .iter()
@@ -751,7 +758,7 @@ impl<E: Executor> ScheduledBackend<E> {
             let nodes = if todo.is_empty() {
                 Vec::new()
             } else {
-                self.anchor_prompts(&mut state, call, &todo_requests, &frame, false)?
+                self.anchor_prompts(ticket, &mut state, call, &todo_requests, &frame, false)?
             };
             let partner_docs: Vec<(&str, &str)> = todo_requests
                 .iter()
@@ -767,7 +774,7 @@ impl<E: Executor> ScheduledBackend<E> {
                 .collect();
             let order: Vec<usize> = (0..todo.len()).collect();
             for chunk in chunk_by_tokens(&order, self.config.batch_tokens, |&j| suffixes[j].len()) {
-                self.check_cancelled(call)?;
+                self.gate.check(ticket, &call.op_id)?;
                 let cache = &state.cache;
                 let items: Vec<(Option<&E::Kv>, &[u32])> = chunk
                     .iter()
@@ -813,7 +820,12 @@ impl<E: Executor> ScheduledBackend<E> {
     }
 
     /// `--prefix-cache off`: every prompt from its first token.
-    fn run_uncached(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Answers> {
+    fn run_uncached(
+        &self,
+        ticket: Ticket,
+        call: &AiCall,
+        requests: &[AiRequest<'_>],
+    ) -> Result<Answers> {
         let pieces = &call.pieces;
         let preamble = self.piece(&pieces.preamble)?;
         let anchors: Vec<(&str, &str)> = requests
@@ -858,7 +870,7 @@ impl<E: Executor> ScheduledBackend<E> {
         let mut bools = Vec::new();
         let mut chosen = Vec::new();
         for chunk in chunk_by_tokens(&order, self.config.batch_tokens, |&i| prompts[i].len()) {
-            self.check_cancelled(call)?;
+            self.gate.check(ticket, &call.op_id)?;
             let items: Vec<(Option<&E::Kv>, &[u32])> = chunk
                 .iter()
                 .map(|&i| (None, prompts[i].as_slice()))
@@ -935,13 +947,13 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
     }
 
     fn cancel(&self) {
-        self.cancelled
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.gate.cancel();
     }
 
     fn start_query(&self, query: &QueryPlan) {
-        self.cancelled
-            .store(false, std::sync::atomic::Ordering::Relaxed);
+        // Stops the previous query's work and waits for it to leave (at most one
+        // forward batch), so it cannot touch this query's state or counters.
+        let _started = self.gate.next_query();
         let mut state = self.state.lock().expect("scheduler lock");
         state.cache = Cache::new();
         state.ops = query
