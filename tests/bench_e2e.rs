@@ -362,8 +362,15 @@ fn sigterm_leaves_a_consistent_run_that_resume_finishes() {
     generate(&root, 0.01);
     let run = tmp.path().join("run");
     let bin = assert_cmd::cargo::cargo_bin("aisql");
-    let mut child = std::process::Command::new(&bin)
-        .args(["bench", "--sf", "0.01", "--queries", "IMDB-1,FEV-1", "--cpu"])
+    let child = std::process::Command::new(&bin)
+        .args([
+            "bench",
+            "--sf",
+            "0.01",
+            "--queries",
+            "IMDB-1,FEV-1",
+            "--cpu",
+        ])
         .arg("--root")
         .arg(&root)
         .arg("--output-dir")

@@ -253,3 +253,52 @@ async fn a_query_over_its_timeout_is_recorded_and_the_run_goes_on() {
             .all(|q| q.status == QueryStatus::Pending)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_with_another_model_dtype_or_dataset_is_refused() {
+    let (tmp, dataset) = setup();
+    let dir = tmp.path().join("run");
+    let with = |model: &str, dtype: &str| {
+        let mut o = options(&dir, false, None, false);
+        o.backend_metadata.insert("model".into(), model.into());
+        o.backend_metadata.insert("dtype".into(), dtype.into());
+        o
+    };
+    let backend = TestBackend::new(&dataset, None);
+    run_bench(
+        &with("tiny", "f32"),
+        &dataset,
+        backend.clone(),
+        queries(&["IMDB-1"]),
+    )
+    .await
+    .unwrap();
+    for (model, dtype, differs) in [("tiny", "bf16", "dtype"), ("Qwen/Qwen3-4B", "f32", "model")] {
+        let mut o = with(model, dtype);
+        o.resume = true;
+        let e = run_bench(&o, &dataset, backend.clone(), queries(&["IMDB-1"]))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(differs) && e.contains("resume"), "{e}");
+    }
+    // Another dataset (another scale factor, so another corpus).
+    let other_root = tmp.path().join("other");
+    aisql_bench::standin::generate(&other_root, 0.001).unwrap();
+    let other = Dataset::open(&other_root, 0.001, None).unwrap();
+    let mut o = with("tiny", "f32");
+    o.resume = true;
+    let e = run_bench(&o, &other, backend.clone(), queries(&["IMDB-1"]))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("corpus") && e.contains(&dataset.corpus_id),
+        "{e}"
+    );
+    // The same settings resume.
+    let run = run_bench(&o, &dataset, backend, queries(&["IMDB-1"]))
+        .await
+        .unwrap();
+    assert_eq!(run.metadata["resumed"], 1);
+}

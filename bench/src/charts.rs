@@ -25,7 +25,13 @@ fn bar_chart(
         .fold(0.0f64, |a, &b| a.max(b));
     let top = if max > 0.0 { max * 1.1 } else { 1.0 };
     let width = (160 + 22 * n as u32).max(480);
-    let root = SVGBackend::new(path, (width, 480)).into_drawing_area();
+    // Drawn under a temporary name and renamed, like every output file.
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("chart.svg");
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    let root = SVGBackend::new(&tmp, (width, 480)).into_drawing_area();
     let e = |e: &dyn std::fmt::Display| BenchError::Io {
         path: path.to_path_buf(),
         message: format!("chart: {e}"),
@@ -84,7 +90,9 @@ fn bar_chart(
             .map_err(|x| e(&x))?;
     }
     root.present().map_err(|x| e(&x))?;
-    Ok(())
+    drop(chart);
+    drop(root);
+    std::fs::rename(&tmp, path).map_err(|x| e(&x))
 }
 
 /// Writes the charts of `run` into `dir`; returns (title, file name) per chart.

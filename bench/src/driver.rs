@@ -57,6 +57,10 @@ pub struct BenchOptions {
     pub batch_rows: usize,
 }
 
+/// Metadata a resume must share with the run it continues.
+pub const RESUME_MUST_MATCH: [&str; 5] =
+    ["backend", "model", "dtype", "prompt_format", "simulation"];
+
 /// run.json's `metadata` object.
 pub type Metadata = serde_json::Map<String, serde_json::Value>;
 
@@ -232,14 +236,36 @@ pub async fn run_bench(
 
     let (mut run, plans) = if opts.resume {
         let mut run = RunFile::read(dir)?;
-        if run.corpus_id != dataset.corpus_id {
+        if run.corpus_id != dataset.corpus_id || run.collection_id != dataset.collection_id {
             return Err(run_error(
                 dir,
                 format!(
-                    "the run used corpus {} (sf {}), this dataset is {} (sf {})",
-                    run.corpus_id, run.scale_factor, dataset.corpus_id, dataset.scale_factor
+                    "the run used corpus {} (sf {}, collection {}), this dataset is {} (sf {}, collection {}); resume with the run's data",
+                    run.corpus_id,
+                    run.scale_factor,
+                    run.collection_id.as_deref().unwrap_or("none"),
+                    dataset.corpus_id,
+                    dataset.scale_factor,
+                    dataset.collection_id.as_deref().unwrap_or("none")
                 ),
             ));
+        }
+        // A run whose queries were answered by another backend, model, dtype or
+        // prompt layout would mix results that are not comparable.
+        for key in RESUME_MUST_MATCH {
+            let (was, now) = (run.metadata.get(key), metadata.get(key));
+            if was != now {
+                let show =
+                    |v: Option<&serde_json::Value>| v.map_or("none".to_string(), |v| v.to_string());
+                return Err(run_error(
+                    dir,
+                    format!(
+                        "the run used {key} {}, this resume has {key} {}; resume with the run's settings or start a new run",
+                        show(was),
+                        show(now)
+                    ),
+                ));
+            }
         }
         let by_id: BTreeMap<String, QueryPlan> = queries.into_iter().collect();
         let mut plans = Vec::new();

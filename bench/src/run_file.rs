@@ -241,17 +241,9 @@ impl RunFile {
     }
 }
 
-/// Writes `bytes` to `path` through a temp file in the same folder and a rename, so
-/// a reader (or a crash) never sees a half-written file.
+/// Writes `bytes` to `path` atomically ([`aisql_engine::output::write_file_atomic`]).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let io = |p: &Path, e: std::io::Error| BenchError::Io {
-        path: p.to_path_buf(),
-        message: e.to_string(),
-    };
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = path.with_file_name(format!(".{name}.tmp"));
-    std::fs::write(&tmp, bytes).map_err(|e| io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| io(path, e))
+    Ok(aisql_engine::output::write_file_atomic(path, bytes)?)
 }
 
 /// The plan a query of a run was run with (its saved `plan.substrait`).

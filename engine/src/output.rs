@@ -48,6 +48,15 @@ pub struct OutputFiles {
     pub prompt_pieces: Option<String>,
 }
 
+/// Writes `bytes` to `path` through a temp file in the same folder and a rename, so
+/// a reader, or a crash mid-write, never sees a half-written file.
+pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    std::fs::write(&tmp, bytes).map_err(|e| EngineError::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| EngineError::io(path, e))
+}
+
 /// Writes `batch` as a zstd Parquet file, atomically (temp file then rename).
 pub fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
     let tmp = path.with_extension("parquet.tmp");
@@ -83,8 +92,7 @@ pub fn write_query_outputs(
         }
     };
     let plan_path = dir.join("plan.substrait");
-    std::fs::write(&plan_path, encode_plan(&query.substrait))
-        .map_err(|e| EngineError::io(&plan_path, e))?;
+    write_file_atomic(&plan_path, &encode_plan(&query.substrait))?;
     write_parquet(&dir.join("rows.parquet"), &out.rows)?;
     let mut files = OutputFiles {
         plan: rel("plan.substrait"),
