@@ -523,16 +523,15 @@ impl Dataset {
     pub fn open_source(source: LayoutSource, sf: f64, collection: Option<&str>) -> Result<Dataset> {
         let (corpus_id, manifest) = find_corpus(&source, sf)?;
         let cdir = format!("corpora/{corpus_id}");
+        let mpath = source.file(&format!("{cdir}/manifest.json"));
         let tables = manifest
             .tables
             .iter()
             .map(|(t, e)| {
-                (
-                    t.clone(),
-                    source.file(&format!("{cdir}/{}", table_file(t, e))),
-                )
+                let file = table_file(t, e, &mpath.display().to_string())?;
+                Ok((t.clone(), source.file(&format!("{cdir}/{file}"))))
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let table_rows = manifest
             .tables
             .iter()
@@ -582,9 +581,11 @@ impl Dataset {
                     path: self.manifest_path(),
                 });
             };
-            let path =
-                self.source
-                    .file(&format!("corpora/{}/{}", self.corpus_id, table_file(t, e)));
+            let path = self.source.file(&format!(
+                "corpora/{}/{}",
+                self.corpus_id,
+                table_file(t, e, &self.manifest_path().display().to_string())?
+            ));
             if !path.exists() {
                 return Err(BenchError::MissingTable {
                     table: t.into(),
@@ -680,6 +681,14 @@ impl Dataset {
                 Ok((dir.join("manifest.json"), files))
             }
             LabelDirs::ByRule => {
+                for (what, name) in std::iter::once(("label-set id", ls_id))
+                    .chain(key.split('.').map(|part| ("predicate key part", part)))
+                {
+                    plain_name(what, name).map_err(|message| BenchError::Labels {
+                        predicate: key.to_string(),
+                        message,
+                    })?;
+                }
                 let rel = labels_predicate_dir(key).join(ls_id);
                 let rel = rel.to_string_lossy().replace('\\', "/");
                 let m = self.source.file(&format!("label_sets/{rel}/manifest.json"));
@@ -876,9 +885,29 @@ fn short_template(t: &str) -> String {
     }
 }
 
-/// A table's file name in its corpus folder (the manifest's `file`, else `<table>.parquet`).
-fn table_file(table: &str, e: &TableEntry) -> String {
-    e.file.clone().unwrap_or_else(|| format!("{table}.parquet"))
+/// A table's file name in its corpus folder (the manifest's `file`, else
+/// `<table>.parquet`); `manifest` names the manifest in errors.
+fn table_file(table: &str, e: &TableEntry, manifest: &str) -> Result<String> {
+    let bad = |message: String| BenchError::Manifest {
+        path: PathBuf::from(manifest),
+        message,
+    };
+    plain_name("table", table).map_err(bad)?;
+    let file = e.file.clone().unwrap_or_else(|| format!("{table}.parquet"));
+    plain_name(&format!("file of table {table}"), &file).map_err(bad)?;
+    Ok(file)
+}
+
+/// Checks that a name read from a manifest (or given for one) is a single plain path
+/// component, so that a folder cannot make aisql read or write outside its root:
+/// not empty, not `.` or `..`, and without a slash, a backslash or a NUL.
+pub fn plain_name(what: &str, name: &str) -> std::result::Result<(), String> {
+    if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\\', '\0']) {
+        return Err(format!(
+            "{what} {name:?} is not a plain file or folder name (it would name a path outside the data root)"
+        ));
+    }
+    Ok(())
 }
 
 fn find_corpus(source: &LayoutSource, sf: f64) -> Result<(String, CorpusManifest)> {
@@ -966,6 +995,7 @@ fn find_corpus(source: &LayoutSource, sf: f64) -> Result<(String, CorpusManifest
 }
 
 fn read_collection(source: &LayoutSource, id: &str) -> Result<CollectionManifest> {
+    plain_name("collection id", id).map_err(BenchError::Collection)?;
     let path = source.file(&format!("collections/{id}/manifest.json"));
     if !path.exists() {
         return Err(BenchError::Collection(format!(
@@ -1324,7 +1354,7 @@ pub async fn fetch_corpus(
     for (t, e) in &manifest.tables {
         let rel = format!(
             "{cdir}/{}",
-            e.file.clone().unwrap_or_else(|| format!("{t}.parquet"))
+            table_file(t, e, &format!("{cdir}/manifest.json"))?
         );
         let path = download(&source, &rel, dest, &mut sum).await?;
         let found = parquet_rows(&path)?;
@@ -1362,6 +1392,7 @@ pub async fn fetch_corpus(
             .map(|p| p.collection_43.to_string())
             .ok_or_else(|| ferr(&active_rel, "missing"))?,
     };
+    plain_name("collection id", &coll_id).map_err(|m| ferr(&active_rel, m))?;
     let coll_rel = format!("collections/{coll_id}/manifest.json");
     let (coll, coll_bytes): (CollectionManifest, _) = get_json(&source, &coll_rel).await?;
     check_collection(&coll, corpus_id, sf)?;

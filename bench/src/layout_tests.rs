@@ -313,3 +313,49 @@ fn fetch_mirrors_a_local_object_store_and_resumes() {
         .to_string();
     assert!(e.contains("aspects") && e.contains("sha256"), "{e}");
 }
+
+/// Names a folder says about itself (table files, collection ids) cannot make aisql
+/// read or write outside the root.
+#[test]
+fn names_that_would_leave_the_root_are_refused() {
+    let (d, s) = small_root();
+    let cdir = |root: &Path| root.join("corpora").join(&s.corpus_id);
+    // A table whose file is `../…`.
+    let bad = copy_of(d.path());
+    let mpath = cdir(bad.path()).join("manifest.json");
+    let mut m: CorpusManifest = serde_json::from_str(&fs::read_to_string(&mpath).unwrap()).unwrap();
+    m.tables.get_mut("reviews").unwrap().file = Some("../../reviews.parquet".into());
+    fs::write(&mpath, serde_json::to_string(&m).unwrap()).unwrap();
+    let e = Dataset::open(bad.path(), SF, None).unwrap_err().to_string();
+    assert!(
+        e.contains("reviews") && e.contains("outside the data root") && e.contains("manifest.json"),
+        "{e}"
+    );
+    // An active collection id with a path in it.
+    let bad = copy_of(d.path());
+    fs::write(
+        cdir(bad.path()).join("active_collection.json"),
+        r#"{"collection_id": "../../../etc"}"#,
+    )
+    .unwrap();
+    let e = Dataset::open(bad.path(), SF, None).unwrap_err().to_string();
+    assert!(
+        e.contains("../../../etc") && e.contains("outside the data root"),
+        "{e}"
+    );
+    // So is one given on the command line.
+    let e = Dataset::open(d.path(), SF, Some("gt_x/../../y"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("outside the data root"), "{e}");
+    for ok in [
+        "reviews.parquet",
+        "gt_72abc9af3feaea668e493ece67e980a0",
+        "a..b",
+    ] {
+        plain_name("name", ok).unwrap();
+    }
+    for bad in ["", ".", "..", "a/b", "a\\b", "a\0b", "/etc"] {
+        assert!(plain_name("name", bad).is_err(), "{bad:?}");
+    }
+}
