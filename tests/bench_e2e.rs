@@ -420,3 +420,59 @@ fn sigterm_leaves_a_consistent_run_that_resume_finishes() {
     assert_eq!(j["status"], "complete");
     assert_eq!(j["metadata"]["resumed"], 1);
 }
+
+#[test]
+fn outputs_inside_the_inputs_are_refused_before_anything_is_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("quailb");
+    generate(&root, 0.002);
+    let inside = root.join("corpora").join("run");
+    let out = aisql()
+        .args([
+            "bench",
+            "--sf",
+            "0.002",
+            "--backend",
+            "oracle",
+            "--queries",
+            "IMDB-1",
+        ])
+        .arg("--root")
+        .arg(&root)
+        .arg("--output-dir")
+        .arg(&inside)
+        .assert()
+        .code(1)
+        .get_output()
+        .stderr
+        .clone();
+    let err = String::from_utf8_lossy(&out);
+    assert!(err.contains("inside the data root"), "{err}");
+    assert!(!inside.exists());
+    let out = aisql()
+        .args(["query", "IMDB-1", "--sf", "0.002", "--backend", "oracle"])
+        .arg("--root")
+        .arg(&root)
+        .arg("--output-dir")
+        .arg(root.join("x/../out"))
+        .assert()
+        .code(1)
+        .get_output()
+        .stderr
+        .clone();
+    assert!(String::from_utf8_lossy(&out).contains("inside the data root"));
+    assert!(!root.join("out").exists());
+    // A comparison is never written into the runs it compares.
+    let out = aisql()
+        .args(["bench", "compare"])
+        .arg(tmp.path().join("a"))
+        .arg(tmp.path().join("b"))
+        .arg("--json")
+        .arg(tmp.path().join("b").join("run.json"))
+        .assert()
+        .code(1)
+        .get_output()
+        .stderr
+        .clone();
+    assert!(String::from_utf8_lossy(&out).contains("inside the compared run"));
+}

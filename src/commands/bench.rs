@@ -37,12 +37,20 @@ fn report(dir: &Path, root: Option<&Path>) -> anyhow::Result<()> {
 }
 
 fn compare(a: &Path, b: &Path, root: Option<&Path>, json: Option<&Path>) -> anyhow::Result<()> {
+    if let Some(path) = json {
+        for run in [a, b] {
+            super::paths::ensure_outside(path, "--json", run, "the compared run")?;
+        }
+    }
     let dataset = run_dataset(a, root)?;
     let c = compare_runs(a, b, &dataset)?;
     print!("{}", comparison_markdown(&c));
     if let Some(path) = json {
-        std::fs::write(path, serde_json::to_string_pretty(&c)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
+        aisql_engine::output::write_file_atomic(
+            path,
+            (serde_json::to_string_pretty(&c)? + "\n").as_bytes(),
+        )
+        .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
@@ -136,6 +144,12 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
     needed.sort_unstable();
     needed.dedup();
     dataset.require_tables(&needed)?;
+    super::paths::ensure_outside(
+        &output_dir,
+        "the run folder",
+        dataset.source.root(),
+        "the data root",
+    )?;
     let mut templates: Vec<String> = queries.iter().flat_map(|(_, p)| p.templates()).collect();
     templates.sort();
     templates.dedup();

@@ -4,6 +4,7 @@ mod backend;
 mod bench;
 mod data;
 mod model;
+mod paths;
 mod query;
 
 use crate::cli::{Cli, Command};

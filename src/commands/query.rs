@@ -30,6 +30,17 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     let format = args.backend.prompt_format.parse()?;
     let needed: Vec<&str> = query.relations.iter().map(|r| r.table.as_str()).collect();
     let (tables, dataset) = resolve_tables(&args.data, &needed)?;
+    if let Some(out) = &args.output_dir {
+        match (&args.data.tables, &dataset) {
+            (Some(dir), _) => {
+                super::paths::ensure_outside(out, "--output-dir", dir, "the --tables folder")?
+            }
+            (None, Some(d)) => {
+                super::paths::ensure_outside(out, "--output-dir", d.source.root(), "the data root")?
+            }
+            (None, None) => {}
+        }
+    }
     let (backend, _meta) =
         super::backend::build(&args.backend, dataset.as_ref(), &query.templates())?;
     let rt = super::runtime()?;
