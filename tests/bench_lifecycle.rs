@@ -302,3 +302,44 @@ async fn a_resume_with_another_model_dtype_or_dataset_is_refused() {
         .unwrap();
     assert_eq!(run.metadata["resumed"], 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_reruns_a_kept_query_whose_files_are_damaged() {
+    let (tmp, dataset) = setup();
+    let dir = tmp.path().join("run");
+    let ids = ["IMDB-1", "IMDB-2", "FEV-1"];
+    let first = run_bench(
+        &options(&dir, false, None, false),
+        &dataset,
+        TestBackend::new(&dataset, None),
+        queries(&ids),
+    )
+    .await
+    .unwrap();
+    let files = first.query("IMDB-1").unwrap().files.clone().unwrap();
+    assert_eq!(files.sha256.len(), files.paths().len(), "{files:?}");
+    // Damage IMDB-1's rows (one byte) and delete IMDB-2's join answers.
+    let rows = dir.join(&files.rows);
+    let mut bytes = std::fs::read(&rows).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&rows, &bytes).unwrap();
+    let joins = &first.query("IMDB-2").unwrap().files.as_ref().unwrap().joins;
+    std::fs::remove_file(dir.join(&joins[0].path)).unwrap();
+
+    let backend = TestBackend::new(&dataset, None);
+    let resumed = run_bench(
+        &options(&dir, true, None, false),
+        &dataset,
+        backend.clone(),
+        queries(&ids),
+    )
+    .await
+    .unwrap();
+    // Both damaged queries ran again; FEV-1 was kept.
+    assert_eq!(backend.started.load(Ordering::SeqCst), 2);
+    assert_eq!(resumed.status, RunStatus::Complete);
+    let again = resumed.query("IMDB-1").unwrap().files.clone().unwrap();
+    assert_eq!(again.sha256, files.sha256, "the rerun wrote the same files");
+    assert!(dir.join(&joins[0].path).exists());
+}

@@ -20,7 +20,7 @@ use aisql_engine::tables::TablePaths;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::error::{BenchError, Result};
-use crate::layout::Dataset;
+use crate::layout::{Dataset, sha256_file};
 use crate::run_file::{
     QUAIL_B_VERSION, QueryRecord, QueryStatus, RunFile, RunStatus, SCHEMA_VERSION, now_utc,
     read_saved_plan,
@@ -189,9 +189,40 @@ async fn save_blocking(
     blocking(move || {
         let mut files = write_query_outputs(&dir.join(&id), &id, &plan, &out)?;
         files.prompt_pieces = scorer.save_pieces(&dir, &id, &plan, &out.measurements)?;
+        files.sha256 = hash_files(&dir, &files)?;
         Ok(files)
     })
     .await
+}
+
+/// SHA-256 of each file of a query's outputs.
+fn hash_files(dir: &Path, files: &OutputFiles) -> Result<BTreeMap<String, String>> {
+    files
+        .paths()
+        .into_iter()
+        .map(|p| Ok((p.to_string(), sha256_file(&dir.join(p))?)))
+        .collect()
+}
+
+/// Why a kept query's saved files cannot be trusted (missing, or not what was
+/// written), or `None` when they are intact.
+fn damaged(dir: &Path, files: &OutputFiles) -> Option<String> {
+    for p in files.paths() {
+        let path = dir.join(p);
+        if !path.is_file() {
+            return Some(format!("{p} is missing"));
+        }
+        if let Some(want) = files.sha256.get(p) {
+            match sha256_file(&path) {
+                Ok(got) if &got == want => {}
+                Ok(got) => {
+                    return Some(format!("{p} has sha256 {got}, run.json recorded {want}"));
+                }
+                Err(e) => return Some(e.to_string()),
+            }
+        }
+    }
+    None
 }
 
 fn templates_of<'a>(plans: impl IntoIterator<Item = &'a QueryPlan>) -> Vec<String> {
@@ -281,6 +312,13 @@ pub async fn run_bench(
             })?;
             let hash = plan.definition_hash(format_name);
             if hash != rec.definition_hash {
+                *rec = QueryRecord::pending(&rec.id, &hash);
+            }
+            // Kept outputs are re-verified; a damaged one means running the query again.
+            if let Some(files) = &rec.files
+                && let Some(why) = damaged(dir, files)
+            {
+                eprintln!("{}: {why}; running the query again", rec.id);
                 *rec = QueryRecord::pending(&rec.id, &hash);
             }
             plans.push((rec.id.clone(), plan));
@@ -549,7 +587,14 @@ pub fn rescore(dir: &Path, dataset: &Dataset) -> Result<RunFile> {
         }
         let measurements = rec.measurements.clone().unwrap_or_default();
         if let Some(files) = rec.files.as_mut() {
+            let old = files.prompt_pieces.take();
             files.prompt_pieces = scorer.save_pieces(dir, id, plan, &measurements)?;
+            if let Some(old) = old {
+                files.sha256.remove(&old);
+            }
+            if let Some(p) = &files.prompt_pieces {
+                files.sha256.insert(p.clone(), sha256_file(&dir.join(p))?);
+            }
         }
         scorer.score_into(dir, plan, rec, gpu_count, rate);
     }

@@ -46,6 +46,27 @@ pub struct OutputFiles {
     /// metrics can be computed (the engine reported fresh tokens).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_pieces: Option<String>,
+    /// SHA-256 of each file above as written (path → hex), so that a resumed run can
+    /// tell a damaged file from a good one.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub sha256: std::collections::BTreeMap<String, String>,
+}
+
+impl OutputFiles {
+    /// Every file listed, relative to the run folder.
+    pub fn paths(&self) -> Vec<&str> {
+        let mut out = vec![self.plan.as_str(), self.rows.as_str()];
+        for f in self
+            .filters
+            .iter()
+            .chain(&self.joins)
+            .chain(&self.classifications)
+        {
+            out.push(f.path.as_str());
+        }
+        out.extend(self.prompt_pieces.as_deref());
+        out
+    }
 }
 
 /// Writes `bytes` to `path` through a temp file in the same folder and a rename, so
