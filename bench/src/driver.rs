@@ -110,8 +110,17 @@ pub fn run_metadata(opts: &BenchOptions, backend: &dyn InferenceBackend) -> Meta
     m
 }
 
+/// True when `dir` holds nothing but the temporary files of an interrupted atomic
+/// write (`.<name>.tmp`): a run killed while writing its first run.json can be
+/// started again in the same folder.
 fn is_empty_dir(dir: &Path) -> bool {
-    std::fs::read_dir(dir).map_or(true, |mut d| d.next().is_none())
+    std::fs::read_dir(dir).map_or(true, |entries| {
+        entries.flatten().all(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with('.') && name.ends_with(".tmp")
+        })
+    })
 }
 
 /// A new timestamped run folder under `benchmark_results/`.

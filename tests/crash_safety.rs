@@ -1,0 +1,139 @@
+//! Crash safety: `aisql bench` killed with SIGKILL at ten moments spread over a run
+//! (some of them mid-write) leaves no truncated or half-written file behind, and
+//! `--resume` then finishes the run with results identical to an uninterrupted run.
+
+#![cfg(unix)]
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use serde_json::Value;
+
+const QUERIES: &str = "IMDB-1,IMDB-2,FEV-1";
+
+fn bench(root: &Path, cache: &Path, run: &Path, resume: bool) -> Command {
+    let mut c = Command::new(assert_cmd::cargo::cargo_bin("aisql"));
+    c.args(["bench", "--sf", "0.002", "--cpu", "--queries", QUERIES])
+        .arg("--root")
+        .arg(root)
+        .arg(if resume { "--resume" } else { "--output-dir" })
+        .arg(run)
+        .env("AISQL_CACHE_DIR", cache)
+        .env_remove("AISQL_ROOT")
+        .env_remove("AISQL_MODEL")
+        .env_remove("AISQL_QUAILB_PLANS")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    c
+}
+
+fn run_json(run: &Path) -> Option<Value> {
+    let text = std::fs::read_to_string(run.join("run.json")).ok()?;
+    // run.json is written atomically: whenever it exists it must parse.
+    Some(serde_json::from_str(&text).expect("run.json is never half-written"))
+}
+
+/// Every file run.json lists for a saved or complete query exists with the
+/// SHA-256 recorded for it.
+fn check_listed_files(run: &Path, j: &Value) {
+    for q in j["queries"].as_array().unwrap() {
+        let Some(hashes) = q["files"]["sha256"].as_object() else {
+            continue;
+        };
+        for (path, want) in hashes {
+            let bytes = std::fs::read(run.join(path))
+                .unwrap_or_else(|e| panic!("{}: {path} listed but unreadable: {e}", q["id"]));
+            let got = aisql_bench::layout::sha256_file(&run.join(path)).unwrap();
+            assert_eq!(
+                &got,
+                want.as_str().unwrap(),
+                "{}: {path} ({} bytes)",
+                q["id"],
+                bytes.len()
+            );
+        }
+    }
+}
+
+/// What must be identical to an uninterrupted run, per query: status, files and
+/// their hashes, and every metric that does not depend on the clock.
+fn outcome(j: &Value) -> Vec<Value> {
+    j["queries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| {
+            let m = &q["metrics"];
+            serde_json::json!({
+                "id": q["id"], "status": q["status"], "files": q["files"],
+                "accuracy": m["accuracy"], "fresh": m["fresh_tokens"],
+                "input": m["input_tokens"], "minimum": m["minimum_tokens"],
+                "assessment": q["assessment"],
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn sigkill_at_ten_moments_then_resume_gives_the_uninterrupted_result() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("quailb");
+    aisql_bench::standin::generate(&root, 0.002).unwrap();
+    let cache = tmp.path().join("cache");
+
+    let reference = tmp.path().join("reference");
+    let start = Instant::now();
+    assert!(
+        bench(&root, &cache, &reference, false)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let full = start.elapsed();
+    let want = outcome(&run_json(&reference).unwrap());
+
+    // Ten kill moments spread over the run's length (a fixed pseudo-random draw).
+    let mut interrupted = 0;
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for k in 0..10 {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let at = full.mul_f64((k as f64 + (state % 1000) as f64 / 1000.0) / 10.0);
+        let run = tmp.path().join(format!("run-{k}"));
+        let mut child = bench(&root, &cache, &run, false).spawn().unwrap();
+        std::thread::sleep(at);
+        let _ = child.kill(); // SIGKILL; the run may already have finished
+        child.wait().unwrap();
+        match run_json(&run) {
+            Some(j) => {
+                check_listed_files(&run, &j);
+                interrupted += usize::from(j["status"] != "complete");
+            }
+            None => interrupted += 1,
+        }
+        // Finish: resume when run.json exists, else start again in the same folder.
+        for _ in 0..3 {
+            let resume = run.join("run.json").exists();
+            if bench(&root, &cache, &run, resume)
+                .status()
+                .unwrap()
+                .success()
+            {
+                break;
+            }
+        }
+        let j = run_json(&run).unwrap_or_else(|| panic!("kill {k} at {at:?}: no run.json"));
+        assert_eq!(j["status"], "complete", "kill {k} at {at:?}");
+        check_listed_files(&run, &j);
+        let got = outcome(&j);
+        let relative = |v: &Vec<Value>| serde_json::to_string(v).unwrap();
+        assert_eq!(relative(&got), relative(&want), "kill {k} at {at:?}");
+    }
+    // The kills must really land inside runs, not after them.
+    assert!(
+        interrupted >= 5,
+        "only {interrupted} of 10 kills interrupted a run ({full:?})"
+    );
+}
