@@ -97,9 +97,11 @@ mod tests {
             let gate = gate.clone();
             std::thread::spawn(move || {
                 let (_guard, ticket) = gate.enter();
+                // A first forward batch runs before the new query can start.
+                gate.check(ticket, "filter-1").unwrap();
+                let mut batches = 1u32;
                 entered_tx.send(()).unwrap();
-                // Forward batches, each followed by a check, until told to stop.
-                let mut batches = 0u32;
+                // Further batches, each after a check, until told to stop.
                 while gate.check(ticket, "filter-1").is_ok() {
                     batches += 1;
                     std::thread::sleep(Duration::from_millis(1));
