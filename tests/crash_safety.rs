@@ -85,7 +85,12 @@ fn sigkill_at_ten_moments_then_resume_gives_the_uninterrupted_result() {
     // A first run generates the tiny model into the cache, so the timed reference
     // run below is as long as the runs that get killed.
     let warmup = tmp.path().join("warmup");
-    assert!(bench(&root, &cache, &warmup, false).status().unwrap().success());
+    assert!(
+        bench(&root, &cache, &warmup, false)
+            .status()
+            .unwrap()
+            .success()
+    );
     let reference = tmp.path().join("reference");
     let start = Instant::now();
     assert!(

@@ -94,6 +94,18 @@ pub enum ModelError {
         found: Vec<usize>,
     },
 
+    /// A weight cannot be used: a dtype the model does not compute in, or a value
+    /// that is not finite (NaN or ±Inf), which would poison every answer silently.
+    #[error("tensor {name} in {}: {message}", path.display())]
+    BadWeights {
+        /// The Hugging Face tensor name.
+        name: String,
+        /// The safetensors file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+
     // === Tokens and inputs ===
     /// The tokenizer failed to load, encode or decode.
     #[error("tokenizer error: {0}")]

@@ -204,12 +204,32 @@ impl Weights {
                 found: view.shape().to_vec(),
             });
         }
+        let bad = |message: String| ModelError::BadWeights {
+            name: name.to_string(),
+            path: path.clone(),
+            message,
+        };
+        use safetensors::Dtype as St;
+        if !matches!(view.dtype(), St::F32 | St::BF16 | St::F16 | St::F64) {
+            return Err(bad(format!(
+                "dtype {:?}; aisql loads f32, bf16, f16 or f64 weights",
+                view.dtype()
+            )));
+        }
         let t = view
             .load(&Device::Cpu)
             .map_err(|e| ModelError::SafeTensors {
                 path: path.clone(),
                 message: format!("{name}: {e}"),
             })?;
+        // Checked on the CPU copy, before it goes to the device.
+        let values = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        if let Some(i) = values.iter().position(|x| !x.is_finite()) {
+            return Err(bad(format!(
+                "element {i} is {} (weights must be finite)",
+                values[i]
+            )));
+        }
         Ok(t.to_dtype(dtype)?.to_device(device)?)
     }
 }

@@ -168,6 +168,33 @@ pub fn write_tiny_model(dir: &Path, seed: u64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn non_finite_weights_are_refused_with_the_tensor_named() {
+        let d = tempfile::tempdir().unwrap();
+        write_tiny_model(d.path(), 0).unwrap();
+        let mut weights = random_weights(&tiny_config(), 0).unwrap();
+        let name = "model.norm.weight";
+        let norm = weights[name].clone();
+        let mut values = norm.to_vec1::<f32>().unwrap();
+        values[3] = f32::NAN;
+        let poisoned = Tensor::from_vec(values, norm.shape(), norm.device()).unwrap();
+        weights.insert(name.to_string(), poisoned);
+        safetensors::serialize_to_file(
+            weights.iter().map(|(k, t)| (k.as_str(), t)),
+            None,
+            &d.path().join("model.safetensors"),
+        )
+        .unwrap();
+        let e = crate::Qwen3::load(d.path(), &candle_core::Device::Cpu, None)
+            .err()
+            .expect("NaN weights are refused")
+            .to_string();
+        assert!(
+            e.contains(name) && e.contains("element 3") && e.contains("NaN"),
+            "{e}"
+        );
+    }
     use crate::testutil::tiny_dir;
 
     #[test]
