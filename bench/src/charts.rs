@@ -26,11 +26,7 @@ fn bar_chart(
     let top = if max > 0.0 { max * 1.1 } else { 1.0 };
     let width = (160 + 22 * n as u32).max(480);
     // Drawn under a temporary name and renamed, like every output file.
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("chart.svg");
-    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    let tmp = aisql_engine::output::temp_path(path);
     let root = SVGBackend::new(&tmp, (width, 480)).into_drawing_area();
     let e = |e: &dyn std::fmt::Display| BenchError::Io {
         path: path.to_path_buf(),

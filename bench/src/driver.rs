@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aisql_engine::backend::InferenceBackend;
-use aisql_engine::output::{OutputFiles, write_query_outputs};
+use aisql_engine::output::{OutputFiles, is_temp_name, write_query_outputs};
 use aisql_engine::plan::QueryPlan;
 use aisql_engine::prompt::PromptFormat;
 use aisql_engine::query::{QueryOptions, QueryOutput, run_query};
@@ -115,11 +115,9 @@ pub fn run_metadata(opts: &BenchOptions, backend: &dyn InferenceBackend) -> Meta
 /// started again in the same folder.
 fn is_empty_dir(dir: &Path) -> bool {
     std::fs::read_dir(dir).map_or(true, |entries| {
-        entries.flatten().all(|e| {
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            name.starts_with('.') && name.ends_with(".tmp")
-        })
+        entries
+            .flatten()
+            .all(|e| is_temp_name(&e.file_name().to_string_lossy()))
     })
 }
 
@@ -234,7 +232,8 @@ fn damaged(dir: &Path, files: &OutputFiles) -> Option<String> {
     None
 }
 
-fn templates_of<'a>(plans: impl IntoIterator<Item = &'a QueryPlan>) -> Vec<String> {
+/// The distinct prompt templates of `plans`, sorted (what the labels are loaded for).
+pub fn templates_of<'a>(plans: impl IntoIterator<Item = &'a QueryPlan>) -> Vec<String> {
     let mut t: Vec<String> = plans.into_iter().flat_map(|p| p.templates()).collect();
     t.sort();
     t.dedup();

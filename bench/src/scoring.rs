@@ -20,7 +20,7 @@ use crate::corpus::Corpus;
 use crate::error::{BenchError, Result};
 use crate::layout::Dataset;
 use crate::run_file::{QueryMetrics, QueryRecord, QueryStatus, Throughput, write_atomic};
-use crate::tokens::{DocTokens, piece_counts, pieces_json, plan_pieces, token_metrics};
+use crate::tokens::{DocTokens, measured, piece_counts, pieces_json, plan_pieces, token_metrics};
 
 fn err(msg: impl Into<String>) -> BenchError {
     BenchError::Scoring(msg.into())
@@ -1098,9 +1098,7 @@ impl Scorer {
 }
 
 fn has_fresh_tokens(measurements: &serde_json::Map<String, serde_json::Value>) -> bool {
-    measurements
-        .get("fresh_tokens")
-        .is_some_and(|v| v.as_u64().is_some())
+    measured(measurements, "fresh_tokens").is_some()
 }
 
 #[cfg(test)]

@@ -370,7 +370,8 @@ pub struct TokenMetrics {
     pub kv_regret_percent: Option<f64>,
 }
 
-fn measured(m: &serde_json::Map<String, serde_json::Value>, key: &str) -> Option<u64> {
+/// An engine measurement as a count (`fresh_tokens`, `input_tokens`), if reported.
+pub(crate) fn measured(m: &serde_json::Map<String, serde_json::Value>, key: &str) -> Option<u64> {
     m.get(key).and_then(|v| v.as_u64())
 }
 

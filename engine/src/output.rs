@@ -69,18 +69,29 @@ impl OutputFiles {
     }
 }
 
-/// Writes `bytes` to `path` through a temp file in the same folder and a rename, so
-/// a reader, or a crash mid-write, never sees a half-written file.
-pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+/// The temporary name an output file is written under before its rename:
+/// `.<name>.tmp` in the same folder (so the rename never crosses file systems).
+pub fn temp_path(path: &Path) -> PathBuf {
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    path.with_file_name(format!(".{name}.tmp"))
+}
+
+/// True for a name [`temp_path`] gives: what an interrupted atomic write leaves.
+pub fn is_temp_name(name: &str) -> bool {
+    name.starts_with('.') && name.ends_with(".tmp")
+}
+
+/// Writes `bytes` to `path` through [`temp_path`] and a rename, so a reader, or a
+/// crash mid-write, never sees a half-written file.
+pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = temp_path(path);
     std::fs::write(&tmp, bytes).map_err(|e| EngineError::io(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| EngineError::io(path, e))
 }
 
 /// Writes `batch` as a zstd Parquet file, atomically (temp file then rename).
 pub fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
-    let tmp = path.with_extension("parquet.tmp");
+    let tmp = temp_path(path);
     let file = File::create(&tmp).map_err(|e| EngineError::io(&tmp, e))?;
     let props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(

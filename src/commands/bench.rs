@@ -4,7 +4,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use aisql_bench::compare::{compare_runs, comparison_markdown};
-use aisql_bench::driver::{BenchOptions, Metadata, default_output_dir, rescore, run_bench};
+use aisql_bench::driver::{
+    BenchOptions, Metadata, default_output_dir, rescore, run_bench, templates_of,
+};
 use aisql_bench::layout::Dataset;
 use aisql_bench::plans::PlanSource;
 use aisql_bench::resolve::resolve;
@@ -116,24 +118,17 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
             false,
         ),
     };
-    let wanted: Option<Vec<String>> = if resume {
-        Some(
-            RunFile::read(&output_dir)?
-                .queries
-                .iter()
-                .map(|q| q.id.clone())
-                .collect(),
-        )
-    } else {
-        args.queries.clone()
+    // A resume runs the run's own queries at its scale factor.
+    let earlier = resume.then(|| RunFile::read(&output_dir)).transpose()?;
+    let (wanted, sf) = match &earlier {
+        Some(run) => (
+            Some(run.queries.iter().map(|q| q.id.clone()).collect::<Vec<_>>()),
+            run.scale_factor,
+        ),
+        None => (args.queries.clone(), args.data.sf),
     };
     let queries = plans.select(wanted.as_deref())?;
-    let (sf, root) = if resume {
-        let run = RunFile::read(&output_dir)?;
-        (run.scale_factor, args.data.root.clone())
-    } else {
-        (args.data.sf, args.data.root.clone())
-    };
+    let root = args.data.root.clone();
     let dataset = resolve(root.as_deref(), sf, args.data.collection.as_deref())?;
     // Check the tables of the selected queries before running any (only those: a root
     // may hold just one dataset's tables).
@@ -150,9 +145,7 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
         dataset.source.root(),
         "the data root",
     )?;
-    let mut templates: Vec<String> = queries.iter().flat_map(|(_, p)| p.templates()).collect();
-    templates.sort();
-    templates.dedup();
+    let templates = templates_of(queries.iter().map(|(_, p)| p));
     let format = args.backend.prompt_format.parse()?;
     let user_metadata = user_metadata(&args.metadata)?;
     let (backend, backend_metadata) =
