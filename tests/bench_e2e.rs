@@ -8,6 +8,9 @@
 use std::path::Path;
 
 use assert_cmd::Command;
+
+mod common;
+use common::Fails;
 use serde_json::Value;
 
 fn aisql() -> Command {
@@ -427,7 +430,7 @@ fn outputs_inside_the_inputs_are_refused_before_anything_is_written() {
     let root = tmp.path().join("quailb");
     generate(&root, 0.002);
     let inside = root.join("corpora").join("run");
-    let out = aisql()
+    let err = aisql()
         .args([
             "bench",
             "--sf",
@@ -441,38 +444,25 @@ fn outputs_inside_the_inputs_are_refused_before_anything_is_written() {
         .arg(&root)
         .arg("--output-dir")
         .arg(&inside)
-        .assert()
-        .code(1)
-        .get_output()
-        .stderr
-        .clone();
-    let err = String::from_utf8_lossy(&out);
+        .fails();
     assert!(err.contains("inside the data root"), "{err}");
     assert!(!inside.exists());
-    let out = aisql()
+    let err = aisql()
         .args(["query", "IMDB-1", "--sf", "0.002", "--backend", "oracle"])
         .arg("--root")
         .arg(&root)
         .arg("--output-dir")
         .arg(root.join("x/../out"))
-        .assert()
-        .code(1)
-        .get_output()
-        .stderr
-        .clone();
-    assert!(String::from_utf8_lossy(&out).contains("inside the data root"));
+        .fails();
+    assert!(err.contains("inside the data root"), "{err}");
     assert!(!root.join("out").exists());
     // A comparison is never written into the runs it compares.
-    let out = aisql()
+    let err = aisql()
         .args(["bench", "compare"])
         .arg(tmp.path().join("a"))
         .arg(tmp.path().join("b"))
         .arg("--json")
         .arg(tmp.path().join("b").join("run.json"))
-        .assert()
-        .code(1)
-        .get_output()
-        .stderr
-        .clone();
-    assert!(String::from_utf8_lossy(&out).contains("inside the compared run"));
+        .fails();
+    assert!(err.contains("inside the compared run"), "{err}");
 }

@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
 
+mod common;
+use common::Fails;
+
 /// Paths a file of the repository must not name. Built at run time so this file
 /// does not name them itself.
 fn forbidden() -> Vec<String> {
@@ -87,17 +90,10 @@ fn explain_by_query_id_works_from_any_folder() {
         .success();
 }
 
-/// Runs `cmd`, expects exit code 1 (an error, not a usage error or a panic) and
-/// returns its stderr.
-fn fails(cmd: &mut Command) -> String {
-    let out = cmd.assert().code(1).get_output().stderr.clone();
-    String::from_utf8(out).unwrap()
-}
-
 #[test]
 fn unknown_ids_and_overriding_folders_give_clear_errors() {
     let tmp = tempfile::tempdir().unwrap();
-    let err = fails(aisql_in(tmp.path()).args(["explain", "IMDB-77"]));
+    let err = aisql_in(tmp.path()).args(["explain", "IMDB-77"]).fails();
     assert!(
         err.contains("IMDB-77") && err.contains("no such file") && err.contains("IMDB-7,"),
         "{err}"
@@ -110,20 +106,18 @@ fn unknown_ids_and_overriding_folders_give_clear_errors() {
         plans.join("catalog.json"),
     )
     .unwrap();
-    let err = fails(
-        aisql_in(tmp.path())
-            .args(["explain", "IMDB-7", "--plans"])
-            .arg(&plans),
-    );
+    let err = aisql_in(tmp.path())
+        .args(["explain", "IMDB-7", "--plans"])
+        .arg(&plans)
+        .fails();
     assert!(
         err.contains("IMDB-7.json") && err.contains("plans"),
         "{err}"
     );
     // So does the environment variable.
-    let err = fails(
-        aisql_in(tmp.path())
-            .env("AISQL_QUAILB_PLANS", &plans)
-            .args(["explain", "IMDB-7"]),
-    );
+    let err = aisql_in(tmp.path())
+        .env("AISQL_QUAILB_PLANS", &plans)
+        .args(["explain", "IMDB-7"])
+        .fails();
     assert!(err.contains("IMDB-7.json"), "{err}");
 }

@@ -19,6 +19,20 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
 
+/// A CLI run that must fail with an error (exit code 1: not a usage error, not a
+/// panic or a signal), giving its stderr.
+pub trait Fails {
+    /// Runs, asserts exit code 1 and returns stderr.
+    fn fails(&mut self) -> String;
+}
+
+impl Fails for assert_cmd::Command {
+    fn fails(&mut self) -> String {
+        let out = self.assert().code(1).get_output().stderr.clone();
+        String::from_utf8_lossy(&out).into_owned()
+    }
+}
+
 /// The repository's QUAIL-B plans (the ones built into the binary).
 pub fn plans_dir() -> PathBuf {
     aisql_bench::plans::repository_plans_dir()
