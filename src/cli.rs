@@ -111,6 +111,11 @@ pub struct BackendArgs {
     /// finishes one batch of documents while their KV is still cached.
     #[arg(long, default_value_t = 256)]
     pub batch_rows: usize,
+    /// Memory DataFusion's operators may hold per query (AI-join partner sides,
+    /// hash tables, sorts, result rows), e.g. 8G or 512M; default half of the
+    /// host's memory. Past it the query fails naming the operators that hold most.
+    #[arg(long, value_name = "SIZE", value_parser = aisql_engine::host_memory::parse_size)]
+    pub memory_limit: Option<usize>,
     /// Prompt layout: raw-v1 (reference) or qwen3-chat-nonthinking-v1.
     #[arg(long, default_value = "raw-v1")]
     pub prompt_format: String,
@@ -119,6 +124,14 @@ pub struct BackendArgs {
     /// for every sequence) or off (candle ops only).
     #[arg(long, value_enum, default_value = "auto", env = "AISQL_CUDA_KERNELS")]
     pub cuda_kernels: CudaKernelsArg,
+}
+
+impl BackendArgs {
+    /// `--memory-limit`, else [`aisql_engine::host_memory::default_memory_limit`].
+    pub fn memory_limit(&self) -> usize {
+        self.memory_limit
+            .unwrap_or_else(aisql_engine::host_memory::default_memory_limit)
+    }
 }
 
 /// `--cuda-kernels` (see `aisql_kernels::CudaKernels`).

@@ -21,7 +21,8 @@ fn forbidden() -> Vec<String> {
 }
 
 /// Folders that are build outputs or caches, not the repository's files.
-const SKIPPED: [&str; 6] = [
+const SKIPPED: [&str; 7] = [
+    "artifacts",
     ".git",
     "target",
     ".cuda",

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use aisql_engine::backend::InferenceBackend;
 use aisql_engine::output::{OutputFiles, is_temp_name, write_query_outputs};
@@ -55,6 +55,8 @@ pub struct BenchOptions {
     pub progress: bool,
     /// Rows per batch streamed through the AI operators.
     pub batch_rows: usize,
+    /// Bytes DataFusion's operators may hold per query.
+    pub memory_limit: usize,
 }
 
 /// Metadata a resume must share with the run it continues.
@@ -101,6 +103,7 @@ pub fn run_metadata(opts: &BenchOptions, backend: &dyn InferenceBackend) -> Meta
     m.insert("prompt_format".into(), opts.format.name().into());
     m.insert("plans".into(), opts.plans.clone().into());
     m.insert("batch_rows".into(), opts.batch_rows.into());
+    m.insert("memory_limit_bytes".into(), opts.memory_limit.into());
     m.insert(
         "timeout_s".into(),
         opts.timeout.map_or(Value::Null, |t| t.as_secs_f64().into()),
@@ -408,6 +411,7 @@ pub async fn run_bench(
         format: opts.format,
         progress: opts.progress && std::io::stderr().is_terminal(),
         batch_rows: opts.batch_rows,
+        memory_limit: opts.memory_limit,
     };
     let mut interrupted = false;
     for (id, plan) in &plans {
@@ -460,9 +464,16 @@ pub async fn run_bench(
             _ = timeout => {
                 backend.cancel();
                 abort.abort();
+                // The forward batch in flight runs to its end on a blocking thread:
+                // say how long after the deadline the model actually stopped.
+                let deadline = Instant::now();
+                let waiting = backend.clone();
+                let _ = tokio::task::spawn_blocking(move || waiting.wait_stopped()).await;
                 Outcome::Timeout(format!(
-                    "TimeoutError: query execution exceeded the {} s timeout",
-                    opts.timeout.map_or(0.0, |t| t.as_secs_f64())
+                    "TimeoutError: query execution exceeded the {} s timeout; its model work \
+                     stopped {:.3} s after the deadline",
+                    opts.timeout.map_or(0.0, |t| t.as_secs_f64()),
+                    deadline.elapsed().as_secs_f64()
                 ))
             }
             _ = stop_rx.wait_for(|s| *s) => {

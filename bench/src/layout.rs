@@ -24,11 +24,10 @@ use std::sync::Arc;
 
 use aisql_engine::cache_dir::cache_dir;
 use aisql_engine::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo, PredicateKind};
+use aisql_engine::parquet_read::{ParquetReadError, footer_rows, read_batches};
 use aisql_engine::tables::TablePaths;
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::datatypes::DataType;
-use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use datafusion::parquet::file::reader::{FileReader, SerializedFileReader};
 use futures::StreamExt;
 use object_store::path::Path as ObjPath;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -390,12 +389,17 @@ pub fn sha256_file(path: &Path) -> Result<String> {
 
 /// Row count from a Parquet footer (errors name the file: truncated, not Parquet).
 pub fn parquet_rows(path: &Path) -> Result<u64> {
-    let f = File::open(path).map_err(|e| io(path, e))?;
-    let r = SerializedFileReader::new(f).map_err(|e| BenchError::Parquet {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })?;
-    Ok(r.metadata().file_metadata().num_rows() as u64)
+    footer_rows(path).map_err(|e| parquet_error(path, e))
+}
+
+fn parquet_error(path: &Path, e: ParquetReadError) -> BenchError {
+    match e {
+        ParquetReadError::Io(e) => io(path, e),
+        ParquetReadError::Corrupt(message) => BenchError::Parquet {
+            path: path.to_path_buf(),
+            message,
+        },
+    }
 }
 
 // ---------------------------------------------------------------- dataset
@@ -1106,14 +1110,8 @@ fn load_label_set(r: &LabelSetRef) -> Result<LabelSet> {
             path: path.clone(),
             message: e.to_string(),
         };
-        let f = File::open(path).map_err(|e| io(path, e))?;
-        let reader = ParquetRecordBatchReaderBuilder::try_new(f)
-            .map_err(|e| perr(&e))?
-            .with_batch_size(65_536)
-            .build()
-            .map_err(|e| perr(&e))?;
-        for batch in reader {
-            let batch = batch.map_err(|e| perr(&e))?;
+        let (_, batches) = read_batches(path, 65_536).map_err(|e| parquet_error(path, e))?;
+        for batch in batches {
             let col = |name: &str| {
                 batch
                     .column_by_name(name)

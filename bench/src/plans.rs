@@ -98,12 +98,18 @@ impl PlanSource {
     /// The catalog (`catalog.json`), in order.
     pub fn catalog(&self) -> Result<Vec<CatalogEntry>> {
         let bytes = self.file("catalog.json")?;
-        serde_json::from_slice(&bytes)
-            .map_err(|e| self.error(format!("catalog.json is not a QUAIL-B catalog: {e}")))
+        let catalog: Vec<CatalogEntry> = serde_json::from_slice(&bytes)
+            .map_err(|e| self.error(format!("catalog.json is not a QUAIL-B catalog: {e}")))?;
+        // Ids name files here and folders of a run: they must be plain names.
+        for entry in &catalog {
+            plain_id(&entry.id).map_err(|e| self.error(format!("catalog.json: {e}")))?;
+        }
+        Ok(catalog)
     }
 
     /// The plan of query `id` (`<id>.json`), read and validated.
     pub fn plan(&self, id: &str) -> Result<QueryPlan> {
+        plain_id(id).map_err(|e| self.error(e))?;
         let name = format!("{id}.json");
         let bytes = self.file(&name)?;
         let plan = decode_plan(&bytes, true).map_err(|m| self.error(format!("{name}: {m}")))?;
@@ -167,6 +173,16 @@ pub fn open_plan(arg: &str, source: &PlanSource) -> Result<QueryPlan> {
     Err(BenchError::PlanArg {
         arg: arg.to_string(),
         message,
+    })
+}
+
+/// A query id names `<id>.json` in the plans folder and `<id>/` in a run folder,
+/// so it must be a plain name.
+fn plain_id(id: &str) -> std::result::Result<(), String> {
+    crate::layout::plain_name("query id", id).map_err(|_| {
+        format!(
+            "query id {id:?} is not a plain name (it would name a path outside the plans or run folder)"
+        )
     })
 }
 
@@ -271,5 +287,26 @@ mod tests {
         std::fs::write(d.path().join("catalog.json"), "{").unwrap();
         let e = folder.catalog().unwrap_err().to_string();
         assert!(e.contains("catalog.json"), "{e}");
+    }
+
+    #[test]
+    fn a_catalog_id_that_would_leave_its_folder_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("catalog.json"),
+            r#"[{"id": "../../escape", "description": "x"}]"#,
+        )
+        .unwrap();
+        let source = PlanSource::choose(Some(dir.path()));
+        let e = source.catalog().unwrap_err().to_string();
+        assert!(
+            e.contains("../../escape") && e.contains("not a plain name"),
+            "{e}"
+        );
+        let e = PlanSource::Embedded
+            .plan("../IMDB-1")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a plain name"), "{e}");
     }
 }

@@ -167,7 +167,7 @@ impl DocTokens {
                 .collect::<Result<_>>()?;
             let mut encoded = Vec::with_capacity(texts.len());
             for chunk in texts.chunks(256) {
-                encoded.extend(self.tok.encode_batch(chunk)?);
+                encoded.extend(self.tok.encode_documents(chunk)?);
             }
             let mut cache = self.cache.lock().expect("token cache lock");
             let m = cache.entry(doc.clone()).or_default();

@@ -88,6 +88,11 @@ pub trait InferenceBackend: Send + Sync {
     /// after this may fail with a "cancelled" error until the next query starts.
     fn cancel(&self) {}
 
+    /// Blocks until no model work of a cancelled query is running any more (at
+    /// most one forward batch after [`Self::cancel`]). Call it off the async
+    /// threads.
+    fn wait_stopped(&self) {}
+
     /// Called before a query runs: a backend may plan around its operators.
     fn start_query(&self, _query: &crate::plan::QueryPlan) {}
 }

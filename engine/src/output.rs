@@ -155,16 +155,11 @@ pub fn write_query_outputs(
 
 /// Reads a Parquet file written by [`write_parquet`] (or the harness) back.
 pub fn read_parquet(path: &Path) -> Result<RecordBatch> {
-    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-    let file = File::open(path).map_err(|e| EngineError::io(path, e))?;
-    let bad = |e: &dyn std::fmt::Display| EngineError::Data(format!("{}: {e}", path.display()));
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| bad(&e))?;
-    let schema = builder.schema().clone();
-    let batches = builder
-        .build()
-        .map_err(|e| bad(&e))?
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| bad(&e))?;
+    use crate::parquet_read::{ParquetReadError, read_batches};
+    let (schema, batches) = read_batches(path, 8192).map_err(|e| match e {
+        ParquetReadError::Io(e) => EngineError::io(path, e),
+        ParquetReadError::Corrupt(e) => EngineError::Data(format!("{}: {e}", path.display())),
+    })?;
     Ok(datafusion::arrow::compute::concat_batches(
         &schema, &batches,
     )?)

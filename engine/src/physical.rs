@@ -22,6 +22,7 @@ use datafusion::catalog::Session;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::context::QueryPlanner;
+use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{LogicalPlan, UserDefinedLogicalNode};
@@ -196,6 +197,15 @@ impl ExecutionPlan for AiExec {
             let partner_schema = partner_plan.schema();
             let batches = datafusion::physical_plan::collect(partner_plan, context.clone()).await?;
             let partners = Arc::new(concat_batches(&partner_schema, &batches)?);
+            // The partner side stays in memory for the whole join: charged to the
+            // query's pool, so a side past `--memory-limit` fails naming this join.
+            let reservation = MemoryConsumer::new(format!(
+                "AiExec {} (partner side of the AI join)",
+                spec.call.op_id
+            ))
+            .register(context.memory_pool());
+            reservation.try_grow(partners.get_array_memory_size())?;
+            let reservation = Arc::new(reservation);
             let anchors = datafusion::physical_plan::execute_stream(anchor_plan, context)?;
             Ok::<_, DataFusionError>(anchors.and_then(move |batch| {
                 let (spec, runtime, schema, memo, partners) = (
@@ -205,6 +215,7 @@ impl ExecutionPlan for AiExec {
                     memo.clone(),
                     partners.clone(),
                 );
+                let _held = reservation.clone();
                 blocking(Box::new(move || {
                     let mut memo = memo.lock().expect("memo lock");
                     join(&spec, &runtime, &mut memo, &batch, &partners, schema)

@@ -9,8 +9,12 @@ use std::time::Instant;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::{Field, Schema};
 use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::logical_expr::LogicalPlanBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
+use futures::StreamExt;
 
 use crate::answers::{AnswerRecorder, AnswerTable};
 use crate::backend::{AiKind, InferenceBackend};
@@ -31,6 +35,10 @@ pub struct QueryOptions {
     /// Rows per batch streamed through the AI operators: a chain of operators
     /// handles one batch of documents at a time, so their KV stays cached.
     pub batch_rows: usize,
+    /// Bytes DataFusion's operators may hold (its memory pool): the AI joins'
+    /// partner sides, hash tables, sorts and the result rows. Past it a query
+    /// fails with an error naming the operators holding the most.
+    pub memory_limit: usize,
 }
 
 impl Default for QueryOptions {
@@ -39,6 +47,7 @@ impl Default for QueryOptions {
             format: PromptFormat::default(),
             progress: false,
             batch_rows: 256,
+            memory_limit: crate::host_memory::default_memory_limit(),
         }
     }
 }
@@ -78,7 +87,11 @@ pub async fn run_query(
         recorder: recorder.clone(),
         progress: options.progress,
     };
+    let runtime_env = RuntimeEnvBuilder::new()
+        .with_memory_limit(options.memory_limit, 1.0)
+        .build_arc()?;
     let state = SessionStateBuilder::new()
+        .with_runtime_env(runtime_env)
         .with_config(
             SessionConfig::new()
                 .with_target_partitions(1)
@@ -128,11 +141,7 @@ pub async fn run_query(
             .and_then(|b| b.build())
             .map_err(from_datafusion)?
     };
-    let batches = ctx
-        .execute_logical_plan(plan)
-        .await
-        .map_err(from_datafusion)?
-        .collect()
+    let batches = collect_within_limit(&ctx, plan)
         .await
         .map_err(from_datafusion)?;
     let runtime_s = started.elapsed().as_secs_f64();
@@ -183,4 +192,25 @@ pub async fn run_query(
         measurements: backend.measurements(),
         table_rows,
     })
+}
+
+/// Runs `plan` and collects its rows, charging them to the query's memory pool:
+/// a result larger than `--memory-limit` fails naming it, instead of taking the
+/// host's memory.
+async fn collect_within_limit(
+    ctx: &SessionContext,
+    plan: LogicalPlan,
+) -> datafusion::error::Result<Vec<RecordBatch>> {
+    let frame = ctx.execute_logical_plan(plan).await?;
+    let task = Arc::new(frame.task_ctx());
+    let physical = frame.create_physical_plan().await?;
+    let reservation = MemoryConsumer::new("query result rows").register(task.memory_pool());
+    let mut stream = datafusion::physical_plan::execute_stream(physical, task)?;
+    let mut batches = Vec::new();
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        reservation.try_grow(batch.get_array_memory_size())?;
+        batches.push(batch);
+    }
+    Ok(batches)
 }

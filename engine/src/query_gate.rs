@@ -56,6 +56,12 @@ impl QueryGate {
         self.cancelled_below.fetch_max(below, Ordering::SeqCst);
     }
 
+    /// Returns once no call is running: every call entered before has left, and
+    /// the cancelled ones leave at their next check.
+    pub fn wait_idle(&self) {
+        drop(self.in_flight.write().unwrap_or_else(|e| e.into_inner()));
+    }
+
     /// Starts a new query: the previous query's calls stop at their next check, and
     /// this returns once they have all left. Hold the guard while resetting
     /// per-query state.

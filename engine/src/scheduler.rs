@@ -73,6 +73,8 @@ pub trait Executor: Send + Sync {
     fn label_tokens(&self) -> u64;
     /// KV bytes per cached position (for the budget check).
     fn kv_bytes_per_token(&self) -> usize;
+    /// Longest prompt the model was trained for (`max_position_embeddings`).
+    fn max_positions(&self) -> usize;
 }
 
 impl KvOps for KvHandle {
@@ -183,6 +185,10 @@ impl Executor for ModelExecutor {
     fn kv_bytes_per_token(&self) -> usize {
         self.model.kv_bytes_per_token()
     }
+
+    fn max_positions(&self) -> usize {
+        self.model.config().max_position_embeddings
+    }
 }
 
 /// A virtual KV: only the positions it covers.
@@ -212,6 +218,10 @@ impl KvOps for VirtualKv {
 /// Bytes per position the simulation charges by default: Qwen3-4B in bf16
 /// (36 layers × K and V × 8 KV heads × 128 dims × 2 bytes).
 pub const QWEN3_4B_KV_BYTES_PER_TOKEN: usize = 147_456;
+
+/// Qwen3-4B's `max_position_embeddings`: the simulation refuses longer prompts
+/// as the model would.
+pub const QWEN3_4B_MAX_POSITIONS: usize = 40_960;
 
 /// The simulation: no forward passes; answers from labels; counts positions.
 pub struct SimExecutor {
@@ -297,6 +307,10 @@ impl Executor for SimExecutor {
     fn kv_bytes_per_token(&self) -> usize {
         self.bytes_per_token
     }
+
+    fn max_positions(&self) -> usize {
+        QWEN3_4B_MAX_POSITIONS
+    }
 }
 
 /// Scheduling knobs.
@@ -322,18 +336,7 @@ impl Default for SchedulerConfig {
 
 /// A quarter of the memory available now, at most 16 GiB.
 pub fn default_kv_budget_bytes() -> usize {
-    let available = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemAvailable:"))
-                .and_then(|l| {
-                    l.split_whitespace()
-                        .nth(1)
-                        .and_then(|k| k.parse::<usize>().ok())
-                })
-        })
-        .map_or(8 << 30, |kb| kb * 1024);
+    let available = crate::host_memory::meminfo_bytes("MemAvailable").unwrap_or(8 << 30);
     (available / 4).min(16 << 30)
 }
 
@@ -431,6 +434,30 @@ impl<E: Executor> ScheduledBackend<E> {
         Ok(ids)
     }
 
+    /// Refuses a prompt of `len` positions (label continuations included) that is
+    /// longer than the model's context: past `max_position_embeddings` its answer
+    /// would be silently wrong, so the row is named instead.
+    fn check_context(&self, op_id: &str, row: &str, table: &str, len: usize) -> Result<()> {
+        let max = self.exec.max_positions();
+        if len > max {
+            return Err(EngineError::Inference(format!(
+                "{op_id}: the prompt for row {row} of {table} is {len} tokens, longer than the \
+                 model's context of {max} positions (max_position_embeddings); shorten that \
+                 document, or leave the row out with a WHERE clause"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Positions of the longest label continuation a classification scores after
+    /// its prompt (0 for yes/no questions).
+    fn longest_label(&self, call: &AiCall) -> Result<usize> {
+        label_continuations(&call.labels)
+            .iter()
+            .map(|l| self.piece(l).map(|v| v.len()))
+            .try_fold(0, |m, n| n.map(|n| m.max(n)))
+    }
+
     /// Token ids of documents, tokenized once per (table, column, id).
     fn docs(&self, table: &str, column: &str, docs: &[(&str, &str)]) -> Result<Vec<Arc<Vec<u32>>>> {
         let key = |id: &str| (format!("{table}.{column}"), id.to_string());
@@ -444,7 +471,7 @@ impl<E: Executor> ScheduledBackend<E> {
         };
         if !missing.is_empty() {
             let texts: Vec<&str> = missing.iter().map(|(_, text)| *text).collect();
-            let encoded = self.tokenizer.encode_batch(&texts)?;
+            let encoded = self.tokenizer.encode_documents(&texts)?;
             let mut t = self.tokens.lock().expect("tokens lock");
             for ((id, _), ids) in missing.iter().zip(encoded) {
                 t.docs.insert(key(id), Arc::new(ids));
@@ -576,11 +603,14 @@ impl<E: Executor> ScheduledBackend<E> {
         let tokens = self.docs(&call.tables[0], &call.columns[0], &docs)?;
         let key_table = format!("{}.{}", call.tables[0], call.columns[0]);
         let budget_tokens = self.config.kv_budget_bytes / self.exec.kv_bytes_per_token().max(1);
+        let label_tokens = self.longest_label(call)?;
         let cache = &mut state.cache;
         let mut leaves = Vec::with_capacity(requests.len());
         let mut keys = Vec::with_capacity(requests.len());
         for (r, doc) in requests.iter().zip(&tokens) {
             let len = preamble.len() + doc.len() + suffix.len();
+            let scored_len = len + if scored { label_tokens } else { 0 };
+            self.check_context(&call.op_id, r.anchor.id, &call.tables[0], scored_len)?;
             if len > budget_tokens {
                 return Err(EngineError::Inference(format!(
                     "{}: document {} of {} needs {len} positions of KV, over the KV budget of {budget_tokens} ({} MiB)",
@@ -772,6 +802,15 @@ impl<E: Executor> ScheduledBackend<E> {
                 .iter()
                 .map(|p| [label.as_slice(), p.as_slice(), tail.as_slice()].concat())
                 .collect();
+            let label_tokens = self.longest_label(call)?;
+            for (j, r) in todo_requests.iter().enumerate() {
+                let (k, n) = &nodes[j];
+                let anchor_len = state.cache.suffixes[k].kv(*n).map_or(0, |kv| kv.len());
+                let len = anchor_len + suffixes[j].len() + label_tokens;
+                let row = format!("{} × {}", r.anchor.id, r.partner.map_or("", |p| p.id));
+                let tables = format!("{} × {}", call.tables[0], call.tables[1]);
+                self.check_context(&call.op_id, &row, &tables, len)?;
+            }
             let order: Vec<usize> = (0..todo.len()).collect();
             for chunk in chunk_by_tokens(&order, self.config.batch_tokens, |&j| suffixes[j].len()) {
                 self.gate.check(ticket, &call.op_id)?;
@@ -866,6 +905,15 @@ impl<E: Executor> ScheduledBackend<E> {
             .iter()
             .map(|l| self.piece(l).map(|v| v.as_ref().clone()))
             .collect::<Result<_>>()?;
+        let label_tokens = labels.iter().map(Vec::len).max().unwrap_or(0);
+        for (r, p) in requests.iter().zip(&prompts) {
+            self.check_context(
+                &call.op_id,
+                r.anchor.id,
+                &call.tables[0],
+                p.len() + label_tokens,
+            )?;
+        }
         let order: Vec<usize> = (0..prompts.len()).collect();
         let mut bools = Vec::new();
         let mut chosen = Vec::new();
@@ -950,6 +998,10 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         self.gate.cancel();
     }
 
+    fn wait_stopped(&self) {
+        self.gate.wait_idle();
+    }
+
     fn start_query(&self, query: &QueryPlan) {
         // Stops the previous query's work and waits for it to leave (at most one
         // forward batch), so it cannot touch this query's state or counters.
@@ -1022,23 +1074,37 @@ pub fn gpu_kv_budget_bytes(free: usize) -> usize {
 }
 
 /// Where `--model tiny` lives: `models/tiny-qwen3-seed0` under aisql's cache folder
-/// ([`crate::cache_dir::cache_dir`]), generated on first use, deterministic (seed 0).
+/// ([`crate::cache_dir::cache_dir`]), generated on first use, deterministic (seed 0),
+/// and sealed: a copy whose files no longer match the seal is generated again.
 pub fn tiny_model_dir() -> Result<std::path::PathBuf> {
+    use crate::cache_dir::{SEAL_FILE, check_seal, files_of, seal};
     let base = crate::cache_dir::cache_dir();
     let dir = base.join("models/tiny-qwen3-seed0");
-    if !dir.join("model.safetensors").exists() {
-        let tmp = base.join(format!("models/.tiny-qwen3-seed0.{}", std::process::id()));
-        aisql_models::tiny::write_tiny_model(&tmp, 0)?;
-        std::fs::create_dir_all(dir.parent().expect("has parent"))
-            .map_err(|e| EngineError::io(&dir, e))?;
-        if std::fs::rename(&tmp, &dir).is_err() && !dir.join("model.safetensors").exists() {
-            return Err(EngineError::Inference(format!(
-                "could not place the tiny model at {}",
-                dir.display()
-            )));
+    if dir.exists() {
+        match check_seal(&dir, &dir.join(SEAL_FILE)) {
+            Ok(()) => return Ok(dir),
+            Err(why) => {
+                eprintln!(
+                    "note: the cached tiny model at {} is damaged ({why}); generating it again",
+                    dir.display()
+                );
+                std::fs::remove_dir_all(&dir).map_err(|e| EngineError::io(&dir, e))?;
+            }
         }
-        let _ = std::fs::remove_dir_all(&tmp);
     }
+    let tmp = base.join(format!("models/.tiny-qwen3-seed0.{}", std::process::id()));
+    aisql_models::tiny::write_tiny_model(&tmp, 0)?;
+    seal(&tmp, &files_of(&tmp)?, &tmp.join(SEAL_FILE))?;
+    std::fs::create_dir_all(dir.parent().expect("has parent"))
+        .map_err(|e| EngineError::io(&dir, e))?;
+    // Another process may have placed its copy first: then use that one.
+    if std::fs::rename(&tmp, &dir).is_err() && check_seal(&dir, &dir.join(SEAL_FILE)).is_err() {
+        return Err(EngineError::Inference(format!(
+            "could not place the tiny model at {}",
+            dir.display()
+        )));
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
     Ok(dir)
 }
 

@@ -7,7 +7,6 @@
 //! presented with non-nullable fields. String columns are normalised to `Utf8`.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -15,10 +14,10 @@ use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::datasource::MemTable;
-use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use datafusion::prelude::SessionContext;
 
 use crate::error::{EngineError, Result};
+use crate::parquet_read::{ParquetReadError, read_batches};
 use crate::plan::QueryPlan;
 
 /// Reads one Parquet table, requiring `columns` to exist, be strings and hold no
@@ -30,20 +29,16 @@ pub fn read_table(
     columns: &[String],
     text_columns: &[String],
 ) -> Result<RecordBatch> {
-    let file = File::open(path).map_err(|e| {
-        EngineError::Data(format!(
+    let (schema, batches) = read_batches(path, 8192).map_err(|e| match e {
+        ParquetReadError::Io(e) => EngineError::Data(format!(
             "table {table}: cannot open {}: {e}",
             path.display()
-        ))
-    })?;
-    let corrupt = |e: &dyn std::fmt::Display| {
-        EngineError::Data(format!(
+        )),
+        ParquetReadError::Corrupt(e) => EngineError::Data(format!(
             "table {table}: {} is not a readable Parquet file: {e}",
             path.display()
-        ))
-    };
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| corrupt(&e))?;
-    let schema = builder.schema().clone();
+        )),
+    })?;
     for c in columns {
         if schema.field_with_name(c).is_err() {
             return Err(EngineError::Data(format!(
@@ -53,10 +48,6 @@ pub fn read_table(
             )));
         }
     }
-    let reader = builder.build().map_err(|e| corrupt(&e))?;
-    let batches = reader
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| corrupt(&e))?;
     let batch = datafusion::arrow::compute::concat_batches(&schema, &batches)?;
     if batch.num_rows() == 0 {
         return Err(EngineError::Data(format!(

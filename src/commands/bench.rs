@@ -163,6 +163,7 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
         format,
         progress: true,
         batch_rows: args.backend.batch_rows,
+        memory_limit: args.backend.memory_limit(),
     };
     let rt = super::runtime()?;
     let run = rt.block_on(run_bench(&opts, &dataset, backend, queries))?;

@@ -52,6 +52,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
             format,
             progress: true,
             batch_rows: args.backend.batch_rows,
+            memory_limit: args.backend.memory_limit(),
         },
     ))?;
     let shown = out.rows.slice(0, out.rows.num_rows().min(args.limit));

@@ -38,6 +38,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use aisql_engine::cache_dir::{SEAL_FILE, check_seal, files_of, seal};
 use aisql_engine::canonical;
 use aisql_engine::labels::PredicateKind;
 use datafusion::arrow::array::{ArrayRef, Int32Builder, ListBuilder, RecordBatch, StringBuilder};
@@ -866,7 +867,8 @@ pub fn collection_id(corpus_id: &str, label_sets: &BTreeMap<String, String>) -> 
 /// Why the stand-in `ds` is not what this generator would write for its scale factor
 /// (`None` when it is): not a stand-in, another generator version, or ids that are
 /// not the hashes this generator computes from the manifests (e.g. a cache written
-/// before the ids were canonical). Reads nothing beyond the opened manifests.
+/// before the ids were canonical), or files that no longer match the seal written
+/// when it was generated (hashing every file of the corpus and its label sets).
 pub fn stale_reason(ds: &Dataset) -> Option<String> {
     let m = &ds.manifest;
     if !ds.standin {
@@ -910,7 +912,41 @@ pub fn stale_reason(ds: &Dataset) -> Option<String> {
             "collection id {coll} is not the hash of its label sets ({want})"
         ));
     }
-    None
+    // Its files as generated: a truncated or edited cache entry is rebuilt.
+    let root = ds.source.root();
+    check_seal(root, &seal_path(root, &ds.corpus_id)).err()
+}
+
+/// Where the seal of stand-in corpus `corpus_id` lives (inside its folder).
+fn seal_path(root: &Path, corpus_id: &str) -> PathBuf {
+    root.join("corpora").join(corpus_id).join(SEAL_FILE)
+}
+
+/// Seals a generated stand-in, last, so that a generation cut short has no seal:
+/// the corpus folder, the collection manifest and the collection's label sets
+/// (`label_dirs`, relative to `root`).
+fn seal_standin(
+    root: &Path,
+    corpus_id: &str,
+    collection_id: &str,
+    label_dirs: &[PathBuf],
+) -> Result<()> {
+    let corpus = Path::new("corpora").join(corpus_id);
+    let mut files: Vec<PathBuf> = files_of(&root.join(&corpus))?
+        .into_iter()
+        .map(|f| corpus.join(f))
+        .collect();
+    if !collection_id.is_empty() {
+        files.push(
+            Path::new("collections")
+                .join(collection_id)
+                .join("manifest.json"),
+        );
+    }
+    for dir in label_dirs {
+        files.extend(files_of(&root.join(dir))?.into_iter().map(|f| dir.join(f)));
+    }
+    Ok(seal(root, &files, &seal_path(root, corpus_id))?)
 }
 
 fn sorted_tables() -> impl Iterator<Item = &'static str> {
@@ -1113,8 +1149,10 @@ pub fn generate_with(root: &Path, sf: f64, opts: &GenerateOptions) -> Result<Gen
         write_json(&corpus_tmp.join("manifest.json"), &manifest)?;
         remove_stale(root, sf, &corpus_id)?;
         // Move into place: label sets, then the corpus, then the collection manifest.
+        let mut label_dirs = Vec::new();
         if let Some((coll, written)) = collection {
             for w in &written {
+                label_dirs.push(Path::new("label_sets").join(&w.rel_dir));
                 replace_dir(
                     &tmp.join("label_sets").join(&w.rel_dir),
                     &root.join("label_sets").join(&w.rel_dir),
@@ -1131,6 +1169,7 @@ pub fn generate_with(root: &Path, sf: f64, opts: &GenerateOptions) -> Result<Gen
         } else {
             replace_dir(&corpus_tmp, &root.join("corpora").join(&corpus_id))?;
         }
+        seal_standin(root, &corpus_id, &summary.collection_id, &label_dirs)?;
         summary.seconds = t0.elapsed().as_secs_f64();
         Ok(summary)
     })();

@@ -1,0 +1,76 @@
+//! What the host has: memory figures from `/proc/meminfo`, the default memory
+//! limit of a query, and the size syntax of `--memory-limit`.
+
+/// A `/proc/meminfo` figure (`MemTotal`, `MemAvailable`, ...) in bytes; `None`
+/// where the file or the key is missing (not Linux).
+pub fn meminfo_bytes(key: &str) -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kb| kb.parse::<usize>().ok())
+        .map(|kb| kb * 1024)
+}
+
+/// The memory DataFusion's operators may hold in one query when the user sets no
+/// `--memory-limit`: half of the host's memory (the other half is left to the
+/// model, its KV cache and the input tables), 4 GiB where that is unknown.
+pub fn default_memory_limit() -> usize {
+    meminfo_bytes("MemTotal").map_or(4 << 30, |total| total / 2)
+}
+
+/// Parses a size: bytes, or a number with a unit `K`, `M`, `G`, `T` (powers of
+/// 1024; `KB`/`KiB` and lower case are the same), e.g. `512M`, `1.5G`.
+pub fn parse_size(text: &str) -> Result<usize, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (like 512M, 8G or 1073741824)"))?;
+    let shift = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        other => {
+            return Err(format!(
+                "{text:?}: unknown size unit {other:?} (use K, M, G or T)"
+            ));
+        }
+    };
+    let bytes = value * (1u64 << shift) as f64;
+    if !bytes.is_finite() || bytes < 1.0 || bytes >= usize::MAX as f64 {
+        return Err(format!("{text:?}: a size must be at least one byte"));
+    }
+    Ok(bytes as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units_and_bad_ones_are_named() {
+        assert_eq!(parse_size("1024").unwrap(), 1024);
+        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1.5g").unwrap(), 3 << 29);
+        assert_eq!(parse_size("2 GiB").unwrap(), 2 << 30);
+        for bad in ["", "G", "-1G", "0", "12Q", "1e400"] {
+            let e = parse_size(bad).unwrap_err();
+            assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn meminfo_reads_the_total_on_linux() {
+        if std::path::Path::new("/proc/meminfo").exists() {
+            assert!(meminfo_bytes("MemTotal").unwrap() > 1 << 20);
+            assert!(default_memory_limit() > 1 << 19);
+        }
+        assert_eq!(meminfo_bytes("NoSuchKey"), None);
+    }
+}

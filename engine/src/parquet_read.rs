@@ -1,0 +1,147 @@
+//! Reading Parquet files that nobody vetted (tables, label sets, a run folder's
+//! outputs). The parquet crate panics on some corrupt files instead of returning
+//! an error (fuzzing found six such places in its decoders and footer reader), so
+//! every read of a file here runs under `catch_unwind`, and a panic becomes an
+//! error naming the file like any other corruption.
+
+use std::fs::File;
+
+use bytes::Bytes;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::Path;
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use datafusion::parquet::column::page::Page;
+use datafusion::parquet::file::reader::{FileReader, SerializedFileReader};
+
+/// Why a Parquet file could not be read.
+#[derive(Debug)]
+pub enum ParquetReadError {
+    /// The file could not be opened.
+    Io(std::io::Error),
+    /// The file is not readable Parquet (the reader's message).
+    Corrupt(String),
+}
+
+impl std::fmt::Display for ParquetReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ParquetReadError::Io(e) => write!(f, "{e}"),
+            ParquetReadError::Corrupt(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+fn guarded<T>(read: impl FnOnce() -> Result<T, ParquetReadError>) -> Result<T, ParquetReadError> {
+    catch_unwind(AssertUnwindSafe(read)).unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("no message");
+        Err(ParquetReadError::Corrupt(format!(
+            "corrupt Parquet data (the reader failed: {message})"
+        )))
+    })
+}
+
+/// The schema and every row group of `path`, in batches of `batch_size` rows.
+pub fn read_batches(
+    path: &Path,
+    batch_size: usize,
+) -> Result<(SchemaRef, Vec<RecordBatch>), ParquetReadError> {
+    // Read from memory, not the file: on a corrupt page header the reader's skip
+    // over a file never ends (parquet 59.3.2; a fuzz regression input), over
+    // bytes it stops at the end. The tables are held in memory anyway.
+    let bytes = Bytes::from(std::fs::read(path).map_err(ParquetReadError::Io)?);
+    let corrupt = |e: &dyn std::fmt::Display| ParquetReadError::Corrupt(e.to_string());
+    guarded(|| {
+        check_dictionaries(&bytes)?;
+        let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| corrupt(&e))?;
+        let schema = builder.schema().clone();
+        let batches = builder
+            .with_batch_size(batch_size.max(1))
+            .build()
+            .map_err(|e| corrupt(&e))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| corrupt(&e))?;
+        Ok((schema, batches))
+    })
+}
+
+/// Refuses dictionary pages that claim more values than they have bytes: the
+/// decoder reserves offsets for the claimed count before reading any (a 2 KB file
+/// from the fuzzer asked for 7 GB). Every dictionary value takes at least a byte.
+/// Only page headers and dictionary pages are read; data pages are skipped.
+fn check_dictionaries(bytes: &Bytes) -> Result<(), ParquetReadError> {
+    let corrupt = |e: &dyn std::fmt::Display| ParquetReadError::Corrupt(e.to_string());
+    let reader = SerializedFileReader::new(bytes.clone()).map_err(|e| corrupt(&e))?;
+    for g in 0..reader.num_row_groups() {
+        let group = reader.get_row_group(g).map_err(|e| corrupt(&e))?;
+        for c in 0..group.num_columns() {
+            let mut pages = group.get_column_page_reader(c).map_err(|e| corrupt(&e))?;
+            while let Some(meta) = pages.peek_next_page().map_err(|e| corrupt(&e))? {
+                if !meta.is_dict {
+                    pages.skip_next_page().map_err(|e| corrupt(&e))?;
+                    continue;
+                }
+                if let Some(Page::DictionaryPage {
+                    buf, num_values, ..
+                }) = pages.get_next_page().map_err(|e| corrupt(&e))?
+                    && num_values as usize > buf.len()
+                {
+                    return Err(ParquetReadError::Corrupt(format!(
+                        "row group {g}, column {c}: a dictionary page claims {num_values} values \
+                         in {} bytes",
+                        buf.len()
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The row count recorded in `path`'s footer.
+pub fn footer_rows(path: &Path) -> Result<u64, ParquetReadError> {
+    let file = File::open(path).map_err(ParquetReadError::Io)?;
+    guarded(|| {
+        let reader = SerializedFileReader::new(file)
+            .map_err(|e| ParquetReadError::Corrupt(e.to_string()))?;
+        let rows = reader.metadata().file_metadata().num_rows();
+        u64::try_from(rows)
+            .map_err(|_| ParquetReadError::Corrupt(format!("the footer records {rows} rows")))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file found by the parquet fuzz target: the reader panics on it
+    /// (`assertion failed: num_bits <= size_of::<T>() * 8` in parquet 59.3.2).
+    #[test]
+    fn a_file_the_reader_panics_on_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut any = false;
+        let cases = std::fs::read_dir(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../fuzz/regressions/parquet"
+        ))
+        .unwrap();
+        for case in cases {
+            let case = case.unwrap().path();
+            let path = dir.path().join("t.parquet");
+            std::fs::copy(&case, &path).unwrap();
+            match read_batches(&path, 1024) {
+                Err(ParquetReadError::Corrupt(_)) => {}
+                other => panic!("{}: {other:?}", case.display()),
+            }
+            let _ = footer_rows(&path);
+            any = true;
+        }
+        assert!(any, "the regression inputs are in fuzz/regressions/parquet");
+    }
+}
