@@ -2,9 +2,9 @@
 //! outputs). The parquet crate panics on some corrupt files instead of returning
 //! an error (fuzzing found six such places in its decoders and footer reader), so
 //! every read of a file here runs under `catch_unwind`, and a panic becomes an
-//! error naming the file like any other corruption.
-
-use std::fs::File;
+//! error naming the file like any other corruption. Its Thrift headers are
+//! scanned first ([`crate::parquet_headers`]), and dictionaries checked, so that
+//! no header or page can make the reader loop for hours or reserve gigabytes.
 
 use bytes::Bytes;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -36,13 +36,9 @@ impl std::fmt::Display for ParquetReadError {
 
 fn guarded<T>(read: impl FnOnce() -> Result<T, ParquetReadError>) -> Result<T, ParquetReadError> {
     catch_unwind(AssertUnwindSafe(read)).unwrap_or_else(|panic| {
-        let message = panic
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| panic.downcast_ref::<&str>().copied())
-            .unwrap_or("no message");
         Err(ParquetReadError::Corrupt(format!(
-            "corrupt Parquet data (the reader failed: {message})"
+            "corrupt Parquet data (the reader failed: {})",
+            crate::query::panic_message(panic.as_ref())
         )))
     })
 }
@@ -77,10 +73,15 @@ pub fn read_batches(
 /// Only page headers and dictionary pages are read; data pages are skipped.
 fn check_dictionaries(bytes: &Bytes) -> Result<(), ParquetReadError> {
     let corrupt = |e: &dyn std::fmt::Display| ParquetReadError::Corrupt(e.to_string());
+    crate::parquet_headers::check_footer(bytes).map_err(|e| corrupt(&e))?;
     let reader = SerializedFileReader::new(bytes.clone()).map_err(|e| corrupt(&e))?;
     for g in 0..reader.num_row_groups() {
         let group = reader.get_row_group(g).map_err(|e| corrupt(&e))?;
         for c in 0..group.num_columns() {
+            let chunk = group.metadata().column(c);
+            let (start, len) = chunk.byte_range();
+            crate::parquet_headers::check_pages(bytes, start, len)
+                .map_err(|e| corrupt(&format!("row group {g}, column {c}: {e}")))?;
             let mut pages = group.get_column_page_reader(c).map_err(|e| corrupt(&e))?;
             while let Some(meta) = pages.peek_next_page().map_err(|e| corrupt(&e))? {
                 if !meta.is_dict {
@@ -106,9 +107,10 @@ fn check_dictionaries(bytes: &Bytes) -> Result<(), ParquetReadError> {
 
 /// The row count recorded in `path`'s footer.
 pub fn footer_rows(path: &Path) -> Result<u64, ParquetReadError> {
-    let file = File::open(path).map_err(ParquetReadError::Io)?;
+    let bytes = Bytes::from(std::fs::read(path).map_err(ParquetReadError::Io)?);
     guarded(|| {
-        let reader = SerializedFileReader::new(file)
+        crate::parquet_headers::check_footer(&bytes).map_err(ParquetReadError::Corrupt)?;
+        let reader = SerializedFileReader::new(bytes)
             .map_err(|e| ParquetReadError::Corrupt(e.to_string()))?;
         let rows = reader.metadata().file_metadata().num_rows();
         u64::try_from(rows)

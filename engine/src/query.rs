@@ -14,7 +14,8 @@ use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::logical_expr::LogicalPlanBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
+use std::panic::AssertUnwindSafe;
 
 use crate::answers::{AnswerRecorder, AnswerTable};
 use crate::backend::{AiKind, InferenceBackend};
@@ -124,7 +125,18 @@ pub async fn run_query(
     let started = Instant::now();
     let state = ctx.state();
     let consumer = AiConsumer::new(&state, query, options.format).map_err(from_datafusion)?;
-    let plan = consumer.consume().await.map_err(from_datafusion)?;
+    // DataFusion's Substrait consumer panics on some plans our checks let through
+    // (fuzzing found a field reference into an empty schema): an error, not a crash.
+    let plan = AssertUnwindSafe(consumer.consume())
+        .catch_unwind()
+        .await
+        .map_err(|panic| {
+            EngineError::InvalidPlan(format!(
+                "DataFusion could not consume the plan: {}",
+                panic_message(panic.as_ref())
+            ))
+        })?
+        .map_err(from_datafusion)?;
     // Scan rows have unique ids, so rows that keep every relation's id are
     // distinct already; only a projection dropping a relation needs DISTINCT.
     let all_ids = query.relations.iter().all(|r| {
@@ -213,4 +225,13 @@ async fn collect_within_limit(
         batches.push(batch);
     }
     Ok(batches)
+}
+
+/// The message of a caught panic.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("no message")
 }
