@@ -1,5 +1,5 @@
 //! Crash safety: `aisql bench` killed with SIGKILL at ten moments spread over a run
-//! (some of them mid-write) leaves no truncated or half-written file behind, and
+//! (and four more surely mid-write, one per kind of output file) leaves no truncated or half-written file behind, and
 //! `--resume` then finishes the run with results identical to an uninterrupted run.
 
 #![cfg(unix)]
@@ -75,6 +75,23 @@ fn outcome(j: &Value) -> Vec<Value> {
         .collect()
 }
 
+/// Names of every file under `dir`.
+fn walk_names(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                out.push(entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn sigkill_at_ten_moments_then_resume_gives_the_uninterrupted_result() {
     let tmp = tempfile::tempdir().unwrap();
@@ -115,13 +132,34 @@ fn sigkill_at_ten_moments_then_resume_gives_the_uninterrupted_result() {
         std::thread::sleep(at);
         let _ = child.kill(); // SIGKILL; the run may already have finished
         child.wait().unwrap();
-        match run_json(&run) {
+        let left = match run_json(&run) {
             Some(j) => {
                 check_listed_files(&run, &j);
                 interrupted += usize::from(j["status"] != "complete");
+                let queries = j["queries"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|q| {
+                        format!(
+                            "{} {}",
+                            q["id"].as_str().unwrap(),
+                            q["status"].as_str().unwrap()
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                format!("run {}: {queries}", j["status"].as_str().unwrap())
             }
-            None => interrupted += 1,
-        }
+            None => {
+                interrupted += 1;
+                "no run.json yet".into()
+            }
+        };
+        let temp_files = walk_names(&run)
+            .iter()
+            .filter(|n| aisql_engine::output::is_temp_name(n))
+            .count();
         // Finish: resume when run.json exists, else start again in the same folder.
         for _ in 0..3 {
             let resume = run.join("run.json").exists();
@@ -139,7 +177,58 @@ fn sigkill_at_ten_moments_then_resume_gives_the_uninterrupted_result() {
         let got = outcome(&j);
         let relative = |v: &Vec<Value>| serde_json::to_string(v).unwrap();
         assert_eq!(relative(&got), relative(&want), "kill {k} at {at:?}");
+        eprintln!(
+            "kill {k}: at {:.2} s of {:.2} s; left: {left}; temporary files left: {temp_files}; \
+             resumed: identical to the uninterrupted run",
+            at.as_secs_f64(),
+            full.as_secs_f64()
+        );
     }
+    // And kills that surely land mid-write: each output file is held half-done
+    // (written under its temporary name, not yet renamed) for a while, and the run
+    // is killed as soon as one of the kind shows up.
+    for (k, kind) in ["run.json", "rows.parquet", "report.md", ".svg"]
+        .iter()
+        .enumerate()
+    {
+        let run = tmp.path().join(format!("mid-write-{k}"));
+        let mut child = bench(&root, &cache, &run, false)
+            .env(aisql_engine::output::SLOW_PUBLISH_ENV, "300")
+            .spawn()
+            .unwrap();
+        let t0 = Instant::now();
+        let caught = loop {
+            let half_done = walk_names(&run)
+                .into_iter()
+                .find(|n| aisql_engine::output::is_temp_name(n) && n.contains(kind));
+            if half_done.is_some() || t0.elapsed() > full * 20 {
+                break half_done;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        };
+        let _ = child.kill();
+        child.wait().unwrap();
+        let caught = caught.unwrap_or_else(|| panic!("no half-written {kind} seen"));
+        if let Some(j) = run_json(&run) {
+            check_listed_files(&run, &j);
+        }
+        let resume = run.join("run.json").exists();
+        assert!(
+            bench(&root, &cache, &run, resume)
+                .status()
+                .unwrap()
+                .success()
+        );
+        let j = run_json(&run).unwrap();
+        assert_eq!(j["status"], "complete", "mid-write {kind}");
+        check_listed_files(&run, &j);
+        assert_eq!(outcome(&j), want, "mid-write {kind}");
+        eprintln!(
+            "kill mid-write of {caught} at {:.2} s; resumed: identical to the uninterrupted run",
+            t0.elapsed().as_secs_f64()
+        );
+    }
+
     // The kills must really land inside runs, not after them.
     assert!(
         interrupted >= 5,

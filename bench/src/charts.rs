@@ -88,7 +88,7 @@ fn bar_chart(
     root.present().map_err(|x| e(&x))?;
     drop(chart);
     drop(root);
-    std::fs::rename(&tmp, path).map_err(|x| e(&x))
+    Ok(aisql_engine::output::publish(&tmp, path)?)
 }
 
 /// Writes the charts of `run` into `dir`; returns (title, file name) per chart.

@@ -86,7 +86,24 @@ pub fn is_temp_name(name: &str) -> bool {
 pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = temp_path(path);
     std::fs::write(&tmp, bytes).map_err(|e| EngineError::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| EngineError::io(path, e))
+    publish(&tmp, path)
+}
+
+/// Fault injection for crash tests: milliseconds to wait between writing a
+/// temporary file and renaming it into place, so that a test can kill aisql while
+/// an output file is half-done. Unset in normal use.
+pub const SLOW_PUBLISH_ENV: &str = "AISQL_FAULT_SLOW_PUBLISH_MS";
+
+/// Renames the finished temporary file `tmp` to `path`: the one step that makes
+/// an output file appear, whole.
+pub fn publish(tmp: &Path, path: &Path) -> Result<()> {
+    if let Some(ms) = std::env::var(SLOW_PUBLISH_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+    std::fs::rename(tmp, path).map_err(|e| EngineError::io(path, e))
 }
 
 /// Writes `batch` as a zstd Parquet file, atomically (temp file then rename).
@@ -104,7 +121,7 @@ pub fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
         .write(batch)
         .and_then(|_| writer.close().map(|_| ()))
         .map_err(|e| EngineError::Data(format!("{}: {e}", path.display())))?;
-    std::fs::rename(&tmp, path).map_err(|e| EngineError::io(path, e))
+    publish(&tmp, path)
 }
 
 /// Writes every output of `out` into `dir` (created if missing). Paths in the
