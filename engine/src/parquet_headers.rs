@@ -6,7 +6,8 @@
 //! two billion booleans cost it seconds, and nested such lists cost it hours
 //! (fuzzing found one). This scan reads the same structures with the same rules
 //! and refuses a header whose elements add up to more than a budget, so the
-//! parquet crate only ever parses headers whose walk is short.
+//! parquet crate only ever parses headers whose walk is short; and it refuses a
+//! page that claims to decompress to far more than its bytes could.
 
 /// Elements a single Thrift structure may claim (list and map entries, in all
 /// its nested lists together): far above any real footer or page header.
@@ -106,16 +107,20 @@ impl Scan<'_> {
                 }
                 Ok(None)
             }
-            12 => self.structure(depth + 1, 0).map(|_| None),
+            12 => self.structure(depth + 1, []).map(|_| None),
             13 => self.skip(16).map(|_| None),
             other => Err(format!("unknown Thrift type {other}")),
         }
     }
 
-    /// A struct; returns the value of its integer field `want` (0: none).
-    fn structure(&mut self, depth: u32, want: i16) -> Result<Option<i64>, String> {
+    /// A struct; returns the values of its integer fields `want` (0: none).
+    fn structure<const N: usize>(
+        &mut self,
+        depth: u32,
+        want: [i16; N],
+    ) -> Result<[Option<i64>; N], String> {
         let mut last = 0i16;
-        let mut found = None;
+        let mut found = [None; N];
         loop {
             let head = self.byte()?;
             if head == 0 {
@@ -127,15 +132,19 @@ impl Scan<'_> {
             };
             last = id;
             let v = self.value(head & 0x0f, depth)?;
-            if id == want && want != 0 {
-                found = v;
+            if let Some(i) = want.iter().position(|&w| w == id) {
+                found[i] = v;
             }
         }
     }
 }
 
-/// Scans the Thrift struct at `buf[pos..]`: its end and its integer field `want`.
-fn scan_struct(buf: &[u8], pos: usize, want: i16) -> Result<(usize, Option<i64>), String> {
+/// Scans the Thrift struct at `buf[pos..]`: its end and its integer fields `want`.
+fn scan_struct<const N: usize>(
+    buf: &[u8],
+    pos: usize,
+    want: [i16; N],
+) -> Result<(usize, [Option<i64>; N]), String> {
     let mut scan = Scan {
         buf,
         pos,
@@ -143,6 +152,13 @@ fn scan_struct(buf: &[u8], pos: usize, want: i16) -> Result<(usize, Option<i64>)
     };
     let found = scan.structure(0, want)?;
     Ok((scan.pos, found))
+}
+
+/// How much larger than its compressed bytes a page may say it is: ample for any
+/// codec on real data, and it keeps a few bytes from reserving gigabytes (a 2 KB
+/// input once asked for 1.9 GB this way).
+fn max_uncompressed(compressed: i64) -> i64 {
+    compressed.saturating_mul(1024).saturating_add(64 << 20)
 }
 
 /// Scans the footer of the Parquet file `bytes` (its `FileMetaData`).
@@ -155,7 +171,7 @@ pub fn check_footer(bytes: &[u8]) -> Result<(), String> {
     let Some(start) = (n - 8).checked_sub(len) else {
         return Ok(()); // a footer longer than the file: the parquet crate refuses it
     };
-    scan_struct(&bytes[..n - 8], start, 0)
+    scan_struct(&bytes[..n - 8], start, [])
         .map(|_| ())
         .map_err(|e| format!("footer: {e}"))
 }
@@ -166,12 +182,17 @@ pub fn check_pages(bytes: &[u8], start: u64, len: u64) -> Result<(), String> {
     let end = start.saturating_add(len).min(bytes.len() as u64) as usize;
     let mut pos = start as usize;
     while pos < end {
-        // PageHeader field 3: compressed_page_size.
-        let (header_end, size) = scan_struct(&bytes[..end], pos, 3)
+        // PageHeader fields 2 and 3: uncompressed and compressed page size.
+        let (header_end, [uncompressed, size]) = scan_struct(&bytes[..end], pos, [2, 3])
             .map_err(|e| format!("page header at byte {pos}: {e}"))?;
         let size = size
             .filter(|s| *s >= 0)
             .ok_or_else(|| format!("page header at byte {pos}: no valid compressed_page_size"))?;
+        if let Some(u) = uncompressed.filter(|&u| u > max_uncompressed(size)) {
+            return Err(format!(
+                "page header at byte {pos}: {u} bytes uncompressed from {size} compressed"
+            ));
+        }
         pos = header_end.saturating_add(size as usize);
     }
     Ok(())
@@ -185,17 +206,21 @@ mod tests {
     fn a_list_of_two_billion_booleans_is_refused_at_once() {
         // struct { 1: list<bool> of 2^31 - 1 elements }, then stop.
         let mut header = vec![0x19, 0xf1, 0xff, 0xff, 0xff, 0xff, 0x07, 0x00];
-        let e = scan_struct(&header, 0, 0).unwrap_err();
+        let e = scan_struct(&header, 0, []).unwrap_err();
         assert!(e.contains("list elements"), "{e}");
         // A short list of booleans is fine.
         header = vec![0x19, 0x31, 0x00];
-        assert_eq!(scan_struct(&header, 0, 0).unwrap().0, 3);
+        assert_eq!(scan_struct(&header, 0, []).unwrap().0, 3);
     }
 
     #[test]
     fn the_wanted_integer_field_is_read() {
         // struct { 1: i32 = 4 (zigzag 8), 3: i32 = 100 (zigzag 200), } stop
         let header = [0x15, 0x08, 0x25, 0xc8, 0x01, 0x00];
-        assert_eq!(scan_struct(&header, 0, 3).unwrap(), (6, Some(100)));
+        assert_eq!(
+            scan_struct(&header, 0, [3, 1]).unwrap(),
+            (6, [Some(100), Some(4)])
+        );
+        assert!(max_uncompressed(100) < 100 << 20);
     }
 }

@@ -1,6 +1,6 @@
 //! `aisql-fuzz TARGET SECONDS [--seed N] [--artifacts DIR]`: fuzzes one target
 //! (or `all`, splitting the time); `aisql-fuzz TARGET replay FILE...` runs saved
-//! inputs. Exit 0: no finding; 1: findings (inputs
+//! inputs; `aisql-fuzz TARGET seeds DIR` writes the target's seeds as files. Exit 0: no finding; 1: findings (inputs
 //! saved); 2: bad usage; 3: an input hung (saved by the watchdog).
 
 use std::path::PathBuf;
@@ -18,7 +18,7 @@ const HANG_LIMIT: Duration = Duration::from_secs(10);
 fn usage(problem: &str) -> ! {
     let names: Vec<&str> = Target::ALL.iter().map(|t| t.name()).collect();
     eprintln!(
-        "aisql-fuzz: {problem}\nusage: aisql-fuzz TARGET SECONDS [--seed N] [--artifacts DIR]\n       aisql-fuzz TARGET replay FILE...\n\
+        "aisql-fuzz: {problem}\nusage: aisql-fuzz TARGET SECONDS [--seed N] [--artifacts DIR]\n       aisql-fuzz TARGET replay FILE...\n       aisql-fuzz TARGET seeds DIR\n\
          targets: {} or all",
         names.join(", ")
     );
@@ -30,6 +30,34 @@ fn main() {
     let [target, seconds, rest @ ..] = args.as_slice() else {
         usage("TARGET and SECONDS are required")
     };
+    if seconds == "seeds" {
+        // The seeds as files, for libFuzzer's corpus folder.
+        let t =
+            Target::from_name(target).unwrap_or_else(|| usage(&format!("no target {target:?}")));
+        let [dir] = rest else {
+            usage("seeds takes one folder")
+        };
+        let fixture = Fixture::new().unwrap_or_else(|e| {
+            eprintln!("aisql-fuzz: cannot build the fixture: {e}");
+            std::process::exit(1)
+        });
+        let written = fixture.seeds(t).and_then(|seeds| {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{dir}: {e}"))?;
+            for (i, seed) in seeds.iter().enumerate() {
+                let path = PathBuf::from(dir).join(format!("seed-{i:04}"));
+                std::fs::write(&path, seed).map_err(|e| format!("{}: {e}", path.display()))?;
+            }
+            Ok(seeds.len())
+        });
+        match written {
+            Ok(n) => println!("{n} seeds written to {dir}"),
+            Err(e) => {
+                eprintln!("aisql-fuzz: {e}");
+                std::process::exit(1)
+            }
+        }
+        return;
+    }
     if seconds == "replay" {
         let t =
             Target::from_name(target).unwrap_or_else(|| usage(&format!("no target {target:?}")));
