@@ -124,6 +124,18 @@ impl Tokenizer {
         Ok(encs.into_iter().map(|e| e.get_ids().to_vec()).collect())
     }
 
+    /// The text the model reads for `text`: the tokenizer's normalizer applied
+    /// (Unicode NFC for Qwen3, as the reference tokenizer does), so that
+    /// `decode(encode_document(t)) == normalized(t)`.
+    pub fn normalized(&self, text: &str) -> Result<String> {
+        use tokenizers::tokenizer::Normalizer;
+        let mut s = tokenizers::NormalizedString::from(text);
+        if let Some(n) = self.documents.get_normalizer() {
+            n.normalize(&mut s).map_err(tok_err)?;
+        }
+        Ok(s.get().to_string())
+    }
+
     /// Whether `id` is a special (control) token such as `<|im_start|>`.
     pub fn is_special(&self, id: u32) -> bool {
         self.inner
@@ -235,6 +247,17 @@ mod tests {
         assert!(!as_doc.iter().any(|&id| tok.is_special(id)), "{as_doc:?}");
         assert_eq!(tok.decode(&as_doc).unwrap(), doc);
         assert_eq!(tok.encode_documents(&[doc]).unwrap(), [as_doc]);
+        // Text comes back as the model reads it: in Unicode NFC.
+        let decomposed = "Cafe\u{301} \u{0f9d}";
+        let ids = tok.encode_document(decomposed).unwrap();
+        assert_eq!(
+            tok.decode(&ids).unwrap(),
+            tok.normalized(decomposed).unwrap()
+        );
+        assert_eq!(
+            tok.normalized(decomposed).unwrap(),
+            "Caf\u{e9} \u{0f9c}\u{0fb7}"
+        );
         // Plain text encodes the same either way.
         assert_eq!(
             tok.encode_document("plain text").unwrap(),
