@@ -180,8 +180,10 @@ pub fn fuzz(
                 (format!("panic {message}"), Some(("panic", message)))
             }
         };
+        // One saved input per kind of finding: a broken promise that quotes the
+        // input would otherwise save every input that breaks it.
         if let Some((what, message)) = finding
-            && seen_messages.insert(message.clone())
+            && seen_messages.insert(crate::targets::kind(&message))
         {
             let input_path = save(
                 &dir,
