@@ -31,7 +31,6 @@
 //! answers from labels and reports the fresh tokens the model would compute.
 
 use std::collections::{HashMap, HashSet};
-use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 use aisql_models::{ClassifyRequest, Continuation, KvHandle, Qwen3, Tokenizer};
@@ -340,7 +339,29 @@ pub fn default_kv_budget_bytes() -> usize {
     (available / 4).min(16 << 30)
 }
 
-type DocKey = (String, String);
+/// One document: its table, text column and row id. Typed, so that a table or
+/// column whose name holds a dot cannot make two documents one key (and share KV).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct DocKey {
+    table: String,
+    column: String,
+    id: String,
+}
+
+impl DocKey {
+    fn new(table: &str, column: &str, id: &str) -> Self {
+        Self {
+            table: table.to_string(),
+            column: column.to_string(),
+            id: id.to_string(),
+        }
+    }
+}
+
+/// Memo key of a pair question: which prompt (its number in [`Cache::groups`]),
+/// anchor and partner. The number stands for the exact prompt pieces and kind, so
+/// two different prompts never share answers (a 64-bit hash could collide).
+type MemoKey = (u32, DocKey, DocKey);
 
 #[derive(Default)]
 struct Tokens {
@@ -352,8 +373,10 @@ struct Cache<K> {
     docs: PrefixTrie<K>,
     doc_nodes: HashMap<DocKey, NodeId>,
     suffixes: HashMap<DocKey, PrefixTrie<K>>,
-    memo_bool: HashMap<(u64, DocKey, DocKey), bool>,
-    memo_label: HashMap<(u64, DocKey, DocKey), usize>,
+    /// The prompts asked in this query, numbered for [`MemoKey`].
+    groups: HashMap<(AiKind, crate::prompt::PromptPieces), u32>,
+    memo_bool: HashMap<MemoKey, bool>,
+    memo_label: HashMap<MemoKey, usize>,
     /// Per document, the call that last used it (eviction order).
     last_used: HashMap<DocKey, u64>,
     calls: u64,
@@ -365,6 +388,7 @@ impl<K: KvOps> Cache<K> {
             docs: PrefixTrie::new(None),
             doc_nodes: HashMap::new(),
             suffixes: HashMap::new(),
+            groups: HashMap::new(),
             memo_bool: HashMap::new(),
             memo_label: HashMap::new(),
             last_used: HashMap::new(),
@@ -460,7 +484,7 @@ impl<E: Executor> ScheduledBackend<E> {
 
     /// Token ids of documents, tokenized once per (table, column, id).
     fn docs(&self, table: &str, column: &str, docs: &[(&str, &str)]) -> Result<Vec<Arc<Vec<u32>>>> {
-        let key = |id: &str| (format!("{table}.{column}"), id.to_string());
+        let key = |id: &str| DocKey::new(table, column, id);
         let missing: Vec<(&str, &str)> = {
             let t = self.tokens.lock().expect("tokens lock");
             let mut seen = HashSet::new();
@@ -496,9 +520,7 @@ impl<E: Executor> ScheduledBackend<E> {
         };
         let needed: HashSet<String> = state.ops[pos..].iter().map(|(_, t)| t.clone()).collect();
         let cache = &mut state.cache;
-        cache
-            .doc_nodes
-            .retain(|(tc, _), _| needed.contains(tc.split('.').next().unwrap_or_default()));
+        cache.doc_nodes.retain(|k, _| needed.contains(&k.table));
         let docs = &cache.doc_nodes;
         cache.suffixes.retain(|k, _| docs.contains_key(k));
         let keep: HashSet<NodeId> = cache.doc_nodes.values().copied().collect();
@@ -601,7 +623,6 @@ impl<E: Executor> ScheduledBackend<E> {
             .map(|r| (r.anchor.id, r.anchor.text))
             .collect();
         let tokens = self.docs(&call.tables[0], &call.columns[0], &docs)?;
-        let key_table = format!("{}.{}", call.tables[0], call.columns[0]);
         let budget_tokens = self.config.kv_budget_bytes / self.exec.kv_bytes_per_token().max(1);
         let label_tokens = self.longest_label(call)?;
         let cache = &mut state.cache;
@@ -624,7 +645,7 @@ impl<E: Executor> ScheduledBackend<E> {
             seq.extend_from_slice(&preamble);
             seq.extend_from_slice(doc);
             let leaf = cache.docs.insert(&seq)?;
-            let key = (key_table.clone(), r.anchor.id.to_string());
+            let key = DocKey::new(&call.tables[0], &call.columns[0], r.anchor.id);
             cache.doc_nodes.insert(key.clone(), leaf);
             leaves.push(leaf);
             keys.push(key);
@@ -718,11 +739,13 @@ impl<E: Executor> ScheduledBackend<E> {
         Ok(())
     }
 
-    fn group_hash(call: &AiCall) -> u64 {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        call.pieces.hash(&mut h);
-        call.kind.hash(&mut h);
-        h.finish()
+    /// The number of `call`'s prompt in this query's memo.
+    fn memo_group(cache: &mut Cache<E::Kv>, call: &AiCall) -> u32 {
+        let next = cache.groups.len() as u32;
+        *cache
+            .groups
+            .entry((call.kind, call.pieces.clone()))
+            .or_insert(next)
     }
 
     fn run(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Answers> {
@@ -762,19 +785,17 @@ impl<E: Executor> ScheduledBackend<E> {
             let frame = self.piece(&pieces.frame)?;
             let label = self.piece(&pieces.label)?;
             let tail = self.piece(&pieces.tail)?;
-            let group = Self::group_hash(call);
-            let anchor_table = format!("{}.{}", call.tables[0], call.columns[0]);
-            let partner_table = format!("{}.{}", call.tables[1], call.columns[1]);
+            let group = Self::memo_group(&mut state.cache, call);
             // Memo: a pair asked before with the same pieces is not asked again,
             // and its anchor's KV is not needed for it.
-            let keys: Vec<(u64, DocKey, DocKey)> = requests
+            let keys: Vec<MemoKey> = requests
                 .iter()
                 .map(|r| {
                     let p = r.partner.expect("pair requests have partners");
                     (
                         group,
-                        (anchor_table.clone(), r.anchor.id.to_string()),
-                        (partner_table.clone(), p.id.to_string()),
+                        DocKey::new(&call.tables[0], &call.columns[0], r.anchor.id),
+                        DocKey::new(&call.tables[1], &call.columns[1], p.id),
                     )
                 })
                 .collect();
@@ -847,12 +868,7 @@ impl<E: Executor> ScheduledBackend<E> {
         };
         let keep: HashSet<DocKey> = requests
             .iter()
-            .map(|r| {
-                (
-                    format!("{}.{}", call.tables[0], call.columns[0]),
-                    r.anchor.id.to_string(),
-                )
-            })
+            .map(|r| DocKey::new(&call.tables[0], &call.columns[0], r.anchor.id))
             .collect();
         self.enforce_budget(&mut state, &keep);
         Ok(out)
