@@ -96,3 +96,12 @@ pub fn from_datafusion(e: DataFusionError) -> EngineError {
         other => EngineError::DataFusion(other),
     }
 }
+
+/// The message of a caught panic (a dependency's panic turned into an error).
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("no message")
+}

@@ -7,6 +7,8 @@
 //! no header or page can make the reader loop for hours or reserve gigabytes.
 
 use bytes::Bytes;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 
@@ -38,7 +40,7 @@ fn guarded<T>(read: impl FnOnce() -> Result<T, ParquetReadError>) -> Result<T, P
     catch_unwind(AssertUnwindSafe(read)).unwrap_or_else(|panic| {
         Err(ParquetReadError::Corrupt(format!(
             "corrupt Parquet data (the reader failed: {})",
-            crate::query::panic_message(panic.as_ref())
+            crate::error::panic_message(panic.as_ref())
         )))
     })
 }
@@ -105,17 +107,39 @@ fn check_dictionaries(bytes: &Bytes) -> Result<(), ParquetReadError> {
     Ok(())
 }
 
-/// The row count recorded in `path`'s footer.
+/// The row count recorded in `path`'s footer. Only the footer is read: this runs
+/// for every table each time a dataset is opened.
 pub fn footer_rows(path: &Path) -> Result<u64, ParquetReadError> {
-    let bytes = Bytes::from(std::fs::read(path).map_err(ParquetReadError::Io)?);
+    let tail = footer_tail(path).map_err(ParquetReadError::Io)?;
+    let file = File::open(path).map_err(ParquetReadError::Io)?;
     guarded(|| {
-        crate::parquet_headers::check_footer(&bytes).map_err(ParquetReadError::Corrupt)?;
-        let reader = SerializedFileReader::new(bytes)
+        crate::parquet_headers::check_footer(&tail).map_err(ParquetReadError::Corrupt)?;
+        let reader = SerializedFileReader::new(file)
             .map_err(|e| ParquetReadError::Corrupt(e.to_string()))?;
         let rows = reader.metadata().file_metadata().num_rows();
         u64::try_from(rows)
             .map_err(|_| ParquetReadError::Corrupt(format!("the footer records {rows} rows")))
     })
+}
+
+/// The footer of `path` with its 8-byte trailer (length and magic), as far as the
+/// file holds them: what [`crate::parquet_headers::check_footer`] scans.
+fn footer_tail(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut file = File::open(path)?;
+    let size = file.metadata()?.len();
+    let read_last = |file: &mut File, n: u64| -> std::io::Result<Vec<u8>> {
+        let n = n.min(size);
+        file.seek(SeekFrom::Start(size - n))?;
+        let mut buf = vec![0; n as usize];
+        file.read_exact(&mut buf)?;
+        Ok(buf)
+    };
+    let trailer = read_last(&mut file, 8)?;
+    if trailer.len() < 8 {
+        return Ok(trailer);
+    }
+    let len = u32::from_le_bytes(trailer[..4].try_into().expect("4 bytes"));
+    read_last(&mut file, u64::from(len) + 8)
 }
 
 #[cfg(test)]

@@ -133,7 +133,7 @@ pub async fn run_query(
         .map_err(|panic| {
             EngineError::InvalidPlan(format!(
                 "DataFusion could not consume the plan: {}",
-                panic_message(panic.as_ref())
+                crate::error::panic_message(panic.as_ref())
             ))
         })?
         .map_err(from_datafusion)?;
@@ -225,13 +225,4 @@ async fn collect_within_limit(
         batches.push(batch);
     }
     Ok(batches)
-}
-
-/// The message of a caught panic.
-pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
-    panic
-        .downcast_ref::<String>()
-        .map(String::as_str)
-        .or_else(|| panic.downcast_ref::<&str>().copied())
-        .unwrap_or("no message")
 }

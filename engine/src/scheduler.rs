@@ -461,7 +461,14 @@ impl<E: Executor> ScheduledBackend<E> {
     /// Refuses a prompt of `len` positions (label continuations included) that is
     /// longer than the model's context: past `max_position_embeddings` its answer
     /// would be silently wrong, so the row is named instead.
-    fn check_context(&self, op_id: &str, row: &str, table: &str, len: usize) -> Result<()> {
+    /// `row` and `table` are formatted only for the error (this runs for every pair).
+    fn check_context(
+        &self,
+        op_id: &str,
+        row: impl std::fmt::Display,
+        table: impl std::fmt::Display,
+        len: usize,
+    ) -> Result<()> {
         let max = self.exec.max_positions();
         if len > max {
             return Err(EngineError::Inference(format!(
@@ -828,9 +835,12 @@ impl<E: Executor> ScheduledBackend<E> {
                 let (k, n) = &nodes[j];
                 let anchor_len = state.cache.suffixes[k].kv(*n).map_or(0, |kv| kv.len());
                 let len = anchor_len + suffixes[j].len() + label_tokens;
-                let row = format!("{} × {}", r.anchor.id, r.partner.map_or("", |p| p.id));
-                let tables = format!("{} × {}", call.tables[0], call.tables[1]);
-                self.check_context(&call.op_id, &row, &tables, len)?;
+                self.check_context(
+                    &call.op_id,
+                    format_args!("{} × {}", r.anchor.id, r.partner.map_or("", |p| p.id)),
+                    format_args!("{} × {}", call.tables[0], call.tables[1]),
+                    len,
+                )?;
             }
             let order: Vec<usize> = (0..todo.len()).collect();
             for chunk in chunk_by_tokens(&order, self.config.batch_tokens, |&j| suffixes[j].len()) {

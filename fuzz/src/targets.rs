@@ -579,12 +579,7 @@ fn two_column_parquet(text: &str, raw: &[u8]) -> Result<Vec<u8>, String> {
         Arc::new(StringArray::from(vec![text])),
         Arc::new(BinaryArray::from(vec![raw])),
     ];
-    let batch = RecordBatch::try_new(schema.clone(), columns).map_err(err)?;
-    let mut buf = Vec::new();
-    let mut w = ArrowWriter::try_new(&mut buf, schema, None).map_err(err)?;
-    w.write(&batch).map_err(err)?;
-    w.close().map_err(err)?;
-    Ok(buf)
+    parquet_bytes(schema, columns)
 }
 
 /// A reviews-shaped table of hostile cells, as a Parquet seed.
@@ -599,6 +594,11 @@ fn hostile_parquet() -> Result<Vec<u8>, String> {
         Arc::new(StringArray::from(ids)),
         Arc::new(StringArray::from(bodies)),
     ];
+    parquet_bytes(schema, columns)
+}
+
+/// One batch of `columns` as a Parquet file's bytes.
+fn parquet_bytes(schema: Arc<Schema>, columns: Vec<ArrayRef>) -> Result<Vec<u8>, String> {
     let batch = RecordBatch::try_new(schema.clone(), columns).map_err(err)?;
     let mut buf = Vec::new();
     let mut w = ArrowWriter::try_new(&mut buf, schema, None).map_err(err)?;
