@@ -27,6 +27,9 @@ pub enum Command {
     },
     /// Run one plan and print its rows.
     Query(QueryArgs),
+    /// Run SQL with AI functions (ai_filter, AI_FILTER(PROMPT(...)), AI.IF(...),
+    /// ai_join, ai_classify) over your tables and/or a QUAIL-B dataset.
+    Sql(SqlArgs),
     /// QUAIL-B data: generate the stand-in corpus or fetch the published one.
     #[command(subcommand)]
     Data(DataCommand),
@@ -169,9 +172,68 @@ pub struct QueryArgs {
     /// Write rows.parquet, answer tables and plan.substrait here (SPEC §D.6 layout).
     #[arg(long)]
     pub output_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub rows: RowOutputArgs,
+}
+
+/// How result rows are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RowFormat {
+    /// An aligned table.
+    Table,
+    /// CSV with a header line.
+    Csv,
+    /// A JSON array of objects.
+    Json,
+}
+
+/// Where printed and saved rows go.
+#[derive(Debug, Clone, Args)]
+pub struct RowOutputArgs {
+    /// How rows are printed on stdout.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: RowFormat,
+    /// Also save all rows to FILE, in the format its extension names (.parquet,
+    /// .csv, .json). Written whole or not at all.
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
     /// Print at most this many rows (all rows are always saved).
     #[arg(long, default_value_t = 50)]
     pub limit: usize,
+}
+
+/// `aisql sql`.
+#[derive(Debug, Args)]
+pub struct SqlArgs {
+    /// The SQL statement.
+    #[arg(conflicts_with = "file", required_unless_present = "file")]
+    pub query: Option<String>,
+    /// Read the statement from FILE.
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    pub file: Option<PathBuf>,
+    /// A table: NAME=PATH, a .parquet, .csv or .json (JSON lines) file or a folder
+    /// of them. Repeatable.
+    #[arg(long = "table", value_name = "NAME=PATH")]
+    pub tables: Vec<String>,
+    /// QUAIL-B data root whose tables (reviews, aspects, reports, terms, claims,
+    /// evidence, citation_contexts, citation_passages, agent_traces) are registered
+    /// too. Without it and without --table: aisql's cache, else the stand-in corpus.
+    #[arg(long, env = "AISQL_ROOT")]
+    pub root: Option<PathBuf>,
+    /// Scale factor of the QUAIL-B corpus.
+    #[arg(long, default_value_t = 0.1)]
+    pub sf: f64,
+    /// Reference collection id (default: the corpus's active collection).
+    #[arg(long)]
+    pub collection: Option<String>,
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    #[command(flatten)]
+    pub rows: RowOutputArgs,
+    /// Write the plan as Substrait to FILE (ProtoJSON for .json, else binary)
+    /// instead of running it; `aisql query FILE` runs it.
+    #[arg(long, value_name = "FILE")]
+    pub to_substrait: Option<PathBuf>,
 }
 
 /// `aisql data …`.

@@ -1,5 +1,5 @@
 //! The `aisql` command line: thin — parse arguments, run the command, map the
-//! outcome to an exit code (0 success, 1 error, 2 usage error from clap).
+//! outcome to an exit code (0 success, 1 error, 2 usage error).
 
 mod cli;
 mod commands;
@@ -14,7 +14,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("aisql: error: {err:#}");
-            ExitCode::from(1)
+            if err.downcast_ref::<commands::UsageError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::from(1)
+            }
         }
     }
 }

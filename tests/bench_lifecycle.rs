@@ -55,7 +55,7 @@ impl InferenceBackend for TestBackend {
         self.nap();
         self.oracle.classify(call, requests)
     }
-    fn start_query(&self, _query: &aisql_engine::plan::QueryPlan) {
+    fn start_query(&self, _operators: &[aisql_engine::backend::AiCall]) {
         self.started.fetch_add(1, Ordering::SeqCst);
     }
 }

@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use aisql_engine::backend::{AiCall, AiKind, AiRequest, Doc, InferenceBackend};
 use aisql_engine::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo, PredicateKind};
-use aisql_engine::plan::QueryPlan;
 use aisql_engine::prompt::{PromptFormat, filter_pieces, join_pieces};
 use aisql_engine::scheduler::{QWEN3_4B_KV_BYTES_PER_TOKEN, SchedulerConfig, simulation_backend};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -69,11 +68,6 @@ fn bench(c: &mut Criterion) {
     }
     store.insert(set).unwrap();
     let store = Arc::new(store);
-    let plan = QueryPlan::from_file(
-        &std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../bench/quailb/plans/IMDB-7.json"),
-    )
-    .unwrap();
     let calls: Vec<AiCall> = templates
         .iter()
         .enumerate()
@@ -111,7 +105,7 @@ fn bench(c: &mut Criterion) {
         })
         .collect();
     // Warm the token cache once: timing covers scheduling and the virtual cache.
-    backend.start_query(&plan);
+    backend.start_query(&calls);
     backend.decide(&calls[0], &requests).unwrap();
 
     let mut group = c.benchmark_group("scheduler");
@@ -119,7 +113,7 @@ fn bench(c: &mut Criterion) {
     group.throughput(Throughput::Elements((requests.len() * 3) as u64));
     group.bench_function("filter_chain_5000x3", |b| {
         b.iter(|| {
-            backend.start_query(&plan);
+            backend.start_query(&calls);
             for call in &calls {
                 backend.decide(call, &requests).unwrap();
             }
@@ -137,7 +131,7 @@ fn bench(c: &mut Criterion) {
     group.throughput(Throughput::Elements(pairs.len() as u64));
     group.bench_function("join_5000x12", |b| {
         b.iter(|| {
-            backend.start_query(&plan);
+            backend.start_query(std::slice::from_ref(&join));
             backend.decide(&join, &pairs).unwrap();
         })
     });

@@ -93,8 +93,9 @@ pub trait InferenceBackend: Send + Sync {
     /// threads.
     fn wait_stopped(&self) {}
 
-    /// Called before a query runs: a backend may plan around its operators.
-    fn start_query(&self, _query: &crate::plan::QueryPlan) {}
+    /// Called before a query runs with its AI operators in the order they run
+    /// (post-order of the plan): a backend may plan around them.
+    fn start_query(&self, _operators: &[AiCall]) {}
 }
 
 /// Answers every question from the reference labels of a collection: the

@@ -16,6 +16,10 @@ pub enum EngineError {
     /// The plan decodes but breaks a rule of SPEC §A.
     #[error("invalid plan: {0}")]
     InvalidPlan(String),
+    /// A SQL query is malformed or uses an AI function wrongly; the message
+    /// names the call and, where known, its line and column.
+    #[error("sql: {0}")]
+    Sql(String),
     /// A label set is malformed or inconsistent.
     #[error("labels: {0}")]
     Labels(String),

@@ -8,6 +8,7 @@
 //! [`backend::InferenceBackend`] in batches; [`query`] runs it all and returns
 //! rows plus per-operator answer tables ([`answers`]).
 
+pub mod ai_functions;
 pub mod answers;
 pub mod backend;
 pub mod cache_dir;
@@ -27,6 +28,7 @@ pub mod prompt;
 pub mod query;
 pub mod query_gate;
 pub mod scheduler;
+pub mod sql;
 pub mod tables;
 
 pub use error::{EngineError, Result, from_datafusion};

@@ -15,19 +15,19 @@
 //! Operator ids come from the validated [`QueryPlan`], which numbers operators
 //! in the same post-order the consumer visits them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::{DataType, Field};
 use datafusion::catalog::TableProvider;
-use datafusion::common::{Column, DFSchema, DFSchemaRef, TableReference};
+use datafusion::common::{Column, DFSchema, DFSchemaRef, JoinType, TableReference};
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::FunctionRegistry;
 use datafusion::execution::SessionState;
 use datafusion::logical_expr::{
-    Expr, Extension, LogicalPlan, LogicalPlanBuilder, UserDefinedLogicalNodeCore,
+    Expr, Extension, LogicalPlan, LogicalPlanBuilder, UserDefinedLogicalNodeCore, build_join_schema,
 };
 use datafusion_substrait::extensions::Extensions;
 use datafusion_substrait::logical_plan::consumer::{
@@ -43,38 +43,98 @@ use crate::backend::{AiCall, AiKind};
 use crate::plan::{Operator, QueryPlan};
 use crate::prompt::{PromptFormat, operator_pieces};
 
-/// Where one document of a prompt lives in an AI node's input row.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DocSlot {
-    /// Relation alias.
+/// One document of a prompt: the columns holding its id and its text.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd)]
+pub struct DocRef {
+    /// The relation it comes from, as answer tables name it (`r1`, `reviews`).
     pub alias: String,
-    /// Index of `alias.id` in the node's input schema (left ‖ right for joins).
-    pub id_index: usize,
-    /// Index of the text column.
-    pub text_index: usize,
+    /// Its row id (the text column itself when the relation has no `id`).
+    pub id: Column,
+    /// The text the prompt embeds.
+    pub text: Column,
 }
 
-/// Everything an AI operator needs at run time.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// What an AI operator does with its answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd)]
+pub enum AiShape {
+    /// Keeps the rows answered TRUE (one input, schema unchanged).
+    Filter,
+    /// Pairs two inputs on the answer, with the join's type.
+    Join(JoinType),
+    /// Appends the answer as a column: a label, or an AI predicate's value used
+    /// inside a larger expression (`CASE`, `OR`, `SUM`).
+    Project,
+}
+
+/// Everything an AI operator needs at run time. Columns are named, not indexed,
+/// so the optimizer may prune or reorder the inputs' columns.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd)]
 pub struct AiSpec {
     /// The call as the backend sees it.
     pub call: AiCall,
+    /// What happens to the answers.
+    pub shape: AiShape,
     /// The `{0}` document and, for pairs, the `{1}` document.
-    pub slots: Vec<DocSlot>,
-    /// Join equalities as input-schema indices: ({0}-side column, {1}-side column).
-    pub equalities: Vec<(usize, usize)>,
-    /// Number of fields of the left input (joins); 0 otherwise.
-    pub left_width: usize,
-    /// Classification output column (bare name).
-    pub output: Option<String>,
+    pub docs: Vec<DocRef>,
+    /// Join equalities: ({0}-side column, {1}-side column). Only pairs meeting
+    /// them are asked.
+    pub equalities: Vec<(Column, Column)>,
+    /// The appended column ([`AiShape::Project`]).
+    pub output: Option<Column>,
 }
 
-/// An AI operator in the logical plan: filter, join or classification.
+impl AiSpec {
+    /// The columns the operator reads, in the order [`AiNode::expressions`] lists
+    /// them: ids, texts, then equality columns.
+    fn columns(&self) -> Vec<Column> {
+        let mut c: Vec<Column> = self.docs.iter().map(|d| d.id.clone()).collect();
+        c.extend(self.docs.iter().map(|d| d.text.clone()));
+        for (a, b) in &self.equalities {
+            c.push(a.clone());
+            c.push(b.clone());
+        }
+        c
+    }
+
+    /// The same spec reading `columns` (as [`Self::columns`] orders them).
+    fn with_columns(&self, columns: Vec<Column>) -> DfResult<Self> {
+        if columns.len() != self.columns().len() {
+            return Err(DataFusionError::Internal(format!(
+                "{}: expected {} columns, got {}",
+                self.call.op_id,
+                self.columns().len(),
+                columns.len()
+            )));
+        }
+        let n = self.docs.len();
+        let mut spec = self.clone();
+        for (i, d) in spec.docs.iter_mut().enumerate() {
+            d.id = columns[i].clone();
+            d.text = columns[n + i].clone();
+        }
+        for (i, e) in spec.equalities.iter_mut().enumerate() {
+            *e = (
+                columns[2 * n + 2 * i].clone(),
+                columns[2 * n + 2 * i + 1].clone(),
+            );
+        }
+        Ok(spec)
+    }
+
+    /// Rough prompt tokens of the fixed text (a token is about four bytes of
+    /// English): what `EXPLAIN` shows and what orders a relation's AI filters.
+    pub fn estimated_prompt_tokens(&self) -> usize {
+        let p = &self.call.pieces;
+        (p.preamble.len() + p.frame.len() + p.label.len() + p.tail.len()).div_ceil(4)
+    }
+}
+
+/// An AI operator in the logical plan.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct AiNode {
     /// Run-time description.
     pub spec: AiSpec,
-    /// One input (filter, classify) or two (join).
+    /// One input (filter, projection) or two (join).
     pub inputs: Vec<LogicalPlan>,
     /// Output schema.
     pub schema: DFSchemaRef,
@@ -86,12 +146,87 @@ impl PartialOrd for AiNode {
     }
 }
 
+/// Whether a column holds text an AI call can read.
+pub fn is_text(t: &DataType) -> bool {
+    matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+}
+
+impl AiNode {
+    /// Checks `spec` against `inputs` and derives the output schema.
+    pub fn try_new(spec: AiSpec, inputs: Vec<LogicalPlan>) -> DfResult<Self> {
+        let op = spec.call.op_id.clone();
+        let want = match spec.shape {
+            AiShape::Join(_) => 2,
+            _ => 1,
+        };
+        if inputs.len() != want {
+            return Err(DataFusionError::Internal(format!(
+                "{op} takes {want} input(s), got {}",
+                inputs.len()
+            )));
+        }
+        let combined = match spec.shape {
+            AiShape::Join(_) => Arc::new(inputs[0].schema().join(inputs[1].schema())?),
+            _ => inputs[0].schema().clone(),
+        };
+        for d in &spec.docs {
+            combined.index_of_column(&d.id).map_err(|_| {
+                DataFusionError::Plan(format!("{op}: no column {} for the document id", d.id))
+            })?;
+            let (_, field) = combined.qualified_field_from_column(&d.text).map_err(|_| {
+                DataFusionError::Plan(format!("{op}: no column {} for the document", d.text))
+            })?;
+            if !is_text(field.data_type()) {
+                return Err(DataFusionError::Plan(format!(
+                    "{op}: the document {} is {}, not text; cast it (CAST({} AS VARCHAR))",
+                    d.text,
+                    field.data_type(),
+                    d.text
+                )));
+            }
+        }
+        let schema = match spec.shape {
+            AiShape::Filter => combined,
+            AiShape::Join(t) => Arc::new(build_join_schema(
+                inputs[0].schema(),
+                inputs[1].schema(),
+                &t,
+            )?),
+            AiShape::Project => {
+                let out = spec.output.as_ref().ok_or_else(|| {
+                    DataFusionError::Internal(format!("{op} appends a column but names none"))
+                })?;
+                let data_type = if spec.call.kind == AiKind::Classify {
+                    DataType::Utf8
+                } else {
+                    DataType::Boolean
+                };
+                let mut fields: Vec<(Option<TableReference>, Arc<Field>)> = combined
+                    .iter()
+                    .map(|(q, f)| (q.cloned(), f.clone()))
+                    .collect();
+                fields.push((
+                    out.relation.clone(),
+                    Arc::new(Field::new(&out.name, data_type, true)),
+                ));
+                Arc::new(DFSchema::new_with_metadata(fields, HashMap::new())?)
+            }
+        };
+        Ok(Self {
+            spec,
+            inputs,
+            schema,
+        })
+    }
+}
+
 impl UserDefinedLogicalNodeCore for AiNode {
     fn name(&self) -> &str {
-        match self.spec.call.kind {
-            AiKind::Filter => "AiFilter",
-            AiKind::Join => "AiJoin",
-            AiKind::Classify => "AiClassify",
+        match (self.spec.shape, self.spec.call.kind) {
+            (AiShape::Filter, _) => "AiFilter",
+            (AiShape::Join(_), _) => "AiJoin",
+            (AiShape::Project, AiKind::Classify) => "AiClassify",
+            (AiShape::Project, _) => "AiPredicate",
         }
     }
 
@@ -104,39 +239,130 @@ impl UserDefinedLogicalNodeCore for AiNode {
     }
 
     fn expressions(&self) -> Vec<Expr> {
-        Vec::new()
+        self.spec.columns().into_iter().map(Expr::Column).collect()
+    }
+
+    fn prevent_predicate_push_down_columns(&self) -> HashSet<String> {
+        match self.spec.shape {
+            // Rows pass unchanged: an ordinary predicate above runs first, below.
+            AiShape::Filter => HashSet::new(),
+            AiShape::Project => self.spec.output.iter().map(|c| c.name.clone()).collect(),
+            // DataFusion would push a predicate into both inputs of a two-input
+            // node; the AI rewrite places a join's predicates itself.
+            AiShape::Join(_) => self
+                .schema
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect(),
+        }
+    }
+
+    fn necessary_children_exprs(&self, output_columns: &[usize]) -> Option<Vec<Vec<usize>>> {
+        match self.spec.shape {
+            AiShape::Filter => Some(vec![output_columns.to_vec()]),
+            AiShape::Project => {
+                let width = self.inputs[0].schema().fields().len();
+                Some(vec![
+                    output_columns
+                        .iter()
+                        .copied()
+                        .filter(|&i| i < width)
+                        .collect(),
+                ])
+            }
+            AiShape::Join(t) => {
+                let lw = self.inputs[0].schema().fields().len();
+                let (left, right): (Vec<usize>, Vec<usize>) = match t {
+                    JoinType::LeftSemi | JoinType::LeftAnti | JoinType::LeftMark => (
+                        output_columns.iter().copied().filter(|&i| i < lw).collect(),
+                        vec![],
+                    ),
+                    JoinType::RightSemi | JoinType::RightAnti | JoinType::RightMark => {
+                        (vec![], output_columns.to_vec())
+                    }
+                    _ => (
+                        output_columns.iter().copied().filter(|&i| i < lw).collect(),
+                        output_columns
+                            .iter()
+                            .filter(|&&i| i >= lw)
+                            .map(|&i| i - lw)
+                            .collect(),
+                    ),
+                };
+                Some(vec![left, right])
+            }
+        }
+    }
+
+    fn supports_limit_pushdown(&self) -> bool {
+        // One row out per row in: a LIMIT above may stop the input early.
+        self.spec.shape == AiShape::Project
     }
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        let docs: Vec<&str> = self.spec.slots.iter().map(|s| s.alias.as_str()).collect();
+        let docs: Vec<String> = self.spec.docs.iter().map(|d| d.text.to_string()).collect();
         write!(
             f,
-            "{}: {} on {} prompt={:?}",
+            "{}: {} on {} prompt={:?} prompt_tokens≈{}+documents",
             self.name(),
             self.spec.call.op_id,
             docs.join(" × "),
-            crate::prompt::shorten(&self.spec.call.template, 48)
+            crate::prompt::shorten(&self.spec.call.template, 48),
+            self.spec.estimated_prompt_tokens(),
         )?;
+        if let AiShape::Join(t) = self.spec.shape {
+            write!(f, " type={t}")?;
+            if !self.spec.equalities.is_empty() {
+                let eq: Vec<String> = self
+                    .spec
+                    .equalities
+                    .iter()
+                    .map(|(a, b)| format!("{a} = {b}"))
+                    .collect();
+                write!(f, " on {}", eq.join(" AND "))?;
+            }
+        }
+        if !self.spec.call.labels.is_empty() {
+            write!(f, " labels={:?}", self.spec.call.labels)?;
+        }
         if let Some(out) = &self.spec.output {
-            write!(f, " -> {}.{out}", self.spec.slots[0].alias)?;
+            write!(f, " -> {out}")?;
         }
         Ok(())
     }
 
     fn with_exprs_and_inputs(&self, exprs: Vec<Expr>, inputs: Vec<LogicalPlan>) -> DfResult<Self> {
-        if !exprs.is_empty() || inputs.len() != self.inputs.len() {
-            return Err(DataFusionError::Internal(format!(
-                "{} takes no expressions and {} inputs",
-                self.spec.call.op_id,
-                self.inputs.len()
-            )));
-        }
-        Ok(Self {
-            spec: self.spec.clone(),
-            inputs,
-            schema: self.schema.clone(),
-        })
+        let columns = exprs
+            .into_iter()
+            .map(|e| match e {
+                Expr::Column(c) => Ok(c),
+                other => Err(DataFusionError::Internal(format!(
+                    "{} reads columns, not {other}",
+                    self.spec.call.op_id
+                ))),
+            })
+            .collect::<DfResult<Vec<_>>>()?;
+        Self::try_new(self.spec.with_columns(columns)?, inputs)
     }
+}
+
+/// The AI nodes of a plan, in post-order (inputs before the nodes above them):
+/// the order their operator ids number them in.
+pub fn ai_nodes(plan: &LogicalPlan) -> Vec<AiNode> {
+    fn walk(plan: &LogicalPlan, nodes: &mut Vec<AiNode>) {
+        for input in plan.inputs() {
+            walk(input, nodes);
+        }
+        if let LogicalPlan::Extension(e) = plan
+            && let Some(n) = e.node.as_any().downcast_ref::<AiNode>()
+        {
+            nodes.push(n.clone());
+        }
+    }
+    let mut nodes = Vec::new();
+    walk(plan, &mut nodes);
+    nodes
 }
 
 /// The consumer that builds DataFusion plans with [`AiNode`]s.
@@ -215,24 +441,16 @@ impl<'a> AiConsumer<'a> {
         })
     }
 
-    fn slot(&self, schema: &DFSchema, alias: &str) -> DfResult<DocSlot> {
+    fn doc(&self, alias: &str) -> DfResult<DocRef> {
         let relation = self
             .query
             .relation(alias)
             .ok_or_else(|| DataFusionError::Plan(format!("unknown alias {alias}")))?;
-        let index = |column: &str| {
-            schema
-                .index_of_column(&Column::new(Some(TableReference::bare(alias)), column))
-                .map_err(|_| {
-                    DataFusionError::Plan(format!(
-                        "column {alias}.{column} is not in the input of the AI operator"
-                    ))
-                })
-        };
-        Ok(DocSlot {
+        let column = |name: &str| Column::new(Some(TableReference::bare(alias)), name);
+        Ok(DocRef {
             alias: alias.to_string(),
-            id_index: index("id")?,
-            text_index: index(&relation.text_column)?,
+            id: column("id"),
+            text: column(&relation.text_column),
         })
     }
 
@@ -324,17 +542,12 @@ impl SubstraitConsumer for AiConsumer<'_> {
         };
         let spec = AiSpec {
             call: self.call(op, AiKind::Filter, &[alias])?,
-            slots: vec![self.slot(input.schema(), alias)?],
+            shape: AiShape::Filter,
+            docs: vec![self.doc(alias)?],
             equalities: Vec::new(),
-            left_width: 0,
             output: None,
         };
-        let schema = input.schema().clone();
-        Ok(ai_plan(AiNode {
-            spec,
-            inputs: vec![input],
-            schema,
-        }))
+        Ok(ai_plan(AiNode::try_new(spec, vec![input])?))
     }
 
     async fn consume_join(&self, rel: &JoinRel) -> DfResult<LogicalPlan> {
@@ -356,33 +569,20 @@ impl SubstraitConsumer for AiConsumer<'_> {
         let Operator::Join { aliases, on, .. } = op else {
             return Err(DataFusionError::Plan(format!("{} is not a join", op.id())));
         };
-        let schema = Arc::new(left.schema().join(right.schema())?);
-        let col = |alias: &str, column: &str| {
-            schema
-                .index_of_column(&Column::new(Some(TableReference::bare(alias)), column))
-                .map_err(|_| {
-                    DataFusionError::Plan(format!("{}: no column {alias}.{column}", op.id()))
-                })
-        };
+        let col =
+            |alias: &str, column: &str| Column::new(Some(TableReference::bare(alias)), column);
         let equalities = on
             .iter()
-            .map(|(c0, c1)| Ok((col(&aliases[0], c0)?, col(&aliases[1], c1)?)))
-            .collect::<DfResult<Vec<_>>>()?;
+            .map(|(c0, c1)| (col(&aliases[0], c0), col(&aliases[1], c1)))
+            .collect();
         let spec = AiSpec {
             call: self.call(op, AiKind::Join, &[&aliases[0], &aliases[1]])?,
-            slots: vec![
-                self.slot(&schema, &aliases[0])?,
-                self.slot(&schema, &aliases[1])?,
-            ],
+            shape: AiShape::Join(JoinType::Inner),
+            docs: vec![self.doc(&aliases[0])?, self.doc(&aliases[1])?],
             equalities,
-            left_width: left.schema().fields().len(),
             output: None,
         };
-        Ok(ai_plan(AiNode {
-            spec,
-            inputs: vec![left, right],
-            schema,
-        }))
+        Ok(ai_plan(AiNode::try_new(spec, vec![left, right])?))
     }
 
     async fn consume_project(&self, rel: &ProjectRel) -> DfResult<LogicalPlan> {
@@ -413,31 +613,20 @@ impl SubstraitConsumer for AiConsumer<'_> {
         };
         let mut aliases = vec![alias.as_str()];
         aliases.extend(partner.as_deref());
-        let slots = aliases
+        let docs = aliases
             .iter()
-            .map(|a| self.slot(input.schema(), a))
+            .map(|a| self.doc(a))
             .collect::<DfResult<Vec<_>>>()?;
-        let mut fields: Vec<(Option<TableReference>, Arc<Field>)> = input
-            .schema()
-            .iter()
-            .map(|(q, f)| (q.cloned(), f.clone()))
-            .collect();
-        fields.push((
-            Some(TableReference::bare(alias.as_str())),
-            Arc::new(Field::new(output, DataType::Utf8, false)),
-        ));
-        let schema = Arc::new(DFSchema::new_with_metadata(fields, HashMap::new())?);
         let spec = AiSpec {
             call: self.call(op, AiKind::Classify, &aliases)?,
-            slots,
+            shape: AiShape::Project,
+            docs,
             equalities: Vec::new(),
-            left_width: 0,
-            output: Some(output.clone()),
+            output: Some(Column::new(
+                Some(TableReference::bare(alias.as_str())),
+                output,
+            )),
         };
-        Ok(ai_plan(AiNode {
-            spec,
-            inputs: vec![input],
-            schema,
-        }))
+        Ok(ai_plan(AiNode::try_new(spec, vec![input])?))
     }
 }

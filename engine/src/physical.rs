@@ -14,11 +14,12 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray, UInt32Array,
+    Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray, UInt32Array, new_null_array,
 };
-use datafusion::arrow::compute::{concat_batches, filter_record_batch, take};
+use datafusion::arrow::compute::{cast, concat_batches, filter_record_batch, take};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::Session;
+use datafusion::common::JoinType;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::context::QueryPlanner;
@@ -28,6 +29,9 @@ use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext
 use datafusion::logical_expr::{LogicalPlan, UserDefinedLogicalNode};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
+};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
@@ -38,7 +42,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::answers::{AnswerRecorder, AnswerTable};
 use crate::backend::{AiKind, AiRequest, Doc, InferenceBackend};
 use crate::error::{EngineError, Result};
-use crate::logical::{AiNode, AiSpec};
+use crate::logical::{AiNode, AiShape, AiSpec};
 
 /// Requests per backend call. One input batch is asked in one call, so the
 /// backend knows every document that batch still needs (it keeps their KV while
@@ -66,20 +70,135 @@ impl fmt::Debug for AiRuntime {
     }
 }
 
+/// Where an AI operator's columns sit in its input (left ‖ right for joins),
+/// resolved from the node's named columns when the physical plan is built.
+#[derive(Debug, Clone)]
+struct Layout {
+    /// (id, text) per document, `{0}` first.
+    docs: Vec<(usize, usize)>,
+    /// Equalities: ({0}-side, {1}-side) indices.
+    equalities: Vec<(usize, usize)>,
+    /// Fields of the left input (joins; all fields otherwise).
+    left_width: usize,
+}
+
+impl Layout {
+    fn of(node: &AiNode) -> DfResult<Self> {
+        let combined = match node.spec.shape {
+            AiShape::Join(_) => Arc::new(node.inputs[0].schema().join(node.inputs[1].schema())?),
+            _ => node.inputs[0].schema().clone(),
+        };
+        let docs = node
+            .spec
+            .docs
+            .iter()
+            .map(|d| {
+                Ok((
+                    combined.index_of_column(&d.id)?,
+                    combined.index_of_column(&d.text)?,
+                ))
+            })
+            .collect::<DfResult<Vec<_>>>()?;
+        let equalities = node
+            .spec
+            .equalities
+            .iter()
+            .map(|(a, b)| Ok((combined.index_of_column(a)?, combined.index_of_column(b)?)))
+            .collect::<DfResult<Vec<_>>>()?;
+        let left_width = node.inputs[0].schema().fields().len();
+        if let AiShape::Join(t) = node.spec.shape {
+            if matches!(t, JoinType::LeftMark | JoinType::RightMark) {
+                return Err(DataFusionError::NotImplemented(format!(
+                    "{}: an AI join of type {t}",
+                    node.spec.call.op_id
+                )));
+            }
+            let anchor_left = docs[0].0 < left_width;
+            let sides_ok = docs.iter().enumerate().all(|(i, &(id, text))| {
+                let left = (i == 0) == anchor_left;
+                (id < left_width) == left && (text < left_width) == left
+            }) && equalities
+                .iter()
+                .all(|&(a, b)| (a < left_width) == anchor_left && (b < left_width) != anchor_left);
+            if !sides_ok {
+                return Err(DataFusionError::Plan(format!(
+                    "{}: an AI join needs its {{0}} document from one input and its {{1}} document from the other",
+                    node.spec.call.op_id
+                )));
+            }
+        }
+        Ok(Self {
+            docs,
+            equalities,
+            left_width,
+        })
+    }
+}
+
+/// An AI operator's metrics, shown by `EXPLAIN ANALYZE`.
+#[derive(Debug, Clone)]
+struct AiMetrics {
+    baseline: BaselineMetrics,
+    input_rows: Count,
+    prompts: Count,
+    fresh_tokens: Count,
+    model_time: Time,
+}
+
+impl AiMetrics {
+    fn new(set: &ExecutionPlanMetricsSet) -> Self {
+        Self {
+            baseline: BaselineMetrics::new(set, 0),
+            input_rows: MetricBuilder::new(set).counter("input_rows", 0),
+            prompts: MetricBuilder::new(set).counter("model_calls", 0),
+            fresh_tokens: MetricBuilder::new(set).counter("fresh_tokens", 0),
+            model_time: MetricBuilder::new(set).subset_time("model_time", 0),
+        }
+    }
+}
+
+/// What one operator's batches share while it runs.
+struct OpState {
+    spec: AiSpec,
+    layout: Layout,
+    runtime: AiRuntime,
+    metrics: AiMetrics,
+    schema: SchemaRef,
+    memo: std::sync::Mutex<Memo>,
+}
+
 /// The physical AI operator.
 #[derive(Debug)]
 pub struct AiExec {
     spec: AiSpec,
+    layout: Layout,
     inputs: Vec<Arc<dyn ExecutionPlan>>,
     schema: SchemaRef,
     runtime: AiRuntime,
+    metrics: ExecutionPlanMetricsSet,
     cache: Arc<PlanProperties>,
 }
 
 impl AiExec {
-    /// An operator over `inputs` producing `schema`.
-    pub fn new(
+    /// The operator of `node` over its physical `inputs`.
+    pub fn try_new(
+        node: &AiNode,
+        inputs: Vec<Arc<dyn ExecutionPlan>>,
+        runtime: AiRuntime,
+    ) -> DfResult<Self> {
+        let layout = Layout::of(node)?;
+        Ok(Self::with_layout(
+            node.spec.clone(),
+            layout,
+            inputs,
+            Arc::new(node.schema.as_arrow().clone()),
+            runtime,
+        ))
+    }
+
+    fn with_layout(
         spec: AiSpec,
+        layout: Layout,
         inputs: Vec<Arc<dyn ExecutionPlan>>,
         schema: SchemaRef,
         runtime: AiRuntime,
@@ -87,14 +206,16 @@ impl AiExec {
         let cache = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(schema.clone()),
             Partitioning::UnknownPartitioning(1),
-            EmissionType::Final,
+            EmissionType::Incremental,
             Boundedness::Bounded,
         ));
         Self {
             spec,
+            layout,
             inputs,
             schema,
             runtime,
+            metrics: ExecutionPlanMetricsSet::new(),
             cache,
         }
     }
@@ -104,10 +225,12 @@ impl DisplayAs for AiExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(
             f,
-            "AiExec: {} kind={:?} backend={}",
+            "AiExec: {} kind={:?} shape={:?} backend={} prompt_tokens≈{}+documents",
             self.spec.call.op_id,
             self.spec.call.kind,
-            self.runtime.backend.name()
+            self.spec.shape,
+            self.runtime.backend.name(),
+            self.spec.estimated_prompt_tokens()
         )
     }
 }
@@ -132,12 +255,17 @@ impl ExecutionPlan for AiExec {
         Ok(TreeNodeRecursion::Continue)
     }
 
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
     fn with_new_children(
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(AiExec::new(
+        Ok(Arc::new(AiExec::with_layout(
             self.spec.clone(),
+            self.layout.clone(),
             children,
             self.schema.clone(),
             self.runtime.clone(),
@@ -155,43 +283,38 @@ impl ExecutionPlan for AiExec {
                 "AiExec has one partition, asked for {partition}"
             )));
         }
-        let spec = Arc::new(self.spec.clone());
-        let schema = self.schema.clone();
-        let runtime = self.runtime.clone();
-        let memo = Arc::new(std::sync::Mutex::new(Memo::default()));
-        // Runs one batch's model work off the async threads.
-        let blocking = move |f: Box<dyn FnOnce() -> Result<RecordBatch> + Send>| async move {
-            tokio::task::spawn_blocking(f)
-                .await
-                .map_err(|e| DataFusionError::External(Box::new(e)))?
-                .map_err(DataFusionError::from)
-        };
-        if spec.call.kind != AiKind::Join {
+        let state = Arc::new(OpState {
+            spec: self.spec.clone(),
+            layout: self.layout.clone(),
+            runtime: self.runtime.clone(),
+            metrics: AiMetrics::new(&self.metrics),
+            schema: self.schema.clone(),
+            memo: std::sync::Mutex::new(Memo::default()),
+        });
+        let AiShape::Join(join_type) = self.spec.shape else {
             // One input streamed batch by batch: a chain of operators sees each
-            // batch of documents in turn while their KV is still cached.
+            // batch of documents in turn while their KV is still cached, and a
+            // LIMIT above stops the model work once it has its rows.
             let input = datafusion::physical_plan::execute_stream(self.inputs[0].clone(), context)?;
             let stream = input.and_then(move |batch| {
-                let (spec, runtime, schema, memo) =
-                    (spec.clone(), runtime.clone(), schema.clone(), memo.clone());
-                blocking(Box::new(move || {
-                    let mut memo = memo.lock().expect("memo lock");
-                    match spec.slots.len() {
-                        1 => one_document(&spec, &runtime, &mut memo, &batch, schema),
-                        _ => pair_classify(&spec, &runtime, &mut memo, &batch, schema),
-                    }
-                }))
+                let state = state.clone();
+                blocking(move || one_input(&state, &batch))
             });
             return Ok(Box::pin(RecordBatchStreamAdapter::new(
                 self.schema.clone(),
                 stream,
             )));
-        }
+        };
         // Joins: collect the partner side, then stream the anchor side.
-        let anchor_left = spec.slots[0].id_index < spec.left_width;
+        let anchor_left = self.layout.docs[0].0 < self.layout.left_width;
         let (anchor_plan, partner_plan) = if anchor_left {
             (self.inputs[0].clone(), self.inputs[1].clone())
         } else {
             (self.inputs[1].clone(), self.inputs[0].clone())
+        };
+        let sides = JoinSides {
+            join_type,
+            anchor_left,
         };
         let partners = async move {
             let partner_schema = partner_plan.schema();
@@ -201,26 +324,36 @@ impl ExecutionPlan for AiExec {
             // query's pool, so a side past `--memory-limit` fails naming this join.
             let reservation = MemoryConsumer::new(format!(
                 "AiExec {} (partner side of the AI join)",
-                spec.call.op_id
+                state.spec.call.op_id
             ))
             .register(context.memory_pool());
             reservation.try_grow(partners.get_array_memory_size())?;
             let reservation = Arc::new(reservation);
+            let matched = Arc::new(std::sync::Mutex::new(vec![false; partners.num_rows()]));
             let anchors = datafusion::physical_plan::execute_stream(anchor_plan, context)?;
-            Ok::<_, DataFusionError>(anchors.and_then(move |batch| {
-                let (spec, runtime, schema, memo, partners) = (
-                    spec.clone(),
-                    runtime.clone(),
-                    schema.clone(),
-                    memo.clone(),
-                    partners.clone(),
-                );
+            let (tail_state, tail_partners, tail_matched) =
+                (state.clone(), partners.clone(), matched.clone());
+            let anchor_schema = anchors.schema();
+            let per_batch = anchors.and_then(move |batch| {
+                let (state, partners, matched) = (state.clone(), partners.clone(), matched.clone());
                 let _held = reservation.clone();
-                blocking(Box::new(move || {
-                    let mut memo = memo.lock().expect("memo lock");
-                    join(&spec, &runtime, &mut memo, &batch, &partners, schema)
-                }))
-            }))
+                blocking(move || {
+                    join_batch(
+                        &state,
+                        sides,
+                        &batch,
+                        &partners,
+                        &mut matched.lock().expect("matched lock"),
+                    )
+                })
+            });
+            // Partner rows the join type keeps whether or not they matched.
+            let tail = futures::stream::once(async move {
+                let matched = tail_matched.lock().expect("matched lock");
+                unmatched_partners(&tail_state, sides, anchor_schema, &tail_partners, &matched)
+            })
+            .try_filter(|b| futures::future::ready(b.num_rows() > 0));
+            Ok::<_, DataFusionError>(per_batch.chain(tail))
         };
         let stream = futures::stream::once(partners).try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(
@@ -228,6 +361,16 @@ impl ExecutionPlan for AiExec {
             stream.boxed(),
         )))
     }
+}
+
+/// Runs one batch's model work off the async threads.
+async fn blocking(
+    f: impl FnOnce() -> Result<RecordBatch> + Send + 'static,
+) -> DfResult<RecordBatch> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| DataFusionError::External(Box::new(e)))?
+        .map_err(DataFusionError::from)
 }
 
 /// A text column: plain `Utf8`, or `Utf8View` (how tables are registered, so
@@ -244,12 +387,22 @@ impl<'a> Texts<'a> {
             Texts::View(a) => a.value(i),
         }
     }
+
+    fn is_null(&self, i: usize) -> bool {
+        match self {
+            Texts::Plain(a) => a.is_null(i),
+            Texts::View(a) => a.is_null(i),
+        }
+    }
 }
 
 fn texts<'a>(batch: &'a RecordBatch, index: usize, what: &str) -> Result<Texts<'a>> {
     let col = batch.column(index);
     match col.data_type() {
         DataType::Utf8 => Ok(Texts::Plain(col.as_string::<i32>())),
+        DataType::LargeUtf8 => Err(EngineError::Data(format!(
+            "{what}: text column {index} is LargeUtf8; cast it to VARCHAR"
+        ))),
         DataType::Utf8View => Ok(Texts::View(col.as_string_view())),
         other => Err(EngineError::Data(format!(
             "{what}: text column {index} is {other} (expected a string)"
@@ -257,15 +410,15 @@ fn texts<'a>(batch: &'a RecordBatch, index: usize, what: &str) -> Result<Texts<'
     }
 }
 
-fn strings<'a>(batch: &'a RecordBatch, index: usize, what: &str) -> Result<&'a StringArray> {
+/// A column of ids as strings, whatever its type (a table's ids may be numbers).
+fn id_strings(batch: &RecordBatch, index: usize) -> Result<StringArray> {
     let col = batch.column(index);
-    if col.data_type() != &DataType::Utf8 {
-        return Err(EngineError::Data(format!(
-            "{what}: column {index} is {} (expected Utf8)",
-            col.data_type()
-        )));
-    }
-    Ok(col.as_string::<i32>())
+    let col = if col.data_type() == &DataType::Utf8 {
+        col.clone()
+    } else {
+        cast(col, &DataType::Utf8)?
+    };
+    Ok(col.as_string::<i32>().clone())
 }
 
 fn progress_bar(runtime: &AiRuntime, op_id: &str, total: usize) -> ProgressBar {
@@ -342,25 +495,25 @@ struct Memo {
     answers: HashMap<(String, String), u16>,
 }
 
+fn memo_key(r: &AiRequest<'_>) -> (String, String) {
+    (
+        r.anchor.id.to_string(),
+        r.partner.map_or(String::new(), |p| p.id.to_string()),
+    )
+}
+
 /// Asks the backend about the requests not yet in `memo`, records them, and
 /// stores their answers (bool as 0/1, or label index).
-fn ask_new(
-    spec: &AiSpec,
-    runtime: &AiRuntime,
-    memo: &mut Memo,
-    requests: Vec<AiRequest<'_>>,
-) -> Result<()> {
-    let key = |r: &AiRequest<'_>| {
-        (
-            r.anchor.id.to_string(),
-            r.partner.map_or(String::new(), |p| p.id.to_string()),
-        )
-    };
+fn ask_new(state: &OpState, memo: &mut Memo, requests: Vec<AiRequest<'_>>) -> Result<()> {
+    let spec = &state.spec;
     let mut seen = std::collections::HashSet::new();
     let mut fresh: Vec<AiRequest<'_>> = requests
         .into_iter()
-        .filter(|r| !memo.answers.contains_key(&key(r)) && seen.insert(key(r)))
+        .filter(|r| !memo.answers.contains_key(&memo_key(r)) && seen.insert(memo_key(r)))
         .collect();
+    if fresh.is_empty() {
+        return Ok(());
+    }
     // Requests sharing an anchor document arrive together (stable: first-seen order within).
     let mut first: HashMap<&str, usize> = HashMap::new();
     for (i, r) in fresh.iter().enumerate() {
@@ -370,21 +523,20 @@ fn ask_new(
     let mut idx: Vec<usize> = (0..fresh.len()).collect();
     idx.sort_by_key(|&i| (order[i], i));
     fresh = idx.into_iter().map(|i| fresh[i]).collect();
-    let mut aliases = vec![spec.slots[0].alias.clone()];
-    if spec.slots.len() > 1 {
-        aliases.push(spec.slots[1].alias.clone());
-    }
+    let aliases = spec.docs.iter().map(|d| d.alias.clone()).collect();
     let mut table = AnswerTable::new(&spec.call.op_id, spec.call.kind, aliases);
     table.ids[0] = fresh.iter().map(|r| r.anchor.id.to_string()).collect();
-    if spec.slots.len() > 1 {
+    if spec.docs.len() > 1 {
         table.ids[1] = fresh
             .iter()
             .map(|r| r.partner.map_or(String::new(), |p| p.id.to_string()))
             .collect();
     }
+    let fresh_before = fresh_tokens(&state.runtime);
+    let timer = state.metrics.model_time.timer();
     let codes: Vec<u16> = match spec.call.kind {
         AiKind::Classify => {
-            let chosen = classify_all(spec, runtime, &fresh)?;
+            let chosen = classify_all(spec, &state.runtime, &fresh)?;
             table.labels = chosen
                 .iter()
                 .map(|&i| spec.call.labels[i].clone())
@@ -392,54 +544,107 @@ fn ask_new(
             chosen.into_iter().map(|i| i as u16).collect()
         }
         AiKind::Filter | AiKind::Join => {
-            let answers = decide_all(spec, runtime, &fresh)?;
+            let answers = decide_all(spec, &state.runtime, &fresh)?;
             table.answers = answers.clone();
             answers.into_iter().map(u16::from).collect()
         }
     };
+    timer.done();
+    state.metrics.prompts.add(fresh.len());
+    state
+        .metrics
+        .fresh_tokens
+        .add(fresh_tokens(&state.runtime).saturating_sub(fresh_before) as usize);
     for (r, c) in fresh.iter().zip(codes) {
-        memo.answers.insert(key(r), c);
+        memo.answers.insert(memo_key(r), c);
     }
-    runtime.recorder.record(table);
+    state.runtime.recorder.record(table);
     Ok(())
 }
 
-/// Filters and one-document classifications, one input batch at a time.
-fn one_document(
-    spec: &AiSpec,
-    runtime: &AiRuntime,
-    memo: &mut Memo,
-    batch: &RecordBatch,
-    schema: SchemaRef,
-) -> Result<RecordBatch> {
-    let op = &spec.call.op_id;
-    let slot = &spec.slots[0];
-    let ids = strings(batch, slot.id_index, op)?;
-    let texts = texts(batch, slot.text_index, op)?;
-    let requests: Vec<AiRequest<'_>> = (0..batch.num_rows())
-        .map(|i| AiRequest {
-            anchor: Doc {
-                id: ids.value(i),
-                text: texts.value(i),
-            },
-            partner: None,
+/// The backend's fresh-token count so far in this query (0 if it keeps none).
+fn fresh_tokens(runtime: &AiRuntime) -> u64 {
+    runtime
+        .backend
+        .measurements()
+        .get("fresh_tokens")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(0)
+}
+
+/// The documents of `docs` ((id, text) column pairs) in each row of `batch`,
+/// `None` where one of them is NULL.
+struct RowDocs<'a> {
+    ids: Vec<StringArray>,
+    texts: Vec<Texts<'a>>,
+}
+
+impl<'a> RowDocs<'a> {
+    fn new(batch: &'a RecordBatch, docs: &[(usize, usize)], op: &str) -> Result<Self> {
+        Ok(Self {
+            ids: docs
+                .iter()
+                .map(|&(id, _)| id_strings(batch, id))
+                .collect::<Result<_>>()?,
+            texts: docs
+                .iter()
+                .map(|&(_, text)| texts(batch, text, op))
+                .collect::<Result<_>>()?,
         })
+    }
+
+    fn doc(&self, slot: usize, row: usize) -> Option<Doc<'_>> {
+        let (ids, texts) = (&self.ids[slot], &self.texts[slot]);
+        (ids.is_valid(row) && !texts.is_null(row)).then(|| Doc {
+            id: ids.value(row),
+            text: texts.value(row),
+        })
+    }
+}
+
+/// Filters, classifications and AI predicates over one input, one batch at a time.
+fn one_input(state: &OpState, batch: &RecordBatch) -> Result<RecordBatch> {
+    let spec = &state.spec;
+    state.metrics.input_rows.add(batch.num_rows());
+    let docs = RowDocs::new(batch, &state.layout.docs, &spec.call.op_id)?;
+    let two = spec.docs.len() > 1;
+    let request = |row: usize| -> Option<AiRequest<'_>> {
+        let anchor = docs.doc(0, row)?;
+        let partner = if two { Some(docs.doc(1, row)?) } else { None };
+        Some(AiRequest { anchor, partner })
+    };
+    let requests: Vec<Option<AiRequest<'_>>> = (0..batch.num_rows()).map(request).collect();
+    let mut memo = state.memo.lock().expect("memo lock");
+    ask_new(
+        state,
+        &mut memo,
+        requests.iter().flatten().copied().collect(),
+    )?;
+    let codes: Vec<Option<u16>> = requests
+        .iter()
+        .map(|r| r.as_ref().map(|r| memo.answers[&memo_key(r)]))
         .collect();
-    ask_new(spec, runtime, memo, requests)?;
-    let code = |i: usize| memo.answers[&(ids.value(i).to_string(), String::new())];
-    match spec.call.kind {
-        AiKind::Filter => {
-            let mask: BooleanArray = (0..batch.num_rows()).map(|i| Some(code(i) != 0)).collect();
-            let out = filter_record_batch(batch, &mask)?;
-            Ok(RecordBatch::try_new(schema, out.columns().to_vec())?)
+    drop(memo);
+    let out = match (spec.shape, spec.call.kind) {
+        (AiShape::Filter, _) => {
+            let mask: BooleanArray = codes.iter().map(|c| Some(*c == Some(1))).collect();
+            let kept = filter_record_batch(batch, &mask)?;
+            RecordBatch::try_new(state.schema.clone(), kept.columns().to_vec())?
+        }
+        (_, AiKind::Classify) => {
+            let labels: StringArray = codes
+                .iter()
+                .map(|c| c.map(|c| spec.call.labels[c as usize].as_str()))
+                .collect();
+            append_column(batch, Arc::new(labels), state.schema.clone())?
         }
         _ => {
-            let column = StringArray::from_iter_values(
-                (0..batch.num_rows()).map(|i| spec.call.labels[code(i) as usize].as_str()),
-            );
-            append_column(batch, Arc::new(column), schema)
+            let values: BooleanArray = codes.iter().map(|c| c.map(|c| c != 0)).collect();
+            append_column(batch, Arc::new(values), state.schema.clone())?
         }
-    }
+    };
+    state.metrics.baseline.record_output(out.num_rows());
+    Ok(out)
 }
 
 fn append_column(batch: &RecordBatch, column: ArrayRef, schema: SchemaRef) -> Result<RecordBatch> {
@@ -448,184 +653,233 @@ fn append_column(batch: &RecordBatch, column: ArrayRef, schema: SchemaRef) -> Re
     Ok(RecordBatch::try_new(schema, columns)?)
 }
 
-/// Joined-row classification: one label per distinct (anchor, partner) pair.
-fn pair_classify(
-    spec: &AiSpec,
-    runtime: &AiRuntime,
-    memo: &mut Memo,
-    batch: &RecordBatch,
-    schema: SchemaRef,
-) -> Result<RecordBatch> {
-    let op = &spec.call.op_id;
-    let (s0, s1) = (&spec.slots[0], &spec.slots[1]);
-    let (ids0, texts0) = (
-        strings(batch, s0.id_index, op)?,
-        texts(batch, s0.text_index, op)?,
-    );
-    let (ids1, texts1) = (
-        strings(batch, s1.id_index, op)?,
-        texts(batch, s1.text_index, op)?,
-    );
-    let requests: Vec<AiRequest<'_>> = (0..batch.num_rows())
-        .map(|i| AiRequest {
-            anchor: Doc {
-                id: ids0.value(i),
-                text: texts0.value(i),
-            },
-            partner: Some(Doc {
-                id: ids1.value(i),
-                text: texts1.value(i),
-            }),
-        })
-        .collect();
-    ask_new(spec, runtime, memo, requests)?;
-    let column = StringArray::from_iter_values((0..batch.num_rows()).map(|i| {
-        let c = memo.answers[&(ids0.value(i).to_string(), ids1.value(i).to_string())];
-        spec.call.labels[c as usize].as_str()
-    }));
-    append_column(batch, Arc::new(column), schema)
+/// Which input an AI join streams (the anchor's) and what its type keeps.
+#[derive(Debug, Clone, Copy)]
+struct JoinSides {
+    join_type: JoinType,
+    anchor_left: bool,
 }
 
-/// AI join of one batch of anchor rows against all partner rows: every candidate
-/// that meets the equalities is asked once (across batches, via `memo`); TRUE
-/// pairs are emitted as left ‖ right rows.
-fn join(
-    spec: &AiSpec,
-    runtime: &AiRuntime,
-    memo: &mut Memo,
-    anchor_batch: &RecordBatch,
-    partner_batch: &RecordBatch,
-    schema: SchemaRef,
-) -> Result<RecordBatch> {
-    let op = &spec.call.op_id;
-    let lw = spec.left_width;
-    let side = |index: usize| -> (bool, usize) {
-        if index < lw {
-            (true, index)
-        } else {
-            (false, index - lw)
-        }
-    };
-    let (s0, s1) = (&spec.slots[0], &spec.slots[1]);
-    let (anchor_left, a_id) = side(s0.id_index);
-    let (_, a_text) = side(s0.text_index);
-    let (_, p_id) = side(s1.id_index);
-    let (_, p_text) = side(s1.text_index);
-    let a_ids = strings(anchor_batch, a_id, op)?;
-    let a_texts = texts(anchor_batch, a_text, op)?;
-    let p_ids = strings(partner_batch, p_id, op)?;
-    let p_texts = texts(partner_batch, p_text, op)?;
+impl JoinSides {
+    /// Whether unmatched rows of the left (`left = true`) or right input are kept
+    /// with NULLs on the other side.
+    fn keeps_unmatched(self, left: bool) -> bool {
+        matches!(
+            (self.join_type, left),
+            (JoinType::Full, _) | (JoinType::Left, true) | (JoinType::Right, false)
+        )
+    }
 
-    // Partner rows per equality key (all partner rows when there is no equality).
-    let a_keys: Vec<&StringArray> = spec
-        .equalities
-        .iter()
-        .map(|&(c0, _)| strings(anchor_batch, side(c0).1, op))
-        .collect::<Result<_>>()?;
-    let p_keys: Vec<&StringArray> = spec
-        .equalities
-        .iter()
-        .map(|&(_, c1)| strings(partner_batch, side(c1).1, op))
-        .collect::<Result<_>>()?;
-    let mut by_key: HashMap<Vec<&str>, Vec<u32>> = HashMap::new();
-    if !p_keys.is_empty() {
-        for r in 0..partner_batch.num_rows() {
-            by_key
-                .entry(p_keys.iter().map(|c| c.value(r)).collect())
-                .or_default()
-                .push(r as u32);
+    /// `Some(true)` when the output is the matched rows of one input only
+    /// (semi), `Some(false)` its unmatched rows (anti), for that input.
+    fn semi(self, left: bool) -> Option<bool> {
+        match (self.join_type, left) {
+            (JoinType::LeftSemi, true) | (JoinType::RightSemi, false) => Some(true),
+            (JoinType::LeftAnti, true) | (JoinType::RightAnti, false) => Some(false),
+            _ => None,
         }
     }
-    let all_partners: Vec<u32> = (0..partner_batch.num_rows() as u32).collect();
-    // Distinct documents by id on each side (a side may repeat an id: after a
-    // join the same partner appears in many rows); pairs are indexed densely.
-    let canon = |ids: &StringArray, rows: usize| -> (Vec<u32>, Vec<u32>) {
-        let mut first: HashMap<&str, u32> = HashMap::new();
-        let mut firsts = Vec::new();
-        let of_row = (0..rows)
-            .map(|i| {
-                *first.entry(ids.value(i)).or_insert_with(|| {
-                    firsts.push(i as u32);
-                    (firsts.len() - 1) as u32
-                })
+
+    fn one_sided(self) -> bool {
+        self.semi(true).is_some() || self.semi(false).is_some()
+    }
+}
+
+/// One output row of a join: (left row, right row); `None` pads with NULLs.
+type JoinRow = (Option<u32>, Option<u32>);
+
+/// Output rows as (left row, right row) indices into the two inputs; `None`
+/// makes that side NULL. One-sided outputs (semi, anti) use only their side.
+fn assemble(
+    schema: SchemaRef,
+    sides: JoinSides,
+    left: &RecordBatch,
+    right: &RecordBatch,
+    rows: &[JoinRow],
+) -> Result<RecordBatch> {
+    let side = |batch: &RecordBatch, pick: &dyn Fn(&JoinRow) -> Option<u32>| {
+        let indices = UInt32Array::from(rows.iter().map(pick).collect::<Vec<_>>());
+        batch
+            .columns()
+            .iter()
+            .map(|c| {
+                if indices.null_count() == indices.len() {
+                    Ok(new_null_array(c.data_type(), indices.len()))
+                } else {
+                    take(c.as_ref(), &indices, None)
+                }
             })
-            .collect();
-        (of_row, firsts)
+            .collect::<std::result::Result<Vec<_>, _>>()
     };
-    let (a_of_row, a_first) = canon(a_ids, anchor_batch.num_rows());
-    let (p_of_row, p_first) = canon(p_ids, partner_batch.num_rows());
-    let np = p_first.len();
-    const UNSEEN: u16 = u16::MAX;
-    const ASKED: u16 = u16::MAX - 1;
-    let mut pair_code = vec![UNSEEN; a_first.len() * np];
-    let mut candidates: Vec<(u32, u32)> = Vec::new();
-    let mut distinct: Vec<usize> = Vec::new();
-    for (a, &a_canon) in a_of_row.iter().enumerate().take(anchor_batch.num_rows()) {
-        let partners = if p_keys.is_empty() {
-            &all_partners[..]
-        } else {
-            let k: Vec<&str> = a_keys.iter().map(|c| c.value(a)).collect();
-            by_key.get(&k).map_or(&[][..], |v| &v[..])
-        };
-        for &p in partners {
-            let pair = a_canon as usize * np + p_of_row[p as usize] as usize;
-            if pair_code[pair] == UNSEEN {
-                pair_code[pair] = ASKED;
-                distinct.push(pair);
-            }
-            candidates.push((a as u32, p));
-        }
+    let mut columns = Vec::with_capacity(schema.fields().len());
+    if !sides.one_sided() || sides.semi(true).is_some() {
+        columns.extend(side(left, &|r| r.0)?);
     }
-    let pair_ids = |pair: usize| -> (usize, usize) {
-        (a_first[pair / np] as usize, p_first[pair % np] as usize)
-    };
-    let requests: Vec<AiRequest<'_>> = distinct
-        .iter()
-        .map(|&pair| {
-            let (a, p) = pair_ids(pair);
-            AiRequest {
-                anchor: Doc {
-                    id: a_ids.value(a),
-                    text: a_texts.value(a),
-                },
-                partner: Some(Doc {
-                    id: p_ids.value(p),
-                    text: p_texts.value(p),
-                }),
-            }
-        })
-        .collect();
-    ask_new(spec, runtime, memo, requests)?;
-    for &pair in &distinct {
-        let (a, p) = pair_ids(pair);
-        pair_code[pair] = memo.answers[&(a_ids.value(a).to_string(), p_ids.value(p).to_string())];
-    }
-    let mut anchor_rows = Vec::new();
-    let mut partner_rows = Vec::new();
-    for &(a, p) in &candidates {
-        let pair = a_of_row[a as usize] as usize * np + p_of_row[p as usize] as usize;
-        if pair_code[pair] != 0 {
-            anchor_rows.push(a);
-            partner_rows.push(p);
-        }
-    }
-    let (left, right, li, ri) = if anchor_left {
-        (anchor_batch, partner_batch, anchor_rows, partner_rows)
-    } else {
-        (partner_batch, anchor_batch, partner_rows, anchor_rows)
-    };
-    let li = UInt32Array::from(li);
-    let ri = UInt32Array::from(ri);
-    let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
-    for c in left.columns() {
-        columns.push(take(c.as_ref(), &li, None)?);
-    }
-    for c in right.columns() {
-        columns.push(take(c.as_ref(), &ri, None)?);
+    if !sides.one_sided() || sides.semi(false).is_some() {
+        columns.extend(side(right, &|r| r.1)?);
     }
     Ok(RecordBatch::try_new(schema, columns)?)
 }
 
+/// AI join of one batch of anchor rows against all partner rows: every candidate
+/// that meets the equalities is asked once (across batches, via the memo); the
+/// TRUE pairs and, as the join type says, unmatched anchor rows are emitted.
+/// Matched partner rows are marked in `matched` for [`unmatched_partners`].
+fn join_batch(
+    state: &OpState,
+    sides: JoinSides,
+    anchor_batch: &RecordBatch,
+    partner_batch: &RecordBatch,
+    matched: &mut [bool],
+) -> Result<RecordBatch> {
+    let op = &state.spec.call.op_id;
+    state.metrics.input_rows.add(anchor_batch.num_rows());
+    let lw = state.layout.left_width;
+    let local = |index: usize| if index < lw { index } else { index - lw };
+    let (a_doc, p_doc) = (state.layout.docs[0], state.layout.docs[1]);
+    let anchors = RowDocs::new(anchor_batch, &[(local(a_doc.0), local(a_doc.1))], op)?;
+    let partners = RowDocs::new(partner_batch, &[(local(p_doc.0), local(p_doc.1))], op)?;
+
+    // Partner rows per equality key (all partner rows when there is no
+    // equality); a NULL key matches nothing.
+    let key_columns = |batch: &RecordBatch, pick: &dyn Fn(&(usize, usize)) -> usize| {
+        state
+            .layout
+            .equalities
+            .iter()
+            .map(|e| id_strings(batch, local(pick(e))))
+            .collect::<Result<Vec<_>>>()
+    };
+    let a_keys = key_columns(anchor_batch, &|e| e.0)?;
+    let p_keys = key_columns(partner_batch, &|e| e.1)?;
+    let key = |cols: &[StringArray], row: usize| -> Option<Vec<String>> {
+        cols.iter()
+            .map(|c| c.is_valid(row).then(|| c.value(row).to_string()))
+            .collect()
+    };
+    let mut by_key: HashMap<Vec<String>, Vec<u32>> = HashMap::new();
+    if !p_keys.is_empty() {
+        for r in 0..partner_batch.num_rows() {
+            if let Some(k) = key(&p_keys, r) {
+                by_key.entry(k).or_default().push(r as u32);
+            }
+        }
+    }
+    let all_partners: Vec<u32> = (0..partner_batch.num_rows() as u32).collect();
+    let mut candidates: Vec<(u32, u32)> = Vec::new();
+    let mut requests: Vec<AiRequest<'_>> = Vec::new();
+    for a in 0..anchor_batch.num_rows() {
+        let Some(anchor) = anchors.doc(0, a) else {
+            continue;
+        };
+        let rows = if p_keys.is_empty() {
+            &all_partners[..]
+        } else {
+            match key(&a_keys, a).and_then(|k| by_key.get(&k)) {
+                Some(v) => &v[..],
+                None => &[][..],
+            }
+        };
+        for &p in rows {
+            if let Some(partner) = partners.doc(0, p as usize) {
+                candidates.push((a as u32, p));
+                requests.push(AiRequest {
+                    anchor,
+                    partner: Some(partner),
+                });
+            }
+        }
+    }
+    let mut memo = state.memo.lock().expect("memo lock");
+    ask_new(state, &mut memo, requests.clone())?;
+    let mut anchor_matched = vec![false; anchor_batch.num_rows()];
+    let mut pairs: Vec<(u32, u32)> = Vec::new();
+    for (&(a, p), r) in candidates.iter().zip(&requests) {
+        if memo.answers[&memo_key(r)] != 0 {
+            pairs.push((a, p));
+            anchor_matched[a as usize] = true;
+            matched[p as usize] = true;
+        }
+    }
+    drop(memo);
+    // Rows as (anchor, partner), then placed as (left, right).
+    let mut rows: Vec<JoinRow> = match sides.semi(sides.anchor_left) {
+        Some(want) => (0..anchor_batch.num_rows() as u32)
+            .filter(|&a| anchor_matched[a as usize] == want)
+            .map(|a| (Some(a), None))
+            .collect(),
+        None if sides.one_sided() => Vec::new(),
+        None => pairs.iter().map(|&(a, p)| (Some(a), Some(p))).collect(),
+    };
+    if sides.keeps_unmatched(sides.anchor_left) {
+        rows.extend(
+            (0..anchor_batch.num_rows() as u32)
+                .filter(|&a| !anchor_matched[a as usize])
+                .map(|a| (Some(a), None)),
+        );
+    }
+    let out = if sides.anchor_left {
+        assemble(
+            state.schema.clone(),
+            sides,
+            anchor_batch,
+            partner_batch,
+            &rows,
+        )?
+    } else {
+        let rows: Vec<_> = rows.into_iter().map(|(a, p)| (p, a)).collect();
+        assemble(
+            state.schema.clone(),
+            sides,
+            partner_batch,
+            anchor_batch,
+            &rows,
+        )?
+    };
+    state.metrics.baseline.record_output(out.num_rows());
+    Ok(out)
+}
+
+/// After the last anchor batch: the partner rows the join type keeps by their
+/// match state (unmatched rows of an outer side, semi or anti on the partner side).
+fn unmatched_partners(
+    state: &OpState,
+    sides: JoinSides,
+    anchor_schema: SchemaRef,
+    partner_batch: &RecordBatch,
+    matched: &[bool],
+) -> DfResult<RecordBatch> {
+    let partner_left = !sides.anchor_left;
+    let want = match sides.semi(partner_left) {
+        Some(want) => want,
+        None if sides.keeps_unmatched(partner_left) => false,
+        None => return Ok(RecordBatch::new_empty(state.schema.clone())),
+    };
+    let partner_rows =
+        (0..partner_batch.num_rows() as u32).filter(|&p| matched[p as usize] == want);
+    let no_anchors = RecordBatch::new_empty(anchor_schema);
+    let out = if partner_left {
+        let rows: Vec<_> = partner_rows.map(|p| (Some(p), None)).collect();
+        assemble(
+            state.schema.clone(),
+            sides,
+            partner_batch,
+            &no_anchors,
+            &rows,
+        )?
+    } else {
+        let rows: Vec<_> = partner_rows.map(|p| (None, Some(p))).collect();
+        assemble(
+            state.schema.clone(),
+            sides,
+            &no_anchors,
+            partner_batch,
+            &rows,
+        )?
+    };
+    state.metrics.baseline.record_output(out.num_rows());
+    Ok(out)
+}
 /// Lowers [`AiNode`]s to [`AiExec`].
 #[derive(Debug)]
 pub struct AiExtensionPlanner {
@@ -646,13 +900,11 @@ impl ExtensionPlanner for AiExtensionPlanner {
         let Some(ai) = node.as_any().downcast_ref::<AiNode>() else {
             return Ok(None);
         };
-        let schema = Arc::new(ai.schema.as_arrow().clone());
-        Ok(Some(Arc::new(AiExec::new(
-            ai.spec.clone(),
+        Ok(Some(Arc::new(AiExec::try_new(
+            ai,
             physical_inputs.to_vec(),
-            schema,
             self.runtime.clone(),
-        ))))
+        )?)))
     }
 }
 

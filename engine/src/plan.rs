@@ -1057,22 +1057,8 @@ fn string_list(e: &Expression, what: &str) -> Result<Vec<String>> {
     }
 }
 
-/// Checks the placeholders `{0}..{n-1}` are present and the first `{` of a
-/// one-document template starts a placeholder (SPEC §B.2).
 fn check_placeholders(template: &str, n: usize, what: &str) -> Result<()> {
-    for i in 0..n {
-        if !template.contains(&format!("{{{i}}}")) {
-            return Err(invalid(format!(
-                "{what}: the template has no {{{i}}} placeholder"
-            )));
-        }
-    }
-    if template.contains(&format!("{{{n}}}")) {
-        return Err(invalid(format!(
-            "{what}: the template has more than {n} placeholder(s)"
-        )));
-    }
-    Ok(())
+    crate::prompt::check_placeholders(template, n).map_err(|m| invalid(format!("{what}: {m}")))
 }
 
 fn fold(s: &str) -> String {

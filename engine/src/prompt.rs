@@ -260,6 +260,24 @@ pub fn operator_pieces(format: PromptFormat, op: &Operator) -> Result<Option<Pro
     })
 }
 
+/// Checks a template has exactly the placeholders `{0}..{n-1}` (SPEC §B.2):
+/// each present, none beyond.
+pub fn check_placeholders(template: &str, n: usize) -> std::result::Result<(), String> {
+    for i in 0..n {
+        if !template.contains(&format!("{{{i}}}")) {
+            return Err(format!(
+                "the template has no {{{i}}} placeholder but {n} document(s)"
+            ));
+        }
+    }
+    if template.contains(&format!("{{{n}}}")) {
+        return Err(format!(
+            "the template has more placeholders than its {n} document(s)"
+        ));
+    }
+    Ok(())
+}
+
 /// The continuations scored for a classification: `" " + label`.
 pub fn label_continuations(labels: &[String]) -> Vec<String> {
     labels

@@ -11,7 +11,6 @@ use datafusion::arrow::datatypes::{Field, Schema};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
-use datafusion::logical_expr::LogicalPlan;
 use datafusion::logical_expr::LogicalPlanBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::{FutureExt, StreamExt};
@@ -20,7 +19,7 @@ use std::panic::AssertUnwindSafe;
 use crate::answers::{AnswerRecorder, AnswerTable};
 use crate::backend::{AiKind, InferenceBackend};
 use crate::error::{EngineError, Result, from_datafusion};
-use crate::logical::AiConsumer;
+use crate::logical::{AiConsumer, ai_nodes};
 use crate::physical::{AiQueryPlanner, AiRuntime};
 use crate::plan::{Operator, QueryPlan};
 use crate::prompt::PromptFormat;
@@ -121,7 +120,6 @@ pub async fn run_query(
         &fewest.max(1).to_string(),
     )?;
 
-    backend.start_query(query);
     let started = Instant::now();
     let state = ctx.state();
     let consumer = AiConsumer::new(&state, query, options.format).map_err(from_datafusion)?;
@@ -137,6 +135,8 @@ pub async fn run_query(
             ))
         })?
         .map_err(from_datafusion)?;
+    let calls: Vec<_> = ai_nodes(&plan).into_iter().map(|n| n.spec.call).collect();
+    backend.start_query(&calls);
     // Scan rows have unique ids, so rows that keep every relation's id are
     // distinct already; only a projection dropping a relation needs DISTINCT.
     let all_ids = query.relations.iter().all(|r| {
@@ -153,9 +153,13 @@ pub async fn run_query(
             .and_then(|b| b.build())
             .map_err(from_datafusion)?
     };
-    let batches = collect_within_limit(&ctx, plan)
-        .await
-        .map_err(from_datafusion)?;
+    let batches = async {
+        let frame = ctx.execute_logical_plan(plan).await?;
+        let task = Arc::new(frame.task_ctx());
+        collect_within_limit(frame.create_physical_plan().await?, task).await
+    }
+    .await
+    .map_err(from_datafusion)?;
     let runtime_s = started.elapsed().as_secs_f64();
 
     let names = query.output_names();
@@ -206,16 +210,13 @@ pub async fn run_query(
     })
 }
 
-/// Runs `plan` and collects its rows, charging them to the query's memory pool:
+/// Runs `physical` and collects its rows, charging them to the query's memory pool:
 /// a result larger than `--memory-limit` fails naming it, instead of taking the
 /// host's memory.
-async fn collect_within_limit(
-    ctx: &SessionContext,
-    plan: LogicalPlan,
+pub(crate) async fn collect_within_limit(
+    physical: Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+    task: Arc<datafusion::execution::TaskContext>,
 ) -> datafusion::error::Result<Vec<RecordBatch>> {
-    let frame = ctx.execute_logical_plan(plan).await?;
-    let task = Arc::new(frame.task_ctx());
-    let physical = frame.create_physical_plan().await?;
     let reservation = MemoryConsumer::new("query result rows").register(task.memory_pool());
     let mut stream = datafusion::physical_plan::execute_stream(physical, task)?;
     let mut batches = Vec::new();

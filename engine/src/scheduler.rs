@@ -38,7 +38,6 @@ use aisql_models::{ClassifyRequest, Continuation, KvHandle, Qwen3, Tokenizer};
 use crate::backend::{AiCall, AiKind, AiRequest, InferenceBackend, OracleBackend};
 use crate::error::{EngineError, Result};
 use crate::kv_cache::{KvOps, NodeId, PrefixTrie};
-use crate::plan::{Operator, QueryPlan};
 use crate::prompt::label_continuations;
 use crate::query_gate::{QueryGate, Ticket};
 
@@ -1028,23 +1027,15 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         self.gate.wait_idle();
     }
 
-    fn start_query(&self, query: &QueryPlan) {
+    fn start_query(&self, operators: &[AiCall]) {
         // Stops the previous query's work and waits for it to leave (at most one
         // forward batch), so it cannot touch this query's state or counters.
         let _started = self.gate.next_query();
         let mut state = self.state.lock().expect("scheduler lock");
         state.cache = Cache::new();
-        state.ops = query
-            .operators
+        state.ops = operators
             .iter()
-            .filter_map(|o| {
-                let alias = match o {
-                    Operator::Filter { alias, .. } | Operator::Classify { alias, .. } => alias,
-                    Operator::Join { aliases, .. } => &aliases[0],
-                    Operator::InList { .. } => return None,
-                };
-                Some((o.id().to_string(), query.relation(alias)?.table.clone()))
-            })
+            .map(|c| (c.op_id.clone(), c.tables[0].clone()))
             .collect();
         state.fresh_start = self.exec.fresh_tokens();
         state.label_start = self.exec.label_tokens();

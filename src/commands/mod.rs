@@ -6,6 +6,8 @@ mod data;
 mod model;
 mod paths;
 mod query;
+mod rows;
+mod sql;
 
 use crate::cli::{Cli, Command};
 
@@ -19,11 +21,24 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Query(args) => query::run(args),
+        Command::Sql(args) => sql::run(args),
         Command::Data(cmd) => data::run(cmd),
         Command::Model(cmd) => model::run(cmd),
         Command::Bench(args) => bench::run(args),
     }
 }
+
+/// A mistake in how aisql was called (exit code 2), found after argument parsing.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
 
 /// A tokio runtime for the async parts of a command.
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

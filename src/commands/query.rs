@@ -5,7 +5,6 @@ use aisql_bench::plans::{PlanSource, open_plan};
 use aisql_bench::resolve::resolve;
 use aisql_engine::query::{QueryOptions, run_query};
 use aisql_engine::tables::{TablePaths, tables_in_dir};
-use datafusion::arrow::util::pretty::pretty_format_batches;
 
 use crate::cli::{DataArgs, QueryArgs};
 
@@ -26,7 +25,16 @@ pub fn resolve_tables(
 
 pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     let source = PlanSource::choose(args.plans.dir.as_deref());
-    let query = open_plan(&args.plan, &source)?;
+    let query = match open_plan(&args.plan, &source) {
+        Ok(q) => q,
+        // Not one of QUAIL-B's shapes: any plan DataFusion's consumer accepts.
+        Err(aisql_bench::error::BenchError::Engine(aisql_engine::EngineError::InvalidPlan(
+            why,
+        ))) if std::path::Path::new(&args.plan).is_file() => {
+            return run_general(&args, &why);
+        }
+        Err(e) => return Err(e.into()),
+    };
     let format = args.backend.prompt_format.parse()?;
     let needed: Vec<&str> = query.relations.iter().map(|r| r.table.as_str()).collect();
     let (tables, dataset) = resolve_tables(&args.data, &needed)?;
@@ -55,19 +63,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
             memory_limit: args.backend.memory_limit(),
         },
     ))?;
-    let shown = out.rows.slice(0, out.rows.num_rows().min(args.limit));
-    println!("{}", pretty_format_batches(&[shown])?);
-    println!(
-        "{} row{} in {:.3} s{}",
-        out.rows.num_rows(),
-        if out.rows.num_rows() == 1 { "" } else { "s" },
-        out.runtime_s,
-        if out.rows.num_rows() > args.limit {
-            format!(" ({} shown)", args.limit)
-        } else {
-            String::new()
-        }
-    );
+    super::rows::emit(&out.rows, &args.rows, out.runtime_s)?;
     if let Some(fresh) = out.measurements.get("fresh_tokens") {
         eprintln!("fresh tokens: {fresh} (prompt positions computed by the model)");
     }
@@ -76,4 +72,69 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         eprintln!("outputs written to {}", dir.display());
     }
     Ok(())
+}
+
+/// A Substrait plan from any producer, through the general path: DataFusion's
+/// consumer, the AI rewrite, every table of the data source registered.
+fn run_general(args: &QueryArgs, not_quailb: &str) -> anyhow::Result<()> {
+    use aisql_engine::sql::{Evaluation, SqlSession};
+    use anyhow::Context;
+    let plan = aisql_engine::plan::read_plan_file(std::path::Path::new(&args.plan))?;
+    let (tables, dataset) = match &args.data.tables {
+        Some(dir) => (tables_in_dir(dir)?, None),
+        None => {
+            let d = resolve(
+                args.data.root.as_deref(),
+                args.data.sf,
+                args.data.collection.as_deref(),
+            )?;
+            (d.require_all_tables()?, Some(d))
+        }
+    };
+    let options = QueryOptions {
+        format: args.backend.prompt_format.parse()?,
+        progress: true,
+        batch_rows: args.backend.batch_rows,
+        memory_limit: args.backend.memory_limit(),
+    };
+    let rt = super::runtime()?;
+    rt.block_on(async {
+        // Plan once to learn the prompts (an oracle loads only their labels),
+        // then run with the backend they need, sharing the registered tables.
+        let planning = SqlSession::new(
+            std::sync::Arc::new(aisql_engine::backend::OracleBackend::new(Default::default())),
+            options.clone(),
+            Evaluation::Operators,
+        )?;
+        for (name, path) in &tables {
+            planning.register(name, path).await?;
+            if dataset.is_some() {
+                planning.set_unique_ids(name);
+            }
+        }
+        let planned = planning
+            .plan_substrait(&plan)
+            .await
+            .with_context(|| format!("{} is not a QUAIL-B plan ({not_quailb}) and", args.plan))?;
+        let templates: Vec<String> = aisql_engine::logical::ai_nodes(&planned)
+            .into_iter()
+            .map(|n| n.spec.call.template)
+            .collect();
+        let (backend, _meta) = super::backend::build(&args.backend, dataset.as_ref(), &templates)?;
+        let session = SqlSession::new(backend, options, Evaluation::Operators)?;
+        for name in tables.keys() {
+            let provider = planning.context().table_provider(name.as_str()).await?;
+            session.context().register_table(name.as_str(), provider)?;
+            if dataset.is_some() {
+                session.set_unique_ids(name);
+            }
+        }
+        let planned = session.plan_substrait(&plan).await?;
+        let out = session.run_plan(planned, std::time::Instant::now()).await?;
+        super::rows::emit(&out.rows()?, &args.rows, out.runtime_s)?;
+        if let Some(fresh) = out.measurements.get("fresh_tokens") {
+            eprintln!("fresh tokens: {fresh} (prompt positions computed by the model)");
+        }
+        Ok(())
+    })
 }

@@ -1,0 +1,305 @@
+//! SQL with AI functions: a session that registers tables, reads the three
+//! spellings ([`spelling`]), plans through DataFusion with the AI rewrite
+//! ([`rewrite`]) and runs the AI operators with a backend.
+//!
+//! Any SQL DataFusion runs may surround the AI calls: aggregates, sorts,
+//! limits, outer/semi/anti joins, subqueries, CTEs, unions, `CASE`.
+
+pub mod rewrite;
+pub mod spelling;
+pub mod tables;
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use futures::FutureExt;
+use std::panic::AssertUnwindSafe;
+
+use crate::ai_functions::{NaiveEvaluator, register_ai_functions};
+use crate::answers::{AnswerRecorder, AnswerTable};
+use crate::backend::{AiCall, InferenceBackend};
+use crate::error::{EngineError, Result, from_datafusion};
+use crate::logical::ai_nodes;
+use crate::physical::{AiQueryPlanner, AiRuntime};
+use crate::query::QueryOptions;
+
+use rewrite::{AiJoinPredicatePushdown, AiRewrite, RewriteContext};
+
+/// How AI calls are evaluated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evaluation {
+    /// As AI operators that batch their prompts (the engine).
+    Operators,
+    /// Row by row as scalar functions: the reference for differential tests.
+    Naive,
+}
+
+/// A SQL session over registered tables and one backend.
+pub struct SqlSession {
+    ctx: SessionContext,
+    backend: Arc<dyn InferenceBackend>,
+    recorder: Arc<AnswerRecorder>,
+    context: Arc<Mutex<RewriteContext>>,
+    options: QueryOptions,
+}
+
+/// What one statement returns.
+#[derive(Debug, Clone)]
+pub struct SqlOutput {
+    /// Result schema.
+    pub schema: SchemaRef,
+    /// Result rows.
+    pub batches: Vec<RecordBatch>,
+    /// Answer tables of the AI operators, in the order they run.
+    pub answers: Vec<AnswerTable>,
+    /// The AI operators, in the order they run.
+    pub calls: Vec<AiCall>,
+    /// Seconds from planning to the last row.
+    pub runtime_s: f64,
+    /// Engine measurements (fresh tokens and the like).
+    pub measurements: serde_json::Map<String, serde_json::Value>,
+}
+
+impl SqlOutput {
+    /// All rows in one batch.
+    pub fn rows(&self) -> Result<RecordBatch> {
+        Ok(datafusion::arrow::compute::concat_batches(
+            &self.schema,
+            &self.batches,
+        )?)
+    }
+}
+
+impl SqlSession {
+    /// A session whose AI calls `evaluation` evaluates with `backend`.
+    pub fn new(
+        backend: Arc<dyn InferenceBackend>,
+        options: QueryOptions,
+        evaluation: Evaluation,
+    ) -> Result<Self> {
+        let recorder = Arc::new(AnswerRecorder::default());
+        let runtime = AiRuntime {
+            backend: backend.clone(),
+            recorder: recorder.clone(),
+            progress: options.progress,
+        };
+        let runtime_env = RuntimeEnvBuilder::new()
+            .with_memory_limit(options.memory_limit, 1.0)
+            .build_arc()?;
+        let context = Arc::new(Mutex::new(RewriteContext::default()));
+        let mut builder = SessionStateBuilder::new()
+            .with_runtime_env(runtime_env)
+            .with_config(
+                SessionConfig::new()
+                    .with_target_partitions(1)
+                    .with_batch_size(options.batch_rows.max(1))
+                    .with_coalesce_batches(false)
+                    .with_information_schema(true),
+            )
+            .with_default_features()
+            .with_query_planner(Arc::new(AiQueryPlanner::new(runtime)));
+        if evaluation == Evaluation::Operators {
+            let state = builder.build();
+            let mut analyzers = state.analyzer().rules.clone();
+            analyzers.push(Arc::new(AiRewrite::new(options.format, context.clone())));
+            let mut optimizers = state.optimizers().to_vec();
+            optimizers.push(Arc::new(AiJoinPredicatePushdown));
+            builder = SessionStateBuilder::new_from_existing(state)
+                .with_analyzer_rules(analyzers)
+                .with_optimizer_rules(optimizers);
+        }
+        let ctx = SessionContext::new_with_state(builder.build());
+        let naive = (evaluation == Evaluation::Naive).then(|| NaiveEvaluator {
+            backend: backend.clone(),
+            format: options.format,
+        });
+        register_ai_functions(&ctx, naive);
+        Ok(Self {
+            ctx,
+            backend,
+            recorder,
+            context,
+            options,
+        })
+    }
+
+    /// The DataFusion context (to register more tables or functions).
+    pub fn context(&self) -> &SessionContext {
+        &self.ctx
+    }
+
+    /// Marks `table`'s `id` column as unique, so its documents are keyed by id
+    /// (the oracle answers by id; QUAIL-B tables have unique ids).
+    pub fn set_unique_ids(&self, table: &str) {
+        self.context
+            .lock()
+            .expect("rewrite context lock")
+            .unique_id_tables
+            .insert(table.to_string());
+    }
+
+    /// Registers a table read from `path` (see [`tables::register`]).
+    pub async fn register(&self, name: &str, path: &std::path::Path) -> Result<usize> {
+        tables::register(&self.ctx, name, path, self.options.batch_rows).await
+    }
+
+    /// Plans one statement: spellings normalized, DataFusion's SQL planner, then
+    /// the analyzer (with the AI rewrite) and optimizer.
+    pub async fn plan(&self, sql: &str) -> Result<LogicalPlan> {
+        let state = self.ctx.state();
+        let mut statement = parse_one(sql, &state)?;
+        let sites = spelling::normalize(&mut statement)?;
+        self.context.lock().expect("rewrite context lock").sites = sites;
+        let plan = state
+            .statement_to_plan(statement)
+            .await
+            .map_err(sql_error)?;
+        state.optimize(&plan).map_err(sql_error)
+    }
+
+    /// Plans a Substrait plan from any producer: DataFusion's consumer resolves
+    /// the AI functions by name, then the same analyzer and optimizer run.
+    pub async fn plan_substrait(
+        &self,
+        plan: &datafusion_substrait::substrait::proto::Plan,
+    ) -> Result<LogicalPlan> {
+        let state = self.ctx.state();
+        let consumed = AssertUnwindSafe(
+            datafusion_substrait::logical_plan::consumer::from_substrait_plan(&state, plan),
+        )
+        .catch_unwind()
+        .await
+        .map_err(|panic| {
+            EngineError::InvalidPlan(format!(
+                "DataFusion could not consume the plan: {}",
+                crate::error::panic_message(panic.as_ref())
+            ))
+        })?
+        .map_err(sql_error)?;
+        state.optimize(&consumed).map_err(sql_error)
+    }
+
+    /// The plan of one statement as Substrait, AI calls as QUAIL-B extension
+    /// functions (URN [`crate::plan::AI_URN`]), before the AI rewrite: any engine
+    /// that knows the functions can run it.
+    pub async fn to_substrait(
+        &self,
+        sql: &str,
+    ) -> Result<datafusion_substrait::substrait::proto::Plan> {
+        let state = self.ctx.state();
+        let mut statement = parse_one(sql, &state)?;
+        spelling::normalize(&mut statement)?;
+        let plan = state
+            .statement_to_plan(statement)
+            .await
+            .map_err(sql_error)?;
+        // The analyzer without the AI rewrite: types coerced, calls kept.
+        let mut analyzed = plan;
+        for rule in state
+            .analyzer()
+            .rules
+            .iter()
+            .filter(|r| r.name() != "ai_rewrite")
+        {
+            analyzed = rule
+                .analyze(analyzed, state.config_options())
+                .map_err(sql_error)?;
+        }
+        let mut substrait =
+            datafusion_substrait::logical_plan::producer::to_substrait_plan(&analyzed, &state)
+                .map_err(sql_error)?;
+        crate::ai_functions::mark_ai_functions(&mut substrait);
+        Ok(*substrait)
+    }
+
+    /// Runs one statement.
+    pub async fn run(&self, sql: &str) -> Result<SqlOutput> {
+        let started = Instant::now();
+        let plan = self.plan(sql).await?;
+        self.run_plan(plan, started).await
+    }
+
+    /// Runs an optimized plan (from [`Self::plan`]).
+    pub async fn run_plan(&self, plan: LogicalPlan, started: Instant) -> Result<SqlOutput> {
+        let calls: Vec<AiCall> = ai_nodes(&plan).into_iter().map(|n| n.spec.call).collect();
+        self.backend.start_query(&calls);
+        self.recorder.take();
+        let schema = Arc::new(plan.schema().as_arrow().clone());
+        let state = self.ctx.state();
+        let batches = AssertUnwindSafe(async {
+            let physical = state.create_physical_plan(&plan).await?;
+            crate::query::collect_within_limit(physical, self.ctx.task_ctx()).await
+        })
+        .catch_unwind()
+        .await
+        .map_err(|panic| {
+            EngineError::Sql(format!(
+                "DataFusion failed on the query: {}",
+                crate::error::panic_message(panic.as_ref())
+            ))
+        })?
+        .map_err(from_datafusion)?;
+        let mut recorded = self.recorder.take();
+        let answers = calls
+            .iter()
+            .map(|c| match recorded.iter().position(|t| t.op_id == c.op_id) {
+                Some(i) => recorded.swap_remove(i),
+                None => AnswerTable::new(&c.op_id, c.kind, Vec::new()),
+            })
+            .collect();
+        Ok(SqlOutput {
+            schema,
+            batches,
+            answers,
+            calls,
+            runtime_s: started.elapsed().as_secs_f64(),
+            measurements: self.backend.measurements(),
+        })
+    }
+}
+
+/// The one statement of `sql`.
+fn parse_one(
+    sql: &str,
+    state: &datafusion::execution::SessionState,
+) -> Result<datafusion::sql::parser::Statement> {
+    let dialect_name = state.config().options().sql_parser.dialect.to_string();
+    let dialect = datafusion::sql::sqlparser::dialect::dialect_from_str(&dialect_name)
+        .ok_or_else(|| EngineError::Sql(format!("unknown SQL dialect {dialect_name}")))?;
+    let mut statements =
+        datafusion::sql::parser::DFParser::parse_sql_with_dialect(sql, dialect.as_ref())
+            .map_err(|e| EngineError::Sql(e.to_string()))?;
+    match (statements.pop_front(), statements.len()) {
+        (Some(s), 0) => Ok(s),
+        (None, _) => Err(EngineError::Sql("no SQL statement given".into())),
+        (Some(_), more) => Err(EngineError::Sql(format!(
+            "{} statements given; aisql runs one at a time",
+            more + 1
+        ))),
+    }
+}
+
+/// The prompt templates of the AI calls in `sql`, in any spelling (what an
+/// oracle must load labels for), without planning it.
+pub fn templates(sql: &str) -> Result<Vec<String>> {
+    let state = SessionContext::new().state();
+    let mut statement = parse_one(sql, &state)?;
+    let mut t: Vec<String> = spelling::normalize(&mut statement)?.into_keys().collect();
+    t.sort();
+    Ok(t)
+}
+
+/// A planning error as the engine reports it: SQL mistakes (unknown table or
+/// column, types) are `sql:` errors.
+fn sql_error(e: datafusion::error::DataFusionError) -> EngineError {
+    match from_datafusion(e) {
+        EngineError::DataFusion(e) => EngineError::Sql(e.strip_backtrace()),
+        other => other,
+    }
+}

@@ -1,0 +1,791 @@
+//! The analyzer rule that turns AI function calls into AI operators
+//! ([`AiNode`]), wherever the calls came from (SQL in any spelling, any
+//! Substrait producer), and the optimizer rule that keeps ordinary predicates
+//! ahead of them.
+//!
+//! [`AiRewrite`] walks the plan bottom-up:
+//! - a `Filter`'s conjuncts are split: ordinary ones stay in a filter below,
+//!   each bare AI predicate becomes an [`AiShape::Filter`] operator (cheapest
+//!   prompt first), and AI calls inside `OR`/`NOT`/`CASE` become
+//!   [`AiShape::Project`] operators whose value the remaining filter reads;
+//! - a filter over an inner join whose AI predicate reads one document from each
+//!   side becomes an [`AiShape::Join`], with the join's equalities;
+//! - a join whose `ON` holds an AI call becomes an AI join of the same type
+//!   (inner, outer, semi, anti);
+//! - any other operator (projection, aggregate, sort, window) gets its AI calls
+//!   computed by [`AiShape::Project`] operators below it.
+//!
+//! A document argument that is not a plain column is computed by a projection
+//! below the operator. Operator ids number each question kind in post-order
+//! (`filter-1`, `join-1`, `classify-1`), as QUAIL-B numbers its plans.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::common::{Column, DFSchema, JoinType};
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::logical_expr::expr_rewriter::NamePreserver;
+use datafusion::logical_expr::utils::{conjunction, split_conjunction_owned};
+use datafusion::logical_expr::{
+    BinaryExpr, Expr, Extension, Filter, Join, LogicalPlan, LogicalPlanBuilder, Operator,
+    Projection,
+};
+use datafusion::optimizer::analyzer::AnalyzerRule;
+use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
+
+use crate::ai_functions::{AiArgs, AiFunction, ai_call_of, contains_ai_call};
+use crate::backend::AiKind;
+use crate::logical::{AiNode, AiShape, AiSpec, DocRef, is_text};
+use crate::prompt::PromptFormat;
+
+use super::spelling::CallSites;
+
+/// What the rewrite needs to know about the session.
+#[derive(Debug, Default)]
+pub struct RewriteContext {
+    /// Tables whose `id` column is unique (QUAIL-B datasets): their documents
+    /// are keyed by id. Elsewhere a document is keyed by its text, so two rows
+    /// with one text share an answer and never two texts one.
+    pub unique_id_tables: HashSet<String>,
+    /// Where the current statement's AI calls are, by template.
+    pub sites: CallSites,
+}
+
+/// The analyzer rule.
+#[derive(Debug)]
+pub struct AiRewrite {
+    format: PromptFormat,
+    context: Arc<Mutex<RewriteContext>>,
+}
+
+impl AiRewrite {
+    /// A rule rendering prompts in `format`, reading `context` on each run.
+    pub fn new(format: PromptFormat, context: Arc<Mutex<RewriteContext>>) -> Self {
+        Self { format, context }
+    }
+}
+
+impl AnalyzerRule for AiRewrite {
+    fn name(&self) -> &str {
+        "ai_rewrite"
+    }
+
+    fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> DfResult<LogicalPlan> {
+        let context = self.context.lock().expect("rewrite context lock");
+        let mut r = Rewriter {
+            format: self.format,
+            context: &context,
+            counters: HashMap::new(),
+            columns: 0,
+        };
+        plan.transform_up_with_subqueries(|p| r.rewrite(p)).data()
+    }
+}
+
+struct Rewriter<'a> {
+    format: PromptFormat,
+    context: &'a RewriteContext,
+    counters: HashMap<AiKind, usize>,
+    /// Columns added so far (`__ai_1`, ...).
+    columns: usize,
+}
+
+/// An AI call's documents as columns of its (possibly extended) input.
+struct Documents {
+    input: LogicalPlan,
+    docs: Vec<DocRef>,
+    tables: Vec<String>,
+    columns: Vec<String>,
+}
+
+/// One AI call, checked, with its place in the SQL for errors.
+struct Call {
+    args: AiArgs,
+    text: String,
+}
+
+fn plan_error(message: String) -> DataFusionError {
+    DataFusionError::Plan(message)
+}
+
+fn is_bool_call(e: &Expr) -> bool {
+    ai_call_of(e).is_some_and(|(f, _)| f != AiFunction::Classify)
+}
+
+impl Rewriter<'_> {
+    fn rewrite(&mut self, plan: LogicalPlan) -> DfResult<Transformed<LogicalPlan>> {
+        match plan {
+            LogicalPlan::Filter(f) if contains_ai_call(&f.predicate) => self
+                .filter(Arc::unwrap_or_clone(f.input), f.predicate)
+                .map(Transformed::yes),
+            LogicalPlan::Join(j) if j.filter.as_ref().is_some_and(contains_ai_call) => {
+                self.join(j).map(Transformed::yes)
+            }
+            plan if plan.expressions().iter().any(contains_ai_call) => {
+                self.other(plan).map(Transformed::yes)
+            }
+            plan => Ok(Transformed::no(plan)),
+        }
+    }
+
+    /// Where a call is, for errors: its text and, from SQL, line and column.
+    fn describe(&self, e: &Expr, args: Option<&AiArgs>) -> String {
+        let place = args
+            .and_then(|a| self.context.sites.get(&a.template))
+            .cloned()
+            .unwrap_or_default();
+        format!("{}{place}", crate::prompt::shorten(&e.to_string(), 96))
+    }
+
+    fn parse(&self, e: &Expr) -> DfResult<Call> {
+        let (function, args) = ai_call_of(e).expect("an AI call");
+        let parsed = AiArgs::parse(function, args)
+            .map_err(|m| plan_error(format!("{}: {m}", self.describe(e, None))))?;
+        let text = self.describe(e, Some(&parsed));
+        if let Some(inner) = args.iter().find(|a| contains_ai_call(a)) {
+            return Err(plan_error(format!(
+                "{text}: an AI call inside another AI call's argument ({inner}) is not supported; \
+                 compute it in a subquery first"
+            )));
+        }
+        if let Some(outer) = args.iter().find(|a| has_outer_reference(a)) {
+            return Err(plan_error(format!(
+                "{text}: an AI call in a correlated subquery may not read the outer query's \
+                 columns ({outer}); write it as a join"
+            )));
+        }
+        Ok(Call { args: parsed, text })
+    }
+
+    fn next_id(&mut self, kind: AiKind) -> String {
+        let n = self.counters.entry(kind).or_insert(0);
+        *n += 1;
+        let prefix = match kind {
+            AiKind::Filter => "filter",
+            AiKind::Join => "join",
+            AiKind::Classify => "classify",
+        };
+        format!("{prefix}-{n}")
+    }
+
+    fn fresh_column(&mut self) -> Column {
+        self.columns += 1;
+        Column::new_unqualified(format!("__ai_{}", self.columns))
+    }
+
+    /// The documents of `call` as columns of `input`, computing any that are not
+    /// plain columns in a projection added below.
+    fn documents(&mut self, call: &Call, input: LogicalPlan) -> DfResult<Documents> {
+        let mut input = input;
+        let mut docs = Vec::new();
+        let mut tables = Vec::new();
+        let mut columns = Vec::new();
+        for (i, e) in call.args.documents.iter().enumerate() {
+            let column = match e {
+                Expr::Column(c) => c.clone(),
+                other => {
+                    let c = self.fresh_column();
+                    input = project_extra(input, vec![other.clone().alias(c.name.clone())])?;
+                    c
+                }
+            };
+            let (_, field) = input
+                .schema()
+                .qualified_field_from_column(&column)
+                .map_err(|_| plan_error(format!("{}: no column {column} here", call.text)))?;
+            if !is_text(field.data_type()) {
+                return Err(plan_error(format!(
+                    "{}: document {{{i}}} ({e}) is {}, not text; cast it (CAST({e} AS VARCHAR))",
+                    call.text,
+                    field.data_type()
+                )));
+            }
+            let source = source_of(&input, &column);
+            let (table, source_column) = source.clone().unwrap_or_else(|| {
+                (
+                    column
+                        .relation
+                        .as_ref()
+                        .map_or("expr".into(), |r| r.to_string()),
+                    column.name.clone(),
+                )
+            });
+            let id = column
+                .relation
+                .as_ref()
+                .map(|r| Column::new(Some(r.clone()), "id"))
+                .filter(|id| {
+                    self.context.unique_id_tables.contains(&table)
+                        && input.schema().has_column(id)
+                        && source_of(&input, id).is_some_and(|(t, _)| t == table)
+                })
+                .unwrap_or_else(|| column.clone());
+            docs.push(DocRef {
+                alias: column
+                    .relation
+                    .as_ref()
+                    .map_or_else(|| table.clone(), |r| r.table().to_string()),
+                id,
+                text: column,
+            });
+            tables.push(table);
+            columns.push(source_column);
+        }
+        Ok(Documents {
+            input,
+            docs,
+            tables,
+            columns,
+        })
+    }
+
+    fn spec(
+        &mut self,
+        call: &Call,
+        shape: AiShape,
+        docs: Vec<DocRef>,
+        tables: Vec<String>,
+        columns: Vec<String>,
+    ) -> DfResult<AiSpec> {
+        let op_id = self.next_id(call.args.kind());
+        let ai_call = call
+            .args
+            .call(&op_id, self.format, tables, columns)
+            .map_err(|e| plan_error(format!("{}: {e}", call.text)))?;
+        Ok(AiSpec {
+            call: ai_call,
+            shape,
+            docs,
+            equalities: Vec::new(),
+            output: None,
+        })
+    }
+
+    /// `Filter(predicate)` over `input`.
+    fn filter(&mut self, input: LogicalPlan, predicate: Expr) -> DfResult<LogicalPlan> {
+        let original = input.schema().clone();
+        let mut cheap = Vec::new();
+        let mut direct = Vec::new();
+        let mut complex = Vec::new();
+        let mut correlated = Vec::new();
+        for c in split_conjunction_owned(predicate) {
+            if has_outer_reference(&c) && !contains_ai_call(&c) {
+                // The subquery's link to the outer query stays on top, where
+                // decorrelation lifts it into a join.
+                correlated.push(c);
+            } else if !contains_ai_call(&c) {
+                cheap.push(c);
+            } else if is_bool_call(&c) {
+                direct.push(c);
+            } else {
+                complex.push(c);
+            }
+        }
+        let mut input = input;
+        // A pair predicate over an inner join without an AI condition joins its sides.
+        if let LogicalPlan::Join(j) = &input
+            && j.join_type == JoinType::Inner
+            && j.filter.as_ref().is_none_or(|f| !contains_ai_call(f))
+            && let Some(pos) = direct.iter().position(|c| crosses(c, j))
+        {
+            let c = direct.remove(pos);
+            let LogicalPlan::Join(j) = input else {
+                unreachable!()
+            };
+            input = self.ai_join_from_filter(j, c, &mut cheap)?;
+        }
+        if let Some(p) = conjunction(cheap) {
+            input = LogicalPlanBuilder::from(input).filter(p)?.build()?;
+        }
+        // The cheapest prompt runs first, on the most rows.
+        let mut calls = direct
+            .iter()
+            .map(|e| self.parse(e))
+            .collect::<DfResult<Vec<_>>>()?;
+        calls.sort_by_key(|c| {
+            c.args
+                .call("", self.format, vec![], vec![])
+                .map(|call| {
+                    call.pieces.preamble.len() + call.pieces.tail.len() + call.pieces.frame.len()
+                })
+                .unwrap_or(usize::MAX)
+        });
+        for call in calls {
+            let d = self.documents(&call, input.clone())?;
+            let spec = self.spec(&call, AiShape::Filter, d.docs, d.tables, d.columns)?;
+            input = restore_columns(ai_plan(spec, vec![d.input])?, input.schema())?;
+        }
+        if !complex.is_empty() {
+            let schema = input.schema().clone();
+            let (with_values, exprs) = self.values(input, complex)?;
+            let p = conjunction(exprs).expect("non-empty");
+            let filtered = LogicalPlanBuilder::from(with_values).filter(p)?.build()?;
+            input = restore_columns(filtered, &schema)?;
+        }
+        // Computed document columns are the operators' business only.
+        let input = restore_columns(input, &original)?;
+        match conjunction(correlated) {
+            Some(p) => LogicalPlanBuilder::from(input).filter(p)?.build(),
+            None => Ok(input),
+        }
+    }
+
+    /// An inner join's pair predicate `call` becomes an AI join; equalities
+    /// among `cheap` become its keys, one-sided conditions go to their side.
+    fn ai_join_from_filter(
+        &mut self,
+        join: Join,
+        call: Expr,
+        cheap: &mut Vec<Expr>,
+    ) -> DfResult<LogicalPlan> {
+        let mut on = join.on.clone();
+        let mut rest = Vec::new();
+        for c in std::mem::take(cheap).into_iter().chain(join.filter.clone()) {
+            match equality(&c, &join) {
+                Some(pair) => on.push(pair),
+                None => rest.push(c),
+            }
+        }
+        let ai = self.ai_join(join.left, join.right, JoinType::Inner, on, &call)?;
+        *cheap = rest;
+        Ok(ai)
+    }
+
+    /// An AI join of `left` and `right` on `call`, with key equalities `on`.
+    fn ai_join(
+        &mut self,
+        left: Arc<LogicalPlan>,
+        right: Arc<LogicalPlan>,
+        join_type: JoinType,
+        on: Vec<(Expr, Expr)>,
+        e: &Expr,
+    ) -> DfResult<LogicalPlan> {
+        let call = self.parse(e)?;
+        if call.args.documents.len() != 2 {
+            return Err(plan_error(format!(
+                "{}: a join condition's AI call needs one document from each side",
+                call.text
+            )));
+        }
+        let left_first = refers_only_to(&call.args.documents[0], left.schema());
+        let (anchor, partner) = if left_first {
+            (Arc::unwrap_or_clone(left), Arc::unwrap_or_clone(right))
+        } else {
+            (Arc::unwrap_or_clone(right), Arc::unwrap_or_clone(left))
+        };
+        let one = |e: &Expr| Call {
+            args: AiArgs {
+                documents: vec![e.clone()],
+                ..call.args.clone()
+            },
+            text: call.text.clone(),
+        };
+        let a = self.documents(&one(&call.args.documents[0]), anchor)?;
+        let p = self.documents(&one(&call.args.documents[1]), partner)?;
+        let (anchor, partner) = (a.input, p.input);
+        let docs = [a.docs, p.docs].concat();
+        let tables = [a.tables, p.tables].concat();
+        let columns = [a.columns, p.columns].concat();
+        let key = |e: Expr| match e {
+            Expr::Column(c) => Ok(c),
+            other => Err(plan_error(format!(
+                "{}: the join key {other} must be a column",
+                call.text
+            ))),
+        };
+        let mut equalities = Vec::new();
+        for (l, r) in on {
+            let (l, r) = (key(l)?, key(r)?);
+            equalities.push(if left_first { (l, r) } else { (r, l) });
+        }
+        let mut spec = self.spec(&call, AiShape::Join(join_type), docs, tables, columns)?;
+        spec.equalities = equalities;
+        let (l, r) = if left_first {
+            (anchor, partner)
+        } else {
+            (partner, anchor)
+        };
+        ai_plan(spec, vec![l, r])
+    }
+
+    /// A join whose `ON` holds an AI call.
+    fn join(&mut self, j: Join) -> DfResult<LogicalPlan> {
+        let filter = j.filter.clone().expect("an AI condition");
+        if j.join_type == JoinType::Inner {
+            // Same as a WHERE over the join without its AI conditions.
+            let (ai, plain): (Vec<Expr>, Vec<Expr>) = split_conjunction_owned(filter)
+                .into_iter()
+                .partition(contains_ai_call);
+            let join = Join {
+                filter: conjunction(plain),
+                ..j
+            };
+            let predicate = conjunction(ai).expect("an AI conjunct");
+            return self.filter(LogicalPlan::Join(join), predicate);
+        }
+        let t = j.join_type;
+        // Conditions on the side the join does not preserve may filter that side
+        // first; conditions on a preserved side have no meaning in `ON` here.
+        let (filters_left, filters_right) = match t {
+            JoinType::Left | JoinType::LeftSemi | JoinType::LeftAnti => (false, true),
+            JoinType::Right | JoinType::RightSemi | JoinType::RightAnti => (true, false),
+            _ => (false, false),
+        };
+        let mut left = Arc::unwrap_or_clone(j.left.clone());
+        let mut right = Arc::unwrap_or_clone(j.right.clone());
+        let mut on = j.on.clone();
+        let mut pair = None;
+        for c in split_conjunction_owned(filter) {
+            let on_left = refers_only_to(&c, left.schema());
+            let on_right = refers_only_to(&c, right.schema());
+            if on_right && filters_right {
+                right = self.filter(right, c)?;
+            } else if on_left && filters_left {
+                left = self.filter(left, c)?;
+            } else if let Some(eq) = equality(&c, &j) {
+                on.push(eq);
+            } else if is_bool_call(&c) && !on_left && !on_right && pair.is_none() {
+                pair = Some(c);
+            } else {
+                let what = if contains_ai_call(&c) {
+                    self.describe(
+                        &c,
+                        ai_call_of(&c)
+                            .and_then(|(f, a)| AiArgs::parse(f, a).ok())
+                            .as_ref(),
+                    )
+                } else {
+                    c.to_string()
+                };
+                return Err(plan_error(format!(
+                    "{what}: in the ON of a {t} JOIN, aisql supports one AI call reading one \
+                     document from each side, key equalities, and conditions on the side the \
+                     join does not preserve; this condition is none of them"
+                )));
+            }
+        }
+        let Some(pair) = pair else {
+            // Every AI condition filtered a side: an ordinary join remains.
+            let rest = Join {
+                left: Arc::new(left),
+                right: Arc::new(right),
+                on: Vec::new(),
+                filter: None,
+                ..j
+            };
+            let keys: (Vec<Expr>, Vec<Expr>) = on.into_iter().unzip();
+            return LogicalPlanBuilder::from(Arc::unwrap_or_clone(rest.left))
+                .join_with_expr_keys(Arc::unwrap_or_clone(rest.right), t, keys, None)?
+                .build();
+        };
+        let joined = self.ai_join(Arc::new(left), Arc::new(right), t, on, &pair)?;
+        restore_columns(joined, &j.schema)
+    }
+
+    /// AI calls inside `exprs` computed below as columns of `input`; returns the
+    /// new input and the expressions reading those columns.
+    fn values(
+        &mut self,
+        input: LogicalPlan,
+        exprs: Vec<Expr>,
+    ) -> DfResult<(LogicalPlan, Vec<Expr>)> {
+        let mut input = input;
+        let mut done: HashMap<Expr, Column> = HashMap::new();
+        let mut out = Vec::with_capacity(exprs.len());
+        for e in exprs {
+            let mut failure = None;
+            let rewritten = e
+                .transform_down(|x| {
+                    if ai_call_of(&x).is_none() || failure.is_some() {
+                        return Ok(Transformed::no(x));
+                    }
+                    if let Some(c) = done.get(&x) {
+                        return Ok(Transformed::new(
+                            Expr::Column(c.clone()),
+                            true,
+                            datafusion::common::tree_node::TreeNodeRecursion::Jump,
+                        ));
+                    }
+                    match self.value(&x, input.clone()) {
+                        Ok((plan, column)) => {
+                            input = plan;
+                            done.insert(x, column.clone());
+                            Ok(Transformed::new(
+                                Expr::Column(column),
+                                true,
+                                datafusion::common::tree_node::TreeNodeRecursion::Jump,
+                            ))
+                        }
+                        Err(err) => {
+                            failure = Some(err);
+                            Ok(Transformed::no(x))
+                        }
+                    }
+                })?
+                .data;
+            if let Some(err) = failure {
+                return Err(err);
+            }
+            out.push(rewritten);
+        }
+        Ok((input, out))
+    }
+
+    /// One AI call as a column appended to `input`.
+    fn value(&mut self, e: &Expr, input: LogicalPlan) -> DfResult<(LogicalPlan, Column)> {
+        let call = self.parse(e)?;
+        let schema = input.schema().clone();
+        let d = self.documents(&call, input)?;
+        let output = self.fresh_column();
+        let mut spec = self.spec(&call, AiShape::Project, d.docs, d.tables, d.columns)?;
+        spec.output = Some(output.clone());
+        let node = ai_plan(spec, vec![d.input])?;
+        // Keep the input's columns and the value, not computed documents.
+        let mut keep: Vec<Expr> = schema.columns().into_iter().map(Expr::Column).collect();
+        keep.push(Expr::Column(output.clone()));
+        let plan = if node.schema().fields().len() == keep.len() {
+            node
+        } else {
+            LogicalPlan::Projection(Projection::try_new(keep, Arc::new(node))?)
+        };
+        Ok((plan, output))
+    }
+
+    /// Any other operator with AI calls in its expressions.
+    fn other(&mut self, plan: LogicalPlan) -> DfResult<LogicalPlan> {
+        let inputs = plan.inputs();
+        if inputs.len() != 1 {
+            let e = plan.expressions().into_iter().find(contains_ai_call);
+            return Err(plan_error(format!(
+                "an AI call in a {} is not supported{}",
+                plan.display(),
+                e.map(|e| format!(": {e}")).unwrap_or_default()
+            )));
+        }
+        let input = inputs[0].clone();
+        let preserver = NamePreserver::new(&plan);
+        let exprs = plan.expressions();
+        let names: Vec<_> = exprs.iter().map(|e| preserver.save(e)).collect();
+        let (new_input, new_exprs) = self.values(input, exprs)?;
+        let new_exprs = if matches!(plan, LogicalPlan::Sort(_)) {
+            new_exprs
+        } else {
+            new_exprs
+                .into_iter()
+                .zip(names)
+                .map(|(e, n)| n.restore(e))
+                .collect()
+        };
+        let rebuilt = plan.with_new_exprs(new_exprs, vec![new_input])?;
+        restore_columns(rebuilt, plan.schema())
+    }
+}
+
+fn ai_plan(spec: AiSpec, inputs: Vec<LogicalPlan>) -> DfResult<LogicalPlan> {
+    Ok(LogicalPlan::Extension(Extension {
+        node: Arc::new(AiNode::try_new(spec, inputs)?),
+    }))
+}
+
+/// `input` with `extra` expressions appended as columns.
+fn project_extra(input: LogicalPlan, extra: Vec<Expr>) -> DfResult<LogicalPlan> {
+    let mut exprs: Vec<Expr> = input
+        .schema()
+        .columns()
+        .into_iter()
+        .map(Expr::Column)
+        .collect();
+    exprs.extend(extra);
+    Ok(LogicalPlan::Projection(Projection::try_new(
+        exprs,
+        Arc::new(input),
+    )?))
+}
+
+/// `plan` cut back to the columns of `schema` when it has gained some.
+fn restore_columns(plan: LogicalPlan, schema: &DFSchema) -> DfResult<LogicalPlan> {
+    if plan.schema().fields().len() == schema.fields().len() {
+        return Ok(plan);
+    }
+    let exprs: Vec<Expr> = schema.columns().into_iter().map(Expr::Column).collect();
+    Ok(LogicalPlan::Projection(Projection::try_new(
+        exprs,
+        Arc::new(plan),
+    )?))
+}
+
+fn has_outer_reference(e: &Expr) -> bool {
+    e.exists(|e| Ok(matches!(e, Expr::OuterReferenceColumn(..))))
+        .unwrap_or(false)
+}
+
+/// Whether every column `e` reads is in `schema` (and it reads at least one).
+fn refers_only_to(e: &Expr, schema: &DFSchema) -> bool {
+    let refs = e.column_refs();
+    !refs.is_empty() && refs.iter().all(|c| schema.has_column(c))
+}
+
+/// Whether a pair AI call reads one document from each side of `join`.
+fn crosses(e: &Expr, join: &Join) -> bool {
+    let Some((_, args)) = ai_call_of(e) else {
+        return false;
+    };
+    let Ok(parsed) = AiArgs::parse(ai_call_of(e).expect("call").0, args) else {
+        return false;
+    };
+    if parsed.documents.len() != 2 {
+        return false;
+    }
+    let (l, r) = (join.left.schema(), join.right.schema());
+    let (d0, d1) = (&parsed.documents[0], &parsed.documents[1]);
+    (refers_only_to(d0, l) && refers_only_to(d1, r))
+        || (refers_only_to(d0, r) && refers_only_to(d1, l))
+}
+
+/// `left.col = right.col` (either way round) as a key pair of `join`.
+fn equality(e: &Expr, join: &Join) -> Option<(Expr, Expr)> {
+    let Expr::BinaryExpr(BinaryExpr {
+        left,
+        op: Operator::Eq,
+        right,
+    }) = e
+    else {
+        return None;
+    };
+    let (l, r) = (join.left.schema(), join.right.schema());
+    match (left.as_ref(), right.as_ref()) {
+        (Expr::Column(a), Expr::Column(b)) if l.has_column(a) && r.has_column(b) => {
+            Some((Expr::Column(a.clone()), Expr::Column(b.clone())))
+        }
+        (Expr::Column(a), Expr::Column(b)) if r.has_column(a) && l.has_column(b) => {
+            Some((Expr::Column(b.clone()), Expr::Column(a.clone())))
+        }
+        _ => None,
+    }
+}
+
+/// The table and column a column of `plan` is read from, through aliases,
+/// projections of plain columns, filters, joins and AI operators.
+pub fn source_of(plan: &LogicalPlan, column: &Column) -> Option<(String, String)> {
+    let index = plan.schema().index_of_column(column).ok()?;
+    match plan {
+        LogicalPlan::TableScan(s) => Some((
+            s.table_name.table().to_string(),
+            s.projected_schema.field(index).name().clone(),
+        )),
+        LogicalPlan::Projection(p) => match p.expr.get(index)? {
+            Expr::Column(c) => source_of(&p.input, c),
+            Expr::Alias(a) => match a.expr.as_ref() {
+                Expr::Column(c) => source_of(&p.input, c),
+                _ => None,
+            },
+            _ => None,
+        },
+        LogicalPlan::Join(_) | LogicalPlan::Extension(_) | LogicalPlan::SubqueryAlias(_) => {
+            // Inputs' columns in order, left then right.
+            let mut offset = 0;
+            for input in plan.inputs() {
+                let width = input.schema().fields().len();
+                if index < offset + width {
+                    let (q, f) = input.schema().qualified_field(index - offset);
+                    return source_of(input, &Column::new(q.cloned(), f.name()));
+                }
+                offset += width;
+            }
+            None
+        }
+        other => {
+            let inputs = other.inputs();
+            let [input] = inputs.as_slice() else {
+                return None;
+            };
+            if input.schema().fields().len() <= index {
+                return None;
+            }
+            let (q, f) = input.schema().qualified_field(index);
+            source_of(input, &Column::new(q.cloned(), f.name()))
+        }
+    }
+}
+
+/// The optimizer rule that moves ordinary predicates above an AI join into the
+/// join's inputs (DataFusion pushes a predicate into every input of a
+/// two-input extension node, which a join cannot allow): rows a cheap predicate
+/// drops never reach the model.
+#[derive(Debug, Default)]
+pub struct AiJoinPredicatePushdown;
+
+impl OptimizerRule for AiJoinPredicatePushdown {
+    fn name(&self) -> &str {
+        "ai_join_predicate_pushdown"
+    }
+
+    fn apply_order(&self) -> Option<ApplyOrder> {
+        Some(ApplyOrder::TopDown)
+    }
+
+    fn supports_rewrite(&self) -> bool {
+        true
+    }
+
+    fn rewrite(
+        &self,
+        plan: LogicalPlan,
+        _config: &dyn OptimizerConfig,
+    ) -> DfResult<Transformed<LogicalPlan>> {
+        let LogicalPlan::Filter(filter) = plan else {
+            return Ok(Transformed::no(plan));
+        };
+        let LogicalPlan::Extension(ext) = filter.input.as_ref() else {
+            return Ok(Transformed::no(LogicalPlan::Filter(filter)));
+        };
+        let Some(node) = ext.node.as_any().downcast_ref::<AiNode>() else {
+            return Ok(Transformed::no(LogicalPlan::Filter(filter)));
+        };
+        let AiShape::Join(t) = node.spec.shape else {
+            return Ok(Transformed::no(LogicalPlan::Filter(filter)));
+        };
+        // Above a join, a predicate on one side may move to that side only if
+        // the join keeps that side's rows as they are (no NULL-padded rows).
+        let (left_ok, right_ok) = match t {
+            JoinType::Inner => (true, true),
+            JoinType::Left | JoinType::LeftSemi | JoinType::LeftAnti => (true, false),
+            JoinType::Right | JoinType::RightSemi | JoinType::RightAnti => (false, true),
+            _ => (false, false),
+        };
+        let (l, r) = (&node.inputs[0], &node.inputs[1]);
+        let mut left_preds = Vec::new();
+        let mut right_preds = Vec::new();
+        let mut keep = Vec::new();
+        for c in split_conjunction_owned(filter.predicate.clone()) {
+            let volatile = c.is_volatile();
+            if !volatile && left_ok && refers_only_to(&c, l.schema()) {
+                left_preds.push(c);
+            } else if !volatile && right_ok && refers_only_to(&c, r.schema()) {
+                right_preds.push(c);
+            } else {
+                keep.push(c);
+            }
+        }
+        if left_preds.is_empty() && right_preds.is_empty() {
+            return Ok(Transformed::no(LogicalPlan::Filter(filter)));
+        }
+        let wrap = |input: &LogicalPlan, preds: Vec<Expr>| -> DfResult<LogicalPlan> {
+            Ok(match conjunction(preds) {
+                Some(p) => LogicalPlan::Filter(Filter::try_new(p, Arc::new(input.clone()))?),
+                None => input.clone(),
+            })
+        };
+        let inputs = vec![wrap(l, left_preds)?, wrap(r, right_preds)?];
+        let joined = LogicalPlan::Extension(Extension {
+            node: Arc::new(AiNode::try_new(node.spec.clone(), inputs)?),
+        });
+        let out = match conjunction(keep) {
+            Some(p) => LogicalPlan::Filter(Filter::try_new(p, Arc::new(joined))?),
+            None => joined,
+        };
+        Ok(Transformed::yes(out))
+    }
+}

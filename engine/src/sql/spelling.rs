@@ -1,0 +1,283 @@
+//! The SQL spellings of the AI functions, brought to one form before planning.
+//!
+//! | spelling | example | becomes |
+//! |---|---|---|
+//! | QUAIL-B | `ai_filter('Is {0} kind?', r.body)` | itself |
+//! | Snowflake | `AI_FILTER(PROMPT('Is {0} kind?', r.body))` | `ai_filter('Is {0} kind?', r.body)` |
+//! | BigQuery | `AI.IF(('Is ', r.body, ' kind?'))` | `ai_filter('Is {0} kind?', r.body)` |
+//!
+//! A BigQuery prompt tuple's strings are concatenated with each other element
+//! replaced by `{i}` in order. The checks that need the call's place in the text
+//! (an unknown AI spelling, the number of arguments, placeholders against
+//! documents) happen here, so their errors give line and column; everything else
+//! is checked by the planner rule ([`super::rewrite`]).
+
+use std::collections::HashMap;
+use std::ops::ControlFlow;
+
+use datafusion::sql::parser::Statement as DfStatement;
+use datafusion::sql::sqlparser::ast::{
+    Expr, Function, FunctionArg, FunctionArgExpr, FunctionArgumentList, FunctionArguments, Ident,
+    ObjectName, ObjectNamePart, Spanned, Value, visit_expressions_mut,
+};
+
+use crate::ai_functions::AiFunction;
+use crate::error::{EngineError, Result};
+use crate::prompt::check_placeholders;
+
+/// Where each AI call's template first appears in the SQL text: the planner
+/// rule names it in its errors.
+pub type CallSites = HashMap<String, String>;
+
+/// The spellings aisql reads, for errors.
+const KNOWN: &str = "ai_filter(template, doc), ai_join(template, left, right), \
+ai_classify(template, doc, [labels], [descriptions]), AI_FILTER(PROMPT(template, doc...)) \
+and AI.IF((text, column, text...))";
+
+/// Rewrites every AI call of `statement` to the QUAIL-B spelling, checking each;
+/// returns where each template is.
+pub fn normalize(statement: &mut DfStatement) -> Result<CallSites> {
+    let mut sites = CallSites::new();
+    match statement {
+        DfStatement::Statement(s) => visit(s.as_mut(), &mut sites)?,
+        DfStatement::Explain(e) => return normalize(e.statement.as_mut()),
+        _ => {}
+    }
+    Ok(sites)
+}
+
+fn visit(
+    statement: &mut datafusion::sql::sqlparser::ast::Statement,
+    sites: &mut CallSites,
+) -> Result<()> {
+    let flow = visit_expressions_mut(statement, |e| match normalize_expr(e, sites) {
+        Ok(()) => ControlFlow::Continue(()),
+        Err(err) => ControlFlow::Break(err),
+    });
+    match flow {
+        ControlFlow::Break(e) => Err(e),
+        ControlFlow::Continue(()) => Ok(()),
+    }
+}
+
+fn at(e: &impl Spanned) -> String {
+    let start = e.span().start;
+    if start.line == 0 {
+        String::new()
+    } else {
+        format!(" at line {}, column {}", start.line, start.column)
+    }
+}
+
+fn sql_error(message: String) -> EngineError {
+    EngineError::Sql(message)
+}
+
+fn name_parts(name: &ObjectName) -> Vec<String> {
+    name.0
+        .iter()
+        .map(|p| match p {
+            ObjectNamePart::Identifier(i) => i.value.to_lowercase(),
+            ObjectNamePart::Function(_) => String::new(),
+        })
+        .collect()
+}
+
+/// The positional arguments of a call; named ones are refused.
+fn positional(f: &Function, spelling: &str) -> Result<Vec<Expr>> {
+    let FunctionArguments::List(list) = &f.args else {
+        return Ok(Vec::new());
+    };
+    list.args
+        .iter()
+        .map(|a| match a {
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Ok(e.clone()),
+            other => Err(sql_error(format!(
+                "{spelling}{}: argument {other} is not supported (aisql's model is chosen with --model)",
+                at(f)
+            ))),
+        })
+        .collect()
+}
+
+fn string_literal(e: &Expr) -> Option<&str> {
+    match e {
+        Expr::Value(v) => match &v.value {
+            Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => Some(s),
+            _ => None,
+        },
+        Expr::Nested(inner) => string_literal(inner),
+        _ => None,
+    }
+}
+
+fn call(name: &str, span_of: &Function, args: Vec<Expr>) -> Expr {
+    let mut ident = Ident::new(name);
+    ident.span = span_of.name.span();
+    Expr::Function(Function {
+        name: ObjectName(vec![ObjectNamePart::Identifier(ident)]),
+        args: FunctionArguments::List(FunctionArgumentList {
+            duplicate_treatment: None,
+            args: args
+                .into_iter()
+                .map(|e| FunctionArg::Unnamed(FunctionArgExpr::Expr(e)))
+                .collect(),
+            clauses: Vec::new(),
+        }),
+        ..span_of.clone()
+    })
+}
+
+fn literal(s: String) -> Expr {
+    Expr::value(Value::SingleQuotedString(s))
+}
+
+fn normalize_expr(e: &mut Expr, sites: &mut CallSites) -> Result<()> {
+    let Expr::Function(f) = e else {
+        return Ok(());
+    };
+    let parts = name_parts(&f.name);
+    let spelled = f.name.to_string();
+    let replacement = match parts.as_slice() {
+        [ai, op] if ai == "ai" => match op.as_str() {
+            "if" => Some(bigquery_if(f)?),
+            _ => {
+                return Err(sql_error(format!(
+                    "unknown AI function {spelled}{}; aisql reads {KNOWN}",
+                    at(f)
+                )));
+            }
+        },
+        [name] if name.starts_with("ai_") || name == "prompt" => {
+            if name == "prompt" {
+                return Ok(()); // checked where its AI_FILTER is
+            }
+            let function = AiFunction::from_name(name).ok_or_else(|| {
+                sql_error(format!(
+                    "unknown AI function {spelled}{}; aisql reads {KNOWN}",
+                    at(f)
+                ))
+            })?;
+            let args = positional(f, &spelled)?;
+            match args.as_slice() {
+                [Expr::Function(p)] if name_parts(&p.name) == ["prompt"] => {
+                    if function != AiFunction::Filter {
+                        return Err(sql_error(format!(
+                            "{spelled}(PROMPT(...)){}: only AI_FILTER takes a PROMPT",
+                            at(f)
+                        )));
+                    }
+                    Some(call(function.name(), f, positional(p, "PROMPT")?))
+                }
+                _ => None,
+            }
+        }
+        _ => return Ok(()),
+    };
+    if let Some(r) = replacement {
+        *e = r;
+    }
+    let Expr::Function(f) = e else {
+        return Ok(());
+    };
+    check_call(f, sites)
+}
+
+/// `AI.IF((text, column, text, ...))`.
+fn bigquery_if(f: &Function) -> Result<Expr> {
+    let args = positional(f, "AI.IF")?;
+    let [prompt] = args.as_slice() else {
+        return Err(sql_error(format!(
+            "AI.IF{} takes one prompt, a string or a tuple such as ('Is ', col, ' kind?'), not {} arguments",
+            at(f),
+            args.len()
+        )));
+    };
+    let parts: Vec<&Expr> = match prompt {
+        Expr::Tuple(items) => items.iter().collect(),
+        other => vec![other],
+    };
+    let mut template = String::new();
+    let mut documents = Vec::new();
+    for p in parts {
+        match string_literal(p) {
+            Some(s) => template.push_str(s),
+            None => {
+                template.push_str(&format!("{{{}}}", documents.len()));
+                documents.push(p.clone());
+            }
+        }
+    }
+    if documents.is_empty() || documents.len() > 2 {
+        return Err(sql_error(format!(
+            "AI.IF{}: the prompt names {} column(s); it needs one document (or two, for a join)",
+            at(f),
+            documents.len()
+        )));
+    }
+    let mut args = vec![literal(template)];
+    args.extend(documents);
+    Ok(call("ai_filter", f, args))
+}
+
+/// Arity and placeholders of a QUAIL-B-spelled call, with its position.
+fn check_call(f: &Function, sites: &mut CallSites) -> Result<()> {
+    let name = f.name.to_string();
+    let Some(function) = AiFunction::from_name(&name) else {
+        return Ok(());
+    };
+    let args = positional(f, &name)?;
+    let documents = function
+        .documents(args.len())
+        .map_err(|m| sql_error(format!("{m}{}", at(f))))?;
+    let template = string_literal(&args[0]).ok_or_else(|| {
+        sql_error(format!(
+            "{name}{}: the template (first argument) must be a string literal, not {}",
+            at(f),
+            args[0]
+        ))
+    })?;
+    check_placeholders(template, documents)
+        .map_err(|m| sql_error(format!("{name}{}: {m}", at(f))))?;
+    sites.entry(template.to_string()).or_insert_with(|| at(f));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::sql::parser::DFParser;
+
+    fn normalized(sql: &str) -> Result<String> {
+        let mut statements = DFParser::parse_sql(sql).map_err(|e| sql_error(e.to_string()))?;
+        let mut s = statements.pop_front().unwrap();
+        normalize(&mut s)?;
+        Ok(s.to_string())
+    }
+
+    #[test]
+    fn spellings_become_one() {
+        let quail = normalized("SELECT id FROM t WHERE ai_filter('Is {0} kind?', body)").unwrap();
+        let snow =
+            normalized("SELECT id FROM t WHERE AI_FILTER(PROMPT('Is {0} kind?', body))").unwrap();
+        let bq = normalized("SELECT id FROM t WHERE AI.IF(('Is ', body, ' kind?'))").unwrap();
+        assert_eq!(quail, snow);
+        assert_eq!(quail, bq);
+    }
+
+    #[test]
+    fn errors_give_positions() {
+        let e =
+            normalized("SELECT id FROM t\nWHERE ai_filter('no placeholder', body)").unwrap_err();
+        assert!(e.to_string().contains("line 2, column 7"), "{e}");
+        let e = normalized("SELECT id FROM t WHERE ai_join('{0} {1}', a)").unwrap_err();
+        assert!(e.to_string().contains("ai_join takes"), "{e}");
+        let e = normalized("SELECT id FROM t WHERE AI.GUESS(body)").unwrap_err();
+        assert!(e.to_string().contains("unknown AI function"), "{e}");
+        let e = normalized("SELECT id FROM t WHERE ai_filtr('{0}', body)").unwrap_err();
+        assert!(
+            e.to_string().contains("unknown AI function ai_filtr"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,215 @@
+//! Tables for SQL: a Parquet, CSV or JSON-lines file, or a folder of such files,
+//! read whole into memory and registered under a name.
+//!
+//! Reading eagerly makes a malformed file an error that names it before any
+//! model runs. Parquet goes through the guarded reader ([`crate::parquet_read`]);
+//! CSV and JSON lines through DataFusion's readers. Large strings become `Utf8`,
+//! the type the AI operators read.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::datasource::MemTable;
+use datafusion::prelude::{CsvReadOptions, JsonReadOptions, SessionContext};
+
+use crate::error::{EngineError, Result};
+use crate::parquet_read::{ParquetReadError, read_batches};
+
+/// A file format tables are read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Parquet,
+    Csv,
+    JsonLines,
+}
+
+fn format_of(path: &Path) -> Option<Format> {
+    match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
+        "parquet" => Some(Format::Parquet),
+        "csv" => Some(Format::Csv),
+        "json" | "jsonl" | "ndjson" => Some(Format::JsonLines),
+        _ => None,
+    }
+}
+
+fn data_error(name: &str, path: &Path, message: impl std::fmt::Display) -> EngineError {
+    EngineError::Data(format!("table {name} ({}): {message}", path.display()))
+}
+
+/// The files of a table: `path` itself, or the data files of a folder (sorted).
+fn files(name: &str, path: &Path) -> Result<(Vec<PathBuf>, Format)> {
+    let meta = std::fs::metadata(path).map_err(|e| data_error(name, path, e))?;
+    if !meta.is_dir() {
+        let format = format_of(path).ok_or_else(|| {
+            data_error(
+                name,
+                path,
+                "unknown file type; use .parquet, .csv, or .json/.jsonl (JSON lines)",
+            )
+        })?;
+        return Ok((vec![path.to_path_buf()], format));
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir(path)
+        .map_err(|e| data_error(name, path, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && format_of(p).is_some())
+        .collect();
+    found.sort();
+    let Some(first) = found.first() else {
+        return Err(data_error(
+            name,
+            path,
+            "the folder holds no .parquet, .csv or .json files",
+        ));
+    };
+    let format = format_of(first).expect("filtered");
+    if let Some(other) = found.iter().find(|p| format_of(p) != Some(format)) {
+        return Err(data_error(
+            name,
+            path,
+            format!(
+                "the folder mixes file types ({} and {})",
+                first.display(),
+                other.display()
+            ),
+        ));
+    }
+    Ok((found, format))
+}
+
+/// Reads the table at `path` and registers it as `name`, served in batches of
+/// `batch_rows` rows (the unit AI operators stream). Returns its row count.
+pub async fn register(
+    ctx: &SessionContext,
+    name: &str,
+    path: &Path,
+    batch_rows: usize,
+) -> Result<usize> {
+    let (paths, format) = files(name, path)?;
+    let mut schema: Option<SchemaRef> = None;
+    let mut batches = Vec::new();
+    for file in &paths {
+        let (file_schema, file_batches) = read_file(ctx, name, file, format).await?;
+        match &schema {
+            None => schema = Some(file_schema),
+            Some(s) if s.fields() == file_schema.fields() => {}
+            Some(s) => {
+                return Err(data_error(
+                    name,
+                    file,
+                    format!(
+                        "its columns {:?} differ from the first file's {:?}",
+                        names(&file_schema),
+                        names(s)
+                    ),
+                ));
+            }
+        }
+        batches.extend(file_batches);
+    }
+    let schema = schema.expect("at least one file");
+    let (schema, batches) = plain_strings(schema, batches)?;
+    let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+    let mut slices = Vec::new();
+    for b in &batches {
+        let mut start = 0;
+        while start < b.num_rows() {
+            let len = batch_rows.max(1).min(b.num_rows() - start);
+            slices.push(b.slice(start, len));
+            start += len;
+        }
+    }
+    let table = MemTable::try_new(schema, vec![slices])?;
+    ctx.register_table(name, Arc::new(table))?;
+    Ok(rows)
+}
+
+fn names(schema: &Schema) -> Vec<&String> {
+    schema.fields().iter().map(|f| f.name()).collect()
+}
+
+async fn read_file(
+    ctx: &SessionContext,
+    name: &str,
+    file: &Path,
+    format: Format,
+) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    let location = file
+        .to_str()
+        .ok_or_else(|| data_error(name, file, "the path is not UTF-8"))?;
+    let frame = match format {
+        Format::Parquet => {
+            return read_batches(file, 8192).map_err(|e| match e {
+                ParquetReadError::Io(e) => data_error(name, file, e),
+                ParquetReadError::Corrupt(e) => {
+                    data_error(name, file, format!("not a readable Parquet file: {e}"))
+                }
+            });
+        }
+        Format::Csv => {
+            let ext = file.extension().and_then(|e| e.to_str()).unwrap_or("csv");
+            ctx.read_csv(location, CsvReadOptions::new().file_extension(ext))
+                .await
+        }
+        Format::JsonLines => {
+            let ext = file.extension().and_then(|e| e.to_str()).unwrap_or("json");
+            ctx.read_json(location, JsonReadOptions::default().file_extension(ext))
+                .await
+        }
+    };
+    let what = match format {
+        Format::Csv => "not readable as CSV",
+        _ => "not readable as JSON lines",
+    };
+    let frame =
+        frame.map_err(|e| data_error(name, file, format!("{what}: {}", e.strip_backtrace())))?;
+    let schema = Arc::new(frame.schema().as_arrow().clone());
+    let batches = frame
+        .collect()
+        .await
+        .map_err(|e| data_error(name, file, format!("{what}: {}", e.strip_backtrace())))?;
+    Ok((schema, batches))
+}
+
+/// `LargeUtf8` columns as `Utf8`.
+fn plain_strings(
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    if !schema
+        .fields()
+        .iter()
+        .any(|f| f.data_type() == &DataType::LargeUtf8)
+    {
+        return Ok((schema, batches));
+    }
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            let t = if f.data_type() == &DataType::LargeUtf8 {
+                DataType::Utf8
+            } else {
+                f.data_type().clone()
+            };
+            Field::new(f.name(), t, f.is_nullable())
+        })
+        .collect();
+    let schema = Arc::new(Schema::new(fields));
+    let batches = batches
+        .into_iter()
+        .map(|b| {
+            let columns = b
+                .columns()
+                .iter()
+                .zip(schema.fields())
+                .map(|(c, f)| cast(c, f.data_type()))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            Ok(RecordBatch::try_new(schema.clone(), columns)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((schema, batches))
+}

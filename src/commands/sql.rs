@@ -1,0 +1,106 @@
+//! `aisql sql`: SQL with AI functions over `--table` files and/or a QUAIL-B
+//! dataset, printed and saved like `aisql query`'s rows.
+
+use std::path::PathBuf;
+
+use aisql_bench::layout::Dataset;
+use aisql_bench::resolve::resolve;
+use aisql_engine::query::QueryOptions;
+use aisql_engine::sql::{Evaluation, SqlSession, templates};
+use anyhow::Context;
+
+use super::UsageError;
+use crate::cli::SqlArgs;
+
+/// `NAME=PATH`.
+fn table_arg(arg: &str) -> anyhow::Result<(String, PathBuf)> {
+    match arg.split_once('=') {
+        Some((name, path)) if !name.trim().is_empty() && !path.is_empty() => {
+            Ok((name.trim().to_string(), PathBuf::from(path)))
+        }
+        _ => Err(UsageError(format!("--table {arg}: expected NAME=PATH")).into()),
+    }
+}
+
+pub fn run(args: SqlArgs) -> anyhow::Result<()> {
+    let sql = match (&args.query, &args.file) {
+        (Some(q), _) => q.clone(),
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .with_context(|| format!("reading the SQL file {}", f.display()))?,
+        (None, None) => return Err(UsageError("give a SQL statement or -f FILE".into()).into()),
+    };
+    if let Some(out) = &args.rows.output {
+        super::rows::output_format(out)?;
+    }
+    let tables = args
+        .tables
+        .iter()
+        .map(|t| table_arg(t))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    // A dataset when named, or when no table is given (the usual look-up order).
+    let dataset: Option<Dataset> = if args.root.is_some() || tables.is_empty() {
+        Some(resolve(
+            args.root.as_deref(),
+            args.sf,
+            args.collection.as_deref(),
+        )?)
+    } else {
+        None
+    };
+    let format = args.backend.prompt_format.parse()?;
+    let options = QueryOptions {
+        format,
+        progress: true,
+        batch_rows: args.backend.batch_rows,
+        memory_limit: args.backend.memory_limit(),
+    };
+    let wanted = templates(&sql)?;
+    let (backend, _meta) = super::backend::build(&args.backend, dataset.as_ref(), &wanted)?;
+    let session = SqlSession::new(backend, options, Evaluation::Operators)?;
+    let rt = super::runtime()?;
+    rt.block_on(async {
+        if let Some(dataset) = &dataset {
+            for (name, path) in dataset.require_all_tables()? {
+                if tables.iter().any(|(n, _)| *n == name) {
+                    continue; // --table replaces the dataset's table of that name
+                }
+                session.register(&name, &path).await?;
+                session.set_unique_ids(&name);
+            }
+        }
+        for (name, path) in &tables {
+            session.register(name, path).await?;
+        }
+        if let Some(path) = &args.to_substrait {
+            let plan = session.to_substrait(&sql).await?;
+            let bytes = if path.extension().is_some_and(|e| e == "json") {
+                serde_json::to_vec_pretty(&plan)?
+            } else {
+                aisql_engine::plan::encode_plan(&plan)
+            };
+            aisql_engine::output::write_file_atomic(path, &bytes)?;
+            eprintln!("Substrait plan written to {}", path.display());
+            return Ok(());
+        }
+        let out = session.run(&sql).await?;
+        let rows = out.rows()?;
+        super::rows::emit(&rows, &args.rows, out.runtime_s)?;
+        if let Some(fresh) = out.measurements.get("fresh_tokens") {
+            eprintln!("fresh tokens: {fresh} (prompt positions computed by the model)");
+        }
+        let asked: usize = out.answers.iter().map(|a| a.len()).sum();
+        if !out.calls.is_empty() {
+            eprintln!(
+                "AI operators: {} ({} prompts)",
+                out.calls
+                    .iter()
+                    .map(|c| c.op_id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                asked
+            );
+        }
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(())
+}

@@ -1,0 +1,209 @@
+//! The SQL corpus under `tests/sql/`, each query run twice over the small
+//! labelled corpus in `tests/sql/data/`: through the AI operators, and naively,
+//! the AI functions evaluated row by row as scalar functions. Both ask the same
+//! deterministic backend, whose answer depends only on the prompt's template and
+//! documents, so the rows must be identical: any document routed to the wrong
+//! prompt, any pair lost or invented by an AI join, any predicate misplaced
+//! around an AI operator shows up as a difference.
+//!
+//! Each `.sql` file holds queries, each after a `-- query: NAME` line. The
+//! file's name is the construct it covers.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use aisql_engine::backend::{AiCall, AiRequest, InferenceBackend};
+use aisql_engine::query::QueryOptions;
+use aisql_engine::sql::{Evaluation, SqlSession};
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+use sha2::{Digest, Sha256};
+
+/// Answers from a hash of (template, anchor text, partner text): deterministic,
+/// about 45 % TRUE, and different for every document and prompt. Counts prompts.
+#[derive(Default)]
+struct ContentBackend {
+    prompts: AtomicUsize,
+}
+
+impl ContentBackend {
+    fn hash(call: &AiCall, r: &AiRequest<'_>) -> u64 {
+        let mut h = Sha256::new();
+        h.update(call.template.as_bytes());
+        h.update([0]);
+        h.update(r.anchor.text.as_bytes());
+        h.update([0]);
+        if let Some(p) = r.partner {
+            h.update(p.text.as_bytes());
+        }
+        u64::from_le_bytes(h.finalize()[..8].try_into().unwrap())
+    }
+}
+
+impl InferenceBackend for ContentBackend {
+    fn name(&self) -> &str {
+        "content-hash"
+    }
+
+    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> aisql_engine::Result<Vec<bool>> {
+        self.prompts.fetch_add(requests.len(), Ordering::Relaxed);
+        Ok(requests
+            .iter()
+            .map(|r| Self::hash(call, r) % 100 < 45)
+            .collect())
+    }
+
+    fn classify(
+        &self,
+        call: &AiCall,
+        requests: &[AiRequest<'_>],
+    ) -> aisql_engine::Result<Vec<usize>> {
+        self.prompts.fetch_add(requests.len(), Ordering::Relaxed);
+        Ok(requests
+            .iter()
+            .map(|r| (Self::hash(call, r) % call.labels.len() as u64) as usize)
+            .collect())
+    }
+}
+
+fn corpus_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sql")
+}
+
+/// Every query of the corpus: (file stem, name, SQL).
+fn corpus() -> Vec<(String, String, String)> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(corpus_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "sql"))
+        .collect();
+    files.sort();
+    let mut out = Vec::new();
+    for f in files {
+        let stem = f.file_stem().unwrap().to_string_lossy().to_string();
+        let text = std::fs::read_to_string(&f).unwrap();
+        let mut name: Option<String> = None;
+        let mut sql = String::new();
+        for line in text.lines().chain(std::iter::once("-- query: <end>")) {
+            if let Some(n) = line.strip_prefix("-- query:") {
+                if let Some(prev) = name.take() {
+                    out.push((stem.clone(), prev, sql.trim().to_string()));
+                }
+                name = Some(n.trim().to_string());
+                sql.clear();
+            } else if name.is_some() {
+                sql.push_str(line);
+                sql.push('\n');
+            }
+        }
+    }
+    out
+}
+
+async fn session(backend: Arc<ContentBackend>, evaluation: Evaluation) -> SqlSession {
+    let options = QueryOptions {
+        batch_rows: 7, // several batches per table: memo and streaming across batches
+        ..QueryOptions::default()
+    };
+    let s = SqlSession::new(backend, options, evaluation).unwrap();
+    for t in ["docs", "topics", "claims", "evidence"] {
+        s.register(t, &corpus_dir().join("data").join(format!("{t}.csv")))
+            .await
+            .unwrap();
+    }
+    s
+}
+
+/// Rows as sorted lines of text (the corpus compares results as multisets; a
+/// query's own ORDER BY is checked by comparing the unsorted lines too).
+fn lines(batches: &[RecordBatch]) -> Vec<String> {
+    let options = FormatOptions::default().with_null("NULL");
+    let mut out = Vec::new();
+    for b in batches {
+        let formatters: Vec<ArrayFormatter> = b
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options).unwrap())
+            .collect();
+        for row in 0..b.num_rows() {
+            out.push(
+                formatters
+                    .iter()
+                    .map(|f| f.value(row).to_string())
+                    .collect::<Vec<_>>()
+                    .join(" | "),
+            );
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ai_operators_match_row_by_row_evaluation() {
+    let queries = corpus();
+    assert!(
+        queries.len() >= 60,
+        "the corpus has {} queries",
+        queries.len()
+    );
+    let ops_backend = Arc::new(ContentBackend::default());
+    let naive_backend = Arc::new(ContentBackend::default());
+    let ops = session(ops_backend.clone(), Evaluation::Operators).await;
+    let naive = session(naive_backend.clone(), Evaluation::Naive).await;
+    let mut failures = Vec::new();
+    let mut by_file: BTreeMap<String, usize> = BTreeMap::new();
+    let mut nonempty = 0;
+    for (file, name, sql) in &queries {
+        *by_file.entry(file.clone()).or_default() += 1;
+        let want = match naive.run(sql).await {
+            Ok(out) => out,
+            Err(e) => {
+                failures.push(format!("{file}/{name}: naive run failed: {e}"));
+                continue;
+            }
+        };
+        let got = match ops.run(sql).await {
+            Ok(out) => out,
+            Err(e) => {
+                failures.push(format!("{file}/{name}: AI operators failed: {e}"));
+                continue;
+            }
+        };
+        if got.calls.is_empty() {
+            failures.push(format!("{file}/{name}: no AI operator was planned"));
+        }
+        let (mut w, mut g) = (lines(&want.batches), lines(&got.batches));
+        if !w.is_empty() {
+            nonempty += 1;
+        }
+        let ordered = sql.to_lowercase().contains("order by");
+        if ordered && w != g {
+            failures.push(format!(
+                "{file}/{name}: rows differ in order or content\n  naive: {w:?}\n  ops:   {g:?}"
+            ));
+            continue;
+        }
+        w.sort();
+        g.sort();
+        if w != g {
+            failures.push(format!(
+                "{file}/{name}: rows differ\n  naive: {w:?}\n  ops:   {g:?}"
+            ));
+        }
+    }
+    eprintln!("corpus by construct: {by_file:?}");
+    eprintln!(
+        "prompts asked: AI operators {}, row by row {}",
+        ops_backend.prompts.load(Ordering::Relaxed),
+        naive_backend.prompts.load(Ordering::Relaxed)
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // A corpus of empty results would prove little.
+    assert!(
+        nonempty * 10 >= queries.len() * 8,
+        "only {nonempty} of {} queries return rows",
+        queries.len()
+    );
+}
