@@ -140,6 +140,19 @@ fn lines(batches: &[RecordBatch]) -> Vec<String> {
     out
 }
 
+/// `sql` written as Substrait (binary), decoded and run again.
+async fn roundtrip(session: &SqlSession, sql: &str) -> aisql_engine::Result<Vec<RecordBatch>> {
+    let plan = session.to_substrait(sql).await?;
+    let bytes = aisql_engine::plan::encode_plan(&plan);
+    let plan =
+        aisql_engine::plan::decode_plan(&bytes, false).map_err(aisql_engine::EngineError::Sql)?;
+    let planned = session.plan_substrait(&plan).await?;
+    Ok(session
+        .run_plan(planned, std::time::Instant::now())
+        .await?
+        .batches)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ai_operators_match_row_by_row_evaluation() {
     let queries = corpus();
@@ -157,6 +170,10 @@ async fn ai_operators_match_row_by_row_evaluation() {
     let mut nonempty = 0;
     for (file, name, sql) in &queries {
         *by_file.entry(file.clone()).or_default() += 1;
+        let before = (
+            ops_backend.prompts.load(Ordering::Relaxed),
+            naive_backend.prompts.load(Ordering::Relaxed),
+        );
         let want = match naive.run(sql).await {
             Ok(out) => out,
             Err(e) => {
@@ -171,6 +188,37 @@ async fn ai_operators_match_row_by_row_evaluation() {
                 continue;
             }
         };
+        let asked = (
+            ops_backend.prompts.load(Ordering::Relaxed) - before.0,
+            naive_backend.prompts.load(Ordering::Relaxed) - before.1,
+        );
+        if asked.0 != asked.1 {
+            eprintln!(
+                "{file}/{name}: prompts {} (operators) vs {} (row by row)",
+                asked.0, asked.1
+            );
+        }
+        // Planning the model work must never ask more than evaluating row by row.
+        if asked.0 > asked.1 {
+            failures.push(format!(
+                "{file}/{name}: the AI operators asked {} prompts, row by row {}",
+                asked.0, asked.1
+            ));
+        }
+        // The same query as Substrait, read back and run: the same rows.
+        match roundtrip(&ops, sql).await {
+            Ok(batches) => {
+                let (mut a, mut b) = (lines(&batches), lines(&got.batches));
+                a.sort();
+                b.sort();
+                if a != b {
+                    failures.push(format!(
+                        "{file}/{name}: rows differ after a Substrait round trip\n  sql:       {b:?}\n  substrait: {a:?}"
+                    ));
+                }
+            }
+            Err(e) => failures.push(format!("{file}/{name}: Substrait round trip failed: {e}")),
+        }
         if got.calls.is_empty() {
             failures.push(format!("{file}/{name}: no AI operator was planned"));
         }

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::{DataType, Field};
 use datafusion::catalog::TableProvider;
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Column, DFSchema, DFSchemaRef, JoinType, TableReference};
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::FunctionRegistry;
@@ -81,11 +82,14 @@ pub struct AiSpec {
     pub equalities: Vec<(Column, Column)>,
     /// The appended column ([`AiShape::Project`]).
     pub output: Option<Column>,
+    /// Join conditions besides the equalities and the AI call, over both
+    /// inputs: a pair failing them is never asked.
+    pub residual: Option<Expr>,
 }
 
 impl AiSpec {
     /// The columns the operator reads, in the order [`AiNode::expressions`] lists
-    /// them: ids, texts, then equality columns.
+    /// them (ids, texts, then equality columns; the residual follows them).
     fn columns(&self) -> Vec<Column> {
         let mut c: Vec<Column> = self.docs.iter().map(|d| d.id.clone()).collect();
         c.extend(self.docs.iter().map(|d| d.text.clone()));
@@ -239,7 +243,9 @@ impl UserDefinedLogicalNodeCore for AiNode {
     }
 
     fn expressions(&self) -> Vec<Expr> {
-        self.spec.columns().into_iter().map(Expr::Column).collect()
+        let mut exprs: Vec<Expr> = self.spec.columns().into_iter().map(Expr::Column).collect();
+        exprs.extend(self.spec.residual.clone());
+        exprs
     }
 
     fn prevent_predicate_push_down_columns(&self) -> HashSet<String> {
@@ -322,6 +328,9 @@ impl UserDefinedLogicalNodeCore for AiNode {
                     .collect();
                 write!(f, " on {}", eq.join(" AND "))?;
             }
+            if let Some(r) = &self.spec.residual {
+                write!(f, " filter={r}")?;
+            }
         }
         if !self.spec.call.labels.is_empty() {
             write!(f, " labels={:?}", self.spec.call.labels)?;
@@ -332,7 +341,16 @@ impl UserDefinedLogicalNodeCore for AiNode {
         Ok(())
     }
 
-    fn with_exprs_and_inputs(&self, exprs: Vec<Expr>, inputs: Vec<LogicalPlan>) -> DfResult<Self> {
+    fn with_exprs_and_inputs(
+        &self,
+        mut exprs: Vec<Expr>,
+        inputs: Vec<LogicalPlan>,
+    ) -> DfResult<Self> {
+        let residual = if self.spec.residual.is_some() {
+            exprs.pop()
+        } else {
+            None
+        };
         let columns = exprs
             .into_iter()
             .map(|e| match e {
@@ -343,7 +361,9 @@ impl UserDefinedLogicalNodeCore for AiNode {
                 ))),
             })
             .collect::<DfResult<Vec<_>>>()?;
-        Self::try_new(self.spec.with_columns(columns)?, inputs)
+        let mut spec = self.spec.with_columns(columns)?;
+        spec.residual = residual;
+        Self::try_new(spec, inputs)
     }
 }
 
@@ -354,6 +374,12 @@ pub fn ai_nodes(plan: &LogicalPlan) -> Vec<AiNode> {
         for input in plan.inputs() {
             walk(input, nodes);
         }
+        // Subqueries left in expressions (an uncorrelated scalar subquery) run
+        // before the operator that reads them.
+        let _ = plan.apply_subqueries(|sub| {
+            walk(sub, nodes);
+            Ok(TreeNodeRecursion::Jump)
+        });
         if let LogicalPlan::Extension(e) = plan
             && let Some(n) = e.node.as_any().downcast_ref::<AiNode>()
         {
@@ -546,6 +572,7 @@ impl SubstraitConsumer for AiConsumer<'_> {
             docs: vec![self.doc(alias)?],
             equalities: Vec::new(),
             output: None,
+            residual: None,
         };
         Ok(ai_plan(AiNode::try_new(spec, vec![input])?))
     }
@@ -581,6 +608,7 @@ impl SubstraitConsumer for AiConsumer<'_> {
             docs: vec![self.doc(&aliases[0])?, self.doc(&aliases[1])?],
             equalities,
             output: None,
+            residual: None,
         };
         Ok(ai_plan(AiNode::try_new(spec, vec![left, right])?))
     }
@@ -626,6 +654,7 @@ impl SubstraitConsumer for AiConsumer<'_> {
                 Some(TableReference::bare(alias.as_str())),
                 output,
             )),
+            residual: None,
         };
         Ok(ai_plan(AiNode::try_new(spec, vec![input])?))
     }

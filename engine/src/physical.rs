@@ -80,10 +80,12 @@ struct Layout {
     equalities: Vec<(usize, usize)>,
     /// Fields of the left input (joins; all fields otherwise).
     left_width: usize,
+    /// The join's residual condition over left ‖ right rows, and that schema.
+    residual: Option<(Arc<dyn PhysicalExpr>, SchemaRef)>,
 }
 
 impl Layout {
-    fn of(node: &AiNode) -> DfResult<Self> {
+    fn of(node: &AiNode, session: &dyn Session) -> DfResult<Self> {
         let combined = match node.spec.shape {
             AiShape::Join(_) => Arc::new(node.inputs[0].schema().join(node.inputs[1].schema())?),
             _ => node.inputs[0].schema().clone(),
@@ -127,10 +129,18 @@ impl Layout {
                 )));
             }
         }
+        let residual = match &node.spec.residual {
+            Some(r) => Some((
+                session.create_physical_expr(r.clone(), &combined)?,
+                Arc::new(combined.as_arrow().clone()),
+            )),
+            None => None,
+        };
         Ok(Self {
             docs,
             equalities,
             left_width,
+            residual,
         })
     }
 }
@@ -185,8 +195,9 @@ impl AiExec {
         node: &AiNode,
         inputs: Vec<Arc<dyn ExecutionPlan>>,
         runtime: AiRuntime,
+        session: &dyn Session,
     ) -> DfResult<Self> {
-        let layout = Layout::of(node)?;
+        let layout = Layout::of(node, session)?;
         Ok(Self::with_layout(
             node.spec.clone(),
             layout,
@@ -790,6 +801,26 @@ fn join_batch(
             }
         }
     }
+    if let Some((residual, combined)) = &state.layout.residual {
+        let keep = residual_mask(
+            residual,
+            combined.clone(),
+            sides.anchor_left,
+            anchor_batch,
+            partner_batch,
+            &candidates,
+        )?;
+        let mut i = 0;
+        candidates.retain(|_| {
+            i += 1;
+            keep[i - 1]
+        });
+        let mut i = 0;
+        requests.retain(|_| {
+            i += 1;
+            keep[i - 1]
+        });
+    }
     let mut memo = state.memo.lock().expect("memo lock");
     ask_new(state, &mut memo, requests.clone())?;
     let mut anchor_matched = vec![false; anchor_batch.num_rows()];
@@ -838,6 +869,54 @@ fn join_batch(
     };
     state.metrics.baseline.record_output(out.num_rows());
     Ok(out)
+}
+
+/// Which candidate (anchor row, partner row) pairs meet the residual condition
+/// (NULL counts as not met), evaluated on the pairs as left ‖ right rows.
+fn residual_mask(
+    residual: &Arc<dyn PhysicalExpr>,
+    combined: SchemaRef,
+    anchor_left: bool,
+    anchor_batch: &RecordBatch,
+    partner_batch: &RecordBatch,
+    candidates: &[(u32, u32)],
+) -> Result<Vec<bool>> {
+    if candidates.is_empty() {
+        return Ok(Vec::new());
+    }
+    let a = UInt32Array::from_iter_values(candidates.iter().map(|c| c.0));
+    let p = UInt32Array::from_iter_values(candidates.iter().map(|c| c.1));
+    let pick = |batch: &RecordBatch, idx: &UInt32Array| {
+        batch
+            .columns()
+            .iter()
+            .map(|c| take(c.as_ref(), idx, None))
+            .collect::<std::result::Result<Vec<_>, _>>()
+    };
+    let (mut columns, right) = if anchor_left {
+        (pick(anchor_batch, &a)?, pick(partner_batch, &p)?)
+    } else {
+        (pick(partner_batch, &p)?, pick(anchor_batch, &a)?)
+    };
+    columns.extend(right);
+    let pairs = RecordBatch::try_new_with_options(
+        combined,
+        columns,
+        &datafusion::arrow::array::RecordBatchOptions::new().with_row_count(Some(candidates.len())),
+    )?;
+    let value = residual
+        .evaluate(&pairs)
+        .and_then(|v| v.into_array(pairs.num_rows()))
+        .map_err(EngineError::DataFusion)?;
+    let mask = value.as_boolean_opt().ok_or_else(|| {
+        EngineError::Data(format!(
+            "a join condition evaluated to {}, not a boolean",
+            value.data_type()
+        ))
+    })?;
+    Ok((0..mask.len())
+        .map(|i| mask.is_valid(i) && mask.value(i))
+        .collect())
 }
 
 /// After the last anchor batch: the partner rows the join type keeps by their
@@ -894,7 +973,7 @@ impl ExtensionPlanner for AiExtensionPlanner {
         node: &dyn UserDefinedLogicalNode,
         _logical_inputs: &[&LogicalPlan],
         physical_inputs: &[Arc<dyn ExecutionPlan>],
-        _session: &dyn Session,
+        session: &dyn Session,
         _ctx: &PhysicalPlanningContext,
     ) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
         let Some(ai) = node.as_any().downcast_ref::<AiNode>() else {
@@ -904,6 +983,7 @@ impl ExtensionPlanner for AiExtensionPlanner {
             ai,
             physical_inputs.to_vec(),
             self.runtime.clone(),
+            session,
         )?)))
     }
 }

@@ -5,7 +5,7 @@ SELECT ai_classify('What is the tone of {0}?', body, ['positive', 'negative', 'm
 -- query: classify_in_where
 SELECT id FROM docs WHERE ai_classify('What is the tone of {0}?', body, ['positive', 'negative', 'mixed'], ['Good overall', 'Bad overall', 'Both']) = 'mixed'
 -- query: classify_pair
-SELECT c.id, e.id, ai_classify('How does the passage relate to {0}?', c.text, e.passage, ['supports', 'refutes', 'unrelated'], ['Backs it', 'Contradicts it', 'Neither']) AS relation FROM claims c JOIN evidence e ON e.claim_id = c.id
+SELECT c.id, e.id, ai_classify('How does the passage {1} relate to {0}?', c.text, e.passage, ['supports', 'refutes', 'unrelated'], ['Backs it', 'Contradicts it', 'Neither']) AS relation FROM claims c JOIN evidence e ON e.claim_id = c.id
 -- query: classify_after_filter
 SELECT id, ai_classify('Which topic fits {0}?', body, ['price', 'quality', 'service'], ['', '', '']) AS topic FROM docs WHERE ai_filter('Is the review {0} positive?', body)
 -- query: classify_twice

@@ -108,8 +108,13 @@ impl SqlSession {
             let state = builder.build();
             let mut analyzers = state.analyzer().rules.clone();
             analyzers.push(Arc::new(AiRewrite::new(options.format, context.clone())));
+            // Right after DataFusion's filter pushdown, which stops at an AI join.
             let mut optimizers = state.optimizers().to_vec();
-            optimizers.push(Arc::new(AiJoinPredicatePushdown));
+            let at = optimizers
+                .iter()
+                .position(|r| r.name() == "push_down_filter")
+                .map_or(optimizers.len(), |i| i + 1);
+            optimizers.insert(at, Arc::new(AiJoinPredicatePushdown));
             builder = SessionStateBuilder::new_from_existing(state)
                 .with_analyzer_rules(analyzers)
                 .with_optimizer_rules(optimizers);
@@ -211,9 +216,22 @@ impl SqlSession {
                 .analyze(analyzed, state.config_options())
                 .map_err(sql_error)?;
         }
-        let mut substrait =
-            datafusion_substrait::logical_plan::producer::to_substrait_plan(&analyzed, &state)
-                .map_err(sql_error)?;
+        let produce = |plan: &LogicalPlan| {
+            datafusion_substrait::logical_plan::producer::to_substrait_plan(plan, &state)
+        };
+        // DataFusion's producer writes no outer column references: a plan with
+        // correlated subqueries is written optimized, where they are joins (the
+        // AI calls stay functions either way).
+        let mut substrait = match produce(&analyzed) {
+            Ok(plan) => plan,
+            Err(first) => {
+                let optimized = state
+                    .optimizer()
+                    .optimize(analyzed, &state, |_, _| {})
+                    .map_err(sql_error)?;
+                produce(&optimized).map_err(|_| sql_error(first))?
+            }
+        };
         crate::ai_functions::mark_ai_functions(&mut substrait);
         Ok(*substrait)
     }

@@ -260,6 +260,7 @@ impl Rewriter<'_> {
             docs,
             equalities: Vec::new(),
             output: None,
+            residual: None,
         })
     }
 
@@ -342,13 +343,27 @@ impl Rewriter<'_> {
     ) -> DfResult<LogicalPlan> {
         let mut on = join.on.clone();
         let mut rest = Vec::new();
+        let mut residual = Vec::new();
         for c in std::mem::take(cheap).into_iter().chain(join.filter.clone()) {
-            match equality(&c, &join) {
-                Some(pair) => on.push(pair),
-                None => rest.push(c),
+            if let Some(pair) = equality(&c, &join) {
+                on.push(pair);
+            } else if refers_only_to(&c, join.left.schema())
+                || refers_only_to(&c, join.right.schema())
+                || c.column_refs().is_empty()
+            {
+                rest.push(c); // one side: filtered before the join
+            } else {
+                residual.push(c); // both sides: checked before a pair is asked
             }
         }
-        let ai = self.ai_join(join.left, join.right, JoinType::Inner, on, &call)?;
+        let ai = self.ai_join(
+            join.left,
+            join.right,
+            JoinType::Inner,
+            on,
+            conjunction(residual),
+            &call,
+        )?;
         *cheap = rest;
         Ok(ai)
     }
@@ -360,6 +375,7 @@ impl Rewriter<'_> {
         right: Arc<LogicalPlan>,
         join_type: JoinType,
         on: Vec<(Expr, Expr)>,
+        residual: Option<Expr>,
         e: &Expr,
     ) -> DfResult<LogicalPlan> {
         let call = self.parse(e)?;
@@ -402,6 +418,7 @@ impl Rewriter<'_> {
         }
         let mut spec = self.spec(&call, AiShape::Join(join_type), docs, tables, columns)?;
         spec.equalities = equalities;
+        spec.residual = residual;
         let (l, r) = if left_first {
             (anchor, partner)
         } else {
@@ -437,6 +454,7 @@ impl Rewriter<'_> {
         let mut right = Arc::unwrap_or_clone(j.right.clone());
         let mut on = j.on.clone();
         let mut pair = None;
+        let mut residual = Vec::new();
         for c in split_conjunction_owned(filter) {
             let on_left = refers_only_to(&c, left.schema());
             let on_right = refers_only_to(&c, right.schema());
@@ -448,6 +466,9 @@ impl Rewriter<'_> {
                 on.push(eq);
             } else if is_bool_call(&c) && !on_left && !on_right && pair.is_none() {
                 pair = Some(c);
+            } else if !contains_ai_call(&c) {
+                // Part of the ON condition, checked per pair before it is asked.
+                residual.push(c);
             } else {
                 let what = if contains_ai_call(&c) {
                     self.describe(
@@ -460,27 +481,27 @@ impl Rewriter<'_> {
                     c.to_string()
                 };
                 return Err(plan_error(format!(
-                    "{what}: in the ON of a {t} JOIN, aisql supports one AI call reading one \
-                     document from each side, key equalities, and conditions on the side the \
-                     join does not preserve; this condition is none of them"
+                    "{what}: in the ON of a {t} JOIN an AI call must read one document from \
+                     each side (one per join), or only the side the join does not preserve; \
+                     this one does neither"
                 )));
             }
         }
         let Some(pair) = pair else {
             // Every AI condition filtered a side: an ordinary join remains.
-            let rest = Join {
-                left: Arc::new(left),
-                right: Arc::new(right),
-                on: Vec::new(),
-                filter: None,
-                ..j
-            };
             let keys: (Vec<Expr>, Vec<Expr>) = on.into_iter().unzip();
-            return LogicalPlanBuilder::from(Arc::unwrap_or_clone(rest.left))
-                .join_with_expr_keys(Arc::unwrap_or_clone(rest.right), t, keys, None)?
+            return LogicalPlanBuilder::from(left)
+                .join_with_expr_keys(right, t, keys, conjunction(residual))?
                 .build();
         };
-        let joined = self.ai_join(Arc::new(left), Arc::new(right), t, on, &pair)?;
+        let joined = self.ai_join(
+            Arc::new(left),
+            Arc::new(right),
+            t,
+            on,
+            conjunction(residual),
+            &pair,
+        )?;
         restore_columns(joined, &j.schema)
     }
 
@@ -735,6 +756,10 @@ impl OptimizerRule for AiJoinPredicatePushdown {
         plan: LogicalPlan,
         _config: &dyn OptimizerConfig,
     ) -> DfResult<Transformed<LogicalPlan>> {
+        let plan = match plan {
+            LogicalPlan::Extension(e) => return ai_filter_below_ai_join(e),
+            other => other,
+        };
         let LogicalPlan::Filter(filter) = plan else {
             return Ok(Transformed::no(plan));
         };
@@ -747,14 +772,7 @@ impl OptimizerRule for AiJoinPredicatePushdown {
         let AiShape::Join(t) = node.spec.shape else {
             return Ok(Transformed::no(LogicalPlan::Filter(filter)));
         };
-        // Above a join, a predicate on one side may move to that side only if
-        // the join keeps that side's rows as they are (no NULL-padded rows).
-        let (left_ok, right_ok) = match t {
-            JoinType::Inner => (true, true),
-            JoinType::Left | JoinType::LeftSemi | JoinType::LeftAnti => (true, false),
-            JoinType::Right | JoinType::RightSemi | JoinType::RightAnti => (false, true),
-            _ => (false, false),
-        };
+        let (left_ok, right_ok) = movable_sides(t);
         let (l, r) = (&node.inputs[0], &node.inputs[1]);
         let mut left_preds = Vec::new();
         let mut right_preds = Vec::new();
@@ -788,4 +806,62 @@ impl OptimizerRule for AiJoinPredicatePushdown {
         };
         Ok(Transformed::yes(out))
     }
+}
+
+/// Which inputs of a join a predicate above it may move into: only a side whose
+/// rows the join passes on as they are (not NULL-padded).
+fn movable_sides(t: JoinType) -> (bool, bool) {
+    match t {
+        JoinType::Inner => (true, true),
+        JoinType::Left | JoinType::LeftSemi | JoinType::LeftAnti => (true, false),
+        JoinType::Right | JoinType::RightSemi | JoinType::RightAnti => (false, true),
+        _ => (false, false),
+    }
+}
+
+/// An AI filter over an AI join that reads one side only runs on that side
+/// first: each of its documents is asked once either way, and every document it
+/// drops takes its pairs out of the join's prompts.
+fn ai_filter_below_ai_join(e: Extension) -> DfResult<Transformed<LogicalPlan>> {
+    let unchanged = |e| Ok(Transformed::no(LogicalPlan::Extension(e)));
+    let Some(filter) = e.node.as_any().downcast_ref::<AiNode>() else {
+        return unchanged(e);
+    };
+    if filter.spec.shape != AiShape::Filter {
+        return unchanged(e);
+    }
+    let LogicalPlan::Extension(child) = &filter.inputs[0] else {
+        return unchanged(e);
+    };
+    let Some(join) = child.node.as_any().downcast_ref::<AiNode>() else {
+        return unchanged(e);
+    };
+    let AiShape::Join(t) = join.spec.shape else {
+        return unchanged(e);
+    };
+    let (left_ok, right_ok) = movable_sides(t);
+    let reads = |schema: &DFSchema| {
+        filter
+            .spec
+            .docs
+            .iter()
+            .all(|d| schema.has_column(&d.id) && schema.has_column(&d.text))
+    };
+    let mut inputs = join.inputs.clone();
+    let side = if left_ok && reads(inputs[0].schema()) {
+        0
+    } else if right_ok && reads(inputs[1].schema()) {
+        1
+    } else {
+        return unchanged(e);
+    };
+    inputs[side] = LogicalPlan::Extension(Extension {
+        node: Arc::new(AiNode::try_new(
+            filter.spec.clone(),
+            vec![inputs[side].clone()],
+        )?),
+    });
+    Ok(Transformed::yes(LogicalPlan::Extension(Extension {
+        node: Arc::new(AiNode::try_new(join.spec.clone(), inputs)?),
+    })))
 }
