@@ -135,6 +135,40 @@ pub fn tables_in_dir(dir: &Path) -> Result<TablePaths> {
     Ok(out)
 }
 
+/// `batch` cut into the batches AI operators stream: at most `batch_rows` rows
+/// and about `batch_text_bytes` bytes of `text_columns` each (a batch holds at
+/// least one row).
+pub fn ai_batches(
+    batch: &RecordBatch,
+    text_columns: &[String],
+    batch_rows: usize,
+    batch_text_bytes: usize,
+) -> Vec<RecordBatch> {
+    let text_len = |row: usize| -> usize {
+        text_columns
+            .iter()
+            .filter_map(|c| batch.column_by_name(c))
+            .map(|a| match a.data_type() {
+                DataType::Utf8View => a.as_string_view().value(row).len(),
+                DataType::Utf8 => a.as_string::<i32>().value(row).len(),
+                _ => 0,
+            })
+            .sum()
+    };
+    let mut slices: Vec<RecordBatch> = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for row in 0..batch.num_rows() {
+        let len = text_len(row);
+        if row > start && (row - start >= batch_rows.max(1) || bytes + len > batch_text_bytes) {
+            slices.push(batch.slice(start, row - start));
+            (start, bytes) = (row, 0);
+        }
+        bytes += len;
+    }
+    slices.push(batch.slice(start, batch.num_rows() - start));
+    slices
+}
+
 /// Reads every table `query` scans and registers it with `ctx`, served in batches
 /// of at most `batch_rows` rows and about `batch_text_bytes` bytes of document
 /// text (the unit AI operators stream). Returns the row count per table and the
@@ -169,31 +203,10 @@ pub fn register_tables(
         }
         let batch = read_table(&table, path, &columns, &text_columns)?;
         rows.insert(table.clone(), batch.num_rows());
-        let text_len = |row: usize| -> usize {
-            text_columns
-                .iter()
-                .filter_map(|c| batch.column_by_name(c))
-                .map(|a| match a.data_type() {
-                    DataType::Utf8View => a.as_string_view().value(row).len(),
-                    DataType::Utf8 => a.as_string::<i32>().value(row).len(),
-                    _ => 0,
-                })
-                .sum()
-        };
-        let mut slices: Vec<RecordBatch> = Vec::new();
-        let (mut start, mut bytes) = (0, 0);
-        for row in 0..batch.num_rows() {
-            let len = text_len(row);
-            if row > start && (row - start >= batch_rows.max(1) || bytes + len > batch_text_bytes) {
-                slices.push(batch.slice(start, row - start));
-                (start, bytes) = (row, 0);
-            }
-            bytes += len;
+        let slices = ai_batches(&batch, &text_columns, batch_rows, batch_text_bytes);
+        if slices.len() > 1 {
+            fewest = fewest.min(slices[0].num_rows());
         }
-        if let Some(first) = slices.first() {
-            fewest = fewest.min(first.num_rows());
-        }
-        slices.push(batch.slice(start, batch.num_rows() - start));
         let mem = MemTable::try_new(batch.schema(), vec![slices])?;
         ctx.register_table(table.as_str(), Arc::new(mem))?;
     }

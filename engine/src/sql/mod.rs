@@ -47,6 +47,8 @@ pub struct SqlSession {
     recorder: Arc<AnswerRecorder>,
     context: Arc<Mutex<RewriteContext>>,
     options: QueryOptions,
+    /// Per table, the rows of its first batch when it has several.
+    first_batches: Mutex<std::collections::HashMap<String, usize>>,
 }
 
 /// What one statement returns.
@@ -131,6 +133,7 @@ impl SqlSession {
             recorder,
             context,
             options,
+            first_batches: Mutex::default(),
         })
     }
 
@@ -149,9 +152,53 @@ impl SqlSession {
             .insert(table.to_string());
     }
 
-    /// Registers a table read from `path` (see [`tables::register`]).
+    /// Registers a table read from `path` (see [`tables::register`]); returns
+    /// its row count.
     pub async fn register(&self, name: &str, path: &std::path::Path) -> Result<usize> {
-        tables::register(&self.ctx, name, path, self.options.batch_rows).await
+        // A batch of documents should take about an eighth of the KV cache, as
+        // for QUAIL-B plans ([`crate::query::run_query`]).
+        let batch_text_bytes = self
+            .backend
+            .kv_capacity_tokens()
+            .map_or(usize::MAX, |tokens| tokens / 2);
+        let (rows, first) = tables::register(
+            &self.ctx,
+            name,
+            path,
+            self.options.batch_rows,
+            batch_text_bytes,
+        )
+        .await?;
+        let mut firsts = self.first_batches.lock().expect("batches lock");
+        match first {
+            Some(first) => firsts.insert(name.to_string(), first),
+            None => firsts.remove(name),
+        };
+        Ok(rows)
+    }
+
+    /// DataFusion's filters coalesce their output up to the batch size: keep
+    /// that at one input batch of the tables `plan` reads, so survivors of many
+    /// batches never reach the next AI operator together, after their KV was
+    /// evicted.
+    fn set_batch_size(&self, plan: &LogicalPlan) -> Result<()> {
+        let firsts = self.first_batches.lock().expect("batches lock");
+        let mut size = self.options.batch_rows.max(1);
+        let _ = plan.apply_with_subqueries(|p| {
+            if let LogicalPlan::TableScan(scan) = p
+                && let Some(&first) = firsts.get(scan.table_name.table())
+            {
+                size = size.min(first.max(1));
+            }
+            Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+        });
+        self.ctx
+            .state_ref()
+            .write()
+            .config_mut()
+            .options_mut()
+            .set("datafusion.execution.batch_size", &size.to_string())?;
+        Ok(())
     }
 
     /// Plans one statement: spellings normalized, DataFusion's SQL planner, then
@@ -248,6 +295,7 @@ impl SqlSession {
         let calls: Vec<AiCall> = ai_nodes(&plan).into_iter().map(|n| n.spec.call).collect();
         self.backend.start_query(&calls);
         self.recorder.take();
+        self.set_batch_size(&plan)?;
         let schema = Arc::new(plan.schema().as_arrow().clone());
         let state = self.ctx.state();
         let batches = AssertUnwindSafe(async {

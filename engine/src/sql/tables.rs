@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::array::{AsArray, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::datasource::MemTable;
@@ -80,14 +80,17 @@ fn files(name: &str, path: &Path) -> Result<(Vec<PathBuf>, Format)> {
     Ok((found, format))
 }
 
-/// Reads the table at `path` and registers it as `name`, served in batches of
-/// `batch_rows` rows (the unit AI operators stream). Returns its row count.
+/// Reads the table at `path` and registers it as `name`, served in the batches
+/// AI operators stream ([`crate::tables::ai_batches`]: `batch_rows` rows and
+/// about `batch_text_bytes` bytes of its longest text column at most). Returns
+/// its row count and the rows of its first batch when it has several.
 pub async fn register(
     ctx: &SessionContext,
     name: &str,
     path: &Path,
     batch_rows: usize,
-) -> Result<usize> {
+    batch_text_bytes: usize,
+) -> Result<(usize, Option<usize>)> {
     let (paths, format) = files(name, path)?;
     let mut schema: Option<SchemaRef> = None;
     let mut batches = Vec::new();
@@ -112,19 +115,37 @@ pub async fn register(
     }
     let schema = schema.expect("at least one file");
     let (schema, batches) = plain_strings(schema, batches)?;
-    let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-    let mut slices = Vec::new();
-    for b in &batches {
-        let mut start = 0;
-        while start < b.num_rows() {
-            let len = batch_rows.max(1).min(b.num_rows() - start);
-            slices.push(b.slice(start, len));
-            start += len;
-        }
-    }
+    let whole = datafusion::arrow::compute::concat_batches(&schema, &batches)?;
+    let slices = crate::tables::ai_batches(
+        &whole,
+        &longest_text_column(&whole).into_iter().collect::<Vec<_>>(),
+        batch_rows,
+        batch_text_bytes,
+    );
+    let first = (slices.len() > 1).then(|| slices[0].num_rows());
     let table = MemTable::try_new(schema, vec![slices])?;
     ctx.register_table(name, Arc::new(table))?;
-    Ok(rows)
+    Ok((whole.num_rows(), first))
+}
+
+/// The string column holding the most bytes: a table's documents, as far as
+/// batching by text size is concerned.
+fn longest_text_column(batch: &RecordBatch) -> Option<String> {
+    batch
+        .schema()
+        .fields()
+        .iter()
+        .zip(batch.columns())
+        .filter_map(|(f, c)| {
+            let bytes = match c.data_type() {
+                DataType::Utf8 => c.as_string::<i32>().values().len(),
+                DataType::Utf8View => c.as_string_view().total_buffer_bytes_used(),
+                _ => return None,
+            };
+            Some((bytes, f.name().clone()))
+        })
+        .max()
+        .map(|(_, name)| name)
 }
 
 fn names(schema: &Schema) -> Vec<&String> {

@@ -1,0 +1,134 @@
+//! QUAIL-B queries written in SQL (`tests/sql/quailb/<ID>.sql`) against their
+//! Substrait plans, over the tiny labelled corpus: the same rows, the same
+//! answer tables (operator ids, tuples, answers), and in simulation the same
+//! fresh tokens — the scheduler sees the same AI operators from either front end.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use aisql_engine::answers::AnswerTable;
+use aisql_engine::backend::InferenceBackend;
+use aisql_engine::plan::QueryPlan;
+use aisql_engine::query::{QueryOptions, run_query};
+use aisql_engine::scheduler::{SchedulerConfig, simulation_backend};
+use aisql_engine::sql::{Evaluation, SqlSession};
+use common::*;
+
+fn sql_of(id: &str) -> String {
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/sql/quailb/{id}.sql")),
+    )
+    .unwrap()
+}
+
+/// An answer table as sorted (tuple, answer) lines.
+fn answer_lines(t: &AnswerTable) -> Vec<String> {
+    let mut lines: Vec<String> = (0..t.len())
+        .map(|row| {
+            let ids: Vec<&str> = t.ids.iter().map(|c| c[row].as_str()).collect();
+            let answer = t
+                .answers
+                .get(row)
+                .map(|a| a.to_string())
+                .or_else(|| t.labels.get(row).cloned())
+                .unwrap_or_default();
+            format!("{} = {answer}", ids.join(","))
+        })
+        .collect();
+    lines.sort();
+    lines
+}
+
+async fn sql_session(
+    backend: Arc<dyn InferenceBackend>,
+    corpus: &TinyCorpus,
+    options: &QueryOptions,
+) -> SqlSession {
+    let s = SqlSession::new(backend, options.clone(), Evaluation::Operators).unwrap();
+    for (name, path) in corpus.paths() {
+        s.register(&name, &path).await.unwrap();
+        s.set_unique_ids(&name);
+    }
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_spellings_of_quailb_queries_match_their_plans() {
+    let ids = [
+        "IMDB-1", "IMDB-3", "IMDB-7", "IMDB-11", "IMDB-13", "IMDB-15", "FEV-8", "FEV-10",
+        "AGENT-1", "AGENT-4", "BIO-2",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = TinyCorpus::write(dir.path());
+    let plans: Vec<QueryPlan> = ids
+        .iter()
+        .map(|id| QueryPlan::from_file(&plans_dir().join(format!("{id}.json"))).unwrap())
+        .collect();
+    let (store, _) = draw_labels(&corpus, &plans);
+    let store = Arc::new(store);
+    let mut nonempty = 0;
+    // A KV budget far below the documents too: eviction must not tell the two apart.
+    for kv_budget_bytes in [usize::MAX / 2, 4 << 20] {
+        let config = SchedulerConfig {
+            prefix_cache: true,
+            kv_budget_bytes,
+            batch_tokens: 512,
+        };
+        let backend = simulation_backend(store.clone(), config, 1024).unwrap();
+        let options = QueryOptions {
+            batch_rows: 16,
+            ..Default::default()
+        };
+        let sql = sql_session(backend.clone(), &corpus, &options).await;
+        for (id, plan) in ids.iter().zip(&plans) {
+            let want = run_query(plan, &corpus.paths(), backend.clone(), &options)
+                .await
+                .unwrap_or_else(|e| panic!("{id} (Substrait): {e}"));
+            let got = sql
+                .run(&sql_of(id))
+                .await
+                .unwrap_or_else(|e| panic!("{id} (SQL): {e}"));
+            let rows = got.rows().unwrap();
+            let names: Vec<&String> = rows
+                .schema_ref()
+                .fields()
+                .iter()
+                .map(|f| f.name())
+                .collect();
+            assert_eq!(
+                names,
+                plan.output_names().iter().collect::<Vec<_>>(),
+                "{id}: columns"
+            );
+            let mut got_rows = result_rows(&rows);
+            got_rows.sort();
+            let mut want_rows = result_rows(&want.rows);
+            want_rows.sort();
+            assert_eq!(got_rows, want_rows, "{id}: rows");
+            nonempty += usize::from(!want_rows.is_empty());
+            let op_ids = |t: &[AnswerTable]| t.iter().map(|t| t.op_id.clone()).collect::<Vec<_>>();
+            assert_eq!(
+                op_ids(&got.answers),
+                op_ids(&want.answers),
+                "{id}: operators"
+            );
+            for (g, w) in got.answers.iter().zip(&want.answers) {
+                assert_eq!(g.kind, w.kind, "{id} {}", w.op_id);
+                assert_eq!(
+                    answer_lines(g),
+                    answer_lines(w),
+                    "{id} {}: answers",
+                    w.op_id
+                );
+            }
+            assert_eq!(
+                got.measurements.get("fresh_tokens"),
+                want.measurements.get("fresh_tokens"),
+                "{id}: fresh tokens (KV budget {kv_budget_bytes} bytes)"
+            );
+        }
+    }
+    assert!(nonempty >= 14, "only {nonempty} runs had rows");
+}
