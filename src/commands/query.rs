@@ -28,10 +28,11 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     let query = match open_plan(&args.plan, &source) {
         Ok(q) => q,
         // Not one of QUAIL-B's shapes: any plan DataFusion's consumer accepts.
-        Err(aisql_bench::error::BenchError::Engine(aisql_engine::EngineError::InvalidPlan(
-            why,
-        ))) if std::path::Path::new(&args.plan).is_file() => {
-            return run_general(&args, &why);
+        Err(aisql_bench::error::BenchError::Engine(
+            e @ (aisql_engine::EngineError::InvalidPlan(_)
+            | aisql_engine::EngineError::PlanFile { .. }),
+        )) if aisql_engine::plan::read_plan_file(std::path::Path::new(&args.plan)).is_ok() => {
+            return run_general(&args, &e.to_string());
         }
         Err(e) => return Err(e.into()),
     };

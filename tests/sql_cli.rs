@@ -1,0 +1,253 @@
+//! `aisql sql` as a user runs it: tables from files, the three output formats,
+//! `--output` files, `--to-substrait` read back by `aisql query`, and every kind
+//! of bad input answered with a clear error (position or name), exit code 2 for
+//! usage and 1 otherwise, and no output file left behind.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use common::*;
+use predicates::prelude::*;
+
+fn aisql() -> Command {
+    Command::cargo_bin("aisql").unwrap()
+}
+
+fn data(table: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/sql/data/{table}.csv"));
+    format!("{table}={}", path.display())
+}
+
+/// `aisql sql QUERY` over the corpus tables with the tiny model, plus `extra`.
+fn sql(query: &str, extra: &[&str]) -> Command {
+    let mut c = aisql();
+    c.args([
+        "sql",
+        query,
+        "--table",
+        &data("docs"),
+        "--table",
+        &data("topics"),
+    ])
+    .args(["--backend", "model", "--model", "tiny"])
+    .args(extra);
+    c
+}
+
+/// Runs a query that must fail with `code`, `needle` on stderr, no panic, and
+/// no file (nor temporary file) where `--output` pointed.
+fn fails(query: &str, extra: &[&str], code: i32, needle: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("rows.csv");
+    sql(query, extra)
+        .args(["--output", out.to_str().unwrap()])
+        .assert()
+        .code(code)
+        .stderr(predicate::str::contains(needle).and(predicate::str::contains("panicked").not()));
+    let left: Vec<PathBuf> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(left.is_empty(), "{query}: left behind {left:?}");
+}
+
+#[test]
+fn rows_are_printed_and_saved_in_each_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let query = "SELECT id FROM docs WHERE year > 2018 AND ai_filter('Is the review {0} kind?', body) ORDER BY id";
+    let csv = sql(query, &["--format", "csv"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let csv = String::from_utf8(csv).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(lines.next(), Some("id"));
+    let ids: Vec<&str> = lines.collect();
+    let json = sql(query, &["--format", "json"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let json: serde_json::Value = serde_json::from_slice(&json).unwrap();
+    let json_ids: Vec<&str> = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(json_ids, ids);
+    sql(query, &[])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("| id"));
+    for ext in ["parquet", "csv", "json"] {
+        let out = dir.path().join(format!("rows.{ext}"));
+        sql(query, &["--output", out.to_str().unwrap(), "--limit", "0"])
+            .assert()
+            .success();
+        assert!(out.is_file(), "{ext}");
+    }
+    let saved = aisql_engine::output::read_parquet(&dir.path().join("rows.parquet")).unwrap();
+    assert_eq!(saved.num_rows(), ids.len());
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("rows.csv")).unwrap(),
+        csv
+    );
+}
+
+#[test]
+fn a_sql_query_written_as_substrait_runs_with_aisql_query() {
+    let dir = tempfile::tempdir().unwrap();
+    let tables = dir.path().join("tables");
+    TinyCorpus::write(&tables);
+    let reviews = format!("reviews={}", tables.join("reviews.parquet").display());
+    let aspects = format!("aspects={}", tables.join("aspects.parquet").display());
+    let query = "SELECT r.id, a.id AS aspect FROM reviews r JOIN aspects a \
+                 ON ai_join('Does the review {0} discuss {1}?', r.body, a.aspect) \
+                 WHERE r.id <> 'rv1' ORDER BY r.id, aspect";
+    let run = |extra: &[&str]| {
+        let mut c = aisql();
+        c.args(["sql", query, "--table", &reviews, "--table", &aspects])
+            .args(["--backend", "model", "--model", "tiny", "--format", "csv"])
+            .args(["--limit", "1000000"])
+            .args(extra);
+        c
+    };
+    let want = run(&[]).assert().success().get_output().stdout.clone();
+    for name in ["plan.substrait", "plan.json"] {
+        let plan = dir.path().join(name);
+        run(&["--to-substrait", plan.to_str().unwrap()])
+            .assert()
+            .success();
+        let got = aisql()
+            .args(["query", plan.to_str().unwrap(), "--tables"])
+            .arg(&tables)
+            .args(["--backend", "model", "--model", "tiny", "--format", "csv"])
+            .args(["--limit", "1000000"])
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        assert_eq!(
+            String::from_utf8(got).unwrap(),
+            String::from_utf8(want.clone()).unwrap(),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn bad_sql_gets_a_clear_error() {
+    // Spellings, arity, placeholders: with the call's line and column.
+    fails(
+        "SELECT id FROM docs WHERE AI.GUESS(body)",
+        &[],
+        1,
+        "unknown AI function AI.GUESS at line 1, column 27",
+    );
+    fails(
+        "SELECT id FROM docs WHERE ai_filtr('{0}?', body)",
+        &[],
+        1,
+        "unknown AI function ai_filtr",
+    );
+    fails(
+        "SELECT id FROM docs\nWHERE ai_join('{0} and {1}?', body)",
+        &[],
+        1,
+        "ai_join takes (template, left document, right document), not 2 argument(s) at line 2",
+    );
+    fails(
+        "SELECT id FROM docs WHERE ai_filter('Is it kind?', body)",
+        &[],
+        1,
+        "the template has no {0} placeholder",
+    );
+    fails(
+        "SELECT id FROM docs WHERE ai_filter('Is {0} like {1}?', body)",
+        &[],
+        1,
+        "more placeholders than its 1 document(s)",
+    );
+    fails(
+        "SELECT id, ai_classify('Tone of {0}?', body, ['good'], ['fine']) FROM docs",
+        &[],
+        1,
+        "at least two labels",
+    );
+    // Types and places: naming the call.
+    fails(
+        "SELECT id FROM docs WHERE ai_filter('Is {0} recent?', year)",
+        &[],
+        1,
+        "is Int64, not text",
+    );
+    fails(
+        "SELECT id FROM docs WHERE ai_filter('Is {0} long?', CASE WHEN ai_filter('Is {0} kind?', body) THEN body END)",
+        &[],
+        1,
+        "inside another AI call's argument",
+    );
+    fails(
+        "SELECT d.id FROM docs d LEFT JOIN topics t ON ai_filter('Is {0} long?', d.body)",
+        &[],
+        1,
+        "in the ON of a Left JOIN",
+    );
+    // Names.
+    fails("SELECT id FROM nope", &[], 1, "nope");
+    fails(
+        "SELECT nope FROM docs WHERE ai_filter('Is {0} kind?', body)",
+        &[],
+        1,
+        "No field named nope",
+    );
+    fails(
+        "SELECT id FROM docs; SELECT 1",
+        &[],
+        1,
+        "2 statements given",
+    );
+    // Usage.
+    fails("SELECT 1", &["--table", "docs"], 2, "expected NAME=PATH");
+    let dir = tempfile::tempdir().unwrap();
+    let txt = dir.path().join("rows.txt");
+    sql("SELECT 1", &["--output", txt.to_str().unwrap()])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "name a .parquet, .csv or .json file",
+        ));
+    assert!(!txt.exists());
+}
+
+#[test]
+fn malformed_tables_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("broken.csv");
+    std::fs::write(&csv, "id,body\nd1,fine\nd2,too,many,fields\n").unwrap();
+    let parquet = dir.path().join("broken.parquet");
+    std::fs::write(&parquet, b"PAR1 this is not parquet PAR1").unwrap();
+    let unknown = dir.path().join("table.xlsx");
+    std::fs::write(&unknown, b"x").unwrap();
+    for (path, needle) in [
+        (&csv, "not readable as CSV"),
+        (&parquet, "not a readable Parquet file"),
+        (&unknown, "unknown file type"),
+    ] {
+        let arg = format!("broken={}", path.display());
+        fails(
+            "SELECT * FROM broken",
+            &["--table", &arg],
+            1,
+            &format!("table broken ({})", path.display()),
+        );
+        fails("SELECT * FROM broken", &["--table", &arg], 1, needle);
+    }
+}
