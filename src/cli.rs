@@ -17,13 +17,21 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Print the operator tree of a plan.
+    /// Print the operator tree of a plan, or the DataFusion plan of a SQL
+    /// statement with its AI operators, prompts and estimated prompt tokens.
     Explain {
-        /// Substrait plan file (.json ProtoJSON, or .substrait/.pb binary), or a
-        /// QUAIL-B query id (IMDB-7).
+        /// Substrait plan file (.json ProtoJSON, or .substrait/.pb binary), a
+        /// QUAIL-B query id (IMDB-7), or a SQL statement over the QUAIL-B tables.
         plan: String,
         #[command(flatten)]
         plans: PlansArg,
+        /// QUAIL-B data root whose tables a SQL statement reads (default: the
+        /// usual look-up, else the stand-in corpus).
+        #[arg(long, env = "AISQL_ROOT")]
+        root: Option<PathBuf>,
+        /// Scale factor of those tables.
+        #[arg(long, default_value_t = 0.1)]
+        sf: f64,
     },
     /// Run one plan and print its rows.
     Query(QueryArgs),

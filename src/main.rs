@@ -10,7 +10,18 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
-    match commands::run(args) {
+    // DataFusion plans recursively: a deeply nested query needs a deep stack
+    // (the SQL reader refuses what would not fit in this one).
+    let outcome = std::thread::Builder::new()
+        .name("aisql".into())
+        .stack_size(commands::STACK_BYTES)
+        .spawn(move || commands::run(args))
+        .and_then(|t| {
+            t.join()
+                .map_err(|_| std::io::Error::other("aisql's command thread panicked"))
+        })
+        .unwrap_or_else(|e| Err(e.into()));
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("aisql: error: {err:#}");

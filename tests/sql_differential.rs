@@ -12,61 +12,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-use aisql_engine::backend::{AiCall, AiRequest, InferenceBackend};
+use aisql_engine::backend::ContentHashBackend as ContentBackend;
 use aisql_engine::query::QueryOptions;
 use aisql_engine::sql::{Evaluation, SqlSession};
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
-use sha2::{Digest, Sha256};
-
-/// Answers from a hash of (template, anchor text, partner text): deterministic,
-/// about 45 % TRUE, and different for every document and prompt. Counts prompts.
-#[derive(Default)]
-struct ContentBackend {
-    prompts: AtomicUsize,
-}
-
-impl ContentBackend {
-    fn hash(call: &AiCall, r: &AiRequest<'_>) -> u64 {
-        let mut h = Sha256::new();
-        h.update(call.template.as_bytes());
-        h.update([0]);
-        h.update(r.anchor.text.as_bytes());
-        h.update([0]);
-        if let Some(p) = r.partner {
-            h.update(p.text.as_bytes());
-        }
-        u64::from_le_bytes(h.finalize()[..8].try_into().unwrap())
-    }
-}
-
-impl InferenceBackend for ContentBackend {
-    fn name(&self) -> &str {
-        "content-hash"
-    }
-
-    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> aisql_engine::Result<Vec<bool>> {
-        self.prompts.fetch_add(requests.len(), Ordering::Relaxed);
-        Ok(requests
-            .iter()
-            .map(|r| Self::hash(call, r) % 100 < 45)
-            .collect())
-    }
-
-    fn classify(
-        &self,
-        call: &AiCall,
-        requests: &[AiRequest<'_>],
-    ) -> aisql_engine::Result<Vec<usize>> {
-        self.prompts.fetch_add(requests.len(), Ordering::Relaxed);
-        Ok(requests
-            .iter()
-            .map(|r| (Self::hash(call, r) % call.labels.len() as u64) as usize)
-            .collect())
-    }
-}
 
 fn corpus_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sql")
@@ -170,10 +121,7 @@ async fn ai_operators_match_row_by_row_evaluation() {
     let mut nonempty = 0;
     for (file, name, sql) in &queries {
         *by_file.entry(file.clone()).or_default() += 1;
-        let before = (
-            ops_backend.prompts.load(Ordering::Relaxed),
-            naive_backend.prompts.load(Ordering::Relaxed),
-        );
+        let before = (ops_backend.prompts(), naive_backend.prompts());
         let want = match naive.run(sql).await {
             Ok(out) => out,
             Err(e) => {
@@ -189,8 +137,8 @@ async fn ai_operators_match_row_by_row_evaluation() {
             }
         };
         let asked = (
-            ops_backend.prompts.load(Ordering::Relaxed) - before.0,
-            naive_backend.prompts.load(Ordering::Relaxed) - before.1,
+            ops_backend.prompts() - before.0,
+            naive_backend.prompts() - before.1,
         );
         if asked.0 != asked.1 {
             eprintln!(
@@ -244,8 +192,8 @@ async fn ai_operators_match_row_by_row_evaluation() {
     eprintln!("corpus by construct: {by_file:?}");
     eprintln!(
         "prompts asked: AI operators {}, row by row {}",
-        ops_backend.prompts.load(Ordering::Relaxed),
-        naive_backend.prompts.load(Ordering::Relaxed)
+        ops_backend.prompts(),
+        naive_backend.prompts()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     // A corpus of empty results would prove little.

@@ -141,3 +141,58 @@ impl InferenceBackend for OracleBackend {
             .collect()
     }
 }
+
+/// Answers from a hash of the prompt's template and document texts: about 45 %
+/// TRUE, one label per prompt, always the same for the same prompt. Not a model:
+/// the reference of differential tests and fuzzing, where two ways of running
+/// one query must ask about the same prompts and get the same answers. Counts
+/// the prompts it answers.
+#[derive(Debug, Default)]
+pub struct ContentHashBackend {
+    prompts: std::sync::atomic::AtomicUsize,
+}
+
+impl ContentHashBackend {
+    /// Prompts answered so far.
+    pub fn prompts(&self) -> usize {
+        self.prompts.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn hash(call: &AiCall, r: &AiRequest<'_>) -> u64 {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(call.template.as_bytes());
+        h.update([0]);
+        h.update(r.anchor.text.as_bytes());
+        h.update([0]);
+        if let Some(p) = r.partner {
+            h.update(p.text.as_bytes());
+        }
+        u64::from_le_bytes(h.finalize()[..8].try_into().expect("8 bytes"))
+    }
+}
+
+impl InferenceBackend for ContentHashBackend {
+    fn name(&self) -> &str {
+        "content-hash"
+    }
+
+    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
+        self.prompts
+            .fetch_add(requests.len(), std::sync::atomic::Ordering::Relaxed);
+        Ok(requests
+            .iter()
+            .map(|r| Self::hash(call, r) % 100 < 45)
+            .collect())
+    }
+
+    fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
+        self.prompts
+            .fetch_add(requests.len(), std::sync::atomic::Ordering::Relaxed);
+        let n = call.labels.len().max(1) as u64;
+        Ok(requests
+            .iter()
+            .map(|r| (Self::hash(call, r) % n) as usize)
+            .collect())
+    }
+}

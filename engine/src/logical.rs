@@ -1,23 +1,21 @@
-//! Substrait → DataFusion with first-class AI operators.
+//! The AI operators of the logical plan ([`AiNode`]: filter, join, appended
+//! value or label) and the Substrait consumer of QUAIL-B plans.
 //!
-//! Design: a custom [`SubstraitConsumer`] ([`AiConsumer`]) lets datafusion-substrait
-//! build the relational plan, and intercepts exactly three relation shapes —
-//! a filter whose condition calls `ai_filter`, a join whose condition contains
-//! `ai_join` (possibly AND-ed with equalities), and a projection that adds one
-//! `ai_classify` — turning each into an [`AiNode`] extension node. Nothing is
-//! ever evaluated row by row as a scalar UDF inside a nested-loop join: the
-//! physical planner ([`crate::physical`]) lowers each `AiNode` to an operator
-//! that batches its prompts for the backend.
+//! Nodes are made by one analyzer rule ([`crate::sql::rewrite`]) from the AI
+//! function calls of any plan — SQL, QUAIL-B Substrait, any producer's
+//! Substrait — and lowered by [`crate::physical`] to operators that batch their
+//! prompts. Nothing is ever evaluated row by row as a scalar function inside a
+//! nested-loop join.
 //!
-//! Every scan is wrapped in a `SubqueryAlias` named by its Substrait alias hint,
-//! so columns are qualified by alias (`r.body`, `a2.id`) — two scans of one
-//! table stay distinct, and AI nodes find their id and text columns by name.
-//! Operator ids come from the validated [`QueryPlan`], which numbers operators
-//! in the same post-order the consumer visits them.
+//! A node names its columns (document id and text, join keys) rather than
+//! indexing them, so DataFusion's optimizer may prune and reorder its inputs;
+//! it tells the optimizer which predicates may pass it
+//! (`prevent_predicate_push_down_columns`) and which input columns it needs
+//! (`necessary_children_exprs`).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::{DataType, Field};
@@ -28,21 +26,15 @@ use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::FunctionRegistry;
 use datafusion::execution::SessionState;
 use datafusion::logical_expr::{
-    Expr, Extension, LogicalPlan, LogicalPlanBuilder, UserDefinedLogicalNodeCore, build_join_schema,
+    Expr, LogicalPlan, LogicalPlanBuilder, UserDefinedLogicalNodeCore, build_join_schema,
 };
 use datafusion_substrait::extensions::Extensions;
 use datafusion_substrait::logical_plan::consumer::{
-    SubstraitConsumer, from_filter_rel, from_join_rel, from_project_rel, from_read_rel,
-    from_substrait_plan_with_consumer,
+    SubstraitConsumer, from_read_rel, from_substrait_plan_with_consumer,
 };
-use datafusion_substrait::substrait::proto::function_argument::ArgType;
-use datafusion_substrait::substrait::proto::{
-    Expression, FilterRel, JoinRel, ProjectRel, ReadRel, RelCommon, expression::RexType,
-};
+use datafusion_substrait::substrait::proto::{Plan, ReadRel};
 
 use crate::backend::{AiCall, AiKind};
-use crate::plan::{Operator, QueryPlan};
-use crate::prompt::{PromptFormat, operator_pieces};
 
 /// One document of a prompt: the columns holding its id and its text.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd)]
@@ -391,130 +383,28 @@ pub fn ai_nodes(plan: &LogicalPlan) -> Vec<AiNode> {
     nodes
 }
 
-/// The consumer that builds DataFusion plans with [`AiNode`]s.
-pub struct AiConsumer<'a> {
+/// The Substrait consumer for QUAIL-B plans: DataFusion's own, except that
+/// every scan is wrapped in a `SubqueryAlias` named by its alias hint, so two
+/// scans of one table stay distinct and answer tables name relations as the
+/// plan does (`r1`, `a2`). The AI calls stay function calls here; the analyzer
+/// rule ([`crate::sql::rewrite`]) makes them AI operators, as for any plan.
+pub struct QuailbConsumer<'a> {
     extensions: Extensions,
     state: &'a SessionState,
-    query: &'a QueryPlan,
-    format: PromptFormat,
-    counters: Mutex<HashMap<&'static str, usize>>,
 }
 
-impl<'a> AiConsumer<'a> {
-    /// A consumer for `query` over the tables registered in `state`.
-    pub fn new(
-        state: &'a SessionState,
-        query: &'a QueryPlan,
-        format: PromptFormat,
-    ) -> DfResult<Self> {
+impl<'a> QuailbConsumer<'a> {
+    /// A consumer for `plan` over the tables and functions registered in `state`.
+    pub fn new(state: &'a SessionState, plan: &Plan) -> DfResult<Self> {
         Ok(Self {
-            extensions: Extensions::try_from(&query.substrait.extensions)?,
+            extensions: Extensions::try_from(&plan.extensions)?,
             state,
-            query,
-            format,
-            counters: Mutex::new(HashMap::new()),
         })
     }
-
-    /// Consumes the whole plan.
-    pub async fn consume(&self) -> DfResult<LogicalPlan> {
-        from_substrait_plan_with_consumer(self, &self.query.substrait).await
-    }
-
-    fn function_base(&self, e: &Expression) -> Option<&str> {
-        match e.rex_type.as_ref()? {
-            RexType::ScalarFunction(f) => self
-                .extensions
-                .functions
-                .get(&f.function_reference)
-                .map(|n| n.split(':').next().unwrap_or(n)),
-            _ => None,
-        }
-    }
-
-    fn contains_function(&self, e: &Expression, name: &str) -> bool {
-        let Some(RexType::ScalarFunction(f)) = e.rex_type.as_ref() else {
-            return false;
-        };
-        self.function_base(e) == Some(name)
-            || f.arguments.iter().any(|a| match &a.arg_type {
-                Some(ArgType::Value(v)) => self.contains_function(v, name),
-                _ => false,
-            })
-    }
-
-    /// The next operator of a kind, in post-order, from the validated query.
-    fn next_operator(
-        &self,
-        prefix: &'static str,
-        common: Option<&RelCommon>,
-    ) -> DfResult<&'a Operator> {
-        let n = {
-            let mut c = self.counters.lock().expect("counter lock");
-            let n = c.entry(prefix).or_insert(0);
-            *n += 1;
-            *n
-        };
-        let id = common
-            .and_then(|c| c.hint.as_ref())
-            .map(|h| h.alias.clone())
-            .filter(|a| !a.is_empty())
-            .unwrap_or_else(|| format!("{prefix}-{n}"));
-        self.query.operator(&id).ok_or_else(|| {
-            DataFusionError::Plan(format!(
-                "operator {id} is missing from the query description"
-            ))
-        })
-    }
-
-    fn doc(&self, alias: &str) -> DfResult<DocRef> {
-        let relation = self
-            .query
-            .relation(alias)
-            .ok_or_else(|| DataFusionError::Plan(format!("unknown alias {alias}")))?;
-        let column = |name: &str| Column::new(Some(TableReference::bare(alias)), name);
-        Ok(DocRef {
-            alias: alias.to_string(),
-            id: column("id"),
-            text: column(&relation.text_column),
-        })
-    }
-
-    fn call(&self, op: &Operator, kind: AiKind, aliases: &[&str]) -> DfResult<AiCall> {
-        let pieces = operator_pieces(self.format, op)
-            .map_err(DataFusionError::from)?
-            .expect("AI operators have prompt pieces");
-        let mut tables = Vec::new();
-        let mut columns = Vec::new();
-        for a in aliases {
-            let r = self.query.relation(a).expect("validated alias");
-            tables.push(r.table.clone());
-            columns.push(r.text_column.clone());
-        }
-        let labels = match op {
-            Operator::Classify { labels, .. } => labels.clone(),
-            _ => Vec::new(),
-        };
-        Ok(AiCall {
-            op_id: op.id().to_string(),
-            kind,
-            template: op.template().unwrap_or_default().to_string(),
-            tables,
-            columns,
-            pieces,
-            labels,
-        })
-    }
-}
-
-fn ai_plan(node: AiNode) -> LogicalPlan {
-    LogicalPlan::Extension(Extension {
-        node: Arc::new(node),
-    })
 }
 
 #[async_trait]
-impl SubstraitConsumer for AiConsumer<'_> {
+impl SubstraitConsumer for QuailbConsumer<'_> {
     async fn resolve_table_ref(
         &self,
         table_ref: &TableReference,
@@ -543,119 +433,10 @@ impl SubstraitConsumer for AiConsumer<'_> {
             .ok_or_else(|| DataFusionError::Plan("a read has no alias hint".into()))?;
         LogicalPlanBuilder::from(plan).alias(alias)?.build()
     }
+}
 
-    async fn consume_filter(&self, rel: &FilterRel) -> DfResult<LogicalPlan> {
-        let is_ai = rel
-            .condition
-            .as_deref()
-            .is_some_and(|c| self.function_base(c) == Some("ai_filter"));
-        if !is_ai {
-            return from_filter_rel(self, rel).await;
-        }
-        let input = self
-            .consume_rel(
-                rel.input
-                    .as_deref()
-                    .ok_or_else(|| DataFusionError::Plan("filter without input".into()))?,
-            )
-            .await?;
-        let op = self.next_operator("filter", rel.common.as_ref())?;
-        let Operator::Filter { alias, .. } = op else {
-            return Err(DataFusionError::Plan(format!(
-                "{} is not a filter",
-                op.id()
-            )));
-        };
-        let spec = AiSpec {
-            call: self.call(op, AiKind::Filter, &[alias])?,
-            shape: AiShape::Filter,
-            docs: vec![self.doc(alias)?],
-            equalities: Vec::new(),
-            output: None,
-            residual: None,
-        };
-        Ok(ai_plan(AiNode::try_new(spec, vec![input])?))
-    }
-
-    async fn consume_join(&self, rel: &JoinRel) -> DfResult<LogicalPlan> {
-        let is_ai = rel
-            .expression
-            .as_deref()
-            .is_some_and(|c| self.contains_function(c, "ai_join"));
-        if !is_ai {
-            return from_join_rel(self, rel).await;
-        }
-        let missing = || DataFusionError::Plan("join without both inputs".into());
-        let left = self
-            .consume_rel(rel.left.as_deref().ok_or_else(missing)?)
-            .await?;
-        let right = self
-            .consume_rel(rel.right.as_deref().ok_or_else(missing)?)
-            .await?;
-        let op = self.next_operator("join", rel.common.as_ref())?;
-        let Operator::Join { aliases, on, .. } = op else {
-            return Err(DataFusionError::Plan(format!("{} is not a join", op.id())));
-        };
-        let col =
-            |alias: &str, column: &str| Column::new(Some(TableReference::bare(alias)), column);
-        let equalities = on
-            .iter()
-            .map(|(c0, c1)| (col(&aliases[0], c0), col(&aliases[1], c1)))
-            .collect();
-        let spec = AiSpec {
-            call: self.call(op, AiKind::Join, &[&aliases[0], &aliases[1]])?,
-            shape: AiShape::Join(JoinType::Inner),
-            docs: vec![self.doc(&aliases[0])?, self.doc(&aliases[1])?],
-            equalities,
-            output: None,
-            residual: None,
-        };
-        Ok(ai_plan(AiNode::try_new(spec, vec![left, right])?))
-    }
-
-    async fn consume_project(&self, rel: &ProjectRel) -> DfResult<LogicalPlan> {
-        let is_ai = rel.expressions.len() == 1
-            && self.function_base(&rel.expressions[0]) == Some("ai_classify");
-        if !is_ai {
-            return from_project_rel(self, rel).await;
-        }
-        let input = self
-            .consume_rel(
-                rel.input
-                    .as_deref()
-                    .ok_or_else(|| DataFusionError::Plan("projection without input".into()))?,
-            )
-            .await?;
-        let op = self.next_operator("classify", rel.common.as_ref())?;
-        let Operator::Classify {
-            alias,
-            partner,
-            output,
-            ..
-        } = op
-        else {
-            return Err(DataFusionError::Plan(format!(
-                "{} is not a classification",
-                op.id()
-            )));
-        };
-        let mut aliases = vec![alias.as_str()];
-        aliases.extend(partner.as_deref());
-        let docs = aliases
-            .iter()
-            .map(|a| self.doc(a))
-            .collect::<DfResult<Vec<_>>>()?;
-        let spec = AiSpec {
-            call: self.call(op, AiKind::Classify, &aliases)?,
-            shape: AiShape::Project,
-            docs,
-            equalities: Vec::new(),
-            output: Some(Column::new(
-                Some(TableReference::bare(alias.as_str())),
-                output,
-            )),
-            residual: None,
-        };
-        Ok(ai_plan(AiNode::try_new(spec, vec![input])?))
-    }
+/// Consumes `plan` with [`QuailbConsumer`].
+pub async fn consume_quailb(state: &SessionState, plan: &Plan) -> DfResult<LogicalPlan> {
+    let consumer = QuailbConsumer::new(state, plan)?;
+    from_substrait_plan_with_consumer(&consumer, plan).await
 }

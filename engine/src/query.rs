@@ -1,6 +1,7 @@
-//! Running one QUAIL-B query end to end: tables registered, plan consumed into
-//! DataFusion with AI nodes, executed, and the rows plus per-operator answer
-//! tables returned (SPEC §D.1's adapter contract).
+//! Running one QUAIL-B query end to end: tables registered, the plan consumed
+//! into DataFusion and taken through the same AI rewrite as any SQL or
+//! Substrait query, executed, and the rows plus per-operator answer tables
+//! returned (SPEC §D.1's adapter contract).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -8,21 +9,18 @@ use std::time::Instant;
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::{Field, Schema};
-use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::memory_pool::MemoryConsumer;
-use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::LogicalPlanBuilder;
-use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::{FutureExt, StreamExt};
 use std::panic::AssertUnwindSafe;
 
-use crate::answers::{AnswerRecorder, AnswerTable};
+use crate::answers::AnswerTable;
 use crate::backend::{AiKind, InferenceBackend};
 use crate::error::{EngineError, Result, from_datafusion};
-use crate::logical::{AiConsumer, ai_nodes};
-use crate::physical::{AiQueryPlanner, AiRuntime};
+use crate::logical::consume_quailb;
 use crate::plan::{Operator, QueryPlan};
 use crate::prompt::PromptFormat;
+use crate::sql::{Evaluation, SqlSession};
 use crate::tables::{TablePaths, register_tables};
 
 /// How a query runs.
@@ -74,58 +72,41 @@ impl QueryOutput {
     }
 }
 
-/// Runs `query` over the tables in `paths` with `backend`.
+/// Runs `query` over the tables in `paths` with `backend`: DataFusion consumes
+/// the plan, the AI rewrite that every plan goes through makes its AI calls AI
+/// operators, and [`SqlSession`] runs it.
 pub async fn run_query(
     query: &QueryPlan,
     paths: &TablePaths,
     backend: Arc<dyn InferenceBackend>,
     options: &QueryOptions,
 ) -> Result<QueryOutput> {
-    let recorder = Arc::new(AnswerRecorder::default());
-    let runtime = AiRuntime {
-        backend: backend.clone(),
-        recorder: recorder.clone(),
-        progress: options.progress,
-    };
-    let runtime_env = RuntimeEnvBuilder::new()
-        .with_memory_limit(options.memory_limit, 1.0)
-        .build_arc()?;
-    let state = SessionStateBuilder::new()
-        .with_runtime_env(runtime_env)
-        .with_config(
-            SessionConfig::new()
-                .with_target_partitions(1)
-                .with_batch_size(options.batch_rows.max(1))
-                // Coalescing would merge the small batches an IN-list leaves into
-                // one spanning many earlier batches, whose KV may be gone by then.
-                .with_coalesce_batches(false),
-        )
-        .with_default_features()
-        .with_query_planner(Arc::new(AiQueryPlanner::new(runtime)))
-        .build();
-    let ctx = SessionContext::new_with_state(state);
+    let session = SqlSession::new(backend.clone(), options.clone(), Evaluation::Operators)?;
     // A batch of documents should take about an eighth of the KV cache (half a
     // byte of text per cached position is an eighth at ~4 bytes per token), so
     // the documents of the batches in flight stay cached for chained operators.
     let batch_text_bytes = backend
         .kv_capacity_tokens()
         .map_or(usize::MAX, |tokens| tokens / 2);
-    let (table_rows, fewest) =
-        register_tables(&ctx, query, paths, options.batch_rows, batch_text_bytes)?;
-    // DataFusion's filters (IN-lists) coalesce their output up to the batch
-    // size: keep that at one input batch, or survivors of many batches would
-    // reach the next AI operator together, after their KV was evicted.
-    ctx.state_ref().write().config_mut().options_mut().set(
-        "datafusion.execution.batch_size",
-        &fewest.max(1).to_string(),
+    let registered = register_tables(
+        session.context(),
+        query,
+        paths,
+        options.batch_rows,
+        batch_text_bytes,
     )?;
+    let mut table_rows = BTreeMap::new();
+    for (table, (rows, first)) in registered {
+        session.set_unique_ids(&table);
+        session.note_first_batch(&table, first);
+        table_rows.insert(table, rows);
+    }
 
     let started = Instant::now();
-    let state = ctx.state();
-    let consumer = AiConsumer::new(&state, query, options.format).map_err(from_datafusion)?;
+    let state = session.context().state();
     // DataFusion's Substrait consumer panics on some plans our checks let through
     // (fuzzing found a field reference into an empty schema): an error, not a crash.
-    let plan = AssertUnwindSafe(consumer.consume())
+    let plan = AssertUnwindSafe(consume_quailb(&state, &query.substrait))
         .catch_unwind()
         .await
         .map_err(|panic| {
@@ -135,8 +116,6 @@ pub async fn run_query(
             ))
         })?
         .map_err(from_datafusion)?;
-    let calls: Vec<_> = ai_nodes(&plan).into_iter().map(|n| n.spec.call).collect();
-    backend.start_query(&calls);
     // Scan rows have unique ids, so rows that keep every relation's id are
     // distinct already; only a projection dropping a relation needs DISTINCT.
     let all_ids = query.relations.iter().all(|r| {
@@ -153,14 +132,8 @@ pub async fn run_query(
             .and_then(|b| b.build())
             .map_err(from_datafusion)?
     };
-    let batches = async {
-        let frame = ctx.execute_logical_plan(plan).await?;
-        let task = Arc::new(frame.task_ctx());
-        collect_within_limit(frame.create_physical_plan().await?, task).await
-    }
-    .await
-    .map_err(from_datafusion)?;
-    let runtime_s = started.elapsed().as_secs_f64();
+    let plan = session.optimize(&plan)?;
+    let out = session.run_plan(plan, started).await?;
 
     let names = query.output_names();
     let schema = Arc::new(Schema::new(
@@ -169,20 +142,16 @@ pub async fn run_query(
             .map(|n| Field::new(n, datafusion::arrow::datatypes::DataType::Utf8, false))
             .collect::<Vec<_>>(),
     ));
-    let rows = if batches.is_empty() {
-        RecordBatch::new_empty(schema.clone())
-    } else {
-        let merged = datafusion::arrow::compute::concat_batches(&batches[0].schema(), &batches)?;
-        if merged.num_columns() != names.len() {
-            return Err(EngineError::InvalidPlan(format!(
-                "the plan produced {} columns, expected {names:?}",
-                merged.num_columns()
-            )));
-        }
-        RecordBatch::try_new(schema.clone(), merged.columns().to_vec())?
-    };
+    let merged = out.rows()?;
+    if merged.num_columns() != names.len() {
+        return Err(EngineError::InvalidPlan(format!(
+            "the plan produced {} columns, expected {names:?}",
+            merged.num_columns()
+        )));
+    }
+    let rows = RecordBatch::try_new(schema, merged.columns().to_vec())?;
 
-    let mut recorded = recorder.take();
+    let mut recorded = out.answers;
     let mut answers = Vec::new();
     for op in &query.operators {
         let (kind, aliases) = match op {
@@ -196,16 +165,33 @@ pub async fn run_query(
             Operator::InList { .. } => continue,
         };
         let table = match recorded.iter().position(|t| t.op_id == op.id()) {
-            Some(i) => recorded.swap_remove(i),
+            Some(i) => {
+                let mut t = recorded.swap_remove(i);
+                if t.kind != kind {
+                    return Err(EngineError::InvalidPlan(format!(
+                        "{}: the plan's operator is a {kind:?}, DataFusion's a {:?}",
+                        op.id(),
+                        t.kind
+                    )));
+                }
+                t.aliases = aliases;
+                t
+            }
             None => AnswerTable::new(op.id(), kind, aliases),
         };
         answers.push(table);
     }
+    if let Some(extra) = recorded.first() {
+        return Err(EngineError::InvalidPlan(format!(
+            "DataFusion's plan has an AI operator {} the QUAIL-B plan does not",
+            extra.op_id
+        )));
+    }
     Ok(QueryOutput {
         rows,
         answers,
-        runtime_s,
-        measurements: backend.measurements(),
+        runtime_s: out.runtime_s,
+        measurements: out.measurements,
         table_rows,
     })
 }

@@ -171,17 +171,16 @@ pub fn ai_batches(
 
 /// Reads every table `query` scans and registers it with `ctx`, served in batches
 /// of at most `batch_rows` rows and about `batch_text_bytes` bytes of document
-/// text (the unit AI operators stream). Returns the row count per table and the
-/// fewest rows any table puts in a full batch.
+/// text (the unit AI operators stream). Returns per table its row count and the
+/// rows of its first batch when it has several.
 pub fn register_tables(
     ctx: &SessionContext,
     query: &QueryPlan,
     paths: &TablePaths,
     batch_rows: usize,
     batch_text_bytes: usize,
-) -> Result<(BTreeMap<String, usize>, usize)> {
-    let mut rows = BTreeMap::new();
-    let mut fewest = batch_rows.max(1);
+) -> Result<BTreeMap<String, (usize, Option<usize>)>> {
+    let mut out = BTreeMap::new();
     for table in query.tables() {
         let path = paths.get(&table).ok_or_else(|| {
             EngineError::Data(format!(
@@ -202,13 +201,11 @@ pub fn register_tables(
             }
         }
         let batch = read_table(&table, path, &columns, &text_columns)?;
-        rows.insert(table.clone(), batch.num_rows());
         let slices = ai_batches(&batch, &text_columns, batch_rows, batch_text_bytes);
-        if slices.len() > 1 {
-            fewest = fewest.min(slices[0].num_rows());
-        }
+        let first = (slices.len() > 1).then(|| slices[0].num_rows());
+        out.insert(table.clone(), (batch.num_rows(), first));
         let mem = MemTable::try_new(batch.schema(), vec![slices])?;
         ctx.register_table(table.as_str(), Arc::new(mem))?;
     }
-    Ok((rows, fewest))
+    Ok(out)
 }

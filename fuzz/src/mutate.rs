@@ -44,6 +44,25 @@ pub const HOSTILE: &[&str] = &[
     "-9223372036854775809",
     "ai_filter",
     "quailb.imdb.review.genre",
+    // SQL pieces for the sql target.
+    " AND ",
+    " OR NOT ",
+    "ai_filter('Is {0} kind?', body)",
+    "ai_join('Does {0} cite {1}?', ",
+    "ai_classify('Tone of {0}?', body, ['a', 'b'], ['', ''])",
+    "AI.IF(('Is ', body, ' kind?'))",
+    "AI_FILTER(PROMPT('{0} and {1}', ",
+    " LEFT JOIN topics t ON ",
+    " FULL JOIN ",
+    " WHERE ",
+    " GROUP BY 1",
+    " ORDER BY 1",
+    " UNION ALL SELECT ",
+    " WHERE EXISTS (SELECT 1 FROM evidence e WHERE ",
+    "CASE WHEN ",
+    " IS NULL",
+    "NULL",
+    "(SELECT ",
 ];
 
 /// Byte strings worth inserting into binary inputs.

@@ -13,11 +13,12 @@ use std::sync::Arc;
 use aisql_bench::driver::{BenchOptions, run_bench};
 use aisql_bench::layout::Dataset;
 use aisql_bench::plans::PlanSource;
-use aisql_engine::backend::OracleBackend;
+use aisql_engine::backend::{ContentHashBackend, OracleBackend};
 use aisql_engine::explain::explain;
 use aisql_engine::plan::{QueryPlan, decode_plan, encode_plan};
 use aisql_engine::prompt::{PromptFormat, classify_pieces, filter_pieces, join_pieces};
 use aisql_engine::query::{QueryOptions, run_query};
+use aisql_engine::sql::{Evaluation, SqlSession};
 use aisql_engine::tables::read_table;
 use aisql_models::Tokenizer;
 use datafusion::arrow::array::{ArrayRef, BinaryArray, RecordBatch, StringArray};
@@ -52,11 +53,15 @@ pub enum Target {
     /// Hostile document and template text: prompt pieces, rendering,
     /// tokenization and a Parquet round trip of the text.
     Prompt,
+    /// A SQL statement: planned and run through the AI operators, and, where
+    /// the result does not depend on row order, row by row too; both must give
+    /// the same rows.
+    Sql,
 }
 
 impl Target {
     /// Every target.
-    pub const ALL: [Target; 7] = [
+    pub const ALL: [Target; 8] = [
         Target::Substrait,
         Target::Parquet,
         Target::Csv,
@@ -64,6 +69,7 @@ impl Target {
         Target::Labels,
         Target::Resume,
         Target::Prompt,
+        Target::Sql,
     ];
 
     /// The target's command-line name.
@@ -76,6 +82,7 @@ impl Target {
             Target::Labels => "labels",
             Target::Resume => "resume",
             Target::Prompt => "prompt",
+            Target::Sql => "sql",
         }
     }
 
@@ -88,6 +95,7 @@ impl Target {
     pub fn max_len(self) -> usize {
         match self {
             Target::Prompt => 256 << 10,
+            Target::Sql => 64 << 10,
             _ => 2 << 20,
         }
     }
@@ -112,7 +120,50 @@ pub struct Fixture {
     work: PathBuf,
     tokenizer: Tokenizer,
     runtime: tokio::runtime::Runtime,
+    /// The SQL corpus's tables, with the AI operators and row by row.
+    sql_operators: SqlSession,
+    sql_naive: SqlSession,
 }
+
+/// The SQL corpus of the differential test (`tests/sql/`), its tables and
+/// queries: the SQL target's tables and seeds.
+const SQL_TABLES: [(&str, &str); 4] = [
+    ("docs", include_str!("../../tests/sql/data/docs.csv")),
+    ("topics", include_str!("../../tests/sql/data/topics.csv")),
+    ("claims", include_str!("../../tests/sql/data/claims.csv")),
+    (
+        "evidence",
+        include_str!("../../tests/sql/data/evidence.csv"),
+    ),
+];
+const SQL_CORPUS: [&str; 7] = [
+    include_str!("../../tests/sql/aggregates.sql"),
+    include_str!("../../tests/sql/classify.sql"),
+    include_str!("../../tests/sql/composition.sql"),
+    include_str!("../../tests/sql/filters.sql"),
+    include_str!("../../tests/sql/joins.sql"),
+    include_str!("../../tests/sql/order_limit.sql"),
+    include_str!("../../tests/sql/subqueries.sql"),
+];
+
+/// Words after which a query's rows may depend on row order or on chance, so
+/// two plans of it need not agree.
+const ORDER_DEPENDENT: [&str; 14] = [
+    "limit",
+    "offset",
+    "fetch",
+    "random",
+    "now(",
+    "uuid",
+    "_agg",
+    "first_value",
+    "last_value",
+    "nth_value",
+    "row_number",
+    "rank",
+    "lead(",
+    "lag(",
+];
 
 /// The queries of the run the resume target resumes.
 pub const RESUME_QUERIES: [&str; 2] = ["IMDB-1", "FEV-1"];
@@ -149,7 +200,36 @@ impl Fixture {
         let finished_run = tmp.path().join("finished-run");
         let work = tmp.path().join("work");
         std::fs::create_dir_all(&work).map_err(err)?;
+        let sql_tables = tmp.path().join("sql-tables");
+        std::fs::create_dir_all(&sql_tables).map_err(err)?;
+        for (name, csv) in SQL_TABLES {
+            std::fs::write(sql_tables.join(format!("{name}.csv")), csv).map_err(err)?;
+        }
+        let session = |evaluation| {
+            runtime.block_on(async {
+                let s = SqlSession::new(
+                    Arc::new(ContentHashBackend::default()),
+                    QueryOptions {
+                        batch_rows: 7,
+                        memory_limit: 1 << 30,
+                        ..Default::default()
+                    },
+                    evaluation,
+                )
+                .map_err(err)?;
+                for (name, _) in SQL_TABLES {
+                    s.register(name, &sql_tables.join(format!("{name}.csv")))
+                        .await
+                        .map_err(err)?;
+                }
+                Ok::<_, String>(s)
+            })
+        };
+        let sql_operators = session(Evaluation::Operators)?;
+        let sql_naive = session(Evaluation::Naive)?;
         let fixture = Fixture {
+            sql_operators,
+            sql_naive,
             dataset,
             scratch_root,
             layout_json,
@@ -222,6 +302,16 @@ impl Fixture {
             Target::Manifest => self.indexed_seeds(&self.layout_json)?,
             Target::Labels => self.indexed_seeds(&self.label_files)?,
             Target::Resume => vec![std::fs::read(self.finished_run.join("run.json")).map_err(err)?],
+            Target::Sql => SQL_CORPUS
+                .iter()
+                .flat_map(|file| file.split("-- query:").skip(1))
+                .map(|q| {
+                    q.split_once('\n')
+                        .map_or("", |(_, sql)| sql)
+                        .as_bytes()
+                        .to_vec()
+                })
+                .collect(),
             Target::Prompt => {
                 let mut seeds = Vec::new();
                 let sep = FIELD_SEPARATOR as char;
@@ -281,6 +371,7 @@ impl Fixture {
             Target::Labels => self.labels(data),
             Target::Resume => self.resume(data),
             Target::Prompt => self.prompt(data),
+            Target::Sql => self.sql(data),
         }
     }
 
@@ -318,6 +409,70 @@ impl Fixture {
         Ok(match out {
             Ok(_) => "ran".into(),
             Err(e) => kind(&e),
+        })
+    }
+
+    fn sql(&self, data: &[u8]) -> Result<String, String> {
+        // As the aisql command runs it: on a thread with a deep stack.
+        std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .stack_size(256 << 20)
+                .spawn_scoped(scope, || self.sql_on_this_thread(data))
+                .map_err(err)?
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        })
+    }
+
+    fn sql_on_this_thread(&self, data: &[u8]) -> Result<String, String> {
+        let text = String::from_utf8_lossy(data);
+        self.runtime.block_on(async {
+            let got = match self.sql_operators.run(&text).await {
+                Ok(out) => out,
+                Err(e) => return Ok(kind(&e)),
+            };
+            let lower = text.to_lowercase();
+            if ORDER_DEPENDENT.iter().any(|w| lower.contains(w)) {
+                return Ok("ran".into());
+            }
+            let want = match self.sql_naive.run(&text).await {
+                Ok(out) => out,
+                Err(e) => return Ok(format!("row by row: {}", kind(&e))),
+            };
+            let rows = |b: &[datafusion::arrow::array::RecordBatch]| -> Result<Vec<String>, String> {
+                use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+                let options = FormatOptions::default().with_null("NULL");
+                let mut lines = Vec::new();
+                for batch in b {
+                    let columns = batch
+                        .columns()
+                        .iter()
+                        .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(err)?;
+                    for row in 0..batch.num_rows() {
+                        let cells: Vec<String> =
+                            columns.iter().map(|c| c.value(row).to_string()).collect();
+                        lines.push(cells.join(" | "));
+                    }
+                }
+                lines.sort();
+                Ok(lines)
+            };
+            let (got, want) = (rows(&got.batches)?, rows(&want.batches)?);
+            if got != want {
+                return Err(format!(
+                    "the AI operators and row-by-row evaluation disagree on {text:?}: {} rows vs {}{}",
+                    got.len(),
+                    want.len(),
+                    if got.len() + want.len() < 40 {
+                        format!("\n  operators: {got:?}\n  row by row: {want:?}")
+                    } else {
+                        String::new()
+                    }
+                ));
+            }
+            Ok("ran, same rows".into())
         })
     }
 

@@ -14,7 +14,15 @@ use crate::cli::{Cli, Command};
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Explain { plan, plans } => {
+        Command::Explain {
+            plan,
+            plans,
+            root,
+            sf,
+        } => {
+            if sql::looks_like_sql(&plan) && !std::path::Path::new(&plan).exists() {
+                return sql::explain(&plan, root.as_deref(), sf);
+            }
             let source = aisql_bench::plans::PlanSource::choose(plans.dir.as_deref());
             let query = aisql_bench::plans::open_plan(&plan, &source)?;
             print!("{}", aisql_engine::explain::explain(&query));
@@ -40,9 +48,14 @@ impl std::fmt::Display for UsageError {
 
 impl std::error::Error for UsageError {}
 
+/// Stack of the threads that plan and run queries (address space; pages are
+/// touched only as deep as a query goes).
+pub const STACK_BYTES: usize = 256 << 20;
+
 /// A tokio runtime for the async parts of a command.
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .thread_stack_size(STACK_BYTES)
         .build()?)
 }

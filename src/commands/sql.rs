@@ -104,3 +104,38 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     })?;
     Ok(())
 }
+
+/// Whether a command-line argument is a SQL statement rather than a plan path
+/// or query id.
+pub fn looks_like_sql(arg: &str) -> bool {
+    let first = arg.split_whitespace().next().unwrap_or_default();
+    ["select", "with", "explain", "values"]
+        .iter()
+        .any(|k| first.eq_ignore_ascii_case(k))
+}
+
+/// `aisql explain "SELECT ..."`: the plans DataFusion makes of the statement
+/// over the QUAIL-B tables, before any model runs.
+pub fn explain(sql: &str, root: Option<&std::path::Path>, sf: f64) -> anyhow::Result<()> {
+    let dataset = resolve(root, sf, None)?;
+    let backend =
+        std::sync::Arc::new(aisql_engine::backend::OracleBackend::new(Default::default()));
+    let session = SqlSession::new(backend, QueryOptions::default(), Evaluation::Operators)?;
+    let statement = if sql.trim_start().to_lowercase().starts_with("explain") {
+        sql.to_string()
+    } else {
+        format!("EXPLAIN {sql}")
+    };
+    super::runtime()?.block_on(async {
+        for (name, path) in dataset.require_all_tables()? {
+            session.register(&name, &path).await?;
+            session.set_unique_ids(&name);
+        }
+        let out = session.run(&statement).await?;
+        println!(
+            "{}",
+            datafusion::arrow::util::pretty::pretty_format_batches(&out.batches)?
+        );
+        Ok(())
+    })
+}

@@ -169,12 +169,24 @@ impl SqlSession {
             batch_text_bytes,
         )
         .await?;
+        self.note_first_batch(name, first);
+        Ok(rows)
+    }
+
+    /// Records how many rows the first batch of `table` holds (`None`: one
+    /// batch), for the batch size of the queries that read it.
+    pub fn note_first_batch(&self, table: &str, first: Option<usize>) {
         let mut firsts = self.first_batches.lock().expect("batches lock");
         match first {
-            Some(first) => firsts.insert(name.to_string(), first),
-            None => firsts.remove(name),
+            Some(first) => firsts.insert(table.to_string(), first),
+            None => firsts.remove(table),
         };
-        Ok(rows)
+    }
+
+    /// Runs the analyzer (with the AI rewrite) and optimizer over a plan built
+    /// elsewhere (a Substrait consumer).
+    pub fn optimize(&self, plan: &LogicalPlan) -> Result<LogicalPlan> {
+        self.ctx.state().optimize(plan).map_err(sql_error)
     }
 
     /// DataFusion's filters coalesce their output up to the batch size: keep
@@ -292,7 +304,8 @@ impl SqlSession {
 
     /// Runs an optimized plan (from [`Self::plan`]).
     pub async fn run_plan(&self, plan: LogicalPlan, started: Instant) -> Result<SqlOutput> {
-        let calls: Vec<AiCall> = ai_nodes(&plan).into_iter().map(|n| n.spec.call).collect();
+        let nodes = ai_nodes(&plan);
+        let calls: Vec<AiCall> = nodes.iter().map(|n| n.spec.call.clone()).collect();
         self.backend.start_query(&calls);
         self.recorder.take();
         self.set_batch_size(&plan)?;
@@ -312,11 +325,18 @@ impl SqlSession {
         })?
         .map_err(from_datafusion)?;
         let mut recorded = self.recorder.take();
-        let answers = calls
+        let answers = nodes
             .iter()
-            .map(|c| match recorded.iter().position(|t| t.op_id == c.op_id) {
-                Some(i) => recorded.swap_remove(i),
-                None => AnswerTable::new(&c.op_id, c.kind, Vec::new()),
+            .map(|n| {
+                let c = &n.spec.call;
+                match recorded.iter().position(|t| t.op_id == c.op_id) {
+                    Some(i) => recorded.swap_remove(i),
+                    None => AnswerTable::new(
+                        &c.op_id,
+                        c.kind,
+                        n.spec.docs.iter().map(|d| d.alias.clone()).collect(),
+                    ),
+                }
             })
             .collect();
         Ok(SqlOutput {

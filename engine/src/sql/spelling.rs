@@ -18,7 +18,7 @@ use std::ops::ControlFlow;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
     Expr, Function, FunctionArg, FunctionArgExpr, FunctionArgumentList, FunctionArguments, Ident,
-    ObjectName, ObjectNamePart, Spanned, Value, visit_expressions_mut,
+    ObjectName, ObjectNamePart, Query, Spanned, Value, Visit, Visitor, visit_expressions_mut,
 };
 
 use crate::ai_functions::AiFunction;
@@ -34,9 +34,64 @@ const KNOWN: &str = "ai_filter(template, doc), ai_join(template, left, right), \
 ai_classify(template, doc, [labels], [descriptions]), AI_FILTER(PROMPT(template, doc...)) \
 and AI.IF((text, column, text...))";
 
+/// Deepest nesting of expressions and subqueries accepted. DataFusion's planner
+/// recurses once per level (a chain of 3,000 `AND`s takes more than 8 MiB of
+/// stack, so aisql plans on threads with large stacks) and its simplifier takes
+/// time quadratic in the depth (a 2,200-deep chain of `-` took 11 s to plan in a
+/// debug build): deeper statements get an error, not a crash or a stall.
+pub const MAX_NESTING: usize = 1_000;
+
+/// Counts nesting while the AST is walked.
+struct Depth {
+    now: usize,
+}
+
+impl Depth {
+    fn enter(&mut self) -> ControlFlow<EngineError> {
+        self.now += 1;
+        if self.now > MAX_NESTING {
+            return ControlFlow::Break(sql_error(format!(
+                "the statement nests expressions or subqueries more than {MAX_NESTING} levels deep \
+                 (a long chain of OR or AND is one level per term; use IN (...) for long lists)"
+            )));
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn leave(&mut self) -> ControlFlow<EngineError> {
+        self.now -= 1;
+        ControlFlow::Continue(())
+    }
+}
+
+impl Visitor for Depth {
+    type Break = EngineError;
+
+    fn pre_visit_expr(&mut self, _: &Expr) -> ControlFlow<EngineError> {
+        self.enter()
+    }
+
+    fn post_visit_expr(&mut self, _: &Expr) -> ControlFlow<EngineError> {
+        self.leave()
+    }
+
+    fn pre_visit_query(&mut self, _: &Query) -> ControlFlow<EngineError> {
+        self.enter()
+    }
+
+    fn post_visit_query(&mut self, _: &Query) -> ControlFlow<EngineError> {
+        self.leave()
+    }
+}
+
 /// Rewrites every AI call of `statement` to the QUAIL-B spelling, checking each;
 /// returns where each template is.
 pub fn normalize(statement: &mut DfStatement) -> Result<CallSites> {
+    if let DfStatement::Statement(s) = statement
+        && let ControlFlow::Break(e) = s.visit(&mut Depth { now: 0 })
+    {
+        return Err(e);
+    }
     let mut sites = CallSites::new();
     match statement {
         DfStatement::Statement(s) => visit(s.as_mut(), &mut sites)?,
@@ -263,6 +318,15 @@ mod tests {
         let bq = normalized("SELECT id FROM t WHERE AI.IF(('Is ', body, ' kind?'))").unwrap();
         assert_eq!(quail, snow);
         assert_eq!(quail, bq);
+    }
+
+    #[test]
+    fn deep_nesting_is_refused() {
+        let terms: Vec<String> = (0..1500).map(|i| format!("x = {i}")).collect();
+        let e = normalized(&format!("SELECT 1 FROM t WHERE {}", terms.join(" OR "))).unwrap_err();
+        assert!(e.to_string().contains("levels deep"), "{e}");
+        let terms: Vec<String> = (0..500).map(|i| format!("x = {i}")).collect();
+        normalized(&format!("SELECT 1 FROM t WHERE {}", terms.join(" OR "))).unwrap();
     }
 
     #[test]
