@@ -15,7 +15,7 @@ use std::sync::Arc;
 use aisql_bench::layout::Dataset;
 use aisql_engine::answers::AnswerTable;
 use aisql_engine::backend::{AiKind, InferenceBackend};
-use aisql_engine::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo, PredicateKind};
+use aisql_engine::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo};
 use aisql_engine::plan::{Operator, QueryPlan};
 use aisql_engine::prompt::{PromptFormat, operator_pieces};
 use aisql_engine::query::{QueryOptions, QueryOutput, run_query};
@@ -175,11 +175,7 @@ fn labels_from_answers(q: &QueryPlan, outs: &[&QueryOutput]) -> LabelStore {
         for t in &out.answers {
             let op = q.operator(&t.op_id).unwrap();
             let template = op.template().unwrap().to_string();
-            let kind = match t.kind {
-                AiKind::Filter => PredicateKind::Filter,
-                AiKind::Join => PredicateKind::Join,
-                AiKind::Classify => PredicateKind::Classify,
-            };
+            let kind = t.kind;
             let labels = match op {
                 Operator::Classify { labels, .. } => labels.clone(),
                 _ => vec![],

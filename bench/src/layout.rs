@@ -22,8 +22,9 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use aisql_engine::backend::AiKind;
 use aisql_engine::cache_dir::cache_dir;
-use aisql_engine::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo, PredicateKind};
+use aisql_engine::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo};
 use aisql_engine::parquet_read::{ParquetReadError, footer_rows, read_batches};
 use aisql_engine::tables::TablePaths;
 use datafusion::arrow::array::{Array, AsArray};
@@ -1103,7 +1104,7 @@ fn load_label_set(r: &LabelSetRef) -> Result<LabelSet> {
         message,
     };
     let mut set = LabelSet::new(m.predicate.clone(), m.label_set_id.clone());
-    let classify = m.predicate.kind == PredicateKind::Classify;
+    let classify = m.predicate.kind == AiKind::Classify;
     let mut rows = 0u64;
     for path in &r.files {
         let perr = |e: &dyn std::fmt::Display| BenchError::Parquet {

@@ -1184,10 +1184,10 @@ mod tests {
 
     #[test]
     fn binary_agreement_counts_and_missing_label_is_an_error() {
-        use aisql_engine::labels::{LabelValue, PredicateInfo, PredicateKind};
+        use aisql_engine::labels::{LabelValue, PredicateInfo};
         let info = PredicateInfo {
             key: "k".into(),
-            kind: PredicateKind::Filter,
+            kind: AiKind::Filter,
             template: "t {0}".into(),
             left_table: "reviews".into(),
             left_column: "review".into(),

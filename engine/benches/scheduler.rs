@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use aisql_engine::backend::{AiCall, AiKind, AiRequest, Doc, InferenceBackend};
-use aisql_engine::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo, PredicateKind};
+use aisql_engine::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo};
 use aisql_engine::prompt::{PromptFormat, filter_pieces, join_pieces};
 use aisql_engine::scheduler::{QWEN3_4B_KV_BYTES_PER_TOKEN, SchedulerConfig, simulation_backend};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -24,7 +24,7 @@ fn review(i: usize) -> String {
         .join(" ")
 }
 
-fn info(key: &str, kind: PredicateKind, template: &str) -> PredicateInfo {
+fn info(key: &str, kind: AiKind, template: &str) -> PredicateInfo {
     PredicateInfo {
         key: key.into(),
         kind,
@@ -52,14 +52,14 @@ fn bench(c: &mut Criterion) {
     let join_template = "Does the review in DOCUMENT {0} discuss the movie aspect in DOCUMENT {1}?";
     let mut store = LabelStore::new("gt_bench", "none");
     for (k, t) in templates.iter().enumerate() {
-        let mut set = LabelSet::new(info(&format!("f{k}"), PredicateKind::Filter, t), "ls");
+        let mut set = LabelSet::new(info(&format!("f{k}"), AiKind::Filter, t), "ls");
         for (i, id) in ids.iter().enumerate() {
             set.insert(id, None, LabelValue::Bool((i + k) % 3 != 0))
                 .unwrap();
         }
         store.insert(set).unwrap();
     }
-    let mut set = LabelSet::new(info("j", PredicateKind::Join, join_template), "ls");
+    let mut set = LabelSet::new(info("j", AiKind::Join, join_template), "ls");
     for (i, id) in ids.iter().enumerate() {
         for (j, (a, _)) in aspects.iter().enumerate() {
             set.insert(id, Some(a), LabelValue::Bool((i + j) % 4 == 0))

@@ -12,8 +12,12 @@ use crate::error::{EngineError, Result};
 use crate::labels::LabelStore;
 use crate::prompt::PromptPieces;
 
-/// What kind of question an operator asks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// What kind of question an operator asks, or a predicate of a label set
+/// answers (`"filter"`, `"join"`, `"classify"` in manifests).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum AiKind {
     /// `ai_filter`: TRUE/FALSE about one document.
     Filter,

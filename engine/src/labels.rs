@@ -12,19 +12,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::backend::AiKind;
 use crate::error::{EngineError, Result};
-
-/// What a predicate answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PredicateKind {
-    /// One document, TRUE/FALSE.
-    Filter,
-    /// Two documents, TRUE/FALSE.
-    Join,
-    /// One or two documents, one label of a list.
-    Classify,
-}
 
 /// A predicate as a label-set manifest describes it (SPEC §C.1).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -32,7 +21,7 @@ pub struct PredicateInfo {
     /// Predicate key, e.g. `quailb.imdb.review.mentions_positive_aspect`.
     pub key: String,
     /// Filter, join or classify.
-    pub kind: PredicateKind,
+    pub kind: AiKind,
     /// The prompt template exactly as written in the plans.
     pub template: String,
     /// Table of the `{0}` document.
@@ -122,8 +111,8 @@ impl LabelSet {
         value: LabelValue,
     ) -> Result<()> {
         let code = match (&value, self.info.kind) {
-            (LabelValue::Bool(b), PredicateKind::Filter | PredicateKind::Join) => *b as u16,
-            (LabelValue::Label(l), PredicateKind::Classify) => self
+            (LabelValue::Bool(b), AiKind::Filter | AiKind::Join) => *b as u16,
+            (LabelValue::Label(l), AiKind::Classify) => self
                 .info
                 .labels
                 .iter()
@@ -257,7 +246,7 @@ impl LabelStore {
 mod tests {
     use super::*;
 
-    fn info(kind: PredicateKind, labels: &[&str]) -> PredicateInfo {
+    fn info(kind: AiKind, labels: &[&str]) -> PredicateInfo {
         PredicateInfo {
             key: "k".into(),
             kind,
@@ -273,7 +262,7 @@ mod tests {
 
     #[test]
     fn bool_labels_round_trip_and_missing_is_named() {
-        let mut set = LabelSet::new(info(PredicateKind::Join, &[]), "ls_1");
+        let mut set = LabelSet::new(info(AiKind::Join, &[]), "ls_1");
         set.insert("rv0", Some("as1"), LabelValue::Bool(true))
             .unwrap();
         set.insert("rv0", Some("as2"), LabelValue::Bool(false))
@@ -293,7 +282,7 @@ mod tests {
 
     #[test]
     fn classification_labels_must_be_listed() {
-        let mut set = LabelSet::new(info(PredicateKind::Classify, &["a", "b"]), "ls_2");
+        let mut set = LabelSet::new(info(AiKind::Classify, &["a", "b"]), "ls_2");
         set.insert("x", None, LabelValue::Label("b".into()))
             .unwrap();
         assert_eq!(set.get_label("x", None), Some("b"));

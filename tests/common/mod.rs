@@ -11,7 +11,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use aisql_engine::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo, PredicateKind};
+use aisql_engine::backend::AiKind;
+use aisql_engine::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo};
 use aisql_engine::plan::{Operator, QueryPlan};
 use datafusion::arrow::array::{
     ArrayRef, Int32Array, ListBuilder, RecordBatch, StringArray, StringBuilder,
@@ -275,10 +276,10 @@ pub fn draw_labels(
             let rel = |a: &str| q.relation(a).unwrap();
             let (kind, left, right, labels, descriptions) = match op {
                 Operator::Filter { alias, .. } => {
-                    (PredicateKind::Filter, rel(alias), None, vec![], vec![])
+                    (AiKind::Filter, rel(alias), None, vec![], vec![])
                 }
                 Operator::Join { aliases, .. } => (
-                    PredicateKind::Join,
+                    AiKind::Join,
                     rel(&aliases[0]),
                     Some(rel(&aliases[1])),
                     vec![],
@@ -291,7 +292,7 @@ pub fn draw_labels(
                     descriptions,
                     ..
                 } => (
-                    PredicateKind::Classify,
+                    AiKind::Classify,
                     rel(alias),
                     partner.as_deref().map(rel),
                     labels.clone(),
@@ -331,18 +332,14 @@ pub fn draw_labels(
                 let r_id = r.map(|s| s.as_str()).unwrap_or("");
                 let h = draw(&[template, l, r_id]);
                 match info.kind {
-                    PredicateKind::Filter | PredicateKind::Join => {
-                        let pct = if info.kind == PredicateKind::Filter {
-                            60
-                        } else {
-                            40
-                        };
+                    AiKind::Filter | AiKind::Join => {
+                        let pct = if info.kind == AiKind::Filter { 60 } else { 40 };
                         let b = h % 100 < pct;
                         set.insert(l, r.map(|s| s.as_str()), LabelValue::Bool(b))
                             .unwrap();
                         t.bools.insert((l.clone(), r_id.to_string()), b);
                     }
-                    PredicateKind::Classify => {
+                    AiKind::Classify => {
                         if r.is_some() && !draw_bool(discuss, l, r_id) {
                             continue;
                         }

@@ -5,7 +5,7 @@ use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use aisql_engine::labels::PredicateKind;
+use aisql_engine::backend::AiKind;
 use datafusion::arrow::array::{ArrayRef, BooleanBuilder, RecordBatch, StringBuilder};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::parquet::arrow::ArrowWriter;
@@ -242,7 +242,7 @@ fn write_one(
     fs::create_dir_all(&dir).map_err(|e| err(&dir, e))?;
     let left_ids = &t.ids[p.left.0];
     let right_ids = p.right.map(|r| &t.ids[r.0]);
-    let classify = p.kind == PredicateKind::Classify;
+    let classify = p.kind == AiKind::Classify;
     let total = left_ids.len() as u64 * right_ids.map(|r| r.len() as u64).unwrap_or(1);
     let mut w = Writer {
         dir: dir.clone(),

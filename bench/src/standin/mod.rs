@@ -38,9 +38,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use aisql_engine::backend::AiKind;
 use aisql_engine::cache_dir::{SEAL_FILE, check_seal, files_of, seal};
 use aisql_engine::canonical;
-use aisql_engine::labels::PredicateKind;
 use datafusion::arrow::array::{ArrayRef, Int32Builder, ListBuilder, RecordBatch, StringBuilder};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::parquet::arrow::ArrowWriter;
@@ -72,7 +72,7 @@ pub struct PredDef {
     /// Predicate key.
     pub key: &'static str,
     /// Filter, join or classify.
-    pub kind: PredicateKind,
+    pub kind: AiKind,
     /// Template exactly as in the plans.
     pub template: &'static str,
     /// Left (table, column).
@@ -1656,7 +1656,7 @@ mod measure {
             let rows = &ds.table_rows;
             let mut trues = 0usize;
             let mut total = 0usize;
-            if p.kind != PredicateKind::Classify {
+            if p.kind != AiKind::Classify {
                 let ls = &ds.tables;
                 let _ = ls;
                 let left: Vec<String> = read_ids(&ds.tables[p.left.0]);

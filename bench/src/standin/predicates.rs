@@ -1,6 +1,6 @@
 // Generated from SPEC §C and §E (exact template strings); checked against the plans by a test.
 
-use aisql_engine::labels::PredicateKind;
+use aisql_engine::backend::AiKind;
 
 use super::{PredDef, agent, biodex, fever, imdb, lepard};
 
@@ -9,7 +9,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "F1",
         key: "quailb.imdb.review.mentions_positive_aspect",
-        kind: PredicateKind::Filter,
+        kind: AiKind::Filter,
         template: "Judge strictly from the review above whether it mentions at least one positive aspect of the movie.\n\n{0}\n\nInstruction: answer TRUE if the review mentions at least one positive aspect of the movie, FALSE otherwise.",
         left: ("reviews", "body"),
         right: None,
@@ -19,7 +19,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "F4",
         key: "quailb.imdb.review.discusses_ending",
-        kind: PredicateKind::Filter,
+        kind: AiKind::Filter,
         template: "Judge strictly from the review above whether it discusses the ending of the movie.\n\n{0}\n\nInstruction: answer TRUE if the review discusses the ending of the movie, FALSE otherwise.",
         left: ("reviews", "body"),
         right: None,
@@ -29,7 +29,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "F5",
         key: "quailb.imdb.review.mentions_named_actor",
-        kind: PredicateKind::Filter,
+        kind: AiKind::Filter,
         template: "Judge strictly from the review above whether it mentions any specific actor or actress by name.\n\n{0}\n\nInstruction: answer TRUE if the review mentions a specific actor or actress by name, FALSE otherwise.",
         left: ("reviews", "body"),
         right: None,
@@ -39,7 +39,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "SERIOUS_ADVERSE_EVENT",
         key: "quailb.biodex.report.describes_serious_adverse_event",
-        kind: PredicateKind::Filter,
+        kind: AiKind::Filter,
         template: "Judge strictly from the report above whether it describes a serious or life-threatening adverse event.\n\n{0}\n\nInstruction: answer TRUE if the report describes a serious or life-threatening adverse event, FALSE otherwise.",
         left: ("reports", "report"),
         right: None,
@@ -49,7 +49,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "NEUROLOGICAL_REACTION",
         key: "quailb.biodex.reaction.is_neurological",
-        kind: PredicateKind::Filter,
+        kind: AiKind::Filter,
         template: "Is this reaction neurological, affecting the nervous system? {0}",
         left: ("terms", "term"),
         right: None,
@@ -59,7 +59,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "CARDIOVASCULAR_REACTION",
         key: "quailb.biodex.reaction.is_cardiovascular",
-        kind: PredicateKind::Filter,
+        kind: AiKind::Filter,
         template: "Is this reaction cardiovascular, affecting the heart or blood vessels? {0}",
         left: ("terms", "term"),
         right: None,
@@ -69,7 +69,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "F11",
         key: "quailb.fever.claim.about_person",
-        kind: PredicateKind::Filter,
+        kind: AiKind::Filter,
         template: "Judge strictly from the claim above whether it asserts something about a person, rather than an organization, place, or event.\n\n{0}\n\nInstruction: answer TRUE if the claim asserts something about a person, FALSE otherwise.",
         left: ("claims", "claim"),
         right: None,
@@ -79,7 +79,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "F12",
         key: "quailb.fever.claim.contains_date",
-        kind: PredicateKind::Filter,
+        kind: AiKind::Filter,
         template: "Judge strictly from the claim above whether it contains a specific date or year.\n\n{0}\n\nInstruction: answer TRUE if the claim contains a specific date or year, FALSE otherwise.",
         left: ("claims", "claim"),
         right: None,
@@ -89,7 +89,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "F13",
         key: "quailb.fever.passage.about_person",
-        kind: PredicateKind::Filter,
+        kind: AiKind::Filter,
         template: "Judge strictly from the Wikipedia passage above whether it primarily describes a specific person (their life, actions, or role), rather than an organization, place, or event.\n\n{0}\n\nInstruction: answer TRUE if the passage primarily describes a specific person, FALSE otherwise.",
         left: ("evidence", "text"),
         right: None,
@@ -99,7 +99,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "LEP1",
         key: "quailb.lepard.excerpt.reasoning_does_not_apply",
-        kind: PredicateKind::Filter,
+        kind: AiKind::Filter,
         template: "Judge strictly from the excerpt above whether it argues that the cited case's reasoning does not apply here.\n\n{0}\n\nInstruction: answer TRUE if the excerpt argues the cited case's reasoning does not apply here, FALSE otherwise.",
         left: ("citation_contexts", "destination_context"),
         right: None,
@@ -109,7 +109,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "LEP2",
         key: "quailb.lepard.excerpt.procedural_or_jurisdictional",
-        kind: PredicateKind::Filter,
+        kind: AiKind::Filter,
         template: "Judge strictly from the excerpt above whether it discusses a procedural or jurisdictional issue.\n\n{0}\n\nInstruction: answer TRUE if the excerpt discusses a procedural or jurisdictional issue, FALSE otherwise.",
         left: ("citation_contexts", "destination_context"),
         right: None,
@@ -119,7 +119,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "LEPS1",
         key: "quailb.lepard.passage.states_general_rule",
-        kind: PredicateKind::Filter,
+        kind: AiKind::Filter,
         template: "Judge strictly from the passage above whether it states a general legal rule.\n\n{0}\n\nInstruction: answer TRUE if the passage states a general legal rule, FALSE otherwise.",
         left: ("citation_passages", "passage_text"),
         right: None,
@@ -129,7 +129,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "AGENT_RECOVERED",
         key: "quailb.agent.trace.recovered_after_unsuccessful_approach",
-        kind: PredicateKind::Filter,
+        kind: AiKind::Filter,
         template: "Judge strictly from the agent trace above whether the agent recovered after pursuing an approach that did not work. Recovery means the agent recognized or moved past the unsuccessful approach and then made useful progress with a different or corrected approach.\n\n{0}\n\nInstruction: answer TRUE if the trace shows the agent recovering after an unsuccessful approach, FALSE otherwise.",
         left: ("agent_traces", "trace"),
         right: None,
@@ -139,7 +139,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "AGENT_IMPLEMENTED_FIX",
         key: "quailb.agent.trace.implemented_plausible_fix",
-        kind: PredicateKind::Filter,
+        kind: AiKind::Filter,
         template: "Judge strictly from the agent trace above whether, by the end of the trace, the agent has implemented a plausible fix that directly addresses the reported issue. A fix must include a code or configuration change whose purpose is to correct the issue. Inspection, reproduction, tests without a fix, and unrelated edits do not count.\n\n{0}\n\nInstruction: answer TRUE if the agent has implemented a plausible fix that directly addresses the reported issue. Answer FALSE otherwise.",
         left: ("agent_traces", "trace"),
         right: None,
@@ -149,7 +149,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "DISCUSS_ASPECT",
         key: "quailb.imdb.review.discusses_aspect",
-        kind: PredicateKind::Join,
+        kind: AiKind::Join,
         template: "Does the review in DOCUMENT {0} discuss the movie aspect in DOCUMENT {1}?",
         left: ("reviews", "body"),
         right: Some(("aspects", "aspect")),
@@ -159,7 +159,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "ASPECT_SENTIMENT",
         key: "quailb.imdb.review.positive_sentiment_about_aspect",
-        kind: PredicateKind::Join,
+        kind: AiKind::Join,
         template: "Does the review in DOCUMENT {0} express positive sentiment about the movie aspect in DOCUMENT {1}?",
         left: ("reviews", "body"),
         right: Some(("aspects", "aspect")),
@@ -169,7 +169,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "REACTION",
         key: "quailb.biodex.report.experienced_reaction",
-        kind: PredicateKind::Join,
+        kind: AiKind::Join,
         template: "Does the medical report in DOCUMENT {0} describe the reaction in DOCUMENT {1} as something the patient experienced?",
         left: ("reports", "report"),
         right: Some(("terms", "term")),
@@ -179,7 +179,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "SUPPORT",
         key: "quailb.fever.passage.supports_claim",
-        kind: PredicateKind::Join,
+        kind: AiKind::Join,
         template: "Does the Wikipedia passage in DOCUMENT {1} support the claim in DOCUMENT {0}?",
         left: ("claims", "claim"),
         right: Some(("evidence", "text")),
@@ -189,7 +189,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "REFUTE",
         key: "quailb.fever.passage.refutes_claim",
-        kind: PredicateKind::Join,
+        kind: AiKind::Join,
         template: "Does the Wikipedia passage in DOCUMENT {1} refute or contradict the claim in DOCUMENT {0}?",
         left: ("claims", "claim"),
         right: Some(("evidence", "text")),
@@ -199,7 +199,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "LEPJOIN",
         key: "quailb.lepard.excerpt.cites_passage",
-        kind: PredicateKind::Join,
+        kind: AiKind::Join,
         template: "Is the passage in DOCUMENT {1} cited by the legal excerpt in DOCUMENT {0}?",
         left: ("citation_contexts", "destination_context"),
         right: Some(("citation_passages", "passage_text")),
@@ -209,7 +209,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "IMDB_SENTIMENT",
         key: "quailb.imdb.review.sentiment",
-        kind: PredicateKind::Classify,
+        kind: AiKind::Classify,
         template: "Judge strictly from the review above which category best describes the overall sentiment it expresses about the movie.\n\n{0}",
         left: ("reviews", "body"),
         right: None,
@@ -219,7 +219,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "IMDB_GENRE",
         key: "quailb.imdb.review.genre",
-        kind: PredicateKind::Classify,
+        kind: AiKind::Classify,
         template: "Judge strictly from the review above which genre best describes the movie it reviews.\n\n{0}",
         left: ("reviews", "body"),
         right: None,
@@ -231,7 +231,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "IMDB_COMPLAINT",
         key: "quailb.imdb.review.main_complaint",
-        kind: PredicateKind::Classify,
+        kind: AiKind::Classify,
         template: "Judge strictly from the review above what it criticizes most about the movie.\n\n{0}",
         left: ("reviews", "body"),
         right: None,
@@ -241,7 +241,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "IMDB_ASPECT_SENTIMENT",
         key: "quailb.imdb.review.aspect_sentiment",
-        kind: PredicateKind::Classify,
+        kind: AiKind::Classify,
         template: "Judge strictly from the review in DOCUMENT {0} what sentiment it expresses about the movie aspect in DOCUMENT {1}.",
         left: ("reviews", "body"),
         right: Some(("aspects", "aspect")),
@@ -251,7 +251,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "BIO_ORGAN_CLASS",
         key: "quailb.biodex.reaction.organ_class",
-        kind: PredicateKind::Classify,
+        kind: AiKind::Classify,
         template: "Judge strictly from the reaction above which MedDRA system organ class it belongs to.\n\n{0}",
         left: ("terms", "term"),
         right: None,
@@ -264,7 +264,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "FEV_TOPIC",
         key: "quailb.fever.claim.topic",
-        kind: PredicateKind::Classify,
+        kind: AiKind::Classify,
         template: "Judge strictly from the claim above which topic it is about.\n\n{0}",
         left: ("claims", "claim"),
         right: None,
@@ -274,7 +274,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "LEP_AREA",
         key: "quailb.lepard.excerpt.area_of_law",
-        kind: PredicateKind::Classify,
+        kind: AiKind::Classify,
         template: "Judge strictly from the excerpt above which area of law it concerns.\n\n{0}",
         left: ("citation_contexts", "destination_context"),
         right: None,
@@ -284,7 +284,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "AGENT_PROGRESS",
         key: "quailb.agent.trace.progress",
-        kind: PredicateKind::Classify,
+        kind: AiKind::Classify,
         template: "Judge strictly from the agent trace above how far the agent has gotten so far.\n\n{0}",
         left: ("agent_traces", "trace"),
         right: None,
@@ -300,7 +300,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "AGENT_TEST_RESULT",
         key: "quailb.agent.trace.test_result",
-        kind: PredicateKind::Classify,
+        kind: AiKind::Classify,
         template: "Judge strictly from the agent trace above what the most recent test or reproduction run showed.\n\n{0}",
         left: ("agent_traces", "trace"),
         right: None,
@@ -315,7 +315,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "AGENT_DOMAIN",
         key: "quailb.agent.trace.domain",
-        kind: PredicateKind::Classify,
+        kind: AiKind::Classify,
         template: "Judge strictly from the agent trace above which PyPI topic best describes the project the issue is filed against.\n\n{0}",
         left: ("agent_traces", "trace"),
         right: None,
@@ -328,7 +328,7 @@ pub(crate) const PREDICATES: &[PredDef] = &[
     PredDef {
         name: "AGENT_ROOT_CAUSE",
         key: "quailb.agent.trace.root_cause",
-        kind: PredicateKind::Classify,
+        kind: AiKind::Classify,
         template: "Judge strictly from the agent trace above what kind of defect causes the reported issue.\n\n{0}",
         left: ("agent_traces", "trace"),
         right: None,

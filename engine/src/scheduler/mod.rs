@@ -29,287 +29,32 @@
 //!
 //! The same code runs over a virtual KV ([`SimExecutor`]): the simulation mode
 //! answers from labels and reports the fresh tokens the model would compute.
+//!
+//! The module's jobs, one file each: scheduling (here), the executors that
+//! compute KV ([`executors`]), the KV budget ([`budget`]) and model loading
+//! ([`loading`]).
+
+mod budget;
+mod executors;
+mod loading;
+
+pub use budget::{default_kv_budget_bytes, gpu_kv_budget_bytes};
+pub use executors::{
+    Executor, ModelExecutor, QWEN3_4B_KV_BYTES_PER_TOKEN, QWEN3_4B_MAX_POSITIONS, SimExecutor,
+    VirtualKv, best_label,
+};
+pub use loading::{ModelSpec, RunMetadata, load_model_backend, simulation_backend, tiny_model_dir};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use aisql_models::{ClassifyRequest, Continuation, KvHandle, Qwen3, Tokenizer};
+use aisql_models::Tokenizer;
 
-use crate::backend::{AiCall, AiKind, AiRequest, InferenceBackend, OracleBackend};
+use crate::backend::{AiCall, AiKind, AiRequest, InferenceBackend};
 use crate::error::{EngineError, Result};
 use crate::kv_cache::{KvOps, NodeId, PrefixTrie};
 use crate::prompt::label_continuations;
 use crate::query_gate::{QueryGate, Ticket};
-
-/// What the scheduler asks of an execution engine (the model or a simulation).
-pub trait Executor: Send + Sync {
-    /// KV handle type.
-    type Kv: KvOps + Send + Sync;
-    /// Name recorded in results.
-    fn name(&self) -> &str;
-    /// Prefills each `(parent, tokens)`; one handle per item.
-    fn prefill(&self, items: &[(Option<&Self::Kv>, &[u32])]) -> Result<Vec<Self::Kv>>;
-    /// TRUE/FALSE after each `(prefix, suffix)`; the suffix may be empty when the
-    /// prefix ends with the whole prompt. `requests` are the matching prompts.
-    fn decide(
-        &self,
-        call: &AiCall,
-        requests: &[AiRequest<'_>],
-        items: &[(Option<&Self::Kv>, &[u32])],
-    ) -> Result<Vec<bool>>;
-    /// Label index after each `(prefix, suffix)`, scoring `labels` (token ids of `" " + label`).
-    fn classify(
-        &self,
-        call: &AiCall,
-        requests: &[AiRequest<'_>],
-        items: &[(Option<&Self::Kv>, &[u32])],
-        labels: &[Vec<u32>],
-    ) -> Result<Vec<usize>>;
-    /// Prompt positions computed so far (label continuations excluded).
-    fn fresh_tokens(&self) -> u64;
-    /// Label-continuation positions computed so far.
-    fn label_tokens(&self) -> u64;
-    /// KV bytes per cached position (for the budget check).
-    fn kv_bytes_per_token(&self) -> usize;
-    /// Longest prompt the model was trained for (`max_position_embeddings`).
-    fn max_positions(&self) -> usize;
-}
-
-impl KvOps for KvHandle {
-    fn prefix(&self, len: usize) -> Result<Self> {
-        Ok(KvHandle::prefix(self, len)?)
-    }
-    fn bytes(&self) -> usize {
-        self.segment_bytes()
-    }
-    fn len(&self) -> usize {
-        KvHandle::len(self)
-    }
-}
-
-/// The real model.
-pub struct ModelExecutor {
-    model: Arc<Qwen3>,
-    answers: aisql_models::AnswerIds,
-    name: String,
-}
-
-impl ModelExecutor {
-    /// Wraps a loaded model; `tokenizer` gives the TRUE/FALSE ids.
-    pub fn new(model: Arc<Qwen3>, tokenizer: &Tokenizer, name: impl Into<String>) -> Result<Self> {
-        Ok(Self {
-            answers: tokenizer.answer_ids()?,
-            model,
-            name: name.into(),
-        })
-    }
-}
-
-/// Index of the best score; ties go to the earlier label (SPEC §B.5).
-pub fn best_label(scores: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &s) in scores.iter().enumerate() {
-        if s > scores[best] {
-            best = i;
-        }
-    }
-    best
-}
-
-impl Executor for ModelExecutor {
-    type Kv = KvHandle;
-
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn prefill(&self, items: &[(Option<&KvHandle>, &[u32])]) -> Result<Vec<KvHandle>> {
-        let conts: Vec<Continuation<'_>> = items
-            .iter()
-            .map(|(p, t)| Continuation::new(*p, t))
-            .collect();
-        Ok(self.model.prefill_batch(&conts)?)
-    }
-
-    fn decide(
-        &self,
-        _call: &AiCall,
-        _requests: &[AiRequest<'_>],
-        items: &[(Option<&KvHandle>, &[u32])],
-    ) -> Result<Vec<bool>> {
-        let conts: Vec<Continuation<'_>> = items
-            .iter()
-            .map(|(p, t)| Continuation::new(*p, t))
-            .collect();
-        Ok(self
-            .model
-            .decide(&conts, &self.answers)?
-            .into_iter()
-            .map(|d| d.answer)
-            .collect())
-    }
-
-    fn classify(
-        &self,
-        _call: &AiCall,
-        _requests: &[AiRequest<'_>],
-        items: &[(Option<&KvHandle>, &[u32])],
-        labels: &[Vec<u32>],
-    ) -> Result<Vec<usize>> {
-        let reqs: Vec<ClassifyRequest<'_>> = items
-            .iter()
-            .map(|(p, t)| ClassifyRequest {
-                prefix: *p,
-                prompt: t,
-                labels,
-            })
-            .collect();
-        Ok(self
-            .model
-            .classify(&reqs)?
-            .iter()
-            .map(|s| best_label(s))
-            .collect())
-    }
-
-    fn fresh_tokens(&self) -> u64 {
-        self.model.fresh_tokens() - self.model.label_tokens()
-    }
-
-    fn label_tokens(&self) -> u64 {
-        self.model.label_tokens()
-    }
-
-    fn kv_bytes_per_token(&self) -> usize {
-        self.model.kv_bytes_per_token()
-    }
-
-    fn max_positions(&self) -> usize {
-        self.model.config().max_position_embeddings
-    }
-}
-
-/// A virtual KV: only the positions it covers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct VirtualKv {
-    len: usize,
-    segment: usize,
-    bytes_per_token: usize,
-}
-
-impl KvOps for VirtualKv {
-    fn prefix(&self, len: usize) -> Result<Self> {
-        Ok(VirtualKv {
-            len,
-            segment: len.min(self.segment),
-            bytes_per_token: self.bytes_per_token,
-        })
-    }
-    fn bytes(&self) -> usize {
-        self.segment * self.bytes_per_token
-    }
-    fn len(&self) -> usize {
-        self.len
-    }
-}
-
-/// Bytes per position the simulation charges by default: Qwen3-4B in bf16
-/// (36 layers × K and V × 8 KV heads × 128 dims × 2 bytes).
-pub const QWEN3_4B_KV_BYTES_PER_TOKEN: usize = 147_456;
-
-/// Qwen3-4B's `max_position_embeddings`: the simulation refuses longer prompts
-/// as the model would.
-pub const QWEN3_4B_MAX_POSITIONS: usize = 40_960;
-
-/// The simulation: no forward passes; answers from labels; counts positions.
-pub struct SimExecutor {
-    oracle: OracleBackend,
-    bytes_per_token: usize,
-    fresh: std::sync::atomic::AtomicU64,
-    labels: std::sync::atomic::AtomicU64,
-}
-
-impl SimExecutor {
-    /// A simulation answering from `oracle`, charging `bytes_per_token` of KV
-    /// per cached position (the model it stands for).
-    pub fn new(oracle: OracleBackend, bytes_per_token: usize) -> Self {
-        Self {
-            oracle,
-            bytes_per_token,
-            fresh: Default::default(),
-            labels: Default::default(),
-        }
-    }
-}
-
-impl Executor for SimExecutor {
-    type Kv = VirtualKv;
-
-    fn name(&self) -> &str {
-        "simulation"
-    }
-
-    fn prefill(&self, items: &[(Option<&VirtualKv>, &[u32])]) -> Result<Vec<VirtualKv>> {
-        Ok(items
-            .iter()
-            .map(|(p, t)| {
-                self.fresh
-                    .fetch_add(t.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                VirtualKv {
-                    len: p.map_or(0, |k| k.len) + t.len(),
-                    segment: t.len(),
-                    bytes_per_token: self.bytes_per_token,
-                }
-            })
-            .collect())
-    }
-
-    fn decide(
-        &self,
-        call: &AiCall,
-        requests: &[AiRequest<'_>],
-        items: &[(Option<&VirtualKv>, &[u32])],
-    ) -> Result<Vec<bool>> {
-        let fed: usize = items.iter().map(|(_, t)| t.len()).sum();
-        self.fresh
-            .fetch_add(fed as u64, std::sync::atomic::Ordering::Relaxed);
-        self.oracle.decide(call, requests)
-    }
-
-    fn classify(
-        &self,
-        call: &AiCall,
-        requests: &[AiRequest<'_>],
-        items: &[(Option<&VirtualKv>, &[u32])],
-        labels: &[Vec<u32>],
-    ) -> Result<Vec<usize>> {
-        let fed: usize = items.iter().map(|(_, t)| t.len()).sum();
-        let label_fed: usize = labels.iter().map(|l| l.len().saturating_sub(1)).sum();
-        self.fresh
-            .fetch_add(fed as u64, std::sync::atomic::Ordering::Relaxed);
-        self.labels.fetch_add(
-            (label_fed * items.len()) as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        self.oracle.classify(call, requests)
-    }
-
-    fn fresh_tokens(&self) -> u64 {
-        self.fresh.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    fn label_tokens(&self) -> u64 {
-        self.labels.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    fn kv_bytes_per_token(&self) -> usize {
-        self.bytes_per_token
-    }
-
-    fn max_positions(&self) -> usize {
-        QWEN3_4B_MAX_POSITIONS
-    }
-}
 
 /// Scheduling knobs.
 #[derive(Debug, Clone)]
@@ -330,12 +75,6 @@ impl Default for SchedulerConfig {
             batch_tokens: 8192,
         }
     }
-}
-
-/// A quarter of the memory available now, at most 16 GiB.
-pub fn default_kv_budget_bytes() -> usize {
-    let available = crate::host_memory::meminfo_bytes("MemAvailable").unwrap_or(8 << 30);
-    (available / 4).min(16 << 30)
 }
 
 /// One document: its table, text column and row id. Typed, so that a table or
@@ -1064,141 +803,5 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         m.insert("kv_budget_bytes".into(), self.config.kv_budget_bytes.into());
         m.insert("batch_tokens".into(), self.config.batch_tokens.into());
         m
-    }
-}
-
-/// Which model to load and how to schedule it.
-#[derive(Debug, Clone)]
-pub struct ModelSpec {
-    /// `tiny`, a local directory, or a Hugging Face id in the local cache.
-    pub model: String,
-    /// CUDA device, `None` for the CPU.
-    pub gpu: Option<usize>,
-    /// Weights dtype (default: f32 on CPU, bf16 on GPU).
-    pub dtype: Option<aisql_models::DType>,
-    /// Scheduling knobs.
-    pub scheduler: SchedulerConfig,
-    /// The KV budget was not chosen by the user: on a GPU, replace it by
-    /// [`gpu_kv_budget_bytes`] of the memory left free once the weights are loaded.
-    pub kv_budget_from_device: bool,
-}
-
-/// KV budget on a GPU with `free` bytes free after loading the weights: 70 % of it,
-/// less 4 GiB kept for activations (a forward batch of 8,192 tokens and the score
-/// matrices of a large shared-prefix run each take a few GiB).
-pub fn gpu_kv_budget_bytes(free: usize) -> usize {
-    (free / 10 * 7).saturating_sub(4 << 30)
-}
-
-/// Where `--model tiny` lives: `models/tiny-qwen3-seed0` under aisql's cache folder
-/// ([`crate::cache_dir::cache_dir`]), generated on first use, deterministic (seed 0),
-/// and sealed: a copy whose files no longer match the seal is generated again.
-pub fn tiny_model_dir() -> Result<std::path::PathBuf> {
-    use crate::cache_dir::{SEAL_FILE, check_seal, files_of, seal};
-    let base = crate::cache_dir::cache_dir();
-    let dir = base.join("models/tiny-qwen3-seed0");
-    if dir.exists() {
-        match check_seal(&dir, &dir.join(SEAL_FILE)) {
-            Ok(()) => return Ok(dir),
-            Err(why) => {
-                eprintln!(
-                    "note: the cached tiny model at {} is damaged ({why}); generating it again",
-                    dir.display()
-                );
-                std::fs::remove_dir_all(&dir).map_err(|e| EngineError::io(&dir, e))?;
-            }
-        }
-    }
-    let tmp = base.join(format!("models/.tiny-qwen3-seed0.{}", std::process::id()));
-    aisql_models::tiny::write_tiny_model(&tmp, 0)?;
-    seal(&tmp, &files_of(&tmp)?, &tmp.join(SEAL_FILE))?;
-    std::fs::create_dir_all(dir.parent().expect("has parent"))
-        .map_err(|e| EngineError::io(&dir, e))?;
-    // Another process may have placed its copy first: then use that one.
-    if std::fs::rename(&tmp, &dir).is_err() && check_seal(&dir, &dir.join(SEAL_FILE)).is_err() {
-        return Err(EngineError::Inference(format!(
-            "could not place the tiny model at {}",
-            dir.display()
-        )));
-    }
-    let _ = std::fs::remove_dir_all(&tmp);
-    Ok(dir)
-}
-
-/// Metadata describing a backend (model, device, dtype, budgets), for run records.
-pub type RunMetadata = serde_json::Map<String, serde_json::Value>;
-
-/// Loads the model of `spec` and wraps it in the scheduled backend. Also returns
-/// metadata describing it (model, device, dtype, budgets).
-pub fn load_model_backend(
-    spec: &ModelSpec,
-) -> Result<(Arc<ScheduledBackend<ModelExecutor>>, RunMetadata)> {
-    let source = if spec.model == "tiny" {
-        tiny_model_dir()?.display().to_string()
-    } else {
-        spec.model.clone()
-    };
-    let device = aisql_models::device(spec.gpu)?;
-    let (model, tokenizer) = aisql_models::load(&source, &device, spec.dtype)?;
-    let mut scheduler = spec.scheduler.clone();
-    let mut meta = serde_json::Map::new();
-    if spec.kv_budget_from_device
-        && let Some(free) = aisql_models::device_free_memory(&device)
-    {
-        scheduler.kv_budget_bytes = gpu_kv_budget_bytes(free);
-        meta.insert("device_free_bytes_after_weights".into(), free.into());
-    }
-    meta.insert("model".into(), spec.model.clone().into());
-    meta.insert("model_path".into(), source.into());
-    meta.insert(
-        "device".into(),
-        match spec.gpu {
-            Some(n) => format!("cuda:{n}"),
-            None => "cpu".to_string(),
-        }
-        .into(),
-    );
-    meta.insert(
-        "dtype".into(),
-        format!("{:?}", model.dtype()).to_lowercase().into(),
-    );
-    meta.insert("prefix_cache".into(), scheduler.prefix_cache.into());
-    meta.insert("kv_budget_bytes".into(), scheduler.kv_budget_bytes.into());
-    meta.insert("batch_tokens".into(), scheduler.batch_tokens.into());
-    let exec = ModelExecutor::new(Arc::new(model), &tokenizer, "model")?;
-    Ok((
-        Arc::new(ScheduledBackend::new(exec, tokenizer, scheduler)),
-        meta,
-    ))
-}
-
-/// The simulation backend: the model backend's scheduler over a virtual KV cache
-/// of `kv_bytes_per_token` per position, answering from `labels`.
-pub fn simulation_backend(
-    labels: Arc<crate::labels::LabelStore>,
-    config: SchedulerConfig,
-    kv_bytes_per_token: usize,
-) -> Result<Arc<ScheduledBackend<SimExecutor>>> {
-    Ok(Arc::new(ScheduledBackend::new(
-        SimExecutor::new(OracleBackend::new(labels), kv_bytes_per_token),
-        Tokenizer::vendored()?,
-        config,
-    )))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// An H200 with Qwen3-4B's bf16 weights loaded keeps close to 90 GiB for KV
-    /// (the simulation assumes 100 GiB); a nearly full GPU gets no budget rather
-    /// than a negative one (the scheduler then names the document that does not fit).
-    #[test]
-    fn gpu_kv_budget_leaves_room_for_activations() {
-        let gib = 1usize << 30;
-        let h200_after_4b = 131 * gib;
-        let budget = gpu_kv_budget_bytes(h200_after_4b);
-        assert!((87 * gib..88 * gib).contains(&budget), "{}", budget / gib);
-        assert_eq!(gpu_kv_budget_bytes(5 * gib), 0);
     }
 }

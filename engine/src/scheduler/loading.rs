@@ -1,0 +1,122 @@
+//! Loading a model (tiny, a local directory or the Hugging Face cache) into a
+//! scheduled backend, and the simulation backend over labels.
+
+use std::sync::Arc;
+
+use aisql_models::Tokenizer;
+
+use super::{ModelExecutor, ScheduledBackend, SchedulerConfig, SimExecutor, gpu_kv_budget_bytes};
+use crate::backend::OracleBackend;
+use crate::error::{EngineError, Result};
+
+/// Which model to load and how to schedule it.
+#[derive(Debug, Clone)]
+pub struct ModelSpec {
+    /// `tiny`, a local directory, or a Hugging Face id in the local cache.
+    pub model: String,
+    /// CUDA device, `None` for the CPU.
+    pub gpu: Option<usize>,
+    /// Weights dtype (default: f32 on CPU, bf16 on GPU).
+    pub dtype: Option<aisql_models::DType>,
+    /// Scheduling knobs.
+    pub scheduler: SchedulerConfig,
+    /// The KV budget was not chosen by the user: on a GPU, replace it by
+    /// [`gpu_kv_budget_bytes`] of the memory left free once the weights are loaded.
+    pub kv_budget_from_device: bool,
+}
+
+/// Where `--model tiny` lives: `models/tiny-qwen3-seed0` under aisql's cache folder
+/// ([`crate::cache_dir::cache_dir`]), generated on first use, deterministic (seed 0),
+/// and sealed: a copy whose files no longer match the seal is generated again.
+pub fn tiny_model_dir() -> Result<std::path::PathBuf> {
+    use crate::cache_dir::{SEAL_FILE, check_seal, files_of, seal};
+    let base = crate::cache_dir::cache_dir();
+    let dir = base.join("models/tiny-qwen3-seed0");
+    if dir.exists() {
+        match check_seal(&dir, &dir.join(SEAL_FILE)) {
+            Ok(()) => return Ok(dir),
+            Err(why) => {
+                eprintln!(
+                    "note: the cached tiny model at {} is damaged ({why}); generating it again",
+                    dir.display()
+                );
+                std::fs::remove_dir_all(&dir).map_err(|e| EngineError::io(&dir, e))?;
+            }
+        }
+    }
+    let tmp = base.join(format!("models/.tiny-qwen3-seed0.{}", std::process::id()));
+    aisql_models::tiny::write_tiny_model(&tmp, 0)?;
+    seal(&tmp, &files_of(&tmp)?, &tmp.join(SEAL_FILE))?;
+    std::fs::create_dir_all(dir.parent().expect("has parent"))
+        .map_err(|e| EngineError::io(&dir, e))?;
+    // Another process may have placed its copy first: then use that one.
+    if std::fs::rename(&tmp, &dir).is_err() && check_seal(&dir, &dir.join(SEAL_FILE)).is_err() {
+        return Err(EngineError::Inference(format!(
+            "could not place the tiny model at {}",
+            dir.display()
+        )));
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(dir)
+}
+
+/// Metadata describing a backend (model, device, dtype, budgets), for run records.
+pub type RunMetadata = serde_json::Map<String, serde_json::Value>;
+
+/// Loads the model of `spec` and wraps it in the scheduled backend. Also returns
+/// metadata describing it (model, device, dtype, budgets).
+pub fn load_model_backend(
+    spec: &ModelSpec,
+) -> Result<(Arc<ScheduledBackend<ModelExecutor>>, RunMetadata)> {
+    let source = if spec.model == "tiny" {
+        tiny_model_dir()?.display().to_string()
+    } else {
+        spec.model.clone()
+    };
+    let device = aisql_models::device(spec.gpu)?;
+    let (model, tokenizer) = aisql_models::load(&source, &device, spec.dtype)?;
+    let mut scheduler = spec.scheduler.clone();
+    let mut meta = serde_json::Map::new();
+    if spec.kv_budget_from_device
+        && let Some(free) = aisql_models::device_free_memory(&device)
+    {
+        scheduler.kv_budget_bytes = gpu_kv_budget_bytes(free);
+        meta.insert("device_free_bytes_after_weights".into(), free.into());
+    }
+    meta.insert("model".into(), spec.model.clone().into());
+    meta.insert("model_path".into(), source.into());
+    meta.insert(
+        "device".into(),
+        match spec.gpu {
+            Some(n) => format!("cuda:{n}"),
+            None => "cpu".to_string(),
+        }
+        .into(),
+    );
+    meta.insert(
+        "dtype".into(),
+        format!("{:?}", model.dtype()).to_lowercase().into(),
+    );
+    meta.insert("prefix_cache".into(), scheduler.prefix_cache.into());
+    meta.insert("kv_budget_bytes".into(), scheduler.kv_budget_bytes.into());
+    meta.insert("batch_tokens".into(), scheduler.batch_tokens.into());
+    let exec = ModelExecutor::new(Arc::new(model), &tokenizer, "model")?;
+    Ok((
+        Arc::new(ScheduledBackend::new(exec, tokenizer, scheduler)),
+        meta,
+    ))
+}
+
+/// The simulation backend: the model backend's scheduler over a virtual KV cache
+/// of `kv_bytes_per_token` per position, answering from `labels`.
+pub fn simulation_backend(
+    labels: Arc<crate::labels::LabelStore>,
+    config: SchedulerConfig,
+    kv_bytes_per_token: usize,
+) -> Result<Arc<ScheduledBackend<SimExecutor>>> {
+    Ok(Arc::new(ScheduledBackend::new(
+        SimExecutor::new(OracleBackend::new(labels), kv_bytes_per_token),
+        Tokenizer::vendored()?,
+        config,
+    )))
+}
