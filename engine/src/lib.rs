@@ -19,6 +19,7 @@ pub mod host_memory;
 pub mod kv_cache;
 pub mod labels;
 pub mod logical;
+pub mod memo;
 pub mod output;
 pub mod parquet_headers;
 pub mod parquet_read;

@@ -3,12 +3,14 @@
 //! the answer table, and emitting the surviving rows (filters), the TRUE pairs
 //! (joins) or the rows with their label appended (classifications).
 //!
-//! Each distinct document (or pair) is asked once even when it occurs in many
-//! input rows — after a join the same pair can repeat — so answer tables list
-//! every evaluated tuple exactly once (SPEC §D.1). Joins with equality
+//! Each distinct question is asked once per query even when it occurs in many
+//! input rows or operators — after a join the same pair can repeat, a chain of
+//! joins can ask one prompt twice — through the query's one memo
+//! ([`crate::memo`]); answer tables list every tuple an operator evaluated
+//! exactly once (SPEC §D.1). Joins with equality
 //! conditions (FEV-10) only ask about pairs that satisfy them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -43,6 +45,7 @@ use crate::answers::{AnswerRecorder, AnswerTable};
 use crate::backend::{AiKind, AiRequest, Doc, InferenceBackend};
 use crate::error::{EngineError, Result};
 use crate::logical::{AiNode, AiShape, AiSpec};
+use crate::memo::{AnswerMemo, MemoKey};
 
 /// Requests per backend call. One input batch is asked in one call, so the
 /// backend knows every document that batch still needs (it keeps their KV while
@@ -58,6 +61,8 @@ pub struct AiRuntime {
     pub backend: Arc<dyn InferenceBackend>,
     /// Where answers are recorded.
     pub recorder: Arc<AnswerRecorder>,
+    /// The query's answers so far, shared by its operators.
+    pub memo: Arc<std::sync::Mutex<AnswerMemo>>,
     /// Show a progress bar on stderr for long operators.
     pub progress: bool,
 }
@@ -174,7 +179,8 @@ struct OpState {
     runtime: AiRuntime,
     metrics: AiMetrics,
     schema: SchemaRef,
-    memo: std::sync::Mutex<Memo>,
+    /// Tuples already in this operator's answer table.
+    recorded: std::sync::Mutex<HashSet<(String, String)>>,
 }
 
 /// The physical AI operator.
@@ -300,7 +306,7 @@ impl ExecutionPlan for AiExec {
             runtime: self.runtime.clone(),
             metrics: AiMetrics::new(&self.metrics),
             schema: self.schema.clone(),
-            memo: std::sync::Mutex::new(Memo::default()),
+            recorded: std::sync::Mutex::new(HashSet::new()),
         });
         let AiShape::Join(join_type) = self.spec.shape else {
             // One input streamed batch by batch: a chain of operators sees each
@@ -497,80 +503,80 @@ fn check_len(spec: &AiSpec, got: usize, want: usize) -> Result<()> {
     Ok(())
 }
 
-/// Answers already given by one operator, keyed by the ids of the document (and
-/// partner; "" for one-document prompts): input batches stream through an
-/// operator one at a time, and a document or pair seen in an earlier batch is
-/// neither asked nor recorded again.
-#[derive(Debug, Default)]
-struct Memo {
-    answers: HashMap<(String, String), u16>,
-}
-
-fn memo_key(r: &AiRequest<'_>) -> (String, String) {
-    (
-        r.anchor.id.to_string(),
-        r.partner.map_or(String::new(), |p| p.id.to_string()),
-    )
-}
-
-/// Asks the backend about the requests not yet in `memo`, records them, and
-/// stores their answers (bool as 0/1, or label index).
-fn ask_new(state: &OpState, memo: &mut Memo, requests: Vec<AiRequest<'_>>) -> Result<()> {
+/// Answers to `requests`, in order: from the query's memo where any operator
+/// asked the question before, else from the backend (requests sharing an anchor
+/// document asked together). Tuples this operator has not recorded yet go into
+/// its answer table, each once.
+fn answer(state: &OpState, requests: &[AiRequest<'_>]) -> Result<Vec<u16>> {
     let spec = &state.spec;
-    let mut seen = std::collections::HashSet::new();
-    let mut fresh: Vec<AiRequest<'_>> = requests
-        .into_iter()
-        .filter(|r| !memo.answers.contains_key(&memo_key(r)) && seen.insert(memo_key(r)))
-        .collect();
-    if fresh.is_empty() {
-        return Ok(());
-    }
-    // Requests sharing an anchor document arrive together (stable: first-seen order within).
-    let mut first: HashMap<&str, usize> = HashMap::new();
-    for (i, r) in fresh.iter().enumerate() {
-        first.entry(r.anchor.id).or_insert(i);
-    }
-    let order: Vec<usize> = fresh.iter().map(|r| first[r.anchor.id]).collect();
-    let mut idx: Vec<usize> = (0..fresh.len()).collect();
-    idx.sort_by_key(|&i| (order[i], i));
-    fresh = idx.into_iter().map(|i| fresh[i]).collect();
-    let aliases = spec.docs.iter().map(|d| d.alias.clone()).collect();
-    let mut table = AnswerTable::new(&spec.call.op_id, spec.call.kind, aliases);
-    table.ids[0] = fresh.iter().map(|r| r.anchor.id.to_string()).collect();
-    if spec.docs.len() > 1 {
-        table.ids[1] = fresh
-            .iter()
-            .map(|r| r.partner.map_or(String::new(), |p| p.id.to_string()))
+    let call = &spec.call;
+    let (keys, mut ask) = {
+        let mut memo = state.runtime.memo.lock().expect("memo lock");
+        let keys: Vec<MemoKey> = requests.iter().map(|r| memo.key(call, r)).collect();
+        let mut seen = HashSet::new();
+        let ask: Vec<usize> = (0..requests.len())
+            .filter(|&i| memo.get(&keys[i]).is_none() && seen.insert(&keys[i]))
             .collect();
-    }
-    let fresh_before = fresh_tokens(&state.runtime);
-    let timer = state.metrics.model_time.timer();
-    let codes: Vec<u16> = match spec.call.kind {
-        AiKind::Classify => {
-            let chosen = classify_all(spec, &state.runtime, &fresh)?;
-            table.labels = chosen
-                .iter()
-                .map(|&i| spec.call.labels[i].clone())
-                .collect();
-            chosen.into_iter().map(|i| i as u16).collect()
-        }
-        AiKind::Filter | AiKind::Join => {
-            let answers = decide_all(spec, &state.runtime, &fresh)?;
-            table.answers = answers.clone();
-            answers.into_iter().map(u16::from).collect()
-        }
+        (keys, ask)
     };
-    timer.done();
-    state.metrics.prompts.add(fresh.len());
-    state
-        .metrics
-        .fresh_tokens
-        .add(fresh_tokens(&state.runtime).saturating_sub(fresh_before) as usize);
-    for (r, c) in fresh.iter().zip(codes) {
-        memo.answers.insert(memo_key(r), c);
+    if !ask.is_empty() {
+        // Requests sharing an anchor document arrive together (stable: first-seen order within).
+        let mut first: HashMap<&str, usize> = HashMap::new();
+        for (n, &i) in ask.iter().enumerate() {
+            first.entry(requests[i].anchor.id).or_insert(n);
+        }
+        ask.sort_by_key(|&i| first[requests[i].anchor.id]);
+        let asked: Vec<AiRequest<'_>> = ask.iter().map(|&i| requests[i]).collect();
+        let fresh_before = fresh_tokens(&state.runtime);
+        let timer = state.metrics.model_time.timer();
+        let codes: Vec<u16> = match call.kind {
+            AiKind::Classify => classify_all(spec, &state.runtime, &asked)?
+                .into_iter()
+                .map(|i| i as u16)
+                .collect(),
+            AiKind::Filter | AiKind::Join => decide_all(spec, &state.runtime, &asked)?
+                .into_iter()
+                .map(u16::from)
+                .collect(),
+        };
+        timer.done();
+        state.metrics.prompts.add(asked.len());
+        state
+            .metrics
+            .fresh_tokens
+            .add(fresh_tokens(&state.runtime).saturating_sub(fresh_before) as usize);
+        let mut memo = state.runtime.memo.lock().expect("memo lock");
+        for (&i, c) in ask.iter().zip(codes) {
+            memo.insert(keys[i].clone(), c);
+        }
     }
-    state.runtime.recorder.record(table);
-    Ok(())
+    let answers: Vec<u16> = {
+        let memo = state.runtime.memo.lock().expect("memo lock");
+        keys.iter()
+            .map(|k| memo.get(k).expect("every question answered"))
+            .collect()
+    };
+    let aliases = spec.docs.iter().map(|d| d.alias.clone()).collect();
+    let mut table = AnswerTable::new(&call.op_id, call.kind, aliases);
+    let mut recorded = state.recorded.lock().expect("recorded lock");
+    for (r, &code) in requests.iter().zip(&answers) {
+        let partner = r.partner.map_or(String::new(), |p| p.id.to_string());
+        if !recorded.insert((r.anchor.id.to_string(), partner.clone())) {
+            continue;
+        }
+        table.ids[0].push(r.anchor.id.to_string());
+        if spec.docs.len() > 1 {
+            table.ids[1].push(partner);
+        }
+        match call.kind {
+            AiKind::Classify => table.labels.push(call.labels[code as usize].clone()),
+            _ => table.answers.push(code != 0),
+        }
+    }
+    if !table.is_empty() {
+        state.runtime.recorder.record(table);
+    }
+    Ok(answers)
 }
 
 /// The backend's fresh-token count so far in this query (0 if it keeps none).
@@ -625,17 +631,12 @@ fn one_input(state: &OpState, batch: &RecordBatch) -> Result<RecordBatch> {
         Some(AiRequest { anchor, partner })
     };
     let requests: Vec<Option<AiRequest<'_>>> = (0..batch.num_rows()).map(request).collect();
-    let mut memo = state.memo.lock().expect("memo lock");
-    ask_new(
-        state,
-        &mut memo,
-        requests.iter().flatten().copied().collect(),
-    )?;
+    let asked: Vec<AiRequest<'_>> = requests.iter().flatten().copied().collect();
+    let mut answers = answer(state, &asked)?.into_iter();
     let codes: Vec<Option<u16>> = requests
         .iter()
-        .map(|r| r.as_ref().map(|r| memo.answers[&memo_key(r)]))
+        .map(|r| r.as_ref().and_then(|_| answers.next()))
         .collect();
-    drop(memo);
     let out = match (spec.shape, spec.call.kind) {
         (AiShape::Filter, _) => {
             let mask: BooleanArray = codes.iter().map(|c| Some(*c == Some(1))).collect();
@@ -821,18 +822,16 @@ fn join_batch(
             keep[i - 1]
         });
     }
-    let mut memo = state.memo.lock().expect("memo lock");
-    ask_new(state, &mut memo, requests.clone())?;
+    let answers = answer(state, &requests)?;
     let mut anchor_matched = vec![false; anchor_batch.num_rows()];
     let mut pairs: Vec<(u32, u32)> = Vec::new();
-    for (&(a, p), r) in candidates.iter().zip(&requests) {
-        if memo.answers[&memo_key(r)] != 0 {
+    for (&(a, p), code) in candidates.iter().zip(answers) {
+        if code != 0 {
             pairs.push((a, p));
             anchor_matched[a as usize] = true;
             matched[p as usize] = true;
         }
     }
-    drop(memo);
     // Rows as (anchor, partner), then placed as (left, right).
     let mut rows: Vec<JoinRow> = match sides.semi(sides.anchor_left) {
         Some(want) => (0..anchor_batch.num_rows() as u32)

@@ -15,7 +15,8 @@
 //! Join partners (and joined-row classifications) are scored as packed batches
 //! of `label + partner + tail` suffixes on top of the anchor's
 //! `preamble + anchor + frame` KV, never cached; a pair asked twice with the same
-//! prompt pieces is answered from a memo. This is exactly the structure of
+//! prompt pieces is answered by the query's memo ([`crate::memo`]) before it
+//! reaches the scheduler. This is exactly the structure of
 //! QUAIL-B's minimum-token rule (SPEC §D.4), so with enough KV memory the fresh
 //! tokens equal the minimum. Inserting a batch's sequences before computing them
 //! makes every distinct prefix computed once, in waves of packed forward passes
@@ -53,6 +54,7 @@ use aisql_models::Tokenizer;
 use crate::backend::{AiCall, AiKind, AiRequest, InferenceBackend};
 use crate::error::{EngineError, Result};
 use crate::kv_cache::{KvOps, NodeId, PrefixTrie};
+use crate::memo::DocKey;
 use crate::prompt::label_continuations;
 use crate::query_gate::{QueryGate, Ticket};
 
@@ -77,30 +79,6 @@ impl Default for SchedulerConfig {
     }
 }
 
-/// One document: its table, text column and row id. Typed, so that a table or
-/// column whose name holds a dot cannot make two documents one key (and share KV).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-struct DocKey {
-    table: String,
-    column: String,
-    id: String,
-}
-
-impl DocKey {
-    fn new(table: &str, column: &str, id: &str) -> Self {
-        Self {
-            table: table.to_string(),
-            column: column.to_string(),
-            id: id.to_string(),
-        }
-    }
-}
-
-/// Memo key of a pair question: which prompt (its number in [`Cache::groups`]),
-/// anchor and partner. The number stands for the exact prompt pieces and kind, so
-/// two different prompts never share answers (a 64-bit hash could collide).
-type MemoKey = (u32, DocKey, DocKey);
-
 #[derive(Default)]
 struct Tokens {
     docs: HashMap<DocKey, Arc<Vec<u32>>>,
@@ -111,10 +89,6 @@ struct Cache<K> {
     docs: PrefixTrie<K>,
     doc_nodes: HashMap<DocKey, NodeId>,
     suffixes: HashMap<DocKey, PrefixTrie<K>>,
-    /// The prompts asked in this query, numbered for [`MemoKey`].
-    groups: HashMap<(AiKind, crate::prompt::PromptPieces), u32>,
-    memo_bool: HashMap<MemoKey, bool>,
-    memo_label: HashMap<MemoKey, usize>,
     /// Per document, the call that last used it (eviction order).
     last_used: HashMap<DocKey, u64>,
     calls: u64,
@@ -126,9 +100,6 @@ impl<K: KvOps> Cache<K> {
             docs: PrefixTrie::new(None),
             doc_nodes: HashMap::new(),
             suffixes: HashMap::new(),
-            groups: HashMap::new(),
-            memo_bool: HashMap::new(),
-            memo_label: HashMap::new(),
             last_used: HashMap::new(),
             calls: 0,
         }
@@ -484,15 +455,6 @@ impl<E: Executor> ScheduledBackend<E> {
         Ok(())
     }
 
-    /// The number of `call`'s prompt in this query's memo.
-    fn memo_group(cache: &mut Cache<E::Kv>, call: &AiCall) -> u32 {
-        let next = cache.groups.len() as u32;
-        *cache
-            .groups
-            .entry((call.kind, call.pieces.clone()))
-            .or_insert(next)
-    }
-
     fn run(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Answers> {
         // Held until this call returns: the next query starts only after it.
         let (_in_flight, ticket) = self.gate.enter();
@@ -530,32 +492,11 @@ impl<E: Executor> ScheduledBackend<E> {
             let frame = self.piece(&pieces.frame)?;
             let label = self.piece(&pieces.label)?;
             let tail = self.piece(&pieces.tail)?;
-            let group = Self::memo_group(&mut state.cache, call);
-            // Memo: a pair asked before with the same pieces is not asked again,
-            // and its anchor's KV is not needed for it.
-            let keys: Vec<MemoKey> = requests
-                .iter()
-                .map(|r| {
-                    let p = r.partner.expect("pair requests have partners");
-                    (
-                        group,
-                        DocKey::new(&call.tables[0], &call.columns[0], r.anchor.id),
-                        DocKey::new(&call.tables[1], &call.columns[1], p.id),
-                    )
-                })
-                .collect();
-            let todo: Vec<usize> = (0..requests.len())
-                .filter(|&i| match call.kind {
-                    AiKind::Classify => !state.cache.memo_label.contains_key(&keys[i]),
-                    _ => !state.cache.memo_bool.contains_key(&keys[i]),
-                })
-                .collect();
-            let todo_requests: Vec<AiRequest<'_>> = todo.iter().map(|&i| requests[i]).collect();
-            let nodes = if todo.is_empty() {
-                Vec::new()
-            } else {
-                self.anchor_prompts(ticket, &mut state, call, &todo_requests, &frame, false)?
-            };
+            // Each pair is asked once per query: the operators' memo
+            // ([`crate::memo`]) answers repeats before they get here.
+            let todo_requests = requests;
+            let nodes =
+                self.anchor_prompts(ticket, &mut state, call, todo_requests, &frame, false)?;
             let partner_docs: Vec<(&str, &str)> = todo_requests
                 .iter()
                 .map(|r| {
@@ -580,7 +521,9 @@ impl<E: Executor> ScheduledBackend<E> {
                     len,
                 )?;
             }
-            let order: Vec<usize> = (0..todo.len()).collect();
+            let order: Vec<usize> = (0..todo_requests.len()).collect();
+            let mut bools = Vec::new();
+            let mut chosen = Vec::new();
             for chunk in chunk_by_tokens(&order, self.config.batch_tokens, |&j| suffixes[j].len()) {
                 self.gate.check(ticket, &call.op_id)?;
                 let cache = &state.cache;
@@ -594,24 +537,14 @@ impl<E: Executor> ScheduledBackend<E> {
                 let reqs: Vec<AiRequest<'_>> = chunk.iter().map(|&j| todo_requests[j]).collect();
                 match call.kind {
                     AiKind::Classify => {
-                        let got = self.exec.classify(call, &reqs, &items, &labels)?;
-                        for (&j, g) in chunk.iter().zip(got) {
-                            state.cache.memo_label.insert(keys[todo[j]].clone(), g);
-                        }
+                        chosen.extend(self.exec.classify(call, &reqs, &items, &labels)?)
                     }
-                    _ => {
-                        let got = self.exec.decide(call, &reqs, &items)?;
-                        for (&j, g) in chunk.iter().zip(got) {
-                            state.cache.memo_bool.insert(keys[todo[j]].clone(), g);
-                        }
-                    }
+                    _ => bools.extend(self.exec.decide(call, &reqs, &items)?),
                 }
             }
             match call.kind {
-                AiKind::Classify => {
-                    Answers::Labels(keys.iter().map(|k| state.cache.memo_label[k]).collect())
-                }
-                _ => Answers::Bools(keys.iter().map(|k| state.cache.memo_bool[k]).collect()),
+                AiKind::Classify => Answers::Labels(chosen),
+                _ => Answers::Bools(bools),
             }
         };
         let keep: HashSet<DocKey> = requests

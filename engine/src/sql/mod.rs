@@ -26,6 +26,7 @@ use crate::answers::{AnswerRecorder, AnswerTable};
 use crate::backend::{AiCall, InferenceBackend};
 use crate::error::{EngineError, Result, from_datafusion};
 use crate::logical::ai_nodes;
+use crate::memo::AnswerMemo;
 use crate::physical::{AiQueryPlanner, AiRuntime};
 use crate::query::QueryOptions;
 
@@ -45,6 +46,8 @@ pub struct SqlSession {
     ctx: SessionContext,
     backend: Arc<dyn InferenceBackend>,
     recorder: Arc<AnswerRecorder>,
+    /// The answers of the running query, shared by its AI operators.
+    memo: Arc<Mutex<AnswerMemo>>,
     context: Arc<Mutex<RewriteContext>>,
     options: QueryOptions,
     /// Per table, the rows of its first batch when it has several.
@@ -86,9 +89,11 @@ impl SqlSession {
         evaluation: Evaluation,
     ) -> Result<Self> {
         let recorder = Arc::new(AnswerRecorder::default());
+        let memo = Arc::new(Mutex::new(AnswerMemo::default()));
         let runtime = AiRuntime {
             backend: backend.clone(),
             recorder: recorder.clone(),
+            memo: memo.clone(),
             progress: options.progress,
         };
         let runtime_env = RuntimeEnvBuilder::new()
@@ -131,6 +136,7 @@ impl SqlSession {
             ctx,
             backend,
             recorder,
+            memo,
             context,
             options,
             first_batches: Mutex::default(),
@@ -308,6 +314,7 @@ impl SqlSession {
         let calls: Vec<AiCall> = nodes.iter().map(|n| n.spec.call.clone()).collect();
         self.backend.start_query(&calls);
         self.recorder.take();
+        self.memo.lock().expect("memo lock").clear();
         self.set_batch_size(&plan)?;
         let schema = Arc::new(plan.schema().as_arrow().clone());
         let state = self.ctx.state();
