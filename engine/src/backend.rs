@@ -88,6 +88,15 @@ pub trait InferenceBackend: Send + Sync {
         None
     }
 
+    /// Whether the backend reuses work between prompts (document KV, answers to
+    /// a question asked again). When it does not (`--prefix-cache off`), every
+    /// operator's every question is computed from its first token: the baseline
+    /// input tokens measure. The query's answer memo then only spares an
+    /// operator asking itself twice.
+    fn reuses_work(&self) -> bool {
+        false
+    }
+
     /// Asks work in flight to stop soon (a timed-out or interrupted query); calls
     /// after this may fail with a "cancelled" error until the next query starts.
     fn cancel(&self) {}

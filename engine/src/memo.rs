@@ -41,15 +41,22 @@ pub type MemoKey = (u32, DocKey, Option<DocKey>);
 /// Answers given so far in one query: a TRUE/FALSE as 0/1, a label as its index.
 #[derive(Debug, Default)]
 pub struct AnswerMemo {
-    prompts: HashMap<(AiKind, PromptPieces), u32>,
+    /// Prompt numbers by kind, pieces and — when operators do not share
+    /// answers — operator id.
+    prompts: HashMap<(AiKind, PromptPieces, Option<String>), u32>,
     answers: HashMap<MemoKey, u16>,
+    /// Each operator keeps its own answers (a backend that reuses no work: the
+    /// input-token baseline).
+    per_operator: bool,
 }
 
 impl AnswerMemo {
-    /// Forgets everything (a new query starts).
-    pub fn clear(&mut self) {
+    /// Forgets everything for a new query; `shared` says whether operators
+    /// share answers ([`crate::backend::InferenceBackend::reuses_work`]).
+    pub fn reset(&mut self, shared: bool) {
         self.prompts.clear();
         self.answers.clear();
+        self.per_operator = !shared;
     }
 
     /// The key of `request` asked by `call`.
@@ -57,7 +64,11 @@ impl AnswerMemo {
         let next = self.prompts.len() as u32;
         let prompt = *self
             .prompts
-            .entry((call.kind, call.pieces.clone()))
+            .entry((
+                call.kind,
+                call.pieces.clone(),
+                self.per_operator.then(|| call.op_id.clone()),
+            ))
             .or_insert(next);
         let doc = |slot: usize, id: &str| {
             DocKey::new(
@@ -106,6 +117,7 @@ mod tests {
     fn one_prompt_of_one_document_is_one_question() {
         let f = PromptFormat::default();
         let mut memo = AnswerMemo::default();
+        memo.reset(true);
         let j1 = call("join-1", AiKind::Join, join_pieces(f, "Does {0} cite {1}?"));
         let j3 = call("join-3", AiKind::Join, join_pieces(f, "Does {0} cite {1}?"));
         let j2 = call(
@@ -136,7 +148,12 @@ mod tests {
         };
         let k1 = memo.key(&f1, &one);
         assert_eq!(memo.get(&k1), None);
-        memo.clear();
+        // Operators that do not share: the same prompt is another question.
+        memo.reset(false);
         assert_eq!(memo.get(&k), None);
+        let k = memo.key(&j1, &r);
+        memo.insert(k, 1);
+        let k3 = memo.key(&j3, &r);
+        assert_eq!(memo.get(&k3), None);
     }
 }

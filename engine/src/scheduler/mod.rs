@@ -685,6 +685,10 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         }
     }
 
+    fn reuses_work(&self) -> bool {
+        self.config.prefix_cache
+    }
+
     fn kv_capacity_tokens(&self) -> Option<usize> {
         self.config
             .prefix_cache

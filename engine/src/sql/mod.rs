@@ -314,7 +314,10 @@ impl SqlSession {
         let calls: Vec<AiCall> = nodes.iter().map(|n| n.spec.call.clone()).collect();
         self.backend.start_query(&calls);
         self.recorder.take();
-        self.memo.lock().expect("memo lock").clear();
+        self.memo
+            .lock()
+            .expect("memo lock")
+            .reset(self.backend.reuses_work());
         self.set_batch_size(&plan)?;
         let schema = Arc::new(plan.schema().as_arrow().clone());
         let state = self.ctx.state();
