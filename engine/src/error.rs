@@ -101,6 +101,20 @@ pub fn from_datafusion(e: DataFusionError) -> EngineError {
     }
 }
 
+/// Runs `future`, turning a panic inside it into `on_panic(message)`:
+/// DataFusion's consumer and operators panic on some inputs our checks let
+/// through (fuzzing found a field reference into an empty schema).
+pub async fn without_panics<T>(
+    future: impl std::future::Future<Output = std::result::Result<T, DataFusionError>>,
+    on_panic: impl FnOnce(&str) -> EngineError,
+) -> Result<std::result::Result<T, DataFusionError>> {
+    use futures::FutureExt;
+    std::panic::AssertUnwindSafe(future)
+        .catch_unwind()
+        .await
+        .map_err(|panic| on_panic(panic_message(panic.as_ref())))
+}
+
 /// The message of a caught panic (a dependency's panic turned into an error).
 pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
     panic

@@ -11,12 +11,11 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::{Field, Schema};
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::logical_expr::LogicalPlanBuilder;
-use futures::{FutureExt, StreamExt};
-use std::panic::AssertUnwindSafe;
+use futures::StreamExt;
 
 use crate::answers::AnswerTable;
 use crate::backend::{AiKind, InferenceBackend};
-use crate::error::{EngineError, Result, from_datafusion};
+use crate::error::{EngineError, Result, from_datafusion, without_panics};
 use crate::logical::consume_quailb;
 use crate::plan::{Operator, QueryPlan};
 use crate::prompt::PromptFormat;
@@ -104,17 +103,8 @@ pub async fn run_query(
 
     let started = Instant::now();
     let state = session.context().state();
-    // DataFusion's Substrait consumer panics on some plans our checks let through
-    // (fuzzing found a field reference into an empty schema): an error, not a crash.
-    let plan = AssertUnwindSafe(consume_quailb(&state, &query.substrait))
-        .catch_unwind()
-        .await
-        .map_err(|panic| {
-            EngineError::InvalidPlan(format!(
-                "DataFusion could not consume the plan: {}",
-                crate::error::panic_message(panic.as_ref())
-            ))
-        })?
+    let plan = without_panics(consume_quailb(&state, &query.substrait), consume_panic)
+        .await?
         .map_err(from_datafusion)?;
     // Scan rows have unique ids, so rows that keep every relation's id are
     // distinct already; only a projection dropping a relation needs DISTINCT.
@@ -194,6 +184,11 @@ pub async fn run_query(
         measurements: out.measurements,
         table_rows,
     })
+}
+
+/// The error of a Substrait consumer that panicked.
+pub(crate) fn consume_panic(message: &str) -> EngineError {
+    EngineError::InvalidPlan(format!("DataFusion could not consume the plan: {message}"))
 }
 
 /// Runs `physical` and collects its rows, charging them to the query's memory pool:

@@ -18,13 +18,11 @@ use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
-use futures::FutureExt;
-use std::panic::AssertUnwindSafe;
 
 use crate::ai_functions::{NaiveEvaluator, register_ai_functions};
 use crate::answers::{AnswerRecorder, AnswerTable};
 use crate::backend::{AiCall, InferenceBackend};
-use crate::error::{EngineError, Result, from_datafusion};
+use crate::error::{EngineError, Result, from_datafusion, without_panics};
 use crate::logical::ai_nodes;
 use crate::memo::AnswerMemo;
 use crate::physical::{AiQueryPlanner, AiRuntime};
@@ -240,17 +238,11 @@ impl SqlSession {
         plan: &datafusion_substrait::substrait::proto::Plan,
     ) -> Result<LogicalPlan> {
         let state = self.ctx.state();
-        let consumed = AssertUnwindSafe(
+        let consumed = without_panics(
             datafusion_substrait::logical_plan::consumer::from_substrait_plan(&state, plan),
+            crate::query::consume_panic,
         )
-        .catch_unwind()
-        .await
-        .map_err(|panic| {
-            EngineError::InvalidPlan(format!(
-                "DataFusion could not consume the plan: {}",
-                crate::error::panic_message(panic.as_ref())
-            ))
-        })?
+        .await?
         .map_err(sql_error)?;
         state.optimize(&consumed).map_err(sql_error)
     }
@@ -321,18 +313,14 @@ impl SqlSession {
         self.set_batch_size(&plan)?;
         let schema = Arc::new(plan.schema().as_arrow().clone());
         let state = self.ctx.state();
-        let batches = AssertUnwindSafe(async {
-            let physical = state.create_physical_plan(&plan).await?;
-            crate::query::collect_within_limit(physical, self.ctx.task_ctx()).await
-        })
-        .catch_unwind()
-        .await
-        .map_err(|panic| {
-            EngineError::Sql(format!(
-                "DataFusion failed on the query: {}",
-                crate::error::panic_message(panic.as_ref())
-            ))
-        })?
+        let batches = without_panics(
+            async {
+                let physical = state.create_physical_plan(&plan).await?;
+                crate::query::collect_within_limit(physical, self.ctx.task_ctx()).await
+            },
+            |message| EngineError::Sql(format!("DataFusion failed on the query: {message}")),
+        )
+        .await?
         .map_err(from_datafusion)?;
         let mut recorded = self.recorder.take();
         let answers = nodes
