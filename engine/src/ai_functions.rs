@@ -426,7 +426,7 @@ fn naive_eval(
             _ => Expr::Literal(ScalarValue::Utf8(Some(String::new())), None),
         })
         .collect();
-    let mut parsed = AiArgs::parse(function, &exprs).map_err(EngineError::Sql)?;
+    let parsed = AiArgs::parse(function, &exprs).map_err(EngineError::Sql)?;
     // Documents are columns here; the parse above only checked the shape.
     let docs: Vec<ArrayRef> = args.args[1..=parsed.documents.len()]
         .iter()
@@ -435,7 +435,6 @@ fn naive_eval(
             Ok(cast(&array, &DataType::Utf8)?)
         })
         .collect::<Result<_>>()?;
-    parsed.documents.truncate(docs.len());
     let docs: Vec<&StringArray> = docs
         .iter()
         .map(|a| {

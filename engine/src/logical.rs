@@ -120,8 +120,7 @@ impl AiSpec {
     /// Rough prompt tokens of the fixed text (a token is about four bytes of
     /// English): what `EXPLAIN` shows and what orders a relation's AI filters.
     pub fn estimated_prompt_tokens(&self) -> usize {
-        let p = &self.call.pieces;
-        (p.preamble.len() + p.frame.len() + p.label.len() + p.tail.len()).div_ceil(4)
+        self.call.pieces.fixed_len().div_ceil(4)
     }
 }
 
@@ -148,6 +147,15 @@ pub fn is_text(t: &DataType) -> bool {
 }
 
 impl AiNode {
+    /// The schema the node's columns are named in: its input, or left ‖ right
+    /// for a join.
+    pub fn input_schema(shape: AiShape, inputs: &[LogicalPlan]) -> DfResult<DFSchemaRef> {
+        Ok(match shape {
+            AiShape::Join(_) => Arc::new(inputs[0].schema().join(inputs[1].schema())?),
+            _ => inputs[0].schema().clone(),
+        })
+    }
+
     /// Checks `spec` against `inputs` and derives the output schema.
     pub fn try_new(spec: AiSpec, inputs: Vec<LogicalPlan>) -> DfResult<Self> {
         let op = spec.call.op_id.clone();
@@ -161,10 +169,7 @@ impl AiNode {
                 inputs.len()
             )));
         }
-        let combined = match spec.shape {
-            AiShape::Join(_) => Arc::new(inputs[0].schema().join(inputs[1].schema())?),
-            _ => inputs[0].schema().clone(),
-        };
+        let combined = Self::input_schema(spec.shape, &inputs)?;
         for d in &spec.docs {
             combined.index_of_column(&d.id).map_err(|_| {
                 DataFusionError::Plan(format!("{op}: no column {} for the document id", d.id))

@@ -91,10 +91,7 @@ struct Layout {
 
 impl Layout {
     fn of(node: &AiNode, session: &dyn Session) -> DfResult<Self> {
-        let combined = match node.spec.shape {
-            AiShape::Join(_) => Arc::new(node.inputs[0].schema().join(node.inputs[1].schema())?),
-            _ => node.inputs[0].schema().clone(),
-        };
+        let combined = AiNode::input_schema(node.spec.shape, &node.inputs)?;
         let docs = node
             .spec
             .docs

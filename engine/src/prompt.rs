@@ -114,6 +114,11 @@ pub struct PromptPieces {
 }
 
 impl PromptPieces {
+    /// Bytes of fixed text in one prompt (all pieces, documents aside).
+    pub fn fixed_len(&self) -> usize {
+        self.preamble.len() + self.frame.len() + self.label.len() + self.tail.len()
+    }
+
     /// The whole prompt for one document or a pair.
     pub fn render(&self, document: &str, partner: Option<&str>) -> String {
         let mut s = String::with_capacity(

@@ -20,7 +20,7 @@ use crate::logical::consume_quailb;
 use crate::plan::{Operator, QueryPlan};
 use crate::prompt::PromptFormat;
 use crate::sql::{Evaluation, SqlSession};
-use crate::tables::{TablePaths, register_tables};
+use crate::tables::{TablePaths, batch_text_bytes, register_tables};
 
 /// How a query runs.
 #[derive(Debug, Clone)]
@@ -81,18 +81,12 @@ pub async fn run_query(
     options: &QueryOptions,
 ) -> Result<QueryOutput> {
     let session = SqlSession::new(backend.clone(), options.clone(), Evaluation::Operators)?;
-    // A batch of documents should take about an eighth of the KV cache (half a
-    // byte of text per cached position is an eighth at ~4 bytes per token), so
-    // the documents of the batches in flight stay cached for chained operators.
-    let batch_text_bytes = backend
-        .kv_capacity_tokens()
-        .map_or(usize::MAX, |tokens| tokens / 2);
     let registered = register_tables(
         session.context(),
         query,
         paths,
         options.batch_rows,
-        batch_text_bytes,
+        batch_text_bytes(backend.kv_capacity_tokens()),
     )?;
     let mut table_rows = BTreeMap::new();
     for (table, (rows, first)) in registered {

@@ -135,6 +135,15 @@ pub fn tables_in_dir(dir: &Path) -> Result<TablePaths> {
     Ok(out)
 }
 
+/// Bytes of document text per batch for a backend caching `kv_capacity_tokens`
+/// positions of KV (none: unbounded). A batch should take about an eighth of the
+/// KV cache (half a byte of text per cached position is an eighth at ~4 bytes per
+/// token), so the documents of the batches in flight stay cached for chained
+/// operators.
+pub fn batch_text_bytes(kv_capacity_tokens: Option<usize>) -> usize {
+    kv_capacity_tokens.map_or(usize::MAX, |tokens| tokens / 2)
+}
+
 /// `batch` cut into the batches AI operators stream: at most `batch_rows` rows
 /// and about `batch_text_bytes` bytes of `text_columns` each (a batch holds at
 /// least one row).

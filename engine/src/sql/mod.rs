@@ -159,18 +159,12 @@ impl SqlSession {
     /// Registers a table read from `path` (see [`tables::register`]); returns
     /// its row count.
     pub async fn register(&self, name: &str, path: &std::path::Path) -> Result<usize> {
-        // A batch of documents should take about an eighth of the KV cache, as
-        // for QUAIL-B plans ([`crate::query::run_query`]).
-        let batch_text_bytes = self
-            .backend
-            .kv_capacity_tokens()
-            .map_or(usize::MAX, |tokens| tokens / 2);
         let (rows, first) = tables::register(
             &self.ctx,
             name,
             path,
             self.options.batch_rows,
-            batch_text_bytes,
+            crate::tables::batch_text_bytes(self.backend.kv_capacity_tokens()),
         )
         .await?;
         self.note_first_batch(name, first);

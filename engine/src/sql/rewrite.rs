@@ -650,10 +650,10 @@ fn refers_only_to(e: &Expr, schema: &DFSchema) -> bool {
 
 /// Whether a pair AI call reads one document from each side of `join`.
 fn crosses(e: &Expr, join: &Join) -> bool {
-    let Some((_, args)) = ai_call_of(e) else {
+    let Some((function, args)) = ai_call_of(e) else {
         return false;
     };
-    let Ok(parsed) = AiArgs::parse(ai_call_of(e).expect("call").0, args) else {
+    let Ok(parsed) = AiArgs::parse(function, args) else {
         return false;
     };
     if parsed.documents.len() != 2 {
