@@ -242,6 +242,12 @@ pub struct SqlArgs {
     /// instead of running it; `aisql query FILE` runs it.
     #[arg(long, value_name = "FILE")]
     pub to_substrait: Option<PathBuf>,
+    /// Expected fraction of rows an AI filter keeps, TEXT=FRACTION, TEXT being
+    /// a piece of that filter's prompt. A relation's AI filters run cheapest
+    /// per dropped row first (prompt size / (1 - FRACTION); 0.5 without a hint).
+    /// Repeatable.
+    #[arg(long = "selectivity", value_name = "TEXT=FRACTION")]
+    pub selectivity: Vec<String>,
 }
 
 /// `aisql data …`.

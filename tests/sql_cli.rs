@@ -216,6 +216,26 @@ fn bad_sql_gets_a_clear_error() {
     );
     // Usage.
     fails("SELECT 1", &["--table", "docs"], 2, "expected NAME=PATH");
+    let two = "SELECT id FROM docs WHERE ai_filter('Is {0} kind?', body) AND ai_filter('Is {0} long?', body)";
+    fails(two, &["--selectivity", "kind"], 2, "expected TEXT=FRACTION");
+    fails(
+        two,
+        &["--selectivity", "kind=2"],
+        2,
+        "not a fraction between 0 and 1",
+    );
+    fails(
+        two,
+        &["--selectivity", "short=0.2"],
+        2,
+        "no AI call's prompt contains \"short\"",
+    );
+    fails(
+        two,
+        &["--selectivity", "Is {0}=0.2"],
+        2,
+        "2 prompts contain",
+    );
     let dir = tempfile::tempdir().unwrap();
     let txt = dir.path().join("rows.txt");
     sql("SELECT 1", &["--output", txt.to_str().unwrap()])

@@ -17,7 +17,6 @@ use aisql_engine::backend::ContentHashBackend as ContentBackend;
 use aisql_engine::query::QueryOptions;
 use aisql_engine::sql::{Evaluation, SqlSession};
 use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 
 fn corpus_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sql")
@@ -70,25 +69,7 @@ async fn session(backend: Arc<ContentBackend>, evaluation: Evaluation) -> SqlSes
 /// Rows as sorted lines of text (the corpus compares results as multisets; a
 /// query's own ORDER BY is checked by comparing the unsorted lines too).
 fn lines(batches: &[RecordBatch]) -> Vec<String> {
-    let options = FormatOptions::default().with_null("NULL");
-    let mut out = Vec::new();
-    for b in batches {
-        let formatters: Vec<ArrayFormatter> = b
-            .columns()
-            .iter()
-            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options).unwrap())
-            .collect();
-        for row in 0..b.num_rows() {
-            out.push(
-                formatters
-                    .iter()
-                    .map(|f| f.value(row).to_string())
-                    .collect::<Vec<_>>()
-                    .join(" | "),
-            );
-        }
-    }
-    out
+    aisql_engine::sql::row_lines(batches).unwrap()
 }
 
 /// `sql` written as Substrait (binary), decoded and run again.
@@ -202,4 +183,46 @@ async fn ai_operators_match_row_by_row_evaluation() {
         "only {nonempty} of {} queries return rows",
         queries.len()
     );
+}
+
+/// A relation's AI filters run cheapest per dropped row first: with prompts of
+/// one size the written order stands, and a selectivity hint that one filter
+/// keeps few rows puts it first, where it is asked about every row and the
+/// other only about its survivors. The rows are the same either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn selectivity_hints_order_a_relations_ai_filters() {
+    let (work, food) = ("Is {0} about work?", "Is {0} about food?");
+    let sql = format!(
+        "SELECT id FROM docs WHERE ai_filter('{work}', body) AND ai_filter('{food}', body) ORDER BY id"
+    );
+    let run = |hint: Option<f64>| {
+        let sql = sql.clone();
+        async move {
+            let s = session(Arc::new(ContentBackend::default()), Evaluation::Operators).await;
+            if let Some(h) = hint {
+                s.set_selectivity(food, h).unwrap();
+            }
+            s.run(&sql).await.unwrap()
+        }
+    };
+    let order = |out: &aisql_engine::sql::SqlOutput| -> Vec<(String, usize)> {
+        out.calls
+            .iter()
+            .zip(&out.answers)
+            .map(|(c, a)| (c.template.clone(), a.len()))
+            .collect()
+    };
+    let plain = run(None).await;
+    let hinted = run(Some(0.1)).await;
+    let (p, h) = (order(&plain), order(&hinted));
+    assert_eq!((p[0].0.as_str(), p[1].0.as_str()), (work, food), "{p:?}");
+    assert_eq!((h[0].0.as_str(), h[1].0.as_str()), (food, work), "{h:?}");
+    // The first filter is asked about every document, the second about fewer.
+    assert!(p[0].1 > p[1].1 && h[0].1 > h[1].1, "{p:?} {h:?}");
+    assert_eq!(p[0].1, h[0].1);
+    assert_eq!(lines(&plain.batches), lines(&hinted.batches));
+
+    let s = session(Arc::new(ContentBackend::default()), Evaluation::Operators).await;
+    let e = s.set_selectivity(food, 1.5).unwrap_err().to_string();
+    assert!(e.contains("1.5") && e.contains("between 0 and 1"), "{e}");
 }

@@ -79,6 +79,7 @@ fn bench(c: &mut Criterion) {
             columns: vec!["body".into()],
             pieces: filter_pieces(PromptFormat::RawV1, t).unwrap(),
             labels: vec![],
+            descriptions: vec![],
         })
         .collect();
     let join = AiCall {
@@ -89,6 +90,7 @@ fn bench(c: &mut Criterion) {
         columns: vec!["body".into(), "aspect".into()],
         pieces: join_pieces(PromptFormat::RawV1, join_template),
         labels: vec![],
+        descriptions: vec![],
     };
     let config = SchedulerConfig {
         prefix_cache: true,

@@ -203,11 +203,15 @@ impl AiArgs {
             columns,
             pieces,
             labels: self.labels.clone(),
+            descriptions: self.descriptions.clone(),
         })
     }
 }
 
-/// Labels: at least two, distinct, one description each.
+/// Labels: at least two, one description each, and told apart by an answer:
+/// none the same as another up to case and spacing, none continuing another
+/// word for word (the answer "very" would be read as both "very" and "very
+/// good").
 fn check_label_list(labels: &[String], descriptions: &[String]) -> std::result::Result<(), String> {
     if labels.len() < 2 {
         return Err("ai_classify needs at least two labels".into());
@@ -219,12 +223,31 @@ fn check_label_list(labels: &[String], descriptions: &[String]) -> std::result::
             descriptions.len()
         ));
     }
-    for (i, l) in labels.iter().enumerate() {
-        if l.trim().is_empty() {
+    let fold = |s: &str| {
+        s.split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .to_lowercase()
+    };
+    let folded: Vec<String> = labels.iter().map(|l| fold(l)).collect();
+    for (i, (l, f)) in labels.iter().zip(&folded).enumerate() {
+        if f.is_empty() {
             return Err(format!("ai_classify: label {} is empty", i + 1));
         }
-        if labels[..i].contains(l) {
-            return Err(format!("ai_classify: label {l:?} appears twice"));
+        if let Some(j) = folded[..i].iter().position(|g| g == f) {
+            return Err(format!(
+                "ai_classify: labels {:?} and {l:?} are the same",
+                labels[j]
+            ));
+        }
+    }
+    for a in &folded {
+        for b in &folded {
+            if b.len() > a.len() && b.starts_with(a.as_str()) && b[a.len()..].starts_with(' ') {
+                return Err(format!(
+                    "ai_classify: label {b:?} continues label {a:?} word for word"
+                ));
+            }
         }
     }
     Ok(())

@@ -44,6 +44,8 @@ pub struct AiCall {
     pub pieces: PromptPieces,
     /// Classification labels (tie-break order).
     pub labels: Vec<String>,
+    /// One description per label ("" = none).
+    pub descriptions: Vec<String>,
 }
 
 /// A document in a request.

@@ -13,9 +13,14 @@ pub enum EngineError {
         /// What went wrong.
         message: String,
     },
-    /// The plan decodes but breaks a rule of SPEC §A.
+    /// The plan decodes but DataFusion cannot consume it, or an AI call in it
+    /// is malformed.
     #[error("invalid plan: {0}")]
     InvalidPlan(String),
+    /// The plan is valid but not a QUAIL-B plan (SPEC §A): it runs as a general
+    /// query, without QUAIL-B's answer tables and scoring.
+    #[error("not a QUAIL-B plan: {0}")]
+    NotQuailb(String),
     /// A SQL query is malformed or uses an AI function wrongly; the message
     /// names the call and, where known, its line and column.
     #[error("sql: {0}")]

@@ -3,9 +3,7 @@
 
 use std::fmt::Write;
 
-use datafusion_substrait::substrait::proto::{Rel, plan_rel, rel};
-
-use crate::plan::{Operator, QueryPlan};
+use crate::plan::{Operator, PlanTree, QueryPlan};
 use crate::prompt::shorten;
 
 /// Widest prompt excerpt shown.
@@ -16,91 +14,48 @@ pub fn explain(query: &QueryPlan) -> String {
     let mut out = String::new();
     let names = query.output_names().join(", ");
     let _ = writeln!(out, "Output [{names}]");
-    let Some(plan_rel::RelType::Root(root)) = query.substrait.relations[0].rel_type.as_ref() else {
-        return out;
-    };
-    let Some(rel::RelType::Project(project)) =
-        root.input.as_ref().and_then(|r| r.rel_type.as_ref())
-    else {
-        return out;
-    };
     let select: Vec<String> = query
         .select
         .iter()
         .map(|s| format!("{}.{} AS {}", s.alias, s.column, s.name))
         .collect();
     let _ = writeln!(out, "└─ Project [{}]", select.join(", "));
-    let mut walker = Walker {
-        query,
-        next: 0,
-        scans: 0,
-    };
-    if let Some(input) = project.input.as_deref() {
-        let lines = walker.rel(input);
-        for (i, line) in lines.iter().enumerate() {
-            let _ = writeln!(out, "   {}{line}", if i == 0 { "└─ " } else { "   " });
-        }
+    for (i, line) in tree_lines(query, &query.tree).iter().enumerate() {
+        let _ = writeln!(out, "   {}{line}", if i == 0 { "└─ " } else { "   " });
     }
     out
 }
 
-struct Walker<'a> {
-    query: &'a QueryPlan,
-    /// Next operator in post-order.
-    next: usize,
-    /// Next relation in scan order.
-    scans: usize,
-}
-
-impl Walker<'_> {
-    /// Lines of the subtree, the first unindented, children indented below it.
-    fn rel(&mut self, r: &Rel) -> Vec<String> {
-        let children: Vec<&Rel> = match r.rel_type.as_ref() {
-            Some(rel::RelType::Filter(f)) => f.input.as_deref().into_iter().collect(),
-            Some(rel::RelType::Project(p)) => p.input.as_deref().into_iter().collect(),
-            Some(rel::RelType::Join(j)) => j
-                .left
-                .as_deref()
-                .into_iter()
-                .chain(j.right.as_deref())
-                .collect(),
-            _ => Vec::new(),
-        };
-        let child_lines: Vec<Vec<String>> = children.into_iter().map(|c| self.rel(c)).collect();
-        let head = match r.rel_type.as_ref() {
-            Some(rel::RelType::Read(_)) => {
-                let relation = &self.query.relations[self.scans];
-                self.scans += 1;
-                format!(
-                    "Scan {} AS {} [{}] text={}",
-                    relation.table,
-                    relation.alias,
-                    relation.columns.join(", "),
-                    relation.text_column
-                )
-            }
-            _ => {
-                let op = &self.query.operators[self.next];
-                self.next += 1;
-                describe(op)
-            }
-        };
-        let mut lines = vec![head];
-        let n = child_lines.len();
-        for (i, child) in child_lines.into_iter().enumerate() {
-            let last = i + 1 == n;
-            for (j, line) in child.into_iter().enumerate() {
-                let prefix = match (j == 0, last) {
-                    (true, true) => "└─ ",
-                    (true, false) => "├─ ",
-                    (false, true) => "   ",
-                    (false, false) => "│  ",
-                };
-                lines.push(format!("{prefix}{line}"));
-            }
+/// Lines of a subtree, the first unindented, children indented below it.
+fn tree_lines(query: &QueryPlan, tree: &PlanTree) -> Vec<String> {
+    let (head, children) = match tree {
+        PlanTree::Scan(i) => {
+            let relation = &query.relations[*i];
+            let head = format!(
+                "Scan {} AS {} [{}] text={}",
+                relation.table,
+                relation.alias,
+                relation.columns.join(", "),
+                relation.text_column
+            );
+            (head, &[][..])
         }
-        lines
+        PlanTree::Operator(i, children) => (describe(&query.operators[*i]), &children[..]),
+    };
+    let mut lines = vec![head];
+    for (i, child) in children.iter().enumerate() {
+        let last = i + 1 == children.len();
+        for (j, line) in tree_lines(query, child).into_iter().enumerate() {
+            let prefix = match (j == 0, last) {
+                (true, true) => "└─ ",
+                (true, false) => "├─ ",
+                (false, true) => "   ",
+                (false, false) => "│  ",
+            };
+            lines.push(format!("{prefix}{line}"));
+        }
     }
+    lines
 }
 
 fn describe(op: &Operator) -> String {

@@ -1,12 +1,14 @@
-//! aisql engine: QUAIL-B Substrait plans with AI functions, consumed through
-//! DataFusion and answered in batches by an inference backend.
+//! aisql engine: SQL and Substrait plans with AI functions, planned and run by
+//! DataFusion, the AI calls answered in batches by an inference backend.
 //!
-//! Flow: [`plan`] reads and validates the plan into a small query description;
-//! [`logical`] consumes it into a DataFusion plan whose `ai_filter`, `ai_join`
-//! and `ai_classify` are [`logical::AiNode`] extension nodes; [`physical`] lowers
-//! them to operators that render prompts ([`prompt`]) and ask a
-//! [`backend::InferenceBackend`] in batches; [`query`] runs it all and returns
-//! rows plus per-operator answer tables ([`answers`]).
+//! Flow: [`sql`] plans SQL (three spellings) and Substrait from any producer;
+//! [`logical`] holds the AI extension nodes and the QUAIL-B consumer, and the
+//! AI rewrite ([`sql::rewrite`]) makes every `ai_filter`, `ai_join` and
+//! `ai_classify` call a [`logical::AiNode`]; [`physical`] lowers them to
+//! operators that render prompts ([`prompt`]) and ask a
+//! [`backend::InferenceBackend`] in batches; [`plan`] derives the benchmark's
+//! view of a QUAIL-B plan from DataFusion's plan, and [`query`] runs one with
+//! its per-operator answer tables ([`answers`]).
 
 pub mod ai_functions;
 pub mod answers;

@@ -15,24 +15,31 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use datafusion::arrow::datatypes::{DataType, Field};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::catalog::TableProvider;
+use datafusion::catalog::empty::EmptyTable;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{Column, DFSchema, DFSchemaRef, JoinType, TableReference};
+use datafusion::common::{Column, DFSchema, DFSchemaRef, JoinType, TableReference, plan_err};
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::FunctionRegistry;
 use datafusion::execution::SessionState;
 use datafusion::logical_expr::{
-    Expr, LogicalPlan, LogicalPlanBuilder, UserDefinedLogicalNodeCore, build_join_schema,
+    Expr, LogicalPlan, LogicalPlanBuilder, Projection, UserDefinedLogicalNodeCore,
+    build_join_schema,
 };
 use datafusion_substrait::extensions::Extensions;
 use datafusion_substrait::logical_plan::consumer::{
-    SubstraitConsumer, from_read_rel, from_substrait_plan_with_consumer,
+    SubstraitConsumer, from_filter_rel, from_join_rel, from_project_rel, from_read_rel,
+    from_scalar_function, from_substrait_named_struct,
 };
-use datafusion_substrait::substrait::proto::{Plan, ReadRel};
+use datafusion_substrait::substrait::proto::expression::ScalarFunction;
+use datafusion_substrait::substrait::proto::read_rel::ReadType;
+use datafusion_substrait::substrait::proto::{
+    FilterRel, JoinRel, Plan, ProjectRel, ReadRel, RelCommon,
+};
 
 use crate::backend::{AiCall, AiKind};
 
@@ -141,9 +148,15 @@ impl PartialOrd for AiNode {
     }
 }
 
-/// Whether a column holds text an AI call can read.
-pub fn is_text(t: &DataType) -> bool {
-    matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+/// Checks that `document`, of type `t`, is text an AI call can read; the error
+/// says how to make it so.
+pub fn check_text(document: &impl fmt::Display, t: &DataType) -> Result<(), String> {
+    match t {
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => Ok(()),
+        other => Err(format!(
+            "the document {document} is {other}, not text; cast it (CAST({document} AS VARCHAR))"
+        )),
+    }
 }
 
 impl AiNode {
@@ -177,14 +190,8 @@ impl AiNode {
             let (_, field) = combined.qualified_field_from_column(&d.text).map_err(|_| {
                 DataFusionError::Plan(format!("{op}: no column {} for the document", d.text))
             })?;
-            if !is_text(field.data_type()) {
-                return Err(DataFusionError::Plan(format!(
-                    "{op}: the document {} is {}, not text; cast it (CAST({} AS VARCHAR))",
-                    d.text,
-                    field.data_type(),
-                    d.text
-                )));
-            }
+            check_text(&d.text, field.data_type())
+                .map_err(|m| DataFusionError::Plan(format!("{op}: {m}")))?;
         }
         let schema = match spec.shape {
             AiShape::Filter => combined,
@@ -388,23 +395,96 @@ pub fn ai_nodes(plan: &LogicalPlan) -> Vec<AiNode> {
     nodes
 }
 
+/// A relation of a QUAIL-B plan that carries an operator (filter, join or
+/// projection), with the operator id its hint gives, in post-order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperatorHint {
+    /// `filter`, `join` or `project`.
+    pub relation: &'static str,
+    /// `common.hint.alias` (`filter-1`, `in-list-1`, ...), when given.
+    pub id: Option<String>,
+}
+
 /// The Substrait consumer for QUAIL-B plans: DataFusion's own, except that
-/// every scan is wrapped in a `SubqueryAlias` named by its alias hint, so two
-/// scans of one table stay distinct and answer tables name relations as the
-/// plan does (`r1`, `a2`). The AI calls stay function calls here; the analyzer
-/// rule ([`crate::sql::rewrite`]) makes them AI operators, as for any plan.
+///
+/// - every scan is wrapped in a `SubqueryAlias` named by its alias hint, so two
+///   scans of one table stay distinct and answer tables name relations as the
+///   plan does (`r1`, `a2`);
+/// - a projection's `output_names` hint names its columns, so a label column is
+///   `r.sentiment` in DataFusion's plan as in the QUAIL-B plan;
+/// - the operator id hints of filters, joins and projections are kept, in
+///   post-order ([`Self::hints`]).
+///
+/// The AI calls stay function calls here; the analyzer rule
+/// ([`crate::sql::rewrite`]) makes them AI operators, as for any plan.
 pub struct QuailbConsumer<'a> {
     extensions: Extensions,
     state: &'a SessionState,
+    /// Tables are made empty from the reads' declared schemas (planning without data).
+    declared_tables: bool,
+    hints: Mutex<Vec<OperatorHint>>,
 }
 
 impl<'a> QuailbConsumer<'a> {
-    /// A consumer for `plan` over the tables and functions registered in `state`.
-    pub fn new(state: &'a SessionState, plan: &Plan) -> DfResult<Self> {
+    /// A consumer for `plan` over the tables and functions registered in `state`;
+    /// with `declared_tables`, each table a read names is registered in `state`
+    /// as an empty table of the columns the reads declare.
+    pub fn new(state: &'a SessionState, plan: &Plan, declared_tables: bool) -> DfResult<Self> {
         Ok(Self {
             extensions: Extensions::try_from(&plan.extensions)?,
             state,
+            declared_tables,
+            hints: Mutex::default(),
         })
+    }
+
+    /// The operator hints recorded so far, in post-order.
+    pub fn hints(&self) -> Vec<OperatorHint> {
+        self.hints.lock().expect("hints lock").clone()
+    }
+
+    fn hint(&self, relation: &'static str, common: Option<&RelCommon>) {
+        let id = common
+            .and_then(|c| c.hint.as_ref())
+            .map(|h| h.alias.clone())
+            .filter(|a| !a.is_empty());
+        self.hints
+            .lock()
+            .expect("hints lock")
+            .push(OperatorHint { relation, id });
+    }
+
+    /// Registers (or widens) the empty table a read declares.
+    async fn declare_table(&self, rel: &ReadRel) -> DfResult<()> {
+        let table = match &rel.read_type {
+            Some(ReadType::NamedTable(t)) if t.names.len() == 1 => t.names[0].clone(),
+            _ => {
+                return Err(DataFusionError::External(Box::new(
+                    crate::EngineError::NotQuailb("a read must name exactly one table".into()),
+                )));
+            }
+        };
+        let declared = rel.base_schema.as_ref().ok_or_else(|| {
+            DataFusionError::Plan(format!("the read of {table} has no base schema"))
+        })?;
+        let declared = from_substrait_named_struct(self, declared)?;
+        let schema = self
+            .state
+            .schema_for_ref(TableReference::bare(table.as_str()))?;
+        let mut fields: Vec<Arc<Field>> = schema
+            .table(&table)
+            .await?
+            .map(|t| t.schema().fields().iter().cloned().collect())
+            .unwrap_or_default();
+        for f in declared.fields() {
+            if !fields.iter().any(|g| g.name() == f.name()) {
+                fields.push(f.clone());
+            }
+        }
+        schema.deregister_table(&table)?;
+        let provider = EmptyTable::new(Arc::new(Schema::new(fields)));
+        schema.register_table(table, Arc::new(provider))?;
+        Ok(())
     }
 }
 
@@ -428,20 +508,91 @@ impl SubstraitConsumer for QuailbConsumer<'_> {
     }
 
     async fn consume_read(&self, rel: &ReadRel) -> DfResult<LogicalPlan> {
-        let plan = from_read_rel(self, rel).await?;
         let alias = rel
             .common
             .as_ref()
             .and_then(|c| c.hint.as_ref())
             .map(|h| h.alias.clone())
             .filter(|a| !a.is_empty())
-            .ok_or_else(|| DataFusionError::Plan("a read has no alias hint".into()))?;
+            .ok_or_else(|| {
+                DataFusionError::External(Box::new(crate::EngineError::NotQuailb(
+                    "a read has no alias hint".into(),
+                )))
+            })?;
+        if self.declared_tables {
+            self.declare_table(rel).await?;
+        }
+        let plan = from_read_rel(self, rel).await?;
         LogicalPlanBuilder::from(plan).alias(alias)?.build()
     }
-}
 
-/// Consumes `plan` with [`QuailbConsumer`].
-pub async fn consume_quailb(state: &SessionState, plan: &Plan) -> DfResult<LogicalPlan> {
-    let consumer = QuailbConsumer::new(state, plan)?;
-    from_substrait_plan_with_consumer(&consumer, plan).await
+    /// An AI function is called with as many arguments as its declared
+    /// signature (`ai_filter:str_str`) lists.
+    async fn consume_scalar_function(
+        &self,
+        f: &ScalarFunction,
+        input_schema: &DFSchema,
+    ) -> DfResult<Expr> {
+        if let Some(name) = self.extensions.functions.get(&f.function_reference)
+            && let Some((base, signature)) = name.split_once(':')
+            && crate::ai_functions::AiFunction::from_name(base).is_some()
+        {
+            let declared = signature.split('_').count();
+            if f.arguments.len() != declared {
+                return plan_err!(
+                    "{base} takes {declared} arguments, got {} (declared as {name})",
+                    f.arguments.len()
+                );
+            }
+        }
+        from_scalar_function(self, f, input_schema).await
+    }
+
+    async fn consume_filter(&self, rel: &FilterRel) -> DfResult<LogicalPlan> {
+        let plan = from_filter_rel(self, rel).await?;
+        self.hint("filter", rel.common.as_ref());
+        Ok(plan)
+    }
+
+    async fn consume_join(&self, rel: &JoinRel) -> DfResult<LogicalPlan> {
+        let plan = from_join_rel(self, rel).await?;
+        self.hint("join", rel.common.as_ref());
+        Ok(plan)
+    }
+
+    async fn consume_project(&self, rel: &ProjectRel) -> DfResult<LogicalPlan> {
+        let plan = from_project_rel(self, rel).await?;
+        self.hint("project", rel.common.as_ref());
+        let names = rel
+            .common
+            .as_ref()
+            .and_then(|c| c.hint.as_ref())
+            .map(|h| h.output_names.clone())
+            .unwrap_or_default();
+        match plan {
+            LogicalPlan::Projection(p) if !names.is_empty() && names.len() == p.expr.len() => {
+                let exprs = p
+                    .expr
+                    .iter()
+                    .zip(p.schema.iter())
+                    .zip(&names)
+                    .map(|((e, (qualifier, field)), name)| {
+                        let (q, n) = name
+                            .split_once('.')
+                            .map_or((None, name.as_str()), |(q, n)| (Some(q), n));
+                        let same = field.name() == n && qualifier.map(|t| t.table()) == q;
+                        match (same, q) {
+                            (true, _) => e.clone(),
+                            (false, Some(q)) => e.clone().alias_qualified(Some(q), n),
+                            (false, None) => e.clone().alias(n),
+                        }
+                    })
+                    .collect::<Vec<_>>();
+                Ok(LogicalPlan::Projection(Projection::try_new(
+                    exprs, p.input,
+                )?))
+            }
+            plan => Ok(plan),
+        }
+    }
 }

@@ -110,6 +110,7 @@ mod tests {
             columns: vec!["text".into(), "text".into()],
             pieces,
             labels: Vec::new(),
+            descriptions: Vec::new(),
         }
     }
 

@@ -15,8 +15,7 @@ use futures::StreamExt;
 
 use crate::answers::AnswerTable;
 use crate::backend::{AiKind, InferenceBackend};
-use crate::error::{EngineError, Result, from_datafusion, without_panics};
-use crate::logical::consume_quailb;
+use crate::error::{EngineError, Result, from_datafusion};
 use crate::plan::{Operator, QueryPlan};
 use crate::prompt::PromptFormat;
 use crate::sql::{Evaluation, SqlSession};
@@ -72,8 +71,9 @@ impl QueryOutput {
 }
 
 /// Runs `query` over the tables in `paths` with `backend`: DataFusion consumes
-/// the plan, the AI rewrite that every plan goes through makes its AI calls AI
-/// operators, and [`SqlSession`] runs it.
+/// the plan over those tables, the AI rewrite that every plan goes through makes
+/// its AI calls AI operators (the plan `query` was derived from, over the
+/// declared tables), and [`SqlSession`] runs it.
 pub async fn run_query(
     query: &QueryPlan,
     paths: &TablePaths,
@@ -96,10 +96,7 @@ pub async fn run_query(
     }
 
     let started = Instant::now();
-    let state = session.context().state();
-    let plan = without_panics(consume_quailb(&state, &query.substrait), consume_panic)
-        .await?
-        .map_err(from_datafusion)?;
+    let (plan, _) = session.analyze_quailb(&query.substrait, false).await?;
     // Scan rows have unique ids, so rows that keep every relation's id are
     // distinct already; only a projection dropping a relation needs DISTINCT.
     let all_ids = query.relations.iter().all(|r| {
@@ -116,7 +113,7 @@ pub async fn run_query(
             .and_then(|b| b.build())
             .map_err(from_datafusion)?
     };
-    let plan = session.optimize(&plan)?;
+    let plan = session.optimize_analyzed(plan)?;
     let out = session.run_plan(plan, started).await?;
 
     let names = query.output_names();

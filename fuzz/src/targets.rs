@@ -440,22 +440,7 @@ impl Fixture {
                 Err(e) => return Ok(format!("row by row: {}", kind(&e))),
             };
             let rows = |b: &[datafusion::arrow::array::RecordBatch]| -> Result<Vec<String>, String> {
-                use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
-                let options = FormatOptions::default().with_null("NULL");
-                let mut lines = Vec::new();
-                for batch in b {
-                    let columns = batch
-                        .columns()
-                        .iter()
-                        .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
-                        .collect::<Result<Vec<_>, _>>()
-                        .map_err(err)?;
-                    for row in 0..batch.num_rows() {
-                        let cells: Vec<String> =
-                            columns.iter().map(|c| c.value(row).to_string()).collect();
-                        lines.push(cells.join(" | "));
-                    }
-                }
+                let mut lines = aisql_engine::sql::row_lines(b).map_err(err)?;
                 lines.sort();
                 Ok(lines)
             };

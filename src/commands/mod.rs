@@ -24,9 +24,17 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 return sql::explain(&plan, root.as_deref(), sf);
             }
             let source = aisql_bench::plans::PlanSource::choose(plans.dir.as_deref());
-            let query = aisql_bench::plans::open_plan(&plan, &source)?;
-            print!("{}", aisql_engine::explain::explain(&query));
-            Ok(())
+            match aisql_bench::plans::open_plan(&plan, &source) {
+                Ok(query) => {
+                    print!("{}", aisql_engine::explain::explain(&query));
+                    Ok(())
+                }
+                // Any other plan: DataFusion's plans of it, as for SQL.
+                Err(aisql_bench::error::BenchError::Engine(
+                    e @ aisql_engine::EngineError::NotQuailb(_),
+                )) => sql::explain_substrait(&plan, &e.to_string(), root.as_deref(), sf),
+                Err(e) => Err(e.into()),
+            }
         }
         Command::Query(args) => query::run(args),
         Command::Sql(args) => sql::run(args),

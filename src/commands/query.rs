@@ -29,9 +29,8 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         Ok(q) => q,
         // Not one of QUAIL-B's shapes: any plan DataFusion's consumer accepts.
         Err(aisql_bench::error::BenchError::Engine(
-            e @ (aisql_engine::EngineError::InvalidPlan(_)
-            | aisql_engine::EngineError::PlanFile { .. }),
-        )) if aisql_engine::plan::read_plan_file(std::path::Path::new(&args.plan)).is_ok() => {
+            e @ aisql_engine::EngineError::NotQuailb(_),
+        )) => {
             return run_general(&args, &e.to_string());
         }
         Err(e) => return Err(e.into()),
@@ -100,37 +99,32 @@ fn run_general(args: &QueryArgs, not_quailb: &str) -> anyhow::Result<()> {
     };
     let rt = super::runtime()?;
     rt.block_on(async {
-        // Plan once to learn the prompts (an oracle loads only their labels),
-        // then run with the backend they need, sharing the registered tables.
+        // Plan with a backend that asks nothing to learn the prompts (an oracle
+        // loads only their labels), then run that plan with the backend they need.
         let planning = SqlSession::new(
             std::sync::Arc::new(aisql_engine::backend::OracleBackend::new(Default::default())),
             options.clone(),
             Evaluation::Operators,
         )?;
-        for (name, path) in &tables {
-            planning.register(name, path).await?;
-            if dataset.is_some() {
-                planning.set_unique_ids(name);
+        match &dataset {
+            Some(_) => planning.register_dataset(&tables).await?,
+            None => {
+                for (name, path) in &tables {
+                    planning.register(name, path).await?;
+                }
             }
         }
         let planned = planning
             .plan_substrait(&plan)
             .await
-            .with_context(|| format!("{} is not a QUAIL-B plan ({not_quailb}) and", args.plan))?;
+            .with_context(|| format!("{not_quailb}; as a general query"))?;
         let templates: Vec<String> = aisql_engine::logical::ai_nodes(&planned)
             .into_iter()
             .map(|n| n.spec.call.template)
             .collect();
         let (backend, _meta) = super::backend::build(&args.backend, dataset.as_ref(), &templates)?;
         let session = SqlSession::new(backend, options, Evaluation::Operators)?;
-        for name in tables.keys() {
-            let provider = planning.context().table_provider(name.as_str()).await?;
-            session.context().register_table(name.as_str(), provider)?;
-            if dataset.is_some() {
-                session.set_unique_ids(name);
-            }
-        }
-        let planned = session.plan_substrait(&plan).await?;
+        session.share_tables_from(&planning).await?;
         let out = session.run_plan(planned, std::time::Instant::now()).await?;
         super::rows::emit(&out.rows()?, &args.rows, out.runtime_s)?;
         if let Some(fresh) = out.measurements.get("fresh_tokens") {

@@ -22,6 +22,34 @@ fn table_arg(arg: &str) -> anyhow::Result<(String, PathBuf)> {
     }
 }
 
+/// `TEXT=FRACTION`: the one prompt template of `templates` containing TEXT.
+fn selectivity_arg<'t>(arg: &str, templates: &'t [String]) -> anyhow::Result<(&'t str, f64)> {
+    let usage = |m: String| anyhow::Error::from(UsageError(format!("--selectivity {arg}: {m}")));
+    let (text, fraction) = arg
+        .rsplit_once('=')
+        .filter(|(t, _)| !t.is_empty())
+        .ok_or_else(|| usage("expected TEXT=FRACTION".into()))?;
+    let fraction: f64 = fraction
+        .trim()
+        .parse()
+        .ok()
+        .filter(|f| (0.0..=1.0).contains(f))
+        .ok_or_else(|| usage(format!("{fraction:?} is not a fraction between 0 and 1")))?;
+    let matching: Vec<&String> = templates.iter().filter(|t| t.contains(text)).collect();
+    match matching.as_slice() {
+        [one] => Ok((one.as_str(), fraction)),
+        [] => Err(usage(format!("no AI call's prompt contains {text:?}"))),
+        many => Err(usage(format!(
+            "{} prompts contain {text:?}; give more of one: {}",
+            many.len(),
+            many.iter()
+                .map(|t| format!("{:?}", aisql_engine::prompt::shorten(t, 60)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
 pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     let sql = match (&args.query, &args.file) {
         (Some(q), _) => q.clone(),
@@ -57,16 +85,17 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     let wanted = templates(&sql)?;
     let (backend, _meta) = super::backend::build(&args.backend, dataset.as_ref(), &wanted)?;
     let session = SqlSession::new(backend, options, Evaluation::Operators)?;
+    for hint in &args.selectivity {
+        let (template, fraction) = selectivity_arg(hint, &wanted)?;
+        session.set_selectivity(template, fraction)?;
+    }
     let rt = super::runtime()?;
     rt.block_on(async {
         if let Some(dataset) = &dataset {
-            for (name, path) in dataset.require_all_tables()? {
-                if tables.iter().any(|(n, _)| *n == name) {
-                    continue; // --table replaces the dataset's table of that name
-                }
-                session.register(&name, &path).await?;
-                session.set_unique_ids(&name);
-            }
+            let mut dataset_tables = dataset.require_all_tables()?;
+            // --table replaces the dataset's table of that name.
+            dataset_tables.retain(|name, _| !tables.iter().any(|(n, _)| n == name));
+            session.register_dataset(&dataset_tables).await?;
         }
         for (name, path) in &tables {
             session.register(name, path).await?;
@@ -114,23 +143,57 @@ pub fn looks_like_sql(arg: &str) -> bool {
         .any(|k| first.eq_ignore_ascii_case(k))
 }
 
-/// `aisql explain "SELECT ..."`: the plans DataFusion makes of the statement
-/// over the QUAIL-B tables, before any model runs.
-pub fn explain(sql: &str, root: Option<&std::path::Path>, sf: f64) -> anyhow::Result<()> {
+/// A session over the QUAIL-B tables that asks no model (for EXPLAIN).
+async fn explain_session(root: Option<&std::path::Path>, sf: f64) -> anyhow::Result<SqlSession> {
     let dataset = resolve(root, sf, None)?;
     let backend =
         std::sync::Arc::new(aisql_engine::backend::OracleBackend::new(Default::default()));
     let session = SqlSession::new(backend, QueryOptions::default(), Evaluation::Operators)?;
+    session
+        .register_dataset(&dataset.require_all_tables()?)
+        .await?;
+    Ok(session)
+}
+
+/// `aisql explain PLAN` for a Substrait plan that is not a QUAIL-B plan: the
+/// logical and physical plans DataFusion makes of it over the QUAIL-B tables.
+pub fn explain_substrait(
+    path: &str,
+    not_quailb: &str,
+    root: Option<&std::path::Path>,
+    sf: f64,
+) -> anyhow::Result<()> {
+    let plan = aisql_engine::plan::read_plan_file(std::path::Path::new(path))?;
+    super::runtime()?.block_on(async {
+        let session = explain_session(root, sf).await?;
+        let planned = session
+            .plan_substrait(&plan)
+            .await
+            .with_context(|| format!("{not_quailb}; as a general query"))?;
+        let physical = session
+            .context()
+            .state()
+            .create_physical_plan(&planned)
+            .await?;
+        println!("logical plan:\n{}", planned.display_indent());
+        println!(
+            "physical plan:\n{}",
+            datafusion::physical_plan::displayable(physical.as_ref()).indent(true)
+        );
+        Ok(())
+    })
+}
+
+/// `aisql explain "SELECT ..."`: the plans DataFusion makes of the statement
+/// over the QUAIL-B tables, before any model runs.
+pub fn explain(sql: &str, root: Option<&std::path::Path>, sf: f64) -> anyhow::Result<()> {
     let statement = if sql.trim_start().to_lowercase().starts_with("explain") {
         sql.to_string()
     } else {
         format!("EXPLAIN {sql}")
     };
     super::runtime()?.block_on(async {
-        for (name, path) in dataset.require_all_tables()? {
-            session.register(&name, &path).await?;
-            session.set_unique_ids(&name);
-        }
+        let session = explain_session(root, sf).await?;
         let out = session.run(&statement).await?;
         println!(
             "{}",

@@ -23,10 +23,11 @@ use crate::ai_functions::{NaiveEvaluator, register_ai_functions};
 use crate::answers::{AnswerRecorder, AnswerTable};
 use crate::backend::{AiCall, InferenceBackend};
 use crate::error::{EngineError, Result, from_datafusion, without_panics};
-use crate::logical::ai_nodes;
+use crate::logical::{OperatorHint, QuailbConsumer, ai_nodes};
 use crate::memo::AnswerMemo;
 use crate::physical::{AiQueryPlanner, AiRuntime};
 use crate::query::QueryOptions;
+use datafusion_substrait::logical_plan::consumer::from_substrait_plan_with_consumer;
 
 use rewrite::{AiJoinPredicatePushdown, AiRewrite, RewriteContext};
 
@@ -156,6 +157,24 @@ impl SqlSession {
             .insert(table.to_string());
     }
 
+    /// Hints that the AI filter with `template` keeps `fraction` of the rows it
+    /// is asked about: a relation's AI filters run in the order of least
+    /// expected cost, prompt size over the fraction dropped (0.5 without a hint).
+    pub fn set_selectivity(&self, template: &str, fraction: f64) -> Result<()> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(EngineError::Sql(format!(
+                "selectivity {fraction} of {:?} is not a fraction between 0 and 1",
+                crate::prompt::shorten(template, 48)
+            )));
+        }
+        self.context
+            .lock()
+            .expect("rewrite context lock")
+            .selectivity
+            .insert(template.to_string(), fraction);
+        Ok(())
+    }
+
     /// Registers a table read from `path` (see [`tables::register`]); returns
     /// its row count.
     pub async fn register(&self, name: &str, path: &std::path::Path) -> Result<usize> {
@@ -171,6 +190,61 @@ impl SqlSession {
         Ok(rows)
     }
 
+    /// Registers the tables of a QUAIL-B dataset (ids unique) by name.
+    pub async fn register_dataset(&self, tables: &crate::tables::TablePaths) -> Result<()> {
+        for (name, path) in tables {
+            self.register(name, path).await?;
+            self.set_unique_ids(name);
+        }
+        Ok(())
+    }
+
+    /// Serves the tables registered in `other` here too, with their batch sizes:
+    /// a plan made by `other` runs in this session.
+    pub async fn share_tables_from(&self, other: &SqlSession) -> Result<()> {
+        let catalog = other.ctx.state().catalog_list().clone();
+        for catalog_name in catalog.catalog_names() {
+            let Some(c) = catalog.catalog(&catalog_name) else {
+                continue;
+            };
+            for schema_name in c.schema_names() {
+                let Some(schema) = c.schema(&schema_name) else {
+                    continue;
+                };
+                if schema_name == "information_schema" {
+                    continue;
+                }
+                for table in schema.table_names() {
+                    if let Some(provider) = schema.table(&table).await? {
+                        let reference = datafusion::common::TableReference::full(
+                            catalog_name.as_str(),
+                            schema_name.as_str(),
+                            table.as_str(),
+                        );
+                        self.ctx.register_table(reference, provider)?;
+                    }
+                }
+            }
+        }
+        let firsts = other.first_batches.lock().expect("batches lock").clone();
+        self.first_batches
+            .lock()
+            .expect("batches lock")
+            .extend(firsts);
+        let unique = other
+            .context
+            .lock()
+            .expect("rewrite context lock")
+            .unique_id_tables
+            .clone();
+        self.context
+            .lock()
+            .expect("rewrite context lock")
+            .unique_id_tables
+            .extend(unique);
+        Ok(())
+    }
+
     /// Records how many rows the first batch of `table` holds (`None`: one
     /// batch), for the batch size of the queries that read it.
     pub fn note_first_batch(&self, table: &str, first: Option<usize>) {
@@ -181,10 +255,38 @@ impl SqlSession {
         };
     }
 
-    /// Runs the analyzer (with the AI rewrite) and optimizer over a plan built
-    /// elsewhere (a Substrait consumer).
-    pub fn optimize(&self, plan: &LogicalPlan) -> Result<LogicalPlan> {
-        self.ctx.state().optimize(plan).map_err(sql_error)
+    /// Consumes a QUAIL-B plan ([`QuailbConsumer`]) and runs the analyzer, whose
+    /// AI rewrite makes the AI calls AI nodes. With `declared_tables` the tables
+    /// are the empty ones the reads declare (planning without data); otherwise
+    /// they must be registered. Returns the analyzed plan and the operator id
+    /// hints of the Substrait relations, in post-order.
+    pub async fn analyze_quailb(
+        &self,
+        plan: &datafusion_substrait::substrait::proto::Plan,
+        declared_tables: bool,
+    ) -> Result<(LogicalPlan, Vec<OperatorHint>)> {
+        let state = self.ctx.state();
+        let consumer = QuailbConsumer::new(&state, plan, declared_tables).map_err(plan_error)?;
+        let consumed = without_panics(
+            from_substrait_plan_with_consumer(&consumer, plan),
+            crate::query::consume_panic,
+        )
+        .await?
+        .map_err(plan_error)?;
+        let analyzed = state
+            .analyzer()
+            .execute_and_check(consumed, state.config_options(), |_, _| {})
+            .map_err(plan_error)?;
+        Ok((analyzed, consumer.hints()))
+    }
+
+    /// Runs the optimizer over an analyzed plan (from [`Self::analyze_quailb`]).
+    pub fn optimize_analyzed(&self, plan: LogicalPlan) -> Result<LogicalPlan> {
+        let state = self.ctx.state();
+        state
+            .optimizer()
+            .optimize(plan, &state, |_, _| {})
+            .map_err(sql_error)
     }
 
     /// DataFusion's filters coalesce their output up to the batch size: keep
@@ -342,6 +444,26 @@ impl SqlSession {
     }
 }
 
+/// Rows as lines of text, cells joined by ` | `, NULL as `NULL`: how tests and
+/// the fuzzer compare results.
+pub fn row_lines(batches: &[RecordBatch]) -> Result<Vec<String>> {
+    use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+    let options = FormatOptions::default().with_null("NULL");
+    let mut lines = Vec::new();
+    for batch in batches {
+        let cells = batch
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        for row in 0..batch.num_rows() {
+            let line: Vec<String> = cells.iter().map(|c| c.value(row).to_string()).collect();
+            lines.push(line.join(" | "));
+        }
+    }
+    Ok(lines)
+}
+
 /// The one statement of `sql`.
 fn parse_one(
     sql: &str,
@@ -371,6 +493,19 @@ pub fn templates(sql: &str) -> Result<Vec<String>> {
     let mut t: Vec<String> = spelling::normalize(&mut statement)?.into_keys().collect();
     t.sort();
     Ok(t)
+}
+
+/// A plan DataFusion could not consume or analyze: an invalid plan.
+/// The message is the innermost error's, without the analyzer rule's name.
+fn plan_error(e: datafusion::error::DataFusionError) -> EngineError {
+    use datafusion::error::DataFusionError;
+    match from_datafusion(e) {
+        EngineError::DataFusion(e) => EngineError::InvalidPlan(match e.find_root() {
+            DataFusionError::Plan(m) | DataFusionError::Substrait(m) => m.clone(),
+            root => root.strip_backtrace(),
+        }),
+        other => other,
+    }
 }
 
 /// A planning error as the engine reports it: SQL mistakes (unknown table or

@@ -37,7 +37,7 @@ use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 
 use crate::ai_functions::{AiArgs, AiFunction, ai_call_of, contains_ai_call};
 use crate::backend::AiKind;
-use crate::logical::{AiNode, AiShape, AiSpec, DocRef, is_text};
+use crate::logical::{AiNode, AiShape, AiSpec, DocRef, check_text};
 use crate::prompt::PromptFormat;
 
 use super::spelling::CallSites;
@@ -51,7 +51,13 @@ pub struct RewriteContext {
     pub unique_id_tables: HashSet<String>,
     /// Where the current statement's AI calls are, by template.
     pub sites: CallSites,
+    /// Expected fraction of rows an AI filter keeps, by template (a user's
+    /// hint): orders the AI filters of one relation.
+    pub selectivity: HashMap<String, f64>,
 }
+
+/// Selectivity assumed for an AI filter without a hint.
+const DEFAULT_SELECTIVITY: f64 = 0.5;
 
 /// The analyzer rule.
 #[derive(Debug)]
@@ -159,6 +165,22 @@ impl Rewriter<'_> {
         Ok(Call { args: parsed, text })
     }
 
+    /// Expected cost of a filter per row it is asked: its fixed prompt bytes
+    /// over the fraction of rows it drops (infinite for one that drops none).
+    fn rank(&self, call: &Call) -> f64 {
+        let bytes = call
+            .args
+            .call("", self.format, vec![], vec![])
+            .map_or(usize::MAX, |c| c.pieces.fixed_len()) as f64;
+        let keeps = self
+            .context
+            .selectivity
+            .get(&call.args.template)
+            .copied()
+            .unwrap_or(DEFAULT_SELECTIVITY);
+        bytes / (1.0 - keeps)
+    }
+
     fn next_id(&mut self, kind: AiKind) -> String {
         let n = self.counters.entry(kind).or_insert(0);
         *n += 1;
@@ -195,13 +217,8 @@ impl Rewriter<'_> {
                 .schema()
                 .qualified_field_from_column(&column)
                 .map_err(|_| plan_error(format!("{}: no column {column} here", call.text)))?;
-            if !is_text(field.data_type()) {
-                return Err(plan_error(format!(
-                    "{}: document {{{i}}} ({e}) is {}, not text; cast it (CAST({e} AS VARCHAR))",
-                    call.text,
-                    field.data_type()
-                )));
-            }
+            check_text(e, field.data_type())
+                .map_err(|m| plan_error(format!("{}: {{{i}}}: {m}", call.text)))?;
             let source = source_of(&input, &column);
             let (table, source_column) = source.clone().unwrap_or_else(|| {
                 (
@@ -300,19 +317,18 @@ impl Rewriter<'_> {
         if let Some(p) = conjunction(cheap) {
             input = LogicalPlanBuilder::from(input).filter(p)?.build()?;
         }
-        // The cheapest prompt runs first, on the most rows.
+        // Filters that are cheap and drop many rows run first: the order of
+        // least expected cost, fixed prompt bytes / (1 - selectivity).
         let mut calls = direct
             .iter()
-            .map(|e| self.parse(e))
+            .map(|e| {
+                let call = self.parse(e)?;
+                let rank = self.rank(&call);
+                Ok((rank, call))
+            })
             .collect::<DfResult<Vec<_>>>()?;
-        calls.sort_by_key(|c| {
-            c.args
-                .call("", self.format, vec![], vec![])
-                .map(|call| {
-                    call.pieces.preamble.len() + call.pieces.tail.len() + call.pieces.frame.len()
-                })
-                .unwrap_or(usize::MAX)
-        });
+        calls.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let calls = calls.into_iter().map(|(_, call)| call);
         for call in calls {
             let d = self.documents(&call, input.clone())?;
             let spec = self.spec(&call, AiShape::Filter, d.docs, d.tables, d.columns)?;

@@ -1,0 +1,457 @@
+//! The QUAIL-B view of a query, derived from DataFusion's analyzed plan of it:
+//! relations from the aliased scans, operators from the AI nodes (their ids,
+//! prompts and documents are the nodes' own) and the IN-list filters, the
+//! selected columns from the projections on top, and the operator tree that
+//! `explain` draws. One walk, root to scans; what a QUAIL-B plan may not hold
+//! (SPEC §A) is an error naming it.
+
+use std::collections::HashMap;
+
+use datafusion::common::{Column, ScalarValue};
+use datafusion::logical_expr::expr::InList;
+use datafusion::logical_expr::{Expr, LogicalPlan};
+
+use crate::backend::AiKind;
+use crate::error::Result;
+use crate::logical::{AiNode, AiShape, OperatorHint};
+
+use super::{Operator, PlanTree, Relation, Selected, invalid};
+
+/// What [`derive`] finds.
+pub(super) struct Derived {
+    pub relations: Vec<Relation>,
+    pub operators: Vec<Operator>,
+    pub select: Vec<Selected>,
+    pub tree: PlanTree,
+}
+
+/// Derives the view of `plan` (analyzed: AI calls are AI nodes). `hints` are the
+/// operator id hints of the Substrait relations below the root, in post-order;
+/// `root_names` the names the root gives its columns.
+pub(super) fn derive(
+    plan: &LogicalPlan,
+    hints: &[OperatorHint],
+    root_names: &[String],
+) -> Result<Derived> {
+    let mut d = Deriver::default();
+    let mut forest = d.node(plan)?;
+    for (i, o) in d.operators.iter().enumerate() {
+        if let Operator::Classify { id, output, .. } = o
+            && output.is_empty()
+        {
+            return Err(invalid(format!(
+                "{id}: no output name hint for the label column (operator {i})"
+            )));
+        }
+    }
+    d.check_hints(hints)?;
+    let select = d.select(plan, root_names)?;
+    let tree = match (forest.pop(), forest.is_empty()) {
+        (Some(tree), true) => tree,
+        _ => {
+            return Err(invalid(
+                "the plan is not one tree of operators over its scans",
+            ));
+        }
+    };
+    for r in &mut d.relations {
+        r.text_column =
+            d.text_columns.get(&r.alias).cloned().ok_or_else(|| {
+                invalid(format!("relation {} is read by no AI function", r.alias))
+            })?;
+    }
+    Ok(Derived {
+        relations: d.relations,
+        operators: d.operators,
+        select,
+        tree,
+    })
+}
+
+#[derive(Default)]
+struct Deriver {
+    relations: Vec<Relation>,
+    operators: Vec<Operator>,
+    /// Per alias, the text column AI functions read.
+    text_columns: HashMap<String, String>,
+    /// The column an AI node appends -> its operator.
+    appended: HashMap<Column, usize>,
+    /// Label columns (alias, column) -> their classification.
+    labels: HashMap<(String, String), usize>,
+    in_lists: usize,
+}
+
+/// A column's relation alias ("" when unqualified).
+fn alias_of(c: &Column) -> String {
+    c.relation
+        .as_ref()
+        .map(|r| r.table().to_string())
+        .unwrap_or_default()
+}
+
+impl Deriver {
+    /// The operator subtrees of `plan` (one, or none for a bare scan's
+    /// projection); scans are leaves.
+    fn node(&mut self, plan: &LogicalPlan) -> Result<Vec<PlanTree>> {
+        match plan {
+            LogicalPlan::SubqueryAlias(a) => match a.input.as_ref() {
+                LogicalPlan::TableScan(scan) => {
+                    let alias = a.alias.table().to_string();
+                    if self.relations.iter().any(|r| r.alias == alias) {
+                        return Err(invalid(format!("alias {alias:?} is used twice")));
+                    }
+                    let columns: Vec<String> = scan
+                        .projected_schema
+                        .fields()
+                        .iter()
+                        .map(|f| f.name().clone())
+                        .collect();
+                    let table = scan.table_name.table().to_string();
+                    if columns.first().map(String::as_str) != Some("id") {
+                        return Err(invalid(format!(
+                            "the read of {table} must list `id` first, found {columns:?}"
+                        )));
+                    }
+                    self.relations.push(Relation {
+                        alias,
+                        table,
+                        columns,
+                        text_column: String::new(),
+                    });
+                    Ok(vec![PlanTree::Scan(self.relations.len() - 1)])
+                }
+                _ => Err(invalid(format!(
+                    "subquery {} is not part of a QUAIL-B plan",
+                    a.alias
+                ))),
+            },
+            LogicalPlan::Projection(p) => {
+                let below = self.node(&p.input)?;
+                self.name_labels(p)?;
+                Ok(below)
+            }
+            LogicalPlan::Filter(f) => {
+                let below = self.node(&f.input)?;
+                let op = self.in_list(&f.predicate)?;
+                Ok(vec![PlanTree::Operator(op, below)])
+            }
+            LogicalPlan::Extension(e) => {
+                let Some(node) = e.node.as_any().downcast_ref::<AiNode>() else {
+                    return Err(invalid(format!(
+                        "{} is not part of a QUAIL-B plan",
+                        e.node.name()
+                    )));
+                };
+                let mut below = Vec::new();
+                for input in &node.inputs {
+                    below.extend(self.node(input)?);
+                }
+                let op = self.ai_node(node)?;
+                Ok(vec![PlanTree::Operator(op, below)])
+            }
+            LogicalPlan::Join(_) => Err(invalid(
+                "a join whose condition calls no ai_join is not part of a QUAIL-B plan",
+            )),
+            LogicalPlan::TableScan(s) => Err(invalid(format!(
+                "the read of {} has no alias hint",
+                s.table_name
+            ))),
+            other => Err(invalid(format!(
+                "{} is not part of a QUAIL-B plan (filters, joins, projections and reads only)",
+                other.display()
+            ))),
+        }
+    }
+
+    fn text_column(&mut self, alias: &str, column: &str, id: &str) -> Result<()> {
+        match self.text_columns.get(alias) {
+            Some(c) if c != column => Err(invalid(format!(
+                "{id}: relation {alias} is read through two text columns ({c}, {column})"
+            ))),
+            _ => {
+                self.text_columns.insert(alias.into(), column.into());
+                Ok(())
+            }
+        }
+    }
+
+    fn ai_node(&mut self, node: &AiNode) -> Result<usize> {
+        let spec = &node.spec;
+        let call = &spec.call;
+        let id = call.op_id.clone();
+        for d in &spec.docs {
+            if d.alias != alias_of(&d.text) {
+                return Err(invalid(format!(
+                    "{id}: document {} is not a column of a read",
+                    d.text
+                )));
+            }
+            self.text_column(&d.alias, &d.text.name, &id)?;
+        }
+        let alias = spec.docs[0].alias.clone();
+        let op = match (spec.shape, call.kind) {
+            (AiShape::Filter, AiKind::Filter) => Operator::Filter {
+                id,
+                alias,
+                template: call.template.clone(),
+            },
+            (AiShape::Join(datafusion::common::JoinType::Inner), AiKind::Join)
+                if spec.residual.is_none() =>
+            {
+                let aliases = [alias, spec.docs[1].alias.clone()];
+                let mut on = Vec::new();
+                for (a, b) in &spec.equalities {
+                    if alias_of(a) != aliases[0] || alias_of(b) != aliases[1] {
+                        return Err(invalid(format!(
+                            "{id}: equality {a} = {b} must compare the two ai_join relations"
+                        )));
+                    }
+                    on.push((a.name.clone(), b.name.clone()));
+                }
+                Operator::Join {
+                    id,
+                    aliases,
+                    template: call.template.clone(),
+                    on,
+                }
+            }
+            (AiShape::Join(t), AiKind::Join) => {
+                return Err(invalid(format!(
+                    "{id}: only inner AI joins whose condition is ai_join and equalities are \
+                     part of a QUAIL-B plan (this one is {t})"
+                )));
+            }
+            (AiShape::Project, AiKind::Classify) => {
+                let output = spec
+                    .output
+                    .clone()
+                    .ok_or_else(|| invalid(format!("{id}: a classification appends no column")))?;
+                self.appended.insert(output, self.operators.len());
+                Operator::Classify {
+                    id,
+                    alias,
+                    partner: spec.docs.get(1).map(|d| d.alias.clone()),
+                    template: call.template.clone(),
+                    labels: call.labels.clone(),
+                    descriptions: call.descriptions.clone(),
+                    output: String::new(),
+                }
+            }
+            (shape, kind) => {
+                return Err(invalid(format!(
+                    "{id}: an AI {kind:?} used as {shape:?} is not part of a QUAIL-B plan"
+                )));
+            }
+        };
+        self.operators.push(op);
+        Ok(self.operators.len() - 1)
+    }
+
+    /// Names the label columns a projection gives the classifications below it.
+    fn name_labels(&mut self, p: &datafusion::logical_expr::Projection) -> Result<()> {
+        for (e, (qualifier, field)) in p.expr.iter().zip(p.schema.iter()) {
+            let Expr::Column(c) = unalias(e) else {
+                continue;
+            };
+            let Some(&op) = self.appended.get(c) else {
+                continue;
+            };
+            let Operator::Classify {
+                id, alias, output, ..
+            } = &mut self.operators[op]
+            else {
+                unreachable!("appended columns are classifications'")
+            };
+            let owner = qualifier.map(|q| q.table().to_string()).unwrap_or_default();
+            if owner != *alias {
+                return Err(invalid(format!(
+                    "{id}: label column {owner}.{} must belong to the anchor alias {alias}",
+                    field.name()
+                )));
+            }
+            if !output.is_empty() && output != field.name() {
+                continue;
+            }
+            *output = field.name().clone();
+            self.labels
+                .insert((alias.clone(), field.name().clone()), op);
+        }
+        Ok(())
+    }
+
+    fn in_list(&mut self, predicate: &Expr) -> Result<usize> {
+        let Expr::InList(InList {
+            expr,
+            list,
+            negated: false,
+        }) = predicate
+        else {
+            return Err(invalid(format!(
+                "filter condition {} is neither ai_filter nor an IN-list on a label column",
+                crate::prompt::shorten(&predicate.to_string(), 96)
+            )));
+        };
+        self.in_lists += 1;
+        let id = format!("in-list-{}", self.in_lists);
+        let Expr::Column(c) = unalias(expr) else {
+            return Err(invalid(format!("{id}: the IN-list does not test a column")));
+        };
+        let (alias, output) = (alias_of(c), c.name.clone());
+        let op = *self
+            .labels
+            .get(&(alias.clone(), output.clone()))
+            .ok_or_else(|| {
+                invalid(format!(
+                    "{id}: {alias}.{output} is not the label column of a classification"
+                ))
+            })?;
+        let Operator::Classify {
+            id: classify_id,
+            labels,
+            partner,
+            ..
+        } = &self.operators[op]
+        else {
+            unreachable!("label columns are classifications'")
+        };
+        if partner.is_some() {
+            return Err(invalid(format!(
+                "{id}: IN-lists apply to one-document classifications only"
+            )));
+        }
+        let mut accepted = Vec::new();
+        for o in list {
+            let s = match unalias(o) {
+                Expr::Literal(ScalarValue::Utf8(Some(s)), _)
+                | Expr::Literal(ScalarValue::LargeUtf8(Some(s)), _)
+                | Expr::Literal(ScalarValue::Utf8View(Some(s)), _) => s.clone(),
+                other => {
+                    return Err(invalid(format!(
+                        "{id}: option {other} is not a string literal"
+                    )));
+                }
+            };
+            if !labels.contains(&s) || accepted.contains(&s) {
+                return Err(invalid(format!(
+                    "{id}: option {s:?} is not a distinct label of {classify_id}"
+                )));
+            }
+            accepted.push(s);
+        }
+        self.operators.push(Operator::InList {
+            id,
+            alias,
+            output,
+            accepted,
+        });
+        Ok(self.operators.len() - 1)
+    }
+
+    /// Pairs the operators with the Substrait relations' id hints: each relation
+    /// carries one operator, and a hint must be the id post-order numbering gives
+    /// (the 42-query line's `label-filter-N` for IN-lists is kept as the id).
+    fn check_hints(&mut self, hints: &[OperatorHint]) -> Result<()> {
+        if hints.len() != self.operators.len() {
+            return Err(invalid(format!(
+                "the plan has {} filters, joins and projections below its root, but {} \
+                 operators: each must carry exactly one AI call or IN-list",
+                hints.len(),
+                self.operators.len()
+            )));
+        }
+        for (op, hint) in self.operators.iter_mut().zip(hints) {
+            let relation = match op {
+                Operator::Filter { .. } | Operator::InList { .. } => "filter",
+                Operator::Join { .. } => "join",
+                Operator::Classify { .. } => "project",
+            };
+            if relation != hint.relation {
+                return Err(invalid(format!(
+                    "{}: expected in a {relation} relation, found in a {}",
+                    op.id(),
+                    hint.relation
+                )));
+            }
+            let Some(given) = &hint.id else { continue };
+            if let Operator::InList { id, .. } = op
+                && given.strip_prefix("label-filter-") == id.strip_prefix("in-list-")
+            {
+                *id = given.clone();
+            }
+            if given != op.id() {
+                return Err(invalid(format!(
+                    "operator id {given:?} breaks post-order numbering (expected {:?})",
+                    op.id()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The selected columns: each output column of the plan traced through the
+    /// projections on top to a relation's `id` or a label column.
+    fn select(&self, plan: &LogicalPlan, root_names: &[String]) -> Result<Vec<Selected>> {
+        let is_selectable = |c: &Column| {
+            let alias = alias_of(c);
+            (c.name == "id" && self.relations.iter().any(|r| r.alias == alias))
+                || self.labels.contains_key(&(alias, c.name.clone()))
+        };
+        let mut select = Vec::new();
+        for (i, column) in plan.schema().columns().into_iter().enumerate() {
+            let mut c = column.clone();
+            let mut node = plan;
+            while !is_selectable(&c) {
+                let LogicalPlan::Projection(p) = node else {
+                    break;
+                };
+                let index = p
+                    .schema
+                    .index_of_column(&c)
+                    .map_err(|e| invalid(e.to_string()))?;
+                match unalias(&p.expr[index]) {
+                    Expr::Column(inner) => c = inner.clone(),
+                    _ => break,
+                }
+                node = &p.input;
+            }
+            if !is_selectable(&c) {
+                return Err(invalid(format!(
+                    "root selects {c}, which is neither an id nor a label column"
+                )));
+            }
+            let (alias, column) = (alias_of(&c), c.name.clone());
+            let name = if column == "id" {
+                alias.clone()
+            } else {
+                column.clone()
+            };
+            if let Some(n) = root_names.get(i)
+                && *n != name
+            {
+                return Err(invalid(format!(
+                    "root column {n:?} should be named {name:?} (SPEC §A.7)"
+                )));
+            }
+            select.push(Selected {
+                alias,
+                column,
+                name,
+            });
+        }
+        if !root_names.is_empty() && root_names.len() != select.len() {
+            return Err(invalid(format!(
+                "the root names {} columns but selects {}",
+                root_names.len(),
+                select.len()
+            )));
+        }
+        Ok(select)
+    }
+}
+
+fn unalias(e: &Expr) -> &Expr {
+    match e {
+        Expr::Alias(a) => unalias(&a.expr),
+        e => e,
+    }
+}

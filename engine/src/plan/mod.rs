@@ -1,0 +1,642 @@
+//! QUAIL-B plan files: loading (ProtoJSON or binary protobuf), the version and
+//! extension checks, and [`QueryPlan`], the benchmark's view of a query
+//! (relations, AI operators and IN-lists in post-order, selected columns;
+//! SPEC §A).
+//!
+//! The Substrait plan is read once, by DataFusion's consumer
+//! ([`crate::logical::QuailbConsumer`]), and taken through the same AI rewrite
+//! that runs it; the view is derived from that plan ([`derive`]), over empty
+//! tables of the columns the reads declare, so it needs no data. Operator ids,
+//! prompts and documents are the AI nodes' own. Extension functions are
+//! resolved by name and URN, never by anchor.
+
+mod derive;
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+use datafusion_substrait::substrait::proto::{Plan, extensions, plan_rel, rel};
+use prost::Message;
+use serde_json::json;
+
+use crate::error::{EngineError, Result};
+
+/// The Substrait version QUAIL-B plans are written with.
+pub const SUBSTRAIT_VERSION: (u32, u32, u32) = (0, 103, 0);
+/// URN of the AI functions.
+pub const AI_URN: &str = "extension:org.fsdatalab.quail_b:functions_ai";
+/// URN of `equal`.
+pub const COMPARISON_URN: &str = "extension:io.substrait:functions_comparison";
+/// URN of `and`.
+pub const BOOLEAN_URN: &str = "extension:io.substrait:functions_boolean";
+
+/// A relation (one scan under one alias).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Relation {
+    /// Alias from the read's hint (`r`, `a2`, …).
+    pub alias: String,
+    /// Physical table name.
+    pub table: String,
+    /// Columns the read declares (`id`, text column, extras).
+    pub columns: Vec<String>,
+    /// The one column AI functions read.
+    pub text_column: String,
+}
+
+/// One AI operator or IN-list, in post-order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Operator {
+    /// `ai_filter(template, alias.text)`.
+    Filter {
+        /// `filter-N`.
+        id: String,
+        /// Relation filtered.
+        alias: String,
+        /// Prompt template with `{0}`.
+        template: String,
+    },
+    /// `ai_join(template, {0}, {1})` with optional equality conjuncts.
+    Join {
+        /// `join-N`.
+        id: String,
+        /// Aliases of the `{0}` and `{1}` documents (placeholder order).
+        aliases: [String; 2],
+        /// Prompt template with `{0}` and `{1}`.
+        template: String,
+        /// Equality conditions as (column of `{0}`'s alias, column of `{1}`'s alias).
+        on: Vec<(String, String)>,
+    },
+    /// `ai_classify(template, anchor[, partner], labels, descriptions)`.
+    Classify {
+        /// `classify-N`.
+        id: String,
+        /// Anchor alias (`{0}`); the label column belongs to it.
+        alias: String,
+        /// Partner alias (`{1}`) for a joined-row classification.
+        partner: Option<String>,
+        /// Prompt template.
+        template: String,
+        /// Labels in tie-break order.
+        labels: Vec<String>,
+        /// One description per label ("" = none).
+        descriptions: Vec<String>,
+        /// Output label column name (bare, e.g. `sentiment`).
+        output: String,
+    },
+    /// IN-list on a label column (asks no model).
+    InList {
+        /// `in-list-N`.
+        id: String,
+        /// Relation the label column belongs to.
+        alias: String,
+        /// Label column tested.
+        output: String,
+        /// Labels kept.
+        accepted: Vec<String>,
+    },
+}
+
+impl Operator {
+    /// The operator id (`filter-1`, …).
+    pub fn id(&self) -> &str {
+        match self {
+            Operator::Filter { id, .. }
+            | Operator::Join { id, .. }
+            | Operator::Classify { id, .. }
+            | Operator::InList { id, .. } => id,
+        }
+    }
+
+    /// The template of an AI operator (None for IN-lists).
+    pub fn template(&self) -> Option<&str> {
+        match self {
+            Operator::Filter { template, .. }
+            | Operator::Join { template, .. }
+            | Operator::Classify { template, .. } => Some(template),
+            Operator::InList { .. } => None,
+        }
+    }
+}
+
+/// A selected output column.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selected {
+    /// Relation alias.
+    pub alias: String,
+    /// Column: `id` or a label column.
+    pub column: String,
+    /// Output name (alias for ids, bare column for labels).
+    pub name: String,
+}
+
+/// A decoded, validated QUAIL-B query.
+#[derive(Debug, Clone)]
+pub struct QueryPlan {
+    /// The Substrait plan as decoded.
+    pub substrait: Plan,
+    /// Declared functions as (urn, compound name), sorted.
+    pub functions: Vec<(String, String)>,
+    /// Relations in scan (post-)order.
+    pub relations: Vec<Relation>,
+    /// AI operators and IN-lists in post-order.
+    pub operators: Vec<Operator>,
+    /// Output columns in order.
+    pub select: Vec<Selected>,
+    /// Operators over scans, the root operator on top (what `explain` draws).
+    pub tree: PlanTree,
+}
+
+/// The operators and scans of a plan as a tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanTree {
+    /// A scan: its index in [`QueryPlan::relations`].
+    Scan(usize),
+    /// An operator (its index in [`QueryPlan::operators`]) over its inputs.
+    Operator(usize, Vec<PlanTree>),
+}
+
+/// DataFusion's analyzed plan of `plan` over the tables its reads declare, and
+/// the view derived from it.
+fn derive_view(plan: &Plan, root_names: &[String]) -> Result<derive::Derived> {
+    use crate::sql::{Evaluation, SqlSession};
+    // Planning asks no model: any backend will do.
+    let backend = std::sync::Arc::new(crate::backend::OracleBackend::new(Default::default()));
+    let session = SqlSession::new(
+        backend,
+        crate::query::QueryOptions::default(),
+        Evaluation::Operators,
+    )?;
+    let (analyzed, hints) = futures::executor::block_on(session.analyze_quailb(plan, true))?;
+    // The root's own projection is the last relation consumed.
+    let below_root = hints.split_last().map_or(&[][..], |(_, rest)| rest);
+    derive::derive(&analyzed, below_root, root_names)
+}
+
+/// Reads a plan file: `.json` as Substrait ProtoJSON, `.substrait`/`.pb` (or
+/// anything else) as binary protobuf.
+pub fn read_plan_file(path: &Path) -> Result<Plan> {
+    let bytes = std::fs::read(path).map_err(|e| EngineError::io(path, e))?;
+    let is_json = path.extension().is_some_and(|e| e == "json");
+    decode_plan(&bytes, is_json).map_err(|message| EngineError::PlanFile {
+        path: path.display().to_string(),
+        message,
+    })
+}
+
+/// Decodes plan bytes as ProtoJSON (`json = true`) or binary protobuf.
+pub fn decode_plan(bytes: &[u8], json: bool) -> std::result::Result<Plan, String> {
+    if json {
+        let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
+        serde_json::from_str::<Plan>(text).map_err(|e| format!("malformed Substrait JSON: {e}"))
+    } else {
+        Plan::decode(bytes).map_err(|e| format!("malformed Substrait protobuf: {e}"))
+    }
+}
+
+/// Serializes a plan as binary protobuf (the `plan.substrait` output file).
+pub fn encode_plan(plan: &Plan) -> Vec<u8> {
+    plan.encode_to_vec()
+}
+
+/// A rule of SPEC §A the plan breaks: it may still run as a general query.
+fn invalid(msg: impl Into<String>) -> EngineError {
+    EngineError::NotQuailb(msg.into())
+}
+
+/// A declared extension function.
+#[derive(Debug, Clone)]
+struct Function {
+    /// Compound name, e.g. `ai_filter:str_str`.
+    name: String,
+    urn: String,
+}
+
+impl Function {
+    fn base(&self) -> &str {
+        self.name.split(':').next().unwrap_or(&self.name)
+    }
+}
+
+/// What an AI or boolean function is, after checking name, URN and signature.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FunctionKind {
+    AiFilter,
+    AiJoin,
+    AiClassify1,
+    AiClassify2,
+    Equal,
+    And,
+}
+
+fn classify_function(f: &Function) -> Result<FunctionKind> {
+    let (kind, urn) = match f.base() {
+        "ai_filter" => (FunctionKind::AiFilter, AI_URN),
+        "ai_join" => (FunctionKind::AiJoin, AI_URN),
+        "ai_classify" if f.name == "ai_classify:str_str_str_list_list" => {
+            (FunctionKind::AiClassify2, AI_URN)
+        }
+        "ai_classify" => (FunctionKind::AiClassify1, AI_URN),
+        "equal" => (FunctionKind::Equal, COMPARISON_URN),
+        "and" => (FunctionKind::And, BOOLEAN_URN),
+        other => {
+            return Err(invalid(format!(
+                "unknown function {other:?} (declared as {:?} under {})",
+                f.name, f.urn
+            )));
+        }
+    };
+    if f.urn != urn {
+        return Err(invalid(format!(
+            "function {:?} is declared under URN {:?}, expected {urn:?}",
+            f.name, f.urn
+        )));
+    }
+    Ok(kind)
+}
+
+impl QueryPlan {
+    /// Reads and validates a plan file.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let plan = read_plan_file(path)?;
+        let path = path.display().to_string();
+        Self::from_substrait(plan).map_err(|e| match e {
+            EngineError::InvalidPlan(message) => EngineError::PlanFile { path, message },
+            EngineError::NotQuailb(m) => EngineError::NotQuailb(format!("{path}: {m}")),
+            other => other,
+        })
+    }
+
+    /// Validates a decoded plan and derives the query description.
+    pub fn from_substrait(plan: Plan) -> Result<Self> {
+        let version = plan
+            .version
+            .as_ref()
+            .ok_or_else(|| invalid("no Substrait version (expected 0.103.0)"))?;
+        let got = (
+            version.major_number,
+            version.minor_number,
+            version.patch_number,
+        );
+        if got != SUBSTRAIT_VERSION {
+            return Err(invalid(format!(
+                "Substrait version {}.{}.{} is not supported (expected 0.103.0)",
+                got.0, got.1, got.2
+            )));
+        }
+        let urns: HashMap<u32, String> = plan
+            .extension_urns
+            .iter()
+            .map(|u| (u.extension_urn_anchor, u.urn.clone()))
+            .collect();
+        let mut functions = HashMap::new();
+        for ext in &plan.extensions {
+            let Some(extensions::simple_extension_declaration::MappingType::ExtensionFunction(f)) =
+                &ext.mapping_type
+            else {
+                continue;
+            };
+            let urn = urns
+                .get(&f.extension_urn_reference)
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "function {:?} refers to undeclared URN anchor {}",
+                        f.name, f.extension_urn_reference
+                    ))
+                })?
+                .clone();
+            let function = Function {
+                name: f.name.clone(),
+                urn,
+            };
+            classify_function(&function)?;
+            if functions.insert(f.function_anchor, function).is_some() {
+                return Err(invalid(format!(
+                    "function anchor {} is declared twice",
+                    f.function_anchor
+                )));
+            }
+        }
+        let mut declared: Vec<(String, String)> = functions
+            .values()
+            .map(|f| (f.urn.clone(), f.name.clone()))
+            .collect();
+        declared.sort();
+
+        if plan.relations.len() != 1 {
+            return Err(invalid(format!(
+                "expected exactly one relation (a root), found {}",
+                plan.relations.len()
+            )));
+        }
+        let Some(plan_rel::RelType::Root(root)) = &plan.relations[0].rel_type else {
+            return Err(invalid("the plan's relation is not a root"));
+        };
+        let root_input = root
+            .input
+            .as_ref()
+            .ok_or_else(|| invalid("the root has no input"))?;
+        if !matches!(&root_input.rel_type, Some(rel::RelType::Project(_))) {
+            return Err(invalid("the root's input is not a projection"));
+        }
+
+        let derived = derive_view(&plan, &root.names)?;
+        let query = QueryPlan {
+            substrait: plan,
+            functions: declared,
+            relations: derived.relations,
+            operators: derived.operators,
+            select: derived.select,
+            tree: derived.tree,
+        };
+        query.validate()?;
+        Ok(query)
+    }
+
+    /// The relation of an alias.
+    pub fn relation(&self, alias: &str) -> Option<&Relation> {
+        self.relations.iter().find(|r| r.alias == alias)
+    }
+
+    /// The operator with an id.
+    pub fn operator(&self, id: &str) -> Option<&Operator> {
+        self.operators.iter().find(|o| o.id() == id)
+    }
+
+    /// Output column names (SPEC §A.7).
+    pub fn output_names(&self) -> Vec<String> {
+        self.select.iter().map(|s| s.name.clone()).collect()
+    }
+
+    /// Templates of every AI operator, in post-order, without repeats.
+    pub fn templates(&self) -> Vec<String> {
+        let mut seen = HashSet::new();
+        self.operators
+            .iter()
+            .filter_map(|o| o.template())
+            .filter(|t| seen.insert(t.to_string()))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Tables scanned, without repeats, in scan order.
+    pub fn tables(&self) -> Vec<String> {
+        let mut seen = HashSet::new();
+        self.relations
+            .iter()
+            .filter(|r| seen.insert(r.table.clone()))
+            .map(|r| r.table.clone())
+            .collect()
+    }
+
+    fn validate(&self) -> Result<()> {
+        let joins = self
+            .operators
+            .iter()
+            .filter(|o| matches!(o, Operator::Join { .. }))
+            .count();
+        if self.relations.len() != joins + 1 {
+            return Err(invalid(format!(
+                "{} relations need {} joins, found {joins}",
+                self.relations.len(),
+                self.relations.len() - 1
+            )));
+        }
+        let mut labels = HashSet::new();
+        for o in &self.operators {
+            if let Operator::Classify { output, id, .. } = o
+                && (!labels.insert(output.clone()) || self.relation(output).is_some())
+            {
+                return Err(invalid(format!(
+                    "{id}: label column {output:?} repeats another label column or an alias"
+                )));
+            }
+        }
+        // Every label column must be used: selected or tested by an IN-list.
+        for o in &self.operators {
+            if let Operator::Classify {
+                id, alias, output, ..
+            } = o
+            {
+                let selected = self
+                    .select
+                    .iter()
+                    .any(|s| &s.alias == alias && &s.column == output);
+                let tested = self.operators.iter().any(
+                    |x| matches!(x, Operator::InList { alias: a, output: c, .. } if a == alias && c == output),
+                );
+                if !selected && !tested {
+                    return Err(invalid(format!(
+                        "{id}: label column {alias}.{output} is neither selected nor tested"
+                    )));
+                }
+            }
+        }
+        // A selected label column needs its relation's id (both for a joined-row label).
+        for s in &self.select {
+            if s.column == "id" {
+                continue;
+            }
+            let needs: Vec<&str> = match self.operators.iter().find(
+                |o| matches!(o, Operator::Classify { alias, output, .. } if *alias == s.alias && *output == s.column),
+            ) {
+                Some(Operator::Classify { alias, partner, .. }) => {
+                    let mut v = vec![alias.as_str()];
+                    v.extend(partner.as_deref());
+                    v
+                }
+                _ => vec![s.alias.as_str()],
+            };
+            for alias in needs {
+                if !self
+                    .select
+                    .iter()
+                    .any(|x| x.alias == alias && x.column == "id")
+                {
+                    return Err(invalid(format!(
+                        "selected label column {}.{} needs {alias}.id selected too",
+                        s.alias, s.column
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// SHA-256 hex of the canonical JSON query definition (SPEC §D.6).
+    pub fn definition_hash(&self, prompt_format: &str) -> String {
+        let operators: Vec<serde_json::Value> = self
+            .operators
+            .iter()
+            .map(|o| match o {
+                Operator::Filter {
+                    id,
+                    alias,
+                    template,
+                } => json!({"kind": "filter", "id": id, "relation": alias, "prompt": template}),
+                Operator::Join {
+                    id,
+                    aliases,
+                    template,
+                    on,
+                } => json!({"kind": "join", "id": id, "relations": aliases, "prompt": template,
+                    "on": on.iter().map(|(a, b)| vec![a, b]).collect::<Vec<_>>()}),
+                Operator::Classify {
+                    id,
+                    alias,
+                    partner,
+                    template,
+                    labels,
+                    descriptions,
+                    output,
+                } => {
+                    let mut v = json!({"kind": "classify", "id": id, "relation": alias, "prompt": template,
+                        "labels": labels, "descriptions": descriptions, "output": output});
+                    if let Some(p) = partner {
+                        v["partner"] = json!(p);
+                    }
+                    v
+                }
+                Operator::InList {
+                    id,
+                    alias,
+                    output,
+                    accepted,
+                } => json!({"kind": "label_filter", "id": id, "relation": alias, "output": output, "accepted": accepted}),
+            })
+            .collect();
+        let mut def = json!({
+            "substrait_version": [SUBSTRAIT_VERSION.0, SUBSTRAIT_VERSION.1, SUBSTRAIT_VERSION.2],
+            "functions": self.functions.iter().map(|(u, n)| vec![u, n]).collect::<Vec<_>>(),
+            "relations": self.relations.iter().map(|r| json!({"alias": r.alias, "table": r.table, "text_column": r.text_column})).collect::<Vec<_>>(),
+            "operators": operators,
+            "select": self.select.iter().map(|s| format!("{}.{}", s.alias, s.column)).collect::<Vec<_>>(),
+        });
+        if prompt_format != "raw-v1" {
+            def["prompt_format"] = json!(prompt_format);
+        }
+        crate::canonical::sha256_hex(&def)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    pub(crate) fn plans_dir() -> PathBuf {
+        // The repository's copy, which the bench crate embeds in the binary.
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../bench/quailb/plans")
+    }
+
+    #[test]
+    fn reads_every_catalog_plan() {
+        let dir = plans_dir();
+        let catalog: Vec<serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("catalog.json")).unwrap())
+                .unwrap();
+        assert_eq!(catalog.len(), 46);
+        for q in &catalog {
+            let id = q["id"].as_str().unwrap();
+            let plan = QueryPlan::from_file(&dir.join(format!("{id}.json")))
+                .unwrap_or_else(|e| panic!("{id}: {e}"));
+            assert!(!plan.select.is_empty(), "{id}");
+        }
+    }
+
+    #[test]
+    fn fev8_keeps_placeholder_order_and_fev10_its_equality() {
+        let dir = plans_dir();
+        let fev8 = QueryPlan::from_file(&dir.join("FEV-8.json")).unwrap();
+        match &fev8.operators[1] {
+            Operator::Join { id, aliases, .. } => {
+                assert_eq!(id, "join-2");
+                assert_eq!(aliases, &["c2".to_string(), "e1".to_string()]);
+            }
+            o => panic!("{o:?}"),
+        }
+        assert_eq!(fev8.output_names(), ["c1", "e1", "c2", "e2"]);
+        let fev10 = QueryPlan::from_file(&dir.join("FEV-10.json")).unwrap();
+        let Operator::Join { on, .. } = fev10.operator("join-1").unwrap() else {
+            panic!()
+        };
+        assert_eq!(on, &[("evidence_wiki_url".to_string(), "id".to_string())]);
+    }
+
+    #[test]
+    fn imdb15_has_a_joined_row_classification() {
+        let q = QueryPlan::from_file(&plans_dir().join("IMDB-15.json")).unwrap();
+        let ids: Vec<&str> = q.operators.iter().map(|o| o.id()).collect();
+        assert_eq!(ids, ["classify-1", "in-list-1", "join-1", "classify-2"]);
+        let Operator::Classify {
+            partner, output, ..
+        } = q.operator("classify-2").unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(partner.as_deref(), Some("a"));
+        assert_eq!(output, "aspect_sentiment");
+        assert_eq!(
+            q.output_names(),
+            ["r", "sentiment", "a", "aspect_sentiment"]
+        );
+    }
+
+    fn imdb1_json() -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(plans_dir().join("IMDB-1.json")).unwrap())
+            .unwrap()
+    }
+
+    fn from_json(v: serde_json::Value) -> Result<QueryPlan> {
+        let plan = decode_plan(v.to_string().as_bytes(), true).map_err(invalid)?;
+        QueryPlan::from_substrait(plan)
+    }
+
+    #[test]
+    fn rejects_wrong_version_unknown_function_and_bad_arity() {
+        let mut v = imdb1_json();
+        v["version"]["minor_number"] = json!(102);
+        let e = from_json(v).unwrap_err().to_string();
+        assert!(e.contains("0.102.0"), "{e}");
+
+        let mut v = imdb1_json();
+        v["extensions"][0]["extension_function"]["name"] = json!("ai_summarize:str_str");
+        let e = from_json(v).unwrap_err().to_string();
+        assert!(e.contains("ai_summarize"), "{e}");
+
+        let mut v = imdb1_json();
+        v["extension_urns"][0]["urn"] = json!("extension:someone.else:functions");
+        let e = from_json(v).unwrap_err().to_string();
+        assert!(e.contains("URN"), "{e}");
+
+        let mut v = imdb1_json();
+        let args = &mut v["relations"][0]["root"]["input"]["project"]["input"]["filter"]["condition"]
+            ["scalar_function"]["arguments"];
+        args.as_array_mut().unwrap().pop();
+        let e = from_json(v).unwrap_err().to_string();
+        assert!(e.contains("ai_filter takes 2 arguments, got 1"), "{e}");
+    }
+
+    #[test]
+    fn malformed_json_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("bad.json");
+        std::fs::write(&p, "{\"relations\": [").unwrap();
+        let e = QueryPlan::from_file(&p).unwrap_err().to_string();
+        assert!(e.contains("bad.json") && e.contains("malformed"), "{e}");
+    }
+
+    #[test]
+    fn binary_and_json_plans_agree_and_hash_is_stable() {
+        let json_plan = read_plan_file(&plans_dir().join("IMDB-8.json")).unwrap();
+        let bytes = encode_plan(&json_plan);
+        let back = decode_plan(&bytes, false).unwrap();
+        let a = QueryPlan::from_substrait(json_plan).unwrap();
+        let b = QueryPlan::from_substrait(back).unwrap();
+        assert_eq!(a.operators, b.operators);
+        assert_eq!(a.definition_hash("raw-v1"), b.definition_hash("raw-v1"));
+        assert_ne!(
+            a.definition_hash("raw-v1"),
+            a.definition_hash("qwen3-chat-nonthinking-v1")
+        );
+    }
+}
