@@ -115,6 +115,11 @@ pub struct BackendArgs {
     /// 16 GiB; on a GPU: 70 % of its memory left free by the weights, less 4 GiB).
     #[arg(long)]
     pub kv_budget_mb: Option<usize>,
+    /// Host memory in MiB for KV moved off the device, brought back by copy
+    /// instead of recomputed (0: none; default on a GPU: a quarter of free host
+    /// memory; on the CPU: none; in simulation: 256 GiB, an H200's share of its host).
+    #[arg(long)]
+    pub kv_host_mb: Option<usize>,
     /// Tokens per forward batch.
     #[arg(long, default_value_t = 8192)]
     pub batch_tokens: usize,

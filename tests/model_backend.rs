@@ -38,6 +38,7 @@ fn config(prefix_cache: bool) -> SchedulerConfig {
     SchedulerConfig {
         prefix_cache,
         kv_budget_bytes: 4 << 30,
+        host_kv_budget_bytes: 0,
         batch_tokens: 4096,
     }
 }
@@ -254,6 +255,7 @@ async fn cached_equals_uncached_and_fresh_tokens_meet_the_minimum() {
         dtype: None,
         scheduler: config(cache),
         kv_budget_from_device: true, // on the CPU: keeps config(cache)'s budget
+        host_kv_from_memory: false,
     };
     let (cached, _) = load_model_backend(&spec(true)).unwrap();
     let (uncached, _) = load_model_backend(&spec(false)).unwrap();
@@ -340,9 +342,11 @@ async fn a_document_larger_than_the_kv_budget_is_a_clear_error() {
         scheduler: SchedulerConfig {
             prefix_cache: true,
             kv_budget_bytes: 64 * 1024,
+            host_kv_budget_bytes: 0,
             batch_tokens: 4096,
         },
         kv_budget_from_device: false,
+        host_kv_from_memory: false,
     };
     let (backend, _) = load_model_backend(&spec).unwrap();
     let q = QueryPlan::from_file(&plans_dir().join("AGENT-1.json")).unwrap();

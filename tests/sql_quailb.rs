@@ -74,6 +74,7 @@ async fn sql_spellings_of_quailb_queries_match_their_plans() {
         let config = SchedulerConfig {
             prefix_cache: true,
             kv_budget_bytes,
+            host_kv_budget_bytes: 0,
             batch_tokens: 512,
         };
         let backend = simulation_backend(store.clone(), config, 1024).unwrap();

@@ -95,6 +95,7 @@ fn bench(c: &mut Criterion) {
     let config = SchedulerConfig {
         prefix_cache: true,
         kv_budget_bytes: usize::MAX / 2,
+        host_kv_budget_bytes: 0,
         batch_tokens: 8192,
     };
     let backend = simulation_backend(store, config, QWEN3_4B_KV_BYTES_PER_TOKEN).unwrap();

@@ -23,6 +23,24 @@ pub trait KvOps: Clone {
     fn bytes(&self) -> usize;
     /// Positions covered, ancestors included.
     fn len(&self) -> usize;
+    /// Positions this handle's own segment holds.
+    fn segment_len(&self) -> usize;
+    /// Whether the segment is in device memory, usable; `false` once offloaded.
+    fn is_resident(&self) -> bool {
+        true
+    }
+    /// Bytes of this handle's own segment held in host memory (offloaded).
+    fn host_bytes(&self) -> usize {
+        0
+    }
+    /// Moves the segment to host memory (a no-op when it is there).
+    fn offload(&self) -> crate::Result<()> {
+        Ok(())
+    }
+    /// Brings an offloaded segment back to device memory.
+    fn restore(&self) -> crate::Result<()> {
+        Ok(())
+    }
     /// Whether the handle covers no positions.
     fn is_empty(&self) -> bool {
         self.len() == 0
@@ -231,6 +249,57 @@ impl<K: KvOps> PrefixTrie<K> {
             .sum()
     }
 
+    /// Bytes the computed KV of every node but the root holds in host memory.
+    pub fn host_bytes(&self) -> usize {
+        self.nodes[1..]
+            .iter()
+            .filter(|n| n.alive)
+            .filter_map(|n| n.kv.as_ref())
+            .map(K::host_bytes)
+            .sum()
+    }
+
+    /// Moves one node's KV to host memory; returns the device bytes it freed.
+    pub fn offload(&self, id: NodeId) -> crate::Result<usize> {
+        match self.nodes[id].kv.as_ref().filter(|_| id != 0) {
+            Some(kv) => {
+                let bytes = kv.bytes();
+                kv.offload()?;
+                Ok(bytes)
+            }
+            None => Ok(0),
+        }
+    }
+
+    /// Moves the KV of every node but the root to host memory; returns the
+    /// device bytes freed.
+    pub fn offload_all(&self) -> crate::Result<usize> {
+        let mut freed = 0;
+        for id in 1..self.nodes.len() {
+            if self.nodes[id].alive {
+                freed += self.offload(id)?;
+            }
+        }
+        Ok(freed)
+    }
+
+    /// Brings back to device memory the offloaded KV on the path from the root
+    /// (excluded) to `id`; returns the positions restored.
+    pub fn restore_path(&self, id: NodeId) -> crate::Result<usize> {
+        let mut restored = 0;
+        let mut n = id;
+        while n != 0 {
+            if let Some(kv) = self.nodes[n].kv.as_ref()
+                && !kv.is_resident()
+            {
+                kv.restore()?;
+                restored += kv.segment_len();
+            }
+            n = self.nodes[n].parent;
+        }
+        Ok(restored)
+    }
+
     fn is_evictable_leaf(&self, i: NodeId) -> bool {
         let n = &self.nodes[i];
         i != 0
@@ -240,14 +309,16 @@ impl<K: KvOps> PrefixTrie<K> {
     }
 
     /// Drops the KV of the least recently used leaves until at most `target`
-    /// bytes are held or nothing more can go; `keep` vetoes nodes still needed.
+    /// device bytes are held or nothing more can go; `keep` vetoes nodes still
+    /// needed, and KV in host memory stays (dropping it frees no device bytes).
     /// Returns the removed nodes.
     pub fn evict_lru(&mut self, target: usize, keep: &dyn Fn(NodeId) -> bool) -> Vec<NodeId> {
         use std::cmp::Reverse;
         use std::collections::BinaryHeap;
         let mut held = self.bytes();
+        let resident = |t: &Self, i: NodeId| t.nodes[i].kv.as_ref().is_some_and(K::is_resident);
         let mut heap: BinaryHeap<Reverse<(u64, NodeId)>> = (1..self.nodes.len())
-            .filter(|&i| self.is_evictable_leaf(i) && !keep(i))
+            .filter(|&i| self.is_evictable_leaf(i) && resident(self, i) && !keep(i))
             .map(|i| Reverse((self.nodes[i].last_used, i)))
             .collect();
         let mut removed = Vec::new();
@@ -260,7 +331,7 @@ impl<K: KvOps> PrefixTrie<K> {
             }
             let parent = self.nodes[v].parent;
             held -= self.remove_subtree(v, &mut removed);
-            if self.is_evictable_leaf(parent) && !keep(parent) {
+            if self.is_evictable_leaf(parent) && resident(self, parent) && !keep(parent) {
                 heap.push(Reverse((self.nodes[parent].last_used, parent)));
             }
         }
@@ -351,6 +422,9 @@ mod tests {
             self.0
         }
         fn len(&self) -> usize {
+            self.0
+        }
+        fn segment_len(&self) -> usize {
             self.0
         }
     }

@@ -127,6 +127,14 @@ pub enum ModelError {
         id: u64,
     },
 
+    /// A KV handle was used while its segment is in host memory
+    /// ([`crate::KvHandle::offload`]); [`crate::KvHandle::restore`] brings it back.
+    #[error("KV prefix #{id} is offloaded to host memory and was used without a restore")]
+    OffloadedKv {
+        /// The handle's id.
+        id: u64,
+    },
+
     /// A request is malformed (empty sequence, mismatched lengths, foreign handle...).
     #[error("invalid input: {0}")]
     InvalidInput(String),

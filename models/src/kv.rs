@@ -2,11 +2,14 @@
 //! per-layer keys/values on top of an optional parent handle, so a document's KV is
 //! computed once and shared (never copied) by every question and label continuation
 //! prefilled on top of it. Handles are `Arc`s: cloning is free, memory is freed when
-//! the last clone drops or on [`KvHandle::release`].
+//! the last clone drops or on [`KvHandle::release`]. A segment may move to host
+//! memory ([`KvHandle::offload`]) and back ([`KvHandle::restore`]) in place, so
+//! every clone and child of the handle sees it wherever it is; using it while it
+//! is on the host is an error, never a silent copy.
 
 use std::sync::{Arc, RwLock};
 
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
 
 use crate::{ModelError, Result};
 
@@ -28,7 +31,17 @@ struct KvNode {
     start: usize,
     len: usize,
     bytes: usize,
-    state: RwLock<Option<Segment>>,
+    state: RwLock<State>,
+}
+
+/// Where a segment's tensors are.
+enum State {
+    /// On the model's device, usable.
+    Live(Segment),
+    /// Copied to host memory; the device they came from.
+    Offloaded(Segment, Device),
+    /// Freed.
+    Released,
 }
 
 /// What a live segment holds; dropped on release.
@@ -40,6 +53,33 @@ pub(crate) struct Segment {
     /// label's first token can be scored without recomputing that position. `None`
     /// for a prefix view ([`KvHandle::prefix`]), whose last position was never an output.
     pub(crate) last_hidden: Option<Tensor>,
+}
+
+/// The device a segment's tensors are on.
+fn segment_device(segment: &Segment) -> Device {
+    segment
+        .layers
+        .first()
+        .map_or(Device::Cpu, |(k, _)| k.device().clone())
+}
+
+impl Segment {
+    /// The same tensors on `device` (a copy unless they are there already).
+    fn to_device(&self, device: &Device) -> Result<Segment> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|(k, v)| Ok((k.to_device(device)?, v.to_device(device)?)))
+            .collect::<Result<Vec<LayerKv>>>()?;
+        let last_hidden = match &self.last_hidden {
+            Some(h) => Some(h.to_device(device)?),
+            None => None,
+        };
+        Ok(Segment {
+            layers: Arc::new(layers),
+            last_hidden,
+        })
+    }
 }
 
 impl std::fmt::Debug for KvHandle {
@@ -76,7 +116,7 @@ impl KvHandle {
             start,
             len,
             bytes,
-            state: RwLock::new(Some(segment)),
+            state: RwLock::new(State::Live(segment)),
         }))
     }
 
@@ -105,12 +145,20 @@ impl KvHandle {
         self.0.parent.as_ref()
     }
 
-    /// Bytes of tensor data held by this segment alone (0 once released).
+    /// Bytes of tensor data this segment alone holds on the model's device (0
+    /// once released or offloaded).
     pub fn segment_bytes(&self) -> usize {
-        if self.is_released_self() {
-            0
-        } else {
-            self.0.bytes
+        match *self.read_state() {
+            State::Live(_) => self.0.bytes,
+            _ => 0,
+        }
+    }
+
+    /// Bytes of this segment held in host memory (0 unless offloaded).
+    pub fn host_bytes(&self) -> usize {
+        match *self.read_state() {
+            State::Offloaded(..) => self.0.bytes,
+            _ => 0,
         }
     }
 
@@ -123,7 +171,7 @@ impl KvHandle {
     /// later use of this handle, or of a child built on it, is a
     /// [`ModelError::ReleasedKv`] error. Releasing twice is a no-op.
     pub fn release(&self) {
-        *self.0.state.write().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.0.state.write().unwrap_or_else(|e| e.into_inner()) = State::Released;
     }
 
     /// Whether this segment or any ancestor was released.
@@ -131,12 +179,40 @@ impl KvHandle {
         self.is_released_self() || self.parent().is_some_and(KvHandle::is_released)
     }
 
+    /// Whether this segment is on the model's device (not offloaded, not released).
+    pub fn is_resident(&self) -> bool {
+        matches!(*self.read_state(), State::Live(_))
+    }
+
+    /// Copies this segment to host memory and frees its device copy; a no-op
+    /// when it is already on the host (or released). Ancestors stay where they are.
+    pub fn offload(&self) -> Result<()> {
+        let mut state = self.0.state.write().unwrap_or_else(|e| e.into_inner());
+        if let State::Live(segment) = &*state {
+            let device = segment_device(segment);
+            let host = segment.to_device(&Device::Cpu)?;
+            *state = State::Offloaded(host, device);
+        }
+        Ok(())
+    }
+
+    /// Copies an offloaded segment back to the device it came from; a no-op when
+    /// it is there already. A released segment stays released.
+    pub fn restore(&self) -> Result<()> {
+        let mut state = self.0.state.write().unwrap_or_else(|e| e.into_inner());
+        if let State::Offloaded(segment, device) = &*state {
+            let live = segment.to_device(device)?;
+            *state = State::Live(live);
+        }
+        Ok(())
+    }
+
+    fn read_state(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.0.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn is_released_self(&self) -> bool {
-        self.0
-            .state
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_none()
+        matches!(*self.read_state(), State::Released)
     }
 
     pub(crate) fn model_uid(&self) -> u64 {
@@ -145,12 +221,11 @@ impl KvHandle {
 
     /// This segment's live contents.
     pub(crate) fn segment(&self) -> Result<Segment> {
-        self.0
-            .state
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .ok_or(ModelError::ReleasedKv { id: self.0.id })
+        match &*self.read_state() {
+            State::Live(segment) => Ok(segment.clone()),
+            State::Offloaded(..) => Err(ModelError::OffloadedKv { id: self.0.id }),
+            State::Released => Err(ModelError::ReleasedKv { id: self.0.id }),
+        }
     }
 
     /// The first `len` positions of this prefix as a handle of their own, sharing
@@ -174,7 +249,11 @@ impl KvHandle {
             return parent.prefix(len);
         }
         let keep = len - self.0.start;
-        let segment = self.segment()?;
+        let (segment, offloaded_from) = match &*self.read_state() {
+            State::Live(segment) => (segment.clone(), None),
+            State::Offloaded(segment, device) => (segment.clone(), Some(device.clone())),
+            State::Released => return Err(ModelError::ReleasedKv { id: self.0.id }),
+        };
         let layers = segment
             .layers
             .iter()
@@ -185,7 +264,7 @@ impl KvHandle {
                 ))
             })
             .collect::<Result<Vec<LayerKv>>>()?;
-        Ok(KvHandle::new(
+        let view = KvHandle::new(
             self.0.model_uid,
             self.0.id | PREFIX_VIEW_ID,
             self.0.parent.clone(),
@@ -193,7 +272,15 @@ impl KvHandle {
                 layers: Arc::new(layers),
                 last_hidden: None,
             },
-        ))
+        );
+        // A view of an offloaded segment is made on the host and stays there.
+        if let Some(device) = offloaded_from {
+            let mut state = view.0.state.write().unwrap_or_else(|e| e.into_inner());
+            if let State::Live(segment) = std::mem::replace(&mut *state, State::Released) {
+                *state = State::Offloaded(segment, device);
+            }
+        }
+        Ok(view)
     }
 
     /// Every segment from the root to this one, oldest first.

@@ -571,6 +571,42 @@ mod tests {
         ));
     }
 
+    /// An offloaded prefix moves its bytes to the host and refuses use; restored,
+    /// it gives the answers it gave before. A view of it is made on the host.
+    #[test]
+    fn offloaded_prefix_is_refused_until_restored() {
+        let model = Qwen3::load_for_test(tiny_dir());
+        let ids = AnswerIds {
+            true_ids: [0; 4],
+            false_ids: [1; 4],
+        };
+        let doc = model.prefill(None, &[1, 2, 3, 4]).unwrap();
+        let q = model.prefill(Some(&doc), &[5, 6]).unwrap();
+        let before = model
+            .decide(&[Continuation::new(Some(&q), &[7])], &ids)
+            .unwrap();
+        let bytes = doc.segment_bytes();
+        doc.offload().unwrap();
+        assert_eq!((doc.segment_bytes(), doc.host_bytes()), (0, bytes));
+        assert!(!doc.is_resident() && !q.is_released());
+        let err = model.decide(&[Continuation::new(Some(&q), &[7])], &ids);
+        assert!(
+            matches!(err, Err(ModelError::OffloadedKv { id }) if id == doc.id()),
+            "{err:?}"
+        );
+        let view = doc.prefix(2).unwrap();
+        assert!(!view.is_resident());
+        doc.restore().unwrap();
+        assert_eq!((doc.segment_bytes(), doc.host_bytes()), (bytes, 0));
+        let after = model
+            .decide(&[Continuation::new(Some(&q), &[7])], &ids)
+            .unwrap();
+        assert_eq!(before[0].answer, after[0].answer);
+        assert!((before[0].margin - after[0].margin).abs() < 1e-6);
+        view.restore().unwrap();
+        assert!(model.prefill(Some(&view), &[9]).is_ok());
+    }
+
     #[test]
     fn bad_inputs_are_clear_errors() {
         let model = Qwen3::load_for_test(tiny_dir());

@@ -15,6 +15,10 @@ use crate::cli::{BackendArgs, BackendKind, CudaKernelsArg, Switch};
 /// KV budget the simulation assumes without `--kv-budget-mb`.
 const SIMULATED_KV_BUDGET_BYTES: usize = 100 << 30;
 
+/// Host KV tier the simulation assumes without `--kv-host-mb`: an H200's share of
+/// the host memory of an 8-GPU node (2 TiB).
+const SIMULATED_HOST_KV_BYTES: usize = 256 << 30;
+
 /// The scheduling knobs of `args`.
 pub fn scheduler_config(args: &BackendArgs) -> SchedulerConfig {
     SchedulerConfig {
@@ -22,6 +26,7 @@ pub fn scheduler_config(args: &BackendArgs) -> SchedulerConfig {
         kv_budget_bytes: args
             .kv_budget_mb
             .map_or_else(default_kv_budget_bytes, |mb| mb << 20),
+        host_kv_budget_bytes: args.kv_host_mb.map_or(0, |mb| mb << 20),
         batch_tokens: args.batch_tokens.max(1),
     }
 }
@@ -58,9 +63,16 @@ pub fn build(
                     // H200 leaves about 100 GiB of its 141 GB for KV.
                     config.kv_budget_bytes = SIMULATED_KV_BUDGET_BYTES;
                 }
+                if args.kv_host_mb.is_none() {
+                    config.host_kv_budget_bytes = SIMULATED_HOST_KV_BYTES;
+                }
                 meta.insert("simulation".into(), true.into());
                 meta.insert("prefix_cache".into(), config.prefix_cache.into());
                 meta.insert("kv_budget_bytes".into(), config.kv_budget_bytes.into());
+                meta.insert(
+                    "kv_host_budget_bytes".into(),
+                    config.host_kv_budget_bytes.into(),
+                );
                 meta.insert("batch_tokens".into(), config.batch_tokens.into());
                 meta.insert(
                     "simulated_kv_bytes_per_token".into(),
@@ -104,6 +116,7 @@ pub fn build(
                 dtype,
                 scheduler: scheduler_config(args),
                 kv_budget_from_device: args.kv_budget_mb.is_none(),
+                host_kv_from_memory: args.kv_host_mb.is_none(),
             };
             let (backend, model_meta) = load_model_backend(&spec)
                 .with_context(|| format!("loading model {:?}", args.model))?;

@@ -2,8 +2,9 @@
 //! relations from the aliased scans, operators from the AI nodes (their ids,
 //! prompts and documents are the nodes' own) and the IN-list filters, the
 //! selected columns from the projections on top, and the operator tree that
-//! `explain` draws. One walk, root to scans; what a QUAIL-B plan may not hold
-//! (SPEC §A) is an error naming it.
+//! `explain` draws. One walk, root to scans. A plan of another shape is a
+//! [`crate::EngineError::NotQuailb`] (it may run as a general query); a plan of
+//! QUAIL-B's shape that breaks one of its rules (SPEC §A) is invalid.
 
 use std::collections::HashMap;
 
@@ -15,7 +16,7 @@ use crate::backend::AiKind;
 use crate::error::Result;
 use crate::logical::{AiNode, AiShape, OperatorHint};
 
-use super::{Operator, PlanTree, Relation, Selected, invalid};
+use super::{Operator, PlanTree, Relation, Selected, invalid, not_quailb};
 
 /// What [`derive`] finds.
 pub(super) struct Derived {
@@ -49,7 +50,7 @@ pub(super) fn derive(
     let tree = match (forest.pop(), forest.is_empty()) {
         (Some(tree), true) => tree,
         _ => {
-            return Err(invalid(
+            return Err(not_quailb(
                 "the plan is not one tree of operators over its scans",
             ));
         }
@@ -57,7 +58,7 @@ pub(super) fn derive(
     for r in &mut d.relations {
         r.text_column =
             d.text_columns.get(&r.alias).cloned().ok_or_else(|| {
-                invalid(format!("relation {} is read by no AI function", r.alias))
+                not_quailb(format!("relation {} is read by no AI function", r.alias))
             })?;
     }
     Ok(Derived {
@@ -108,7 +109,7 @@ impl Deriver {
                         .collect();
                     let table = scan.table_name.table().to_string();
                     if columns.first().map(String::as_str) != Some("id") {
-                        return Err(invalid(format!(
+                        return Err(not_quailb(format!(
                             "the read of {table} must list `id` first, found {columns:?}"
                         )));
                     }
@@ -120,7 +121,7 @@ impl Deriver {
                     });
                     Ok(vec![PlanTree::Scan(self.relations.len() - 1)])
                 }
-                _ => Err(invalid(format!(
+                _ => Err(not_quailb(format!(
                     "subquery {} is not part of a QUAIL-B plan",
                     a.alias
                 ))),
@@ -137,7 +138,7 @@ impl Deriver {
             }
             LogicalPlan::Extension(e) => {
                 let Some(node) = e.node.as_any().downcast_ref::<AiNode>() else {
-                    return Err(invalid(format!(
+                    return Err(not_quailb(format!(
                         "{} is not part of a QUAIL-B plan",
                         e.node.name()
                     )));
@@ -149,14 +150,14 @@ impl Deriver {
                 let op = self.ai_node(node)?;
                 Ok(vec![PlanTree::Operator(op, below)])
             }
-            LogicalPlan::Join(_) => Err(invalid(
+            LogicalPlan::Join(_) => Err(not_quailb(
                 "a join whose condition calls no ai_join is not part of a QUAIL-B plan",
             )),
-            LogicalPlan::TableScan(s) => Err(invalid(format!(
+            LogicalPlan::TableScan(s) => Err(not_quailb(format!(
                 "the read of {} has no alias hint",
                 s.table_name
             ))),
-            other => Err(invalid(format!(
+            other => Err(not_quailb(format!(
                 "{} is not part of a QUAIL-B plan (filters, joins, projections and reads only)",
                 other.display()
             ))),
@@ -165,7 +166,7 @@ impl Deriver {
 
     fn text_column(&mut self, alias: &str, column: &str, id: &str) -> Result<()> {
         match self.text_columns.get(alias) {
-            Some(c) if c != column => Err(invalid(format!(
+            Some(c) if c != column => Err(not_quailb(format!(
                 "{id}: relation {alias} is read through two text columns ({c}, {column})"
             ))),
             _ => {
@@ -181,7 +182,7 @@ impl Deriver {
         let id = call.op_id.clone();
         for d in &spec.docs {
             if d.alias != alias_of(&d.text) {
-                return Err(invalid(format!(
+                return Err(not_quailb(format!(
                     "{id}: document {} is not a column of a read",
                     d.text
                 )));
@@ -202,7 +203,7 @@ impl Deriver {
                 let mut on = Vec::new();
                 for (a, b) in &spec.equalities {
                     if alias_of(a) != aliases[0] || alias_of(b) != aliases[1] {
-                        return Err(invalid(format!(
+                        return Err(not_quailb(format!(
                             "{id}: equality {a} = {b} must compare the two ai_join relations"
                         )));
                     }
@@ -216,7 +217,7 @@ impl Deriver {
                 }
             }
             (AiShape::Join(t), AiKind::Join) => {
-                return Err(invalid(format!(
+                return Err(not_quailb(format!(
                     "{id}: only inner AI joins whose condition is ai_join and equalities are \
                      part of a QUAIL-B plan (this one is {t})"
                 )));
@@ -238,7 +239,7 @@ impl Deriver {
                 }
             }
             (shape, kind) => {
-                return Err(invalid(format!(
+                return Err(not_quailb(format!(
                     "{id}: an AI {kind:?} used as {shape:?} is not part of a QUAIL-B plan"
                 )));
             }
@@ -286,7 +287,7 @@ impl Deriver {
             negated: false,
         }) = predicate
         else {
-            return Err(invalid(format!(
+            return Err(not_quailb(format!(
                 "filter condition {} is neither ai_filter nor an IN-list on a label column",
                 crate::prompt::shorten(&predicate.to_string(), 96)
             )));
@@ -294,14 +295,16 @@ impl Deriver {
         self.in_lists += 1;
         let id = format!("in-list-{}", self.in_lists);
         let Expr::Column(c) = unalias(expr) else {
-            return Err(invalid(format!("{id}: the IN-list does not test a column")));
+            return Err(not_quailb(format!(
+                "{id}: the IN-list does not test a column"
+            )));
         };
         let (alias, output) = (alias_of(c), c.name.clone());
         let op = *self
             .labels
             .get(&(alias.clone(), output.clone()))
             .ok_or_else(|| {
-                invalid(format!(
+                not_quailb(format!(
                     "{id}: {alias}.{output} is not the label column of a classification"
                 ))
             })?;
@@ -326,7 +329,7 @@ impl Deriver {
                 | Expr::Literal(ScalarValue::LargeUtf8(Some(s)), _)
                 | Expr::Literal(ScalarValue::Utf8View(Some(s)), _) => s.clone(),
                 other => {
-                    return Err(invalid(format!(
+                    return Err(not_quailb(format!(
                         "{id}: option {other} is not a string literal"
                     )));
                 }
@@ -415,7 +418,7 @@ impl Deriver {
                 node = &p.input;
             }
             if !is_selectable(&c) {
-                return Err(invalid(format!(
+                return Err(not_quailb(format!(
                     "root selects {c}, which is neither an id nor a label column"
                 )));
             }

@@ -198,8 +198,13 @@ pub fn encode_plan(plan: &Plan) -> Vec<u8> {
     plan.encode_to_vec()
 }
 
-/// A rule of SPEC §A the plan breaks: it may still run as a general query.
+/// A plan of QUAIL-B's own shape that breaks one of its rules (SPEC §A).
 fn invalid(msg: impl Into<String>) -> EngineError {
+    EngineError::InvalidPlan(msg.into())
+}
+
+/// A plan of another shape than QUAIL-B's: valid, perhaps, as a general query.
+fn not_quailb(msg: impl Into<String>) -> EngineError {
     EngineError::NotQuailb(msg.into())
 }
 
@@ -239,7 +244,7 @@ fn classify_function(f: &Function) -> Result<FunctionKind> {
         "equal" => (FunctionKind::Equal, COMPARISON_URN),
         "and" => (FunctionKind::And, BOOLEAN_URN),
         other => {
-            return Err(invalid(format!(
+            return Err(not_quailb(format!(
                 "unknown function {other:?} (declared as {:?} under {})",
                 f.name, f.urn
             )));
@@ -271,14 +276,14 @@ impl QueryPlan {
         let version = plan
             .version
             .as_ref()
-            .ok_or_else(|| invalid("no Substrait version (expected 0.103.0)"))?;
+            .ok_or_else(|| not_quailb("no Substrait version (expected 0.103.0)"))?;
         let got = (
             version.major_number,
             version.minor_number,
             version.patch_number,
         );
         if got != SUBSTRAIT_VERSION {
-            return Err(invalid(format!(
+            return Err(not_quailb(format!(
                 "Substrait version {}.{}.{} is not supported (expected 0.103.0)",
                 got.0, got.1, got.2
             )));
@@ -323,20 +328,20 @@ impl QueryPlan {
         declared.sort();
 
         if plan.relations.len() != 1 {
-            return Err(invalid(format!(
+            return Err(not_quailb(format!(
                 "expected exactly one relation (a root), found {}",
                 plan.relations.len()
             )));
         }
         let Some(plan_rel::RelType::Root(root)) = &plan.relations[0].rel_type else {
-            return Err(invalid("the plan's relation is not a root"));
+            return Err(not_quailb("the plan's relation is not a root"));
         };
         let root_input = root
             .input
             .as_ref()
             .ok_or_else(|| invalid("the root has no input"))?;
         if !matches!(&root_input.rel_type, Some(rel::RelType::Project(_))) {
-            return Err(invalid("the root's input is not a projection"));
+            return Err(not_quailb("the root's input is not a projection"));
         }
 
         let derived = derive_view(&plan, &root.names)?;
@@ -425,7 +430,7 @@ impl QueryPlan {
                     |x| matches!(x, Operator::InList { alias: a, output: c, .. } if a == alias && c == output),
                 );
                 if !selected && !tested {
-                    return Err(invalid(format!(
+                    return Err(not_quailb(format!(
                         "{id}: label column {alias}.{output} is neither selected nor tested"
                     )));
                 }
@@ -452,7 +457,7 @@ impl QueryPlan {
                     .iter()
                     .any(|x| x.alias == alias && x.column == "id")
                 {
-                    return Err(invalid(format!(
+                    return Err(not_quailb(format!(
                         "selected label column {}.{} needs {alias}.id selected too",
                         s.alias, s.column
                     )));

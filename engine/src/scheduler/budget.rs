@@ -7,6 +7,11 @@ pub fn default_kv_budget_bytes() -> usize {
     (available / 4).min(16 << 30)
 }
 
+/// Host memory for KV offloaded from a GPU: a quarter of the memory available now.
+pub fn default_host_kv_budget_bytes() -> usize {
+    crate::host_memory::meminfo_bytes("MemAvailable").unwrap_or(8 << 30) / 4
+}
+
 /// KV budget on a GPU with `free` bytes free after loading the weights: 70 % of it,
 /// less 4 GiB kept for activations (a forward batch of 8,192 tokens and the score
 /// matrices of a large shared-prefix run each take a few GiB).

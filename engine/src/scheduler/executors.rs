@@ -54,6 +54,21 @@ impl KvOps for KvHandle {
     fn len(&self) -> usize {
         KvHandle::len(self)
     }
+    fn segment_len(&self) -> usize {
+        KvHandle::segment_len(self)
+    }
+    fn is_resident(&self) -> bool {
+        KvHandle::is_resident(self)
+    }
+    fn host_bytes(&self) -> usize {
+        KvHandle::host_bytes(self)
+    }
+    fn offload(&self) -> Result<()> {
+        Ok(KvHandle::offload(self)?)
+    }
+    fn restore(&self) -> Result<()> {
+        Ok(KvHandle::restore(self)?)
+    }
 }
 
 /// The real model.
@@ -159,26 +174,67 @@ impl Executor for ModelExecutor {
 }
 
 /// A virtual KV: only the positions it covers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct VirtualKv {
     len: usize,
     segment: usize,
     bytes_per_token: usize,
+    /// Shared by clones, as a real handle's place is: offloading one offloads all.
+    resident: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl VirtualKv {
+    fn new(len: usize, segment: usize, bytes_per_token: usize, resident: bool) -> Self {
+        Self {
+            len,
+            segment,
+            bytes_per_token,
+            resident: Arc::new(std::sync::atomic::AtomicBool::new(resident)),
+        }
+    }
 }
 
 impl KvOps for VirtualKv {
     fn prefix(&self, len: usize) -> Result<Self> {
-        Ok(VirtualKv {
+        Ok(VirtualKv::new(
             len,
-            segment: len.min(self.segment),
-            bytes_per_token: self.bytes_per_token,
-        })
+            len.min(self.segment),
+            self.bytes_per_token,
+            self.is_resident(),
+        ))
     }
     fn bytes(&self) -> usize {
-        self.segment * self.bytes_per_token
+        if self.is_resident() {
+            self.segment * self.bytes_per_token
+        } else {
+            0
+        }
     }
     fn len(&self) -> usize {
         self.len
+    }
+    fn segment_len(&self) -> usize {
+        self.segment
+    }
+    fn is_resident(&self) -> bool {
+        self.resident.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    fn host_bytes(&self) -> usize {
+        if self.is_resident() {
+            0
+        } else {
+            self.segment * self.bytes_per_token
+        }
+    }
+    fn offload(&self) -> Result<()> {
+        self.resident
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+    fn restore(&self) -> Result<()> {
+        self.resident
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -224,11 +280,12 @@ impl Executor for SimExecutor {
             .map(|(p, t)| {
                 self.fresh
                     .fetch_add(t.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                VirtualKv {
-                    len: p.map_or(0, |k| k.len) + t.len(),
-                    segment: t.len(),
-                    bytes_per_token: self.bytes_per_token,
-                }
+                VirtualKv::new(
+                    p.map_or(0, |k| k.len) + t.len(),
+                    t.len(),
+                    self.bytes_per_token,
+                    true,
+                )
             })
             .collect())
     }

@@ -5,7 +5,10 @@ use std::sync::Arc;
 
 use aisql_models::Tokenizer;
 
-use super::{ModelExecutor, ScheduledBackend, SchedulerConfig, SimExecutor, gpu_kv_budget_bytes};
+use super::{
+    ModelExecutor, ScheduledBackend, SchedulerConfig, SimExecutor, default_host_kv_budget_bytes,
+    gpu_kv_budget_bytes,
+};
 use crate::backend::OracleBackend;
 use crate::error::{EngineError, Result};
 
@@ -23,6 +26,10 @@ pub struct ModelSpec {
     /// The KV budget was not chosen by the user: on a GPU, replace it by
     /// [`gpu_kv_budget_bytes`] of the memory left free once the weights are loaded.
     pub kv_budget_from_device: bool,
+    /// The host KV tier was not chosen by the user: on a GPU it gets
+    /// [`default_host_kv_budget_bytes`]; on the CPU, where the KV already lives
+    /// in host memory, none.
+    pub host_kv_from_memory: bool,
 }
 
 /// Where `--model tiny` lives: `models/tiny-qwen3-seed0` under aisql's cache folder
@@ -83,6 +90,12 @@ pub fn load_model_backend(
         scheduler.kv_budget_bytes = gpu_kv_budget_bytes(free);
         meta.insert("device_free_bytes_after_weights".into(), free.into());
     }
+    if spec.host_kv_from_memory {
+        scheduler.host_kv_budget_bytes = match spec.gpu {
+            Some(_) => default_host_kv_budget_bytes(),
+            None => 0,
+        };
+    }
     meta.insert("model".into(), spec.model.clone().into());
     meta.insert("model_path".into(), source.into());
     meta.insert(
@@ -99,6 +112,10 @@ pub fn load_model_backend(
     );
     meta.insert("prefix_cache".into(), scheduler.prefix_cache.into());
     meta.insert("kv_budget_bytes".into(), scheduler.kv_budget_bytes.into());
+    meta.insert(
+        "kv_host_budget_bytes".into(),
+        scheduler.host_kv_budget_bytes.into(),
+    );
     meta.insert("batch_tokens".into(), scheduler.batch_tokens.into());
     let exec = ModelExecutor::new(Arc::new(model), &tokenizer, "model")?;
     Ok((

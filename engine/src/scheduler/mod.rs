@@ -23,8 +23,10 @@
 //! bounded by a token budget.
 //!
 //! The cache lives for one query (fresh tokens are per query). When it outgrows
-//! the KV budget, least recently used documents (with their questions) are
-//! evicted — costing recomputation, never a wrong answer — and documents of
+//! the KV budget, least recently used documents (with their questions) leave
+//! the device: to the host tier while it has room (`host_kv_budget_bytes`),
+//! whence they come back by copy before their next use (restored tokens, not
+//! fresh ones), else evicted — costing recomputation, never a wrong answer. Documents of
 //! tables no later operator reads are dropped as soon as their last operator
 //! starts.
 //!
@@ -39,7 +41,7 @@ mod budget;
 mod executors;
 mod loading;
 
-pub use budget::{default_kv_budget_bytes, gpu_kv_budget_bytes};
+pub use budget::{default_host_kv_budget_bytes, default_kv_budget_bytes, gpu_kv_budget_bytes};
 pub use executors::{
     Executor, ModelExecutor, QWEN3_4B_KV_BYTES_PER_TOKEN, QWEN3_4B_MAX_POSITIONS, SimExecutor,
     VirtualKv, best_label,
@@ -65,6 +67,9 @@ pub struct SchedulerConfig {
     pub prefix_cache: bool,
     /// KV memory budget in bytes.
     pub kv_budget_bytes: usize,
+    /// Host memory for KV moved off the device (0: none). KV evicted from the
+    /// device goes here while it fits and comes back by copy, not recompute.
+    pub host_kv_budget_bytes: usize,
     /// Tokens per forward batch.
     pub batch_tokens: usize,
 }
@@ -74,6 +79,7 @@ impl Default for SchedulerConfig {
         Self {
             prefix_cache: true,
             kv_budget_bytes: default_kv_budget_bytes(),
+            host_kv_budget_bytes: 0,
             batch_tokens: 8192,
         }
     }
@@ -105,8 +111,19 @@ impl<K: KvOps> Cache<K> {
         }
     }
 
+    /// Device bytes of KV held.
     fn bytes(&self) -> usize {
         self.docs.bytes() + self.suffixes.values().map(PrefixTrie::bytes).sum::<usize>()
+    }
+
+    /// Host bytes of KV held (offloaded).
+    fn host_bytes(&self) -> usize {
+        self.docs.host_bytes()
+            + self
+                .suffixes
+                .values()
+                .map(PrefixTrie::host_bytes)
+                .sum::<usize>()
     }
 }
 
@@ -119,6 +136,11 @@ struct QueryState<K> {
     peak_bytes: usize,
     evictions: u64,
     current_op: Option<String>,
+    /// Host tier: peak bytes, documents moved there, positions brought back.
+    host_peak_bytes: usize,
+    offloads: u64,
+    restored_tokens: u64,
+    restored_bytes: u64,
 }
 
 /// The model backend: plan-aware scheduling over an [`Executor`].
@@ -147,6 +169,10 @@ impl<E: Executor> ScheduledBackend<E> {
                 peak_bytes: 0,
                 evictions: 0,
                 current_op: None,
+                host_peak_bytes: 0,
+                offloads: 0,
+                restored_tokens: 0,
+                restored_bytes: 0,
             }),
             gate: QueryGate::default(),
         }
@@ -244,15 +270,19 @@ impl<E: Executor> ScheduledBackend<E> {
     }
 
     /// Keeps the cache within the budget. Documents of the current call are
-    /// kept; among the others, the least recently used go first, each with its
-    /// question trie, then shared prefixes no document holds any more.
-    fn enforce_budget(&self, state: &mut QueryState<E::Kv>, keep: &HashSet<DocKey>) {
+    /// kept; among the others, the least recently used leave the device first,
+    /// each with its question trie: to host memory while the host tier has room
+    /// (making room by dropping its own least recently used documents), dropped
+    /// otherwise. Then shared prefixes no document holds any more go.
+    fn enforce_budget(&self, state: &mut QueryState<E::Kv>, keep: &HashSet<DocKey>) -> Result<()> {
         let mut held = state.cache.bytes();
         state.peak_bytes = state.peak_bytes.max(held);
         let budget = self.config.kv_budget_bytes;
         if held <= budget {
-            return;
+            return Ok(());
         }
+        let host_budget = self.config.host_kv_budget_bytes;
+        let mut host_held = state.cache.host_bytes();
         let cache = &mut state.cache;
         let mut victims: Vec<(u64, DocKey)> = cache
             .last_used
@@ -265,23 +295,51 @@ impl<E: Executor> ScheduledBackend<E> {
             .iter()
             .filter_map(|k| cache.doc_nodes.get(k).copied())
             .collect();
-        for (_, k) in victims {
+        // Offloaded documents, oldest first: the host tier's own eviction order.
+        let mut on_host: std::collections::VecDeque<DocKey> = victims
+            .iter()
+            .filter(|(_, k)| doc_bytes(cache, k, &keep_nodes).0 == 0)
+            .map(|(_, k)| k.clone())
+            .collect();
+        for (_, k) in &victims {
             if held <= budget {
                 break;
             }
-            cache.last_used.remove(&k);
-            if let Some(t) = cache.suffixes.remove(&k) {
-                held -= t.bytes();
-                state.evictions += 1;
+            let (device, host) = doc_bytes(cache, k, &keep_nodes);
+            if device == 0 {
+                continue; // on the host already
             }
-            if let Some(node) = cache.doc_nodes.remove(&k) {
-                // Another document with the same text may still use the node.
-                let shared =
-                    keep_nodes.contains(&node) || cache.doc_nodes.values().any(|&n| n == node);
-                if !shared {
-                    held -= cache.docs.evict_leaf(node);
+            if host_budget > 0 && device + host <= host_budget {
+                while host_held + device > host_budget {
+                    let Some(old) = on_host.pop_front() else {
+                        break;
+                    };
+                    let (d, h) = drop_doc(cache, &old, &keep_nodes);
+                    held -= d;
+                    host_held -= h;
+                    state.evictions += 1;
+                }
+                if host_held + device <= host_budget {
+                    if let Some(t) = cache.suffixes.get(k) {
+                        t.offload_all()?;
+                    }
+                    if let Some(&node) = cache.doc_nodes.get(k)
+                        && !keep_nodes.contains(&node)
+                    {
+                        cache.docs.offload(node)?;
+                    }
+                    held -= device;
+                    host_held += device;
+                    state.offloads += 1;
+                    on_host.push_back(k.clone());
+                    state.host_peak_bytes = state.host_peak_bytes.max(host_held);
+                    continue;
                 }
             }
+            let (d, h) = drop_doc(cache, k, &keep_nodes);
+            held -= d;
+            host_held -= h;
+            state.evictions += 1;
         }
         if held > budget {
             let removed: HashSet<NodeId> = cache
@@ -296,6 +354,7 @@ impl<E: Executor> ScheduledBackend<E> {
             let docs = &cache.doc_nodes;
             cache.suffixes.retain(|k, _| docs.contains_key(k));
         }
+        Ok(())
     }
 
     /// Computes the pending nodes of a trie in waves of at most `batch_tokens`.
@@ -370,6 +429,11 @@ impl<E: Executor> ScheduledBackend<E> {
         for k in &keys {
             cache.last_used.insert(k.clone(), cache.calls);
         }
+        // KV moved to the host comes back by copy, never recomputed.
+        let mut restored = 0;
+        for &leaf in &leaves {
+            restored += cache.docs.restore_path(leaf)?;
+        }
         self.materialize(ticket, &call.op_id, &mut cache.docs, &leaves)?;
         // Question tries: rooted at each document's KV; the suffix computed once per document.
         let mut targets: HashMap<DocKey, NodeId> = HashMap::new();
@@ -385,6 +449,12 @@ impl<E: Executor> ScheduledBackend<E> {
             let node = trie.insert(suffix)?;
             targets.insert(key.clone(), node);
         }
+        for (key, &node) in &targets {
+            restored += cache.suffixes[key].restore_path(node)?;
+        }
+        state.restored_tokens += restored as u64;
+        state.restored_bytes += (restored * self.exec.kv_bytes_per_token()) as u64;
+        let cache = &mut state.cache;
         // Compute all questions in waves across documents: gather pending items.
         self.materialize_suffixes(ticket, &call.op_id, cache, &targets)?;
         // A scored question ending on a view (its exact text is a prefix of
@@ -551,7 +621,7 @@ impl<E: Executor> ScheduledBackend<E> {
             .iter()
             .map(|r| DocKey::new(&call.tables[0], &call.columns[0], r.anchor.id))
             .collect();
-        self.enforce_budget(&mut state, &keep);
+        self.enforce_budget(&mut state, &keep)?;
         Ok(out)
     }
 
@@ -640,6 +710,55 @@ enum Answers {
     Labels(Vec<usize>),
 }
 
+/// Device and host bytes a document holds alone: its question trie, and its
+/// own KV unless a kept document or another key shares that node.
+fn doc_bytes<K: KvOps>(
+    cache: &Cache<K>,
+    k: &DocKey,
+    keep_nodes: &HashSet<NodeId>,
+) -> (usize, usize) {
+    let (mut device, mut host) = cache
+        .suffixes
+        .get(k)
+        .map_or((0, 0), |t| (t.bytes(), t.host_bytes()));
+    if let Some(&node) = cache.doc_nodes.get(k)
+        && !keep_nodes.contains(&node)
+        && !cache.doc_nodes.iter().any(|(o, &n)| n == node && o != k)
+        && let Some(kv) = cache.docs.kv(node)
+    {
+        device += kv.bytes();
+        host += kv.host_bytes();
+    }
+    (device, host)
+}
+
+/// Drops a document's KV from both tiers; returns the (device, host) bytes freed.
+fn drop_doc<K: KvOps>(
+    cache: &mut Cache<K>,
+    k: &DocKey,
+    keep_nodes: &HashSet<NodeId>,
+) -> (usize, usize) {
+    let (mut device, mut host) = (0, 0);
+    cache.last_used.remove(k);
+    if let Some(t) = cache.suffixes.remove(k) {
+        device += t.bytes();
+        host += t.host_bytes();
+    }
+    if let Some(node) = cache.doc_nodes.remove(k) {
+        // Another document with the same text may still use the node.
+        let shared = keep_nodes.contains(&node) || cache.doc_nodes.values().any(|&n| n == node);
+        if !shared {
+            let h = cache.docs.kv(node).map_or(0, KvOps::host_bytes);
+            let d = cache.docs.evict_leaf(node);
+            if d > 0 || cache.docs.kv(node).is_none() {
+                device += d;
+                host += h;
+            }
+        }
+    }
+    (device, host)
+}
+
 /// Splits `items` into consecutive chunks of at most `budget` tokens (at least one item each).
 fn chunk_by_tokens<T>(items: &[T], budget: usize, tokens: impl Fn(&T) -> usize) -> Vec<&[T]> {
     let mut out = Vec::new();
@@ -718,6 +837,10 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         state.peak_bytes = 0;
         state.evictions = 0;
         state.current_op = None;
+        state.host_peak_bytes = 0;
+        state.offloads = 0;
+        state.restored_tokens = 0;
+        state.restored_bytes = 0;
     }
 
     fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {
@@ -737,6 +860,17 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
             state.peak_bytes.max(state.cache.bytes()).into(),
         );
         m.insert("kv_evictions".into(), state.evictions.into());
+        m.insert(
+            "kv_host_budget_bytes".into(),
+            self.config.host_kv_budget_bytes.into(),
+        );
+        m.insert(
+            "kv_host_peak_bytes".into(),
+            state.host_peak_bytes.max(state.cache.host_bytes()).into(),
+        );
+        m.insert("kv_offloads".into(), state.offloads.into());
+        m.insert("restored_tokens".into(), state.restored_tokens.into());
+        m.insert("kv_restored_bytes".into(), state.restored_bytes.into());
         m.insert("kv_budget_bytes".into(), self.config.kv_budget_bytes.into());
         m.insert("batch_tokens".into(), self.config.batch_tokens.into());
         m

@@ -1,0 +1,154 @@
+//! The host KV tier: IMDB-9 and IMDB-10 visit every review as an anchor twice
+//! (r1 then r2), far apart. With a device KV budget far smaller than the
+//! documents, their KV is evicted in between and, without a host tier,
+//! computed again; with one it moves to host memory and comes back by copy.
+//! In simulation, at three device budgets, the fresh tokens then equal those
+//! of an unbounded KV cache (the minimum: every distinct prefix once) and the
+//! answers are those of the unbounded run.
+
+mod common;
+
+use std::sync::Arc;
+
+use aisql_engine::plan::QueryPlan;
+use aisql_engine::query::{QueryOptions, QueryOutput, run_query};
+use aisql_engine::scheduler::{SchedulerConfig, simulation_backend};
+use common::*;
+
+/// Simulated KV bytes per position: small, so the tiny corpus outgrows budgets.
+const BYTES_PER_TOKEN: usize = 1024;
+
+fn count(out: &QueryOutput, key: &str) -> u64 {
+    out.measurements[key].as_u64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_tier_keeps_imdb_9_and_10_at_the_minimum_under_small_kv_budgets() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = TinyCorpus::write(dir.path());
+    let ids = ["IMDB-9", "IMDB-10"];
+    let plans: Vec<QueryPlan> = ids
+        .iter()
+        .map(|id| QueryPlan::from_file(&plans_dir().join(format!("{id}.json"))).unwrap())
+        .collect();
+    let (store, _) = draw_labels(&corpus, &plans);
+    let store = Arc::new(store);
+    let options = QueryOptions {
+        batch_rows: 8,
+        ..Default::default()
+    };
+    let run = |device: usize, host: usize, plan: &QueryPlan| {
+        let config = SchedulerConfig {
+            prefix_cache: true,
+            kv_budget_bytes: device,
+            host_kv_budget_bytes: host,
+            batch_tokens: 512,
+        };
+        let backend = simulation_backend(store.clone(), config, BYTES_PER_TOKEN).unwrap();
+        let (paths, options, plan) = (corpus.paths(), options.clone(), plan.clone());
+        async move { run_query(&plan, &paths, backend, &options).await.unwrap() }
+    };
+    for (id, plan) in ids.iter().zip(&plans) {
+        let unbounded = run(usize::MAX / 2, 0, plan).await;
+        let minimum = count(&unbounded, "fresh_tokens");
+        let peak = count(&unbounded, "kv_peak_bytes") as usize;
+        assert!(!unbounded.answers.is_empty() && minimum > 0, "{id}");
+        for device in [peak / 16, peak / 8, peak / 4] {
+            let without = run(device, 0, plan).await;
+            let with = run(device, usize::MAX / 2, plan).await;
+            let (fresh_without, fresh_with) = (
+                count(&without, "fresh_tokens"),
+                count(&with, "fresh_tokens"),
+            );
+            eprintln!(
+                "{id} device {device} B: fresh {fresh_without} without a host tier, \
+                 {fresh_with} with one (minimum {minimum}), {} positions restored",
+                count(&with, "restored_tokens")
+            );
+            // The budget bites: without the tier reviews are computed twice.
+            assert!(fresh_without > minimum, "{id} at {device} B");
+            assert_eq!(fresh_with, minimum, "{id} at {device} B");
+            assert!(count(&with, "restored_tokens") > 0, "{id} at {device} B");
+            assert!(count(&with, "kv_peak_bytes") as usize <= peak, "{id}");
+            for out in [&without, &with] {
+                assert_eq!(
+                    result_rows(&out.rows),
+                    result_rows(&unbounded.rows),
+                    "{id} at {device} B: rows"
+                );
+                for (a, b) in out.answers.iter().zip(&unbounded.answers) {
+                    assert_eq!(
+                        (&a.ids, &a.answers, &a.labels),
+                        (&b.ids, &b.answers, &b.labels),
+                        "{id} {}",
+                        a.op_id
+                    );
+                }
+            }
+        }
+        // A host tier too small for the reviews still answers the same.
+        let small = run(peak / 8, peak / 8, plan).await;
+        assert_eq!(
+            result_rows(&small.rows),
+            result_rows(&unbounded.rows),
+            "{id}"
+        );
+        assert!(
+            count(&small, "kv_host_peak_bytes") as usize <= peak / 8,
+            "{id}"
+        );
+    }
+}
+
+/// The same on the tiny model: KV moved to the host and back by the real
+/// handles (an offloaded handle used without a restore is an error, so a
+/// forgotten restore fails the run), the answers and fresh tokens those of an
+/// unbounded cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_restores_offloaded_kv_and_answers_the_same() {
+    use aisql_engine::scheduler::{ModelSpec, load_model_backend};
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = TinyCorpus::write(dir.path());
+    let plan = QueryPlan::from_file(&plans_dir().join("IMDB-9.json")).unwrap();
+    let options = QueryOptions {
+        batch_rows: 8,
+        ..Default::default()
+    };
+    let run = |device: usize, host: usize| {
+        let spec = ModelSpec {
+            model: "tiny".into(),
+            gpu: None,
+            dtype: None,
+            scheduler: SchedulerConfig {
+                prefix_cache: true,
+                kv_budget_bytes: device,
+                host_kv_budget_bytes: host,
+                batch_tokens: 2048,
+            },
+            kv_budget_from_device: false,
+            host_kv_from_memory: false,
+        };
+        let (paths, options, plan) = (corpus.paths(), options.clone(), plan.clone());
+        async move {
+            let (backend, _) = load_model_backend(&spec).unwrap();
+            run_query(&plan, &paths, backend, &options).await.unwrap()
+        }
+    };
+    let unbounded = run(usize::MAX / 2, 0).await;
+    let peak = count(&unbounded, "kv_peak_bytes") as usize;
+    let tiered = run(peak / 8, usize::MAX / 2).await;
+    assert!(count(&tiered, "restored_tokens") > 0);
+    assert_eq!(
+        count(&tiered, "fresh_tokens"),
+        count(&unbounded, "fresh_tokens")
+    );
+    assert_eq!(result_rows(&tiered.rows), result_rows(&unbounded.rows));
+    for (a, b) in tiered.answers.iter().zip(&unbounded.answers) {
+        assert_eq!(
+            (&a.ids, &a.answers, &a.labels),
+            (&b.ids, &b.answers, &b.labels),
+            "{}",
+            a.op_id
+        );
+    }
+}
