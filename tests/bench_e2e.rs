@@ -301,7 +301,26 @@ fn simulated_fresh_tokens_give_prompt_pieces_minimum_and_regret() {
         let pieces = read_json(&run.join(q["files"]["prompt_pieces"].as_str().unwrap()));
         assert_eq!(pieces["tokenizer"], "Qwen/Qwen3-32B");
         assert!(!pieces["preamble"].as_array().unwrap().is_empty());
+        // The host tier's counts are recorded (0 where nothing was evicted).
+        assert!(q["measurements"]["restored_tokens"].is_u64(), "{id}");
     }
+    // report.md's token section has regret and restored tokens per query.
+    let report = std::fs::read_to_string(run.join("report.md")).unwrap();
+    assert!(
+        report.contains(
+            "| Minimum tokens | Recomputed KV tokens | KV regret (%) | Restored KV tokens |"
+        ),
+        "{report}"
+    );
+    let tokens = report
+        .split("## Input rows and token counts")
+        .nth(1)
+        .expect("a token section");
+    let imdb7 = tokens
+        .lines()
+        .find(|l| l.starts_with("| IMDB-7 |"))
+        .expect("IMDB-7's token row");
+    assert!(imdb7.trim_end().ends_with("| 0 |"), "{imdb7}");
 }
 
 #[test]

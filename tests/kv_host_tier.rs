@@ -69,6 +69,16 @@ async fn a_host_tier_keeps_imdb_9_and_10_at_the_minimum_under_small_kv_budgets()
             assert!(fresh_without > minimum, "{id} at {device} B");
             assert_eq!(fresh_with, minimum, "{id} at {device} B");
             assert!(count(&with, "restored_tokens") > 0, "{id} at {device} B");
+            // Moving KV is charged at the simulated host link, both ways.
+            let moved = count(&with, "kv_offloaded_bytes") + count(&with, "kv_restored_bytes");
+            let seconds = with.measurements["kv_transfer_seconds"].as_f64().unwrap();
+            assert!(moved > 0, "{id}");
+            assert!(
+                (seconds - moved as f64 / aisql_engine::scheduler::SIMULATED_LINK_BYTES_PER_SECOND)
+                    .abs()
+                    < 1e-12,
+                "{id}: {seconds} s for {moved} bytes"
+            );
             assert!(count(&with, "kv_peak_bytes") as usize <= peak, "{id}");
             for out in [&without, &with] {
                 assert_eq!(
@@ -138,6 +148,8 @@ async fn the_model_restores_offloaded_kv_and_answers_the_same() {
     let peak = count(&unbounded, "kv_peak_bytes") as usize;
     let tiered = run(peak / 8, usize::MAX / 2).await;
     assert!(count(&tiered, "restored_tokens") > 0);
+    // The model's moves really happen: their time is the query's, not simulated.
+    assert!(!tiered.measurements.contains_key("kv_transfer_seconds"));
     assert_eq!(
         count(&tiered, "fresh_tokens"),
         count(&unbounded, "fresh_tokens")

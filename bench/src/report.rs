@@ -161,8 +161,11 @@ pub fn report_markdown(run: &RunFile, charts: &[(String, String)]) -> String {
         String::new(),
         "## Input rows and token counts".into(),
         String::new(),
-        "| Query | Input rows by alias | Input tokens | Fresh tokens | Minimum tokens | Recomputed KV tokens |".into(),
-        "| --- | --- | --- | --- | --- | --- |".into(),
+        "Restored KV tokens came back from the host memory tier by copy: neither fresh nor recomputed."
+            .into(),
+        String::new(),
+        "| Query | Input rows by alias | Input tokens | Fresh tokens | Minimum tokens | Recomputed KV tokens | KV regret (%) | Restored KV tokens |".into(),
+        "| --- | --- | --- | --- | --- | --- | --- | --- |".into(),
     ]);
     for q in &run.queries {
         let m = metrics(q);
@@ -176,14 +179,19 @@ pub fn report_markdown(run: &RunFile, charts: &[(String, String)]) -> String {
                     .join(", ")
             },
         );
+        let restored = m
+            .and(q.measurements.as_ref())
+            .and_then(|x| x.get("restored_tokens").and_then(serde_json::Value::as_u64));
         l.push(format!(
-            "| {} | {rows} | {} | {} | {} | {} |",
+            "| {} | {rows} | {} | {} | {} | {} | {} | {} |",
             q.id,
             int(m.and_then(|m| m.input_tokens)),
             int(m.and_then(|m| m.fresh_tokens)),
             int(m.and_then(|m| m.minimum_tokens)),
             m.and_then(|m| m.regret_tokens)
                 .map_or_else(|| "unavailable".to_string(), |v| v.to_string()),
+            num(m.and_then(|m| m.kv_regret_percent)),
+            int(restored),
         ));
     }
     if !charts.is_empty() {

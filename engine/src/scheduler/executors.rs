@@ -42,7 +42,17 @@ pub trait Executor: Send + Sync {
     fn kv_bytes_per_token(&self) -> usize;
     /// Longest prompt the model was trained for (`max_position_embeddings`).
     fn max_positions(&self) -> usize;
+    /// Bytes per second the simulation charges for moving KV between device
+    /// and host memory; `None` where the moves really happen (their time is
+    /// in the query's).
+    fn simulated_link_bytes_per_second(&self) -> Option<f64> {
+        None
+    }
 }
+
+/// The host link the simulation assumes: PCIe 5 ×16, about 50 GB/s, as an
+/// H200's host has.
+pub const SIMULATED_LINK_BYTES_PER_SECOND: f64 = 50e9;
 
 impl KvOps for KvHandle {
     fn prefix(&self, len: usize) -> Result<Self> {
@@ -334,5 +344,9 @@ impl Executor for SimExecutor {
 
     fn max_positions(&self) -> usize {
         QWEN3_4B_MAX_POSITIONS
+    }
+
+    fn simulated_link_bytes_per_second(&self) -> Option<f64> {
+        Some(SIMULATED_LINK_BYTES_PER_SECOND)
     }
 }

@@ -43,8 +43,8 @@ mod loading;
 
 pub use budget::{default_host_kv_budget_bytes, default_kv_budget_bytes, gpu_kv_budget_bytes};
 pub use executors::{
-    Executor, ModelExecutor, QWEN3_4B_KV_BYTES_PER_TOKEN, QWEN3_4B_MAX_POSITIONS, SimExecutor,
-    VirtualKv, best_label,
+    Executor, ModelExecutor, QWEN3_4B_KV_BYTES_PER_TOKEN, QWEN3_4B_MAX_POSITIONS,
+    SIMULATED_LINK_BYTES_PER_SECOND, SimExecutor, VirtualKv, best_label,
 };
 pub use loading::{ModelSpec, RunMetadata, load_model_backend, simulation_backend, tiny_model_dir};
 
@@ -141,6 +141,7 @@ struct QueryState<K> {
     offloads: u64,
     restored_tokens: u64,
     restored_bytes: u64,
+    offloaded_bytes: u64,
 }
 
 /// The model backend: plan-aware scheduling over an [`Executor`].
@@ -173,6 +174,7 @@ impl<E: Executor> ScheduledBackend<E> {
                 offloads: 0,
                 restored_tokens: 0,
                 restored_bytes: 0,
+                offloaded_bytes: 0,
             }),
             gate: QueryGate::default(),
         }
@@ -331,6 +333,7 @@ impl<E: Executor> ScheduledBackend<E> {
                     held -= device;
                     host_held += device;
                     state.offloads += 1;
+                    state.offloaded_bytes += device as u64;
                     on_host.push_back(k.clone());
                     state.host_peak_bytes = state.host_peak_bytes.max(host_held);
                     continue;
@@ -841,6 +844,7 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         state.offloads = 0;
         state.restored_tokens = 0;
         state.restored_bytes = 0;
+        state.offloaded_bytes = 0;
     }
 
     fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {
@@ -871,6 +875,11 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         m.insert("kv_offloads".into(), state.offloads.into());
         m.insert("restored_tokens".into(), state.restored_tokens.into());
         m.insert("kv_restored_bytes".into(), state.restored_bytes.into());
+        m.insert("kv_offloaded_bytes".into(), state.offloaded_bytes.into());
+        if let Some(link) = self.exec.simulated_link_bytes_per_second() {
+            let moved = (state.offloaded_bytes + state.restored_bytes) as f64;
+            m.insert("kv_transfer_seconds".into(), (moved / link).into());
+        }
         m.insert("kv_budget_bytes".into(), self.config.kv_budget_bytes.into());
         m.insert("batch_tokens".into(), self.config.batch_tokens.into());
         m
