@@ -297,17 +297,23 @@ impl<E: Executor> ScheduledBackend<E> {
             .iter()
             .filter_map(|k| cache.doc_nodes.get(k).copied())
             .collect();
+        // How many document keys use each node (documents with one text share
+        // one), counted once rather than searched for per document.
+        let mut users: HashMap<NodeId, usize> = HashMap::new();
+        for &n in cache.doc_nodes.values() {
+            *users.entry(n).or_default() += 1;
+        }
         // Offloaded documents, oldest first: the host tier's own eviction order.
         let mut on_host: std::collections::VecDeque<DocKey> = victims
             .iter()
-            .filter(|(_, k)| doc_bytes(cache, k, &keep_nodes).0 == 0)
+            .filter(|(_, k)| doc_bytes(cache, k, &keep_nodes, &users).0 == 0)
             .map(|(_, k)| k.clone())
             .collect();
         for (_, k) in &victims {
             if held <= budget {
                 break;
             }
-            let (device, host) = doc_bytes(cache, k, &keep_nodes);
+            let (device, host) = doc_bytes(cache, k, &keep_nodes, &users);
             if device == 0 {
                 continue; // on the host already
             }
@@ -316,7 +322,7 @@ impl<E: Executor> ScheduledBackend<E> {
                     let Some(old) = on_host.pop_front() else {
                         break;
                     };
-                    let (d, h) = drop_doc(cache, &old, &keep_nodes);
+                    let (d, h) = drop_doc(cache, &old, &keep_nodes, &mut users);
                     held -= d;
                     host_held -= h;
                     state.evictions += 1;
@@ -339,7 +345,7 @@ impl<E: Executor> ScheduledBackend<E> {
                     continue;
                 }
             }
-            let (d, h) = drop_doc(cache, k, &keep_nodes);
+            let (d, h) = drop_doc(cache, k, &keep_nodes, &mut users);
             held -= d;
             host_held -= h;
             state.evictions += 1;
@@ -719,6 +725,7 @@ fn doc_bytes<K: KvOps>(
     cache: &Cache<K>,
     k: &DocKey,
     keep_nodes: &HashSet<NodeId>,
+    users: &HashMap<NodeId, usize>,
 ) -> (usize, usize) {
     let (mut device, mut host) = cache
         .suffixes
@@ -726,7 +733,7 @@ fn doc_bytes<K: KvOps>(
         .map_or((0, 0), |t| (t.bytes(), t.host_bytes()));
     if let Some(&node) = cache.doc_nodes.get(k)
         && !keep_nodes.contains(&node)
-        && !cache.doc_nodes.iter().any(|(o, &n)| n == node && o != k)
+        && users.get(&node).copied().unwrap_or(0) <= 1
         && let Some(kv) = cache.docs.kv(node)
     {
         device += kv.bytes();
@@ -740,6 +747,7 @@ fn drop_doc<K: KvOps>(
     cache: &mut Cache<K>,
     k: &DocKey,
     keep_nodes: &HashSet<NodeId>,
+    users: &mut HashMap<NodeId, usize>,
 ) -> (usize, usize) {
     let (mut device, mut host) = (0, 0);
     cache.last_used.remove(k);
@@ -749,7 +757,11 @@ fn drop_doc<K: KvOps>(
     }
     if let Some(node) = cache.doc_nodes.remove(k) {
         // Another document with the same text may still use the node.
-        let shared = keep_nodes.contains(&node) || cache.doc_nodes.values().any(|&n| n == node);
+        let left = users.get_mut(&node).map_or(0, |n| {
+            *n -= 1;
+            *n
+        });
+        let shared = keep_nodes.contains(&node) || left > 0;
         if !shared {
             let h = cache.docs.kv(node).map_or(0, KvOps::host_bytes);
             let d = cache.docs.evict_leaf(node);
