@@ -10,7 +10,7 @@ use std::sync::Arc;
 use aisql_engine::backend::OracleBackend;
 use aisql_engine::labels::{LabelSet, LabelStore};
 use aisql_engine::plan::QueryPlan;
-use aisql_engine::query::{QueryOptions, run_query};
+use aisql_engine::query::QueryOptions;
 use assert_cmd::Command;
 use common::*;
 use predicates::prelude::*;
@@ -202,7 +202,7 @@ async fn a_label_missing_from_the_collection_names_predicate_and_id() {
     }
     let mut broken = LabelStore::new("gt_broken", "none");
     broken.insert(set).unwrap();
-    let err = run_query(
+    let err = collect_query(
         &q,
         &corpus.paths(),
         Arc::new(OracleBackend::new(Arc::new(broken))),

@@ -11,7 +11,7 @@ mod common;
 use std::sync::Arc;
 
 use aisql_engine::plan::QueryPlan;
-use aisql_engine::query::{QueryOptions, QueryOutput, run_query};
+use aisql_engine::query::{QueryOptions, QueryOutput};
 use aisql_engine::scheduler::{SchedulerConfig, simulation_backend};
 use common::*;
 
@@ -46,7 +46,11 @@ async fn a_host_tier_keeps_imdb_9_and_10_at_the_minimum_under_small_kv_budgets()
         };
         let backend = simulation_backend(store.clone(), config, BYTES_PER_TOKEN).unwrap();
         let (paths, options, plan) = (corpus.paths(), options.clone(), plan.clone());
-        async move { run_query(&plan, &paths, backend, &options).await.unwrap() }
+        async move {
+            collect_query(&plan, &paths, backend, &options)
+                .await
+                .unwrap()
+        }
     };
     for (id, plan) in ids.iter().zip(&plans) {
         let unbounded = run(usize::MAX / 2, 0, plan).await;
@@ -141,7 +145,9 @@ async fn the_model_restores_offloaded_kv_and_answers_the_same() {
         let (paths, options, plan) = (corpus.paths(), options.clone(), plan.clone());
         async move {
             let (backend, _) = load_model_backend(&spec).unwrap();
-            run_query(&plan, &paths, backend, &options).await.unwrap()
+            collect_query(&plan, &paths, backend, &options)
+                .await
+                .unwrap()
         }
     };
     let unbounded = run(usize::MAX / 2, 0).await;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use aisql_engine::backend::{AiKind, OracleBackend};
 use aisql_engine::plan::QueryPlan;
-use aisql_engine::query::{QueryOptions, run_query};
+use aisql_engine::query::QueryOptions;
 use common::*;
 
 #[tokio::test]
@@ -32,7 +32,7 @@ async fn every_catalog_query_matches_the_reference_result() {
             ..Default::default()
         };
         for (id, q) in ids.iter().zip(&plans) {
-            let out = run_query(q, &corpus.paths(), backend.clone(), &options)
+            let out = collect_query(q, &corpus.paths(), backend.clone(), &options)
                 .await
                 .unwrap_or_else(|e| panic!("{id} (batches of {batch_rows}): {e}"));
             let names: Vec<String> = out

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use aisql_engine::backend::{AiCall, AiRequest, InferenceBackend};
-use aisql_engine::query::{QueryOptions, run_query};
+use aisql_engine::query::QueryOptions;
 use assert_cmd::Command;
-use common::Fails;
+use common::{Fails, collect_query};
 use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
@@ -234,7 +234,7 @@ async fn ten_million_tiny_rows_run_through_an_ai_filter() {
         .unwrap();
     let paths = [("reviews".to_string(), path)].into_iter().collect();
     let t1 = Instant::now();
-    let out = run_query(&query, &paths, Arc::new(NoModel), &QueryOptions::default())
+    let out = collect_query(&query, &paths, Arc::new(NoModel), &QueryOptions::default())
         .await
         .unwrap();
     eprintln!(

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use aisql_engine::answers::AnswerTable;
 use aisql_engine::backend::InferenceBackend;
 use aisql_engine::plan::QueryPlan;
-use aisql_engine::query::{QueryOptions, run_query};
+use aisql_engine::query::QueryOptions;
 use aisql_engine::scheduler::{SchedulerConfig, simulation_backend};
 use aisql_engine::sql::{Evaluation, SqlSession};
 use common::*;
@@ -84,7 +84,7 @@ async fn sql_spellings_of_quailb_queries_match_their_plans() {
         };
         let sql = sql_session(backend.clone(), &corpus, &options).await;
         for (id, plan) in ids.iter().zip(&plans) {
-            let want = run_query(plan, &corpus.paths(), backend.clone(), &options)
+            let want = collect_query(plan, &corpus.paths(), backend.clone(), &options)
                 .await
                 .unwrap_or_else(|e| panic!("{id} (Substrait): {e}"));
             let got = sql

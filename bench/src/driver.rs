@@ -12,10 +12,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aisql_engine::backend::InferenceBackend;
-use aisql_engine::output::{OutputFiles, is_temp_name, write_query_outputs};
+use aisql_engine::output::{OutputFiles, ROWS_FILE, is_temp_name, write_answer_outputs};
 use aisql_engine::plan::QueryPlan;
 use aisql_engine::prompt::PromptFormat;
-use aisql_engine::query::{QueryOptions, QueryOutput, run_query};
+use aisql_engine::query::{QueryOptions, QueryOutput, output_schema, run_query_into};
+use aisql_engine::row_sink::ParquetRows;
 use aisql_engine::tables::TablePaths;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -197,7 +198,7 @@ async fn save_blocking(
         plan.clone(),
     );
     blocking(move || {
-        let mut files = write_query_outputs(&dir.join(&id), &id, &plan, &out)?;
+        let mut files = write_answer_outputs(&dir.join(&id), &id, &plan, &out)?;
         files.prompt_pieces = scorer.save_pieces(&dir, &id, &plan, &out.measurements)?;
         files.sha256 = hash_files(&dir, &files)?;
         Ok(files)
@@ -446,7 +447,15 @@ pub async fn run_bench(
                 backend.clone(),
                 query_options.clone(),
             );
-            tokio::spawn(async move { run_query(&plan, &tables, backend, &o).await })
+            // Rows stream into the query's folder as they arrive: a result larger
+            // than memory is never held.
+            let rows_path = dir.join(id).join(ROWS_FILE);
+            tokio::spawn(async move {
+                let mut rows = ParquetRows::create(&rows_path, output_schema(&plan))?;
+                let out = run_query_into(&plan, &tables, backend, &o, &mut rows).await?;
+                rows.finish()?;
+                Ok::<_, aisql_engine::EngineError>(out)
+            })
         };
         let abort = handle.abort_handle();
         let timeout = async {

@@ -10,6 +10,7 @@ use aisql_engine::answers::AnswerTable;
 use aisql_engine::backend::AiKind;
 use aisql_engine::labels::{LabelSet, LabelStore};
 use aisql_engine::output::{OutputFiles, read_parquet};
+use aisql_engine::parquet_read::stream_batches;
 use aisql_engine::plan::{Operator, QueryPlan};
 use datafusion::arrow::array::{Array, RecordBatch, StringArray};
 use serde::{Deserialize, Serialize};
@@ -19,6 +20,7 @@ use aisql_models::tokenizer::Tokenizer;
 use crate::corpus::Corpus;
 use crate::error::{BenchError, Result};
 use crate::layout::Dataset;
+use crate::reference::Reference;
 use crate::run_file::{QueryMetrics, QueryRecord, QueryStatus, Throughput, write_atomic};
 use crate::tokens::{DocTokens, measured, piece_counts, pieces_json, plan_pieces, token_metrics};
 
@@ -524,20 +526,6 @@ pub fn compare_rows(
     (quality, Assessment { verdict, reasons })
 }
 
-fn label_set<'a>(labels: &'a LabelStore, op: &Operator) -> Result<&'a LabelSet> {
-    let template = op.template().unwrap_or_default();
-    labels
-        .for_template(template)
-        .map(|s| s.as_ref())
-        .ok_or_else(|| {
-            err(format!(
-                "collection {} has no labels for {}",
-                labels.collection_id,
-                op.id()
-            ))
-        })
-}
-
 /// The reference result of a query (SPEC §D.2), columns in output order.
 pub fn reference_rows(
     plan: &QueryPlan,
@@ -545,184 +533,68 @@ pub fn reference_rows(
     corpus: &Corpus,
     interner: &mut Interner,
 ) -> Result<Tuples> {
-    // Survivors per alias.
-    let mut survivors: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for r in &plan.relations {
-        survivors.insert(r.alias.clone(), corpus.ids(&r.table)?.ids.clone());
-    }
-    let mut doc_labels: HashMap<(String, String), HashMap<String, String>> = HashMap::new();
-    for op in &plan.operators {
-        match op {
-            Operator::Filter { alias, id, .. } => {
-                let set = label_set(labels, op)?;
-                let s = survivors.get_mut(alias).expect("alias of a filter");
-                let mut keep = Vec::with_capacity(s.len());
-                for x in s.drain(..) {
-                    if set.get_bool(&x, None).ok_or_else(|| {
-                        err(format!(
-                            "{id}: predicate {} has no label for {x}",
-                            set.info.key
-                        ))
-                    })? {
-                        keep.push(x);
-                    }
-                }
-                *s = keep;
-            }
-            Operator::Classify {
-                alias,
-                partner: None,
-                output,
-                ..
-            } => {
-                let set = label_set(labels, op)?;
-                let s = survivors.get_mut(alias).expect("alias of a classification");
-                let mut map = HashMap::new();
-                s.retain(|x| match set.get_label(x, None) {
-                    Some(l) => {
-                        map.insert(x.clone(), l.to_string());
-                        true
-                    }
-                    None => false,
-                });
-                doc_labels.insert((alias.clone(), output.clone()), map);
-            }
-            _ => {}
-        }
-    }
-    for op in &plan.operators {
-        if let Operator::InList {
-            alias,
-            output,
-            accepted,
-            ..
-        } = op
-        {
-            let map = doc_labels
-                .get(&(alias.clone(), output.clone()))
-                .ok_or_else(|| {
-                    err(format!(
-                        "{}: no classification for {alias}.{output}",
-                        op.id()
-                    ))
-                })?;
-            survivors
-                .get_mut(alias)
-                .expect("alias of an IN-list")
-                .retain(|x| map.get(x).is_some_and(|l| accepted.contains(l)));
-        }
-    }
+    let reference = Reference::build(plan, labels, corpus)?;
+    let survivors: BTreeMap<&str, &Vec<String>> = reference
+        .survivors
+        .iter()
+        .map(|s| (s.alias.as_str(), &s.ids))
+        .collect();
     // Joins, then their natural join.
     check_width(plan.relations.len(), "the query's join")?;
     check_width(plan.select.len(), "the query's output")?;
     let mut result: Option<(Vec<String>, Vec<Row>)> = None;
-    for op in &plan.operators {
-        let Operator::Join { aliases, on, .. } = op else {
-            continue;
-        };
-        let set = label_set(labels, op)?;
-        let rel = |a: &str| plan.relation(a).expect("join alias");
-        let eq_cols: Vec<_> = on
+    for join in &reference.joins {
+        let (l, r) = (
+            &reference.survivors[join.left],
+            &reference.survivors[join.right],
+        );
+        let pairs: Vec<Row> = join
+            .pairs
             .iter()
-            .map(|(c0, c1)| -> Result<_> {
-                Ok((
-                    corpus.column(&rel(&aliases[0]).table, c0)?,
-                    corpus.column(&rel(&aliases[1]).table, c1)?,
-                ))
+            .map(|&(i, j)| {
+                [
+                    interner.intern(&l.ids[i as usize]),
+                    interner.intern(&r.ids[j as usize]),
+                ]
+                .into_iter()
+                .collect()
             })
-            .collect::<Result<_>>()?;
-        let left = &survivors[&aliases[0]];
-        let right = &survivors[&aliases[1]];
-        let mut by_key: HashMap<Vec<&str>, Vec<&String>> = HashMap::new();
-        for y in right {
-            let k: Vec<&str> = eq_cols
-                .iter()
-                .map(|(_, c1)| c1.get(y).unwrap_or(""))
-                .collect();
-            by_key.entry(k).or_default().push(y);
-        }
-        let mut pairs = Vec::new();
-        for x in left {
-            let k: Vec<&str> = eq_cols
-                .iter()
-                .map(|(c0, _)| c0.get(x).unwrap_or(""))
-                .collect();
-            for y in by_key.get(&k).map(Vec::as_slice).unwrap_or(&[]) {
-                if set.get_bool(x, Some(y)) == Some(true) {
-                    pairs.push(
-                        [interner.intern(x), interner.intern(y)]
-                            .into_iter()
-                            .collect::<Row>(),
-                    );
-                }
-            }
-        }
-        let rel_cols = aliases.to_vec();
+            .collect();
+        let rel_cols = vec![l.alias.clone(), r.alias.clone()];
         result = Some(match result {
             None => (rel_cols, pairs),
             Some((cols, rows)) => natural_join(&cols, &rows, &rel_cols, &pairs),
         });
     }
-    let (cols, mut rows) = match result {
+    let (cols, rows) = match result {
         Some(r) => r,
         None => {
             let base = &plan.relations[0].alias;
             (
                 vec![base.clone()],
-                survivors[base]
+                survivors[base.as_str()]
                     .iter()
                     .map(|x| std::iter::once(interner.intern(x)).collect::<Row>())
                     .collect(),
             )
         }
     };
-    // Restrict each alias to its survivors.
-    let sets: Vec<HashSet<u32>> = cols
-        .iter()
-        .map(|a| survivors[a].iter().map(|x| interner.intern(x)).collect())
-        .collect();
-    rows.retain(|r| r.iter().zip(&sets).all(|(x, s)| s.contains(x)));
     // Label columns and projection.
-    let col_of = |a: &str| cols.iter().position(|c| c == a);
+    let col_of = |a: &str| {
+        cols.iter()
+            .position(|c| c == a)
+            .ok_or_else(|| err(format!("alias {a} not joined")))
+    };
     let mut out = HashSet::new();
     for r in &rows {
         let mut t = Row::default();
         for s in &plan.select {
             if s.column == "id" {
-                let i =
-                    col_of(&s.alias).ok_or_else(|| err(format!("alias {} not joined", s.alias)))?;
-                t.extend([r[i]]);
+                t.extend([r[col_of(&s.alias)?]]);
                 continue;
             }
-            let op = plan
-                .operators
-                .iter()
-                .find(|o| matches!(o, Operator::Classify { alias, output, .. } if *alias == s.alias && *output == s.column))
-                .ok_or_else(|| err(format!("no classification outputs {}.{}", s.alias, s.column)))?;
-            let Operator::Classify { alias, partner, .. } = op else {
-                unreachable!()
-            };
-            let x = interner
-                .get(r[col_of(alias).ok_or_else(|| err(format!("alias {alias} not joined")))?]);
-            let label = match partner {
-                None => doc_labels[&(alias.clone(), s.column.clone())]
-                    .get(x)
-                    .cloned()
-                    .ok_or_else(|| err(format!("{}: no label for {x}", op.id())))?,
-                Some(p) => {
-                    let y = interner
-                        .get(r[col_of(p).ok_or_else(|| err(format!("alias {p} not joined")))?]);
-                    label_set(labels, op)?
-                        .get_label(x, Some(y))
-                        .map(str::to_string)
-                        .ok_or_else(|| {
-                            err(format!(
-                                "{}: no reference label for the pair ({x}, {y})",
-                                op.id()
-                            ))
-                        })?
-                }
-            };
+            let id_of = |alias: &str| Ok(interner.get(r[col_of(alias)?]).to_string());
+            let label = reference.label_of(&s.alias, &s.column, id_of)?;
             t.extend([interner.intern(&label)]);
         }
         out.insert(t);
@@ -822,29 +694,15 @@ pub struct SavedQuery {
 }
 
 impl SavedQuery {
-    /// Reads the files of a query saved under `run_dir`.
+    /// Reads the files of a query saved under `run_dir`, its rows into memory.
     pub fn load(run_dir: &Path, files: &OutputFiles) -> Result<Self> {
         let batch = read_parquet(&run_dir.join(&files.rows))?;
         let mut interner = Interner::default();
         let rows = Tuples::from_batch(&batch, &mut interner)?;
-        let mut answers = Vec::new();
-        for (list, kind) in [
-            (&files.filters, AiKind::Filter),
-            (&files.joins, AiKind::Join),
-            (&files.classifications, AiKind::Classify),
-        ] {
-            for f in list {
-                let path = run_dir.join(&f.path);
-                let batch = read_parquet(&path)?;
-                let table = AnswerTable::from_record_batch(&f.key, kind, &batch)
-                    .map_err(|e| err(format!("{}: {e}", path.display())))?;
-                answers.push(table);
-            }
-        }
         Ok(Self {
             rows,
             interner,
-            answers,
+            answers: load_answers(run_dir, files)?,
         })
     }
 
@@ -852,6 +710,66 @@ impl SavedQuery {
     pub fn answers_of(&self, op_id: &str) -> Option<&AnswerTable> {
         self.answers.iter().find(|t| t.op_id == op_id)
     }
+}
+
+/// The answer tables of a query saved under `run_dir`, in file order (filters,
+/// joins, classifications).
+pub fn load_answers(run_dir: &Path, files: &OutputFiles) -> Result<Vec<AnswerTable>> {
+    let mut answers = Vec::new();
+    for (list, kind) in [
+        (&files.filters, AiKind::Filter),
+        (&files.joins, AiKind::Join),
+        (&files.classifications, AiKind::Classify),
+    ] {
+        for f in list {
+            let path = run_dir.join(&f.path);
+            let batch = read_parquet(&path)?;
+            let table = AnswerTable::from_record_batch(&f.key, kind, &batch)
+                .map_err(|e| err(format!("{}: {e}", path.display())))?;
+            answers.push(table);
+        }
+    }
+    Ok(answers)
+}
+
+/// The answer table of operator `op_id` among `answers`.
+fn answers_of<'a>(answers: &'a [AnswerTable], op_id: &str) -> Option<&'a AnswerTable> {
+    answers.iter().find(|t| t.op_id == op_id)
+}
+
+/// Compares the rows saved in `rows_path` with the reference: streamed, with
+/// neither side held in memory, when the plan's shape allows it (see
+/// [`Reference::compare_stream`]), else both materialised.
+pub fn compare_saved_rows(
+    plan: &QueryPlan,
+    labels: &LabelStore,
+    corpus: &Corpus,
+    rows_path: &Path,
+) -> Result<(OutputAccuracy, Assessment)> {
+    let failed = |e: &dyn std::fmt::Display| err(format!("{}: {e}", rows_path.display()));
+    let open = || stream_batches(rows_path, 8192).map_err(|e| failed(&e));
+    let columns: Vec<String> = open()?
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    let stream = || Ok(open()?.map(move |b| b.map_err(|e| failed(&e))));
+    let mut wanted = plan.output_names();
+    let mut have = columns.clone();
+    wanted.sort();
+    have.sort();
+    if have == wanted {
+        let reference = Reference::build(plan, labels, corpus)?;
+        if let Some(compared) = reference.compare_stream(&columns, stream)? {
+            return Ok(compared);
+        }
+    }
+    let batch = read_parquet(rows_path)?;
+    let mut interner = Interner::default();
+    let predicted = Tuples::from_batch(&batch, &mut interner)?;
+    let expected = reference_rows(plan, labels, corpus, &mut interner)?;
+    Ok(compare_rows(&predicted, &expected, &label_columns(plan)))
 }
 
 /// Label columns of a plan's output (names).
@@ -869,11 +787,10 @@ pub fn score_accuracy(
     labels: &LabelStore,
     corpus: &Corpus,
     table_rows: &BTreeMap<String, u64>,
-    saved: &SavedQuery,
+    rows_path: &Path,
+    answers: &[AnswerTable],
 ) -> Result<(Accuracy, Assessment)> {
-    let mut interner = saved.interner.clone();
-    let expected = reference_rows(plan, labels, corpus, &mut interner)?;
-    let (output, assessment) = compare_rows(&saved.rows, &expected, &label_columns(plan));
+    let (output, assessment) = compare_saved_rows(plan, labels, corpus, rows_path)?;
     let mut answer = BinaryCounts::default();
     let mut label = LabelCounts::default();
     let mut per = Vec::new();
@@ -881,10 +798,9 @@ pub fn score_accuracy(
         if op.template().is_none() {
             continue;
         }
-        let table = saved
-            .answers_of(op.id())
+        let table = answers_of(answers, op.id())
             .ok_or_else(|| err(format!("{}: no answer table was saved", op.id())))?;
-        let set = label_set(labels, op)?;
+        let set = crate::reference::label_set(labels, op)?;
         let key = set.info.key.clone();
         let operator_id = op.id().to_string();
         match op {
@@ -995,17 +911,18 @@ impl Scorer {
             .ok_or_else(|| err(format!("{}: the query has no runtime", rec.id)))?;
         let empty = serde_json::Map::new();
         let measurements = rec.measurements.as_ref().unwrap_or(&empty);
-        let saved = SavedQuery::load(run_dir, files)?;
-        let (accuracy, assessment) =
-            score_accuracy(plan, &self.labels, &self.corpus, &self.table_rows, &saved)?;
+        let answers = load_answers(run_dir, files)?;
+        let (accuracy, assessment) = score_accuracy(
+            plan,
+            &self.labels,
+            &self.corpus,
+            &self.table_rows,
+            &run_dir.join(&files.rows),
+            &answers,
+        )?;
         let counts = if files.prompt_pieces.is_some() && has_fresh_tokens(measurements) {
             let pieces = plan_pieces(plan, self.docs.tokenizer())?;
-            Some(piece_counts(
-                &pieces,
-                &saved.answers,
-                &self.corpus,
-                &self.docs,
-            )?)
+            Some(piece_counts(&pieces, &answers, &self.corpus, &self.docs)?)
         } else {
             None
         };
@@ -1031,7 +948,7 @@ impl Scorer {
         } else {
             joins
                 .iter()
-                .map(|o| saved.answers_of(o.id()).map(|t| t.len() as u64))
+                .map(|o| answers_of(&answers, o.id()).map(|t| t.len() as u64))
                 .sum::<Option<u64>>()
                 .or_else(|| {
                     measurements

@@ -30,6 +30,7 @@ pub mod plan;
 pub mod prompt;
 pub mod query;
 pub mod query_gate;
+pub mod row_sink;
 pub mod scheduler;
 pub mod sql;
 pub mod tables;

@@ -106,16 +106,20 @@ pub fn publish(tmp: &Path, path: &Path) -> Result<()> {
     std::fs::rename(tmp, path).map_err(|e| EngineError::io(path, e))
 }
 
+/// How every output Parquet file is written: zstd level 3.
+pub fn parquet_properties() -> WriterProperties {
+    WriterProperties::builder()
+        .set_compression(Compression::ZSTD(
+            ZstdLevel::try_new(3).expect("valid zstd level"),
+        ))
+        .build()
+}
+
 /// Writes `batch` as a zstd Parquet file, atomically (temp file then rename).
 pub fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
     let tmp = temp_path(path);
     let file = File::create(&tmp).map_err(|e| EngineError::io(&tmp, e))?;
-    let props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(
-            ZstdLevel::try_new(3).expect("valid zstd level"),
-        ))
-        .build();
-    let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props))
+    let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(parquet_properties()))
         .map_err(|e| EngineError::Data(format!("{}: {e}", path.display())))?;
     writer
         .write(batch)
@@ -124,9 +128,28 @@ pub fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
     publish(&tmp, path)
 }
 
-/// Writes every output of `out` into `dir` (created if missing). Paths in the
-/// returned list are prefixed with `prefix` (e.g. the query id folder).
+/// The name of the result rows file in a query's folder, written while the
+/// query runs (see [`crate::row_sink::ParquetRows`]).
+pub const ROWS_FILE: &str = "rows.parquet";
+
+/// Writes `rows` into `dir` as [`ROWS_FILE`] (created if missing) and then the
+/// other outputs of `out`: what a caller that kept the rows in memory saves.
 pub fn write_query_outputs(
+    dir: &Path,
+    prefix: &str,
+    query: &QueryPlan,
+    rows: &RecordBatch,
+    out: &QueryOutput,
+) -> Result<OutputFiles> {
+    std::fs::create_dir_all(dir).map_err(|e| EngineError::io(dir, e))?;
+    write_parquet(&dir.join(ROWS_FILE), rows)?;
+    write_answer_outputs(dir, prefix, query, out)
+}
+
+/// Writes `plan.substrait` and the answer tables of `out` into `dir`, whose
+/// [`ROWS_FILE`] is already written. Paths in the returned list are prefixed
+/// with `prefix` (e.g. the query id folder).
+pub fn write_answer_outputs(
     dir: &Path,
     prefix: &str,
     query: &QueryPlan,
@@ -142,10 +165,9 @@ pub fn write_query_outputs(
     };
     let plan_path = dir.join("plan.substrait");
     write_file_atomic(&plan_path, &encode_plan(&query.substrait))?;
-    write_parquet(&dir.join("rows.parquet"), &out.rows)?;
     let mut files = OutputFiles {
         plan: rel("plan.substrait"),
-        rows: rel("rows.parquet"),
+        rows: rel(ROWS_FILE),
         ..Default::default()
     };
     for (kind, stem) in [

@@ -69,6 +69,57 @@ pub fn read_batches(
     })
 }
 
+/// The batches of a Parquet file, decoded one at a time as they are asked for
+/// ([`stream_batches`]); a reader panic is an error like any other corruption.
+pub struct BatchStream {
+    schema: SchemaRef,
+    reader: datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReader,
+}
+
+impl BatchStream {
+    /// The file's schema.
+    pub fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+}
+
+impl Iterator for BatchStream {
+    type Item = Result<RecordBatch, ParquetReadError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let reader = &mut self.reader;
+        match guarded(|| Ok(reader.next())) {
+            Ok(None) => None,
+            Ok(Some(batch)) => Some(batch.map_err(|e| ParquetReadError::Corrupt(e.to_string()))),
+            Err(e) => Some(Err(e)),
+        }
+    }
+}
+
+/// The batches of `path`, `batch_size` rows each, decoded as they are asked
+/// for: a result file of billions of rows is read with one batch in memory.
+/// The file is mapped, not read (its pages are the kernel's to drop), and its
+/// headers and dictionaries are checked first as in [`read_batches`]. The file
+/// must not be truncated while it is read.
+pub fn stream_batches(path: &Path, batch_size: usize) -> Result<BatchStream, ParquetReadError> {
+    let file = File::open(path).map_err(ParquetReadError::Io)?;
+    // SAFETY: the mapping is read-only and lives inside the returned Bytes; a
+    // file truncated by another process while mapped is the documented misuse.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(ParquetReadError::Io)?;
+    let bytes = Bytes::from_owner(map);
+    let corrupt = |e: &dyn std::fmt::Display| ParquetReadError::Corrupt(e.to_string());
+    guarded(|| {
+        check_dictionaries(&bytes)?;
+        let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| corrupt(&e))?;
+        let schema = builder.schema().clone();
+        let reader = builder
+            .with_batch_size(batch_size.max(1))
+            .build()
+            .map_err(|e| corrupt(&e))?;
+        Ok(BatchStream { schema, reader })
+    })
+}
+
 /// Refuses dictionary pages that claim more values than they have bytes: the
 /// decoder reserves offsets for the claimed count before reading any (a 2 KB file
 /// from the fuzzer asked for 7 GB). Every dictionary value takes at least a byte.
@@ -165,6 +216,13 @@ mod tests {
                 Err(ParquetReadError::Corrupt(_)) => {}
                 other => panic!("{}: {other:?}", case.display()),
             }
+            let streamed = stream_batches(&path, 1024)
+                .and_then(|s| s.collect::<Result<Vec<_>, _>>().map(|_| ()));
+            assert!(
+                matches!(streamed, Err(ParquetReadError::Corrupt(_))),
+                "{}: streamed {streamed:?}",
+                case.display()
+            );
             let _ = footer_rows(&path);
             any = true;
         }

@@ -8,16 +8,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::datatypes::{Field, Schema};
-use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::logical_expr::LogicalPlanBuilder;
-use futures::StreamExt;
 
 use crate::answers::AnswerTable;
 use crate::backend::{AiKind, InferenceBackend};
 use crate::error::{EngineError, Result, from_datafusion};
 use crate::plan::{Operator, QueryPlan};
 use crate::prompt::PromptFormat;
+use crate::row_sink::{MemoryRows, RowSink};
 use crate::sql::{Evaluation, SqlSession};
 use crate::tables::{TablePaths, batch_text_bytes, register_tables};
 
@@ -48,11 +47,12 @@ impl Default for QueryOptions {
     }
 }
 
-/// What a query returns (SPEC §D.1).
+/// What a query returns besides its rows (SPEC §D.1): the rows went to the
+/// [`RowSink`] it ran with.
 #[derive(Debug, Clone)]
 pub struct QueryOutput {
-    /// Result rows: one string column per selected alias or label column.
-    pub rows: RecordBatch,
+    /// Result rows handed to the sink.
+    pub result_rows: u64,
     /// Answer tables of every AI operator, in post-order.
     pub answers: Vec<AnswerTable>,
     /// Seconds of query execution (consumption, planning, execution, model work).
@@ -70,15 +70,43 @@ impl QueryOutput {
     }
 }
 
-/// Runs `query` over the tables in `paths` with `backend`: DataFusion consumes
-/// the plan over those tables, the AI rewrite that every plan goes through makes
-/// its AI calls AI operators (the plan `query` was derived from, over the
-/// declared tables), and [`SqlSession`] runs it.
+/// [`run_query_into`] with the rows kept in memory and returned in one batch
+/// (one string column per selected alias or label column).
 pub async fn run_query(
     query: &QueryPlan,
     paths: &TablePaths,
     backend: Arc<dyn InferenceBackend>,
     options: &QueryOptions,
+) -> Result<(RecordBatch, QueryOutput)> {
+    let schema = output_schema(query);
+    let mut rows = MemoryRows::default();
+    let out = run_query_into(query, paths, backend, options, &mut rows).await?;
+    let rows = datafusion::arrow::compute::concat_batches(&schema, &rows.batches)?;
+    Ok((rows, out))
+}
+
+/// The result columns of `query`: one non-null string column per output name.
+pub fn output_schema(query: &QueryPlan) -> SchemaRef {
+    Arc::new(Schema::new(
+        query
+            .output_names()
+            .iter()
+            .map(|n| Field::new(n, DataType::Utf8, false))
+            .collect::<Vec<_>>(),
+    ))
+}
+
+/// Runs `query` over the tables in `paths` with `backend`, its rows going to
+/// `sink` as they arrive: DataFusion consumes the plan over those tables, the AI
+/// rewrite that every plan goes through makes its AI calls AI operators (the
+/// plan `query` was derived from, over the declared tables), and [`SqlSession`]
+/// runs it.
+pub async fn run_query_into(
+    query: &QueryPlan,
+    paths: &TablePaths,
+    backend: Arc<dyn InferenceBackend>,
+    options: &QueryOptions,
+    sink: &mut dyn RowSink,
 ) -> Result<QueryOutput> {
     let session = SqlSession::new(backend.clone(), options.clone(), Evaluation::Operators)?;
     let registered = register_tables(
@@ -114,23 +142,20 @@ pub async fn run_query(
             .map_err(from_datafusion)?
     };
     let plan = session.optimize_analyzed(plan)?;
-    let out = session.run_plan(plan, started).await?;
-
     let names = query.output_names();
-    let schema = Arc::new(Schema::new(
-        names
-            .iter()
-            .map(|n| Field::new(n, datafusion::arrow::datatypes::DataType::Utf8, false))
-            .collect::<Vec<_>>(),
-    ));
-    let merged = out.rows()?;
-    if merged.num_columns() != names.len() {
+    let produced = plan.schema().fields().len();
+    if produced != names.len() {
         return Err(EngineError::InvalidPlan(format!(
-            "the plan produced {} columns, expected {names:?}",
-            merged.num_columns()
+            "the plan produced {produced} columns, expected {names:?}"
         )));
     }
-    let rows = RecordBatch::try_new(schema, merged.columns().to_vec())?;
+    let mut named = OutputColumns {
+        schema: output_schema(query),
+        sink,
+        rows: 0,
+    };
+    let out = session.run_plan_into(plan, started, &mut named).await?;
+    let result_rows = named.rows;
 
     let mut recorded = out.answers;
     let mut answers = Vec::new();
@@ -169,7 +194,7 @@ pub async fn run_query(
         )));
     }
     Ok(QueryOutput {
-        rows,
+        result_rows,
         answers,
         runtime_s: out.runtime_s,
         measurements: out.measurements,
@@ -182,20 +207,21 @@ pub(crate) fn consume_panic(message: &str) -> EngineError {
     EngineError::InvalidPlan(format!("DataFusion could not consume the plan: {message}"))
 }
 
-/// Runs `physical` and collects its rows, charging them to the query's memory pool:
-/// a result larger than `--memory-limit` fails naming it, instead of taking the
-/// host's memory.
-pub(crate) async fn collect_within_limit(
-    physical: Arc<dyn datafusion::physical_plan::ExecutionPlan>,
-    task: Arc<datafusion::execution::TaskContext>,
-) -> datafusion::error::Result<Vec<RecordBatch>> {
-    let reservation = MemoryConsumer::new("query result rows").register(task.memory_pool());
-    let mut stream = datafusion::physical_plan::execute_stream(physical, task)?;
-    let mut batches = Vec::new();
-    while let Some(batch) = stream.next().await {
-        let batch = batch?;
-        reservation.try_grow(batch.get_array_memory_size())?;
-        batches.push(batch);
+/// Gives result batches the output names of the plan before `sink` sees them.
+struct OutputColumns<'a> {
+    schema: SchemaRef,
+    sink: &'a mut dyn RowSink,
+    rows: u64,
+}
+
+impl RowSink for OutputColumns<'_> {
+    fn push(&mut self, batch: RecordBatch) -> Result<()> {
+        self.rows += batch.num_rows() as u64;
+        let batch = RecordBatch::try_new(self.schema.clone(), batch.columns().to_vec())?;
+        self.sink.push(batch)
     }
-    Ok(batches)
+
+    fn keeps_rows_in_memory(&self) -> bool {
+        self.sink.keeps_rows_in_memory()
+    }
 }

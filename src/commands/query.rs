@@ -52,7 +52,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     let (backend, _meta) =
         super::backend::build(&args.backend, dataset.as_ref(), &query.templates())?;
     let rt = super::runtime()?;
-    let out = rt.block_on(run_query(
+    let (rows, out) = rt.block_on(run_query(
         &query,
         &tables,
         backend,
@@ -63,12 +63,12 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
             memory_limit: args.backend.memory_limit(),
         },
     ))?;
-    super::rows::emit(&out.rows, &args.rows, out.runtime_s)?;
+    super::rows::emit(&rows, &args.rows, out.runtime_s)?;
     if let Some(fresh) = out.measurements.get("fresh_tokens") {
         eprintln!("fresh tokens: {fresh} (prompt positions computed by the model)");
     }
     if let Some(dir) = &args.output_dir {
-        aisql_engine::output::write_query_outputs(dir, "", &query, &out)?;
+        aisql_engine::output::write_query_outputs(dir, "", &query, &rows, &out)?;
         eprintln!("outputs written to {}", dir.display());
     }
     Ok(())

@@ -530,3 +530,31 @@ pub fn result_rows(batch: &RecordBatch) -> Vec<Vec<String>> {
     }
     out.into_iter().collect()
 }
+
+/// A query's rows kept in memory with the rest of its output (what
+/// [`aisql_engine::query::run_query`] returns), read through as the output.
+#[derive(Debug)]
+pub struct Collected {
+    /// The result rows in one batch.
+    pub rows: RecordBatch,
+    /// Answers, measurements and the like.
+    pub out: aisql_engine::query::QueryOutput,
+}
+
+impl std::ops::Deref for Collected {
+    type Target = aisql_engine::query::QueryOutput;
+    fn deref(&self) -> &Self::Target {
+        &self.out
+    }
+}
+
+/// [`aisql_engine::query::run_query`], its rows and output together.
+pub async fn collect_query(
+    query: &QueryPlan,
+    paths: &aisql_engine::tables::TablePaths,
+    backend: Arc<dyn aisql_engine::backend::InferenceBackend>,
+    options: &aisql_engine::query::QueryOptions,
+) -> aisql_engine::Result<Collected> {
+    let (rows, out) = aisql_engine::query::run_query(query, paths, backend, options).await?;
+    Ok(Collected { rows, out })
+}

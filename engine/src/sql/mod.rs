@@ -27,6 +27,7 @@ use crate::logical::{OperatorHint, QuailbConsumer, ai_nodes};
 use crate::memo::AnswerMemo;
 use crate::physical::{AiQueryPlanner, AiRuntime};
 use crate::query::QueryOptions;
+use crate::row_sink::{MemoryRows, RowSink};
 use datafusion_substrait::logical_plan::consumer::from_substrait_plan_with_consumer;
 
 use rewrite::{AiJoinPredicatePushdown, AiRewrite, RewriteContext};
@@ -58,7 +59,7 @@ pub struct SqlSession {
 pub struct SqlOutput {
     /// Result schema.
     pub schema: SchemaRef,
-    /// Result rows.
+    /// Result rows ([`SqlSession::run_plan`]; empty when a sink took them).
     pub batches: Vec<RecordBatch>,
     /// Answer tables of the AI operators, in the order they run.
     pub answers: Vec<AnswerTable>,
@@ -396,8 +397,22 @@ impl SqlSession {
         self.run_plan(plan, started).await
     }
 
-    /// Runs an optimized plan (from [`Self::plan`]).
+    /// Runs an optimized plan (from [`Self::plan`]), its rows kept in memory.
     pub async fn run_plan(&self, plan: LogicalPlan, started: Instant) -> Result<SqlOutput> {
+        let mut rows = MemoryRows::default();
+        let mut out = self.run_plan_into(plan, started, &mut rows).await?;
+        out.batches = rows.batches;
+        Ok(out)
+    }
+
+    /// Runs an optimized plan, its rows going to `sink` as they arrive (the
+    /// output's `batches` stay empty).
+    pub async fn run_plan_into(
+        &self,
+        plan: LogicalPlan,
+        started: Instant,
+        sink: &mut dyn RowSink,
+    ) -> Result<SqlOutput> {
         let nodes = ai_nodes(&plan);
         let calls: Vec<AiCall> = nodes.iter().map(|n| n.spec.call.clone()).collect();
         self.backend.start_query(&calls);
@@ -409,10 +424,10 @@ impl SqlSession {
         self.set_batch_size(&plan)?;
         let schema = Arc::new(plan.schema().as_arrow().clone());
         let state = self.ctx.state();
-        let batches = without_panics(
+        without_panics(
             async {
                 let physical = state.create_physical_plan(&plan).await?;
-                crate::query::collect_within_limit(physical, self.ctx.task_ctx()).await
+                crate::row_sink::stream_rows(physical, self.ctx.task_ctx(), sink).await
             },
             |message| EngineError::Sql(format!("DataFusion failed on the query: {message}")),
         )
@@ -435,7 +450,7 @@ impl SqlSession {
             .collect();
         Ok(SqlOutput {
             schema,
-            batches,
+            batches: Vec::new(),
             answers,
             calls,
             runtime_s: started.elapsed().as_secs_f64(),

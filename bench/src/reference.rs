@@ -1,0 +1,655 @@
+//! The reference result of a query (SPEC §D.2) built from the labels: which
+//! documents survive each relation's filters, classifications and IN-lists, and
+//! which of their pairs each join keeps. From these parts the result is either
+//! materialised ([`crate::scoring::reference_rows`]) or, without ever holding
+//! it, tested row by row and counted through the join tree
+//! ([`Reference::compare_stream`]): at sf 1.0 IMDB-9's result has billions of
+//! rows, but its documents and labelled pairs are a few hundred thousand.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+
+use aisql_engine::labels::{LabelSet, LabelStore};
+use aisql_engine::plan::{Operator, QueryPlan};
+use datafusion::arrow::array::{Array, RecordBatch, StringArray};
+
+use crate::corpus::Corpus;
+use crate::error::{BenchError, Result};
+use crate::scoring::{Assessment, OutputAccuracy, Reason, Verdict, output_accuracy};
+
+fn err(msg: impl Into<String>) -> BenchError {
+    BenchError::Scoring(msg.into())
+}
+
+/// The label set answering `op`, or an error naming it.
+pub(crate) fn label_set<'a>(labels: &'a LabelStore, op: &Operator) -> Result<&'a LabelSet> {
+    let template = op.template().unwrap_or_default();
+    labels
+        .for_template(template)
+        .map(|s| s.as_ref())
+        .ok_or_else(|| {
+            err(format!(
+                "collection {} has no labels for {}",
+                labels.collection_id,
+                op.id()
+            ))
+        })
+}
+
+/// The documents of one relation that survive its document-level operators.
+#[derive(Debug)]
+pub struct Survivors {
+    /// Relation alias.
+    pub alias: String,
+    /// Surviving ids in table order.
+    pub ids: Vec<String>,
+    index: HashMap<String, u32>,
+}
+
+impl Survivors {
+    fn new(alias: &str, ids: Vec<String>) -> Self {
+        let index = ids
+            .iter()
+            .enumerate()
+            .map(|(i, x)| (x.clone(), i as u32))
+            .collect();
+        Self {
+            alias: alias.to_string(),
+            ids,
+            index,
+        }
+    }
+
+    /// The position of a surviving id.
+    pub fn position(&self, id: &str) -> Option<u32> {
+        self.index.get(id).copied()
+    }
+}
+
+/// The pairs of surviving documents one join keeps (labelled true, equality
+/// keys met), as positions in the two relations' [`Survivors`].
+#[derive(Debug)]
+pub struct JoinPairs {
+    /// Relation (index into [`Reference::survivors`]) of `{0}`.
+    pub left: usize,
+    /// Relation of `{1}`.
+    pub right: usize,
+    /// The kept pairs, left position then right.
+    pub pairs: Vec<(u32, u32)>,
+    kept: HashSet<(u32, u32)>,
+}
+
+/// What the reference result is made of.
+#[derive(Debug)]
+pub struct Reference<'a> {
+    plan: &'a QueryPlan,
+    labels: &'a LabelStore,
+    /// Per relation of the plan, in its order.
+    pub survivors: Vec<Survivors>,
+    /// Per (alias, label column) of a one-document classification: each
+    /// surviving document's reference label.
+    pub doc_labels: HashMap<(String, String), HashMap<String, String>>,
+    /// Per join operator, in post-order.
+    pub joins: Vec<JoinPairs>,
+}
+
+impl<'a> Reference<'a> {
+    /// The parts of `plan`'s reference result over `corpus`, from `labels`.
+    pub fn build(plan: &'a QueryPlan, labels: &'a LabelStore, corpus: &Corpus) -> Result<Self> {
+        let mut survivors: HashMap<String, Vec<String>> = HashMap::new();
+        for r in &plan.relations {
+            survivors.insert(r.alias.clone(), corpus.ids(&r.table)?.ids.clone());
+        }
+        let mut doc_labels: HashMap<(String, String), HashMap<String, String>> = HashMap::new();
+        for op in &plan.operators {
+            match op {
+                Operator::Filter { alias, id, .. } => {
+                    let set = label_set(labels, op)?;
+                    let s = survivors.get_mut(alias).expect("alias of a filter");
+                    let mut keep = Vec::with_capacity(s.len());
+                    for x in s.drain(..) {
+                        if set.get_bool(&x, None).ok_or_else(|| {
+                            err(format!(
+                                "{id}: predicate {} has no label for {x}",
+                                set.info.key
+                            ))
+                        })? {
+                            keep.push(x);
+                        }
+                    }
+                    *s = keep;
+                }
+                Operator::Classify {
+                    alias,
+                    partner: None,
+                    output,
+                    ..
+                } => {
+                    let set = label_set(labels, op)?;
+                    let s = survivors.get_mut(alias).expect("alias of a classification");
+                    let mut map = HashMap::new();
+                    s.retain(|x| match set.get_label(x, None) {
+                        Some(l) => {
+                            map.insert(x.clone(), l.to_string());
+                            true
+                        }
+                        None => false,
+                    });
+                    doc_labels.insert((alias.clone(), output.clone()), map);
+                }
+                _ => {}
+            }
+        }
+        for op in &plan.operators {
+            if let Operator::InList {
+                alias,
+                output,
+                accepted,
+                ..
+            } = op
+            {
+                let map = doc_labels
+                    .get(&(alias.clone(), output.clone()))
+                    .ok_or_else(|| {
+                        err(format!(
+                            "{}: no classification for {alias}.{output}",
+                            op.id()
+                        ))
+                    })?;
+                survivors
+                    .get_mut(alias)
+                    .expect("alias of an IN-list")
+                    .retain(|x| map.get(x).is_some_and(|l| accepted.contains(l)));
+            }
+        }
+        let survivors: Vec<Survivors> = plan
+            .relations
+            .iter()
+            .map(|r| Survivors::new(&r.alias, survivors.remove(&r.alias).unwrap_or_default()))
+            .collect();
+        let relation = |alias: &str| {
+            survivors
+                .iter()
+                .position(|s| s.alias == alias)
+                .ok_or_else(|| err(format!("alias {alias} is not a relation of the plan")))
+        };
+        let mut joins = Vec::new();
+        for op in &plan.operators {
+            let Operator::Join { aliases, on, .. } = op else {
+                continue;
+            };
+            let set = label_set(labels, op)?;
+            let (l, r) = (relation(&aliases[0])?, relation(&aliases[1])?);
+            let table = |i: usize| &plan.relations[i].table;
+            let eq_cols: Vec<_> = on
+                .iter()
+                .map(|(c0, c1)| -> Result<_> {
+                    Ok((corpus.column(table(l), c0)?, corpus.column(table(r), c1)?))
+                })
+                .collect::<Result<_>>()?;
+            let mut by_key: HashMap<Vec<&str>, Vec<u32>> = HashMap::new();
+            for (j, y) in survivors[r].ids.iter().enumerate() {
+                let k: Vec<&str> = eq_cols
+                    .iter()
+                    .map(|(_, c1)| c1.get(y).unwrap_or(""))
+                    .collect();
+                by_key.entry(k).or_default().push(j as u32);
+            }
+            let mut pairs = Vec::new();
+            for (i, x) in survivors[l].ids.iter().enumerate() {
+                let k: Vec<&str> = eq_cols
+                    .iter()
+                    .map(|(c0, _)| c0.get(x).unwrap_or(""))
+                    .collect();
+                for &j in by_key.get(&k).map(Vec::as_slice).unwrap_or(&[]) {
+                    if set.get_bool(x, Some(&survivors[r].ids[j as usize])) == Some(true) {
+                        pairs.push((i as u32, j));
+                    }
+                }
+            }
+            let kept = pairs.iter().copied().collect();
+            joins.push(JoinPairs {
+                left: l,
+                right: r,
+                pairs,
+                kept,
+            });
+        }
+        Ok(Self {
+            plan,
+            labels,
+            survivors,
+            doc_labels,
+            joins,
+        })
+    }
+
+    /// The classification writing label column `name` of `alias`.
+    fn classification(&self, alias: &str, column: &str) -> Result<&'a Operator> {
+        self.plan
+            .operators
+            .iter()
+            .find(|o| {
+                matches!(o, Operator::Classify { alias: a, output, .. } if a == alias && output == column)
+            })
+            .ok_or_else(|| err(format!("no classification outputs {alias}.{column}")))
+    }
+
+    /// The reference label of column `column` of `alias` for a row whose
+    /// relations hold `ids` (by relation index).
+    pub fn label_of(
+        &self,
+        alias: &str,
+        column: &str,
+        ids: impl Fn(&str) -> Result<String>,
+    ) -> Result<String> {
+        let op = self.classification(alias, column)?;
+        let Operator::Classify { partner, .. } = op else {
+            unreachable!("classification() finds classifications")
+        };
+        let x = ids(alias)?;
+        match partner {
+            None => self.doc_labels[&(alias.to_string(), column.to_string())]
+                .get(&x)
+                .cloned()
+                .ok_or_else(|| err(format!("{}: no label for {x}", op.id()))),
+            Some(p) => {
+                let y = ids(p)?;
+                label_set(self.labels, op)?
+                    .get_label(&x, Some(&y))
+                    .map(str::to_string)
+                    .ok_or_else(|| {
+                        err(format!(
+                            "{}: no reference label for the pair ({x}, {y})",
+                            op.id()
+                        ))
+                    })
+            }
+        }
+    }
+
+    /// How a streamed comparison reads the output columns, or `None` when the
+    /// plan's shape needs the materialised reference: every relation's id must
+    /// be selected once (so rows are distinct by their ids), the joins must
+    /// connect all relations without a cycle, and a two-document label must
+    /// belong to a joined pair.
+    fn stream_shape(&self, columns: &[String]) -> Option<Vec<Column>> {
+        let n = self.survivors.len();
+        let mut seen = vec![false; n];
+        let mut shape = Vec::new();
+        for name in columns {
+            let s = self.plan.select.iter().find(|s| &s.name == name)?;
+            let rel = self.survivors.iter().position(|r| r.alias == s.alias)?;
+            if s.column == "id" {
+                if std::mem::replace(&mut seen[rel], true) {
+                    return None;
+                }
+                shape.push(Column::Id(rel));
+                continue;
+            }
+            let Operator::Classify { partner, .. } =
+                self.classification(&s.alias, &s.column).ok()?
+            else {
+                return None;
+            };
+            let partner = match partner {
+                None => None,
+                Some(p) => {
+                    let p = self.survivors.iter().position(|r| &r.alias == p)?;
+                    let join = self.joins.iter().position(|j| {
+                        (j.left, j.right) == (rel, p) || (j.left, j.right) == (p, rel)
+                    })?;
+                    Some((p, join))
+                }
+            };
+            shape.push(Column::Label {
+                relation: rel,
+                column: s.column.clone(),
+                partner,
+            });
+        }
+        if seen.iter().any(|s| !s) {
+            return None;
+        }
+        // A forest spanning one tree: n - 1 joins that never close a cycle.
+        if self.joins.len() + 1 != n {
+            return None;
+        }
+        let mut parent: Vec<usize> = (0..n).collect();
+        fn root(p: &mut [usize], mut x: usize) -> usize {
+            while p[x] != x {
+                p[x] = p[p[x]];
+                x = p[x];
+            }
+            x
+        }
+        for j in &self.joins {
+            let (a, b) = (root(&mut parent, j.left), root(&mut parent, j.right));
+            if a == b {
+                return None;
+            }
+            parent[a] = b;
+        }
+        Some(shape)
+    }
+
+    /// The number of reference rows: tuples of surviving documents, one per
+    /// relation, whose pairs every join keeps. Counted through the join tree
+    /// (each relation's count per document is the product, over the relations
+    /// joined below it, of its partners' counts), never enumerated.
+    fn count(&self) -> Result<u64> {
+        let n = self.survivors.len();
+        let mut edges: Vec<Vec<(usize, bool)>> = vec![Vec::new(); n];
+        for (e, j) in self.joins.iter().enumerate() {
+            edges[j.left].push((e, true));
+            edges[j.right].push((e, false));
+        }
+        // Depth-first order from relation 0; parents come before children.
+        let mut order = vec![0];
+        let mut parent_edge: Vec<Option<usize>> = vec![None; n];
+        let mut visited = vec![false; n];
+        visited[0] = true;
+        let mut i = 0;
+        while i < order.len() {
+            let node = order[i];
+            for &(e, is_left) in &edges[node] {
+                let j = &self.joins[e];
+                let other = if is_left { j.right } else { j.left };
+                if !visited[other] {
+                    visited[other] = true;
+                    parent_edge[other] = Some(e);
+                    order.push(other);
+                }
+            }
+            i += 1;
+        }
+        let mut counts: Vec<Vec<u64>> = self
+            .survivors
+            .iter()
+            .map(|s| vec![1; s.ids.len()])
+            .collect();
+        let overflow = || err("the reference result has more than 2^64 rows");
+        for &node in order.iter().rev() {
+            let Some(e) = parent_edge[node] else { continue };
+            let j = &self.joins[e];
+            let parent = if j.left == node { j.right } else { j.left };
+            let mut sums = vec![0u64; self.survivors[parent].ids.len()];
+            for &(l, r) in &j.pairs {
+                let (p, c) = if parent == j.left { (l, r) } else { (r, l) };
+                sums[p as usize] = sums[p as usize]
+                    .checked_add(counts[node][c as usize])
+                    .ok_or_else(overflow)?;
+            }
+            for (total, s) in counts[parent].iter_mut().zip(sums) {
+                *total = total.checked_mul(s).ok_or_else(overflow)?;
+            }
+        }
+        counts[0]
+            .iter()
+            .try_fold(0u64, |acc, &c| acc.checked_add(c))
+            .ok_or_else(overflow)
+    }
+
+    /// Compares the predicted rows in `batches` (string columns named
+    /// `columns`) with the reference without materialising either: each row is
+    /// tested for membership, the reference is counted through its join tree,
+    /// and a row whose documents form a reference row with other labels is a
+    /// label mismatch (one more pass over the rows, only when there are such
+    /// rows, tells whether the right row is there too). `None` when the plan's
+    /// shape needs the materialised comparison. Distinct rows are counted:
+    /// repeats are recognised by a 128-bit hash up to [`DISTINCT_CHECKED_ROWS`]
+    /// rows; past that the rows are taken as distinct, as the engine writes
+    /// them (every relation's id is among the columns).
+    pub fn compare_stream<I>(
+        &self,
+        columns: &[String],
+        batches: impl Fn() -> Result<I>,
+    ) -> Result<Option<(OutputAccuracy, Assessment)>>
+    where
+        I: Iterator<Item = Result<RecordBatch>>,
+    {
+        let Some(shape) = self.stream_shape(columns) else {
+            return Ok(None);
+        };
+        let expected = self.count()?;
+        let mut predicted = 0u64;
+        let mut matching = 0u64;
+        let mut extra = 0u64;
+        let mut candidates: HashMap<Vec<u32>, u64> = HashMap::new();
+        let mut seen: Option<HashSet<u128>> = Some(HashSet::new());
+        let mut memo = ColumnMemo::new(shape.len());
+        for batch in batches()? {
+            let batch = batch?;
+            let arrays = string_columns(&batch, columns)?;
+            for row in 0..batch.num_rows() {
+                let values: Vec<&str> = arrays.iter().map(|a| a.value(row)).collect();
+                if let Some(set) = &mut seen {
+                    if !set.insert(row_hash(&values)) {
+                        continue;
+                    }
+                    if set.len() > DISTINCT_CHECKED_ROWS {
+                        seen = None;
+                    }
+                }
+                predicted += 1;
+                match self.classify_row(&shape, &values, &mut memo)? {
+                    RowMatch::Member => matching += 1,
+                    RowMatch::OtherLabels(key) => {
+                        extra += 1;
+                        *candidates.entry(key).or_default() += 1;
+                    }
+                    RowMatch::Outside => extra += 1,
+                }
+            }
+        }
+        // Reference rows whose documents were predicted with wrong labels only
+        // (the right row is absent): those rows are label mismatches, not
+        // missing and extra rows.
+        let mut mismatched_rows = 0u64;
+        let mut mismatched_keys = 0u64;
+        if !candidates.is_empty() {
+            let mut right_present: HashSet<Vec<u32>> = HashSet::new();
+            let mut memo = ColumnMemo::new(shape.len());
+            for batch in batches()? {
+                let batch = batch?;
+                let arrays = string_columns(&batch, columns)?;
+                for row in 0..batch.num_rows() {
+                    let values: Vec<&str> = arrays.iter().map(|a| a.value(row)).collect();
+                    if let RowMatch::Member = self.classify_row(&shape, &values, &mut memo)? {
+                        let key = self.key_of(&shape, &values, &mut memo);
+                        if candidates.contains_key(&key) {
+                            right_present.insert(key);
+                        }
+                    }
+                }
+            }
+            for (key, rows) in &candidates {
+                if !right_present.contains(key) {
+                    mismatched_rows += rows;
+                    mismatched_keys += 1;
+                }
+            }
+        }
+        let missing = expected - matching;
+        let mut reasons = Vec::new();
+        if expected == 0 && predicted > 0 {
+            reasons.push(Reason::EmptyReference);
+        }
+        if predicted == 0 && expected > 0 {
+            reasons.push(Reason::EmptyResult);
+        }
+        if predicted > 0 && expected > 0 {
+            if mismatched_rows > 0 {
+                reasons.push(Reason::LabelMismatch);
+            }
+            if missing > mismatched_keys {
+                reasons.push(Reason::ResultMissingRows);
+            }
+            if extra > mismatched_rows {
+                reasons.push(Reason::ResultExtraRows);
+            }
+        }
+        reasons.sort();
+        let quality = output_accuracy(predicted, expected, matching);
+        let verdict = if reasons.is_empty() && quality.exact_match {
+            Verdict::Good
+        } else {
+            Verdict::Bad
+        };
+        Ok(Some((quality, Assessment { verdict, reasons })))
+    }
+
+    /// Where one predicted row stands against the reference.
+    fn classify_row(
+        &self,
+        shape: &[Column],
+        values: &[&str],
+        memo: &mut ColumnMemo,
+    ) -> Result<RowMatch> {
+        let mut positions = vec![0u32; self.survivors.len()];
+        for (c, col) in shape.iter().enumerate() {
+            if let Column::Id(rel) = col {
+                match memo.position(c, values[c], &self.survivors[*rel]) {
+                    Some(p) => positions[*rel] = p,
+                    None => return Ok(RowMatch::Outside),
+                }
+            }
+        }
+        if !self
+            .joins
+            .iter()
+            .all(|j| j.kept.contains(&(positions[j.left], positions[j.right])))
+        {
+            return Ok(RowMatch::Outside);
+        }
+        for (c, col) in shape.iter().enumerate() {
+            let Column::Label {
+                relation,
+                column,
+                partner,
+            } = col
+            else {
+                continue;
+            };
+            let x = &self.survivors[*relation].ids[positions[*relation] as usize];
+            let want = match partner {
+                None => self.doc_labels[&(self.survivors[*relation].alias.clone(), column.clone())]
+                    .get(x)
+                    .map(String::as_str),
+                Some((p, _)) => {
+                    let y = &self.survivors[*p].ids[positions[*p] as usize];
+                    let op = self.classification(&self.survivors[*relation].alias, column)?;
+                    Some(
+                        label_set(self.labels, op)?
+                            .get_label(x, Some(y))
+                            .ok_or_else(|| {
+                                err(format!(
+                                    "{}: no reference label for the pair ({x}, {y})",
+                                    op.id()
+                                ))
+                            })?,
+                    )
+                }
+            };
+            if want != Some(values[c]) {
+                return Ok(RowMatch::OtherLabels(positions));
+            }
+        }
+        Ok(RowMatch::Member)
+    }
+
+    /// The relations' positions of a member row.
+    fn key_of(&self, shape: &[Column], values: &[&str], memo: &mut ColumnMemo) -> Vec<u32> {
+        let mut positions = vec![0u32; self.survivors.len()];
+        for (c, col) in shape.iter().enumerate() {
+            if let Column::Id(rel) = col {
+                positions[*rel] = memo
+                    .position(c, values[c], &self.survivors[*rel])
+                    .expect("a member row's ids survive");
+            }
+        }
+        positions
+    }
+}
+
+/// How many predicted rows are checked for repeats (a 16-byte hash each).
+pub const DISTINCT_CHECKED_ROWS: usize = 1 << 27;
+
+/// What an output column holds, for a streamed comparison.
+#[derive(Debug)]
+enum Column {
+    /// The id of a relation (index into the survivors).
+    Id(usize),
+    /// A label column of a relation; with its partner relation and the join
+    /// between them for a two-document classification.
+    Label {
+        relation: usize,
+        column: String,
+        partner: Option<(usize, usize)>,
+    },
+}
+
+enum RowMatch {
+    /// A reference row.
+    Member,
+    /// The documents of a reference row (their positions), other labels.
+    OtherLabels(Vec<u32>),
+    /// Not a reference row's documents.
+    Outside,
+}
+
+/// The last id seen in each column and its position: joined rows repeat the
+/// same document over long runs, and a string compare is cheaper than a hash.
+struct ColumnMemo {
+    last: Vec<Option<(String, Option<u32>)>>,
+}
+
+impl ColumnMemo {
+    fn new(columns: usize) -> Self {
+        Self {
+            last: vec![None; columns],
+        }
+    }
+
+    fn position(&mut self, column: usize, id: &str, survivors: &Survivors) -> Option<u32> {
+        if let Some((last, p)) = &self.last[column]
+            && last == id
+        {
+            return *p;
+        }
+        let p = survivors.position(id);
+        self.last[column] = Some((id.to_string(), p));
+        p
+    }
+}
+
+/// A 128-bit hash of a row's values (two SipHash passes with different salts).
+fn row_hash(values: &[&str]) -> u128 {
+    let half = |salt: u8| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        salt.hash(&mut h);
+        values.hash(&mut h);
+        h.finish()
+    };
+    (u128::from(half(1)) << 64) | u128::from(half(2))
+}
+
+/// The named string columns of a result batch; a null is an error.
+fn string_columns<'b>(batch: &'b RecordBatch, columns: &[String]) -> Result<Vec<&'b StringArray>> {
+    columns
+        .iter()
+        .map(|n| {
+            let a = batch
+                .column_by_name(n)
+                .ok_or_else(|| err(format!("the output has no column {n}")))?;
+            let a = a
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .ok_or_else(|| err(format!("output column {n} is not a string column")))?;
+            if a.null_count() > 0 {
+                return Err(err(format!("output column {n} has nulls")));
+            }
+            Ok(a)
+        })
+        .collect()
+}
