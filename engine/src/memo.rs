@@ -61,6 +61,11 @@ impl AnswerMemo {
 
     /// The key of `request` asked by `call`.
     pub fn key(&mut self, call: &AiCall, request: &AiRequest<'_>) -> MemoKey {
+        self.keys(call, std::slice::from_ref(request)).remove(0)
+    }
+
+    /// The keys of `requests`, all asked by `call` (its prompt is looked up once).
+    pub fn keys(&mut self, call: &AiCall, requests: &[AiRequest<'_>]) -> Vec<MemoKey> {
         let next = self.prompts.len() as u32;
         let prompt = *self
             .prompts
@@ -77,11 +82,16 @@ impl AnswerMemo {
                 id,
             )
         };
-        (
-            prompt,
-            doc(0, request.anchor.id),
-            request.partner.map(|p| doc(1, p.id)),
-        )
+        requests
+            .iter()
+            .map(|request| {
+                (
+                    prompt,
+                    doc(0, request.anchor.id),
+                    request.partner.map(|p| doc(1, p.id)),
+                )
+            })
+            .collect()
     }
 
     /// The answer to a question asked before.

@@ -509,7 +509,7 @@ fn answer(state: &OpState, requests: &[AiRequest<'_>]) -> Result<Vec<u16>> {
     let call = &spec.call;
     let (keys, mut ask) = {
         let mut memo = state.runtime.memo.lock().expect("memo lock");
-        let keys: Vec<MemoKey> = requests.iter().map(|r| memo.key(call, r)).collect();
+        let keys: Vec<MemoKey> = memo.keys(call, requests);
         let mut seen = HashSet::new();
         let ask: Vec<usize> = (0..requests.len())
             .filter(|&i| memo.get(&keys[i]).is_none() && seen.insert(&keys[i]))
@@ -730,6 +730,70 @@ fn assemble(
     Ok(RecordBatch::try_new(schema, columns)?)
 }
 
+/// The distinct (anchor document, partner document) pairs among `candidates`
+/// (row pairs), as the rows that first show each, and for every candidate the
+/// index of its pair. Documents are told apart by id, as the answer memo does.
+fn distinct_pairs(
+    anchors: &RowDocs<'_>,
+    partners: &RowDocs<'_>,
+    candidates: &[(u32, u32)],
+) -> (Vec<u32>, Vec<(u32, u32)>) {
+    // Each row's document as a small number: equal ids, equal numbers.
+    fn numbered(
+        docs: &RowDocs<'_>,
+        rows: usize,
+        used: impl Iterator<Item = u32>,
+    ) -> (Vec<u32>, u32) {
+        let mut by_id: HashMap<&str, u32> = HashMap::new();
+        let mut out = vec![u32::MAX; rows];
+        for r in used {
+            if out[r as usize] != u32::MAX {
+                continue;
+            }
+            let id = docs.doc(0, r as usize).expect("a candidate's document").id;
+            let next = by_id.len() as u32;
+            out[r as usize] = *by_id.entry(id).or_insert(next);
+        }
+        let count = by_id.len() as u32;
+        (out, count)
+    }
+    let rows = |c: &dyn Fn(&(u32, u32)) -> u32| {
+        candidates.iter().map(c).max().map_or(0, |m| m as usize + 1)
+    };
+    let (a_doc, a_count) = numbered(anchors, rows(&|c| c.0), candidates.iter().map(|c| c.0));
+    let (p_doc, p_count) = numbered(partners, rows(&|c| c.1), candidates.iter().map(|c| c.1));
+    // A table of pair indexes when it is small, else a map.
+    let cells = (a_count as usize).saturating_mul(p_count as usize);
+    let mut table = if cells <= 1 << 20 {
+        vec![u32::MAX; cells]
+    } else {
+        Vec::new()
+    };
+    let mut map: HashMap<(u32, u32), u32> = HashMap::new();
+    let mut distinct = Vec::new();
+    let pair_of = candidates
+        .iter()
+        .map(|&(a, p)| {
+            let (da, dp) = (a_doc[a as usize], p_doc[p as usize]);
+            let fresh = distinct.len() as u32;
+            let slot = if table.is_empty() {
+                map.entry((da, dp)).or_insert(fresh)
+            } else {
+                let cell = &mut table[da as usize * p_count as usize + dp as usize];
+                if *cell == u32::MAX {
+                    *cell = fresh;
+                }
+                cell
+            };
+            if *slot == fresh {
+                distinct.push((a, p));
+            }
+            *slot
+        })
+        .collect();
+    (pair_of, distinct)
+}
+
 /// AI join of one batch of anchor rows against all partner rows: every candidate
 /// that meets the equalities is asked once (across batches, via the memo); the
 /// TRUE pairs and, as the join type says, unmatched anchor rows are emitted.
@@ -776,11 +840,10 @@ fn join_batch(
     }
     let all_partners: Vec<u32> = (0..partner_batch.num_rows() as u32).collect();
     let mut candidates: Vec<(u32, u32)> = Vec::new();
-    let mut requests: Vec<AiRequest<'_>> = Vec::new();
     for a in 0..anchor_batch.num_rows() {
-        let Some(anchor) = anchors.doc(0, a) else {
+        if anchors.doc(0, a).is_none() {
             continue;
-        };
+        }
         let rows = if p_keys.is_empty() {
             &all_partners[..]
         } else {
@@ -790,12 +853,8 @@ fn join_batch(
             }
         };
         for &p in rows {
-            if let Some(partner) = partners.doc(0, p as usize) {
+            if partners.doc(0, p as usize).is_some() {
                 candidates.push((a as u32, p));
-                requests.push(AiRequest {
-                    anchor,
-                    partner: Some(partner),
-                });
             }
         }
     }
@@ -813,17 +872,23 @@ fn join_batch(
             i += 1;
             keep[i - 1]
         });
-        let mut i = 0;
-        requests.retain(|_| {
-            i += 1;
-            keep[i - 1]
-        });
     }
+    // Each distinct pair of documents is asked once: rows made by an earlier
+    // join repeat their documents (IMDB-9's join-3 sees each review in
+    // thousands of rows), and a request costs far more than an index.
+    let (pair_of, distinct) = distinct_pairs(&anchors, &partners, &candidates);
+    let requests: Vec<AiRequest<'_>> = distinct
+        .iter()
+        .map(|&(a, p)| AiRequest {
+            anchor: anchors.doc(0, a as usize).expect("a candidate's anchor"),
+            partner: partners.doc(0, p as usize),
+        })
+        .collect();
     let answers = answer(state, &requests)?;
     let mut anchor_matched = vec![false; anchor_batch.num_rows()];
     let mut pairs: Vec<(u32, u32)> = Vec::new();
-    for (&(a, p), code) in candidates.iter().zip(answers) {
-        if code != 0 {
+    for (&(a, p), &pair) in candidates.iter().zip(&pair_of) {
+        if answers[pair as usize] != 0 {
             pairs.push((a, p));
             anchor_matched[a as usize] = true;
             matched[p as usize] = true;
