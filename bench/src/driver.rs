@@ -440,6 +440,8 @@ pub async fn run_bench(
         run.write(dir)?;
         bar.set_message(id.clone());
 
+        // The query's own peak (its run, saving and scoring), not the run's.
+        let peak_known = aisql_engine::host_memory::reset_peak_rss();
         let handle = {
             let (plan, tables, backend, o) = (
                 plan.clone(),
@@ -527,6 +529,12 @@ pub async fn run_bench(
                 );
                 interrupted = true;
             }
+        }
+        if peak_known
+            && let Some(peak) = aisql_engine::host_memory::peak_rss_bytes()
+            && let Some(m) = run.query_mut(id).expect("record").measurements.as_mut()
+        {
+            m.insert("peak_rss_bytes".into(), peak.into());
         }
         let rec = run.query(id).expect("record");
         let done = rec.status == QueryStatus::Complete;

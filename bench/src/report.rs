@@ -161,11 +161,12 @@ pub fn report_markdown(run: &RunFile, charts: &[(String, String)]) -> String {
         String::new(),
         "## Input rows and token counts".into(),
         String::new(),
-        "Restored KV tokens came back from the host memory tier by copy: neither fresh nor recomputed."
+        "Restored KV tokens came back from the host memory tier by copy: neither fresh nor recomputed. \
+         Peak RSS is aisql's resident memory while the query ran, was saved and scored."
             .into(),
         String::new(),
-        "| Query | Input rows by alias | Input tokens | Fresh tokens | Minimum tokens | Recomputed KV tokens | KV regret (%) | Restored KV tokens |".into(),
-        "| --- | --- | --- | --- | --- | --- | --- | --- |".into(),
+        "| Query | Input rows by alias | Input tokens | Fresh tokens | Minimum tokens | Recomputed KV tokens | KV regret (%) | Restored KV tokens | Result rows | Peak RSS (GiB) |".into(),
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |".into(),
     ]);
     for q in &run.queries {
         let m = metrics(q);
@@ -179,11 +180,15 @@ pub fn report_markdown(run: &RunFile, charts: &[(String, String)]) -> String {
                     .join(", ")
             },
         );
-        let restored = m
-            .and(q.measurements.as_ref())
-            .and_then(|x| x.get("restored_tokens").and_then(serde_json::Value::as_u64));
+        let measured = |key: &str| {
+            q.measurements
+                .as_ref()
+                .and_then(|x| x.get(key).and_then(serde_json::Value::as_u64))
+        };
+        let restored = m.and(measured("restored_tokens"));
+        let peak = measured("peak_rss_bytes").map(|b| b as f64 / (1u64 << 30) as f64);
         l.push(format!(
-            "| {} | {rows} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {rows} | {} | {} | {} | {} | {} | {} | {} | {} |",
             q.id,
             int(m.and_then(|m| m.input_tokens)),
             int(m.and_then(|m| m.fresh_tokens)),
@@ -192,6 +197,8 @@ pub fn report_markdown(run: &RunFile, charts: &[(String, String)]) -> String {
                 .map_or_else(|| "unavailable".to_string(), |v| v.to_string()),
             num(m.and_then(|m| m.kv_regret_percent)),
             int(restored),
+            int(m.map(|m| m.accuracy.output_accuracy.predicted_rows)),
+            num(peak),
         ));
     }
     if !charts.is_empty() {

@@ -12,6 +12,23 @@ pub fn meminfo_bytes(key: &str) -> Option<usize> {
         .map(|kb| kb * 1024)
 }
 
+/// The process's peak resident memory since it started or since the last
+/// [`reset_peak_rss`] (`VmHWM` of `/proc/self/status`); `None` off Linux.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+}
+
+/// Starts a new peak for [`peak_rss_bytes`] at the current resident memory
+/// (Linux's `clear_refs` code 5); false where the kernel does not allow it.
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
 /// The memory DataFusion's operators may hold in one query when the user sets no
 /// `--memory-limit`: half of the host's memory (the other half is left to the
 /// model, its KV cache and the input tables), 4 GiB where that is unknown.
@@ -72,5 +89,23 @@ mod tests {
             assert!(default_memory_limit() > 1 << 19);
         }
         assert_eq!(meminfo_bytes("NoSuchKey"), None);
+    }
+
+    #[test]
+    fn the_peak_grows_with_memory_touched_and_starts_again_when_reset() {
+        if peak_rss_bytes().is_none() || !reset_peak_rss() {
+            return; // not Linux, or a kernel that refuses clear_refs
+        }
+        let before = peak_rss_bytes().unwrap();
+        let block = vec![1u8; 64 << 20];
+        std::hint::black_box(&block);
+        let touched = peak_rss_bytes().unwrap();
+        assert!(touched >= before + (48 << 20), "{before} -> {touched}");
+        drop(block);
+        assert!(reset_peak_rss());
+        assert!(
+            peak_rss_bytes().unwrap() < touched,
+            "the reset starts a new peak"
+        );
     }
 }
