@@ -7,7 +7,7 @@
 //! rows, but its documents and labelled pairs are a few hundred thousand.
 
 use std::collections::{HashMap, HashSet};
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use aisql_engine::labels::{LabelSet, LabelStore};
 use aisql_engine::plan::{Operator, QueryPlan};
@@ -76,7 +76,38 @@ pub struct JoinPairs {
     pub right: usize,
     /// The kept pairs, left position then right.
     pub pairs: Vec<(u32, u32)>,
-    kept: HashSet<(u32, u32)>,
+    kept: HashSet<u64, BuildHasherDefault<MixHasher>>,
+}
+
+/// A hasher for integer keys (a multiply and a rotate): the kept pairs are
+/// looked up for every row of results of billions of rows, where SipHash's
+/// resistance to chosen keys buys nothing.
+#[derive(Default)]
+pub struct MixHasher(u64);
+
+impl Hasher for MixHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(u64::from(x));
+    }
+    fn write_u128(&mut self, x: u128) {
+        self.write_u64(x as u64);
+        self.write_u64((x >> 64) as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+fn pair_key(left: u32, right: u32) -> u64 {
+    (u64::from(left) << 32) | u64::from(right)
 }
 
 /// What the reference result is made of.
@@ -207,7 +238,7 @@ impl<'a> Reference<'a> {
                     }
                 }
             }
-            let kept = pairs.iter().copied().collect();
+            let kept = pairs.iter().map(|&(l, r)| pair_key(l, r)).collect();
             joins.push(JoinPairs {
                 left: l,
                 right: r,
@@ -416,15 +447,20 @@ impl<'a> Reference<'a> {
         let mut matching = 0u64;
         let mut extra = 0u64;
         let mut candidates: HashMap<Vec<u32>, u64> = HashMap::new();
-        let mut seen: Option<HashSet<u128>> = Some(HashSet::new());
+        let mut seen: Option<HashSet<u128, BuildHasherDefault<MixHasher>>> =
+            Some(HashSet::default());
         let mut memo = ColumnMemo::new(shape.len());
+        let mut scratch = Vec::new();
+        let mut positions = Vec::new();
         for batch in batches()? {
             let batch = batch?;
             let arrays = string_columns(&batch, columns)?;
+            let mut values: Vec<&str> = Vec::with_capacity(arrays.len());
             for row in 0..batch.num_rows() {
-                let values: Vec<&str> = arrays.iter().map(|a| a.value(row)).collect();
+                values.clear();
+                values.extend(arrays.iter().map(|a| a.value(row)));
                 if let Some(set) = &mut seen {
-                    if !set.insert(row_hash(&values)) {
+                    if !set.insert(row_hash(&values, &mut scratch)) {
                         continue;
                     }
                     if set.len() > DISTINCT_CHECKED_ROWS {
@@ -432,7 +468,7 @@ impl<'a> Reference<'a> {
                     }
                 }
                 predicted += 1;
-                match self.classify_row(&shape, &values, &mut memo)? {
+                match self.classify_row(&shape, &values, &mut memo, &mut positions)? {
                     RowMatch::Member => matching += 1,
                     RowMatch::OtherLabels(key) => {
                         extra += 1;
@@ -453,9 +489,13 @@ impl<'a> Reference<'a> {
             for batch in batches()? {
                 let batch = batch?;
                 let arrays = string_columns(&batch, columns)?;
+                let mut values: Vec<&str> = Vec::with_capacity(arrays.len());
                 for row in 0..batch.num_rows() {
-                    let values: Vec<&str> = arrays.iter().map(|a| a.value(row)).collect();
-                    if let RowMatch::Member = self.classify_row(&shape, &values, &mut memo)? {
+                    values.clear();
+                    values.extend(arrays.iter().map(|a| a.value(row)));
+                    if let RowMatch::Member =
+                        self.classify_row(&shape, &values, &mut memo, &mut positions)?
+                    {
                         let key = self.key_of(&shape, &values, &mut memo);
                         if candidates.contains_key(&key) {
                             right_present.insert(key);
@@ -505,8 +545,10 @@ impl<'a> Reference<'a> {
         shape: &[Column],
         values: &[&str],
         memo: &mut ColumnMemo,
+        positions: &mut Vec<u32>,
     ) -> Result<RowMatch> {
-        let mut positions = vec![0u32; self.survivors.len()];
+        positions.clear();
+        positions.resize(self.survivors.len(), 0);
         for (c, col) in shape.iter().enumerate() {
             if let Column::Id(rel) = col {
                 match memo.position(c, values[c], &self.survivors[*rel]) {
@@ -515,11 +557,10 @@ impl<'a> Reference<'a> {
                 }
             }
         }
-        if !self
-            .joins
-            .iter()
-            .all(|j| j.kept.contains(&(positions[j.left], positions[j.right])))
-        {
+        if !self.joins.iter().all(|j| {
+            j.kept
+                .contains(&pair_key(positions[j.left], positions[j.right]))
+        }) {
             return Ok(RowMatch::Outside);
         }
         for (c, col) in shape.iter().enumerate() {
@@ -552,7 +593,7 @@ impl<'a> Reference<'a> {
                 }
             };
             if want != Some(values[c]) {
-                return Ok(RowMatch::OtherLabels(positions));
+                return Ok(RowMatch::OtherLabels(positions.clone()));
             }
         }
         Ok(RowMatch::Member)
@@ -623,15 +664,15 @@ impl ColumnMemo {
     }
 }
 
-/// A 128-bit hash of a row's values (two SipHash passes with different salts).
-fn row_hash(values: &[&str]) -> u128 {
-    let half = |salt: u8| {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        salt.hash(&mut h);
-        values.hash(&mut h);
-        h.finish()
-    };
-    (u128::from(half(1)) << 64) | u128::from(half(2))
+/// A 128-bit hash (XXH3) of a row's values, each preceded by its length so
+/// that no two rows share a byte string; `buf` is scratch space.
+fn row_hash(values: &[&str], buf: &mut Vec<u8>) -> u128 {
+    buf.clear();
+    for v in values {
+        buf.extend_from_slice(&(v.len() as u64).to_le_bytes());
+        buf.extend_from_slice(v.as_bytes());
+    }
+    twox_hash::XxHash3_128::oneshot(buf)
 }
 
 /// The named string columns of a result batch; a null is an error.
