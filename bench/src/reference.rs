@@ -613,8 +613,9 @@ impl<'a> Reference<'a> {
     }
 }
 
-/// How many predicted rows are checked for repeats (a 16-byte hash each).
-pub const DISTINCT_CHECKED_ROWS: usize = 1 << 27;
+/// How many predicted rows are checked for repeats (a 16-byte hash each, about
+/// 2 GiB of set at most).
+pub const DISTINCT_CHECKED_ROWS: usize = 1 << 26;
 
 /// What an output column holds, for a streamed comparison.
 #[derive(Debug)]
