@@ -452,32 +452,26 @@ impl<'a> Reference<'a> {
         let mut memo = ColumnMemo::new(shape.len());
         let mut scratch = Vec::new();
         let mut positions = Vec::new();
-        for batch in batches()? {
-            let batch = batch?;
-            let arrays = string_columns(&batch, columns)?;
-            let mut values: Vec<&str> = Vec::with_capacity(arrays.len());
-            for row in 0..batch.num_rows() {
-                values.clear();
-                values.extend(arrays.iter().map(|a| a.value(row)));
-                if let Some(set) = &mut seen {
-                    if !set.insert(row_hash(&values, &mut scratch)) {
-                        continue;
-                    }
-                    if set.len() > DISTINCT_CHECKED_ROWS {
-                        seen = None;
-                    }
+        for_each_row(batches()?, columns, |values| {
+            if let Some(set) = &mut seen {
+                if !set.insert(row_hash(values, &mut scratch)) {
+                    return Ok(());
                 }
-                predicted += 1;
-                match self.classify_row(&shape, &values, &mut memo, &mut positions)? {
-                    RowMatch::Member => matching += 1,
-                    RowMatch::OtherLabels(key) => {
-                        extra += 1;
-                        *candidates.entry(key).or_default() += 1;
-                    }
-                    RowMatch::Outside => extra += 1,
+                if set.len() > DISTINCT_CHECKED_ROWS {
+                    seen = None;
                 }
             }
-        }
+            predicted += 1;
+            match self.classify_row(&shape, values, &mut memo, &mut positions)? {
+                RowMatch::Member => matching += 1,
+                RowMatch::OtherLabels(key) => {
+                    extra += 1;
+                    *candidates.entry(key).or_default() += 1;
+                }
+                RowMatch::Outside => extra += 1,
+            }
+            Ok(())
+        })?;
         // Reference rows whose documents were predicted with wrong labels only
         // (the right row is absent): those rows are label mismatches, not
         // missing and extra rows.
@@ -486,23 +480,17 @@ impl<'a> Reference<'a> {
         if !candidates.is_empty() {
             let mut right_present: HashSet<Vec<u32>> = HashSet::new();
             let mut memo = ColumnMemo::new(shape.len());
-            for batch in batches()? {
-                let batch = batch?;
-                let arrays = string_columns(&batch, columns)?;
-                let mut values: Vec<&str> = Vec::with_capacity(arrays.len());
-                for row in 0..batch.num_rows() {
-                    values.clear();
-                    values.extend(arrays.iter().map(|a| a.value(row)));
-                    if let RowMatch::Member =
-                        self.classify_row(&shape, &values, &mut memo, &mut positions)?
-                    {
-                        let key = self.key_of(&shape, &values, &mut memo);
-                        if candidates.contains_key(&key) {
-                            right_present.insert(key);
-                        }
+            for_each_row(batches()?, columns, |values| {
+                if let RowMatch::Member =
+                    self.classify_row(&shape, values, &mut memo, &mut positions)?
+                {
+                    let key = self.key_of(&shape, values, &mut memo);
+                    if candidates.contains_key(&key) {
+                        right_present.insert(key);
                     }
                 }
-            }
+                Ok(())
+            })?;
             for (key, rows) in &candidates {
                 if !right_present.contains(key) {
                     mismatched_rows += rows;
@@ -674,6 +662,29 @@ fn row_hash(values: &[&str], buf: &mut Vec<u8>) -> u128 {
         buf.extend_from_slice(v.as_bytes());
     }
     twox_hash::XxHash3_128::oneshot(buf)
+}
+
+/// Calls `each` with the values of every row of `batches`, in the order of
+/// `columns` (a reused slice: rows are never collected).
+fn for_each_row<I>(
+    batches: I,
+    columns: &[String],
+    mut each: impl FnMut(&[&str]) -> Result<()>,
+) -> Result<()>
+where
+    I: Iterator<Item = Result<RecordBatch>>,
+{
+    for batch in batches {
+        let batch = batch?;
+        let arrays = string_columns(&batch, columns)?;
+        let mut values: Vec<&str> = Vec::with_capacity(arrays.len());
+        for row in 0..batch.num_rows() {
+            values.clear();
+            values.extend(arrays.iter().map(|a| a.value(row)));
+            each(&values)?;
+        }
+    }
+    Ok(())
 }
 
 /// The named string columns of a result batch; a null is an error.

@@ -54,19 +54,9 @@ pub fn read_batches(
     // over a file never ends (parquet 59.3.2; a fuzz regression input), over
     // bytes it stops at the end. The tables are held in memory anyway.
     let bytes = Bytes::from(std::fs::read(path).map_err(ParquetReadError::Io)?);
-    let corrupt = |e: &dyn std::fmt::Display| ParquetReadError::Corrupt(e.to_string());
-    guarded(|| {
-        check_dictionaries(&bytes)?;
-        let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| corrupt(&e))?;
-        let schema = builder.schema().clone();
-        let batches = builder
-            .with_batch_size(batch_size.max(1))
-            .build()
-            .map_err(|e| corrupt(&e))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| corrupt(&e))?;
-        Ok((schema, batches))
-    })
+    let stream = batch_stream(bytes, batch_size)?;
+    let schema = stream.schema();
+    Ok((schema, stream.collect::<Result<Vec<_>, _>>()?))
 }
 
 /// The batches of a Parquet file, decoded one at a time as they are asked for
@@ -106,7 +96,11 @@ pub fn stream_batches(path: &Path, batch_size: usize) -> Result<BatchStream, Par
     // SAFETY: the mapping is read-only and lives inside the returned Bytes; a
     // file truncated by another process while mapped is the documented misuse.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(ParquetReadError::Io)?;
-    let bytes = Bytes::from_owner(map);
+    batch_stream(Bytes::from_owner(map), batch_size)
+}
+
+/// The checked, guarded reader of a Parquet file's `bytes`.
+fn batch_stream(bytes: Bytes, batch_size: usize) -> Result<BatchStream, ParquetReadError> {
     let corrupt = |e: &dyn std::fmt::Display| ParquetReadError::Corrupt(e.to_string());
     guarded(|| {
         check_dictionaries(&bytes)?;
