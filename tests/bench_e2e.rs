@@ -308,7 +308,8 @@ fn simulated_fresh_tokens_give_prompt_pieces_minimum_and_regret() {
     let report = std::fs::read_to_string(run.join("report.md")).unwrap();
     assert!(
         report.contains(
-            "| Minimum tokens | Recomputed KV tokens | KV regret (%) | Restored KV tokens |"
+            "| Minimum tokens | Recomputed KV tokens | KV regret (%) | Restored KV tokens | \
+             Result rows | Peak RSS (GiB) |"
         ),
         "{report}"
     );
@@ -320,7 +321,21 @@ fn simulated_fresh_tokens_give_prompt_pieces_minimum_and_regret() {
         .lines()
         .find(|l| l.starts_with("| IMDB-7 |"))
         .expect("IMDB-7's token row");
-    assert!(imdb7.trim_end().ends_with("| 0 |"), "{imdb7}");
+    let cells: Vec<&str> = imdb7.split('|').map(str::trim).collect();
+    // | id | rows | input | fresh | minimum | recomputed | regret | restored | result rows | peak |
+    assert_eq!(cells[8], "0", "restored tokens: {imdb7}");
+    let queries = j["queries"].as_array().unwrap();
+    let q7 = queries.iter().find(|q| q["id"] == "IMDB-7").unwrap();
+    assert_eq!(
+        cells[9],
+        q7["metrics"]["accuracy"]["output_accuracy"]["predicted_rows"].to_string(),
+        "result rows: {imdb7}"
+    );
+    let peak = &q7["measurements"]["peak_rss_bytes"];
+    if let Some(bytes) = peak.as_u64() {
+        assert!(bytes > 1 << 20, "{peak}");
+        assert!(cells[10].parse::<f64>().unwrap() > 0.0, "peak RSS: {imdb7}");
+    }
 }
 
 #[test]
