@@ -15,7 +15,7 @@ use datafusion::arrow::array::{Array, RecordBatch, StringArray};
 
 use crate::corpus::Corpus;
 use crate::error::{BenchError, Result};
-use crate::scoring::{Assessment, OutputAccuracy, Reason, Verdict, output_accuracy};
+use crate::scoring::{Assessment, OutputAccuracy, Reason, judged};
 
 fn err(msg: impl Into<String>) -> BenchError {
     BenchError::Scoring(msg.into())
@@ -500,12 +500,6 @@ impl<'a> Reference<'a> {
         }
         let missing = expected - matching;
         let mut reasons = Vec::new();
-        if expected == 0 && predicted > 0 {
-            reasons.push(Reason::EmptyReference);
-        }
-        if predicted == 0 && expected > 0 {
-            reasons.push(Reason::EmptyResult);
-        }
         if predicted > 0 && expected > 0 {
             if mismatched_rows > 0 {
                 reasons.push(Reason::LabelMismatch);
@@ -517,14 +511,7 @@ impl<'a> Reference<'a> {
                 reasons.push(Reason::ResultExtraRows);
             }
         }
-        reasons.sort();
-        let quality = output_accuracy(predicted, expected, matching);
-        let verdict = if reasons.is_empty() && quality.exact_match {
-            Verdict::Good
-        } else {
-            Verdict::Bad
-        };
-        Ok(Some((quality, Assessment { verdict, reasons })))
+        Ok(Some(judged(predicted, expected, matching, reasons)))
     }
 
     /// Where one predicted row stands against the reference.

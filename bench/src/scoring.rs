@@ -463,12 +463,6 @@ pub fn compare_rows(
     }
     let n_pred = predicted.rows.len() as u64;
     let n_exp = expected.rows.len() as u64;
-    if n_exp == 0 && n_pred > 0 {
-        reasons.push(Reason::EmptyReference);
-    }
-    if n_pred == 0 && n_exp > 0 {
-        reasons.push(Reason::EmptyResult);
-    }
     let aligned = if reasons
         .iter()
         .any(|r| matches!(r, Reason::ResultMissingColumns | Reason::ResultExtraColumns))
@@ -515,9 +509,27 @@ pub fn compare_rows(
             reasons.push(Reason::ResultExtraRows);
         }
     }
+    judged(n_pred, n_exp, matching, reasons)
+}
+
+/// The output quality of `predicted` rows against `expected`, `matching` of them
+/// in both, and the assessment from the row-level `reasons` found, to which the
+/// empty-side reasons are added here.
+pub(crate) fn judged(
+    predicted: u64,
+    expected: u64,
+    matching: u64,
+    mut reasons: Vec<Reason>,
+) -> (OutputAccuracy, Assessment) {
+    if expected == 0 && predicted > 0 {
+        reasons.push(Reason::EmptyReference);
+    }
+    if predicted == 0 && expected > 0 {
+        reasons.push(Reason::EmptyResult);
+    }
     reasons.sort();
     reasons.dedup();
-    let quality = output_accuracy(n_pred, n_exp, matching);
+    let quality = output_accuracy(predicted, expected, matching);
     let verdict = if reasons.is_empty() && quality.exact_match {
         Verdict::Good
     } else {

@@ -112,11 +112,6 @@ impl ParquetRows {
         })
     }
 
-    /// Rows written so far.
-    pub fn rows(&self) -> u64 {
-        self.rows
-    }
-
     /// Closes the file and renames it into place; returns the rows written.
     pub fn finish(mut self) -> Result<u64> {
         let writer = self.writer.take().expect("a ParquetRows is finished once");
