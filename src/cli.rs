@@ -111,6 +111,11 @@ pub struct BackendArgs {
     /// Reuse document KV across questions, partners and rows (off: every prompt from scratch).
     #[arg(long, value_enum, default_value = "on")]
     pub prefix_cache: Switch,
+    /// Before a document's KV is dropped, ask it the questions later operators
+    /// will ask it under another name (IMDB-9's r2 after r1), so it is not
+    /// computed twice (off: ask each operator's questions in its turn).
+    #[arg(long, value_enum, default_value = "on")]
+    pub lookahead: Switch,
     /// KV memory budget in MiB (default on CPU: a quarter of free memory, at most
     /// 16 GiB; on a GPU: 70 % of its memory left free by the weights, less 4 GiB).
     #[arg(long)]

@@ -1,10 +1,11 @@
-//! The host KV tier: IMDB-9 and IMDB-10 visit every review as an anchor twice
-//! (r1 then r2), far apart. With a device KV budget far smaller than the
-//! documents, their KV is evicted in between and, without a host tier,
-//! computed again; with one it moves to host memory and comes back by copy.
-//! In simulation, at three device budgets, the fresh tokens then equal those
-//! of an unbounded KV cache (the minimum: every distinct prefix once) and the
-//! answers are those of the unbounded run.
+//! IMDB-9 and IMDB-10 visit every review as an anchor twice (r1 then r2), far
+//! apart. With a device KV budget far smaller than the documents, their KV is
+//! evicted in between and computed again — unless a host tier keeps it (it
+//! moves to host memory and comes back by copy), or look-ahead asks each review
+//! r2's questions before its KV is dropped. In simulation, at three device
+//! budgets, the fresh tokens then equal those of an unbounded KV cache (the
+//! minimum: every distinct prefix once) with a host tier, and stay within
+//! 0.5 % of it with look-ahead alone; the answers are those of the unbounded run.
 
 mod common;
 
@@ -23,7 +24,7 @@ fn count(out: &QueryOutput, key: &str) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_host_tier_keeps_imdb_9_and_10_at_the_minimum_under_small_kv_budgets() {
+async fn a_host_tier_or_lookahead_keeps_imdb_9_and_10_at_the_minimum_under_small_kv_budgets() {
     let dir = tempfile::tempdir().unwrap();
     let corpus = TinyCorpus::write(dir.path());
     let ids = ["IMDB-9", "IMDB-10"];
@@ -37,9 +38,10 @@ async fn a_host_tier_keeps_imdb_9_and_10_at_the_minimum_under_small_kv_budgets()
         batch_rows: 8,
         ..Default::default()
     };
-    let run = |device: usize, host: usize, plan: &QueryPlan| {
+    let run = |device: usize, host: usize, lookahead: bool, plan: &QueryPlan| {
         let config = SchedulerConfig {
             prefix_cache: true,
+            lookahead,
             kv_budget_bytes: device,
             host_kv_budget_bytes: host,
             batch_tokens: 512,
@@ -53,24 +55,40 @@ async fn a_host_tier_keeps_imdb_9_and_10_at_the_minimum_under_small_kv_budgets()
         }
     };
     for (id, plan) in ids.iter().zip(&plans) {
-        let unbounded = run(usize::MAX / 2, 0, plan).await;
+        let unbounded = run(usize::MAX / 2, 0, true, plan).await;
         let minimum = count(&unbounded, "fresh_tokens");
         let peak = count(&unbounded, "kv_peak_bytes") as usize;
         assert!(!unbounded.answers.is_empty() && minimum > 0, "{id}");
         for device in [peak / 16, peak / 8, peak / 4] {
-            let without = run(device, 0, plan).await;
-            let with = run(device, usize::MAX / 2, plan).await;
-            let (fresh_without, fresh_with) = (
+            let without = run(device, 0, false, plan).await;
+            let ahead = run(device, 0, true, plan).await;
+            let with = run(device, usize::MAX / 2, false, plan).await;
+            let (fresh_without, fresh_ahead, fresh_with) = (
                 count(&without, "fresh_tokens"),
+                count(&ahead, "fresh_tokens"),
                 count(&with, "fresh_tokens"),
             );
             eprintln!(
-                "{id} device {device} B: fresh {fresh_without} without a host tier, \
-                 {fresh_with} with one (minimum {minimum}), {} positions restored",
+                "{id} device {device} B: fresh {fresh_without} with neither, {fresh_ahead} \
+                 with look-ahead ({} asked ahead, {} questions of which {} unused), \
+                 {fresh_with} with a host tier (minimum {minimum}), {} positions restored",
+                count(&ahead, "speculative_tokens"),
+                count(&ahead, "speculative_questions"),
+                count(&ahead, "speculative_unused"),
                 count(&with, "restored_tokens")
             );
-            // The budget bites: without the tier reviews are computed twice.
+            // The budget bites: with neither, reviews are computed twice.
             assert!(fresh_without > minimum, "{id} at {device} B");
+            assert!(count(&without, "speculative_tokens") == 0, "{id}");
+            // Look-ahead asks r2's questions before a review is dropped.
+            assert!(
+                count(&ahead, "speculative_tokens") > 0,
+                "{id} at {device} B"
+            );
+            assert!(
+                fresh_ahead as f64 <= minimum as f64 * 1.005,
+                "{id} at {device} B: {fresh_ahead} > {minimum} × 1.005"
+            );
             assert_eq!(fresh_with, minimum, "{id} at {device} B");
             assert!(count(&with, "restored_tokens") > 0, "{id} at {device} B");
             // Moving KV is charged at the simulated host link, both ways.
@@ -84,7 +102,7 @@ async fn a_host_tier_keeps_imdb_9_and_10_at_the_minimum_under_small_kv_budgets()
                 "{id}: {seconds} s for {moved} bytes"
             );
             assert!(count(&with, "kv_peak_bytes") as usize <= peak, "{id}");
-            for out in [&without, &with] {
+            for out in [&without, &ahead, &with] {
                 assert_eq!(
                     result_rows(&out.rows),
                     result_rows(&unbounded.rows),
@@ -101,7 +119,7 @@ async fn a_host_tier_keeps_imdb_9_and_10_at_the_minimum_under_small_kv_budgets()
             }
         }
         // A host tier too small for the reviews still answers the same.
-        let small = run(peak / 8, peak / 8, plan).await;
+        let small = run(peak / 8, peak / 8, true, plan).await;
         assert_eq!(
             result_rows(&small.rows),
             result_rows(&unbounded.rows),
@@ -135,6 +153,7 @@ async fn the_model_restores_offloaded_kv_and_answers_the_same() {
             dtype: None,
             scheduler: SchedulerConfig {
                 prefix_cache: true,
+                lookahead: true,
                 kv_budget_bytes: device,
                 host_kv_budget_bytes: host,
                 batch_tokens: 2048,

@@ -37,6 +37,7 @@ fn plans_dir() -> std::path::PathBuf {
 fn config(prefix_cache: bool) -> SchedulerConfig {
     SchedulerConfig {
         prefix_cache,
+        lookahead: true,
         kv_budget_bytes: 4 << 30,
         host_kv_budget_bytes: 0,
         batch_tokens: 4096,
@@ -341,6 +342,7 @@ async fn a_document_larger_than_the_kv_budget_is_a_clear_error() {
         dtype: None,
         scheduler: SchedulerConfig {
             prefix_cache: true,
+            lookahead: true,
             kv_budget_bytes: 64 * 1024,
             host_kv_budget_bytes: 0,
             batch_tokens: 4096,

@@ -73,6 +73,7 @@ async fn sql_spellings_of_quailb_queries_match_their_plans() {
     for kv_budget_bytes in [usize::MAX / 2, 4 << 20] {
         let config = SchedulerConfig {
             prefix_cache: true,
+            lookahead: true,
             kv_budget_bytes,
             host_kv_budget_bytes: 0,
             batch_tokens: 512,

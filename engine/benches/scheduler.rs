@@ -80,6 +80,7 @@ fn bench(c: &mut Criterion) {
             pieces: filter_pieces(PromptFormat::RawV1, t).unwrap(),
             labels: vec![],
             descriptions: vec![],
+            relations: vec![],
         })
         .collect();
     let join = AiCall {
@@ -91,9 +92,11 @@ fn bench(c: &mut Criterion) {
         pieces: join_pieces(PromptFormat::RawV1, join_template),
         labels: vec![],
         descriptions: vec![],
+        relations: vec![],
     };
     let config = SchedulerConfig {
         prefix_cache: true,
+        lookahead: true,
         kv_budget_bytes: usize::MAX / 2,
         host_kv_budget_bytes: 0,
         batch_tokens: 8192,

@@ -204,6 +204,7 @@ impl AiArgs {
             pieces,
             labels: self.labels.clone(),
             descriptions: self.descriptions.clone(),
+            relations: Vec::new(),
         })
     }
 }

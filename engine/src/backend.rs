@@ -46,6 +46,10 @@ pub struct AiCall {
     pub labels: Vec<String>,
     /// One description per label ("" = none).
     pub descriptions: Vec<String>,
+    /// Relations (aliases, as the plan names them) of the `{0}` (and `{1}`)
+    /// documents; empty when not known. One table read under two names is read
+    /// twice, which a scheduler may plan around.
+    pub relations: Vec<String>,
 }
 
 /// A document in a request.
@@ -111,6 +115,12 @@ pub trait InferenceBackend: Send + Sync {
     /// Called before a query runs with its AI operators in the order they run
     /// (post-order of the plan): a backend may plan around them.
     fn start_query(&self, _operators: &[AiCall]) {}
+
+    /// Called when an AI join without equality or residual conditions has
+    /// collected its partner side, before its anchors stream in: every anchor
+    /// will be paired with each of these documents (distinct by id). A backend
+    /// may ask the join's questions ahead of time.
+    fn partners_collected(&self, _call: &AiCall, _partners: &[Doc<'_>]) {}
 }
 
 /// Answers every question from the reference labels of a collection: the

@@ -99,6 +99,11 @@ impl AnswerMemo {
         self.answers.get(key).copied()
     }
 
+    /// Takes an answer out.
+    pub fn remove(&mut self, key: &MemoKey) -> Option<u16> {
+        self.answers.remove(key)
+    }
+
     /// Records an answer.
     pub fn insert(&mut self, key: MemoKey, answer: u16) {
         self.answers.insert(key, answer);
@@ -121,6 +126,7 @@ mod tests {
             pieces,
             labels: Vec::new(),
             descriptions: Vec::new(),
+            relations: Vec::new(),
         }
     }
 

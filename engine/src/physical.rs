@@ -342,6 +342,7 @@ impl ExecutionPlan for AiExec {
             ))
             .register(context.memory_pool());
             reservation.try_grow(partners.get_array_memory_size())?;
+            report_partners(&state, &partners)?;
             let reservation = Arc::new(reservation);
             let matched = Arc::new(std::sync::Mutex::new(vec![false; partners.num_rows()]));
             let anchors = datafusion::physical_plan::execute_stream(anchor_plan, context)?;
@@ -811,6 +812,29 @@ fn distinct_pairs(
         })
         .collect();
     (pair_of, distinct)
+}
+
+/// Tells the backend a join's partner documents (distinct by id) when every
+/// anchor meets every one of them: no equality, no residual condition.
+fn report_partners(state: &OpState, partner_batch: &RecordBatch) -> Result<()> {
+    if !state.spec.equalities.is_empty() || state.spec.residual.is_some() {
+        return Ok(());
+    }
+    let op = &state.spec.call.op_id;
+    let lw = state.layout.left_width;
+    let (id, text) = state.layout.docs[1];
+    let local = |index: usize| if index < lw { index } else { index - lw };
+    let partners = RowDocs::new(partner_batch, &[(local(id), local(text))], op)?;
+    let mut seen = HashSet::new();
+    let docs: Vec<Doc<'_>> = (0..partner_batch.num_rows())
+        .filter_map(|row| partners.doc(0, row))
+        .filter(|d| seen.insert(d.id))
+        .collect();
+    state
+        .runtime
+        .backend
+        .partners_collected(&state.spec.call, &docs);
+    Ok(())
 }
 
 /// AI join of one batch of anchor rows against all partner rows: every candidate

@@ -23,6 +23,7 @@ const SIMULATED_HOST_KV_BYTES: usize = 256 << 30;
 pub fn scheduler_config(args: &BackendArgs) -> SchedulerConfig {
     SchedulerConfig {
         prefix_cache: args.prefix_cache == Switch::On,
+        lookahead: args.lookahead == Switch::On,
         kv_budget_bytes: args
             .kv_budget_mb
             .map_or_else(default_kv_budget_bytes, |mb| mb << 20),
@@ -68,6 +69,7 @@ pub fn build(
                 }
                 meta.insert("simulation".into(), true.into());
                 meta.insert("prefix_cache".into(), config.prefix_cache.into());
+                meta.insert("lookahead".into(), config.lookahead.into());
                 meta.insert("kv_budget_bytes".into(), config.kv_budget_bytes.into());
                 meta.insert(
                     "kv_host_budget_bytes".into(),

@@ -40,6 +40,7 @@
 mod budget;
 mod executors;
 mod loading;
+mod lookahead;
 
 pub use budget::{default_host_kv_budget_bytes, default_kv_budget_bytes, gpu_kv_budget_bytes};
 pub use executors::{
@@ -53,18 +54,22 @@ use std::sync::{Arc, Mutex};
 
 use aisql_models::Tokenizer;
 
-use crate::backend::{AiCall, AiKind, AiRequest, InferenceBackend};
+use crate::backend::{AiCall, AiKind, AiRequest, Doc, InferenceBackend};
 use crate::error::{EngineError, Result};
 use crate::kv_cache::{KvOps, NodeId, PrefixTrie};
 use crate::memo::DocKey;
 use crate::prompt::label_continuations;
 use crate::query_gate::{QueryGate, Ticket};
+use lookahead::{AheadQuestion, Lookahead, MAX_PARTNERS_AHEAD};
 
 /// Scheduling knobs.
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
     /// Reuse KV across prompts (off: every prompt computed from scratch).
     pub prefix_cache: bool,
+    /// Ask a document the questions of later operators before its KV is
+    /// dropped ([`lookahead`]).
+    pub lookahead: bool,
     /// KV memory budget in bytes.
     pub kv_budget_bytes: usize,
     /// Host memory for KV moved off the device (0: none). KV evicted from the
@@ -78,6 +83,7 @@ impl Default for SchedulerConfig {
     fn default() -> Self {
         Self {
             prefix_cache: true,
+            lookahead: true,
             kv_budget_bytes: default_kv_budget_bytes(),
             host_kv_budget_bytes: 0,
             batch_tokens: 8192,
@@ -142,6 +148,8 @@ struct QueryState<K> {
     restored_tokens: u64,
     restored_bytes: u64,
     offloaded_bytes: u64,
+    /// Questions of later operators asked ahead.
+    lookahead: Lookahead,
 }
 
 /// The model backend: plan-aware scheduling over an [`Executor`].
@@ -175,6 +183,7 @@ impl<E: Executor> ScheduledBackend<E> {
                 restored_tokens: 0,
                 restored_bytes: 0,
                 offloaded_bytes: 0,
+                lookahead: Lookahead::default(),
             }),
             gate: QueryGate::default(),
         }
@@ -275,8 +284,15 @@ impl<E: Executor> ScheduledBackend<E> {
     /// kept; among the others, the least recently used leave the device first,
     /// each with its question trie: to host memory while the host tier has room
     /// (making room by dropping its own least recently used documents), dropped
-    /// otherwise. Then shared prefixes no document holds any more go.
-    fn enforce_budget(&self, state: &mut QueryState<E::Kv>, keep: &HashSet<DocKey>) -> Result<()> {
+    /// otherwise. A document is asked its later operators' questions before it
+    /// is dropped ([`Self::ask_ahead`]). Then shared prefixes no document holds
+    /// any more go.
+    fn enforce_budget(
+        &self,
+        ticket: Ticket,
+        state: &mut QueryState<E::Kv>,
+        keep: &HashSet<DocKey>,
+    ) -> Result<()> {
         let mut held = state.cache.bytes();
         state.peak_bytes = state.peak_bytes.max(held);
         let budget = self.config.kv_budget_bytes;
@@ -285,7 +301,7 @@ impl<E: Executor> ScheduledBackend<E> {
         }
         let host_budget = self.config.host_kv_budget_bytes;
         let mut host_held = state.cache.host_bytes();
-        let cache = &mut state.cache;
+        let cache = &state.cache;
         let mut victims: Vec<(u64, DocKey)> = cache
             .last_used
             .iter()
@@ -309,11 +325,28 @@ impl<E: Executor> ScheduledBackend<E> {
             .filter(|(_, k)| doc_bytes(cache, k, &keep_nodes, &users).0 == 0)
             .map(|(_, k)| k.clone())
             .collect();
+        // Asks a document ahead, then drops it from both tiers.
+        let drop = |state: &mut QueryState<E::Kv>,
+                    k: &DocKey,
+                    users: &mut HashMap<NodeId, usize>,
+                    held: &mut usize,
+                    host_held: &mut usize|
+         -> Result<()> {
+            let (added, freed) = self.ask_ahead(ticket, state, k)?;
+            *held += added;
+            *host_held -= freed;
+            let (d, h) = drop_doc(&mut state.cache, k, &keep_nodes, users);
+            state.lookahead.forget(k);
+            *held -= d;
+            *host_held -= h;
+            state.evictions += 1;
+            Ok(())
+        };
         for (_, k) in &victims {
             if held <= budget {
                 break;
             }
-            let (device, host) = doc_bytes(cache, k, &keep_nodes, &users);
+            let (device, host) = doc_bytes(&state.cache, k, &keep_nodes, &users);
             if device == 0 {
                 continue; // on the host already
             }
@@ -322,12 +355,10 @@ impl<E: Executor> ScheduledBackend<E> {
                     let Some(old) = on_host.pop_front() else {
                         break;
                     };
-                    let (d, h) = drop_doc(cache, &old, &keep_nodes, &mut users);
-                    held -= d;
-                    host_held -= h;
-                    state.evictions += 1;
+                    drop(state, &old, &mut users, &mut held, &mut host_held)?;
                 }
                 if host_held + device <= host_budget {
+                    let cache = &state.cache;
                     if let Some(t) = cache.suffixes.get(k) {
                         t.offload_all()?;
                     }
@@ -345,12 +376,10 @@ impl<E: Executor> ScheduledBackend<E> {
                     continue;
                 }
             }
-            let (d, h) = drop_doc(cache, k, &keep_nodes, &mut users);
-            held -= d;
-            host_held -= h;
-            state.evictions += 1;
+            drop(state, k, &mut users, &mut held, &mut host_held)?;
         }
         if held > budget {
+            let cache = &mut state.cache;
             let removed: HashSet<NodeId> = cache
                 .docs
                 .evict_lru(budget.saturating_sub(held - cache.docs.bytes()), &|n| {
@@ -444,13 +473,44 @@ impl<E: Executor> ScheduledBackend<E> {
             restored += cache.docs.restore_path(leaf)?;
         }
         self.materialize(ticket, &call.op_id, &mut cache.docs, &leaves)?;
+        self.count_restored(state, restored);
+        let targets = self.question_nodes(ticket, state, &call.op_id, &keys, suffix, scored)?;
+        Ok(keys
+            .into_iter()
+            .map(|k| {
+                let n = targets[&k];
+                (k, n)
+            })
+            .collect())
+    }
+
+    fn count_restored(&self, state: &mut QueryState<E::Kv>, positions: usize) {
+        state.restored_tokens += positions as u64;
+        state.restored_bytes += (positions * self.exec.kv_bytes_per_token()) as u64;
+    }
+
+    /// The KV of `suffix` after each document of `keys` (whose own KV is held):
+    /// a node of the document's question trie, computed once per document.
+    fn question_nodes(
+        &self,
+        ticket: Ticket,
+        state: &mut QueryState<E::Kv>,
+        op_id: &str,
+        keys: &[DocKey],
+        suffix: &[u32],
+        scored: bool,
+    ) -> Result<HashMap<DocKey, NodeId>> {
+        let cache = &mut state.cache;
         // Question tries: rooted at each document's KV; the suffix computed once per document.
         let mut targets: HashMap<DocKey, NodeId> = HashMap::new();
-        for (key, &leaf) in keys.iter().zip(&leaves) {
+        for key in keys {
             if targets.contains_key(key) {
                 continue;
             }
-            let doc_kv = cache.docs.kv(leaf).cloned();
+            let doc_kv = cache
+                .doc_nodes
+                .get(key)
+                .and_then(|&n| cache.docs.kv(n).cloned());
             let trie = cache
                 .suffixes
                 .entry(key.clone())
@@ -458,14 +518,14 @@ impl<E: Executor> ScheduledBackend<E> {
             let node = trie.insert(suffix)?;
             targets.insert(key.clone(), node);
         }
+        let mut restored = 0;
         for (key, &node) in &targets {
             restored += cache.suffixes[key].restore_path(node)?;
         }
-        state.restored_tokens += restored as u64;
-        state.restored_bytes += (restored * self.exec.kv_bytes_per_token()) as u64;
+        self.count_restored(state, restored);
         let cache = &mut state.cache;
         // Compute all questions in waves across documents: gather pending items.
-        self.materialize_suffixes(ticket, &call.op_id, cache, &targets)?;
+        self.materialize_suffixes(ticket, op_id, cache, &targets)?;
         // A scored question ending on a view (its exact text is a prefix of
         // another question) needs its last position computed again.
         for (key, &node) in targets.iter().filter(|_| scored) {
@@ -479,13 +539,7 @@ impl<E: Executor> ScheduledBackend<E> {
                 trie.set_kv(node, h);
             }
         }
-        Ok(keys
-            .into_iter()
-            .map(|k| {
-                let n = targets[&k];
-                (k, n)
-            })
-            .collect())
+        Ok(targets)
     }
 
     /// Like [`Self::materialize`] over many per-document tries at once, so the
@@ -546,92 +600,245 @@ impl<E: Executor> ScheduledBackend<E> {
         }
         let mut state = self.state.lock().expect("scheduler lock");
         self.enter_operator(&mut state, &call.op_id);
-        let pieces = &call.pieces;
-        let labels: Vec<Vec<u32>> = label_continuations(&call.labels)
-            .iter()
-            .map(|l| self.piece(l).map(|v| v.as_ref().clone()))
-            .collect::<Result<_>>()?;
-        let out = if !pieces.pair {
-            // One document: preamble + doc, then the tail as the question.
-            let tail = self.piece(&pieces.tail)?;
-            let nodes = self.anchor_prompts(ticket, &mut state, call, requests, &tail, true)?;
-            let cache = &state.cache;
-            let items: Vec<(Option<&E::Kv>, &[u32])> = nodes
-                .iter()
-                .map(|(k, n)| (cache.suffixes[k].kv(*n), &[][..]))
-                .collect();
-            match call.kind {
-                AiKind::Classify => {
-                    Answers::Labels(self.exec.classify(call, requests, &items, &labels)?)
-                }
-                _ => Answers::Bools(self.exec.decide(call, requests, &items)?),
-            }
-        } else {
-            // Pairs: preamble + anchor + frame cached, partners packed as suffixes.
-            let frame = self.piece(&pieces.frame)?;
-            let label = self.piece(&pieces.label)?;
-            let tail = self.piece(&pieces.tail)?;
-            // Each pair is asked once per query: the operators' memo
-            // ([`crate::memo`]) answers repeats before they get here.
-            let todo_requests = requests;
-            let nodes =
-                self.anchor_prompts(ticket, &mut state, call, todo_requests, &frame, false)?;
-            let partner_docs: Vec<(&str, &str)> = todo_requests
-                .iter()
-                .map(|r| {
-                    let p = r.partner.expect("pair requests have partners");
-                    (p.id, p.text)
-                })
-                .collect();
-            let partners = self.docs(&call.tables[1], &call.columns[1], &partner_docs)?;
-            let suffixes: Vec<Vec<u32>> = partners
-                .iter()
-                .map(|p| [label.as_slice(), p.as_slice(), tail.as_slice()].concat())
-                .collect();
-            let label_tokens = self.longest_label(call)?;
-            for (j, r) in todo_requests.iter().enumerate() {
-                let (k, n) = &nodes[j];
-                let anchor_len = state.cache.suffixes[k].kv(*n).map_or(0, |kv| kv.len());
-                let len = anchor_len + suffixes[j].len() + label_tokens;
-                self.check_context(
-                    &call.op_id,
-                    format_args!("{} × {}", r.anchor.id, r.partner.map_or("", |p| p.id)),
-                    format_args!("{} × {}", call.tables[0], call.tables[1]),
-                    len,
-                )?;
-            }
-            let order: Vec<usize> = (0..todo_requests.len()).collect();
-            let mut bools = Vec::new();
-            let mut chosen = Vec::new();
-            for chunk in chunk_by_tokens(&order, self.config.batch_tokens, |&j| suffixes[j].len()) {
-                self.gate.check(ticket, &call.op_id)?;
-                let cache = &state.cache;
-                let items: Vec<(Option<&E::Kv>, &[u32])> = chunk
-                    .iter()
-                    .map(|&j| {
-                        let (k, n) = &nodes[j];
-                        (cache.suffixes[k].kv(*n), suffixes[j].as_slice())
-                    })
-                    .collect();
-                let reqs: Vec<AiRequest<'_>> = chunk.iter().map(|&j| todo_requests[j]).collect();
-                match call.kind {
-                    AiKind::Classify => {
-                        chosen.extend(self.exec.classify(call, &reqs, &items, &labels)?)
-                    }
-                    _ => bools.extend(self.exec.decide(call, &reqs, &items)?),
-                }
-            }
-            match call.kind {
-                AiKind::Classify => Answers::Labels(chosen),
-                _ => Answers::Bools(bools),
-            }
-        };
-        let keep: HashSet<DocKey> = requests
+        let keep: Vec<DocKey> = requests
             .iter()
             .map(|r| DocKey::new(&call.tables[0], &call.columns[0], r.anchor.id))
             .collect();
-        self.enforce_budget(&mut state, &keep)?;
-        Ok(out)
+        state.lookahead.asked(&call.op_id, &keep);
+        // Questions asked ahead are answered without the model.
+        let mut codes = state.lookahead.take(call, requests);
+        let todo: Vec<usize> = (0..requests.len())
+            .filter(|&i| codes[i].is_none())
+            .collect();
+        if !todo.is_empty() {
+            let asked: Vec<AiRequest<'_>> = todo.iter().map(|&i| requests[i]).collect();
+            let answers = self.answer(ticket, &mut state, call, &asked)?;
+            for (&i, a) in todo.iter().zip(answers.codes()) {
+                codes[i] = Some(a);
+            }
+        }
+        let keep: HashSet<DocKey> = keep.into_iter().collect();
+        self.enforce_budget(ticket, &mut state, &keep)?;
+        let codes = codes
+            .into_iter()
+            .map(|c| c.expect("every request answered"));
+        Ok(match call.kind {
+            AiKind::Classify => Answers::Labels(codes.map(usize::from).collect()),
+            _ => Answers::Bools(codes.map(|c| c != 0).collect()),
+        })
+    }
+
+    /// Answers `requests` with the model, reusing and extending the cache.
+    fn answer(
+        &self,
+        ticket: Ticket,
+        state: &mut QueryState<E::Kv>,
+        call: &AiCall,
+        requests: &[AiRequest<'_>],
+    ) -> Result<Answers> {
+        let pieces = &call.pieces;
+        if !pieces.pair {
+            // One document: preamble + doc, then the tail as the question.
+            let tail = self.piece(&pieces.tail)?;
+            let nodes = self.anchor_prompts(ticket, state, call, requests, &tail, true)?;
+            self.ask_one(&state.cache, call, &nodes, requests)
+        } else {
+            // Pairs: preamble + anchor + frame cached, partners packed as suffixes.
+            // Each pair is asked once per query: the operators' memo
+            // ([`crate::memo`]) answers repeats before they get here.
+            let frame = self.piece(&pieces.frame)?;
+            let nodes = self.anchor_prompts(ticket, state, call, requests, &frame, false)?;
+            self.ask_pairs(ticket, &state.cache, call, &nodes, requests)
+        }
+    }
+
+    /// One-document questions whose whole prompt is the KV of `nodes` (one per request).
+    fn ask_one(
+        &self,
+        cache: &Cache<E::Kv>,
+        call: &AiCall,
+        nodes: &[(DocKey, NodeId)],
+        requests: &[AiRequest<'_>],
+    ) -> Result<Answers> {
+        let items: Vec<(Option<&E::Kv>, &[u32])> = nodes
+            .iter()
+            .map(|(k, n)| (cache.suffixes[k].kv(*n), &[][..]))
+            .collect();
+        Ok(match call.kind {
+            AiKind::Classify => {
+                Answers::Labels(
+                    self.exec
+                        .classify(call, requests, &items, &self.labels(call)?)?,
+                )
+            }
+            _ => Answers::Bools(self.exec.decide(call, requests, &items)?),
+        })
+    }
+
+    /// Token ids of `call`'s label continuations.
+    fn labels(&self, call: &AiCall) -> Result<Vec<Vec<u32>>> {
+        label_continuations(&call.labels)
+            .iter()
+            .map(|l| self.piece(l).map(|v| v.as_ref().clone()))
+            .collect()
+    }
+
+    /// Pair questions: `label + partner + tail` packed after the KV of `nodes`
+    /// (`preamble + anchor + frame`, one per request).
+    fn ask_pairs(
+        &self,
+        ticket: Ticket,
+        cache: &Cache<E::Kv>,
+        call: &AiCall,
+        nodes: &[(DocKey, NodeId)],
+        requests: &[AiRequest<'_>],
+    ) -> Result<Answers> {
+        let pieces = &call.pieces;
+        let label = self.piece(&pieces.label)?;
+        let tail = self.piece(&pieces.tail)?;
+        let partner_docs: Vec<(&str, &str)> = requests
+            .iter()
+            .map(|r| {
+                let p = r.partner.expect("pair requests have partners");
+                (p.id, p.text)
+            })
+            .collect();
+        let partners = self.docs(&call.tables[1], &call.columns[1], &partner_docs)?;
+        let suffixes: Vec<Vec<u32>> = partners
+            .iter()
+            .map(|p| [label.as_slice(), p.as_slice(), tail.as_slice()].concat())
+            .collect();
+        let label_tokens = self.longest_label(call)?;
+        for (j, r) in requests.iter().enumerate() {
+            let (k, n) = &nodes[j];
+            let anchor_len = cache.suffixes[k].kv(*n).map_or(0, |kv| kv.len());
+            let len = anchor_len + suffixes[j].len() + label_tokens;
+            self.check_context(
+                &call.op_id,
+                format_args!("{} × {}", r.anchor.id, r.partner.map_or("", |p| p.id)),
+                format_args!("{} × {}", call.tables[0], call.tables[1]),
+                len,
+            )?;
+        }
+        let labels = self.labels(call)?;
+        let order: Vec<usize> = (0..requests.len()).collect();
+        let mut bools = Vec::new();
+        let mut chosen = Vec::new();
+        for chunk in chunk_by_tokens(&order, self.config.batch_tokens, |&j| suffixes[j].len()) {
+            self.gate.check(ticket, &call.op_id)?;
+            let items: Vec<(Option<&E::Kv>, &[u32])> = chunk
+                .iter()
+                .map(|&j| {
+                    let (k, n) = &nodes[j];
+                    (cache.suffixes[k].kv(*n), suffixes[j].as_slice())
+                })
+                .collect();
+            let reqs: Vec<AiRequest<'_>> = chunk.iter().map(|&j| requests[j]).collect();
+            match call.kind {
+                AiKind::Classify => {
+                    chosen.extend(self.exec.classify(call, &reqs, &items, &labels)?)
+                }
+                _ => bools.extend(self.exec.decide(call, &reqs, &items)?),
+            }
+        }
+        Ok(match call.kind {
+            AiKind::Classify => Answers::Labels(chosen),
+            _ => Answers::Bools(bools),
+        })
+    }
+
+    /// Before `doc`'s KV is dropped: asks it the questions later operators will
+    /// ask ([`Lookahead`]) and keeps the answers for them. KV on the host comes
+    /// back to do so (restored, counted). Returns the (device bytes added, host
+    /// bytes freed) that the caller's accounting must follow.
+    fn ask_ahead(
+        &self,
+        ticket: Ticket,
+        state: &mut QueryState<E::Kv>,
+        doc: &DocKey,
+    ) -> Result<(usize, usize)> {
+        let questions = state.lookahead.questions_for(doc);
+        let Some(&leaf) = state
+            .cache
+            .doc_nodes
+            .get(doc)
+            .filter(|_| !questions.is_empty())
+        else {
+            return Ok((0, 0));
+        };
+        let per_token = self.exec.kv_bytes_per_token();
+        let fresh = self.exec.fresh_tokens();
+        let trie_bytes = |state: &QueryState<E::Kv>| {
+            state
+                .cache
+                .suffixes
+                .get(doc)
+                .map_or((0, 0), |t| (t.bytes(), t.host_bytes()))
+        };
+        let (device_before, host_before) = trie_bytes(state);
+        let restored = state.cache.docs.restore_path(leaf)?;
+        self.count_restored(state, restored);
+        for q in questions {
+            if self.ask_ahead_one(ticket, state, doc, &q).is_err() {
+                // Cancelled: stop. Otherwise the operator asks in its turn,
+                // where a failure is reported with its row.
+                self.gate.check(ticket, &q.call.op_id)?;
+                state.lookahead.disable(&q.call.op_id);
+            }
+        }
+        state.lookahead.tokens += self.exec.fresh_tokens() - fresh;
+        let (device_after, host_after) = trie_bytes(state);
+        let moved = restored * per_token;
+        Ok((
+            (moved + device_after).saturating_sub(device_before),
+            (moved + host_before).saturating_sub(host_after),
+        ))
+    }
+
+    fn ask_ahead_one(
+        &self,
+        ticket: Ticket,
+        state: &mut QueryState<E::Kv>,
+        doc: &DocKey,
+        q: &AheadQuestion,
+    ) -> Result<()> {
+        let call = &q.call;
+        let pieces = &call.pieces;
+        let suffix = self.piece(if pieces.pair {
+            &pieces.frame
+        } else {
+            &pieces.tail
+        })?;
+        let one = std::slice::from_ref(doc);
+        let node =
+            self.question_nodes(ticket, state, &call.op_id, one, &suffix, !pieces.pair)?[doc];
+        // The document's text is in its KV; executors read the ids.
+        let anchor = Doc {
+            id: &doc.id,
+            text: "",
+        };
+        let requests: Vec<AiRequest<'_>> = if pieces.pair {
+            q.partners
+                .iter()
+                .map(|(id, text)| AiRequest {
+                    anchor,
+                    partner: Some(Doc { id, text }),
+                })
+                .collect()
+        } else {
+            vec![AiRequest {
+                anchor,
+                partner: None,
+            }]
+        };
+        let nodes = vec![(doc.clone(), node); requests.len()];
+        let answers = if pieces.pair {
+            self.ask_pairs(ticket, &state.cache, call, &nodes, &requests)?
+        } else {
+            self.ask_one(&state.cache, call, &nodes, &requests)?
+        };
+        state.lookahead.store(call, &requests, &answers.codes());
+        Ok(())
     }
 
     /// `--prefix-cache off`: every prompt from its first token.
@@ -717,6 +924,16 @@ impl<E: Executor> ScheduledBackend<E> {
 enum Answers {
     Bools(Vec<bool>),
     Labels(Vec<usize>),
+}
+
+impl Answers {
+    /// Answers as the memo keeps them: a TRUE/FALSE as 0/1, a label as its index.
+    fn codes(&self) -> Vec<u16> {
+        match self {
+            Answers::Bools(b) => b.iter().map(|&b| u16::from(b)).collect(),
+            Answers::Labels(l) => l.iter().map(|&l| l as u16).collect(),
+        }
+    }
 }
 
 /// Device and host bytes a document holds alone: its question trie, and its
@@ -857,6 +1074,23 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         state.restored_tokens = 0;
         state.restored_bytes = 0;
         state.offloaded_bytes = 0;
+        state.lookahead = if self.config.lookahead {
+            Lookahead::new(operators)
+        } else {
+            Lookahead::default()
+        };
+    }
+
+    fn partners_collected(&self, call: &AiCall, partners: &[Doc<'_>]) {
+        if !self.config.prefix_cache || partners.len() > MAX_PARTNERS_AHEAD {
+            return;
+        }
+        let owned = partners
+            .iter()
+            .map(|d| (d.id.to_string(), d.text.to_string()))
+            .collect();
+        let mut state = self.state.lock().expect("scheduler lock");
+        state.lookahead.partners_collected(call, owned);
     }
 
     fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {
@@ -886,6 +1120,10 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         );
         m.insert("kv_offloads".into(), state.offloads.into());
         m.insert("restored_tokens".into(), state.restored_tokens.into());
+        let ahead = &state.lookahead;
+        m.insert("speculative_tokens".into(), ahead.tokens.into());
+        m.insert("speculative_questions".into(), ahead.questions.into());
+        m.insert("speculative_unused".into(), ahead.unused().into());
         m.insert("kv_restored_bytes".into(), state.restored_bytes.into());
         m.insert("kv_offloaded_bytes".into(), state.offloaded_bytes.into());
         if let Some(link) = self.exec.simulated_link_bytes_per_second() {

@@ -267,10 +267,11 @@ impl Rewriter<'_> {
         columns: Vec<String>,
     ) -> DfResult<AiSpec> {
         let op_id = self.next_id(call.args.kind());
-        let ai_call = call
+        let mut ai_call = call
             .args
             .call(&op_id, self.format, tables, columns)
             .map_err(|e| plan_error(format!("{}: {e}", call.text)))?;
+        ai_call.relations = docs.iter().map(|d| d.alias.clone()).collect();
         Ok(AiSpec {
             call: ai_call,
             shape,
