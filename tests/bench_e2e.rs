@@ -309,7 +309,7 @@ fn simulated_fresh_tokens_give_prompt_pieces_minimum_and_regret() {
     assert!(
         report.contains(
             "| Minimum tokens | Recomputed KV tokens | KV regret (%) | Restored KV tokens | \
-             Result rows | Peak RSS (GiB) |"
+             Speculative tokens | Unused speculative questions | Result rows | Peak RSS (GiB) |"
         ),
         "{report}"
     );
@@ -322,19 +322,22 @@ fn simulated_fresh_tokens_give_prompt_pieces_minimum_and_regret() {
         .find(|l| l.starts_with("| IMDB-7 |"))
         .expect("IMDB-7's token row");
     let cells: Vec<&str> = imdb7.split('|').map(str::trim).collect();
-    // | id | rows | input | fresh | minimum | recomputed | regret | restored | result rows | peak |
+    // | id | rows | input | fresh | minimum | recomputed | regret | restored | speculative |
+    // unused | result rows | peak |
     assert_eq!(cells[8], "0", "restored tokens: {imdb7}");
+    // IMDB-7 reads each table under one name: nothing to ask ahead.
+    assert_eq!((cells[9], cells[10]), ("0", "0"), "speculative: {imdb7}");
     let queries = j["queries"].as_array().unwrap();
     let q7 = queries.iter().find(|q| q["id"] == "IMDB-7").unwrap();
     assert_eq!(
-        cells[9],
+        cells[11],
         q7["metrics"]["accuracy"]["output_accuracy"]["predicted_rows"].to_string(),
         "result rows: {imdb7}"
     );
     let peak = &q7["measurements"]["peak_rss_bytes"];
     if let Some(bytes) = peak.as_u64() {
         assert!(bytes > 1 << 20, "{peak}");
-        assert!(cells[10].parse::<f64>().unwrap() > 0.0, "peak RSS: {imdb7}");
+        assert!(cells[12].parse::<f64>().unwrap() > 0.0, "peak RSS: {imdb7}");
     }
 }
 

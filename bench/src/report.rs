@@ -162,11 +162,14 @@ pub fn report_markdown(run: &RunFile, charts: &[(String, String)]) -> String {
         "## Input rows and token counts".into(),
         String::new(),
         "Restored KV tokens came back from the host memory tier by copy: neither fresh nor recomputed. \
+         Speculative tokens were computed to ask a document, before its KV was dropped, the questions \
+         a later operator would ask it (look-ahead); they are part of the fresh tokens, and so are \
+         those of the speculative questions no operator asked for (unused). \
          Peak RSS is aisql's resident memory while the query ran, was saved and scored."
             .into(),
         String::new(),
-        "| Query | Input rows by alias | Input tokens | Fresh tokens | Minimum tokens | Recomputed KV tokens | KV regret (%) | Restored KV tokens | Result rows | Peak RSS (GiB) |".into(),
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |".into(),
+        "| Query | Input rows by alias | Input tokens | Fresh tokens | Minimum tokens | Recomputed KV tokens | KV regret (%) | Restored KV tokens | Speculative tokens | Unused speculative questions | Result rows | Peak RSS (GiB) |".into(),
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |".into(),
     ]);
     for q in &run.queries {
         let m = metrics(q);
@@ -186,9 +189,11 @@ pub fn report_markdown(run: &RunFile, charts: &[(String, String)]) -> String {
                 .and_then(|x| x.get(key).and_then(serde_json::Value::as_u64))
         };
         let restored = m.and(measured("restored_tokens"));
+        let speculative = m.and(measured("speculative_tokens"));
+        let unused = m.and(measured("speculative_unused"));
         let peak = measured("peak_rss_bytes").map(|b| b as f64 / (1u64 << 30) as f64);
         l.push(format!(
-            "| {} | {rows} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {rows} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             q.id,
             int(m.and_then(|m| m.input_tokens)),
             int(m.and_then(|m| m.fresh_tokens)),
@@ -197,6 +202,8 @@ pub fn report_markdown(run: &RunFile, charts: &[(String, String)]) -> String {
                 .map_or_else(|| "unavailable".to_string(), |v| v.to_string()),
             num(m.and_then(|m| m.kv_regret_percent)),
             int(restored),
+            int(speculative),
+            int(unused),
             int(m.map(|m| m.accuracy.output_accuracy.predicted_rows)),
             num(peak),
         ));

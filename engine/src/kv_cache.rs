@@ -313,12 +313,37 @@ impl<K: KvOps> PrefixTrie<K> {
     /// needed, and KV in host memory stays (dropping it frees no device bytes).
     /// Returns the removed nodes.
     pub fn evict_lru(&mut self, target: usize, keep: &dyn Fn(NodeId) -> bool) -> Vec<NodeId> {
+        self.evict_lru_in(true, target, keep)
+    }
+
+    /// Like [`Self::evict_lru`] for the host tier: drops the least recently
+    /// used leaves held in host memory until at most `target` host bytes are held.
+    pub fn evict_lru_host(&mut self, target: usize, keep: &dyn Fn(NodeId) -> bool) -> Vec<NodeId> {
+        self.evict_lru_in(false, target, keep)
+    }
+
+    fn evict_lru_in(
+        &mut self,
+        device: bool,
+        target: usize,
+        keep: &dyn Fn(NodeId) -> bool,
+    ) -> Vec<NodeId> {
         use std::cmp::Reverse;
         use std::collections::BinaryHeap;
-        let mut held = self.bytes();
-        let resident = |t: &Self, i: NodeId| t.nodes[i].kv.as_ref().is_some_and(K::is_resident);
+        let tier_bytes = |kv: &K| if device { kv.bytes() } else { kv.host_bytes() };
+        let mut held = if device {
+            self.bytes()
+        } else {
+            self.host_bytes()
+        };
+        let in_tier = |t: &Self, i: NodeId| {
+            t.nodes[i]
+                .kv
+                .as_ref()
+                .is_some_and(|kv| kv.is_resident() == device)
+        };
         let mut heap: BinaryHeap<Reverse<(u64, NodeId)>> = (1..self.nodes.len())
-            .filter(|&i| self.is_evictable_leaf(i) && resident(self, i) && !keep(i))
+            .filter(|&i| self.is_evictable_leaf(i) && in_tier(self, i) && !keep(i))
             .map(|i| Reverse((self.nodes[i].last_used, i)))
             .collect();
         let mut removed = Vec::new();
@@ -330,8 +355,9 @@ impl<K: KvOps> PrefixTrie<K> {
                 continue;
             }
             let parent = self.nodes[v].parent;
-            held -= self.remove_subtree(v, &mut removed);
-            if self.is_evictable_leaf(parent) && resident(self, parent) && !keep(parent) {
+            held -= self.nodes[v].kv.as_ref().map_or(0, tier_bytes);
+            self.remove_subtree(v, &mut removed);
+            if self.is_evictable_leaf(parent) && in_tier(self, parent) && !keep(parent) {
                 heap.push(Reverse((self.nodes[parent].last_used, parent)));
             }
         }
@@ -348,26 +374,36 @@ impl<K: KvOps> PrefixTrie<K> {
         self.remove_subtree(id, &mut removed)
     }
 
-    /// Removes every node that is neither kept nor an ancestor of a kept node.
-    /// Returns the removed nodes.
-    pub fn retain(&mut self, keep: &std::collections::HashSet<NodeId>) -> Vec<NodeId> {
-        let mut needed = vec![false; self.nodes.len()];
-        needed[0] = true;
-        for &k in keep {
-            let mut n = k;
-            while !needed[n] && self.nodes[n].alive {
-                needed[n] = true;
-                n = self.nodes[n].parent;
-            }
+    /// Shortens a leaf to its first `depth` positions (a view of its KV), so
+    /// that the start it may share with sequences not seen yet stays computed;
+    /// removes it when its parent already reaches `depth`. Returns the (device,
+    /// host) bytes freed; nothing happens to a node that is not a leaf.
+    pub fn truncate_leaf(&mut self, id: NodeId, depth: usize) -> crate::Result<(usize, usize)> {
+        if !self.is_evictable_leaf(id) {
+            return Ok((0, 0));
         }
-        let mut removed = Vec::new();
-        let doomed: Vec<NodeId> = (1..self.nodes.len())
-            .filter(|&i| self.nodes[i].alive && !needed[i] && needed[self.nodes[i].parent])
-            .collect();
-        for d in doomed {
-            self.remove_subtree(d, &mut removed);
+        let kv = self.nodes[id].kv.clone().expect("a leaf with KV");
+        let before = (kv.bytes(), kv.host_bytes());
+        let parent_depth = self.nodes[self.nodes[id].parent].depth;
+        if depth <= parent_depth {
+            let mut removed = Vec::new();
+            self.remove_subtree(id, &mut removed);
+            return Ok(before);
         }
-        removed
+        if depth >= self.nodes[id].depth {
+            return Ok((0, 0));
+        }
+        let view = kv.prefix(self.root_len + depth)?;
+        let after = (view.bytes(), view.host_bytes());
+        let n = &mut self.nodes[id];
+        n.edge.truncate(depth - parent_depth);
+        n.depth = depth;
+        n.kv = Some(view);
+        n.view = true;
+        Ok((
+            before.0.saturating_sub(after.0),
+            before.1.saturating_sub(after.1),
+        ))
     }
 
     /// Removes a subtree; returns the KV bytes it held.
@@ -501,5 +537,27 @@ mod tests {
         assert_eq!(t.cached_nodes(), 1);
         let c = t.insert(&[4, 5]).unwrap();
         assert_eq!(fill(&mut t, &[c]), 2);
+    }
+
+    #[test]
+    fn a_truncated_leaf_keeps_the_start_later_sequences_share() {
+        let mut t = PrefixTrie::new(None);
+        let a = t.insert(&[1, 2, 3, 4, 5, 6]).unwrap();
+        let b = t.insert(&[1, 2, 7]).unwrap();
+        fill(&mut t, &[a, b]);
+        // a's own edge is [3..6] under the shared [1,2]: keep up to depth 4.
+        assert_eq!(t.truncate_leaf(a, 4).unwrap(), (2, 0));
+        assert_eq!((t.edge(a), t.depth(a)), (&[3, 4][..], 4));
+        assert!(t.is_view(a));
+        assert_eq!(t.kv(a), Some(&Len(4)));
+        // A sequence starting as a did computes only what is past the stub.
+        let c = t.insert(&[1, 2, 3, 4, 8]).unwrap();
+        assert_eq!(fill(&mut t, &[c]), 1);
+        // Not a leaf any more: untouched. A leaf whose parent reaches the depth goes.
+        assert_eq!(t.truncate_leaf(a, 3).unwrap(), (0, 0));
+        assert_eq!(t.truncate_leaf(b, 2).unwrap(), (3, 0));
+        assert!(!t.is_alive(b));
+        // Deeper than the leaf: nothing to cut.
+        assert_eq!(t.truncate_leaf(c, 9).unwrap(), (0, 0));
     }
 }

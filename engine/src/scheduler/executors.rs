@@ -206,9 +206,11 @@ impl VirtualKv {
 
 impl KvOps for VirtualKv {
     fn prefix(&self, len: usize) -> Result<Self> {
+        // A real view copies the positions of its own segment it keeps.
+        let start = self.len - self.segment;
         Ok(VirtualKv::new(
             len,
-            len.min(self.segment),
+            if len > start { len - start } else { len },
             self.bytes_per_token,
             self.is_resident(),
         ))

@@ -62,6 +62,15 @@ use crate::prompt::label_continuations;
 use crate::query_gate::{QueryGate, Ticket};
 use lookahead::{AheadQuestion, Lookahead, MAX_PARTNERS_AHEAD};
 
+/// A document dropped from both tiers keeps the KV of its first positions after
+/// the preamble: documents still to come that open the same way reuse them
+/// instead of computing them again (the minimum counts a shared opening once).
+/// Measured on IMDB-1 at sf 0.1 under a tenth of the simulated budgets, the
+/// regret is 0.64 % keeping none, 0.56 % keeping 16, 0.14 % keeping 32 and 0
+/// keeping 64. Stubs are KV like any other: the least recently used go first
+/// when a tier is full.
+const DROPPED_DOCUMENT_STUB_TOKENS: usize = 64;
+
 /// Scheduling knobs.
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
@@ -104,6 +113,9 @@ struct Cache<K> {
     /// Per document, the call that last used it (eviction order).
     last_used: HashMap<DocKey, u64>,
     calls: u64,
+    /// A dropped document keeps its KV up to this depth (preamble and first
+    /// tokens): documents to come that start the same way reuse it.
+    stub_depth: usize,
 }
 
 impl<K: KvOps> Cache<K> {
@@ -114,6 +126,7 @@ impl<K: KvOps> Cache<K> {
             suffixes: HashMap::new(),
             last_used: HashMap::new(),
             calls: 0,
+            stub_depth: 0,
         }
     }
 
@@ -263,21 +276,33 @@ impl<E: Executor> ScheduledBackend<E> {
 
     /// Called at each operator's first batch: drops documents of tables that no
     /// remaining operator asks about.
-    fn enter_operator(&self, state: &mut QueryState<E::Kv>, op_id: &str) {
+    /// Shared prefixes and the stubs of dropped documents stay: documents of
+    /// the tables still read may start the same way.
+    fn enter_operator(&self, state: &mut QueryState<E::Kv>, op_id: &str) -> Result<()> {
         if state.current_op.as_deref() == Some(op_id) {
-            return;
+            return Ok(());
         }
         state.current_op = Some(op_id.to_string());
         let Some(pos) = state.ops.iter().position(|(id, _)| id == op_id) else {
-            return;
+            return Ok(());
         };
         let needed: HashSet<String> = state.ops[pos..].iter().map(|(_, t)| t.clone()).collect();
-        let cache = &mut state.cache;
-        cache.doc_nodes.retain(|k, _| needed.contains(&k.table));
-        let docs = &cache.doc_nodes;
-        cache.suffixes.retain(|k, _| docs.contains_key(k));
-        let keep: HashSet<NodeId> = cache.doc_nodes.values().copied().collect();
-        cache.docs.retain(&keep);
+        let gone: Vec<DocKey> = state
+            .cache
+            .doc_nodes
+            .keys()
+            .filter(|k| !needed.contains(&k.table))
+            .cloned()
+            .collect();
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let mut users = node_users(&state.cache);
+        for k in &gone {
+            drop_doc(&mut state.cache, k, &HashSet::new(), &mut users, 0)?;
+            state.lookahead.forget(k);
+        }
+        Ok(())
     }
 
     /// Keeps the cache within the budget. Documents of the current call are
@@ -313,12 +338,7 @@ impl<E: Executor> ScheduledBackend<E> {
             .iter()
             .filter_map(|k| cache.doc_nodes.get(k).copied())
             .collect();
-        // How many document keys use each node (documents with one text share
-        // one), counted once rather than searched for per document.
-        let mut users: HashMap<NodeId, usize> = HashMap::new();
-        for &n in cache.doc_nodes.values() {
-            *users.entry(n).or_default() += 1;
-        }
+        let mut users = node_users(cache);
         // Offloaded documents, oldest first: the host tier's own eviction order.
         let mut on_host: std::collections::VecDeque<DocKey> = victims
             .iter()
@@ -335,7 +355,8 @@ impl<E: Executor> ScheduledBackend<E> {
             let (added, freed) = self.ask_ahead(ticket, state, k)?;
             *held += added;
             *host_held -= freed;
-            let (d, h) = drop_doc(&mut state.cache, k, &keep_nodes, users);
+            let depth = state.cache.stub_depth;
+            let (d, h) = drop_doc(&mut state.cache, k, &keep_nodes, users, depth)?;
             state.lookahead.forget(k);
             *held -= d;
             *host_held -= h;
@@ -392,6 +413,18 @@ impl<E: Executor> ScheduledBackend<E> {
             let docs = &cache.doc_nodes;
             cache.suffixes.retain(|k, _| docs.contains_key(k));
         }
+        // Stubs of dropped documents left in host memory give way in turn.
+        if host_held > host_budget {
+            let cache = &mut state.cache;
+            let removed: HashSet<NodeId> = cache
+                .docs
+                .evict_lru_host(host_budget, &|n| keep_nodes.contains(&n))
+                .into_iter()
+                .collect();
+            cache.doc_nodes.retain(|_, n| !removed.contains(n));
+            let docs = &cache.doc_nodes;
+            cache.suffixes.retain(|k, _| docs.contains_key(k));
+        }
         Ok(())
     }
 
@@ -439,6 +472,9 @@ impl<E: Executor> ScheduledBackend<E> {
         let budget_tokens = self.config.kv_budget_bytes / self.exec.kv_bytes_per_token().max(1);
         let label_tokens = self.longest_label(call)?;
         let cache = &mut state.cache;
+        cache.stub_depth = cache
+            .stub_depth
+            .max(preamble.len() + DROPPED_DOCUMENT_STUB_TOKENS);
         let mut leaves = Vec::with_capacity(requests.len());
         let mut keys = Vec::with_capacity(requests.len());
         for (r, doc) in requests.iter().zip(&tokens) {
@@ -599,7 +635,7 @@ impl<E: Executor> ScheduledBackend<E> {
             return self.run_uncached(ticket, call, requests);
         }
         let mut state = self.state.lock().expect("scheduler lock");
-        self.enter_operator(&mut state, &call.op_id);
+        self.enter_operator(&mut state, &call.op_id)?;
         let keep: Vec<DocKey> = requests
             .iter()
             .map(|r| DocKey::new(&call.tables[0], &call.columns[0], r.anchor.id))
@@ -959,13 +995,26 @@ fn doc_bytes<K: KvOps>(
     (device, host)
 }
 
-/// Drops a document's KV from both tiers; returns the (device, host) bytes freed.
+/// How many document keys use each node (documents with one text share one),
+/// counted once rather than searched for per document.
+fn node_users<K: KvOps>(cache: &Cache<K>) -> HashMap<NodeId, usize> {
+    let mut users: HashMap<NodeId, usize> = HashMap::new();
+    for &n in cache.doc_nodes.values() {
+        *users.entry(n).or_default() += 1;
+    }
+    users
+}
+
+/// Drops a document's KV from both tiers but its first `keep_depth` positions,
+/// which documents not seen yet may share ([`Cache::stub_depth`]); returns the
+/// (device, host) bytes freed.
 fn drop_doc<K: KvOps>(
     cache: &mut Cache<K>,
     k: &DocKey,
     keep_nodes: &HashSet<NodeId>,
     users: &mut HashMap<NodeId, usize>,
-) -> (usize, usize) {
+    keep_depth: usize,
+) -> Result<(usize, usize)> {
     let (mut device, mut host) = (0, 0);
     cache.last_used.remove(k);
     if let Some(t) = cache.suffixes.remove(k) {
@@ -980,15 +1029,12 @@ fn drop_doc<K: KvOps>(
         });
         let shared = keep_nodes.contains(&node) || left > 0;
         if !shared {
-            let h = cache.docs.kv(node).map_or(0, KvOps::host_bytes);
-            let d = cache.docs.evict_leaf(node);
-            if d > 0 || cache.docs.kv(node).is_none() {
-                device += d;
-                host += h;
-            }
+            let (d, h) = cache.docs.truncate_leaf(node, keep_depth)?;
+            device += d;
+            host += h;
         }
     }
-    (device, host)
+    Ok((device, host))
 }
 
 /// Splits `items` into consecutive chunks of at most `budget` tokens (at least one item each).
