@@ -756,20 +756,39 @@ impl<E: Executor> ScheduledBackend<E> {
                 len,
             )?;
         }
+        self.ask_in_chunks(
+            ticket,
+            call,
+            requests,
+            |j| suffixes[j].len(),
+            |j| {
+                let (k, n) = &nodes[j];
+                (cache.suffixes[k].kv(*n), suffixes[j].as_slice())
+            },
+        )
+    }
+
+    /// Asks `requests` in chunks of at most `batch_tokens` suffix positions;
+    /// `item(i)` is request `i`'s (prefix KV, suffix) and `tokens(i)` its suffix length.
+    fn ask_in_chunks<'a>(
+        &self,
+        ticket: Ticket,
+        call: &AiCall,
+        requests: &[AiRequest<'_>],
+        tokens: impl Fn(usize) -> usize,
+        item: impl Fn(usize) -> (Option<&'a E::Kv>, &'a [u32]),
+    ) -> Result<Answers>
+    where
+        E::Kv: 'a,
+    {
         let labels = self.labels(call)?;
         let order: Vec<usize> = (0..requests.len()).collect();
         let mut bools = Vec::new();
         let mut chosen = Vec::new();
-        for chunk in chunk_by_tokens(&order, self.config.batch_tokens, |&j| suffixes[j].len()) {
+        for chunk in chunk_by_tokens(&order, self.config.batch_tokens, |&i| tokens(i)) {
             self.gate.check(ticket, &call.op_id)?;
-            let items: Vec<(Option<&E::Kv>, &[u32])> = chunk
-                .iter()
-                .map(|&j| {
-                    let (k, n) = &nodes[j];
-                    (cache.suffixes[k].kv(*n), suffixes[j].as_slice())
-                })
-                .collect();
-            let reqs: Vec<AiRequest<'_>> = chunk.iter().map(|&j| requests[j]).collect();
+            let items: Vec<(Option<&E::Kv>, &[u32])> = chunk.iter().map(|&i| item(i)).collect();
+            let reqs: Vec<AiRequest<'_>> = chunk.iter().map(|&i| requests[i]).collect();
             match call.kind {
                 AiKind::Classify => {
                     chosen.extend(self.exec.classify(call, &reqs, &items, &labels)?)
@@ -920,11 +939,7 @@ impl<E: Executor> ScheduledBackend<E> {
                 v
             })
             .collect();
-        let labels: Vec<Vec<u32>> = label_continuations(&call.labels)
-            .iter()
-            .map(|l| self.piece(l).map(|v| v.as_ref().clone()))
-            .collect::<Result<_>>()?;
-        let label_tokens = labels.iter().map(Vec::len).max().unwrap_or(0);
+        let label_tokens = self.longest_label(call)?;
         for (r, p) in requests.iter().zip(&prompts) {
             self.check_context(
                 &call.op_id,
@@ -933,27 +948,13 @@ impl<E: Executor> ScheduledBackend<E> {
                 p.len() + label_tokens,
             )?;
         }
-        let order: Vec<usize> = (0..prompts.len()).collect();
-        let mut bools = Vec::new();
-        let mut chosen = Vec::new();
-        for chunk in chunk_by_tokens(&order, self.config.batch_tokens, |&i| prompts[i].len()) {
-            self.gate.check(ticket, &call.op_id)?;
-            let items: Vec<(Option<&E::Kv>, &[u32])> = chunk
-                .iter()
-                .map(|&i| (None, prompts[i].as_slice()))
-                .collect();
-            let reqs: Vec<AiRequest<'_>> = chunk.iter().map(|&i| requests[i]).collect();
-            match call.kind {
-                AiKind::Classify => {
-                    chosen.extend(self.exec.classify(call, &reqs, &items, &labels)?)
-                }
-                _ => bools.extend(self.exec.decide(call, &reqs, &items)?),
-            }
-        }
-        Ok(match call.kind {
-            AiKind::Classify => Answers::Labels(chosen),
-            _ => Answers::Bools(bools),
-        })
+        self.ask_in_chunks(
+            ticket,
+            call,
+            requests,
+            |i| prompts[i].len(),
+            |i| (None, prompts[i].as_slice()),
+        )
     }
 }
 
