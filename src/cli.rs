@@ -102,9 +102,17 @@ pub struct BackendArgs {
     /// Run on the CPU (the default without --gpu).
     #[arg(long, conflicts_with = "gpu")]
     pub cpu: bool,
-    /// Run on CUDA device N (needs a build with `--features cuda`).
-    #[arg(long, value_name = "N")]
-    pub gpu: Option<usize>,
+    /// Run on CUDA device N (needs a build with `--features cuda`); a list
+    /// (`--gpu 0,1,2,3`) runs one worker per device, each document's questions on
+    /// one of them. With --simulate: that many simulated devices.
+    #[arg(long, value_name = "N[,N...]", value_delimiter = ',', num_args = 1)]
+    pub gpu: Option<Vec<usize>>,
+    /// Run N workers on the CPU, each with its own copy of the model and its share
+    /// of the KV budget, each document's questions on one of them (with
+    /// --simulate: N simulated devices).
+    #[arg(long, value_name = "N", conflicts_with = "gpu",
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub cpu_workers: Option<u16>,
     /// Weights dtype: f32, bf16 or f16 (default: f32 on CPU, bf16 on GPU).
     #[arg(long)]
     pub dtype: Option<String>,
@@ -140,6 +148,11 @@ pub struct BackendArgs {
     /// Prompt layout: raw-v1 (reference) or qwen3-chat-nonthinking-v1.
     #[arg(long, default_value = "raw-v1")]
     pub prompt_format: String,
+    /// Keep the model's answers in DIR as they are produced, keyed by model,
+    /// weights, tokenizer, dtype, prompt format and rendered prompt: a query that
+    /// died is run again without asking the model what it already answered.
+    #[arg(long, value_name = "DIR", env = "AISQL_ANSWER_CACHE")]
+    pub answer_cache: Option<PathBuf>,
     /// On a GPU: auto (aisql's CUDA kernels for attention and the answer head,
     /// cuBLAS for shared-prefix runs with a lot of work), all (the attention kernel
     /// for every sequence) or off (candle ops only).
@@ -356,9 +369,10 @@ pub struct BenchRunArgs {
     pub resume: Option<PathBuf>,
     #[command(flatten)]
     pub plans: PlansArg,
-    /// GPUs billed per query (cost = runtime × GPUs × hourly rate).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
-    pub gpu_count: u32,
+    /// GPUs billed per query (cost = runtime × GPUs × hourly rate; default: the
+    /// devices of --gpu, else 1).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub gpu_count: Option<u32>,
     /// Price of one GPU-hour in USD (without it, costs are unavailable).
     #[arg(long)]
     pub gpu_hourly_rate_usd: Option<f64>,

@@ -208,6 +208,7 @@ pub fn report_markdown(run: &RunFile, charts: &[(String, String)]) -> String {
             num(peak),
         ));
     }
+    l.extend(workers_section(run));
     if !charts.is_empty() {
         l.extend([String::new(), "## Charts".into(), String::new()]);
         for (title, file) in charts {
@@ -236,6 +237,47 @@ pub fn report_markdown(run: &RunFile, charts: &[(String, String)]) -> String {
         }
     }
     l.join("\n") + "\n"
+}
+
+/// The balance of a run on several workers: per query, each worker's fresh
+/// tokens and the largest over their mean. Nothing for a run on one worker.
+fn workers_section(run: &RunFile) -> Vec<String> {
+    let per_query: Vec<(&str, Vec<u64>, Option<f64>)> = run
+        .queries
+        .iter()
+        .filter_map(|q| {
+            let m = q.measurements.as_ref()?;
+            let fresh = m
+                .get("workers")?
+                .as_array()?
+                .iter()
+                .map(|w| w.get("fresh_tokens").and_then(serde_json::Value::as_u64))
+                .collect::<Option<Vec<u64>>>()?;
+            let balance = m
+                .get("worker_fresh_max_over_mean")
+                .and_then(serde_json::Value::as_f64);
+            Some((q.id.as_str(), fresh, balance))
+        })
+        .collect();
+    if per_query.is_empty() {
+        return Vec::new();
+    }
+    let mut l = vec![
+        String::new(),
+        "## Workers".into(),
+        String::new(),
+        "Each document's questions ran on one worker. Balance is the largest worker's fresh \
+         tokens over the mean of all workers (1 is perfect)."
+            .into(),
+        String::new(),
+        "| Query | Fresh tokens per worker | Max/mean |".into(),
+        "| --- | --- | --- |".into(),
+    ];
+    for (id, fresh, balance) in per_query {
+        let list: Vec<String> = fresh.iter().map(u64::to_string).collect();
+        l.push(format!("| {id} | {} | {} |", list.join(", "), num(balance)));
+    }
+    l
 }
 
 /// `measurements.parquet`: one row per complete query.

@@ -400,7 +400,12 @@ pub fn token_metrics(
         (Some(c), None) => (Some(c.input_tokens), Some(c.minimum_tokens)),
         (None, r) => (r, None),
     };
+    // Questions the persistent answer cache answered were not computed in this
+    // run, so its fresh tokens may be below the minimum of a run from scratch:
+    // regret is not defined.
+    let from_cache = measured(measurements, "answer_cache_reused").is_some_and(|n| n > 0);
     let regret = match (fresh, minimum) {
+        _ if from_cache => None,
         (Some(f), Some(m)) if approximate => Some((f as i64 - m as i64).max(0)),
         (Some(f), Some(m)) => {
             if f < m {
@@ -579,6 +584,22 @@ mod tests {
         );
         m.insert("fresh_tokens".into(), json!(50));
         assert!(token_metrics(counts, &m).is_err());
+        // Below the minimum because the answer cache answered some questions: the
+        // regret is undefined, not an error.
+        m.insert("answer_cache_reused".into(), json!(7));
+        let t = token_metrics(counts, &m).unwrap();
+        assert_eq!(
+            (
+                t.fresh_tokens,
+                t.minimum_tokens,
+                t.regret_tokens,
+                t.kv_regret_percent
+            ),
+            (Some(50), Some(80), None, None)
+        );
+        m.insert("answer_cache_reused".into(), json!(0));
+        assert!(token_metrics(counts, &m).is_err());
+        m.remove("answer_cache_reused");
         m.insert("input_tokens".into(), json!(100));
         let t = token_metrics(counts, &m).unwrap();
         assert_eq!(

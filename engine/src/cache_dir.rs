@@ -47,7 +47,8 @@ pub fn cache_dir_from(env: impl Fn(&str) -> Option<OsString>) -> PathBuf {
 /// seal (or that has none: a generation cut short) is rebuilt, never used.
 pub const SEAL_FILE: &str = "aisql-cache.sha256";
 
-fn sha256_of(path: &Path) -> std::io::Result<String> {
+/// The SHA-256 of a file, in hex, read a MiB at a time.
+pub fn sha256_of(path: &Path) -> std::io::Result<String> {
     let mut file = std::fs::File::open(path)?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];

@@ -11,6 +11,7 @@
 //! its per-operator answer tables ([`answers`]).
 
 pub mod ai_functions;
+pub mod answer_cache;
 pub mod answers;
 pub mod backend;
 pub mod cache_dir;
@@ -32,6 +33,7 @@ pub mod query;
 pub mod query_gate;
 pub mod row_sink;
 pub mod scheduler;
+pub mod shard;
 pub mod sql;
 pub mod tables;
 

@@ -3,11 +3,13 @@
 use std::sync::Arc;
 
 use aisql_bench::layout::Dataset;
+use aisql_engine::answer_cache::{AnswerCache, CachedBackend};
 use aisql_engine::backend::{InferenceBackend, OracleBackend};
 use aisql_engine::scheduler::{
-    ModelSpec, QWEN3_4B_KV_BYTES_PER_TOKEN, SchedulerConfig, default_kv_budget_bytes,
-    load_model_backend, simulation_backend,
+    ModelSpec, QWEN3_4B_KV_BYTES_PER_TOKEN, SchedulerConfig, answer_identity,
+    default_kv_budget_bytes, load_model_backend, simulation_backend,
 };
+use aisql_engine::shard::ShardedBackend;
 use anyhow::{Context, bail};
 
 use crate::cli::{BackendArgs, BackendKind, CudaKernelsArg, Switch};
@@ -32,6 +34,31 @@ pub fn scheduler_config(args: &BackendArgs) -> SchedulerConfig {
     }
 }
 
+/// The devices of `args`' workers: one per `--gpu` device, `--cpu-workers` CPU
+/// workers, else the CPU alone.
+fn worker_devices(args: &BackendArgs) -> anyhow::Result<Vec<Option<usize>>> {
+    if let Some(gpus) = &args.gpu {
+        let mut seen = std::collections::HashSet::new();
+        if let Some(dup) = gpus.iter().find(|g| !seen.insert(**g)) {
+            bail!("--gpu {dup} is listed twice: one worker per device");
+        }
+        return Ok(gpus.iter().map(|&g| Some(g)).collect());
+    }
+    Ok(vec![None; usize::from(args.cpu_workers.unwrap_or(1))])
+}
+
+/// One backend over several workers (or the one worker itself).
+fn over_workers(
+    workers: Vec<Arc<dyn InferenceBackend>>,
+    meta: &mut serde_json::Map<String, serde_json::Value>,
+) -> anyhow::Result<Arc<dyn InferenceBackend>> {
+    meta.insert("workers".into(), workers.len().into());
+    if workers.len() == 1 {
+        return Ok(workers.into_iter().next().expect("one worker"));
+    }
+    Ok(Arc::new(ShardedBackend::try_new(workers)?))
+}
+
 /// The backend for `args` and metadata describing it. `templates` are the prompt
 /// templates the queries use (the oracle loads only their label sets).
 pub fn build(
@@ -45,7 +72,11 @@ pub fn build(
     // The backend's description for run records: only what this backend uses (an
     // oracle run has no model, device or dtype).
     let mut meta = serde_json::Map::new();
+    let devices = worker_devices(args)?;
     match args.backend {
+        BackendKind::Oracle if args.answer_cache.is_some() => bail!(
+            "--answer-cache keeps a model's answers: use it with --backend model (the oracle answers from labels)"
+        ),
         BackendKind::Oracle => {
             let Some(dataset) = dataset else {
                 bail!(
@@ -57,35 +88,46 @@ pub fn build(
                     .load_labels(Some(templates))
                     .context("loading reference labels")?,
             );
-            if args.simulate {
-                let mut config = scheduler_config(args);
-                if args.kv_budget_mb.is_none() {
-                    // The simulation stands for a GPU deployment: Qwen3-4B on an
-                    // H200 leaves about 100 GiB of its 141 GB for KV.
-                    config.kv_budget_bytes = SIMULATED_KV_BUDGET_BYTES;
+            if !args.simulate {
+                if devices.len() > 1 {
+                    bail!(
+                        "several workers (--gpu N,N or --cpu-workers) need --backend model, or --simulate with the oracle"
+                    );
                 }
-                if args.kv_host_mb.is_none() {
-                    config.host_kv_budget_bytes = SIMULATED_HOST_KV_BYTES;
-                }
-                meta.insert("simulation".into(), true.into());
-                meta.insert("prefix_cache".into(), config.prefix_cache.into());
-                meta.insert("lookahead".into(), config.lookahead.into());
-                meta.insert("kv_budget_bytes".into(), config.kv_budget_bytes.into());
-                meta.insert(
-                    "kv_host_budget_bytes".into(),
-                    config.host_kv_budget_bytes.into(),
-                );
-                meta.insert("batch_tokens".into(), config.batch_tokens.into());
-                meta.insert(
-                    "simulated_kv_bytes_per_token".into(),
-                    QWEN3_4B_KV_BYTES_PER_TOKEN.into(),
-                );
-                return Ok((
-                    simulation_backend(labels, config, QWEN3_4B_KV_BYTES_PER_TOKEN)?,
-                    meta,
-                ));
+                return Ok((Arc::new(OracleBackend::new(labels)), meta));
             }
-            Ok((Arc::new(OracleBackend::new(labels)), meta))
+            let mut config = scheduler_config(args);
+            if args.kv_budget_mb.is_none() {
+                // The simulation stands for a GPU deployment: Qwen3-4B on an
+                // H200 leaves about 100 GiB of its 141 GB for KV.
+                config.kv_budget_bytes = SIMULATED_KV_BUDGET_BYTES;
+            }
+            if args.kv_host_mb.is_none() {
+                config.host_kv_budget_bytes = SIMULATED_HOST_KV_BYTES;
+            }
+            meta.insert("simulation".into(), true.into());
+            meta.insert("prefix_cache".into(), config.prefix_cache.into());
+            meta.insert("lookahead".into(), config.lookahead.into());
+            meta.insert("kv_budget_bytes".into(), config.kv_budget_bytes.into());
+            meta.insert(
+                "kv_host_budget_bytes".into(),
+                config.host_kv_budget_bytes.into(),
+            );
+            meta.insert("batch_tokens".into(), config.batch_tokens.into());
+            meta.insert(
+                "simulated_kv_bytes_per_token".into(),
+                QWEN3_4B_KV_BYTES_PER_TOKEN.into(),
+            );
+            // Each simulated device has the whole budget of one.
+            let workers = devices
+                .iter()
+                .map(|_| {
+                    simulation_backend(labels.clone(), config.clone(), QWEN3_4B_KV_BYTES_PER_TOKEN)
+                        .map(|b| b as Arc<dyn InferenceBackend>)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let backend = over_workers(workers, &mut meta)?;
+            Ok((backend, meta))
         }
         BackendKind::Model => {
             if args.simulate {
@@ -112,18 +154,62 @@ pub fn build(
                     format!("{kernels:?}").to_lowercase().into(),
                 );
             }
-            let spec = ModelSpec {
-                model: args.model.clone(),
-                gpu: args.gpu,
-                dtype,
-                scheduler: scheduler_config(args),
-                kv_budget_from_device: args.kv_budget_mb.is_none(),
-                host_kv_from_memory: args.kv_host_mb.is_none(),
+            let mut scheduler = scheduler_config(args);
+            if args.kv_budget_mb.is_none() && devices[0].is_none() {
+                // CPU workers share the host's memory.
+                scheduler.kv_budget_bytes /= devices.len();
+            }
+            let mut workers: Vec<Arc<dyn InferenceBackend>> = Vec::new();
+            let mut device_names = Vec::new();
+            let mut spec = None;
+            for &gpu in &devices {
+                let worker_spec = ModelSpec {
+                    model: args.model.clone(),
+                    gpu,
+                    dtype,
+                    scheduler: scheduler.clone(),
+                    kv_budget_from_device: args.kv_budget_mb.is_none(),
+                    host_kv_from_memory: args.kv_host_mb.is_none(),
+                };
+                let (backend, model_meta) = load_model_backend(&worker_spec)
+                    .with_context(|| format!("loading model {:?}", args.model))?;
+                device_names.push(model_meta.get("device").cloned().unwrap_or_default());
+                if spec.is_none() {
+                    meta.extend(model_meta);
+                    spec = Some(worker_spec);
+                }
+                workers.push(backend);
+            }
+            if workers.len() > 1 {
+                meta.insert("devices".into(), device_names.into());
+            }
+            let backend = over_workers(workers, &mut meta)?;
+            let Some(dir) = &args.answer_cache else {
+                return Ok((backend, meta));
             };
-            let (backend, model_meta) = load_model_backend(&spec)
-                .with_context(|| format!("loading model {:?}", args.model))?;
-            meta.extend(model_meta);
-            Ok((backend, meta))
+            let dtype = meta
+                .get("dtype")
+                .and_then(|d| d.as_str())
+                .unwrap_or_default()
+                .to_string();
+            let spec = spec.expect("at least one worker");
+            let identity = answer_identity(&spec, &dtype, args.prompt_format.parse()?)
+                .with_context(|| format!("hashing model {:?} for --answer-cache", args.model))?;
+            let cache = AnswerCache::open(dir, &identity)?;
+            eprintln!(
+                "answer cache {}: {} answers of this model{}",
+                cache.log_path().display(),
+                cache.len(),
+                match cache.damaged() {
+                    0 => String::new(),
+                    n => format!(" ({n} damaged records skipped)"),
+                }
+            );
+            meta.insert(
+                "answer_cache".into(),
+                cache.log_path().display().to_string().into(),
+            );
+            Ok((Arc::new(CachedBackend::new(backend, cache)), meta))
         }
     }
 }

@@ -155,7 +155,12 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
         resume,
         timeout,
         fail_fast: args.fail_fast,
-        gpu_count: args.gpu_count,
+        gpu_count: args.gpu_count.unwrap_or_else(|| {
+            args.backend
+                .gpu
+                .as_ref()
+                .map_or(1, |g| g.len().max(1) as u32)
+        }),
         gpu_hourly_rate_usd: args.gpu_hourly_rate_usd,
         backend_metadata,
         plans: plans.describe(),

@@ -3,8 +3,11 @@
 use aisql_bench::layout::Dataset;
 use aisql_bench::plans::{PlanSource, open_plan};
 use aisql_bench::resolve::resolve;
-use aisql_engine::query::{QueryOptions, run_query};
+use aisql_engine::output::ROWS_FILE;
+use aisql_engine::query::{QueryOptions, output_schema, run_query, run_query_into};
+use aisql_engine::row_sink::{HeadRows, ParquetRows};
 use aisql_engine::tables::{TablePaths, tables_in_dir};
+use datafusion::arrow::compute::concat_batches;
 
 use crate::cli::{DataArgs, QueryArgs};
 
@@ -51,26 +54,37 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     }
     let (backend, _meta) =
         super::backend::build(&args.backend, dataset.as_ref(), &query.templates())?;
+    let options = QueryOptions {
+        format,
+        progress: true,
+        batch_rows: args.backend.batch_rows,
+        memory_limit: args.backend.memory_limit(),
+    };
     let rt = super::runtime()?;
-    let (rows, out) = rt.block_on(run_query(
-        &query,
-        &tables,
-        backend,
-        &QueryOptions {
-            format,
-            progress: true,
-            batch_rows: args.backend.batch_rows,
-            memory_limit: args.backend.memory_limit(),
-        },
+    let (Some(dir), None) = (&args.output_dir, &args.rows.output) else {
+        // The rows are printed, and saved whole to --output: kept in memory.
+        let (rows, out) = rt.block_on(run_query(&query, &tables, backend, &options))?;
+        super::rows::emit(&rows, &args.rows, out.runtime_s)?;
+        super::rows::report_work(&out.measurements);
+        if let Some(dir) = &args.output_dir {
+            aisql_engine::output::write_query_outputs(dir, "", &query, &rows, &out)?;
+            eprintln!("outputs written to {}", dir.display());
+        }
+        return Ok(());
+    };
+    // rows.parquet is written as the rows arrive; only the printed head is held.
+    let parquet = ParquetRows::create(&dir.join(ROWS_FILE), output_schema(&query))?;
+    let mut sink = HeadRows::new(args.rows.limit, parquet);
+    let out = rt.block_on(run_query_into(
+        &query, &tables, backend, &options, &mut sink,
     ))?;
-    super::rows::emit(&rows, &args.rows, out.runtime_s)?;
-    if let Some(fresh) = out.measurements.get("fresh_tokens") {
-        eprintln!("fresh tokens: {fresh} (prompt positions computed by the model)");
-    }
-    if let Some(dir) = &args.output_dir {
-        aisql_engine::output::write_query_outputs(dir, "", &query, &rows, &out)?;
-        eprintln!("outputs written to {}", dir.display());
-    }
+    let (head, total, parquet) = sink.finish();
+    parquet.finish()?;
+    let shown = concat_batches(&output_schema(&query), &head)?;
+    super::rows::show(&shown, total, &args.rows, out.runtime_s)?;
+    super::rows::report_work(&out.measurements);
+    aisql_engine::output::write_answer_outputs(dir, "", &query, &out)?;
+    eprintln!("outputs written to {}", dir.display());
     Ok(())
 }
 
@@ -127,9 +141,7 @@ fn run_general(args: &QueryArgs, not_quailb: &str) -> anyhow::Result<()> {
         session.share_tables_from(&planning).await?;
         let out = session.run_plan(planned, std::time::Instant::now()).await?;
         super::rows::emit(&out.rows()?, &args.rows, out.runtime_s)?;
-        if let Some(fresh) = out.measurements.get("fresh_tokens") {
-            eprintln!("fresh tokens: {fresh} (prompt positions computed by the model)");
-        }
+        super::rows::report_work(&out.measurements);
         Ok(())
     })
 }

@@ -1,5 +1,6 @@
 //! Result rows on stdout (`--format table|csv|json`) and in a file (`--output`,
-//! by extension), shared by `aisql query` and `aisql sql`.
+//! by extension), and the model work summed up on stderr after them, shared by
+//! `aisql query` and `aisql sql`.
 
 use std::path::Path;
 
@@ -64,14 +65,23 @@ pub fn emit(rows: &RecordBatch, args: &RowOutputArgs, runtime_s: f64) -> anyhow:
         save(rows, path)?;
     }
     let shown = rows.slice(0, rows.num_rows().min(args.limit));
+    show(&shown, rows.num_rows() as u64, args, runtime_s)
+}
+
+/// Prints `shown`, the first rows of a result of `total` rows (saved already).
+pub fn show(
+    shown: &RecordBatch,
+    total: u64,
+    args: &RowOutputArgs,
+    runtime_s: f64,
+) -> anyhow::Result<()> {
     use std::io::Write;
-    std::io::stdout().write_all(&render(&shown, args.format)?)?;
-    let n = rows.num_rows();
+    std::io::stdout().write_all(&render(shown, args.format)?)?;
     eprintln!(
-        "{n} row{} in {runtime_s:.3} s{}{}",
-        if n == 1 { "" } else { "s" },
-        if n > args.limit {
-            format!(" ({} shown)", args.limit)
+        "{total} row{} in {runtime_s:.3} s{}{}",
+        if total == 1 { "" } else { "s" },
+        if total > shown.num_rows() as u64 {
+            format!(" ({} shown)", shown.num_rows())
         } else {
             String::new()
         },
@@ -93,4 +103,18 @@ fn save(rows: &RecordBatch, path: &Path) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(aisql_engine::output::temp_path(path));
     }
     written
+}
+
+/// The model work of a finished query on stderr: fresh tokens, and what the
+/// answer cache answered and what it asked of the model.
+pub fn report_work(measurements: &serde_json::Map<String, serde_json::Value>) {
+    if let Some(fresh) = measurements.get("fresh_tokens") {
+        eprintln!("fresh tokens: {fresh} (prompt positions computed by the model)");
+    }
+    if let (Some(reused), Some(asked)) = (
+        measurements.get("answer_cache_reused"),
+        measurements.get("answer_cache_asked"),
+    ) {
+        eprintln!("answer cache: {reused} answers reused, {asked} questions asked of the model");
+    }
 }

@@ -114,9 +114,7 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         let out = session.run(&sql).await?;
         let rows = out.rows()?;
         super::rows::emit(&rows, &args.rows, out.runtime_s)?;
-        if let Some(fresh) = out.measurements.get("fresh_tokens") {
-            eprintln!("fresh tokens: {fresh} (prompt positions computed by the model)");
-        }
+        super::rows::report_work(&out.measurements);
         let asked: usize = out.answers.iter().map(|a| a.len()).sum();
         if !out.calls.is_empty() {
             eprintln!(

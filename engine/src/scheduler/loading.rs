@@ -124,6 +124,53 @@ pub fn load_model_backend(
     ))
 }
 
+/// What the answers of the model of `spec` depend on besides their prompts
+/// ([`crate::answer_cache`]): the model as named, the SHA-256 of its weights and
+/// tokenizer, `dtype` (as the loaded model reports it) and the prompt format.
+/// Files in a Hugging Face cache are named by their SHA-256 already
+/// (`blobs/<sha256>`), so a hub model is not read again; other weights are hashed.
+pub fn answer_identity(
+    spec: &ModelSpec,
+    dtype: &str,
+    prompt_format: crate::prompt::PromptFormat,
+) -> Result<crate::answer_cache::AnswerIdentity> {
+    use crate::cache_dir::sha256_of;
+    use sha2::{Digest, Sha256};
+    let source = if spec.model == "tiny" {
+        tiny_model_dir()?.display().to_string()
+    } else {
+        spec.model.clone()
+    };
+    let files = aisql_models::ModelFiles::resolve(&source)?;
+    let file_hash = |path: &std::path::Path| -> Result<String> {
+        let real = std::fs::canonicalize(path).map_err(|e| EngineError::io(path, e))?;
+        let name = real.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let in_blobs = real
+            .parent()
+            .and_then(|p| p.file_name())
+            .is_some_and(|p| p == "blobs");
+        if in_blobs && name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(name.to_ascii_lowercase());
+        }
+        sha256_of(&real).map_err(|e| EngineError::io(&real, e))
+    };
+    let mut weights = Sha256::new();
+    for path in &files.weights {
+        weights.update(file_hash(path)?.as_bytes());
+    }
+    let tokenizer_sha256 = match &files.tokenizer {
+        Some(path) => file_hash(path)?,
+        None => aisql_models::tokenizer::VENDORED_SHA256.to_string(),
+    };
+    Ok(crate::answer_cache::AnswerIdentity {
+        model: spec.model.clone(),
+        weights_sha256: hex::encode(weights.finalize()),
+        tokenizer_sha256,
+        dtype: dtype.to_string(),
+        prompt_format: prompt_format.name().to_string(),
+    })
+}
+
 /// The simulation backend: the model backend's scheduler over a virtual KV cache
 /// of `kv_bytes_per_token` per position, answering from `labels`.
 pub fn simulation_backend(

@@ -47,7 +47,9 @@ pub use executors::{
     Executor, ModelExecutor, QWEN3_4B_KV_BYTES_PER_TOKEN, QWEN3_4B_MAX_POSITIONS,
     SIMULATED_LINK_BYTES_PER_SECOND, SimExecutor, VirtualKv, best_label,
 };
-pub use loading::{ModelSpec, RunMetadata, load_model_backend, simulation_backend, tiny_model_dir};
+pub use loading::{
+    ModelSpec, RunMetadata, answer_identity, load_model_backend, simulation_backend, tiny_model_dir,
+};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};

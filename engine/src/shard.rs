@@ -1,0 +1,643 @@
+//! AI work spread over several workers by document: the [`ShardedBackend`]
+//! answers each batch by sending every request to the worker that owns its
+//! `{0}` document, and the [`DocumentRouter`] decides, once per document, which
+//! worker that is.
+//!
+//! A document's KV lives on one worker only, so every question, join partner
+//! and later operator about it must go there: the owner is chosen the first
+//! time a document is seen and kept for the query. Documents that open with
+//! at least half of the text of a document already placed (agent-trace
+//! snapshots of one trajectory, each the one before it plus a few turns) go to
+//! that document's worker, or their shared prefix would be computed twice. The
+//! rest go to the worker with the least work so far, counted in prompt bytes
+//! (document text once per worker, plus every question's own text): balance
+//! by tokens' proxy, not by rows.
+//!
+//! One exception: a join anchor whose pairs in a batch carry far more text
+//! than the anchor itself (a few claims that survived a filter, each asked
+//! against every evidence passage) has its pairs spread over the workers, each
+//! computing the short anchor once; kept whole, four such anchors on three
+//! workers leave one worker with half the query.
+//!
+//! Workers run their share of a batch at the same time, one thread each; in
+//! one process they are one model per GPU (`--gpu 0,1,2`), or simulated
+//! devices. Their measurements are summed (peaks: the largest), and each
+//! worker's own are listed under `workers`.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{DefaultHasher, Hasher};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use crate::backend::{AiCall, AiRequest, Doc, InferenceBackend};
+use crate::error::{EngineError, Result};
+use crate::memo::DocKey;
+
+/// Prefix hashes are taken every this many bytes of a document.
+const PREFIX_BLOCK_BYTES: usize = 512;
+
+/// An anchor's pairs in one batch are spread over the workers when their prompt
+/// bytes exceed this many times the anchor's own (per extra worker): the copies
+/// of the anchor's KV then cost at most 1/16 of the work they balance.
+const SPLIT_WORK_OVER_DOCUMENT: u64 = 16;
+/// ... and when they are at least this many per worker: fewer are balanced by
+/// placing whole documents.
+const SPLIT_MIN_PAIRS_PER_WORKER: usize = 32;
+
+/// Measurement keys that describe a worker's configuration, the same on every
+/// worker: reported once, not summed.
+const CONFIG_KEYS: [&str; 4] = [
+    "kv_budget_bytes",
+    "kv_host_budget_bytes",
+    "batch_tokens",
+    "prefix_cache",
+];
+
+/// Which worker owns each document.
+#[derive(Debug)]
+pub struct DocumentRouter {
+    owners: HashMap<DocKey, usize>,
+    /// Documents whose KV a worker other than the owner computed, for a share
+    /// of a join anchor's pairs.
+    copies: HashSet<(DocKey, usize)>,
+    /// Hash of a block-aligned prefix of a placed document → its worker.
+    prefixes: HashMap<u64, usize>,
+    /// Prompt bytes charged to each worker.
+    load: Vec<u64>,
+}
+
+impl DocumentRouter {
+    /// A router over `workers` workers (at least one).
+    pub fn new(workers: usize) -> Self {
+        Self {
+            owners: HashMap::new(),
+            copies: HashSet::new(),
+            prefixes: HashMap::new(),
+            load: vec![0; workers.max(1)],
+        }
+    }
+
+    /// Prompt bytes charged to each worker so far.
+    pub fn load(&self) -> &[u64] {
+        &self.load
+    }
+
+    /// The worker that owns document `key` with text `text`, placing it if new.
+    pub fn owner(&mut self, key: &DocKey, text: &str) -> usize {
+        if let Some(&w) = self.owners.get(key) {
+            return w;
+        }
+        let hashes = prefix_hashes(text);
+        // The longest placed prefix this document starts with.
+        let shared = hashes.iter().enumerate().rev().find_map(|(i, h)| {
+            self.prefixes
+                .get(h)
+                .map(|&w| ((i + 1) * PREFIX_BLOCK_BYTES, w))
+        });
+        let worker = match shared {
+            Some((bytes, w)) if 2 * bytes >= text.len() => w,
+            _ => self.least_loaded(),
+        };
+        for h in hashes {
+            self.prefixes.entry(h).or_insert(worker);
+        }
+        self.owners.insert(key.clone(), worker);
+        self.load[worker] += text.len() as u64;
+        worker
+    }
+
+    /// Charges `bytes` of prompt work to `worker`.
+    pub fn charge(&mut self, worker: usize, bytes: u64) {
+        self.load[worker] += bytes;
+    }
+
+    fn least_loaded(&self) -> usize {
+        (0..self.load.len())
+            .min_by_key(|&w| (self.load[w], w))
+            .expect("at least one worker")
+    }
+}
+
+/// Hashes of `text`'s prefixes of 1, 2, … whole blocks.
+fn prefix_hashes(text: &str) -> Vec<u64> {
+    let mut h = DefaultHasher::new();
+    text.as_bytes()
+        .chunks_exact(PREFIX_BLOCK_BYTES)
+        .map(|block| {
+            h.write(block);
+            h.finish()
+        })
+        .collect()
+}
+
+/// One worker and what it did this query.
+struct Worker {
+    backend: std::sync::Arc<dyn InferenceBackend>,
+    questions: AtomicU64,
+    busy_nanos: AtomicU64,
+}
+
+/// Several backends answering as one, each document's questions on its owner.
+pub struct ShardedBackend {
+    workers: Vec<Worker>,
+    router: Mutex<DocumentRouter>,
+}
+
+impl ShardedBackend {
+    /// One worker per backend. Fails on none.
+    pub fn try_new(backends: Vec<std::sync::Arc<dyn InferenceBackend>>) -> Result<Self> {
+        if backends.is_empty() {
+            return Err(EngineError::Inference("no workers to shard over".into()));
+        }
+        let n = backends.len();
+        Ok(Self {
+            workers: backends
+                .into_iter()
+                .map(|backend| Worker {
+                    backend,
+                    questions: AtomicU64::new(0),
+                    busy_nanos: AtomicU64::new(0),
+                })
+                .collect(),
+            router: Mutex::new(DocumentRouter::new(n)),
+        })
+    }
+
+    /// Requests' indices per worker, in their order. A run of requests is one
+    /// anchor's questions in this batch ([`crate::backend`] keeps them adjacent).
+    fn split(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Vec<Vec<usize>> {
+        let mut router = self.router.lock().expect("router lock");
+        let workers = self.workers.len();
+        let mut parts = vec![Vec::new(); workers];
+        let table = call.tables.first().map_or("", String::as_str);
+        let column = call.columns.first().map_or("", String::as_str);
+        let own = (call.pieces.frame.len() + call.pieces.tail.len()) as u64;
+        let cost = |r: &AiRequest<'_>| {
+            own + r
+                .partner
+                .map_or(0, |p| (call.pieces.label.len() + p.text.len()) as u64)
+        };
+        let mut start = 0;
+        while start < requests.len() {
+            let anchor = requests[start].anchor;
+            let end = start
+                + requests[start..]
+                    .iter()
+                    .position(|r| r.anchor.id != anchor.id)
+                    .unwrap_or(requests.len() - start);
+            let key = DocKey::new(table, column, anchor.id);
+            let home = router.owner(&key, anchor.text);
+            let run = start..end;
+            let work: u64 = requests[run.clone()].iter().map(cost).sum();
+            let copy = (call.pieces.preamble.len() + anchor.text.len()) as u64;
+            if workers > 1
+                && run.len() >= SPLIT_MIN_PAIRS_PER_WORKER * workers
+                && work >= SPLIT_WORK_OVER_DOCUMENT * copy * (workers as u64 - 1)
+            {
+                // One anchor with far more partner work than its own text (a
+                // claim against every passage): its pairs are spread, each
+                // other worker computing the anchor's KV once for them.
+                for i in run {
+                    let w = router.least_loaded();
+                    if w != home && router.copies.insert((key.clone(), w)) {
+                        router.charge(w, copy);
+                    }
+                    router.charge(w, cost(&requests[i]));
+                    parts[w].push(i);
+                }
+            } else {
+                for i in run {
+                    router.charge(home, cost(&requests[i]));
+                    parts[home].push(i);
+                }
+            }
+            start = end;
+        }
+        parts
+    }
+
+    /// Asks each worker its part at once and puts the answers back in order.
+    fn answer<T: Copy + Default + Send>(
+        &self,
+        call: &AiCall,
+        requests: &[AiRequest<'_>],
+        ask: impl Fn(&dyn InferenceBackend, &[AiRequest<'_>]) -> Result<Vec<T>> + Sync,
+    ) -> Result<Vec<T>> {
+        let parts = self.split(call, requests);
+        let results: Vec<Result<Vec<T>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = parts
+                .iter()
+                .zip(&self.workers)
+                .map(|(part, worker)| {
+                    let ask = &ask;
+                    scope.spawn(move || {
+                        if part.is_empty() {
+                            return Ok(Vec::new());
+                        }
+                        let mine: Vec<AiRequest<'_>> = part.iter().map(|&i| requests[i]).collect();
+                        let start = Instant::now();
+                        let got = ask(worker.backend.as_ref(), &mine);
+                        worker
+                            .busy_nanos
+                            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                        worker
+                            .questions
+                            .fetch_add(mine.len() as u64, Ordering::Relaxed);
+                        got
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|panic| {
+                        Err(EngineError::Inference(format!(
+                            "a worker panicked: {}",
+                            crate::error::panic_message(panic.as_ref())
+                        )))
+                    })
+                })
+                .collect()
+        });
+        let mut answers = vec![T::default(); requests.len()];
+        for (w, (part, got)) in parts.iter().zip(results).enumerate() {
+            let got = got
+                .map_err(|e| EngineError::Inference(format!("{}: worker {w}: {e}", call.op_id)))?;
+            if got.len() != part.len() {
+                return Err(EngineError::Inference(format!(
+                    "{}: worker {w} gave {} answers to {} questions",
+                    call.op_id,
+                    got.len(),
+                    part.len()
+                )));
+            }
+            for (&i, a) in part.iter().zip(got) {
+                answers[i] = a;
+            }
+        }
+        Ok(answers)
+    }
+}
+
+/// Adds a worker's measurement into the total: counts summed, peaks the largest,
+/// configuration kept from the first worker.
+fn merge(total: &mut serde_json::Map<String, serde_json::Value>, key: &str, v: &serde_json::Value) {
+    use serde_json::Value;
+    let Some(have) = total.get(key) else {
+        total.insert(key.to_string(), v.clone());
+        return;
+    };
+    if CONFIG_KEYS.contains(&key) {
+        return;
+    }
+    let merged = match (have, v) {
+        (Value::Number(a), Value::Number(b)) => match (a.as_u64(), b.as_u64()) {
+            (Some(a), Some(b)) if key.contains("peak") => Value::from(a.max(b)),
+            (Some(a), Some(b)) => Value::from(a + b),
+            _ => Value::from(a.as_f64().unwrap_or(0.0) + b.as_f64().unwrap_or(0.0)),
+        },
+        _ => return,
+    };
+    total.insert(key.to_string(), merged);
+}
+
+impl InferenceBackend for ShardedBackend {
+    fn name(&self) -> &str {
+        self.workers[0].backend.name()
+    }
+
+    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
+        self.answer(call, requests, |b, r| b.decide(call, r))
+    }
+
+    fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
+        self.answer(call, requests, |b, r| b.classify(call, r))
+    }
+
+    fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut total = serde_json::Map::new();
+        let mut per_worker = Vec::new();
+        let mut fresh = Vec::new();
+        for w in &self.workers {
+            let m = w.backend.measurements();
+            for (k, v) in &m {
+                merge(&mut total, k, v);
+            }
+            let fresh_tokens = m.get("fresh_tokens").and_then(|v| v.as_u64());
+            fresh.extend(fresh_tokens);
+            per_worker.push(serde_json::json!({
+                "fresh_tokens": fresh_tokens,
+                "questions": w.questions.load(Ordering::Relaxed),
+                "busy_s": w.busy_nanos.load(Ordering::Relaxed) as f64 / 1e9,
+                "kv_peak_bytes": m.get("kv_peak_bytes"),
+            }));
+        }
+        total.insert("workers".into(), per_worker.into());
+        let sum: u64 = fresh.iter().sum();
+        if fresh.len() == self.workers.len() && sum > 0 {
+            let mean = sum as f64 / fresh.len() as f64;
+            let max = *fresh.iter().max().expect("workers") as f64;
+            total.insert("worker_fresh_max_over_mean".into(), (max / mean).into());
+        }
+        total
+    }
+
+    fn kv_capacity_tokens(&self) -> Option<usize> {
+        // A batch is split over the workers; each must hold its part.
+        self.workers
+            .iter()
+            .map(|w| w.backend.kv_capacity_tokens())
+            .collect::<Option<Vec<_>>>()
+            .and_then(|c| c.into_iter().min())
+    }
+
+    fn reuses_work(&self) -> bool {
+        self.workers.iter().all(|w| w.backend.reuses_work())
+    }
+
+    fn cancel(&self) {
+        for w in &self.workers {
+            w.backend.cancel();
+        }
+    }
+
+    fn wait_stopped(&self) {
+        for w in &self.workers {
+            w.backend.wait_stopped();
+        }
+    }
+
+    fn start_query(&self, operators: &[AiCall]) {
+        *self.router.lock().expect("router lock") = DocumentRouter::new(self.workers.len());
+        for w in &self.workers {
+            w.questions.store(0, Ordering::Relaxed);
+            w.busy_nanos.store(0, Ordering::Relaxed);
+            w.backend.start_query(operators);
+        }
+    }
+
+    fn partners_collected(&self, call: &AiCall, partners: &[Doc<'_>]) {
+        // Any worker may hold an anchor of this join.
+        for w in &self.workers {
+            w.backend.partners_collected(call, partners);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{AiKind, ContentHashBackend};
+    use crate::prompt::{PromptFormat, filter_pieces, join_pieces};
+    use std::sync::Arc;
+
+    fn key(id: &str) -> DocKey {
+        DocKey::new("t", "text", id)
+    }
+
+    #[test]
+    fn a_document_keeps_its_worker_and_snapshots_follow_their_trajectory() {
+        let mut router = DocumentRouter::new(3);
+        let system = "s".repeat(2000);
+        let a5 = format!("{system}{}", "a".repeat(1500));
+        let a10 = format!("{a5}{}", "A".repeat(1500));
+        let b5 = format!("{system}{}", "b".repeat(1500));
+        let b10 = format!("{b5}{}", "B".repeat(2500));
+        let wa = router.owner(&key("a5"), &a5);
+        let wb = router.owner(&key("b5"), &b5);
+        // b5 shares only the system prompt (under half of it) with a5: placed
+        // by load, on another worker.
+        assert_ne!(wa, wb);
+        assert_eq!(router.owner(&key("a10"), &a10), wa);
+        assert_eq!(router.owner(&key("b10"), &b10), wb);
+        // Asked again, whatever the text: the same owner.
+        assert_eq!(router.owner(&key("a5"), "other"), wa);
+    }
+
+    #[test]
+    fn documents_are_balanced_by_bytes_not_by_count() {
+        let mut router = DocumentRouter::new(2);
+        let long = "x".repeat(10_000);
+        let w_long = router.owner(&key("long"), &long);
+        // Ten short documents all go to the other worker until it catches up.
+        let others: Vec<usize> = (0..10)
+            .map(|i| {
+                router.owner(
+                    &key(&format!("s{i}")),
+                    &format!("short {i} {}", "y".repeat(1000)),
+                )
+            })
+            .collect();
+        assert!(others.iter().all(|&w| w != w_long), "{others:?}");
+        let load = router.load();
+        let (max, min) = (load.iter().max().unwrap(), load.iter().min().unwrap());
+        assert!((*max as f64) / (*min as f64) < 1.1, "{load:?}");
+    }
+
+    fn call(kind: AiKind, template: &str) -> AiCall {
+        let f = PromptFormat::default();
+        AiCall {
+            op_id: "op-1".into(),
+            kind,
+            template: template.into(),
+            tables: vec!["t".into(), "u".into()],
+            columns: vec!["text".into(), "text".into()],
+            pieces: match kind {
+                AiKind::Filter => filter_pieces(f, template).unwrap(),
+                _ => join_pieces(f, template),
+            },
+            labels: Vec::new(),
+            descriptions: Vec::new(),
+            relations: Vec::new(),
+        }
+    }
+
+    /// Records which anchors it was asked about.
+    #[derive(Default)]
+    struct Recording {
+        inner: ContentHashBackend,
+        anchors: Mutex<Vec<String>>,
+    }
+
+    impl InferenceBackend for Recording {
+        fn name(&self) -> &str {
+            "recording"
+        }
+        fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
+            let mut seen = self.anchors.lock().unwrap();
+            seen.extend(requests.iter().map(|r| r.anchor.id.to_string()));
+            drop(seen);
+            self.inner.decide(call, requests)
+        }
+        fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
+            self.inner.classify(call, requests)
+        }
+    }
+
+    #[test]
+    fn answers_come_back_in_order_and_each_anchor_stays_on_one_worker() {
+        let workers: Vec<Arc<Recording>> = (0..3).map(|_| Arc::default()).collect();
+        let sharded = ShardedBackend::try_new(
+            workers
+                .iter()
+                .map(|w| w.clone() as Arc<dyn InferenceBackend>)
+                .collect(),
+        )
+        .unwrap();
+        let texts: Vec<String> = (0..30)
+            .map(|i| format!("document {i} {}", "z".repeat(i * 37)))
+            .collect();
+        let ids: Vec<String> = (0..30).map(|i| format!("d{i}")).collect();
+        let doc = |i: usize| Doc {
+            id: &ids[i],
+            text: &texts[i],
+        };
+        let filter = call(AiKind::Filter, "Is {0} kind?");
+        let join = call(AiKind::Join, "Does {0} cite {1}?");
+        let singles: Vec<AiRequest<'_>> = (0..30)
+            .map(|i| AiRequest {
+                anchor: doc(i),
+                partner: None,
+            })
+            .collect();
+        let pairs: Vec<AiRequest<'_>> = (0..30)
+            .flat_map(|i| (0..4).map(move |j| (i, j)))
+            .map(|(i, j)| AiRequest {
+                anchor: doc(i),
+                partner: Some(doc(j)),
+            })
+            .collect();
+        sharded.start_query(&[filter.clone(), join.clone()]);
+        let reference = ContentHashBackend::default();
+        assert_eq!(
+            sharded.decide(&filter, &singles).unwrap(),
+            reference.decide(&filter, &singles).unwrap()
+        );
+        assert_eq!(
+            sharded.decide(&join, &pairs).unwrap(),
+            reference.decide(&join, &pairs).unwrap()
+        );
+        // Every anchor was asked on exactly one worker, and all three worked.
+        let mut owner: HashMap<String, usize> = HashMap::new();
+        for (w, worker) in workers.iter().enumerate() {
+            let seen = worker.anchors.lock().unwrap();
+            assert!(!seen.is_empty(), "worker {w} got nothing");
+            for id in seen.iter() {
+                assert_eq!(*owner.entry(id.clone()).or_insert(w), w, "{id}");
+            }
+        }
+        assert_eq!(owner.len(), 30);
+        let m = sharded.measurements();
+        let questions: u64 = m["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["questions"].as_u64().unwrap())
+            .sum();
+        assert_eq!(questions, 30 + 120);
+    }
+
+    #[test]
+    fn few_anchors_with_many_partners_have_their_pairs_spread() {
+        let workers: Vec<Arc<Recording>> = (0..3).map(|_| Arc::default()).collect();
+        let sharded = ShardedBackend::try_new(
+            workers
+                .iter()
+                .map(|w| w.clone() as Arc<dyn InferenceBackend>)
+                .collect(),
+        )
+        .unwrap();
+        let join = call(AiKind::Join, "Does {1} support {0}?");
+        let claims: Vec<String> = (0..4).map(|i| format!("claim {i}")).collect();
+        let passages: Vec<String> = (0..300)
+            .map(|j| format!("passage {j} {}", "p".repeat(500)))
+            .collect();
+        let ids: Vec<String> = (0..300).map(|j| format!("e{j}")).collect();
+        let pairs: Vec<AiRequest<'_>> = (0..4)
+            .flat_map(|i| (0..300).map(move |j| (i, j)))
+            .map(|(i, j)| AiRequest {
+                anchor: Doc {
+                    id: &claims[i],
+                    text: &claims[i],
+                },
+                partner: Some(Doc {
+                    id: &ids[j],
+                    text: &passages[j],
+                }),
+            })
+            .collect();
+        sharded.start_query(std::slice::from_ref(&join));
+        assert_eq!(
+            sharded.decide(&join, &pairs).unwrap(),
+            ContentHashBackend::default().decide(&join, &pairs).unwrap()
+        );
+        let load = sharded.router.lock().unwrap().load().to_vec();
+        let (max, min) = (*load.iter().max().unwrap(), *load.iter().min().unwrap());
+        assert!((max as f64) < 1.02 * min as f64, "{load:?}");
+        let asked: Vec<usize> = workers
+            .iter()
+            .map(|w| w.anchors.lock().unwrap().len())
+            .collect();
+        assert_eq!(asked.iter().sum::<usize>(), 1200, "{asked:?}");
+        // Kept whole, the best split of four anchors over three workers is 2/1/1.
+        assert!(asked.iter().all(|&n| n >= 380), "{asked:?}");
+    }
+
+    /// Fails every call, like a lost worker.
+    struct Lost;
+
+    impl InferenceBackend for Lost {
+        fn name(&self) -> &str {
+            "lost"
+        }
+        fn decide(&self, _: &AiCall, _: &[AiRequest<'_>]) -> Result<Vec<bool>> {
+            Err(EngineError::Inference("connection reset".into()))
+        }
+        fn classify(&self, _: &AiCall, _: &[AiRequest<'_>]) -> Result<Vec<usize>> {
+            Err(EngineError::Inference("connection reset".into()))
+        }
+    }
+
+    #[test]
+    fn a_failing_worker_fails_the_batch_naming_it() {
+        let sharded = ShardedBackend::try_new(vec![
+            Arc::new(ContentHashBackend::default()),
+            Arc::new(Lost),
+        ])
+        .unwrap();
+        let filter = call(AiKind::Filter, "Is {0} kind?");
+        let texts: Vec<String> = (0..8).map(|i| format!("text {i}")).collect();
+        let ids: Vec<String> = (0..8).map(|i| i.to_string()).collect();
+        let requests: Vec<AiRequest<'_>> = (0..8)
+            .map(|i| AiRequest {
+                anchor: Doc {
+                    id: &ids[i],
+                    text: &texts[i],
+                },
+                partner: None,
+            })
+            .collect();
+        let e = sharded.decide(&filter, &requests).unwrap_err().to_string();
+        assert!(
+            e.contains("worker 1") && e.contains("connection reset"),
+            "{e}"
+        );
+        assert!(ShardedBackend::try_new(Vec::new()).is_err());
+    }
+
+    #[test]
+    fn measurements_sum_counts_and_keep_peaks_and_configuration() {
+        let mut total = serde_json::Map::new();
+        for (fresh, peak) in [(10u64, 5u64), (30, 9)] {
+            merge(&mut total, "fresh_tokens", &fresh.into());
+            merge(&mut total, "kv_peak_bytes", &peak.into());
+            merge(&mut total, "kv_budget_bytes", &100u64.into());
+            merge(&mut total, "kv_transfer_seconds", &0.5f64.into());
+        }
+        assert_eq!(total["fresh_tokens"], 40);
+        assert_eq!(total["kv_peak_bytes"], 9);
+        assert_eq!(total["kv_budget_bytes"], 100);
+        assert_eq!(total["kv_transfer_seconds"], 1.0);
+    }
+}

@@ -1,0 +1,217 @@
+//! `aisql query` from the command line. With `--answer-cache DIR`, a query
+//! killed with SIGKILL while the tiny model answers is run again with the same
+//! cache, finishes with the rows of an uninterrupted run, and asks the model
+//! only what the killed run had not answered; bad uses are refused by name.
+//! With `--output-dir` alone, rows.parquet is written as the rows arrive and
+//! holds every row, while only the printed ones are kept.
+
+#![cfg(unix)]
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::Fails;
+
+const QUERY: &str = "IMDB-1";
+
+fn query(root: &Path, cache: &Path, rows: &Path, answers: Option<&Path>) -> Command {
+    let mut c = Command::new(assert_cmd::cargo::cargo_bin("aisql"));
+    c.args([
+        "query",
+        QUERY,
+        "--sf",
+        "0.01",
+        "--cpu",
+        "--batch-rows",
+        "16",
+    ])
+    .arg("--root")
+    .arg(root)
+    .arg("--output")
+    .arg(rows)
+    .env("AISQL_CACHE_DIR", cache)
+    .env_remove("AISQL_ROOT")
+    .env_remove("AISQL_MODEL")
+    .env_remove("AISQL_ANSWER_CACHE")
+    .env_remove("AISQL_QUAILB_PLANS")
+    .stdout(Stdio::null());
+    if let Some(dir) = answers {
+        c.arg("--answer-cache").arg(dir);
+    }
+    c
+}
+
+/// (answers reused, questions asked) from a run's stderr.
+fn cache_counts(stderr: &str) -> (u64, u64) {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("answer cache: "))
+        .unwrap_or_else(|| panic!("no answer-cache summary in:\n{stderr}"));
+    let numbers: Vec<u64> = line.split(' ').filter_map(|w| w.parse().ok()).collect();
+    assert_eq!(numbers.len(), 2, "{line}");
+    (numbers[0], numbers[1])
+}
+
+fn run_ok(c: &mut Command) -> String {
+    let out = c.stderr(Stdio::piped()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    stderr
+}
+
+/// The bytes of the log under `answers` (one identity folder), 0 before it exists.
+fn log_bytes(answers: &Path) -> u64 {
+    std::fs::read_dir(answers)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("answers.v1"))
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+#[test]
+fn a_killed_query_reruns_asking_the_model_only_what_was_missing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("quailb");
+    aisql_bench::standin::generate(&root, 0.01).unwrap();
+    let cache = tmp.path().join("cache");
+    let answers = tmp.path().join("answers");
+
+    // Uninterrupted, without a cache (this also generates the tiny model).
+    let want = tmp.path().join("want.csv");
+    run_ok(&mut query(&root, &cache, &want, None));
+
+    // Killed once some answers are on disk.
+    let killed_rows = tmp.path().join("killed.csv");
+    let mut child = query(&root, &cache, &killed_rows, Some(&answers))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the query ended ({status}) before it could be killed mid-run");
+        }
+        if log_bytes(&answers) > 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no answer written"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!killed_rows.exists(), "a killed query left rows behind");
+
+    // The rerun: same rows, part of the answers from the cache.
+    let got = tmp.path().join("got.csv");
+    let stderr = run_ok(&mut query(&root, &cache, &got, Some(&answers)));
+    let (reused, asked) = cache_counts(&stderr);
+    assert!(reused > 0 && asked > 0, "reused {reused}, asked {asked}");
+    assert_eq!(
+        std::fs::read_to_string(&got).unwrap(),
+        std::fs::read_to_string(&want).unwrap()
+    );
+
+    // Once more: nothing is asked, and every question of the query was either
+    // reused or asked by the rerun.
+    let again = tmp.path().join("again.csv");
+    let stderr = run_ok(&mut query(&root, &cache, &again, Some(&answers)));
+    assert_eq!(cache_counts(&stderr), (reused + asked, 0));
+    assert!(stderr.contains("fresh tokens: 0"), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(&again).unwrap(),
+        std::fs::read_to_string(&want).unwrap()
+    );
+}
+
+#[test]
+fn bad_uses_of_the_answer_cache_are_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("quailb");
+    aisql_bench::standin::generate(&root, 0.01).unwrap();
+    let cache = tmp.path().join("cache");
+    let rows = tmp.path().join("rows.csv");
+
+    let e = query(&root, &cache, &rows, Some(&tmp.path().join("answers")))
+        .args(["--backend", "oracle"])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(e.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&e.stderr);
+    assert!(
+        e.contains("--answer-cache") && e.contains("--backend model"),
+        "{e}"
+    );
+
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let e = assert_cmd::Command::from_std(query(&root, &cache, &rows, Some(&file))).fails();
+    assert!(e.contains("a-file") && e.contains("not a folder"), "{e}");
+}
+
+#[test]
+fn output_dir_streams_every_row_while_printing_the_limit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("quailb");
+    aisql_bench::standin::generate(&root, 0.01).unwrap();
+    let cache = tmp.path().join("cache");
+    let run = |extra: &[&str]| {
+        let out = Command::new(assert_cmd::cargo::cargo_bin("aisql"))
+            .args([
+                "query",
+                "IMDB-2",
+                "--sf",
+                "0.01",
+                "--backend",
+                "oracle",
+                "--format",
+                "csv",
+            ])
+            .arg("--root")
+            .arg(&root)
+            .args(extra)
+            .env("AISQL_CACHE_DIR", &cache)
+            .env_remove("AISQL_ROOT")
+            .env_remove("AISQL_QUAILB_PLANS")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    let all = tmp.path().join("all.parquet");
+    let (_, whole) = run(&["--output", all.to_str().unwrap()]);
+    let dir = tmp.path().join("out");
+    let (printed, streamed) = run(&["--limit", "3", "--output-dir", dir.to_str().unwrap()]);
+    let want = aisql_engine::output::read_parquet(&all).unwrap();
+    let got = aisql_engine::output::read_parquet(&dir.join("rows.parquet")).unwrap();
+    assert!(
+        want.num_rows() > 3,
+        "IMDB-2 at sf 0.01 has {} rows",
+        want.num_rows()
+    );
+    assert_eq!(got, want);
+    // A header and three rows printed, the total counted.
+    assert_eq!(printed.lines().count(), 4, "{printed}");
+    let total = format!("{} rows in", want.num_rows());
+    assert!(
+        streamed.contains(&total) && streamed.contains("(3 shown)"),
+        "{streamed}"
+    );
+    assert!(whole.contains(&total), "{whole}");
+    assert!(dir.join("plan.substrait").exists());
+}

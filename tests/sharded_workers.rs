@@ -1,0 +1,166 @@
+//! Three in-process workers ([`ShardedBackend`]), each document's questions on
+//! one of them: every one of the 43 plans gives the rows and answer tables of
+//! one process in simulation, with each worker doing part of the work and the
+//! fresh tokens summed over the workers those of one process but for openings
+//! that documents on different workers share; the tiny model on three CPU
+//! workers answers IMDB-7, FEV-8, IMDB-15 and AGENT-1 as one model does.
+
+mod common;
+
+use std::sync::Arc;
+
+use aisql_engine::backend::InferenceBackend;
+use aisql_engine::plan::QueryPlan;
+use aisql_engine::query::QueryOptions;
+use aisql_engine::scheduler::{SchedulerConfig, simulation_backend};
+use aisql_engine::shard::ShardedBackend;
+use common::*;
+
+const WORKERS: usize = 3;
+
+fn unbounded() -> SchedulerConfig {
+    SchedulerConfig {
+        prefix_cache: true,
+        lookahead: true,
+        kv_budget_bytes: usize::MAX / 4,
+        host_kv_budget_bytes: 0,
+        batch_tokens: 512,
+    }
+}
+
+fn same_answers(id: &str, a: &Collected, b: &Collected) {
+    assert_eq!(result_rows(&a.rows), result_rows(&b.rows), "{id}: rows");
+    assert_eq!(a.answers.len(), b.answers.len(), "{id}");
+    for (x, y) in a.answers.iter().zip(&b.answers) {
+        assert_eq!(
+            (&x.op_id, &x.ids, &x.answers, &x.labels),
+            (&y.op_id, &y.ids, &y.answers, &y.labels),
+            "{id}: answer table"
+        );
+    }
+}
+
+fn fresh(c: &Collected) -> u64 {
+    c.measurements["fresh_tokens"].as_u64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_43_plans_on_three_simulated_workers_match_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = TinyCorpus::write(dir.path());
+    let ids = catalog_ids();
+    let plans: Vec<QueryPlan> = ids
+        .iter()
+        .map(|id| QueryPlan::from_file(&plans_dir().join(format!("{id}.json"))).unwrap())
+        .collect();
+    let (store, _) = draw_labels(&corpus, &plans);
+    let store = Arc::new(store);
+    let options = QueryOptions {
+        batch_rows: 8,
+        ..Default::default()
+    };
+    let (mut one_total, mut sharded_total) = (0u64, 0u64);
+    for (id, plan) in ids.iter().zip(&plans) {
+        let one = simulation_backend(store.clone(), unbounded(), 1024).unwrap();
+        let single = collect_query(plan, &corpus.paths(), one, &options)
+            .await
+            .unwrap_or_else(|e| panic!("{id}: {e}"));
+        let workers: Vec<Arc<dyn InferenceBackend>> = (0..WORKERS)
+            .map(|_| {
+                simulation_backend(store.clone(), unbounded(), 1024).unwrap()
+                    as Arc<dyn InferenceBackend>
+            })
+            .collect();
+        let sharded = Arc::new(ShardedBackend::try_new(workers).unwrap());
+        let spread = collect_query(plan, &corpus.paths(), sharded, &options)
+            .await
+            .unwrap_or_else(|e| panic!("{id} on {WORKERS} workers: {e}"));
+        same_answers(id, &spread, &single);
+
+        let per_worker: Vec<u64> = spread.measurements["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["fresh_tokens"].as_u64().unwrap())
+            .collect();
+        let sum: u64 = per_worker.iter().sum();
+        assert_eq!(sum, fresh(&spread), "{id}: the total is the workers' sum");
+        // A worker computes what one process computes for its documents, and
+        // no document twice: the sum exceeds one process only by openings that
+        // documents placed on different workers share (the preamble at least).
+        assert!(sum >= fresh(&single), "{id}: {sum} < {}", fresh(&single));
+        assert!(
+            (sum - fresh(&single)) * 20 <= fresh(&single),
+            "{id}: {sum} over the workers, {} in one process",
+            fresh(&single)
+        );
+        let documents: usize = spread.table_rows.values().sum();
+        let questions: u64 = spread.measurements["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["questions"].as_u64().unwrap())
+            .sum();
+        if questions as usize > 2 * WORKERS {
+            let busy = per_worker.iter().filter(|&&f| f > 0).count();
+            assert!(
+                busy >= 2,
+                "{id}: only {busy} worker(s) did any work: {per_worker:?}"
+            );
+        }
+        eprintln!(
+            "{id}: fresh {} in one process, {sum} over {WORKERS} workers {per_worker:?} ({documents} input rows)",
+            fresh(&single)
+        );
+        one_total += fresh(&single);
+        sharded_total += sum;
+    }
+    // Shared openings are a sliver of the work.
+    assert!(
+        (sharded_total as f64) < 1.10 * one_total as f64,
+        "fresh tokens over the workers {sharded_total}, in one process {one_total}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tiny_model_on_three_cpu_workers_answers_as_one() {
+    use aisql_engine::scheduler::{ModelSpec, load_model_backend};
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = TinyCorpus::write(dir.path());
+    let options = QueryOptions {
+        batch_rows: 8,
+        ..Default::default()
+    };
+    let spec = ModelSpec {
+        model: "tiny".into(),
+        gpu: None,
+        dtype: None,
+        scheduler: SchedulerConfig {
+            batch_tokens: 2048,
+            ..unbounded()
+        },
+        kv_budget_from_device: false,
+        host_kv_from_memory: false,
+    };
+    let load = || load_model_backend(&spec).unwrap().0 as Arc<dyn InferenceBackend>;
+    for id in ["IMDB-7", "FEV-8", "IMDB-15", "AGENT-1"] {
+        let plan = QueryPlan::from_file(&plans_dir().join(format!("{id}.json"))).unwrap();
+        let single = collect_query(&plan, &corpus.paths(), load(), &options)
+            .await
+            .unwrap();
+        let sharded =
+            Arc::new(ShardedBackend::try_new((0..WORKERS).map(|_| load()).collect()).unwrap());
+        let spread = collect_query(&plan, &corpus.paths(), sharded, &options)
+            .await
+            .unwrap();
+        same_answers(id, &spread, &single);
+        assert!(fresh(&spread) >= fresh(&single), "{id}");
+        assert!(
+            !single
+                .answers
+                .iter()
+                .all(|t| t.answers.is_empty() && t.labels.is_empty()),
+            "{id}: asked nothing"
+        );
+    }
+}
