@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 
-use crate::backend::{AiCall, AiKind, AiRequest, Doc, InferenceBackend};
+use crate::backend::{AiCall, AiKind, AiRequest, Doc, InferenceBackend, check_answer_count};
 use crate::error::{EngineError, Result};
 
 /// Bytes of a question hash: 128 bits, so that a collision among billions of
@@ -316,14 +316,7 @@ impl CachedBackend {
         if !missing.is_empty() {
             let asked: Vec<AiRequest<'_>> = missing.iter().map(|&i| requests[i]).collect();
             let got = ask(&asked)?;
-            if got.len() != asked.len() {
-                return Err(EngineError::Inference(format!(
-                    "{}: the backend gave {} answers to {} questions",
-                    call.op_id,
-                    got.len(),
-                    asked.len()
-                )));
-            }
+            check_answer_count(call, "the backend", got.len(), asked.len())?;
             self.asked.fetch_add(asked.len() as u64, Ordering::Relaxed);
             let recorded: Vec<(QuestionHash, u16)> = missing
                 .iter()

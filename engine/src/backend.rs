@@ -123,6 +123,18 @@ pub trait InferenceBackend: Send + Sync {
     fn partners_collected(&self, _call: &AiCall, _partners: &[Doc<'_>]) {}
 }
 
+/// An error unless `who` (the backend, a worker) gave `call` as many answers,
+/// `got`, as it was asked questions, `want`.
+pub fn check_answer_count(call: &AiCall, who: &str, got: usize, want: usize) -> Result<()> {
+    if got != want {
+        return Err(EngineError::Inference(format!(
+            "{}: {who} gave {got} answers to {want} questions",
+            call.op_id
+        )));
+    }
+    Ok(())
+}
+
 /// Answers every question from the reference labels of a collection: the
 /// relational half of the engine can be proved exact before any model runs.
 #[derive(Debug, Clone)]

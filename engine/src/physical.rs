@@ -42,7 +42,7 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, Phy
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::answers::{AnswerRecorder, AnswerTable};
-use crate::backend::{AiKind, AiRequest, Doc, InferenceBackend};
+use crate::backend::{AiKind, AiRequest, Doc, InferenceBackend, check_answer_count};
 use crate::error::{EngineError, Result};
 use crate::logical::{AiNode, AiShape, AiSpec};
 use crate::memo::{AnswerMemo, MemoKey};
@@ -458,7 +458,7 @@ fn decide_all(spec: &AiSpec, runtime: &AiRuntime, requests: &[AiRequest<'_>]) ->
     let mut out = Vec::with_capacity(requests.len());
     for chunk in requests.chunks(REQUESTS_PER_CALL) {
         let answers = runtime.backend.decide(&spec.call, chunk)?;
-        check_len(spec, answers.len(), chunk.len())?;
+        check_answer_count(&spec.call, "the backend", answers.len(), chunk.len())?;
         out.extend(answers);
         bar.inc(chunk.len() as u64);
     }
@@ -476,7 +476,7 @@ fn classify_all(
     let mut out = Vec::with_capacity(requests.len());
     for chunk in requests.chunks(REQUESTS_PER_CALL) {
         let answers = runtime.backend.classify(&spec.call, chunk)?;
-        check_len(spec, answers.len(), chunk.len())?;
+        check_answer_count(&spec.call, "the backend", answers.len(), chunk.len())?;
         if let Some(bad) = answers.iter().find(|&&i| i >= spec.call.labels.len()) {
             return Err(EngineError::Inference(format!(
                 "{}: backend chose label {bad} of {}",
@@ -489,16 +489,6 @@ fn classify_all(
     }
     bar.finish_and_clear();
     Ok(out)
-}
-
-fn check_len(spec: &AiSpec, got: usize, want: usize) -> Result<()> {
-    if got != want {
-        return Err(EngineError::Inference(format!(
-            "{}: backend returned {got} answers for {want} prompts",
-            spec.call.op_id
-        )));
-    }
-    Ok(())
 }
 
 /// Answers to `requests`, in order: from the query's memo where any operator

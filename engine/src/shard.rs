@@ -30,14 +30,15 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use crate::backend::{AiCall, AiRequest, Doc, InferenceBackend};
+use crate::backend::{AiCall, AiRequest, Doc, InferenceBackend, check_answer_count};
 use crate::error::{EngineError, Result};
 use crate::memo::DocKey;
 
 /// Prefix hashes are taken every this many bytes of a document.
 const PREFIX_BLOCK_BYTES: usize = 512;
 
-/// An anchor's pairs in one batch are spread over the workers when their prompt
+/// An anchor's pairs in one batch are spread over the workers when, kept on its
+/// worker, they would leave it more than 10 % above the mean, and their prompt
 /// bytes exceed this many times the anchor's own (per extra worker): the copies
 /// of the anchor's KV then cost at most 1/16 of the work they balance.
 const SPLIT_WORK_OVER_DOCUMENT: u64 = 16;
@@ -191,7 +192,13 @@ impl ShardedBackend {
             let run = start..end;
             let work: u64 = requests[run.clone()].iter().map(cost).sum();
             let copy = (call.pieces.preamble.len() + anchor.text.len()) as u64;
+            // Spread only work that whole documents cannot balance: kept on
+            // its home, the run would leave that worker more than 10 % above
+            // the mean.
+            let total = router.load.iter().sum::<u64>() + work;
+            let unbalancing = 10 * (router.load[home] + work) * workers as u64 > 11 * total;
             if workers > 1
+                && unbalancing
                 && run.len() >= SPLIT_MIN_PAIRS_PER_WORKER * workers
                 && work >= SPLIT_WORK_OVER_DOCUMENT * copy * (workers as u64 - 1)
             {
@@ -264,14 +271,7 @@ impl ShardedBackend {
         for (w, (part, got)) in parts.iter().zip(results).enumerate() {
             let got = got
                 .map_err(|e| EngineError::Inference(format!("{}: worker {w}: {e}", call.op_id)))?;
-            if got.len() != part.len() {
-                return Err(EngineError::Inference(format!(
-                    "{}: worker {w} gave {} answers to {} questions",
-                    call.op_id,
-                    got.len(),
-                    part.len()
-                )));
-            }
+            check_answer_count(call, &format!("worker {w}"), got.len(), part.len())?;
             for (&i, a) in part.iter().zip(got) {
                 answers[i] = a;
             }
@@ -475,8 +475,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn answers_come_back_in_order_and_each_anchor_stays_on_one_worker() {
+    /// Three recording workers behind one sharded backend.
+    fn recorded() -> (Vec<Arc<Recording>>, ShardedBackend) {
         let workers: Vec<Arc<Recording>> = (0..3).map(|_| Arc::default()).collect();
         let sharded = ShardedBackend::try_new(
             workers
@@ -485,6 +485,12 @@ mod tests {
                 .collect(),
         )
         .unwrap();
+        (workers, sharded)
+    }
+
+    #[test]
+    fn answers_come_back_in_order_and_each_anchor_stays_on_one_worker() {
+        let (workers, sharded) = recorded();
         let texts: Vec<String> = (0..30)
             .map(|i| format!("document {i} {}", "z".repeat(i * 37)))
             .collect();
@@ -540,14 +546,7 @@ mod tests {
 
     #[test]
     fn few_anchors_with_many_partners_have_their_pairs_spread() {
-        let workers: Vec<Arc<Recording>> = (0..3).map(|_| Arc::default()).collect();
-        let sharded = ShardedBackend::try_new(
-            workers
-                .iter()
-                .map(|w| w.clone() as Arc<dyn InferenceBackend>)
-                .collect(),
-        )
-        .unwrap();
+        let (workers, sharded) = recorded();
         let join = call(AiKind::Join, "Does {1} support {0}?");
         let claims: Vec<String> = (0..4).map(|i| format!("claim {i}")).collect();
         let passages: Vec<String> = (0..300)
