@@ -28,10 +28,7 @@ async fn a_host_tier_or_lookahead_keeps_imdb_9_and_10_at_the_minimum_under_small
     let dir = tempfile::tempdir().unwrap();
     let corpus = TinyCorpus::write(dir.path());
     let ids = ["IMDB-9", "IMDB-10"];
-    let plans: Vec<QueryPlan> = ids
-        .iter()
-        .map(|id| QueryPlan::from_file(&plans_dir().join(format!("{id}.json"))).unwrap())
-        .collect();
+    let plans = load_plans(&ids);
     let (store, _) = draw_labels(&corpus, &plans);
     let store = Arc::new(store);
     let options = QueryOptions {

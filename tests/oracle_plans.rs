@@ -8,7 +8,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use aisql_engine::backend::{AiKind, OracleBackend};
-use aisql_engine::plan::QueryPlan;
 use aisql_engine::query::QueryOptions;
 use common::*;
 
@@ -18,10 +17,7 @@ async fn every_catalog_query_matches_the_reference_result() {
     let corpus = TinyCorpus::write(dir.path());
     let ids = catalog_ids();
     assert_eq!(ids.len(), 43);
-    let plans: Vec<QueryPlan> = ids
-        .iter()
-        .map(|id| QueryPlan::from_file(&plans_dir().join(format!("{id}.json"))).unwrap())
-        .collect();
+    let plans = load_plans(&ids);
     let (store, labels) = draw_labels(&corpus, &plans);
     let backend = Arc::new(OracleBackend::new(Arc::new(store)));
     let mut nonempty = 0;

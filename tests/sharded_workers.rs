@@ -49,10 +49,7 @@ async fn all_43_plans_on_three_simulated_workers_match_one_process() {
     let dir = tempfile::tempdir().unwrap();
     let corpus = TinyCorpus::write(dir.path());
     let ids = catalog_ids();
-    let plans: Vec<QueryPlan> = ids
-        .iter()
-        .map(|id| QueryPlan::from_file(&plans_dir().join(format!("{id}.json"))).unwrap())
-        .collect();
+    let plans = load_plans(&ids);
     let (store, _) = draw_labels(&corpus, &plans);
     let store = Arc::new(store);
     let options = QueryOptions {

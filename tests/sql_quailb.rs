@@ -10,7 +10,6 @@ use std::sync::Arc;
 
 use aisql_engine::answers::AnswerTable;
 use aisql_engine::backend::InferenceBackend;
-use aisql_engine::plan::QueryPlan;
 use aisql_engine::query::QueryOptions;
 use aisql_engine::scheduler::{SchedulerConfig, simulation_backend};
 use aisql_engine::sql::{Evaluation, SqlSession};
@@ -62,10 +61,7 @@ async fn sql_spellings_of_quailb_queries_match_their_plans() {
     ];
     let dir = tempfile::tempdir().unwrap();
     let corpus = TinyCorpus::write(dir.path());
-    let plans: Vec<QueryPlan> = ids
-        .iter()
-        .map(|id| QueryPlan::from_file(&plans_dir().join(format!("{id}.json"))).unwrap())
-        .collect();
+    let plans = load_plans(&ids);
     let (store, _) = draw_labels(&corpus, &plans);
     let store = Arc::new(store);
     let mut nonempty = 0;

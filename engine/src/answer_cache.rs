@@ -436,8 +436,7 @@ impl InferenceBackend for CachedBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::ContentHashBackend;
-    use crate::prompt::{PromptFormat, classify_pieces, filter_pieces, join_pieces};
+    use crate::backend::{ContentHashBackend, test_call as call};
     use std::sync::Arc;
 
     fn identity(dtype: &str) -> AnswerIdentity {
@@ -447,29 +446,6 @@ mod tests {
             tokenizer_sha256: "t".into(),
             dtype: dtype.into(),
             prompt_format: "raw-v1".into(),
-        }
-    }
-
-    fn call(kind: AiKind, template: &str, labels: &[&str]) -> AiCall {
-        let f = PromptFormat::default();
-        let labels: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
-        let pieces = match kind {
-            AiKind::Filter => filter_pieces(f, template).unwrap(),
-            AiKind::Join => join_pieces(f, template),
-            AiKind::Classify => {
-                classify_pieces(f, template, &labels, &vec![String::new(); labels.len()]).unwrap()
-            }
-        };
-        AiCall {
-            op_id: "op-1".into(),
-            kind,
-            template: template.into(),
-            tables: vec!["t".into(), "u".into()],
-            columns: vec!["text".into(), "text".into()],
-            pieces,
-            labels,
-            descriptions: Vec::new(),
-            relations: Vec::new(),
         }
     }
 

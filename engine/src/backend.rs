@@ -233,3 +233,31 @@ impl InferenceBackend for ContentHashBackend {
             .collect())
     }
 }
+
+/// An [`AiCall`] of `kind` over tables `t` and `u` for unit tests: `template`'s
+/// prompt pieces in the default format, `labels` without descriptions.
+#[cfg(test)]
+pub(crate) fn test_call(kind: AiKind, template: &str, labels: &[&str]) -> AiCall {
+    use crate::prompt::{PromptFormat, classify_pieces, filter_pieces, join_pieces};
+    let f = PromptFormat::default();
+    let labels: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
+    let pieces = match kind {
+        AiKind::Filter => filter_pieces(f, template).expect("a filter template"),
+        AiKind::Join => join_pieces(f, template),
+        AiKind::Classify => {
+            classify_pieces(f, template, &labels, &vec![String::new(); labels.len()])
+                .expect("a classification template")
+        }
+    };
+    AiCall {
+        op_id: "op-1".into(),
+        kind,
+        template: template.into(),
+        tables: vec!["t".into(), "u".into()],
+        columns: vec!["text".into(), "text".into()],
+        pieces,
+        labels,
+        descriptions: Vec::new(),
+        relations: Vec::new(),
+    }
+}

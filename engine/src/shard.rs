@@ -388,8 +388,7 @@ impl InferenceBackend for ShardedBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{AiKind, ContentHashBackend};
-    use crate::prompt::{PromptFormat, filter_pieces, join_pieces};
+    use crate::backend::{AiKind, ContentHashBackend, test_call};
     use std::sync::Arc;
 
     fn key(id: &str) -> DocKey {
@@ -433,24 +432,6 @@ mod tests {
         let load = router.load();
         let (max, min) = (load.iter().max().unwrap(), load.iter().min().unwrap());
         assert!((*max as f64) / (*min as f64) < 1.1, "{load:?}");
-    }
-
-    fn call(kind: AiKind, template: &str) -> AiCall {
-        let f = PromptFormat::default();
-        AiCall {
-            op_id: "op-1".into(),
-            kind,
-            template: template.into(),
-            tables: vec!["t".into(), "u".into()],
-            columns: vec!["text".into(), "text".into()],
-            pieces: match kind {
-                AiKind::Filter => filter_pieces(f, template).unwrap(),
-                _ => join_pieces(f, template),
-            },
-            labels: Vec::new(),
-            descriptions: Vec::new(),
-            relations: Vec::new(),
-        }
     }
 
     /// Records which anchors it was asked about.
@@ -499,8 +480,8 @@ mod tests {
             id: &ids[i],
             text: &texts[i],
         };
-        let filter = call(AiKind::Filter, "Is {0} kind?");
-        let join = call(AiKind::Join, "Does {0} cite {1}?");
+        let filter = test_call(AiKind::Filter, "Is {0} kind?", &[]);
+        let join = test_call(AiKind::Join, "Does {0} cite {1}?", &[]);
         let singles: Vec<AiRequest<'_>> = (0..30)
             .map(|i| AiRequest {
                 anchor: doc(i),
@@ -547,7 +528,7 @@ mod tests {
     #[test]
     fn few_anchors_with_many_partners_have_their_pairs_spread() {
         let (workers, sharded) = recorded();
-        let join = call(AiKind::Join, "Does {1} support {0}?");
+        let join = test_call(AiKind::Join, "Does {1} support {0}?", &[]);
         let claims: Vec<String> = (0..4).map(|i| format!("claim {i}")).collect();
         let passages: Vec<String> = (0..300)
             .map(|j| format!("passage {j} {}", "p".repeat(500)))
@@ -605,7 +586,7 @@ mod tests {
             Arc::new(Lost),
         ])
         .unwrap();
-        let filter = call(AiKind::Filter, "Is {0} kind?");
+        let filter = test_call(AiKind::Filter, "Is {0} kind?", &[]);
         let texts: Vec<String> = (0..8).map(|i| format!("text {i}")).collect();
         let ids: Vec<String> = (0..8).map(|i| i.to_string()).collect();
         let requests: Vec<AiRequest<'_>> = (0..8)

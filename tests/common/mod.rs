@@ -39,6 +39,13 @@ pub fn plans_dir() -> PathBuf {
     aisql_bench::plans::repository_plans_dir()
 }
 
+/// The repository's plans of the queries `ids`.
+pub fn load_plans<S: AsRef<str>>(ids: &[S]) -> Vec<QueryPlan> {
+    ids.iter()
+        .map(|id| QueryPlan::from_file(&plans_dir().join(format!("{}.json", id.as_ref()))).unwrap())
+        .collect()
+}
+
 /// The 43 scored query ids, in catalog order.
 pub fn catalog_ids() -> Vec<String> {
     let text = std::fs::read_to_string(plans_dir().join("catalog.json")).unwrap();

@@ -67,6 +67,16 @@ pub fn tiny_model_dir() -> Result<std::path::PathBuf> {
     Ok(dir)
 }
 
+/// Where the model named `model` is read from: the generated tiny model's folder
+/// for `tiny`, else `model` itself (a directory or a Hugging Face id).
+fn model_source(model: &str) -> Result<String> {
+    Ok(if model == "tiny" {
+        tiny_model_dir()?.display().to_string()
+    } else {
+        model.to_string()
+    })
+}
+
 /// Metadata describing a backend (model, device, dtype, budgets), for run records.
 pub type RunMetadata = serde_json::Map<String, serde_json::Value>;
 
@@ -75,11 +85,7 @@ pub type RunMetadata = serde_json::Map<String, serde_json::Value>;
 pub fn load_model_backend(
     spec: &ModelSpec,
 ) -> Result<(Arc<ScheduledBackend<ModelExecutor>>, RunMetadata)> {
-    let source = if spec.model == "tiny" {
-        tiny_model_dir()?.display().to_string()
-    } else {
-        spec.model.clone()
-    };
+    let source = model_source(&spec.model)?;
     let device = aisql_models::device(spec.gpu)?;
     let (model, tokenizer) = aisql_models::load(&source, &device, spec.dtype)?;
     let mut scheduler = spec.scheduler.clone();
@@ -136,11 +142,7 @@ pub fn answer_identity(
 ) -> Result<crate::answer_cache::AnswerIdentity> {
     use crate::cache_dir::sha256_of;
     use sha2::{Digest, Sha256};
-    let source = if spec.model == "tiny" {
-        tiny_model_dir()?.display().to_string()
-    } else {
-        spec.model.clone()
-    };
+    let source = model_source(&spec.model)?;
     let files = aisql_models::ModelFiles::resolve(&source)?;
     let file_hash = |path: &std::path::Path| -> Result<String> {
         let real = std::fs::canonicalize(path).map_err(|e| EngineError::io(path, e))?;
