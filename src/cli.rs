@@ -46,6 +46,22 @@ pub enum Command {
     Model(ModelCommand),
     /// Run the QUAIL-B benchmark; `bench report DIR` rescores, `bench compare A B` compares.
     Bench(BenchArgs),
+    /// Serve one model on one device to coordinators (`--workers ADDR,...` of
+    /// query, sql and bench) until interrupted.
+    Worker(WorkerArgs),
+}
+
+/// `aisql worker`.
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// Address to listen on, IP:PORT (port 0: any free port, printed). Without
+    /// it: AISQL_WORKER_LISTEN if that is a loopback address, else 127.0.0.1:7878.
+    /// A worker answers anyone who reaches it, so only this flag opens it to a
+    /// network.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    #[command(flatten)]
+    pub backend: BackendArgs,
 }
 
 /// Where QUAIL-B query ids and the benchmark's plans come from.
@@ -113,6 +129,12 @@ pub struct BackendArgs {
     #[arg(long, value_name = "N", conflicts_with = "gpu",
           value_parser = clap::value_parser!(u16).range(1..))]
     pub cpu_workers: Option<u16>,
+    /// Send the questions to `aisql worker`s at these addresses (HOST:PORT,
+    /// comma-separated), each document's questions to one of them; the workers'
+    /// model answers (they must all serve one model and dtype).
+    #[arg(long, value_name = "ADDR[,ADDR...]", value_delimiter = ',', num_args = 1,
+          conflicts_with_all = ["gpu", "cpu_workers", "cpu", "dtype"])]
+    pub workers: Option<Vec<String>>,
     /// Weights dtype: f32, bf16 or f16 (default: f32 on CPU, bf16 on GPU).
     #[arg(long)]
     pub dtype: Option<String>,

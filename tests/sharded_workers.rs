@@ -4,12 +4,18 @@
 //! fresh tokens summed over the workers those of one process but for openings
 //! that documents on different workers share; the tiny model on three CPU
 //! workers answers IMDB-7, FEV-8, IMDB-15 and AGENT-1 as one model does.
+//! The same holds across the wire: three loopback `aisql worker` services
+//! (datafusion-distributed's gRPC worker, [`LoopbackWorker`]) give the rows and
+//! answer tables of one process for all 43 plans, and the very fresh tokens of
+//! three in-process workers, and the tiny model behind them answers as one.
 
 mod common;
 
 use std::sync::Arc;
 
+use aisql_engine::answer_cache::AnswerIdentity;
 use aisql_engine::backend::InferenceBackend;
+use aisql_engine::distributed::{LoopbackWorker, ServedModel, connect_workers};
 use aisql_engine::plan::QueryPlan;
 use aisql_engine::query::QueryOptions;
 use aisql_engine::scheduler::{SchedulerConfig, simulation_backend};
@@ -159,5 +165,125 @@ async fn the_tiny_model_on_three_cpu_workers_answers_as_one() {
                 .all(|t| t.answers.is_empty() && t.labels.is_empty()),
             "{id}: asked nothing"
         );
+    }
+}
+
+/// Serves each of `backends` from a loopback worker, and a backend over them
+/// all as a coordinator connects to them.
+async fn over_the_wire(
+    backends: Vec<Arc<dyn InferenceBackend>>,
+) -> (Vec<LoopbackWorker>, Arc<dyn InferenceBackend>) {
+    tokio::task::spawn_blocking(move || {
+        let identity = AnswerIdentity {
+            model: "tiny".into(),
+            weights_sha256: "0".repeat(64),
+            tokenizer_sha256: "0".repeat(64),
+            dtype: "f32".into(),
+            prompt_format: String::new(),
+        };
+        let servers: Vec<LoopbackWorker> = backends
+            .into_iter()
+            .map(|b| {
+                LoopbackWorker::start(ServedModel::new(b, identity.clone(), Default::default()))
+                    .unwrap()
+            })
+            .collect();
+        let addrs: Vec<String> = servers.iter().map(|w| w.addr().to_string()).collect();
+        let remote = connect_workers(&addrs)
+            .unwrap()
+            .into_iter()
+            .map(|w| Arc::new(w) as Arc<dyn InferenceBackend>)
+            .collect();
+        let backend = Arc::new(ShardedBackend::try_new(remote).unwrap()) as Arc<dyn InferenceBackend>;
+        (servers, backend)
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_43_plans_through_three_loopback_grpc_workers_match_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = TinyCorpus::write(dir.path());
+    let ids = catalog_ids();
+    let plans = load_plans(&ids);
+    let (store, _) = draw_labels(&corpus, &plans);
+    let store = Arc::new(store);
+    let options = QueryOptions {
+        batch_rows: 8,
+        ..Default::default()
+    };
+    let simulated = || -> Vec<Arc<dyn InferenceBackend>> {
+        (0..WORKERS)
+            .map(|_| {
+                simulation_backend(store.clone(), unbounded(), 1024).unwrap()
+                    as Arc<dyn InferenceBackend>
+            })
+            .collect()
+    };
+    // One set of workers serves every query, as a cluster does.
+    let (_servers, remote) = over_the_wire(simulated()).await;
+    for (id, plan) in ids.iter().zip(&plans) {
+        let one = simulation_backend(store.clone(), unbounded(), 1024).unwrap();
+        let single = collect_query(plan, &corpus.paths(), one, &options)
+            .await
+            .unwrap_or_else(|e| panic!("{id}: {e}"));
+        let local = Arc::new(ShardedBackend::try_new(simulated()).unwrap());
+        let in_process = collect_query(plan, &corpus.paths(), local, &options)
+            .await
+            .unwrap_or_else(|e| panic!("{id} on in-process workers: {e}"));
+        let wired = collect_query(plan, &corpus.paths(), remote.clone(), &options)
+            .await
+            .unwrap_or_else(|e| panic!("{id} on loopback workers: {e}"));
+        same_answers(id, &wired, &single);
+        // The wire changes nothing: each worker computes what the in-process
+        // worker of the same documents computes.
+        let per_worker = |c: &Collected| -> Vec<u64> {
+            c.measurements["workers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|w| w["fresh_tokens"].as_u64().unwrap())
+                .collect()
+        };
+        assert_eq!(per_worker(&wired), per_worker(&in_process), "{id}");
+        assert_eq!(fresh(&wired), fresh(&in_process), "{id}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tiny_model_behind_three_loopback_grpc_workers_answers_as_one() {
+    use aisql_engine::scheduler::{ModelSpec, load_model_backend};
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = TinyCorpus::write(dir.path());
+    let options = QueryOptions {
+        batch_rows: 8,
+        ..Default::default()
+    };
+    let spec = ModelSpec {
+        model: "tiny".into(),
+        gpu: None,
+        dtype: None,
+        scheduler: SchedulerConfig {
+            batch_tokens: 2048,
+            ..unbounded()
+        },
+        kv_budget_from_device: false,
+        host_kv_from_memory: false,
+    };
+    let load = || load_model_backend(&spec).unwrap().0 as Arc<dyn InferenceBackend>;
+    let (_servers, remote) = over_the_wire((0..WORKERS).map(|_| load()).collect()).await;
+    for id in ["IMDB-7", "FEV-8", "IMDB-15", "AGENT-1"] {
+        let plan = QueryPlan::from_file(&plans_dir().join(format!("{id}.json"))).unwrap();
+        let single = collect_query(&plan, &corpus.paths(), load(), &options)
+            .await
+            .unwrap();
+        let wired = collect_query(&plan, &corpus.paths(), remote.clone(), &options)
+            .await
+            .unwrap_or_else(|e| panic!("{id} on loopback workers: {e}"));
+        same_answers(id, &wired, &single);
+        let total = fresh(&single);
+        assert!(fresh(&wired) >= total, "{id}");
+        assert!((fresh(&wired) - total) * 20 <= total, "{id}: {} vs {total}", fresh(&wired));
     }
 }

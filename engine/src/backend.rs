@@ -27,8 +27,10 @@ pub enum AiKind {
     Classify,
 }
 
-/// One AI operator as the backend sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// One AI operator as the backend sees it (and as it is sent to a worker).
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct AiCall {
     /// Operator id (`filter-1`, `join-2`, `classify-1`).
     pub op_id: String,

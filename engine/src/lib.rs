@@ -16,6 +16,7 @@ pub mod answers;
 pub mod backend;
 pub mod cache_dir;
 pub mod canonical;
+pub mod distributed;
 mod error;
 pub mod explain;
 pub mod host_memory;

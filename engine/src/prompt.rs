@@ -99,7 +99,9 @@ impl FromStr for PromptFormat {
 /// A one-document prompt is `preamble + document + tail` (`frame` and `label`
 /// empty); a two-document prompt is
 /// `preamble + anchor + frame + label + partner + tail`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct PromptPieces {
     /// Text before the first document.
     pub preamble: String,

@@ -3,8 +3,10 @@
 use std::sync::Arc;
 
 use aisql_bench::layout::Dataset;
-use aisql_engine::answer_cache::{AnswerCache, CachedBackend};
+use aisql_engine::answer_cache::{AnswerCache, AnswerIdentity, CachedBackend};
 use aisql_engine::backend::{InferenceBackend, OracleBackend};
+use aisql_engine::distributed::connect_workers;
+use aisql_engine::prompt::PromptFormat;
 use aisql_engine::scheduler::{
     ModelSpec, QWEN3_4B_KV_BYTES_PER_TOKEN, SchedulerConfig, answer_identity,
     default_kv_budget_bytes, load_model_backend, simulation_backend,
@@ -71,6 +73,9 @@ pub fn build(
 )> {
     // The backend's description for run records: only what this backend uses (an
     // oracle run has no model, device or dtype).
+    if let Some(addrs) = &args.workers {
+        return remote_workers(args, addrs);
+    }
     let mut meta = serde_json::Map::new();
     let devices = worker_devices(args)?;
     match args.backend {
@@ -161,7 +166,7 @@ pub fn build(
             }
             let mut workers: Vec<Arc<dyn InferenceBackend>> = Vec::new();
             let mut device_names = Vec::new();
-            let mut spec = None;
+            let mut described = false;
             for &gpu in &devices {
                 let worker_spec = ModelSpec {
                     model: args.model.clone(),
@@ -174,9 +179,9 @@ pub fn build(
                 let (backend, model_meta) = load_model_backend(&worker_spec)
                     .with_context(|| format!("loading model {:?}", args.model))?;
                 device_names.push(model_meta.get("device").cloned().unwrap_or_default());
-                if spec.is_none() {
+                if !described {
                     meta.extend(model_meta);
-                    spec = Some(worker_spec);
+                    described = true;
                 }
                 workers.push(backend);
             }
@@ -192,24 +197,92 @@ pub fn build(
                 .and_then(|d| d.as_str())
                 .unwrap_or_default()
                 .to_string();
-            let spec = spec.expect("at least one worker");
-            let identity = answer_identity(&spec, &dtype, args.prompt_format.parse()?)
+            let identity = answer_identity(&args.model, &dtype, args.prompt_format.parse()?)
                 .with_context(|| format!("hashing model {:?} for --answer-cache", args.model))?;
-            let cache = AnswerCache::open(dir, &identity)?;
-            eprintln!(
-                "answer cache {}: {} answers of this model{}",
-                cache.log_path().display(),
-                cache.len(),
-                match cache.damaged() {
-                    0 => String::new(),
-                    n => format!(" ({n} damaged records skipped)"),
-                }
-            );
-            meta.insert(
-                "answer_cache".into(),
-                cache.log_path().display().to_string().into(),
-            );
-            Ok((Arc::new(CachedBackend::new(backend, cache)), meta))
+            with_answer_cache(backend, dir, &identity, &mut meta)
         }
     }
+}
+
+/// `--workers`: one backend over the `aisql worker`s at `addrs`, which must serve
+/// one model; the run metadata describes the model and device of the first.
+fn remote_workers(
+    args: &BackendArgs,
+    addrs: &[String],
+) -> anyhow::Result<(
+    Arc<dyn InferenceBackend>,
+    serde_json::Map<String, serde_json::Value>,
+)> {
+    if args.backend != BackendKind::Model || args.simulate {
+        bail!(
+            "--workers sends questions to the models of `aisql worker`s: use it with --backend model (the default), without --simulate"
+        );
+    }
+    let workers = connect_workers(addrs)?;
+    let mut meta = workers[0].hello().meta.clone();
+    meta.insert(
+        "worker_addresses".into(),
+        workers
+            .iter()
+            .map(|w| serde_json::Value::from(w.url().as_str()))
+            .collect(),
+    );
+    meta.insert(
+        "devices".into(),
+        workers
+            .iter()
+            .map(|w| w.hello().meta.get("device").cloned().unwrap_or_default())
+            .collect(),
+    );
+    let mut identity = workers[0].hello().identity.clone();
+    identity.prompt_format = args.prompt_format.parse::<PromptFormat>()?.name().to_string();
+    for w in &workers {
+        eprintln!(
+            "worker {}: {} ({}, {})",
+            w.url(),
+            w.hello().identity.model,
+            w.hello().identity.dtype,
+            w.hello()
+                .meta
+                .get("device")
+                .and_then(|d| d.as_str())
+                .unwrap_or("?")
+        );
+    }
+    let workers = workers
+        .into_iter()
+        .map(|w| Arc::new(w) as Arc<dyn InferenceBackend>)
+        .collect();
+    let backend = over_workers(workers, &mut meta)?;
+    match &args.answer_cache {
+        None => Ok((backend, meta)),
+        Some(dir) => with_answer_cache(backend, dir, &identity, &mut meta),
+    }
+}
+
+/// `backend` behind the answer cache in `dir` for the model of `identity`.
+fn with_answer_cache(
+    backend: Arc<dyn InferenceBackend>,
+    dir: &std::path::Path,
+    identity: &AnswerIdentity,
+    meta: &mut serde_json::Map<String, serde_json::Value>,
+) -> anyhow::Result<(
+    Arc<dyn InferenceBackend>,
+    serde_json::Map<String, serde_json::Value>,
+)> {
+    let cache = AnswerCache::open(dir, identity)?;
+    eprintln!(
+        "answer cache {}: {} answers of this model{}",
+        cache.log_path().display(),
+        cache.len(),
+        match cache.damaged() {
+            0 => String::new(),
+            n => format!(" ({n} damaged records skipped)"),
+        }
+    );
+    meta.insert(
+        "answer_cache".into(),
+        cache.log_path().display().to_string().into(),
+    );
+    Ok((Arc::new(CachedBackend::new(backend, cache)), meta.clone()))
 }

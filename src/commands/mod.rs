@@ -8,6 +8,7 @@ mod paths;
 mod query;
 mod rows;
 mod sql;
+mod worker;
 
 use crate::cli::{Cli, Command};
 
@@ -41,6 +42,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Data(cmd) => data::run(cmd),
         Command::Model(cmd) => model::run(cmd),
         Command::Bench(args) => bench::run(args),
+        Command::Worker(args) => worker::run(args),
     }
 }
 

@@ -130,19 +130,19 @@ pub fn load_model_backend(
     ))
 }
 
-/// What the answers of the model of `spec` depend on besides their prompts
+/// What the answers of `model` (as [`ModelSpec::model`] names it) depend on besides their prompts
 /// ([`crate::answer_cache`]): the model as named, the SHA-256 of its weights and
 /// tokenizer, `dtype` (as the loaded model reports it) and the prompt format.
 /// Files in a Hugging Face cache are named by their SHA-256 already
 /// (`blobs/<sha256>`), so a hub model is not read again; other weights are hashed.
 pub fn answer_identity(
-    spec: &ModelSpec,
+    model: &str,
     dtype: &str,
     prompt_format: crate::prompt::PromptFormat,
 ) -> Result<crate::answer_cache::AnswerIdentity> {
     use crate::cache_dir::sha256_of;
     use sha2::{Digest, Sha256};
-    let source = model_source(&spec.model)?;
+    let source = model_source(model)?;
     let files = aisql_models::ModelFiles::resolve(&source)?;
     let file_hash = |path: &std::path::Path| -> Result<String> {
         let real = std::fs::canonicalize(path).map_err(|e| EngineError::io(path, e))?;
@@ -165,7 +165,7 @@ pub fn answer_identity(
         None => aisql_models::tokenizer::VENDORED_SHA256.to_string(),
     };
     Ok(crate::answer_cache::AnswerIdentity {
-        model: spec.model.clone(),
+        model: model.to_string(),
         weights_sha256: hex::encode(weights.finalize()),
         tokenizer_sha256,
         dtype: dtype.to_string(),

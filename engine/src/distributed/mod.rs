@@ -1,0 +1,187 @@
+//! AI operator work on other processes and hosts, through datafusion-distributed.
+//!
+//! An `aisql worker` holds one model on one device and serves
+//! datafusion-distributed's gRPC worker service ([`serve`]). A coordinator
+//! (`--workers ADDR,...`) keeps planning and the relational part of the query,
+//! and sends each worker its share of every AI batch as a [`WorkerTaskExec`]
+//! stage, encoded by [`WorkerTaskCodec`] ([`RemoteWorker`]). The share is
+//! chosen by [`ShardedBackend`](crate::shard::ShardedBackend), by document, the
+//! same rule as for several GPUs of one host: a document's KV lives on one
+//! worker, and every question, partner and later operator about it goes there.
+//!
+//! datafusion-distributed has no task retries; a query that loses a worker fails
+//! naming it, and `--answer-cache` on the coordinator makes its rerun ask only
+//! what was not answered yet.
+
+mod codec;
+mod message;
+mod remote;
+mod task;
+mod worker;
+
+pub use codec::WorkerTaskCodec;
+pub use message::{PROTOCOL, WireDoc, WireRequests, WorkerHello, WorkerMessage, WorkerReply};
+pub use remote::{RemoteWorker, connect_workers, worker_url};
+pub use task::{REPLY_COLUMN, WorkerTaskExec};
+pub use worker::{LoopbackWorker, ServedModel, answer, serve};
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::answer_cache::AnswerIdentity;
+    use crate::backend::{AiCall, AiKind, AiRequest, Doc, InferenceBackend, test_call};
+    use crate::error::Result;
+    use crate::shard::ShardedBackend;
+
+    /// Answers by the text: TRUE when anchor and partner lengths sum to an even
+    /// number; a label by length modulo the label count. Counts its questions.
+    struct ByLength {
+        asked: std::sync::atomic::AtomicUsize,
+    }
+
+    impl InferenceBackend for ByLength {
+        fn name(&self) -> &str {
+            "model"
+        }
+        fn decide(&self, _: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
+            self.asked
+                .fetch_add(requests.len(), std::sync::atomic::Ordering::Relaxed);
+            Ok(requests
+                .iter()
+                .map(|r| (r.anchor.text.len() + r.partner.map_or(0, |p| p.text.len())) % 2 == 0)
+                .collect())
+        }
+        fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
+            Ok(requests
+                .iter()
+                .map(|r| r.anchor.text.len() % call.labels.len())
+                .collect())
+        }
+        fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {
+            let mut m = serde_json::Map::new();
+            let asked = self.asked.load(std::sync::atomic::Ordering::Relaxed);
+            m.insert("fresh_tokens".into(), asked.into());
+            m
+        }
+    }
+
+    fn identity(dtype: &str) -> AnswerIdentity {
+        AnswerIdentity {
+            model: "tiny".into(),
+            weights_sha256: "ab".repeat(32),
+            tokenizer_sha256: "cd".repeat(32),
+            dtype: dtype.into(),
+            prompt_format: String::new(),
+        }
+    }
+
+    fn start_worker(backend: Arc<dyn InferenceBackend>, dtype: &str) -> LoopbackWorker {
+        LoopbackWorker::start(ServedModel::new(backend, identity(dtype), Default::default()))
+            .unwrap()
+    }
+
+    fn by_length() -> Arc<ByLength> {
+        Arc::new(ByLength {
+            asked: Default::default(),
+        })
+    }
+
+    #[test]
+    fn three_loopback_workers_answer_as_one_backend_each_question_once() {
+        let local = by_length();
+        let served: Vec<_> = (0..3).map(|_| by_length()).collect();
+        let started: Vec<_> = served
+            .iter()
+            .map(|b| start_worker(b.clone(), "f32"))
+            .collect();
+        let addrs: Vec<String> = started.iter().map(|w| w.addr().to_string()).collect();
+        let remote: Vec<Arc<dyn InferenceBackend>> = connect_workers(&addrs)
+            .unwrap()
+            .into_iter()
+            .map(|w| Arc::new(w) as Arc<dyn InferenceBackend>)
+            .collect();
+        let sharded = ShardedBackend::try_new(remote).unwrap();
+
+        let texts: Vec<String> = (0..60).map(|i| "x".repeat(10 + i * 7)).collect();
+        let ids: Vec<String> = (0..60).map(|i| i.to_string()).collect();
+        let docs: Vec<Doc<'_>> = ids
+            .iter()
+            .zip(&texts)
+            .map(|(id, text)| Doc { id, text })
+            .collect();
+        let join = test_call(AiKind::Join, "Is {0} like {1}?", &[]);
+        let pairs: Vec<AiRequest<'_>> = docs[..20]
+            .iter()
+            .flat_map(|&a| docs[50..].iter().map(move |&p| AiRequest { anchor: a, partner: Some(p) }))
+            .collect();
+        sharded.start_query(std::slice::from_ref(&join));
+        assert_eq!(
+            sharded.decide(&join, &pairs).unwrap(),
+            local.decide(&join, &pairs).unwrap()
+        );
+        let classify = test_call(AiKind::Classify, "Which kind is {0}?", &["a", "b", "c"]);
+        let single: Vec<AiRequest<'_>> = docs
+            .iter()
+            .map(|&d| AiRequest { anchor: d, partner: None })
+            .collect();
+        assert_eq!(
+            sharded.classify(&classify, &single).unwrap(),
+            local.classify(&classify, &single).unwrap()
+        );
+        // Every pair was asked of exactly one worker, and at least two worked.
+        let asked: Vec<usize> = served
+            .iter()
+            .map(|b| b.asked.load(std::sync::atomic::Ordering::Relaxed))
+            .collect();
+        assert_eq!(asked.iter().sum::<usize>(), pairs.len(), "{asked:?}");
+        assert!(asked.iter().filter(|&&n| n > 0).count() >= 2, "{asked:?}");
+        let m = sharded.measurements();
+        assert_eq!(m["fresh_tokens"], serde_json::json!(pairs.len()));
+        assert_eq!(m["workers"].as_array().map(Vec::len), Some(3));
+    }
+
+    #[test]
+    fn workers_of_another_dtype_or_address_are_refused_naming_them() {
+        let wa = start_worker(by_length(), "f32");
+        let wb = start_worker(by_length(), "bf16");
+        let (a, b) = (wa.addr().to_string(), wb.addr().to_string());
+        let err = connect_workers(&[a.clone(), b.clone()])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("worker 1") && err.contains(&b), "{err}");
+        assert!(err.contains("same model and dtype"), "{err}");
+        let err = connect_workers(&[a.clone(), a.clone()])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("listed twice"), "{err}");
+
+        // A port nobody listens on: bind one, learn it, close it.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let gone = closed.local_addr().unwrap().to_string();
+        drop(closed);
+        let started = std::time::Instant::now();
+        let err = connect_workers(&[gone.clone()]).err().unwrap().to_string();
+        assert!(err.contains(&gone), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(15));
+    }
+
+    #[test]
+    fn a_worker_that_stops_fails_the_next_question_naming_it() {
+        let mut served = start_worker(by_length(), "f32");
+        let addr = served.addr().to_string();
+        let worker = RemoteWorker::connect(&addr).unwrap();
+        let call = test_call(AiKind::Filter, "Is {0} even?", &[]);
+        let doc = Doc { id: "1", text: "ab" };
+        let one = [AiRequest { anchor: doc, partner: None }];
+        assert_eq!(worker.decide(&call, &one).unwrap(), vec![true]);
+        served.stop();
+        let started = std::time::Instant::now();
+        let err = worker.decide(&call, &one).unwrap_err().to_string();
+        assert!(err.contains(&addr), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(15), "{:?}", started.elapsed());
+    }
+}

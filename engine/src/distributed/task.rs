@@ -1,0 +1,175 @@
+//! [`WorkerTaskExec`]: the plan node that carries AI operator work to a worker.
+//!
+//! The coordinator builds a two-task stage of this leaf under a
+//! `NetworkCoalesceExec`; datafusion-distributed encodes it with
+//! [`WorkerTaskCodec`](super::WorkerTaskCodec), runs task `i` on a worker, and
+//! streams each task's one-row reply back. On the worker, `execute` hands the
+//! task's [`WorkerMessage`] to the model the worker serves (a session
+//! extension, [`ServedModel`](super::ServedModel)).
+
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{BinaryArray, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{
+    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
+};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use datafusion_distributed::DistributedTaskContext;
+
+use super::message::{WorkerMessage, WorkerReply, encode};
+use super::worker::{ServedModel, answer};
+
+/// Name of the reply column: each task returns one row holding its
+/// [`WorkerReply`] as JSON.
+pub const REPLY_COLUMN: &str = "reply";
+
+/// A leaf whose task `i` asks the worker it runs on `messages[i]`.
+#[derive(Debug)]
+pub struct WorkerTaskExec {
+    /// One message per task of the stage.
+    messages: Vec<WorkerMessage>,
+    /// `reply: Binary`.
+    schema: SchemaRef,
+    /// One partition, bounded, emitted at the end.
+    properties: Arc<PlanProperties>,
+    /// `questions` asked and `model_time` spent, per task, for EXPLAIN ANALYZE of
+    /// the stage.
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl WorkerTaskExec {
+    /// A leaf with one message per task; there must be at least one.
+    pub fn try_new(messages: Vec<WorkerMessage>) -> DfResult<Self> {
+        if messages.is_empty() {
+            return Err(DataFusionError::Internal(
+                "a worker task stage needs at least one message".into(),
+            ));
+        }
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            REPLY_COLUMN,
+            DataType::Binary,
+            false,
+        )]));
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(schema.clone()),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        Ok(Self {
+            messages,
+            schema,
+            properties,
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    /// The messages, one per task.
+    pub fn messages(&self) -> &[WorkerMessage] {
+        &self.messages
+    }
+}
+
+impl DisplayAs for WorkerTaskExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "WorkerTaskExec: ")?;
+        for (i, m) in self.messages.iter().enumerate() {
+            let what = match m {
+                WorkerMessage::Decide(call, r) | WorkerMessage::Classify(call, r) => {
+                    format!("{} {} questions", call.op_id, r.requests.len())
+                }
+                other => format!("{other:?}").chars().take(40).collect(),
+            };
+            write!(f, "{}t{i}: {what}", if i > 0 { ", " } else { "" })?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for WorkerTaskExec {
+    fn name(&self) -> &str {
+        "WorkerTaskExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        if !children.is_empty() {
+            return Err(DataFusionError::Internal(
+                "WorkerTaskExec is a leaf".into(),
+            ));
+        }
+        Ok(self)
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let task = DistributedTaskContext::from_ctx(&context).task_index;
+        let Some(message) = self.messages.get(task).cloned() else {
+            return Err(DataFusionError::Internal(format!(
+                "worker task {task} of a stage of {}",
+                self.messages.len()
+            )));
+        };
+        let Some(served) = context.session_config().get_extension::<ServedModel>() else {
+            return Err(DataFusionError::Execution(
+                "no model is served here: WorkerTaskExec runs on an `aisql worker`".into(),
+            ));
+        };
+        let questions: Count = MetricBuilder::new(&self.metrics).counter("questions", partition);
+        let model_time: Time = MetricBuilder::new(&self.metrics).subset_time("model_time", partition);
+        let schema = self.schema.clone();
+        let out_schema = schema.clone();
+        let reply = async move {
+            let asked = match &message {
+                WorkerMessage::Decide(_, r) | WorkerMessage::Classify(_, r) => r.requests.len(),
+                _ => 0,
+            };
+            let timer = model_time.timer();
+            // Model work blocks for a whole batch: off the async threads.
+            let reply = tokio::task::spawn_blocking(move || answer(&served, message))
+                .await
+                .unwrap_or_else(|e| WorkerReply::Failed(format!("worker task panicked: {e}")));
+            timer.done();
+            questions.add(asked);
+            let bytes = encode(&reply);
+            let column = BinaryArray::from_iter_values([bytes.as_slice()]);
+            RecordBatch::try_new(schema, vec![Arc::new(column)]).map_err(DataFusionError::from)
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            out_schema,
+            futures::stream::once(reply),
+        )))
+    }
+}

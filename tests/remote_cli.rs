@@ -1,0 +1,238 @@
+//! `aisql worker` processes and `--workers` from the command line: two worker
+//! processes on 127.0.0.1 answer a query with the rows of one process; one
+//! killed mid-query fails it within seconds naming that worker, and the rerun
+//! with the same `--answer-cache` (a fresh worker in its place) gives the same
+//! rows asking only what was missing. An unreachable address, a worker serving
+//! another model, and a non-loopback address from the environment are refused
+//! by name.
+
+#![cfg(unix)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const QUERY: &str = "IMDB-1";
+
+fn aisql(cache: &Path) -> Command {
+    let mut c = Command::new(assert_cmd::cargo::cargo_bin("aisql"));
+    c.env("AISQL_CACHE_DIR", cache)
+        .env_remove("AISQL_ROOT")
+        .env_remove("AISQL_MODEL")
+        .env_remove("AISQL_ANSWER_CACHE")
+        .env_remove("AISQL_QUAILB_PLANS")
+        .env_remove("AISQL_WORKER_LISTEN");
+    c
+}
+
+/// An `aisql worker` process on a free loopback port, killed when dropped.
+struct Worker {
+    child: Child,
+    addr: String,
+}
+
+impl Worker {
+    fn start(cache: &Path, extra: &[&str]) -> Self {
+        let mut child = aisql(cache)
+            .args(["worker", "--listen", "127.0.0.1:0", "--cpu"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .strip_prefix("listening on ")
+            .and_then(|rest| rest.split(' ').next())
+            .unwrap_or_else(|| panic!("worker did not start: {line:?}"))
+            .to_string();
+        Self { child, addr }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+struct Setup {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    cache: PathBuf,
+    dir: PathBuf,
+}
+
+fn setup() -> Setup {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("quailb");
+    aisql_bench::standin::generate(&root, 0.01).unwrap();
+    Setup {
+        root,
+        cache: tmp.path().join("cache"),
+        dir: tmp.path().to_path_buf(),
+        _tmp: tmp,
+    }
+}
+
+/// `aisql query IMDB-1` saving its rows to `rows`, on `workers` (else the CPU).
+fn query(s: &Setup, rows: &Path, workers: Option<&[&Worker]>, answers: Option<&Path>) -> Command {
+    let mut c = aisql(&s.cache);
+    c.args(["query", QUERY, "--sf", "0.01", "--batch-rows", "8"])
+        .arg("--root")
+        .arg(&s.root)
+        .arg("--output")
+        .arg(rows)
+        .stdout(Stdio::null());
+    match workers {
+        Some(w) => {
+            let addrs: Vec<&str> = w.iter().map(|w| w.addr.as_str()).collect();
+            c.arg("--workers").arg(addrs.join(","));
+        }
+        None => {
+            c.arg("--cpu");
+        }
+    }
+    if let Some(dir) = answers {
+        c.arg("--answer-cache").arg(dir);
+    }
+    c
+}
+
+fn run(c: &mut Command) -> (bool, String) {
+    let out = c.stderr(Stdio::piped()).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn run_ok(c: &mut Command) -> String {
+    let (ok, stderr) = run(c);
+    assert!(ok, "{stderr}");
+    stderr
+}
+
+/// (answers reused, questions asked) from a run's stderr.
+fn cache_counts(stderr: &str) -> (u64, u64) {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("answer cache: "))
+        .unwrap_or_else(|| panic!("no answer-cache summary in:\n{stderr}"));
+    let numbers: Vec<u64> = line.split(' ').filter_map(|w| w.parse().ok()).collect();
+    (numbers[0], numbers[1])
+}
+
+fn log_bytes(answers: &Path) -> u64 {
+    std::fs::read_dir(answers)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::metadata(e.path().join("answers.v1")).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+#[test]
+fn two_worker_processes_answer_as_one_and_a_killed_one_is_named_and_made_up_for() {
+    let s = setup();
+    // One process (this also generates the tiny model the workers load).
+    let want = s.dir.join("want.csv");
+    run_ok(&mut query(&s, &want, None, None));
+    let want = std::fs::read_to_string(&want).unwrap();
+
+    let a = Worker::start(&s.cache, &[]);
+    let mut b = Worker::start(&s.cache, &[]);
+    let got = s.dir.join("got.csv");
+    let stderr = run_ok(&mut query(&s, &got, Some(&[&a, &b]), None));
+    assert_eq!(std::fs::read_to_string(&got).unwrap(), want);
+    assert!(stderr.contains(&a.addr) && stderr.contains(&b.addr), "{stderr}");
+
+    // Worker b is killed once the query has answers on disk.
+    let answers = s.dir.join("answers");
+    let killed_rows = s.dir.join("killed.csv");
+    let mut child = query(&s, &killed_rows, Some(&[&a, &b]), Some(&answers))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while log_bytes(&answers) == 0 {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the query ended ({status}) before a worker could be killed");
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "no answer written");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    b.kill();
+    let killed_at = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let failed_after = killed_at.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the query survived losing a worker");
+    assert!(stderr.contains(&b.addr), "the error does not name {}: {stderr}", b.addr);
+    assert!(failed_after < Duration::from_secs(20), "failed {failed_after:?} after the kill");
+    assert!(!killed_rows.exists(), "a failed query left rows behind");
+
+    // A fresh worker in b's place; the cache makes up for what was answered.
+    let c = Worker::start(&s.cache, &[]);
+    let rerun = s.dir.join("rerun.csv");
+    let stderr = run_ok(&mut query(&s, &rerun, Some(&[&a, &c]), Some(&answers)));
+    let (reused, asked) = cache_counts(&stderr);
+    assert!(reused > 0 && asked > 0, "reused {reused}, asked {asked}");
+    assert_eq!(std::fs::read_to_string(&rerun).unwrap(), want);
+    eprintln!("rerun after the kill: {reused} answers reused, {asked} asked");
+}
+
+#[test]
+fn unreachable_mismatched_and_exposed_workers_are_refused_by_name() {
+    let s = setup();
+    // Generates the tiny model before the workers start.
+    run_ok(&mut query(&s, &s.dir.join("one.csv"), None, None));
+
+    // Nobody listens on a port just closed.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gone = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    let started = Instant::now();
+    let (ok, stderr) = run(aisql(&s.cache)
+        .args(["sql", "SELECT 1", "--sf", "0.01", "--workers", &gone])
+        .arg("--root")
+        .arg(&s.root));
+    assert!(!ok);
+    assert!(stderr.contains(&gone), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+
+    // A worker of another model (other weights).
+    let other = s.dir.join("other-tiny");
+    run_ok(aisql(&s.cache).args(["model", "tiny", "--seed", "7", "--out"]).arg(&other));
+    let a = Worker::start(&s.cache, &[]);
+    let b = Worker::start(&s.cache, &["--model", other.to_str().unwrap()]);
+    let rows = s.dir.join("mixed.csv");
+    let (ok, stderr) = run(&mut query(&s, &rows, Some(&[&a, &b]), None));
+    assert!(!ok);
+    assert!(stderr.contains("worker 1") && stderr.contains(&b.addr), "{stderr}");
+    assert!(stderr.contains("same model and dtype"), "{stderr}");
+    assert!(!rows.exists());
+
+    // A non-loopback address that did not come from --listen.
+    let out = aisql(&s.cache)
+        .args(["worker", "--cpu"])
+        .env("AISQL_WORKER_LISTEN", "0.0.0.0:0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("not a loopback address") && stderr.contains("--listen"),
+        "{stderr}"
+    );
+}
