@@ -155,7 +155,10 @@ fn two_worker_processes_answer_as_one_and_a_killed_one_is_named_and_made_up_for(
     let got = s.dir.join("got.csv");
     let stderr = run_ok(&mut query(&s, &got, Some(&[&a, &b]), None));
     assert_eq!(std::fs::read_to_string(&got).unwrap(), want);
-    assert!(stderr.contains(&a.addr) && stderr.contains(&b.addr), "{stderr}");
+    assert!(
+        stderr.contains(&a.addr) && stderr.contains(&b.addr),
+        "{stderr}"
+    );
 
     // Worker b is killed once the query has answers on disk.
     let answers = s.dir.join("answers");
@@ -169,7 +172,10 @@ fn two_worker_processes_answer_as_one_and_a_killed_one_is_named_and_made_up_for(
         if let Some(status) = child.try_wait().unwrap() {
             panic!("the query ended ({status}) before a worker could be killed");
         }
-        assert!(start.elapsed() < Duration::from_secs(120), "no answer written");
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no answer written"
+        );
         std::thread::sleep(Duration::from_millis(2));
     }
     b.kill();
@@ -178,8 +184,15 @@ fn two_worker_processes_answer_as_one_and_a_killed_one_is_named_and_made_up_for(
     let failed_after = killed_at.elapsed();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "the query survived losing a worker");
-    assert!(stderr.contains(&b.addr), "the error does not name {}: {stderr}", b.addr);
-    assert!(failed_after < Duration::from_secs(20), "failed {failed_after:?} after the kill");
+    assert!(
+        stderr.contains(&b.addr),
+        "the error does not name {}: {stderr}",
+        b.addr
+    );
+    assert!(
+        failed_after < Duration::from_secs(20),
+        "failed {failed_after:?} after the kill"
+    );
     assert!(!killed_rows.exists(), "a failed query left rows behind");
 
     // A fresh worker in b's place; the cache makes up for what was answered.
@@ -213,13 +226,20 @@ fn unreachable_mismatched_and_exposed_workers_are_refused_by_name() {
 
     // A worker of another model (other weights).
     let other = s.dir.join("other-tiny");
-    run_ok(aisql(&s.cache).args(["model", "tiny", "--seed", "7", "--out"]).arg(&other));
+    run_ok(
+        aisql(&s.cache)
+            .args(["model", "tiny", "--seed", "7", "--out"])
+            .arg(&other),
+    );
     let a = Worker::start(&s.cache, &[]);
     let b = Worker::start(&s.cache, &["--model", other.to_str().unwrap()]);
     let rows = s.dir.join("mixed.csv");
     let (ok, stderr) = run(&mut query(&s, &rows, Some(&[&a, &b]), None));
     assert!(!ok);
-    assert!(stderr.contains("worker 1") && stderr.contains(&b.addr), "{stderr}");
+    assert!(
+        stderr.contains("worker 1") && stderr.contains(&b.addr),
+        "{stderr}"
+    );
     assert!(stderr.contains("same model and dtype"), "{stderr}");
     assert!(!rows.exists());
 

@@ -194,7 +194,8 @@ async fn over_the_wire(
             .into_iter()
             .map(|w| Arc::new(w) as Arc<dyn InferenceBackend>)
             .collect();
-        let backend = Arc::new(ShardedBackend::try_new(remote).unwrap()) as Arc<dyn InferenceBackend>;
+        let backend =
+            Arc::new(ShardedBackend::try_new(remote).unwrap()) as Arc<dyn InferenceBackend>;
         (servers, backend)
     })
     .await
@@ -284,6 +285,10 @@ async fn the_tiny_model_behind_three_loopback_grpc_workers_answers_as_one() {
         same_answers(id, &wired, &single);
         let total = fresh(&single);
         assert!(fresh(&wired) >= total, "{id}");
-        assert!((fresh(&wired) - total) * 20 <= total, "{id}: {} vs {total}", fresh(&wired));
+        assert!(
+            (fresh(&wired) - total) * 20 <= total,
+            "{id}: {} vs {total}",
+            fresh(&wired)
+        );
     }
 }

@@ -45,6 +45,15 @@ pub enum EngineError {
     #[error("inference: {0}")]
     Inference(String),
     /// A model-crate error.
+    /// A worker of `--workers` failed or could not be reached.
+    #[error("worker {worker}: {message}")]
+    Worker {
+        /// Its index and address, as the user listed it.
+        worker: String,
+        /// What went wrong.
+        message: String,
+    },
+
     #[error(transparent)]
     Model(#[from] aisql_models::ModelError),
     /// I/O error with the path it concerns.

@@ -32,7 +32,7 @@ use datafusion::logical_expr::{LogicalPlan, UserDefinedLogicalNode};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{
-    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricsSet, Time,
 };
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -148,13 +148,27 @@ impl Layout {
 }
 
 /// An AI operator's metrics, shown by `EXPLAIN ANALYZE`.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct AiMetrics {
     baseline: BaselineMetrics,
     input_rows: Count,
     prompts: Count,
     fresh_tokens: Count,
     model_time: Time,
+    /// Where per-worker metrics are added once workers report.
+    set: ExecutionPlanMetricsSet,
+    /// `workerN_fresh_tokens`, `workerN_questions`, `workerN_busy` and
+    /// `workerN_kv_peak_bytes` of this operator, on several workers.
+    workers: std::sync::Mutex<Vec<WorkerMetrics>>,
+}
+
+/// One worker's share of an operator's work.
+#[derive(Debug)]
+struct WorkerMetrics {
+    fresh_tokens: Count,
+    questions: Count,
+    busy: Time,
+    kv_peak_bytes: Gauge,
 }
 
 impl AiMetrics {
@@ -165,6 +179,84 @@ impl AiMetrics {
             prompts: MetricBuilder::new(set).counter("model_calls", 0),
             fresh_tokens: MetricBuilder::new(set).counter("fresh_tokens", 0),
             model_time: MetricBuilder::new(set).subset_time("model_time", 0),
+            set: set.clone(),
+            workers: Default::default(),
+        }
+    }
+
+    /// Adds the work between `before` and `after` to the totals and per worker.
+    fn add_work(&self, before: &WorkSoFar, after: &WorkSoFar) {
+        self.fresh_tokens
+            .add(after.fresh_tokens.saturating_sub(before.fresh_tokens) as usize);
+        if after.workers.len() < 2 {
+            return;
+        }
+        let mut workers = self.workers.lock().expect("worker metrics lock");
+        while workers.len() < after.workers.len() {
+            let i = workers.len();
+            let b = || MetricBuilder::new(&self.set);
+            workers.push(WorkerMetrics {
+                fresh_tokens: b().counter(format!("worker{i}_fresh_tokens"), 0),
+                questions: b().counter(format!("worker{i}_questions"), 0),
+                busy: b().subset_time(format!("worker{i}_busy"), 0),
+                kv_peak_bytes: b().gauge(format!("worker{i}_kv_peak_bytes"), 0),
+            });
+        }
+        let zero = WorkerWork::default();
+        for (i, now) in after.workers.iter().enumerate() {
+            let was = before.workers.get(i).unwrap_or(&zero);
+            let m = &workers[i];
+            m.fresh_tokens
+                .add(now.fresh_tokens.saturating_sub(was.fresh_tokens) as usize);
+            m.questions
+                .add(now.questions.saturating_sub(was.questions) as usize);
+            m.busy.add_duration(std::time::Duration::from_nanos(
+                now.busy_nanos.saturating_sub(was.busy_nanos),
+            ));
+            m.kv_peak_bytes.set_max(now.kv_peak_bytes as usize);
+        }
+    }
+}
+
+/// A worker's figures so far in the query, from the backend's `workers`
+/// measurement.
+#[derive(Debug, Clone, Copy, Default)]
+struct WorkerWork {
+    fresh_tokens: u64,
+    questions: u64,
+    busy_nanos: u64,
+    kv_peak_bytes: u64,
+}
+
+/// The backend's fresh tokens so far in the query, in all and per worker.
+#[derive(Debug, Clone, Default)]
+struct WorkSoFar {
+    fresh_tokens: u64,
+    workers: Vec<WorkerWork>,
+}
+
+impl WorkSoFar {
+    fn of(runtime: &AiRuntime) -> Self {
+        let m = runtime.backend.measurements();
+        let u = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+        let workers = m
+            .get("workers")
+            .and_then(|w| w.as_array())
+            .map(|ws| {
+                ws.iter()
+                    .map(|w| WorkerWork {
+                        fresh_tokens: u(w, "fresh_tokens"),
+                        questions: u(w, "questions"),
+                        busy_nanos: (w.get("busy_s").and_then(|x| x.as_f64()).unwrap_or(0.0) * 1e9)
+                            as u64,
+                        kv_peak_bytes: u(w, "kv_peak_bytes"),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Self {
+            fresh_tokens: m.get("fresh_tokens").and_then(|v| v.as_u64()).unwrap_or(0),
+            workers,
         }
     }
 }
@@ -515,7 +607,7 @@ fn answer(state: &OpState, requests: &[AiRequest<'_>]) -> Result<Vec<u16>> {
         }
         ask.sort_by_key(|&i| first[requests[i].anchor.id]);
         let asked: Vec<AiRequest<'_>> = ask.iter().map(|&i| requests[i]).collect();
-        let fresh_before = fresh_tokens(&state.runtime);
+        let work_before = WorkSoFar::of(&state.runtime);
         let timer = state.metrics.model_time.timer();
         let codes: Vec<u16> = match call.kind {
             AiKind::Classify => classify_all(spec, &state.runtime, &asked)?
@@ -531,8 +623,7 @@ fn answer(state: &OpState, requests: &[AiRequest<'_>]) -> Result<Vec<u16>> {
         state.metrics.prompts.add(asked.len());
         state
             .metrics
-            .fresh_tokens
-            .add(fresh_tokens(&state.runtime).saturating_sub(fresh_before) as usize);
+            .add_work(&work_before, &WorkSoFar::of(&state.runtime));
         let mut memo = state.runtime.memo.lock().expect("memo lock");
         for (&i, c) in ask.iter().zip(codes) {
             memo.insert(keys[i].clone(), c);
@@ -565,16 +656,6 @@ fn answer(state: &OpState, requests: &[AiRequest<'_>]) -> Result<Vec<u16>> {
         state.runtime.recorder.record(table);
     }
     Ok(answers)
-}
-
-/// The backend's fresh-token count so far in this query (0 if it keeps none).
-fn fresh_tokens(runtime: &AiRuntime) -> u64 {
-    runtime
-        .backend
-        .measurements()
-        .get("fresh_tokens")
-        .and_then(|v| v.as_u64())
-        .unwrap_or(0)
 }
 
 /// The documents of `docs` ((id, text) column pairs) in each row of `batch`,

@@ -269,8 +269,14 @@ impl ShardedBackend {
         });
         let mut answers = vec![T::default(); requests.len()];
         for (w, (part, got)) in parts.iter().zip(results).enumerate() {
-            let got = got
-                .map_err(|e| EngineError::Inference(format!("{}: worker {w}: {e}", call.op_id)))?;
+            let got = got.map_err(|e| match e {
+                // A remote worker names itself by address; add its index.
+                EngineError::Worker { worker, message } => EngineError::Worker {
+                    worker: format!("{w} ({worker})"),
+                    message: format!("{}: {message}", call.op_id),
+                },
+                e => EngineError::Inference(format!("{}: worker {w}: {e}", call.op_id)),
+            })?;
             check_answer_count(call, &format!("worker {w}"), got.len(), part.len())?;
             for (&i, a) in part.iter().zip(got) {
                 answers[i] = a;

@@ -235,7 +235,11 @@ fn remote_workers(
             .collect(),
     );
     let mut identity = workers[0].hello().identity.clone();
-    identity.prompt_format = args.prompt_format.parse::<PromptFormat>()?.name().to_string();
+    identity.prompt_format = args
+        .prompt_format
+        .parse::<PromptFormat>()?
+        .name()
+        .to_string();
     for w in &workers {
         eprintln!(
             "worker {}: {} ({}, {})",

@@ -22,7 +22,10 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let listen = listen_address(args.listen.as_deref(), std::env::var(LISTEN_ENV).ok())?;
     let b = &args.backend;
     let refuse = |what: &str| -> anyhow::Result<()> {
-        Err(UsageError(format!("aisql worker serves one model on one device: {what}")).into())
+        Err(UsageError(format!(
+            "aisql worker serves one model on one device: {what}"
+        ))
+        .into())
     };
     if b.backend != BackendKind::Model || b.simulate {
         refuse("--backend oracle and --simulate run on the coordinator")?;
@@ -81,7 +84,10 @@ fn listen_address(flag: Option<&str>, env: Option<String>) -> anyhow::Result<Soc
             None => text.to_string(),
         };
         text.parse().map_err(|_| {
-            UsageError(format!("{from} {text:?} is not IP:PORT (e.g. 127.0.0.1:7878)")).into()
+            UsageError(format!(
+                "{from} {text:?} is not IP:PORT (e.g. 127.0.0.1:7878)"
+            ))
+            .into()
         })
     };
     if let Some(flag) = flag {
@@ -131,14 +137,20 @@ mod tests {
     fn only_the_flag_opens_a_worker_to_a_network() {
         let addr = |f: Option<&str>, e: Option<&str>| listen_address(f, e.map(String::from));
         assert_eq!(addr(None, None).unwrap().to_string(), DEFAULT_LISTEN);
-        assert_eq!(addr(Some("0.0.0.0:9"), None).unwrap().to_string(), "0.0.0.0:9");
+        assert_eq!(
+            addr(Some("0.0.0.0:9"), None).unwrap().to_string(),
+            "0.0.0.0:9"
+        );
         assert_eq!(
             addr(None, Some("localhost:5")).unwrap().to_string(),
             "127.0.0.1:5"
         );
         assert_eq!(addr(None, Some("[::1]:5")).unwrap().to_string(), "[::1]:5");
         let err = addr(None, Some("0.0.0.0:9")).unwrap_err().to_string();
-        assert!(err.contains("not a loopback address") && err.contains("--listen"), "{err}");
+        assert!(
+            err.contains("not a loopback address") && err.contains("--listen"),
+            "{err}"
+        );
         let err = addr(Some("nine"), None).unwrap_err().to_string();
         assert!(err.contains("--listen \"nine\""), "{err}");
     }

@@ -130,7 +130,7 @@ pub struct WorkerHello {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum WorkerReply {
     /// To [`WorkerMessage::Hello`].
-    Hello(WorkerHello),
+    Hello(Box<WorkerHello>),
     /// Done, nothing to return.
     Done,
     /// To [`WorkerMessage::Decide`].
@@ -166,9 +166,18 @@ mod tests {
         let a = Doc { id: "1", text: "a" };
         let b = Doc { id: "2", text: "b" };
         let requests = [
-            AiRequest { anchor: a, partner: Some(b) },
-            AiRequest { anchor: a, partner: Some(a) },
-            AiRequest { anchor: b, partner: None },
+            AiRequest {
+                anchor: a,
+                partner: Some(b),
+            },
+            AiRequest {
+                anchor: a,
+                partner: Some(a),
+            },
+            AiRequest {
+                anchor: b,
+                partner: None,
+            },
         ];
         let wire = WireRequests::new(&requests);
         assert_eq!(wire.docs.len(), 2);

@@ -78,8 +78,12 @@ mod tests {
     }
 
     fn start_worker(backend: Arc<dyn InferenceBackend>, dtype: &str) -> LoopbackWorker {
-        LoopbackWorker::start(ServedModel::new(backend, identity(dtype), Default::default()))
-            .unwrap()
+        LoopbackWorker::start(ServedModel::new(
+            backend,
+            identity(dtype),
+            Default::default(),
+        ))
+        .unwrap()
     }
 
     fn by_length() -> Arc<ByLength> {
@@ -114,7 +118,12 @@ mod tests {
         let join = test_call(AiKind::Join, "Is {0} like {1}?", &[]);
         let pairs: Vec<AiRequest<'_>> = docs[..20]
             .iter()
-            .flat_map(|&a| docs[50..].iter().map(move |&p| AiRequest { anchor: a, partner: Some(p) }))
+            .flat_map(|&a| {
+                docs[50..].iter().map(move |&p| AiRequest {
+                    anchor: a,
+                    partner: Some(p),
+                })
+            })
             .collect();
         sharded.start_query(std::slice::from_ref(&join));
         assert_eq!(
@@ -124,7 +133,10 @@ mod tests {
         let classify = test_call(AiKind::Classify, "Which kind is {0}?", &["a", "b", "c"]);
         let single: Vec<AiRequest<'_>> = docs
             .iter()
-            .map(|&d| AiRequest { anchor: d, partner: None })
+            .map(|&d| AiRequest {
+                anchor: d,
+                partner: None,
+            })
             .collect();
         assert_eq!(
             sharded.classify(&classify, &single).unwrap(),
@@ -164,7 +176,10 @@ mod tests {
         let gone = closed.local_addr().unwrap().to_string();
         drop(closed);
         let started = std::time::Instant::now();
-        let err = connect_workers(&[gone.clone()]).err().unwrap().to_string();
+        let err = connect_workers(std::slice::from_ref(&gone))
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains(&gone), "{err}");
         assert!(started.elapsed() < std::time::Duration::from_secs(15));
     }
@@ -175,13 +190,23 @@ mod tests {
         let addr = served.addr().to_string();
         let worker = RemoteWorker::connect(&addr).unwrap();
         let call = test_call(AiKind::Filter, "Is {0} even?", &[]);
-        let doc = Doc { id: "1", text: "ab" };
-        let one = [AiRequest { anchor: doc, partner: None }];
+        let doc = Doc {
+            id: "1",
+            text: "ab",
+        };
+        let one = [AiRequest {
+            anchor: doc,
+            partner: None,
+        }];
         assert_eq!(worker.decide(&call, &one).unwrap(), vec![true]);
         served.stop();
         let started = std::time::Instant::now();
         let err = worker.decide(&call, &one).unwrap_err().to_string();
         assert!(err.contains(&addr), "{err}");
-        assert!(started.elapsed() < std::time::Duration::from_secs(15), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(15),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }

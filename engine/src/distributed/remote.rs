@@ -143,19 +143,24 @@ impl RemoteWorker {
             .build();
         let ctx = SessionContext::from(state);
         let reply = run_blocking(ask(ctx.clone(), WorkerMessage::Hello), Some(HELLO_TIMEOUT))
-            .map_err(|e| EngineError::Inference(format!("worker {url}: {e}")))?;
+            .map_err(|e| worker_error(&url, e))?;
         let WorkerReply::Hello(hello) = reply else {
-            return Err(EngineError::Inference(format!(
-                "worker {url} answered hello with {reply:?}"
-            )));
+            return Err(unexpected(&url, "hello", &reply));
         };
         if hello.protocol != PROTOCOL {
-            return Err(EngineError::Inference(format!(
-                "worker {url} speaks {}, this coordinator {PROTOCOL}: run the same aisql build",
-                hello.protocol
-            )));
+            return Err(worker_error(
+                &url,
+                format!(
+                    "it speaks {}, this coordinator {PROTOCOL}: run the same aisql build",
+                    hello.protocol
+                ),
+            ));
         }
-        Ok(Self { url, ctx, hello })
+        Ok(Self {
+            url,
+            ctx,
+            hello: *hello,
+        })
     }
 
     /// Its URL.
@@ -170,9 +175,10 @@ impl RemoteWorker {
 
     /// Asks `message` and waits for the reply; a failure names the worker.
     fn call(&self, message: WorkerMessage) -> Result<WorkerReply> {
-        let named = |e: String| EngineError::Inference(format!("worker {}: {e}", self.url));
-        match run_blocking(ask(self.ctx.clone(), message), None).map_err(named)? {
-            WorkerReply::Failed(e) => Err(named(e)),
+        match run_blocking(ask(self.ctx.clone(), message), None)
+            .map_err(|e| worker_error(&self.url, e))?
+        {
+            WorkerReply::Failed(e) => Err(worker_error(&self.url, e)),
             reply => Ok(reply),
         }
     }
@@ -187,6 +193,30 @@ impl RemoteWorker {
     }
 }
 
+/// An error of the worker at `url`.
+fn worker_error(url: &Url, message: impl Into<String>) -> EngineError {
+    EngineError::Worker {
+        worker: url.to_string(),
+        message: message.into(),
+    }
+}
+
+/// A transport or plan error as one line: datafusion-distributed wraps a
+/// connection failure in a context holding the transport's own words.
+fn error_text(e: &DataFusionError) -> String {
+    let root = e.find_root().to_string();
+    let mut at = e;
+    loop {
+        match at {
+            DataFusionError::Shared(inner) => at = inner.as_ref(),
+            DataFusionError::Context(detail, _) if detail.len() < 400 => {
+                return format!("{root} ({detail})");
+            }
+            _ => return root,
+        }
+    }
+}
+
 /// Runs `fut` on the connection runtime and waits for it on this thread.
 fn run_blocking(
     fut: impl Future<Output = DfResult<WorkerReply>> + Send + 'static,
@@ -195,9 +225,9 @@ fn run_blocking(
     let (tx, rx) = std::sync::mpsc::channel();
     WIRE.spawn(async move {
         let outcome = match timeout {
-            None => fut.await.map_err(|e| e.to_string()),
+            None => fut.await.map_err(|e| error_text(&e)),
             Some(t) => match tokio::time::timeout(t, fut).await {
-                Ok(r) => r.map_err(|e| e.to_string()),
+                Ok(r) => r.map_err(|e| error_text(&e)),
                 Err(_) => Err(format!("no answer within {} s", t.as_secs())),
             },
         };
@@ -259,12 +289,10 @@ impl InferenceBackend for RemoteWorker {
             WorkerReply::Classified(answers) => {
                 check_answer_count(call, self.url.as_str(), answers.len(), requests.len())?;
                 if let Some(bad) = answers.iter().find(|&&a| a >= call.labels.len()) {
-                    return Err(EngineError::Inference(format!(
-                        "worker {}: {} label {bad} of {}",
-                        self.url,
-                        call.op_id,
-                        call.labels.len()
-                    )));
+                    return Err(worker_error(
+                        &self.url,
+                        format!("{} label {bad} of {}", call.op_id, call.labels.len()),
+                    ));
                 }
                 Ok(answers)
             }
@@ -320,7 +348,7 @@ impl InferenceBackend for RemoteWorker {
 
 fn unexpected(url: &Url, what: &str, reply: &WorkerReply) -> EngineError {
     let shown: String = format!("{reply:?}").chars().take(80).collect();
-    EngineError::Inference(format!("worker {url} answered {what} with {shown}"))
+    worker_error(url, format!("answered {what} with {shown}"))
 }
 
 /// Connects to every worker of `addrs` and checks that they serve one model
@@ -335,12 +363,15 @@ pub fn connect_workers(addrs: &[String]) -> Result<Vec<RemoteWorker>> {
     for (i, addr) in addrs.iter().enumerate() {
         let url = worker_url(addr)?;
         if !seen.insert(url.clone()) {
-            return Err(EngineError::Inference(format!(
-                "worker {url} is listed twice in --workers"
-            )));
+            return Err(worker_error(&url, "listed twice in --workers"));
         }
-        let worker = RemoteWorker::connect(addr)
-            .map_err(|e| EngineError::Inference(format!("worker {i}: {e}")))?;
+        let worker = RemoteWorker::connect(addr).map_err(|e| match e {
+            EngineError::Worker { worker, message } => EngineError::Worker {
+                worker: format!("{i} ({worker})"),
+                message,
+            },
+            e => e,
+        })?;
         if let Some(first) = workers.first() {
             let (a, b) = (&first.hello.identity, &worker.hello.identity);
             let same = a.model == b.model
@@ -348,17 +379,19 @@ pub fn connect_workers(addrs: &[String]) -> Result<Vec<RemoteWorker>> {
                 && a.tokenizer_sha256 == b.tokenizer_sha256
                 && a.dtype == b.dtype;
             if !same {
-                return Err(EngineError::Inference(format!(
-                    "worker {i} ({}) serves model {:?} ({}, weights {}), but worker 0 ({}) serves {:?} ({}, weights {}): every worker must serve the same model and dtype",
-                    worker.url,
-                    b.model,
-                    b.dtype,
-                    &b.weights_sha256[..b.weights_sha256.len().min(12)],
-                    first.url,
-                    a.model,
-                    a.dtype,
-                    &a.weights_sha256[..a.weights_sha256.len().min(12)],
-                )));
+                return Err(EngineError::Worker {
+                    worker: format!("{i} ({})", worker.url),
+                    message: format!(
+                        "serves model {:?} ({}, weights {}), but worker 0 ({}) serves {:?} ({}, weights {}): every worker must serve the same model and dtype",
+                        b.model,
+                        b.dtype,
+                        &b.weights_sha256[..b.weights_sha256.len().min(12)],
+                        first.url,
+                        a.model,
+                        a.dtype,
+                        &a.weights_sha256[..a.weights_sha256.len().min(12)],
+                    ),
+                });
             }
         }
         workers.push(worker);
@@ -372,7 +405,10 @@ mod tests {
 
     #[test]
     fn worker_addresses_are_host_and_port_over_plain_http() {
-        assert_eq!(worker_url("127.0.0.1:7070").unwrap().as_str(), "http://127.0.0.1:7070/");
+        assert_eq!(
+            worker_url("127.0.0.1:7070").unwrap().as_str(),
+            "http://127.0.0.1:7070/"
+        );
         assert_eq!(worker_url("http://gpu-3:1").unwrap().port(), Some(1));
         for bad in ["127.0.0.1", "https://a:1", "a:1/x", "", ":80"] {
             let err = worker_url(bad).unwrap_err().to_string();

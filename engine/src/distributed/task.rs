@@ -119,9 +119,7 @@ impl ExecutionPlan for WorkerTaskExec {
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         if !children.is_empty() {
-            return Err(DataFusionError::Internal(
-                "WorkerTaskExec is a leaf".into(),
-            ));
+            return Err(DataFusionError::Internal("WorkerTaskExec is a leaf".into()));
         }
         Ok(self)
     }
@@ -148,7 +146,8 @@ impl ExecutionPlan for WorkerTaskExec {
             ));
         };
         let questions: Count = MetricBuilder::new(&self.metrics).counter("questions", partition);
-        let model_time: Time = MetricBuilder::new(&self.metrics).subset_time("model_time", partition);
+        let model_time: Time =
+            MetricBuilder::new(&self.metrics).subset_time("model_time", partition);
         let schema = self.schema.clone();
         let out_schema = schema.clone();
         let reply = async move {

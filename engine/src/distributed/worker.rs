@@ -55,7 +55,7 @@ impl ServedModel {
 pub fn answer(served: &ServedModel, message: WorkerMessage) -> WorkerReply {
     let backend = served.backend.as_ref();
     let reply = match message {
-        WorkerMessage::Hello => Ok(WorkerReply::Hello(served.hello.clone())),
+        WorkerMessage::Hello => Ok(WorkerReply::Hello(Box::new(served.hello.clone()))),
         WorkerMessage::StartQuery(operators) => {
             backend.start_query(&operators);
             Ok(WorkerReply::Done)
