@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::Fails;
+use common::{Fails, cache_counts, log_bytes};
 
 const QUERY: &str = "IMDB-1";
 
@@ -43,34 +43,11 @@ fn query(root: &Path, cache: &Path, rows: &Path, answers: Option<&Path>) -> Comm
     c
 }
 
-/// (answers reused, questions asked) from a run's stderr.
-fn cache_counts(stderr: &str) -> (u64, u64) {
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("answer cache: "))
-        .unwrap_or_else(|| panic!("no answer-cache summary in:\n{stderr}"));
-    let numbers: Vec<u64> = line.split(' ').filter_map(|w| w.parse().ok()).collect();
-    assert_eq!(numbers.len(), 2, "{line}");
-    (numbers[0], numbers[1])
-}
-
 fn run_ok(c: &mut Command) -> String {
     let out = c.stderr(Stdio::piped()).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{stderr}");
     stderr
-}
-
-/// The bytes of the log under `answers` (one identity folder), 0 before it exists.
-fn log_bytes(answers: &Path) -> u64 {
-    std::fs::read_dir(answers)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path().join("answers.v1"))
-        .filter_map(|p| std::fs::metadata(p).ok())
-        .map(|m| m.len())
-        .sum()
 }
 
 #[test]

@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{cache_counts, log_bytes};
+
 const QUERY: &str = "IMDB-1";
 
 fn aisql(cache: &Path) -> Command {
@@ -122,26 +125,6 @@ fn run_ok(c: &mut Command) -> String {
     stderr
 }
 
-/// (answers reused, questions asked) from a run's stderr.
-fn cache_counts(stderr: &str) -> (u64, u64) {
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("answer cache: "))
-        .unwrap_or_else(|| panic!("no answer-cache summary in:\n{stderr}"));
-    let numbers: Vec<u64> = line.split(' ').filter_map(|w| w.parse().ok()).collect();
-    (numbers[0], numbers[1])
-}
-
-fn log_bytes(answers: &Path) -> u64 {
-    std::fs::read_dir(answers)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| std::fs::metadata(e.path().join("answers.v1")).ok())
-        .map(|m| m.len())
-        .sum()
-}
-
 #[test]
 fn two_worker_processes_answer_as_one_and_a_killed_one_is_named_and_made_up_for() {
     let s = setup();
@@ -202,7 +185,9 @@ fn two_worker_processes_answer_as_one_and_a_killed_one_is_named_and_made_up_for(
     let (reused, asked) = cache_counts(&stderr);
     assert!(reused > 0 && asked > 0, "reused {reused}, asked {asked}");
     assert_eq!(std::fs::read_to_string(&rerun).unwrap(), want);
-    eprintln!("rerun after the kill: {reused} answers reused, {asked} asked");
+    eprintln!(
+        "query failed {failed_after:?} after the kill; rerun: {reused} answers reused, {asked} asked"
+    );
 }
 
 #[test]

@@ -50,8 +50,17 @@ fn fresh(c: &Collected) -> u64 {
     c.measurements["fresh_tokens"].as_u64().unwrap()
 }
 
+fn fresh_per_worker(c: &Collected) -> Vec<u64> {
+    c.measurements["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["fresh_tokens"].as_u64().unwrap())
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn all_43_plans_on_three_simulated_workers_match_one_process() {
+async fn all_43_plans_on_three_simulated_workers_in_process_and_over_the_wire_match_one_process() {
     let dir = tempfile::tempdir().unwrap();
     let corpus = TinyCorpus::write(dir.path());
     let ids = catalog_ids();
@@ -62,30 +71,35 @@ async fn all_43_plans_on_three_simulated_workers_match_one_process() {
         batch_rows: 8,
         ..Default::default()
     };
+    let simulated = || -> Vec<Arc<dyn InferenceBackend>> {
+        (0..WORKERS)
+            .map(|_| {
+                simulation_backend(store.clone(), unbounded(), 1024).unwrap()
+                    as Arc<dyn InferenceBackend>
+            })
+            .collect()
+    };
+    // One set of loopback workers serves every query, as a cluster does.
+    let (_servers, remote) = over_the_wire(simulated()).await;
     let (mut one_total, mut sharded_total) = (0u64, 0u64);
     for (id, plan) in ids.iter().zip(&plans) {
         let one = simulation_backend(store.clone(), unbounded(), 1024).unwrap();
         let single = collect_query(plan, &corpus.paths(), one, &options)
             .await
             .unwrap_or_else(|e| panic!("{id}: {e}"));
-        let workers: Vec<Arc<dyn InferenceBackend>> = (0..WORKERS)
-            .map(|_| {
-                simulation_backend(store.clone(), unbounded(), 1024).unwrap()
-                    as Arc<dyn InferenceBackend>
-            })
-            .collect();
-        let sharded = Arc::new(ShardedBackend::try_new(workers).unwrap());
+        let sharded = Arc::new(ShardedBackend::try_new(simulated()).unwrap());
         let spread = collect_query(plan, &corpus.paths(), sharded, &options)
             .await
             .unwrap_or_else(|e| panic!("{id} on {WORKERS} workers: {e}"));
         same_answers(id, &spread, &single);
-
-        let per_worker: Vec<u64> = spread.measurements["workers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|w| w["fresh_tokens"].as_u64().unwrap())
-            .collect();
+        // Across the wire: the same rows, and each worker computes what the
+        // in-process worker of the same documents computes.
+        let wired = collect_query(plan, &corpus.paths(), remote.clone(), &options)
+            .await
+            .unwrap_or_else(|e| panic!("{id} on loopback workers: {e}"));
+        same_answers(id, &wired, &single);
+        let per_worker = fresh_per_worker(&spread);
+        assert_eq!(fresh_per_worker(&wired), per_worker, "{id}: over the wire");
         let sum: u64 = per_worker.iter().sum();
         assert_eq!(sum, fresh(&spread), "{id}: the total is the workers' sum");
         // A worker computes what one process computes for its documents, and
@@ -126,7 +140,7 @@ async fn all_43_plans_on_three_simulated_workers_match_one_process() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_tiny_model_on_three_cpu_workers_answers_as_one() {
+async fn the_tiny_model_on_three_cpu_workers_in_process_and_over_the_wire_answers_as_one() {
     use aisql_engine::scheduler::{ModelSpec, load_model_backend};
     let dir = tempfile::tempdir().unwrap();
     let corpus = TinyCorpus::write(dir.path());
@@ -146,6 +160,7 @@ async fn the_tiny_model_on_three_cpu_workers_answers_as_one() {
         host_kv_from_memory: false,
     };
     let load = || load_model_backend(&spec).unwrap().0 as Arc<dyn InferenceBackend>;
+    let (_servers, remote) = over_the_wire((0..WORKERS).map(|_| load()).collect()).await;
     for id in ["IMDB-7", "FEV-8", "IMDB-15", "AGENT-1"] {
         let plan = QueryPlan::from_file(&plans_dir().join(format!("{id}.json"))).unwrap();
         let single = collect_query(&plan, &corpus.paths(), load(), &options)
@@ -158,6 +173,15 @@ async fn the_tiny_model_on_three_cpu_workers_answers_as_one() {
             .unwrap();
         same_answers(id, &spread, &single);
         assert!(fresh(&spread) >= fresh(&single), "{id}");
+        let wired = collect_query(&plan, &corpus.paths(), remote.clone(), &options)
+            .await
+            .unwrap_or_else(|e| panic!("{id} on loopback workers: {e}"));
+        same_answers(id, &wired, &single);
+        assert_eq!(
+            fresh_per_worker(&wired),
+            fresh_per_worker(&spread),
+            "{id}: over the wire"
+        );
         assert!(
             !single
                 .answers
@@ -200,95 +224,4 @@ async fn over_the_wire(
     })
     .await
     .unwrap()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn all_43_plans_through_three_loopback_grpc_workers_match_one_process() {
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = TinyCorpus::write(dir.path());
-    let ids = catalog_ids();
-    let plans = load_plans(&ids);
-    let (store, _) = draw_labels(&corpus, &plans);
-    let store = Arc::new(store);
-    let options = QueryOptions {
-        batch_rows: 8,
-        ..Default::default()
-    };
-    let simulated = || -> Vec<Arc<dyn InferenceBackend>> {
-        (0..WORKERS)
-            .map(|_| {
-                simulation_backend(store.clone(), unbounded(), 1024).unwrap()
-                    as Arc<dyn InferenceBackend>
-            })
-            .collect()
-    };
-    // One set of workers serves every query, as a cluster does.
-    let (_servers, remote) = over_the_wire(simulated()).await;
-    for (id, plan) in ids.iter().zip(&plans) {
-        let one = simulation_backend(store.clone(), unbounded(), 1024).unwrap();
-        let single = collect_query(plan, &corpus.paths(), one, &options)
-            .await
-            .unwrap_or_else(|e| panic!("{id}: {e}"));
-        let local = Arc::new(ShardedBackend::try_new(simulated()).unwrap());
-        let in_process = collect_query(plan, &corpus.paths(), local, &options)
-            .await
-            .unwrap_or_else(|e| panic!("{id} on in-process workers: {e}"));
-        let wired = collect_query(plan, &corpus.paths(), remote.clone(), &options)
-            .await
-            .unwrap_or_else(|e| panic!("{id} on loopback workers: {e}"));
-        same_answers(id, &wired, &single);
-        // The wire changes nothing: each worker computes what the in-process
-        // worker of the same documents computes.
-        let per_worker = |c: &Collected| -> Vec<u64> {
-            c.measurements["workers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|w| w["fresh_tokens"].as_u64().unwrap())
-                .collect()
-        };
-        assert_eq!(per_worker(&wired), per_worker(&in_process), "{id}");
-        assert_eq!(fresh(&wired), fresh(&in_process), "{id}");
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_tiny_model_behind_three_loopback_grpc_workers_answers_as_one() {
-    use aisql_engine::scheduler::{ModelSpec, load_model_backend};
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = TinyCorpus::write(dir.path());
-    let options = QueryOptions {
-        batch_rows: 8,
-        ..Default::default()
-    };
-    let spec = ModelSpec {
-        model: "tiny".into(),
-        gpu: None,
-        dtype: None,
-        scheduler: SchedulerConfig {
-            batch_tokens: 2048,
-            ..unbounded()
-        },
-        kv_budget_from_device: false,
-        host_kv_from_memory: false,
-    };
-    let load = || load_model_backend(&spec).unwrap().0 as Arc<dyn InferenceBackend>;
-    let (_servers, remote) = over_the_wire((0..WORKERS).map(|_| load()).collect()).await;
-    for id in ["IMDB-7", "FEV-8", "IMDB-15", "AGENT-1"] {
-        let plan = QueryPlan::from_file(&plans_dir().join(format!("{id}.json"))).unwrap();
-        let single = collect_query(&plan, &corpus.paths(), load(), &options)
-            .await
-            .unwrap();
-        let wired = collect_query(&plan, &corpus.paths(), remote.clone(), &options)
-            .await
-            .unwrap_or_else(|e| panic!("{id} on loopback workers: {e}"));
-        same_answers(id, &wired, &single);
-        let total = fresh(&single);
-        assert!(fresh(&wired) >= total, "{id}");
-        assert!(
-            (fresh(&wired) - total) * 20 <= total,
-            "{id}: {} vs {total}",
-            fresh(&wired)
-        );
-    }
 }

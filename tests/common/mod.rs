@@ -20,6 +20,29 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
 
+/// (answers reused, questions asked) from the stderr of an `--answer-cache` run.
+pub fn cache_counts(stderr: &str) -> (u64, u64) {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("answer cache: "))
+        .unwrap_or_else(|| panic!("no answer-cache summary in:\n{stderr}"));
+    let numbers: Vec<u64> = line.split(' ').filter_map(|w| w.parse().ok()).collect();
+    assert_eq!(numbers.len(), 2, "{line}");
+    (numbers[0], numbers[1])
+}
+
+/// The bytes of the answer log under `answers` (one identity folder), 0 before
+/// it exists.
+pub fn log_bytes(answers: &Path) -> u64 {
+    std::fs::read_dir(answers)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::metadata(e.path().join("answers.v1")).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
 /// A CLI run that must fail with an error (exit code 1: not a usage error, not a
 /// panic or a signal), giving its stderr.
 pub trait Fails {

@@ -11,7 +11,7 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConve
 use super::message::{WorkerMessage, decode, encode};
 use super::task::WorkerTaskExec;
 
-/// Encodes a [`WorkerTaskExec`] as the JSON list of its tasks' messages.
+/// Encodes a [`WorkerTaskExec`] as its message's JSON.
 #[derive(Debug, Default)]
 pub struct WorkerTaskCodec;
 
@@ -29,8 +29,8 @@ impl PhysicalExtensionCodec for WorkerTaskCodec {
                 inputs.len()
             )));
         }
-        let messages: Vec<WorkerMessage> = decode(buf, "worker task")?;
-        Ok(Arc::new(WorkerTaskExec::try_new(messages)?))
+        let message: WorkerMessage = decode(buf, "worker task")?;
+        Ok(Arc::new(WorkerTaskExec::new(message)))
     }
 
     fn try_encode(
@@ -45,7 +45,7 @@ impl PhysicalExtensionCodec for WorkerTaskCodec {
                 node.name()
             )));
         };
-        buf.extend_from_slice(&encode(&task.messages()));
+        buf.extend_from_slice(&encode(task.message()));
         Ok(())
     }
 }

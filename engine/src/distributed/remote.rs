@@ -4,7 +4,8 @@
 //! them and refuses a set that does not serve one model.
 //!
 //! Each call is one plan: `NetworkCoalesceExec` over a two-task stage of
-//! [`WorkerTaskExec`]. Task 0 carries the call, task 1 [`WorkerMessage::Nothing`]:
+//! [`WorkerTaskExec`]s (a `DistributedLeafExec`, so each task is sent only its
+//! own). Task 0 carries the call, task 1 [`WorkerMessage::Nothing`]:
 //! datafusion-distributed runs a one-task stage under a one-task consumer
 //! locally, and this work must run where the model is. The session's worker
 //! resolver knows only this worker's URL, so both tasks are routed there.
@@ -26,7 +27,8 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_distributed::{
-    DistributedExt, NetworkCoalesceExec, SessionStateBuilderExt, WorkerResolver,
+    DistributedExt, DistributedLeafExec, NetworkCoalesceExec, SessionStateBuilderExt,
+    WorkerResolver,
 };
 use url::Url;
 
@@ -109,7 +111,9 @@ impl TableProvider for MessageTable {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let tasks = WorkerTaskExec::try_new(vec![self.message.clone(), WorkerMessage::Nothing])?;
+        let ask: Arc<dyn ExecutionPlan> = Arc::new(WorkerTaskExec::new(self.message.clone()));
+        let nothing = Arc::new(WorkerTaskExec::new(WorkerMessage::Nothing));
+        let tasks = DistributedLeafExec::try_new(ask.clone(), [ask, nothing])?;
         let stage = NetworkCoalesceExec::try_new(Arc::new(tasks), 2, 1)?;
         Ok(Arc::new(CoalescePartitionsExec::new(Arc::new(stage))))
     }
@@ -241,7 +245,7 @@ fn run_blocking(
 async fn ask(ctx: SessionContext, message: WorkerMessage) -> DfResult<WorkerReply> {
     let table = MessageTable {
         message,
-        schema: WorkerTaskExec::try_new(vec![WorkerMessage::Nothing])?.schema(),
+        schema: WorkerTaskExec::new(WorkerMessage::Nothing).schema(),
     };
     let batches = ctx.read_table(Arc::new(table))?.collect().await?;
     let mut replies = Vec::new();

@@ -1,11 +1,11 @@
 //! [`WorkerTaskExec`]: the plan node that carries AI operator work to a worker.
 //!
-//! The coordinator builds a two-task stage of this leaf under a
-//! `NetworkCoalesceExec`; datafusion-distributed encodes it with
-//! [`WorkerTaskCodec`](super::WorkerTaskCodec), runs task `i` on a worker, and
-//! streams each task's one-row reply back. On the worker, `execute` hands the
-//! task's [`WorkerMessage`] to the model the worker serves (a session
-//! extension, [`ServedModel`](super::ServedModel)).
+//! The coordinator builds a two-task stage of this leaf (one variant per task,
+//! in a `DistributedLeafExec`) under a `NetworkCoalesceExec`;
+//! datafusion-distributed sends each task only its variant, encoded with
+//! [`WorkerTaskCodec`](super::WorkerTaskCodec), and streams each task's one-row
+//! reply back. On the worker, `execute` hands the [`WorkerMessage`] to the model
+//! the worker serves (a session extension, [`ServedModel`](super::ServedModel)).
 
 use std::fmt;
 use std::sync::Arc;
@@ -22,7 +22,6 @@ use datafusion::physical_plan::metrics::{
 };
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
-use datafusion_distributed::DistributedTaskContext;
 
 use super::message::{WorkerMessage, WorkerReply, encode};
 use super::worker::{ServedModel, answer};
@@ -31,28 +30,22 @@ use super::worker::{ServedModel, answer};
 /// [`WorkerReply`] as JSON.
 pub const REPLY_COLUMN: &str = "reply";
 
-/// A leaf whose task `i` asks the worker it runs on `messages[i]`.
+/// A leaf that asks the worker it runs on one message.
 #[derive(Debug)]
 pub struct WorkerTaskExec {
-    /// One message per task of the stage.
-    messages: Vec<WorkerMessage>,
+    /// What to ask.
+    message: WorkerMessage,
     /// `reply: Binary`.
     schema: SchemaRef,
     /// One partition, bounded, emitted at the end.
     properties: Arc<PlanProperties>,
-    /// `questions` asked and `model_time` spent, per task, for EXPLAIN ANALYZE of
-    /// the stage.
+    /// `questions` asked and `model_time` spent, for EXPLAIN ANALYZE of the stage.
     metrics: ExecutionPlanMetricsSet,
 }
 
 impl WorkerTaskExec {
-    /// A leaf with one message per task; there must be at least one.
-    pub fn try_new(messages: Vec<WorkerMessage>) -> DfResult<Self> {
-        if messages.is_empty() {
-            return Err(DataFusionError::Internal(
-                "a worker task stage needs at least one message".into(),
-            ));
-        }
+    /// A leaf asking `message`.
+    pub fn new(message: WorkerMessage) -> Self {
         let schema = Arc::new(Schema::new(vec![Field::new(
             REPLY_COLUMN,
             DataType::Binary,
@@ -64,33 +57,34 @@ impl WorkerTaskExec {
             EmissionType::Final,
             Boundedness::Bounded,
         ));
-        Ok(Self {
-            messages,
+        Self {
+            message,
             schema,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
-        })
+        }
     }
 
-    /// The messages, one per task.
-    pub fn messages(&self) -> &[WorkerMessage] {
-        &self.messages
+    /// What it asks.
+    pub fn message(&self) -> &WorkerMessage {
+        &self.message
     }
 }
 
 impl DisplayAs for WorkerTaskExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "WorkerTaskExec: ")?;
-        for (i, m) in self.messages.iter().enumerate() {
-            let what = match m {
-                WorkerMessage::Decide(call, r) | WorkerMessage::Classify(call, r) => {
-                    format!("{} {} questions", call.op_id, r.requests.len())
-                }
-                other => format!("{other:?}").chars().take(40).collect(),
-            };
-            write!(f, "{}t{i}: {what}", if i > 0 { ", " } else { "" })?;
+        match &self.message {
+            WorkerMessage::Decide(call, r) | WorkerMessage::Classify(call, r) => write!(
+                f,
+                "WorkerTaskExec: {} {} questions",
+                call.op_id,
+                r.requests.len()
+            ),
+            other => {
+                let shown: String = format!("{other:?}").chars().take(40).collect();
+                write!(f, "WorkerTaskExec: {shown}")
+            }
         }
-        Ok(())
     }
 }
 
@@ -133,13 +127,7 @@ impl ExecutionPlan for WorkerTaskExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        let task = DistributedTaskContext::from_ctx(&context).task_index;
-        let Some(message) = self.messages.get(task).cloned() else {
-            return Err(DataFusionError::Internal(format!(
-                "worker task {task} of a stage of {}",
-                self.messages.len()
-            )));
-        };
+        let message = self.message.clone();
         let Some(served) = context.session_config().get_extension::<ServedModel>() else {
             return Err(DataFusionError::Execution(
                 "no model is served here: WorkerTaskExec runs on an `aisql worker`".into(),
