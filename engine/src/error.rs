@@ -44,7 +44,6 @@ pub enum EngineError {
     /// The inference backend failed.
     #[error("inference: {0}")]
     Inference(String),
-    /// A model-crate error.
     /// A worker of `--workers` failed or could not be reached.
     #[error("worker {worker}: {message}")]
     Worker {
@@ -53,7 +52,7 @@ pub enum EngineError {
         /// What went wrong.
         message: String,
     },
-
+    /// A model-crate error.
     #[error(transparent)]
     Model(#[from] aisql_models::ModelError),
     /// I/O error with the path it concerns.

@@ -192,14 +192,13 @@ pub fn build(
             let Some(dir) = &args.answer_cache else {
                 return Ok((backend, meta));
             };
-            let dtype = meta
-                .get("dtype")
-                .and_then(|d| d.as_str())
-                .unwrap_or_default()
-                .to_string();
-            let identity = answer_identity(&args.model, &dtype, args.prompt_format.parse()?)
-                .with_context(|| format!("hashing model {:?} for --answer-cache", args.model))?;
-            with_answer_cache(backend, dir, &identity, &mut meta)
+            let identity = answer_identity(
+                &args.model,
+                meta_text(&meta, "dtype"),
+                args.prompt_format.parse()?,
+            )
+            .with_context(|| format!("hashing model {:?} for --answer-cache", args.model))?;
+            with_answer_cache(backend, dir, &identity, meta)
         }
     }
 }
@@ -246,11 +245,7 @@ fn remote_workers(
             w.url(),
             w.hello().identity.model,
             w.hello().identity.dtype,
-            w.hello()
-                .meta
-                .get("device")
-                .and_then(|d| d.as_str())
-                .unwrap_or("?")
+            meta_text(&w.hello().meta, "device")
         );
     }
     let workers = workers
@@ -260,7 +255,7 @@ fn remote_workers(
     let backend = over_workers(workers, &mut meta)?;
     match &args.answer_cache {
         None => Ok((backend, meta)),
-        Some(dir) => with_answer_cache(backend, dir, &identity, &mut meta),
+        Some(dir) => with_answer_cache(backend, dir, &identity, meta),
     }
 }
 
@@ -269,7 +264,7 @@ fn with_answer_cache(
     backend: Arc<dyn InferenceBackend>,
     dir: &std::path::Path,
     identity: &AnswerIdentity,
-    meta: &mut serde_json::Map<String, serde_json::Value>,
+    mut meta: serde_json::Map<String, serde_json::Value>,
 ) -> anyhow::Result<(
     Arc<dyn InferenceBackend>,
     serde_json::Map<String, serde_json::Value>,
@@ -288,5 +283,10 @@ fn with_answer_cache(
         "answer_cache".into(),
         cache.log_path().display().to_string().into(),
     );
-    Ok((Arc::new(CachedBackend::new(backend, cache)), meta.clone()))
+    Ok((Arc::new(CachedBackend::new(backend, cache)), meta))
+}
+
+/// The text value `key` of run metadata, "" when absent.
+pub fn meta_text<'a>(meta: &'a serde_json::Map<String, serde_json::Value>, key: &str) -> &'a str {
+    meta.get(key).and_then(|v| v.as_str()).unwrap_or_default()
 }

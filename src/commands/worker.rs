@@ -9,6 +9,7 @@ use aisql_engine::scheduler::answer_identity;
 use anyhow::{Context, bail};
 
 use super::UsageError;
+use super::backend::meta_text;
 use crate::cli::{BackendKind, WorkerArgs};
 
 /// Where a worker listens without `--listen` or `AISQL_WORKER_LISTEN`.
@@ -40,19 +41,11 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         refuse("start one `aisql worker` per device")?;
     }
     let (backend, meta) = super::backend::build(b, None, &[])?;
-    let dtype = meta
-        .get("dtype")
-        .and_then(|d| d.as_str())
-        .unwrap_or_default()
-        .to_string();
+    let dtype = meta_text(&meta, "dtype").to_string();
+    let device = meta_text(&meta, "device").to_string();
     // Prompts arrive rendered: the coordinator names the format.
     let identity = answer_identity(&b.model, &dtype, Default::default())
         .with_context(|| format!("hashing model {:?}", b.model))?;
-    let device = meta
-        .get("device")
-        .and_then(|d| d.as_str())
-        .unwrap_or("?")
-        .to_string();
     let rt = super::runtime()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(listen)

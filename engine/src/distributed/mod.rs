@@ -22,8 +22,8 @@ mod worker;
 pub use codec::WorkerTaskCodec;
 pub use message::{PROTOCOL, WireDoc, WireRequests, WorkerHello, WorkerMessage, WorkerReply};
 pub use remote::{RemoteWorker, connect_workers, worker_url};
-pub use task::{REPLY_COLUMN, WorkerTaskExec};
-pub use worker::{LoopbackWorker, ServedModel, answer, serve};
+pub use task::{REPLY_COLUMN, WorkerTaskExec, reply_schema};
+pub use worker::{LoopbackWorker, ServedModel, serve};
 
 #[cfg(test)]
 mod tests {

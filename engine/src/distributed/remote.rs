@@ -36,7 +36,7 @@ use super::codec::WorkerTaskCodec;
 use super::message::{
     PROTOCOL, WireDoc, WireRequests, WorkerHello, WorkerMessage, WorkerReply, decode,
 };
-use super::task::{REPLY_COLUMN, WorkerTaskExec};
+use super::task::{REPLY_COLUMN, WorkerTaskExec, reply_schema};
 use crate::backend::{AiCall, AiRequest, Doc, InferenceBackend, check_answer_count};
 use crate::error::{EngineError, Result};
 
@@ -245,7 +245,7 @@ fn run_blocking(
 async fn ask(ctx: SessionContext, message: WorkerMessage) -> DfResult<WorkerReply> {
     let table = MessageTable {
         message,
-        schema: WorkerTaskExec::new(WorkerMessage::Nothing).schema(),
+        schema: reply_schema(),
     };
     let batches = ctx.read_table(Arc::new(table))?.collect().await?;
     let mut replies = Vec::new();

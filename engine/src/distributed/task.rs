@@ -17,9 +17,6 @@ use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{
-    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
-};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 
@@ -30,6 +27,15 @@ use super::worker::{ServedModel, answer};
 /// [`WorkerReply`] as JSON.
 pub const REPLY_COLUMN: &str = "reply";
 
+/// The schema of a worker task's output: `reply: Binary`, one row.
+pub fn reply_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new(
+        REPLY_COLUMN,
+        DataType::Binary,
+        false,
+    )]))
+}
+
 /// A leaf that asks the worker it runs on one message.
 #[derive(Debug)]
 pub struct WorkerTaskExec {
@@ -39,18 +45,12 @@ pub struct WorkerTaskExec {
     schema: SchemaRef,
     /// One partition, bounded, emitted at the end.
     properties: Arc<PlanProperties>,
-    /// `questions` asked and `model_time` spent, for EXPLAIN ANALYZE of the stage.
-    metrics: ExecutionPlanMetricsSet,
 }
 
 impl WorkerTaskExec {
     /// A leaf asking `message`.
     pub fn new(message: WorkerMessage) -> Self {
-        let schema = Arc::new(Schema::new(vec![Field::new(
-            REPLY_COLUMN,
-            DataType::Binary,
-            false,
-        )]));
+        let schema = reply_schema();
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(schema.clone()),
             Partitioning::UnknownPartitioning(1),
@@ -61,7 +61,6 @@ impl WorkerTaskExec {
             message,
             schema,
             properties,
-            metrics: ExecutionPlanMetricsSet::new(),
         }
     }
 
@@ -118,13 +117,9 @@ impl ExecutionPlan for WorkerTaskExec {
         Ok(self)
     }
 
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
-
     fn execute(
         &self,
-        partition: usize,
+        _partition: usize,
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
         let message = self.message.clone();
@@ -133,23 +128,13 @@ impl ExecutionPlan for WorkerTaskExec {
                 "no model is served here: WorkerTaskExec runs on an `aisql worker`".into(),
             ));
         };
-        let questions: Count = MetricBuilder::new(&self.metrics).counter("questions", partition);
-        let model_time: Time =
-            MetricBuilder::new(&self.metrics).subset_time("model_time", partition);
         let schema = self.schema.clone();
         let out_schema = schema.clone();
         let reply = async move {
-            let asked = match &message {
-                WorkerMessage::Decide(_, r) | WorkerMessage::Classify(_, r) => r.requests.len(),
-                _ => 0,
-            };
-            let timer = model_time.timer();
             // Model work blocks for a whole batch: off the async threads.
             let reply = tokio::task::spawn_blocking(move || answer(&served, message))
                 .await
                 .unwrap_or_else(|e| WorkerReply::Failed(format!("worker task panicked: {e}")));
-            timer.done();
-            questions.add(asked);
             let bytes = encode(&reply);
             let column = BinaryArray::from_iter_values([bytes.as_slice()]);
             RecordBatch::try_new(schema, vec![Arc::new(column)]).map_err(DataFusionError::from)
