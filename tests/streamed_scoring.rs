@@ -115,7 +115,9 @@ fn streamed_scoring_equals_the_materialised_comparison_on_all_43_plans() {
             if what == "equal" {
                 assert!(got.0.exact_match, "{id}: the reference scores as exact");
                 let direct = reference
-                    .compare_stream(&expected.columns, || Ok(std::iter::once(Ok(batch.clone()))))
+                    .compare_stream(&expected.columns, None, || {
+                        Ok(std::iter::once(Ok(batch.clone())))
+                    })
                     .unwrap();
                 streamed += usize::from(direct.is_some());
             }

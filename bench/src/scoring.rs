@@ -773,7 +773,8 @@ pub fn compare_saved_rows(
     have.sort();
     if have == wanted {
         let reference = Reference::build(plan, labels, corpus)?;
-        if let Some(compared) = reference.compare_stream(&columns, stream)? {
+        let rows = aisql_engine::parquet_read::footer_rows(rows_path).ok();
+        if let Some(compared) = reference.compare_stream(&columns, rows, stream)? {
             return Ok(compared);
         }
     }

@@ -8,7 +8,8 @@
 //! joins can ask one prompt twice — through the query's one memo
 //! ([`crate::memo`]); answer tables list every tuple an operator evaluated
 //! exactly once (SPEC §D.1). Joins with equality
-//! conditions (FEV-10) only ask about pairs that satisfy them.
+//! conditions (FEV-10) only ask about pairs that satisfy them. A join's row
+//! work (candidates, document pairs, output chunks) is in `join.rs`.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -46,6 +47,9 @@ use crate::backend::{AiKind, AiRequest, Doc, InferenceBackend, check_answer_coun
 use crate::error::{EngineError, Result};
 use crate::logical::{AiNode, AiShape, AiSpec};
 use crate::memo::{AnswerMemo, MemoKey};
+
+mod join;
+use join::{JoinSides, compact_views, join_batch, report_partners, unmatched_partners};
 
 /// Requests per backend call. One input batch is asked in one call, so the
 /// backend knows every document that batch still needs (it keeps their KV while
@@ -441,19 +445,25 @@ impl ExecutionPlan for AiExec {
             let (tail_state, tail_partners, tail_matched) =
                 (state.clone(), partners.clone(), matched.clone());
             let anchor_schema = anchors.schema();
-            let per_batch = anchors.and_then(move |batch| {
-                let (state, partners, matched) = (state.clone(), partners.clone(), matched.clone());
-                let _held = reservation.clone();
-                blocking(move || {
-                    join_batch(
-                        &state,
-                        sides,
-                        &batch,
-                        &partners,
-                        &mut matched.lock().expect("matched lock"),
-                    )
+            let per_batch = anchors
+                .and_then(move |batch| {
+                    let (state, partners, matched) =
+                        (state.clone(), partners.clone(), matched.clone());
+                    let _held = reservation.clone();
+                    blocking(move || {
+                        join_batch(
+                            state,
+                            sides,
+                            batch,
+                            partners,
+                            &mut matched.lock().expect("matched lock"),
+                        )
+                    })
                 })
-            });
+                // An anchor batch's rows are assembled a chunk at a time as they
+                // are read, never its whole product at once.
+                .map_ok(|output| futures::stream::iter(output).map_err(DataFusionError::from))
+                .try_flatten();
             // Partner rows the join type keeps whether or not they matched.
             let tail = futures::stream::once(async move {
                 let matched = tail_matched.lock().expect("matched lock");
@@ -471,9 +481,9 @@ impl ExecutionPlan for AiExec {
 }
 
 /// Runs one batch's model work off the async threads.
-async fn blocking(
-    f: impl FnOnce() -> Result<RecordBatch> + Send + 'static,
-) -> DfResult<RecordBatch> {
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> DfResult<T> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| DataFusionError::External(Box::new(e)))?
@@ -734,406 +744,6 @@ fn append_column(batch: &RecordBatch, column: ArrayRef, schema: SchemaRef) -> Re
     Ok(RecordBatch::try_new(schema, columns)?)
 }
 
-/// Which input an AI join streams (the anchor's) and what its type keeps.
-#[derive(Debug, Clone, Copy)]
-struct JoinSides {
-    join_type: JoinType,
-    anchor_left: bool,
-}
-
-impl JoinSides {
-    /// Whether unmatched rows of the left (`left = true`) or right input are kept
-    /// with NULLs on the other side.
-    fn keeps_unmatched(self, left: bool) -> bool {
-        matches!(
-            (self.join_type, left),
-            (JoinType::Full, _) | (JoinType::Left, true) | (JoinType::Right, false)
-        )
-    }
-
-    /// `Some(true)` when the output is the matched rows of one input only
-    /// (semi), `Some(false)` its unmatched rows (anti), for that input.
-    fn semi(self, left: bool) -> Option<bool> {
-        match (self.join_type, left) {
-            (JoinType::LeftSemi, true) | (JoinType::RightSemi, false) => Some(true),
-            (JoinType::LeftAnti, true) | (JoinType::RightAnti, false) => Some(false),
-            _ => None,
-        }
-    }
-
-    fn one_sided(self) -> bool {
-        self.semi(true).is_some() || self.semi(false).is_some()
-    }
-}
-
-/// One output row of a join: (left row, right row); `None` pads with NULLs.
-type JoinRow = (Option<u32>, Option<u32>);
-
-/// Output rows as (left row, right row) indices into the two inputs; `None`
-/// makes that side NULL. One-sided outputs (semi, anti) use only their side.
-fn assemble(
-    schema: SchemaRef,
-    sides: JoinSides,
-    left: &RecordBatch,
-    right: &RecordBatch,
-    rows: &[JoinRow],
-) -> Result<RecordBatch> {
-    let side = |batch: &RecordBatch, pick: &dyn Fn(&JoinRow) -> Option<u32>| {
-        let indices = UInt32Array::from(rows.iter().map(pick).collect::<Vec<_>>());
-        batch
-            .columns()
-            .iter()
-            .map(|c| {
-                if indices.null_count() == indices.len() {
-                    Ok(new_null_array(c.data_type(), indices.len()))
-                } else {
-                    take(c.as_ref(), &indices, None)
-                }
-            })
-            .collect::<std::result::Result<Vec<_>, _>>()
-    };
-    let mut columns = Vec::with_capacity(schema.fields().len());
-    if !sides.one_sided() || sides.semi(true).is_some() {
-        columns.extend(side(left, &|r| r.0)?);
-    }
-    if !sides.one_sided() || sides.semi(false).is_some() {
-        columns.extend(side(right, &|r| r.1)?);
-    }
-    Ok(RecordBatch::try_new(schema, columns)?)
-}
-
-/// `batch` with its string and binary view columns holding only the bytes their
-/// rows use. Rows taken from a large batch keep referencing all of its text, so
-/// a partner side gathered from many such batches would keep, and be charged
-/// for, the same text buffers once per batch (IMDB-9's join-2 at sf 1.0: 12 GB
-/// counted for a few hundred MB of reviews).
-fn compact_views(batch: RecordBatch) -> DfResult<RecordBatch> {
-    use datafusion::arrow::array::AsArray;
-    let columns: Vec<ArrayRef> = batch
-        .columns()
-        .iter()
-        .map(|c| match c.data_type() {
-            DataType::Utf8View => Arc::new(c.as_string_view().gc()) as ArrayRef,
-            DataType::BinaryView => Arc::new(c.as_binary_view().gc()) as ArrayRef,
-            _ => c.clone(),
-        })
-        .collect();
-    Ok(RecordBatch::try_new(batch.schema(), columns)?)
-}
-
-/// The distinct (anchor document, partner document) pairs among `candidates`
-/// (row pairs), as the rows that first show each, and for every candidate the
-/// index of its pair. Documents are told apart by id, as the answer memo does.
-fn distinct_pairs(
-    anchors: &RowDocs<'_>,
-    partners: &RowDocs<'_>,
-    candidates: &[(u32, u32)],
-) -> (Vec<u32>, Vec<(u32, u32)>) {
-    // Each row's document as a small number: equal ids, equal numbers.
-    fn numbered(
-        docs: &RowDocs<'_>,
-        rows: usize,
-        used: impl Iterator<Item = u32>,
-    ) -> (Vec<u32>, u32) {
-        let mut by_id: HashMap<&str, u32> = HashMap::new();
-        let mut out = vec![u32::MAX; rows];
-        for r in used {
-            if out[r as usize] != u32::MAX {
-                continue;
-            }
-            let id = docs.doc(0, r as usize).expect("a candidate's document").id;
-            let next = by_id.len() as u32;
-            out[r as usize] = *by_id.entry(id).or_insert(next);
-        }
-        let count = by_id.len() as u32;
-        (out, count)
-    }
-    let rows = |c: &dyn Fn(&(u32, u32)) -> u32| {
-        candidates.iter().map(c).max().map_or(0, |m| m as usize + 1)
-    };
-    let (a_doc, a_count) = numbered(anchors, rows(&|c| c.0), candidates.iter().map(|c| c.0));
-    let (p_doc, p_count) = numbered(partners, rows(&|c| c.1), candidates.iter().map(|c| c.1));
-    // A table of pair indexes when it is small, else a map.
-    let cells = (a_count as usize).saturating_mul(p_count as usize);
-    let mut table = if cells <= 1 << 20 {
-        vec![u32::MAX; cells]
-    } else {
-        Vec::new()
-    };
-    let mut map: HashMap<(u32, u32), u32> = HashMap::new();
-    let mut distinct = Vec::new();
-    let pair_of = candidates
-        .iter()
-        .map(|&(a, p)| {
-            let (da, dp) = (a_doc[a as usize], p_doc[p as usize]);
-            let fresh = distinct.len() as u32;
-            let slot = if table.is_empty() {
-                map.entry((da, dp)).or_insert(fresh)
-            } else {
-                let cell = &mut table[da as usize * p_count as usize + dp as usize];
-                if *cell == u32::MAX {
-                    *cell = fresh;
-                }
-                cell
-            };
-            if *slot == fresh {
-                distinct.push((a, p));
-            }
-            *slot
-        })
-        .collect();
-    (pair_of, distinct)
-}
-
-/// Tells the backend a join's partner documents (distinct by id) when every
-/// anchor meets every one of them: no equality, no residual condition.
-fn report_partners(state: &OpState, partner_batch: &RecordBatch) -> Result<()> {
-    if !state.spec.equalities.is_empty() || state.spec.residual.is_some() {
-        return Ok(());
-    }
-    let op = &state.spec.call.op_id;
-    let lw = state.layout.left_width;
-    let (id, text) = state.layout.docs[1];
-    let local = |index: usize| if index < lw { index } else { index - lw };
-    let partners = RowDocs::new(partner_batch, &[(local(id), local(text))], op)?;
-    let mut seen = HashSet::new();
-    let docs: Vec<Doc<'_>> = (0..partner_batch.num_rows())
-        .filter_map(|row| partners.doc(0, row))
-        .filter(|d| seen.insert(d.id))
-        .collect();
-    state
-        .runtime
-        .backend
-        .partners_collected(&state.spec.call, &docs);
-    Ok(())
-}
-
-/// AI join of one batch of anchor rows against all partner rows: every candidate
-/// that meets the equalities is asked once (across batches, via the memo); the
-/// TRUE pairs and, as the join type says, unmatched anchor rows are emitted.
-/// Matched partner rows are marked in `matched` for [`unmatched_partners`].
-fn join_batch(
-    state: &OpState,
-    sides: JoinSides,
-    anchor_batch: &RecordBatch,
-    partner_batch: &RecordBatch,
-    matched: &mut [bool],
-) -> Result<RecordBatch> {
-    let op = &state.spec.call.op_id;
-    state.metrics.input_rows.add(anchor_batch.num_rows());
-    let lw = state.layout.left_width;
-    let local = |index: usize| if index < lw { index } else { index - lw };
-    let (a_doc, p_doc) = (state.layout.docs[0], state.layout.docs[1]);
-    let anchors = RowDocs::new(anchor_batch, &[(local(a_doc.0), local(a_doc.1))], op)?;
-    let partners = RowDocs::new(partner_batch, &[(local(p_doc.0), local(p_doc.1))], op)?;
-
-    // Partner rows per equality key (all partner rows when there is no
-    // equality); a NULL key matches nothing.
-    let key_columns = |batch: &RecordBatch, pick: &dyn Fn(&(usize, usize)) -> usize| {
-        state
-            .layout
-            .equalities
-            .iter()
-            .map(|e| id_strings(batch, local(pick(e))))
-            .collect::<Result<Vec<_>>>()
-    };
-    let a_keys = key_columns(anchor_batch, &|e| e.0)?;
-    let p_keys = key_columns(partner_batch, &|e| e.1)?;
-    let key = |cols: &[StringArray], row: usize| -> Option<Vec<String>> {
-        cols.iter()
-            .map(|c| c.is_valid(row).then(|| c.value(row).to_string()))
-            .collect()
-    };
-    let mut by_key: HashMap<Vec<String>, Vec<u32>> = HashMap::new();
-    if !p_keys.is_empty() {
-        for r in 0..partner_batch.num_rows() {
-            if let Some(k) = key(&p_keys, r) {
-                by_key.entry(k).or_default().push(r as u32);
-            }
-        }
-    }
-    let all_partners: Vec<u32> = (0..partner_batch.num_rows() as u32).collect();
-    let mut candidates: Vec<(u32, u32)> = Vec::new();
-    for a in 0..anchor_batch.num_rows() {
-        if anchors.doc(0, a).is_none() {
-            continue;
-        }
-        let rows = if p_keys.is_empty() {
-            &all_partners[..]
-        } else {
-            match key(&a_keys, a).and_then(|k| by_key.get(&k)) {
-                Some(v) => &v[..],
-                None => &[][..],
-            }
-        };
-        for &p in rows {
-            if partners.doc(0, p as usize).is_some() {
-                candidates.push((a as u32, p));
-            }
-        }
-    }
-    if let Some((residual, combined)) = &state.layout.residual {
-        let keep = residual_mask(
-            residual,
-            combined.clone(),
-            sides.anchor_left,
-            anchor_batch,
-            partner_batch,
-            &candidates,
-        )?;
-        let mut i = 0;
-        candidates.retain(|_| {
-            i += 1;
-            keep[i - 1]
-        });
-    }
-    // Each distinct pair of documents is asked once: rows made by an earlier
-    // join repeat their documents (IMDB-9's join-3 sees each review in
-    // thousands of rows), and a request costs far more than an index.
-    let (pair_of, distinct) = distinct_pairs(&anchors, &partners, &candidates);
-    let requests: Vec<AiRequest<'_>> = distinct
-        .iter()
-        .map(|&(a, p)| AiRequest {
-            anchor: anchors.doc(0, a as usize).expect("a candidate's anchor"),
-            partner: partners.doc(0, p as usize),
-        })
-        .collect();
-    let answers = answer(state, &requests)?;
-    let mut anchor_matched = vec![false; anchor_batch.num_rows()];
-    let mut pairs: Vec<(u32, u32)> = Vec::new();
-    for (&(a, p), &pair) in candidates.iter().zip(&pair_of) {
-        if answers[pair as usize] != 0 {
-            pairs.push((a, p));
-            anchor_matched[a as usize] = true;
-            matched[p as usize] = true;
-        }
-    }
-    // Rows as (anchor, partner), then placed as (left, right).
-    let mut rows: Vec<JoinRow> = match sides.semi(sides.anchor_left) {
-        Some(want) => (0..anchor_batch.num_rows() as u32)
-            .filter(|&a| anchor_matched[a as usize] == want)
-            .map(|a| (Some(a), None))
-            .collect(),
-        None if sides.one_sided() => Vec::new(),
-        None => pairs.iter().map(|&(a, p)| (Some(a), Some(p))).collect(),
-    };
-    if sides.keeps_unmatched(sides.anchor_left) {
-        rows.extend(
-            (0..anchor_batch.num_rows() as u32)
-                .filter(|&a| !anchor_matched[a as usize])
-                .map(|a| (Some(a), None)),
-        );
-    }
-    let out = if sides.anchor_left {
-        assemble(
-            state.schema.clone(),
-            sides,
-            anchor_batch,
-            partner_batch,
-            &rows,
-        )?
-    } else {
-        let rows: Vec<_> = rows.into_iter().map(|(a, p)| (p, a)).collect();
-        assemble(
-            state.schema.clone(),
-            sides,
-            partner_batch,
-            anchor_batch,
-            &rows,
-        )?
-    };
-    state.metrics.baseline.record_output(out.num_rows());
-    Ok(out)
-}
-
-/// Which candidate (anchor row, partner row) pairs meet the residual condition
-/// (NULL counts as not met), evaluated on the pairs as left ‖ right rows.
-fn residual_mask(
-    residual: &Arc<dyn PhysicalExpr>,
-    combined: SchemaRef,
-    anchor_left: bool,
-    anchor_batch: &RecordBatch,
-    partner_batch: &RecordBatch,
-    candidates: &[(u32, u32)],
-) -> Result<Vec<bool>> {
-    if candidates.is_empty() {
-        return Ok(Vec::new());
-    }
-    let a = UInt32Array::from_iter_values(candidates.iter().map(|c| c.0));
-    let p = UInt32Array::from_iter_values(candidates.iter().map(|c| c.1));
-    let pick = |batch: &RecordBatch, idx: &UInt32Array| {
-        batch
-            .columns()
-            .iter()
-            .map(|c| take(c.as_ref(), idx, None))
-            .collect::<std::result::Result<Vec<_>, _>>()
-    };
-    let (mut columns, right) = if anchor_left {
-        (pick(anchor_batch, &a)?, pick(partner_batch, &p)?)
-    } else {
-        (pick(partner_batch, &p)?, pick(anchor_batch, &a)?)
-    };
-    columns.extend(right);
-    let pairs = RecordBatch::try_new_with_options(
-        combined,
-        columns,
-        &datafusion::arrow::array::RecordBatchOptions::new().with_row_count(Some(candidates.len())),
-    )?;
-    let value = residual
-        .evaluate(&pairs)
-        .and_then(|v| v.into_array(pairs.num_rows()))
-        .map_err(EngineError::DataFusion)?;
-    let mask = value.as_boolean_opt().ok_or_else(|| {
-        EngineError::Data(format!(
-            "a join condition evaluated to {}, not a boolean",
-            value.data_type()
-        ))
-    })?;
-    Ok((0..mask.len())
-        .map(|i| mask.is_valid(i) && mask.value(i))
-        .collect())
-}
-
-/// After the last anchor batch: the partner rows the join type keeps by their
-/// match state (unmatched rows of an outer side, semi or anti on the partner side).
-fn unmatched_partners(
-    state: &OpState,
-    sides: JoinSides,
-    anchor_schema: SchemaRef,
-    partner_batch: &RecordBatch,
-    matched: &[bool],
-) -> DfResult<RecordBatch> {
-    let partner_left = !sides.anchor_left;
-    let want = match sides.semi(partner_left) {
-        Some(want) => want,
-        None if sides.keeps_unmatched(partner_left) => false,
-        None => return Ok(RecordBatch::new_empty(state.schema.clone())),
-    };
-    let partner_rows =
-        (0..partner_batch.num_rows() as u32).filter(|&p| matched[p as usize] == want);
-    let no_anchors = RecordBatch::new_empty(anchor_schema);
-    let out = if partner_left {
-        let rows: Vec<_> = partner_rows.map(|p| (Some(p), None)).collect();
-        assemble(
-            state.schema.clone(),
-            sides,
-            partner_batch,
-            &no_anchors,
-            &rows,
-        )?
-    } else {
-        let rows: Vec<_> = partner_rows.map(|p| (None, Some(p))).collect();
-        assemble(
-            state.schema.clone(),
-            sides,
-            &no_anchors,
-            partner_batch,
-            &rows,
-        )?
-    };
-    state.metrics.baseline.record_output(out.num_rows());
-    Ok(out)
-}
 /// Lowers [`AiNode`]s to [`AiExec`].
 #[derive(Debug)]
 pub struct AiExtensionPlanner {
@@ -1188,41 +798,5 @@ impl QueryPlanner for AiQueryPlanner {
         DefaultPhysicalPlanner::with_extension_planners(vec![self.planner.clone()])
             .create_physical_plan(logical_plan, session)
             .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use datafusion::arrow::array::StringViewArray;
-    use datafusion::arrow::datatypes::{Field, Schema};
-
-    #[test]
-    fn a_partner_side_made_of_slices_keeps_only_its_own_text() {
-        let text: Vec<String> = (0..1000).map(|i| format!("{i:0>200}")).collect();
-        let column: ArrayRef = Arc::new(StringViewArray::from_iter_values(&text));
-        let schema = Arc::new(Schema::new(vec![Field::new(
-            "t",
-            DataType::Utf8View,
-            false,
-        )]));
-        let whole = RecordBatch::try_new(schema.clone(), vec![column]).unwrap();
-        // One row from each of 50 slices: every piece still points at all the text.
-        let pieces: Vec<RecordBatch> = (0..50).map(|i| whole.slice(i * 20, 1)).collect();
-        let joined = concat_batches(&schema, &pieces).unwrap();
-        let compact = compact_views(joined.clone()).unwrap();
-        assert_eq!(compact.num_rows(), 50);
-        let values = |b: &RecordBatch| -> Vec<String> {
-            use datafusion::arrow::array::AsArray;
-            let a = b.column(0).as_string_view();
-            (0..a.len()).map(|i| a.value(i).to_string()).collect()
-        };
-        assert_eq!(values(&compact), values(&joined));
-        assert!(
-            compact.get_array_memory_size() * 20 < joined.get_array_memory_size(),
-            "{} bytes compacted from {}",
-            compact.get_array_memory_size(),
-            joined.get_array_memory_size()
-        );
     }
 }
