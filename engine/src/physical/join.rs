@@ -4,7 +4,21 @@
 //! so that a join whose result has billions of rows (IMDB-9 at sf 1.0) streams
 //! them instead of holding one anchor batch's whole product.
 
-use super::*;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, RecordBatch, StringArray, UInt32Array, new_null_array,
+};
+use datafusion::arrow::compute::take;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::common::JoinType;
+use datafusion::error::Result as DfResult;
+use datafusion::physical_expr::PhysicalExpr;
+
+use super::{OpState, RowDocs, answer, id_strings};
+use crate::backend::{AiRequest, Doc};
+use crate::error::{EngineError, Result};
 
 /// Which input an AI join streams (the anchor's) and what its type keeps.
 #[derive(Debug, Clone, Copy)]
@@ -262,11 +276,7 @@ pub(super) fn join_batch(
             for &d in true_partners.iter().flatten() {
                 partner_matched[d as usize] = true;
             }
-            for (rows, _) in partner_rows
-                .iter()
-                .zip(&partner_matched)
-                .filter(|(_, m)| **m)
-            {
+            for (rows, _) in partner_rows.iter().zip(partner_matched).filter(|(_, m)| *m) {
                 for &p in rows {
                     matched[p as usize] = true;
                 }
@@ -283,7 +293,6 @@ pub(super) fn join_batch(
         None => Vec::new(),
     };
     Ok(JoinOutput {
-        emit_pairs: !sides.one_sided(),
         state,
         sides,
         anchor_batch,
@@ -345,20 +354,14 @@ fn pairs_by_document(
         })
         .collect();
     let answers = answer(state, &requests)?;
-    let width = partner_first.len().max(1);
-    let true_partners = answers
-        .chunks(width)
-        .map(|row| {
-            (0..row.len() as u32)
-                .filter(|&p| row[p as usize] != 0)
+    let width = partner_first.len();
+    let true_partners: Vec<Vec<u32>> = (0..anchor_first.len())
+        .map(|da| {
+            (0..width as u32)
+                .filter(|&dp| answers[da * width + dp as usize] != 0)
                 .collect()
         })
-        .collect::<Vec<Vec<u32>>>();
-    let true_partners = if partner_first.is_empty() {
-        vec![Vec::new(); anchor_first.len()]
-    } else {
-        true_partners
-    };
+        .collect();
     let mut rows_of = vec![Vec::new(); partner_first.len()];
     for (p, &d) in partner_doc.iter().enumerate() {
         if d != u32::MAX {
@@ -473,7 +476,6 @@ pub(super) struct JoinOutput {
     anchor_batch: RecordBatch,
     partner_batch: Arc<RecordBatch>,
     pairs: TruePairs,
-    emit_pairs: bool,
     lone_anchors: Vec<u32>,
     /// Where [`TruePairs::take`] goes on.
     cursor: (usize, usize),
@@ -529,7 +531,7 @@ impl Iterator for JoinOutput {
 
     fn next(&mut self) -> Option<Self::Item> {
         let mut rows: Vec<JoinRow> = Vec::new();
-        if self.emit_pairs {
+        if !self.sides.one_sided() {
             self.pairs
                 .take(&mut self.cursor, &mut rows, OUTPUT_CHUNK_ROWS);
         }
@@ -663,6 +665,7 @@ pub(super) fn unmatched_partners(
 mod tests {
     use super::*;
     use datafusion::arrow::array::StringViewArray;
+    use datafusion::arrow::compute::concat_batches;
     use datafusion::arrow::datatypes::{Field, Schema};
 
     #[test]

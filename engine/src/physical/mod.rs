@@ -16,10 +16,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray, UInt32Array, new_null_array,
-};
-use datafusion::arrow::compute::{cast, concat_batches, filter_record_batch, take};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray};
+use datafusion::arrow::compute::{cast, concat_batches, filter_record_batch};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::JoinType;
