@@ -300,6 +300,38 @@ impl<K: KvOps> PrefixTrie<K> {
         Ok(restored)
     }
 
+    /// The nodes whose KV leaves the device with `id`'s: `id` itself and each
+    /// ancestor on the device that only this path uses. The walk passes KV
+    /// already on the host and stops at the first ancestor that `keep` claims
+    /// (a sequence still on the device ends there) or that another child on the
+    /// device needs. Without it, a sequence's offloaded end would leave its
+    /// start on the device, held for a child that is not there.
+    pub fn device_path(&self, id: NodeId, keep: &dyn Fn(NodeId) -> bool) -> Vec<NodeId> {
+        let resident = |n: NodeId| self.nodes[n].kv.as_ref().is_some_and(|kv| kv.is_resident());
+        let mut path = Vec::new();
+        if id == 0 || !self.nodes[id].alive || keep(id) {
+            return path;
+        }
+        if resident(id) {
+            path.push(id);
+        }
+        let (mut child, mut n) = (id, self.nodes[id].parent);
+        while n != 0 {
+            if resident(n) {
+                let shared = self.nodes[n]
+                    .children
+                    .values()
+                    .any(|&c| c != child && resident(c));
+                if keep(n) || shared {
+                    break;
+                }
+                path.push(n);
+            }
+            (child, n) = (n, self.nodes[n].parent);
+        }
+        path
+    }
+
     fn is_evictable_leaf(&self, i: NodeId) -> bool {
         let n = &self.nodes[i];
         i != 0
@@ -406,6 +438,34 @@ impl<K: KvOps> PrefixTrie<K> {
         ))
     }
 
+    /// Like [`Self::truncate_leaf`], and when that removes the leaf, its parent
+    /// in turn, and so on up while the parent is left a leaf that `owned` does
+    /// not claim: a start that only removed sequences used goes with them.
+    /// Returns the (device, host) bytes freed.
+    pub fn truncate_chain(
+        &mut self,
+        id: NodeId,
+        depth: usize,
+        owned: &dyn Fn(NodeId) -> bool,
+    ) -> crate::Result<(usize, usize)> {
+        let (mut device, mut host) = (0, 0);
+        let mut n = id;
+        loop {
+            let parent = self.nodes[n].parent;
+            let (d, h) = self.truncate_leaf(n, depth)?;
+            device += d;
+            host += h;
+            if self.nodes[n].alive
+                || parent == 0
+                || owned(parent)
+                || !self.is_evictable_leaf(parent)
+            {
+                return Ok((device, host));
+            }
+            n = parent;
+        }
+    }
+
     /// Removes a subtree; returns the KV bytes it held.
     fn remove_subtree(&mut self, id: NodeId, removed: &mut Vec<NodeId>) -> usize {
         let mut freed = 0;
@@ -462,6 +522,60 @@ mod tests {
         }
         fn segment_len(&self) -> usize {
             self.0
+        }
+    }
+
+    /// A KV that can be offloaded: length, own segment, and whether on the device.
+    #[derive(Debug, Clone)]
+    struct Tiered(usize, usize, std::rc::Rc<std::cell::Cell<bool>>);
+
+    impl KvOps for Tiered {
+        fn prefix(&self, len: usize) -> crate::Result<Self> {
+            Ok(Tiered(
+                len,
+                len,
+                std::rc::Rc::new(std::cell::Cell::new(self.2.get())),
+            ))
+        }
+        fn bytes(&self) -> usize {
+            if self.2.get() { self.1 } else { 0 }
+        }
+        fn len(&self) -> usize {
+            self.0
+        }
+        fn segment_len(&self) -> usize {
+            self.1
+        }
+        fn is_resident(&self) -> bool {
+            self.2.get()
+        }
+        fn host_bytes(&self) -> usize {
+            if self.2.get() { 0 } else { self.1 }
+        }
+        fn offload(&self) -> crate::Result<()> {
+            self.2.set(false);
+            Ok(())
+        }
+        fn restore(&self) -> crate::Result<()> {
+            self.2.set(true);
+            Ok(())
+        }
+    }
+
+    fn fill_tiered(t: &mut PrefixTrie<Tiered>, targets: &[NodeId]) {
+        for wave in t.pending(targets) {
+            for id in wave {
+                let base = t.parent_kv(id).map_or(0, |k| k.0);
+                let seg = t.edge(id).len();
+                t.set_kv(
+                    id,
+                    Tiered(
+                        base + seg,
+                        seg,
+                        std::rc::Rc::new(std::cell::Cell::new(true)),
+                    ),
+                );
+            }
         }
     }
 
@@ -537,6 +651,53 @@ mod tests {
         assert_eq!(t.cached_nodes(), 1);
         let c = t.insert(&[4, 5]).unwrap();
         assert_eq!(fill(&mut t, &[c]), 2);
+    }
+
+    #[test]
+    fn a_sequence_leaves_the_device_with_the_start_only_it_uses() {
+        let mut t = PrefixTrie::new(None);
+        // Two snapshots of one trace (a, then b extending it) and another
+        // sequence c sharing their first two tokens.
+        let a = t.insert(&[1, 2, 3, 4]).unwrap();
+        let b = t.insert(&[1, 2, 3, 4, 5, 6]).unwrap();
+        let c = t.insert(&[1, 2, 9]).unwrap();
+        fill_tiered(&mut t, &[a, b, c]);
+        let split = t.insert(&[1, 2]).unwrap();
+        // While a is still wanted on the device, b goes alone.
+        assert_eq!(t.device_path(b, &|n| n == a), vec![b]);
+        // Otherwise a goes with it; the shared [1, 2] stays for c.
+        assert_eq!(t.device_path(b, &|_| false), vec![b, a]);
+        for n in t.device_path(b, &|_| false) {
+            t.offload(n).unwrap();
+        }
+        // c then takes the shared start along: nothing on the device needs it,
+        // and the walk passes KV already on the host.
+        assert_eq!(t.device_path(c, &|_| false), vec![c, split]);
+        // b has nothing left on the device of its own: c still needs [1, 2].
+        assert!(t.device_path(b, &|_| false).is_empty());
+        assert!(t.device_path(c, &|n| n == c).is_empty());
+    }
+
+    #[test]
+    fn a_removed_leaf_takes_the_start_no_one_owns_with_it() {
+        let mut t = PrefixTrie::new(None);
+        let a = t.insert(&[1, 2, 3, 4]).unwrap();
+        let b = t.insert(&[1, 2, 3, 4, 5, 6]).unwrap();
+        let c = t.insert(&[1, 2, 9]).unwrap();
+        fill_tiered(&mut t, &[a, b, c]);
+        let split = t.insert(&[1, 2]).unwrap();
+        // a is owned: only b's own edge goes.
+        assert_eq!(t.truncate_chain(b, 0, &|n| n == a).unwrap(), (2, 0));
+        assert!(t.is_alive(a));
+        // Owned by no one, a goes with its child; the split point c uses stays.
+        let b = t.insert(&[1, 2, 3, 4, 5, 6]).unwrap();
+        fill_tiered(&mut t, &[b]);
+        assert_eq!(t.truncate_chain(b, 0, &|_| false).unwrap(), (2 + 2, 0));
+        assert!(!t.is_alive(a));
+        assert!(t.is_alive(split) && t.is_alive(c));
+        // The last sequence takes everything, up to the root.
+        assert_eq!(t.truncate_chain(c, 0, &|_| false).unwrap(), (1 + 2, 0));
+        assert_eq!(t.cached_nodes(), 0);
     }
 
     #[test]

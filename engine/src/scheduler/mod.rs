@@ -24,7 +24,8 @@
 //!
 //! The cache lives for one query (fresh tokens are per query). When it outgrows
 //! the KV budget, least recently used documents (with their questions) leave
-//! the device: to the host tier while it has room (`host_kv_budget_bytes`),
+//! the device (with the start of their KV no document left there needs): to
+//! the host tier while it has room (`host_kv_budget_bytes`),
 //! whence they come back by copy before their next use (restored tokens, not
 //! fresh ones), else evicted — costing recomputation, never a wrong answer. Documents of
 //! tables no later operator reads are dropped as soon as their last operator
@@ -385,10 +386,8 @@ impl<E: Executor> ScheduledBackend<E> {
                     if let Some(t) = cache.suffixes.get(k) {
                         t.offload_all()?;
                     }
-                    if let Some(&node) = cache.doc_nodes.get(k)
-                        && !keep_nodes.contains(&node)
-                    {
-                        cache.docs.offload(node)?;
+                    for n in doc_path(cache, k, &keep_nodes, &users) {
+                        cache.docs.offload(n)?;
                     }
                     held -= device;
                     host_held += device;
@@ -976,7 +975,8 @@ impl Answers {
 }
 
 /// Device and host bytes a document holds alone: its question trie, and its
-/// own KV unless a kept document or another key shares that node.
+/// own KV unless a kept document or another key shares that node; on the
+/// device, also the start of its KV that only it uses ([`doc_path`]).
 fn doc_bytes<K: KvOps>(
     cache: &Cache<K>,
     k: &DocKey,
@@ -987,15 +987,45 @@ fn doc_bytes<K: KvOps>(
         .suffixes
         .get(k)
         .map_or((0, 0), |t| (t.bytes(), t.host_bytes()));
+    device += doc_path(cache, k, keep_nodes, users)
+        .into_iter()
+        .filter_map(|n| cache.docs.kv(n))
+        .map(KvOps::bytes)
+        .sum::<usize>();
     if let Some(&node) = cache.doc_nodes.get(k)
         && !keep_nodes.contains(&node)
         && users.get(&node).copied().unwrap_or(0) <= 1
         && let Some(kv) = cache.docs.kv(node)
     {
-        device += kv.bytes();
         host += kv.host_bytes();
     }
     (device, host)
+}
+
+/// The document-trie nodes whose KV leaves the device with document `k`
+/// ([`PrefixTrie::device_path`]): its node and the ancestors on the device no
+/// other document there needs. None while a kept document or another key
+/// shares its node.
+fn doc_path<K: KvOps>(
+    cache: &Cache<K>,
+    k: &DocKey,
+    keep_nodes: &HashSet<NodeId>,
+    users: &HashMap<NodeId, usize>,
+) -> Vec<NodeId> {
+    let Some(&node) = cache.doc_nodes.get(k) else {
+        return Vec::new();
+    };
+    if keep_nodes.contains(&node) || users.get(&node).copied().unwrap_or(0) > 1 {
+        return Vec::new();
+    }
+    cache
+        .docs
+        .device_path(node, &|n| n != node && is_owned(n, keep_nodes, users))
+}
+
+/// Whether a document-trie node is some document's own: a kept one's, or any key's.
+fn is_owned(n: NodeId, keep_nodes: &HashSet<NodeId>, users: &HashMap<NodeId, usize>) -> bool {
+    keep_nodes.contains(&n) || users.get(&n).is_some_and(|&u| u > 0)
 }
 
 /// How many document keys use each node (documents with one text share one),
@@ -1032,7 +1062,11 @@ fn drop_doc<K: KvOps>(
         });
         let shared = keep_nodes.contains(&node) || left > 0;
         if !shared {
-            let (d, h) = cache.docs.truncate_leaf(node, keep_depth)?;
+            // The start it shared with dropped documents goes too (down to the stub).
+            let users = &*users;
+            let (d, h) = cache
+                .docs
+                .truncate_chain(node, keep_depth, &|n| is_owned(n, keep_nodes, users))?;
             device += d;
             host += h;
         }
