@@ -129,6 +129,73 @@ async fn a_host_tier_or_lookahead_keeps_imdb_9_and_10_at_the_minimum_under_small
     }
 }
 
+/// Agent-trace snapshots extend one another, so they share their trajectory's
+/// KV. AGENT-3 and AGENT-4 ask two questions of every snapshot (the second of
+/// those the first keeps). With both tiers far smaller than the traces, a
+/// snapshot that leaves the device must take its trajectory's start with it,
+/// and a dropped one the start only dropped snapshots used: otherwise that KV
+/// stays on the device owned by no document, crowds out the documents still
+/// wanted, and the second question recomputes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_snapshots_keep_the_minimum_when_both_tiers_are_small() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = TinyCorpus::write(dir.path()).with_agent_snapshots(24, 4);
+    let ids = ["AGENT-3", "AGENT-4"];
+    let plans = load_plans(&ids);
+    let (store, _) = draw_labels(&corpus, &plans);
+    let store = Arc::new(store);
+    let options = QueryOptions {
+        batch_rows: 4,
+        ..Default::default()
+    };
+    let run = |device: usize, host: usize, plan: &QueryPlan| {
+        let config = SchedulerConfig {
+            prefix_cache: true,
+            lookahead: true,
+            kv_budget_bytes: device,
+            host_kv_budget_bytes: host,
+            batch_tokens: 512,
+        };
+        let backend = simulation_backend(store.clone(), config, BYTES_PER_TOKEN).unwrap();
+        let (paths, options, plan) = (corpus.paths(), options.clone(), plan.clone());
+        async move {
+            collect_query(&plan, &paths, backend, &options)
+                .await
+                .unwrap()
+        }
+    };
+    for (id, plan) in ids.iter().zip(&plans) {
+        let unbounded = run(usize::MAX / 2, 0, plan).await;
+        let minimum = count(&unbounded, "fresh_tokens");
+        let peak = count(&unbounded, "kv_peak_bytes") as usize;
+        for device in [peak / 16, peak / 8, peak / 4] {
+            // The host tier at the H200's ratio (256 GiB for 100 GiB of device).
+            let out = run(device, device * 5 / 2, plan).await;
+            let fresh = count(&out, "fresh_tokens");
+            eprintln!(
+                "{id} device {device} B: fresh {fresh} (minimum {minimum}), {} evictions, \
+                 device peak {} B, {} positions restored",
+                count(&out, "kv_evictions"),
+                count(&out, "kv_peak_bytes"),
+                count(&out, "restored_tokens")
+            );
+            assert!(
+                count(&out, "kv_evictions") > 0,
+                "{id} at {device} B: the budget bites"
+            );
+            assert!(
+                fresh as f64 <= minimum as f64 * 1.005,
+                "{id} at {device} B: {fresh} > {minimum} × 1.005"
+            );
+            assert_eq!(
+                result_rows(&out.rows),
+                result_rows(&unbounded.rows),
+                "{id} at {device} B: rows"
+            );
+        }
+    }
+}
+
 /// The same on the tiny model: KV moved to the host and back by the real
 /// handles (an offloaded handle used without a restore is an error, so a
 /// forgotten restore fails the run), the answers and fresh tokens those of an

@@ -279,6 +279,53 @@ impl TinyCorpus {
         }
     }
 
+    /// Replaces `agent_traces` with `trajectories` trajectories of `snapshots`
+    /// snapshots each, as SWE-Next has them: a snapshot is its trajectory's
+    /// text up to a turn, so each one extends the one before and every
+    /// trajectory opens with the same system prompt.
+    pub fn with_agent_snapshots(mut self, trajectories: usize, snapshots: usize) -> Self {
+        let (mut ids, mut texts, mut traj, mut turns, mut counts) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for j in 0..trajectories {
+            let mut text = String::from("You are a coding agent. Fix the reported issue.\n");
+            for k in 1..=snapshots {
+                for step in 0..4 {
+                    text.push_str(&format!(
+                        "<turn {k}.{step}> agent {j} reads file_{j}_{k}_{step}.py and runs test {k}.\n"
+                    ));
+                }
+                let turn = 5 * k as i32;
+                ids.push(format!("at{j:04}-t{turn:03}"));
+                texts.push(text.clone());
+                traj.push(format!("at{j:04}"));
+                turns.push(turn);
+                counts.push(text.split_whitespace().count() as i32);
+            }
+        }
+        write_parquet(
+            &self.dir.join("agent_traces.parquet"),
+            vec![
+                ("id", string_col(&ids)),
+                ("trace", string_col(&texts)),
+                ("trajectory_id", string_col(&traj)),
+                ("turn_index", Arc::new(Int32Array::from(turns)) as ArrayRef),
+                (
+                    "token_count",
+                    Arc::new(Int32Array::from(counts)) as ArrayRef,
+                ),
+            ],
+        );
+        self.tables.insert(
+            "agent_traces".into(),
+            TinyTable {
+                ids,
+                texts,
+                text_column: "trace",
+            },
+        );
+        self
+    }
+
     /// `<table>.parquet` paths.
     pub fn paths(&self) -> BTreeMap<String, PathBuf> {
         self.tables

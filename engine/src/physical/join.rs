@@ -115,30 +115,12 @@ fn distinct_pairs(
     partners: &RowDocs<'_>,
     candidates: &[(u32, u32)],
 ) -> (Vec<u32>, Vec<(u32, u32)>) {
-    // Each row's document as a small number: equal ids, equal numbers.
-    fn numbered(
-        docs: &RowDocs<'_>,
-        rows: usize,
-        used: impl Iterator<Item = u32>,
-    ) -> (Vec<u32>, u32) {
-        let mut by_id: HashMap<&str, u32> = HashMap::new();
-        let mut out = vec![u32::MAX; rows];
-        for r in used {
-            if out[r as usize] != u32::MAX {
-                continue;
-            }
-            let id = docs.doc(0, r as usize).expect("a candidate's document").id;
-            let next = by_id.len() as u32;
-            out[r as usize] = *by_id.entry(id).or_insert(next);
-        }
-        let count = by_id.len() as u32;
-        (out, count)
-    }
     let rows = |c: &dyn Fn(&(u32, u32)) -> u32| {
         candidates.iter().map(c).max().map_or(0, |m| m as usize + 1)
     };
-    let (a_doc, a_count) = numbered(anchors, rows(&|c| c.0), candidates.iter().map(|c| c.0));
-    let (p_doc, p_count) = numbered(partners, rows(&|c| c.1), candidates.iter().map(|c| c.1));
+    let (a_doc, a_first) = number_documents(anchors, rows(&|c| c.0));
+    let (p_doc, p_first) = number_documents(partners, rows(&|c| c.1));
+    let (a_count, p_count) = (a_first.len() as u32, p_first.len() as u32);
     // A table of pair indexes when it is small, else a map.
     let cells = (a_count as usize).saturating_mul(p_count as usize);
     let mut table = if cells <= 1 << 20 {
