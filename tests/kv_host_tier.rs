@@ -11,6 +11,7 @@ mod common;
 
 use std::sync::Arc;
 
+use aisql_engine::labels::LabelStore;
 use aisql_engine::plan::QueryPlan;
 use aisql_engine::query::{QueryOptions, QueryOutput};
 use aisql_engine::scheduler::{SchedulerConfig, simulation_backend};
@@ -23,19 +24,37 @@ fn count(out: &QueryOutput, key: &str) -> u64 {
     out.measurements[key].as_u64().unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_host_tier_or_lookahead_keeps_imdb_9_and_10_at_the_minimum_under_small_kv_budgets() {
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = TinyCorpus::write(dir.path());
-    let ids = ["IMDB-9", "IMDB-10"];
-    let plans = load_plans(&ids);
-    let (store, _) = draw_labels(&corpus, &plans);
-    let store = Arc::new(store);
-    let options = QueryOptions {
-        batch_rows: 8,
-        ..Default::default()
-    };
-    let run = |device: usize, host: usize, lookahead: bool, plan: &QueryPlan| {
+/// Queries of one tiny corpus run in simulation.
+struct Simulation<'a> {
+    corpus: &'a TinyCorpus,
+    store: Arc<LabelStore>,
+    options: QueryOptions,
+}
+
+impl<'a> Simulation<'a> {
+    /// Labels for `plans` drawn over `corpus`; AI operators stream
+    /// `batch_rows` rows at a time.
+    fn new(corpus: &'a TinyCorpus, plans: &[QueryPlan], batch_rows: usize) -> Self {
+        let (store, _) = draw_labels(corpus, plans);
+        Self {
+            corpus,
+            store: Arc::new(store),
+            options: QueryOptions {
+                batch_rows,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Runs `plan` with a device KV budget of `device` bytes and a host tier
+    /// of `host`.
+    async fn run(
+        &self,
+        device: usize,
+        host: usize,
+        lookahead: bool,
+        plan: &QueryPlan,
+    ) -> Collected {
         let config = SchedulerConfig {
             prefix_cache: true,
             lookahead,
@@ -43,23 +62,29 @@ async fn a_host_tier_or_lookahead_keeps_imdb_9_and_10_at_the_minimum_under_small
             host_kv_budget_bytes: host,
             batch_tokens: 512,
         };
-        let backend = simulation_backend(store.clone(), config, BYTES_PER_TOKEN).unwrap();
-        let (paths, options, plan) = (corpus.paths(), options.clone(), plan.clone());
-        async move {
-            collect_query(&plan, &paths, backend, &options)
-                .await
-                .unwrap()
-        }
-    };
+        let backend = simulation_backend(self.store.clone(), config, BYTES_PER_TOKEN).unwrap();
+        collect_query(plan, &self.corpus.paths(), backend, &self.options)
+            .await
+            .unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_tier_or_lookahead_keeps_imdb_9_and_10_at_the_minimum_under_small_kv_budgets() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = TinyCorpus::write(dir.path());
+    let ids = ["IMDB-9", "IMDB-10"];
+    let plans = load_plans(&ids);
+    let sim = Simulation::new(&corpus, &plans, 8);
     for (id, plan) in ids.iter().zip(&plans) {
-        let unbounded = run(usize::MAX / 2, 0, true, plan).await;
+        let unbounded = sim.run(usize::MAX / 2, 0, true, plan).await;
         let minimum = count(&unbounded, "fresh_tokens");
         let peak = count(&unbounded, "kv_peak_bytes") as usize;
         assert!(!unbounded.answers.is_empty() && minimum > 0, "{id}");
         for device in [peak / 16, peak / 8, peak / 4] {
-            let without = run(device, 0, false, plan).await;
-            let ahead = run(device, 0, true, plan).await;
-            let with = run(device, usize::MAX / 2, false, plan).await;
+            let without = sim.run(device, 0, false, plan).await;
+            let ahead = sim.run(device, 0, true, plan).await;
+            let with = sim.run(device, usize::MAX / 2, false, plan).await;
             let (fresh_without, fresh_ahead, fresh_with) = (
                 count(&without, "fresh_tokens"),
                 count(&ahead, "fresh_tokens"),
@@ -116,7 +141,7 @@ async fn a_host_tier_or_lookahead_keeps_imdb_9_and_10_at_the_minimum_under_small
             }
         }
         // A host tier too small for the reviews still answers the same.
-        let small = run(peak / 8, peak / 8, true, plan).await;
+        let small = sim.run(peak / 8, peak / 8, true, plan).await;
         assert_eq!(
             result_rows(&small.rows),
             result_rows(&unbounded.rows),
@@ -142,35 +167,14 @@ async fn agent_snapshots_keep_the_minimum_when_both_tiers_are_small() {
     let corpus = TinyCorpus::write(dir.path()).with_agent_snapshots(24, 4);
     let ids = ["AGENT-3", "AGENT-4"];
     let plans = load_plans(&ids);
-    let (store, _) = draw_labels(&corpus, &plans);
-    let store = Arc::new(store);
-    let options = QueryOptions {
-        batch_rows: 4,
-        ..Default::default()
-    };
-    let run = |device: usize, host: usize, plan: &QueryPlan| {
-        let config = SchedulerConfig {
-            prefix_cache: true,
-            lookahead: true,
-            kv_budget_bytes: device,
-            host_kv_budget_bytes: host,
-            batch_tokens: 512,
-        };
-        let backend = simulation_backend(store.clone(), config, BYTES_PER_TOKEN).unwrap();
-        let (paths, options, plan) = (corpus.paths(), options.clone(), plan.clone());
-        async move {
-            collect_query(&plan, &paths, backend, &options)
-                .await
-                .unwrap()
-        }
-    };
+    let sim = Simulation::new(&corpus, &plans, 4);
     for (id, plan) in ids.iter().zip(&plans) {
-        let unbounded = run(usize::MAX / 2, 0, plan).await;
+        let unbounded = sim.run(usize::MAX / 2, 0, true, plan).await;
         let minimum = count(&unbounded, "fresh_tokens");
         let peak = count(&unbounded, "kv_peak_bytes") as usize;
         for device in [peak / 16, peak / 8, peak / 4] {
             // The host tier at the H200's ratio (256 GiB for 100 GiB of device).
-            let out = run(device, device * 5 / 2, plan).await;
+            let out = sim.run(device, device * 5 / 2, true, plan).await;
             let fresh = count(&out, "fresh_tokens");
             eprintln!(
                 "{id} device {device} B: fresh {fresh} (minimum {minimum}), {} evictions, \

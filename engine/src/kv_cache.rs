@@ -579,6 +579,19 @@ mod tests {
         }
     }
 
+    /// Two snapshots of one trace (a, then b extending it) and another sequence
+    /// c sharing their first two tokens, computed: the trie and (a, b, c, the
+    /// split point [1, 2]).
+    fn snapshot_trie() -> (PrefixTrie<Tiered>, [NodeId; 4]) {
+        let mut t = PrefixTrie::new(None);
+        let a = t.insert(&[1, 2, 3, 4]).unwrap();
+        let b = t.insert(&[1, 2, 3, 4, 5, 6]).unwrap();
+        let c = t.insert(&[1, 2, 9]).unwrap();
+        fill_tiered(&mut t, &[a, b, c]);
+        let split = t.insert(&[1, 2]).unwrap();
+        (t, [a, b, c, split])
+    }
+
     /// Computes every pending node; returns the positions computed.
     fn fill(t: &mut PrefixTrie<Len>, targets: &[NodeId]) -> usize {
         let mut fresh = 0;
@@ -655,14 +668,7 @@ mod tests {
 
     #[test]
     fn a_sequence_leaves_the_device_with_the_start_only_it_uses() {
-        let mut t = PrefixTrie::new(None);
-        // Two snapshots of one trace (a, then b extending it) and another
-        // sequence c sharing their first two tokens.
-        let a = t.insert(&[1, 2, 3, 4]).unwrap();
-        let b = t.insert(&[1, 2, 3, 4, 5, 6]).unwrap();
-        let c = t.insert(&[1, 2, 9]).unwrap();
-        fill_tiered(&mut t, &[a, b, c]);
-        let split = t.insert(&[1, 2]).unwrap();
+        let (mut t, [a, b, c, split]) = snapshot_trie();
         // While a is still wanted on the device, b goes alone.
         assert_eq!(t.device_path(b, &|n| n == a), vec![b]);
         // Otherwise a goes with it; the shared [1, 2] stays for c.
@@ -680,12 +686,7 @@ mod tests {
 
     #[test]
     fn a_removed_leaf_takes_the_start_no_one_owns_with_it() {
-        let mut t = PrefixTrie::new(None);
-        let a = t.insert(&[1, 2, 3, 4]).unwrap();
-        let b = t.insert(&[1, 2, 3, 4, 5, 6]).unwrap();
-        let c = t.insert(&[1, 2, 9]).unwrap();
-        fill_tiered(&mut t, &[a, b, c]);
-        let split = t.insert(&[1, 2]).unwrap();
+        let (mut t, [a, b, c, split]) = snapshot_trie();
         // a is owned: only b's own edge goes.
         assert_eq!(t.truncate_chain(b, 0, &|n| n == a).unwrap(), (2, 0));
         assert!(t.is_alive(a));
