@@ -562,21 +562,13 @@ mod tests {
         }
     }
 
-    fn fill_tiered(t: &mut PrefixTrie<Tiered>, targets: &[NodeId]) {
-        for wave in t.pending(targets) {
-            for id in wave {
-                let base = t.parent_kv(id).map_or(0, |k| k.0);
-                let seg = t.edge(id).len();
-                t.set_kv(
-                    id,
-                    Tiered(
-                        base + seg,
-                        seg,
-                        std::rc::Rc::new(std::cell::Cell::new(true)),
-                    ),
-                );
-            }
-        }
+    /// A computed segment on the device: `seg` positions after `base`.
+    fn tiered(base: usize, seg: usize) -> Tiered {
+        Tiered(
+            base + seg,
+            seg,
+            std::rc::Rc::new(std::cell::Cell::new(true)),
+        )
     }
 
     /// Two snapshots of one trace (a, then b extending it) and another sequence
@@ -587,22 +579,33 @@ mod tests {
         let a = t.insert(&[1, 2, 3, 4]).unwrap();
         let b = t.insert(&[1, 2, 3, 4, 5, 6]).unwrap();
         let c = t.insert(&[1, 2, 9]).unwrap();
-        fill_tiered(&mut t, &[a, b, c]);
+        fill_with(&mut t, &[a, b, c], tiered);
         let split = t.insert(&[1, 2]).unwrap();
         (t, [a, b, c, split])
     }
 
-    /// Computes every pending node; returns the positions computed.
-    fn fill(t: &mut PrefixTrie<Len>, targets: &[NodeId]) -> usize {
+    /// Computes every pending node, each KV made by `make` from the parent's
+    /// length and the edge's; returns the positions computed.
+    fn fill_with<K: KvOps>(
+        t: &mut PrefixTrie<K>,
+        targets: &[NodeId],
+        make: impl Fn(usize, usize) -> K,
+    ) -> usize {
         let mut fresh = 0;
         for wave in t.pending(targets) {
             for id in wave {
-                let base = t.parent_kv(id).map_or(0, |k| k.0);
-                fresh += t.edge(id).len();
-                t.set_kv(id, Len(base + t.edge(id).len()));
+                let base = t.parent_kv(id).map_or(0, K::len);
+                let seg = t.edge(id).len();
+                fresh += seg;
+                t.set_kv(id, make(base, seg));
             }
         }
         fresh
+    }
+
+    /// Computes every pending node; returns the positions computed.
+    fn fill(t: &mut PrefixTrie<Len>, targets: &[NodeId]) -> usize {
+        fill_with(t, targets, |base, seg| Len(base + seg))
     }
 
     #[test]
@@ -668,7 +671,7 @@ mod tests {
 
     #[test]
     fn a_sequence_leaves_the_device_with_the_start_only_it_uses() {
-        let (mut t, [a, b, c, split]) = snapshot_trie();
+        let (t, [a, b, c, split]) = snapshot_trie();
         // While a is still wanted on the device, b goes alone.
         assert_eq!(t.device_path(b, &|n| n == a), vec![b]);
         // Otherwise a goes with it; the shared [1, 2] stays for c.
@@ -692,7 +695,7 @@ mod tests {
         assert!(t.is_alive(a));
         // Owned by no one, a goes with its child; the split point c uses stays.
         let b = t.insert(&[1, 2, 3, 4, 5, 6]).unwrap();
-        fill_tiered(&mut t, &[b]);
+        fill_with(&mut t, &[b], tiered);
         assert_eq!(t.truncate_chain(b, 0, &|_| false).unwrap(), (2 + 2, 0));
         assert!(!t.is_alive(a));
         assert!(t.is_alive(split) && t.is_alive(c));

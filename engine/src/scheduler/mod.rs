@@ -992,14 +992,22 @@ fn doc_bytes<K: KvOps>(
         .filter_map(|n| cache.docs.kv(n))
         .map(KvOps::bytes)
         .sum::<usize>();
-    if let Some(&node) = cache.doc_nodes.get(k)
-        && !keep_nodes.contains(&node)
-        && users.get(&node).copied().unwrap_or(0) <= 1
-        && let Some(kv) = cache.docs.kv(node)
-    {
+    if let Some(kv) = sole_node(cache, k, keep_nodes, users).and_then(|n| cache.docs.kv(n)) {
         host += kv.host_bytes();
     }
     (device, host)
+}
+
+/// Document `k`'s trie node when the document holds it alone: no kept
+/// document and no other key shares it.
+fn sole_node<K: KvOps>(
+    cache: &Cache<K>,
+    k: &DocKey,
+    keep_nodes: &HashSet<NodeId>,
+    users: &HashMap<NodeId, usize>,
+) -> Option<NodeId> {
+    let &node = cache.doc_nodes.get(k)?;
+    (!keep_nodes.contains(&node) && users.get(&node).copied().unwrap_or(0) <= 1).then_some(node)
 }
 
 /// The document-trie nodes whose KV leaves the device with document `k`
@@ -1012,12 +1020,9 @@ fn doc_path<K: KvOps>(
     keep_nodes: &HashSet<NodeId>,
     users: &HashMap<NodeId, usize>,
 ) -> Vec<NodeId> {
-    let Some(&node) = cache.doc_nodes.get(k) else {
+    let Some(node) = sole_node(cache, k, keep_nodes, users) else {
         return Vec::new();
     };
-    if keep_nodes.contains(&node) || users.get(&node).copied().unwrap_or(0) > 1 {
-        return Vec::new();
-    }
     cache
         .docs
         .device_path(node, &|n| n != node && is_owned(n, keep_nodes, users))
