@@ -5,7 +5,10 @@
 //!
 //! A prompt is named by its kind and exact pieces, numbered in the order first
 //! asked (two different prompts never share answers, which a hash could not
-//! promise), and a document by its table, text column and id ([`DocKey`]).
+//! promise), and a document by its table, text column and id, numbered the
+//! same way. A question's key is those numbers: a join asks one question per
+//! document pair (BIO-2 at sf 1.0: 20.7 M of them), and a key that held the
+//! documents' names cost hundreds of bytes per question.
 
 use std::collections::HashMap;
 
@@ -35,8 +38,16 @@ impl DocKey {
     }
 }
 
-/// A question: the prompt's number, the `{0}` document and the `{1}` document.
-pub type MemoKey = (u32, DocKey, Option<DocKey>);
+/// A question: the prompt's number, the `{0}` document's number and the `{1}`
+/// document's ([`NO_DOCUMENT`] for a one-document question).
+pub type MemoKey = (u32, u32, u32);
+
+/// The `{1}` document number of a question that has none.
+pub const NO_DOCUMENT: u32 = u32::MAX;
+
+/// Document numbers by table, text column and id, each level looked up by
+/// `&str`, so numbering a known document allocates nothing.
+type DocumentNumbers = HashMap<String, HashMap<String, HashMap<String, u32>>>;
 
 /// Answers given so far in one query: a TRUE/FALSE as 0/1, a label as its index.
 #[derive(Debug, Default)]
@@ -44,6 +55,9 @@ pub struct AnswerMemo {
     /// Prompt numbers by kind, pieces and — when operators do not share
     /// answers — operator id.
     prompts: HashMap<(AiKind, PromptPieces, Option<String>), u32>,
+    documents: DocumentNumbers,
+    /// Documents numbered so far, in all tables.
+    document_count: u32,
     answers: HashMap<MemoKey, u16>,
     /// Each operator keeps its own answers (a backend that reuses no work: the
     /// input-token baseline).
@@ -55,6 +69,8 @@ impl AnswerMemo {
     /// share answers ([`crate::backend::InferenceBackend::reuses_work`]).
     pub fn reset(&mut self, shared: bool) {
         self.prompts.clear();
+        self.documents.clear();
+        self.document_count = 0;
         self.answers.clear();
         self.per_operator = !shared;
     }
@@ -75,25 +91,40 @@ impl AnswerMemo {
                 self.per_operator.then(|| call.op_id.clone()),
             ))
             .or_insert(next);
-        let doc = |slot: usize, id: &str| {
-            DocKey::new(
-                call.tables.get(slot).map_or("", String::as_str),
-                call.columns.get(slot).map_or("", String::as_str),
-                id,
-            )
-        };
+        fn name(names: &[String], slot: usize) -> &str {
+            names.get(slot).map_or("", String::as_str)
+        }
+        let (t0, c0) = (name(&call.tables, 0), name(&call.columns, 0));
+        let (t1, c1) = (name(&call.tables, 1), name(&call.columns, 1));
         requests
             .iter()
             .map(|request| {
-                (
-                    prompt,
-                    doc(0, request.anchor.id),
-                    request.partner.map(|p| doc(1, p.id)),
-                )
+                let anchor = self.document(t0, c0, request.anchor.id);
+                let partner = request
+                    .partner
+                    .map_or(NO_DOCUMENT, |p| self.document(t1, c1, p.id));
+                (prompt, anchor, partner)
             })
             .collect()
     }
 
+    /// The number of document `id` of `table.column`, numbered now if new.
+    fn document(&mut self, table: &str, column: &str, id: &str) -> u32 {
+        fn level<'m, V: Default>(map: &'m mut HashMap<String, V>, key: &str) -> &'m mut V {
+            if !map.contains_key(key) {
+                map.insert(key.to_string(), V::default());
+            }
+            map.get_mut(key).expect("inserted above")
+        }
+        let ids = level(level(&mut self.documents, table), column);
+        if let Some(&n) = ids.get(id) {
+            return n;
+        }
+        let n = self.document_count;
+        self.document_count += 1;
+        ids.insert(id.to_string(), n);
+        n
+    }
     /// The answer to a question asked before.
     pub fn get(&self, key: &MemoKey) -> Option<u16> {
         self.answers.get(key).copied()
@@ -172,5 +203,37 @@ mod tests {
         memo.insert(k, 1);
         let k3 = memo.key(&j3, &r);
         assert_eq!(memo.get(&k3), None);
+    }
+
+    #[test]
+    fn documents_are_told_apart_by_table_column_and_id() {
+        let f = PromptFormat::default();
+        let mut memo = AnswerMemo::default();
+        memo.reset(true);
+        let mut join = call("join-1", AiKind::Join, join_pieces(f, "Does {0} cite {1}?"));
+        let same_ids = AiRequest {
+            anchor: Doc { id: "x", text: "" },
+            partner: Some(Doc { id: "x", text: "" }),
+        };
+        // Tables "a.b" and "c": one id, two documents.
+        let (_, a, p) = memo.key(&join, &same_ids);
+        assert_ne!(a, p);
+        // A table named "a" with column "b.text" is not "a.b"."text".
+        join.tables[0] = "a".into();
+        join.columns[0] = "b.text".into();
+        let (_, a2, p2) = memo.key(&join, &same_ids);
+        assert_ne!(a2, a);
+        assert_eq!(p2, p);
+        // Both sides one table and column: one document.
+        join.tables = vec!["c".into(), "c".into()];
+        join.columns = vec!["text".into(), "text".into()];
+        let (_, a3, p3) = memo.key(&join, &same_ids);
+        assert_eq!((a3, p3), (p, p));
+        let one = AiRequest {
+            anchor: Doc { id: "x", text: "" },
+            partner: None,
+        };
+        let (_, _, none) = memo.key(&join, &one);
+        assert_eq!(none, NO_DOCUMENT);
     }
 }

@@ -270,8 +270,9 @@ struct OpState {
     runtime: AiRuntime,
     metrics: AiMetrics,
     schema: SchemaRef,
-    /// Tuples already in this operator's answer table.
-    recorded: std::sync::Mutex<HashSet<(String, String)>>,
+    /// Questions already in this operator's answer table, by memo key (one
+    /// per document pair: compact, as the memo's).
+    recorded: std::sync::Mutex<HashSet<MemoKey>>,
 }
 
 /// The physical AI operator.
@@ -646,14 +647,13 @@ fn answer(state: &OpState, requests: &[AiRequest<'_>]) -> Result<Vec<u16>> {
     let aliases = spec.docs.iter().map(|d| d.alias.clone()).collect();
     let mut table = AnswerTable::new(&call.op_id, call.kind, aliases);
     let mut recorded = state.recorded.lock().expect("recorded lock");
-    for (r, &code) in requests.iter().zip(&answers) {
-        let partner = r.partner.map_or(String::new(), |p| p.id.to_string());
-        if !recorded.insert((r.anchor.id.to_string(), partner.clone())) {
+    for ((r, &code), key) in requests.iter().zip(&answers).zip(&keys) {
+        if !recorded.insert(*key) {
             continue;
         }
         table.ids[0].push(r.anchor.id.to_string());
         if spec.docs.len() > 1 {
-            table.ids[1].push(partner);
+            table.ids[1].push(r.partner.map_or(String::new(), |p| p.id.to_string()));
         }
         match call.kind {
             AiKind::Classify => table.labels.push(call.labels[code as usize].clone()),
