@@ -125,6 +125,7 @@ impl AnswerMemo {
         ids.insert(id.to_string(), n);
         n
     }
+
     /// The answer to a question asked before.
     pub fn get(&self, key: &MemoKey) -> Option<u16> {
         self.answers.get(key).copied()
