@@ -1,7 +1,8 @@
 //! Streamed scoring against the materialised comparison: for every one of the
 //! 43 plans over the stand-in corpus, a result file equal to the reference,
 //! and the same file with rows dropped, rows added, labels changed (with and
-//! without the right row alongside) and rows repeated, must score exactly as
+//! without the right row alongside) and rows repeated (right rows, and rows
+//! with a wrong label), must score exactly as
 //! when both sides are held in memory; and the streamed path must be the one
 //! taken for every plan whose shape allows it.
 
@@ -73,8 +74,11 @@ fn variants(plan: &QueryPlan, rows: &[Vec<String>]) -> Vec<(&'static str, Vec<Ve
         let mut both = rows.to_vec();
         let mut wrong = rows[0].clone();
         wrong[c] = "not a label".to_string();
+        both.push(wrong.clone());
+        out.push(("wrong label beside the right row", both.clone()));
         both.push(wrong);
-        out.push(("wrong label beside the right row", both));
+        both.extend(rows.iter().rev().take(2).cloned());
+        out.push(("wrong label and right rows repeated", both));
     }
     out
 }

@@ -10,7 +10,8 @@ use std::collections::{HashMap, HashSet};
 
 use aisql_engine::labels::{LabelSet, LabelStore};
 use aisql_engine::plan::{Operator, QueryPlan};
-use datafusion::arrow::array::{Array, RecordBatch, StringArray};
+use datafusion::arrow::array::{Array, ArrayRef, DictionaryArray, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::Int32Type;
 
 use crate::corpus::Corpus;
 use crate::error::{BenchError, Result};
@@ -400,16 +401,18 @@ impl<'a> Reference<'a> {
     }
 
     /// Compares the predicted rows in `batches` (string columns named
-    /// `columns`) with the reference without materialising either: each row is
-    /// tested for membership, the reference is counted through its join tree,
-    /// and a row whose documents form a reference row with other labels is a
-    /// label mismatch (one more pass over the rows, only when there are such
-    /// rows, tells whether the right row is there too). `None` when the plan's
-    /// shape needs the materialised comparison. Distinct rows are counted:
-    /// repeats are recognised by a 128-bit hash up to [`DISTINCT_CHECKED_ROWS`]
-    /// rows; past that the rows are taken as distinct, as the engine writes
-    /// them (every relation's id is among the columns).
-    /// `rows`, when known (a file's footer), sizes the set of row hashes once.
+    /// `columns`, plain or dictionary-encoded) with the reference without
+    /// materialising either: each row is tested for membership, the reference
+    /// is counted through its join tree, and a row whose documents form a
+    /// reference row with other labels is a label mismatch (one more pass over
+    /// the rows, only when there are such rows, tells whether the right row is
+    /// there too). `None` when the plan's shape needs the materialised
+    /// comparison. Distinct rows are counted: the first
+    /// [`DISTINCT_CHECKED_ROWS`] rows are checked for repeats by a 128-bit
+    /// hash (sorted once at the end, not probed row by row: a set of 64 M
+    /// hashes misses the cache on every insert); past that the rows are taken
+    /// as distinct, as the engine writes them (every relation's id is among
+    /// the columns). `rows`, when known (a file's footer), sizes the hashes once.
     pub fn compare_stream<I>(
         &self,
         columns: &[String],
@@ -427,33 +430,55 @@ impl<'a> Reference<'a> {
         let mut matching = 0u64;
         let mut extra = 0u64;
         let mut candidates: HashMap<Vec<u32>, u64> = HashMap::new();
-        let checked = rows.map_or(0, |r| r.min(DISTINCT_CHECKED_ROWS as u64 + 1) as usize);
-        let mut seen: Option<foldhash::HashSet<u128>> = Some(
-            foldhash::HashSet::with_capacity_and_hasher(checked, Default::default()),
-        );
-        let mut memo = ColumnMemo::new(shape.len());
+        let checked = rows.map_or(0, |r| r.min(DISTINCT_CHECKED_ROWS as u64) as usize);
+        // Hashes of the checked member and outside rows, tagged with which
+        // they are; rows of other labels are few, and are deduplicated at once
+        // because their count per documents feeds `candidates`.
+        let mut hashes: Vec<u128> = Vec::with_capacity(checked);
+        let mut other_seen: foldhash::HashSet<u128> = Default::default();
+        let mut reader = RowReader::new(&shape);
         let mut scratch = Vec::new();
         let mut positions = Vec::new();
-        for_each_row(batches()?, columns, |values| {
-            if let Some(set) = &mut seen {
-                if !set.insert(row_hash(values, &mut scratch)) {
-                    return Ok(());
+        let mut row_index = 0usize;
+        reader.for_each_row(self, batches()?, columns, |row| {
+            let hash =
+                (row_index < DISTINCT_CHECKED_ROWS).then(|| row_hash(row.values, &mut scratch));
+            row_index += 1;
+            let class = self.classify_row(&shape, &row, &mut positions)?;
+            match class {
+                RowMatch::Member => {
+                    matching += 1;
+                    hashes.extend(hash.map(|h| tagged(h, MEMBER_TAG)));
                 }
-                if set.len() > DISTINCT_CHECKED_ROWS {
-                    seen = None;
+                RowMatch::Outside => {
+                    extra += 1;
+                    hashes.extend(hash.map(|h| tagged(h, OUTSIDE_TAG)));
                 }
-            }
-            predicted += 1;
-            match self.classify_row(&shape, values, &mut memo, &mut positions)? {
-                RowMatch::Member => matching += 1,
                 RowMatch::OtherLabels(key) => {
+                    if let Some(h) = hash
+                        && !other_seen.insert(h)
+                    {
+                        return Ok(());
+                    }
                     extra += 1;
                     *candidates.entry(key).or_default() += 1;
                 }
-                RowMatch::Outside => extra += 1,
             }
+            predicted += 1;
             Ok(())
         })?;
+        // Repeats among the checked rows count once.
+        hashes.sort_unstable();
+        for run in hashes.chunk_by(|a, b| a == b).filter(|run| run.len() > 1) {
+            let repeats = run.len() as u64 - 1;
+            predicted -= repeats;
+            if run[0] & TAG_MASK == MEMBER_TAG {
+                matching -= repeats;
+            } else {
+                extra -= repeats;
+            }
+        }
+        drop(hashes);
         // Reference rows whose documents were predicted with wrong labels only
         // (the right row is absent): those rows are label mismatches, not
         // missing and extra rows.
@@ -461,12 +486,10 @@ impl<'a> Reference<'a> {
         let mut mismatched_keys = 0u64;
         if !candidates.is_empty() {
             let mut right_present: HashSet<Vec<u32>> = HashSet::new();
-            let mut memo = ColumnMemo::new(shape.len());
-            for_each_row(batches()?, columns, |values| {
-                if let RowMatch::Member =
-                    self.classify_row(&shape, values, &mut memo, &mut positions)?
-                {
-                    let key = self.key_of(&shape, values, &mut memo);
+            let mut reader = RowReader::new(&shape);
+            reader.for_each_row(self, batches()?, columns, |row| {
+                if let RowMatch::Member = self.classify_row(&shape, &row, &mut positions)? {
+                    let key = self.key_of(&shape, &row);
                     if candidates.contains_key(&key) {
                         right_present.insert(key);
                     }
@@ -500,24 +523,25 @@ impl<'a> Reference<'a> {
     fn classify_row(
         &self,
         shape: &[Column],
-        values: &[&str],
-        memo: &mut ColumnMemo,
+        row: &RowView<'_>,
         positions: &mut Vec<u32>,
     ) -> Result<RowMatch> {
         positions.clear();
         positions.resize(self.survivors.len(), 0);
         for (c, col) in shape.iter().enumerate() {
             if let Column::Id(rel) = col {
-                match memo.position(c, values[c], &self.survivors[*rel]) {
-                    Some(p) => positions[*rel] = p,
-                    None => return Ok(RowMatch::Outside),
+                match row.positions[c] {
+                    NOT_A_SURVIVOR => return Ok(RowMatch::Outside),
+                    p => positions[*rel] = p,
                 }
             }
         }
-        if !self.joins.iter().all(|j| {
-            j.kept
-                .contains(&pair_key(positions[j.left], positions[j.right]))
-        }) {
+        if !self
+            .joins
+            .iter()
+            .zip(row.kept.iter())
+            .all(|(j, kept)| kept.contains(j, pair_key(positions[j.left], positions[j.right])))
+        {
             return Ok(RowMatch::Outside);
         }
         for (c, col) in shape.iter().enumerate() {
@@ -549,7 +573,7 @@ impl<'a> Reference<'a> {
                     )
                 }
             };
-            if want != Some(values[c]) {
+            if want != Some(row.values[c]) {
                 return Ok(RowMatch::OtherLabels(positions.clone()));
             }
         }
@@ -557,22 +581,29 @@ impl<'a> Reference<'a> {
     }
 
     /// The relations' positions of a member row.
-    fn key_of(&self, shape: &[Column], values: &[&str], memo: &mut ColumnMemo) -> Vec<u32> {
+    fn key_of(&self, shape: &[Column], row: &RowView<'_>) -> Vec<u32> {
         let mut positions = vec![0u32; self.survivors.len()];
         for (c, col) in shape.iter().enumerate() {
             if let Column::Id(rel) = col {
-                positions[*rel] = memo
-                    .position(c, values[c], &self.survivors[*rel])
-                    .expect("a member row's ids survive");
+                positions[*rel] = row.positions[c];
             }
         }
         positions
     }
 }
 
-/// How many predicted rows are checked for repeats (a 16-byte hash each, about
-/// 2 GiB of set at most).
+/// How many predicted rows are checked for repeats (a 16-byte hash each, 1 GiB
+/// at most).
 pub const DISTINCT_CHECKED_ROWS: usize = 1 << 26;
+
+/// The low bits of a checked row's hash say whether it was a member row.
+const TAG_MASK: u128 = 1;
+const MEMBER_TAG: u128 = 1;
+const OUTSIDE_TAG: u128 = 0;
+
+fn tagged(hash: u128, tag: u128) -> u128 {
+    (hash & !TAG_MASK) | tag
+}
 
 /// What an output column holds, for a streamed comparison.
 #[derive(Debug)]
@@ -597,33 +628,172 @@ enum RowMatch {
     Outside,
 }
 
-/// The last id seen in each column and its position: joined rows repeat the
-/// same document over long runs, and a string compare is cheaper than a hash.
-/// Each column's last id lives in one reused buffer (no allocation per row).
-struct ColumnMemo {
-    last: Vec<(String, Option<Option<u32>>)>,
+/// An id column's value that is not a surviving document.
+const NOT_A_SURVIVOR: u32 = u32::MAX;
+
+/// One predicted row as the comparison sees it.
+struct RowView<'r> {
+    /// The row's values, in the order of the output columns.
+    values: &'r [&'r str],
+    /// Per output column, the position of its id among its relation's
+    /// survivors ([`NOT_A_SURVIVOR`]); unused for label columns.
+    positions: &'r [u32],
+    /// Per join, the last pair looked up and whether it was kept.
+    kept: &'r [KeptMemo],
 }
 
-impl ColumnMemo {
-    fn new(columns: usize) -> Self {
+/// The last pair a join was asked about: joined rows repeat the same pairs
+/// over long runs (IMDB-9's r1, a1 and r2 stay while a2 turns), and one
+/// compare is cheaper than a hash probe of a set of a million pairs.
+#[derive(Default)]
+struct KeptMemo {
+    last: std::cell::Cell<Option<(u64, bool)>>,
+}
+
+impl KeptMemo {
+    fn contains(&self, join: &JoinPairs, key: u64) -> bool {
+        if let Some((k, kept)) = self.last.get()
+            && k == key
+        {
+            return kept;
+        }
+        let kept = join.kept.contains(&key);
+        self.last.set(Some((key, kept)));
+        kept
+    }
+}
+
+/// Reads predicted rows batch by batch, resolving their ids to survivor
+/// positions: a dictionary-encoded column (as a result file is read) looks
+/// each dictionary value up once, however many rows repeat it; a plain column
+/// remembers its last id, since joined rows repeat ids over long runs.
+struct RowReader<'s> {
+    shape: &'s [Column],
+    /// Per output column, the last dictionary resolved and its values'
+    /// positions (the dictionary is held, so its buffers' addresses name it:
+    /// the reader hands every batch of a column chunk the same buffers, each
+    /// time in a new array).
+    dictionaries: Vec<Option<(ArrayRef, Vec<u32>)>>,
+    /// Per output column, the last plain id and its position.
+    last_plain: Vec<Option<(String, u32)>>,
+    kept: Vec<KeptMemo>,
+}
+
+impl<'s> RowReader<'s> {
+    fn new(shape: &'s [Column]) -> Self {
         Self {
-            last: vec![(String::new(), None); columns],
+            shape,
+            dictionaries: vec![None; shape.len()],
+            last_plain: vec![None; shape.len()],
+            kept: Vec::new(),
         }
     }
 
-    fn position(&mut self, column: usize, id: &str, survivors: &Survivors) -> Option<u32> {
-        let (last, known) = &mut self.last[column];
-        if let Some(p) = *known
-            && last == id
-        {
-            return p;
+    /// Calls `each` with every row of `batches`, its values in the order of
+    /// `columns` (reused buffers: rows are never collected).
+    fn for_each_row<I>(
+        &mut self,
+        reference: &Reference<'_>,
+        batches: I,
+        columns: &[String],
+        mut each: impl FnMut(RowView<'_>) -> Result<()>,
+    ) -> Result<()>
+    where
+        I: Iterator<Item = Result<RecordBatch>>,
+    {
+        self.kept = reference
+            .joins
+            .iter()
+            .map(|_| KeptMemo::default())
+            .collect();
+        let mut positions: Vec<u32> = vec![NOT_A_SURVIVOR; columns.len()];
+        let mut column_positions: Vec<Vec<u32>> = vec![Vec::new(); columns.len()];
+        for batch in batches {
+            let batch = batch?;
+            let texts = text_columns(&batch, columns)?;
+            let mut values: Vec<&str> = Vec::with_capacity(columns.len());
+            for (c, col) in self.shape.iter().enumerate() {
+                if let Column::Id(rel) = col {
+                    self.resolve(
+                        c,
+                        &texts[c],
+                        &reference.survivors[*rel],
+                        &mut column_positions[c],
+                    )?;
+                }
+            }
+            for row in 0..batch.num_rows() {
+                values.clear();
+                values.extend(texts.iter().map(|t| t.value(row)));
+                for (c, p) in positions.iter_mut().enumerate() {
+                    if let Some(&at) = column_positions[c].get(row) {
+                        *p = at;
+                    }
+                }
+                each(RowView {
+                    values: &values,
+                    positions: &positions,
+                    kept: &self.kept,
+                })?;
+            }
         }
-        let p = survivors.position(id);
-        last.clear();
-        last.push_str(id);
-        *known = Some(p);
-        p
+        Ok(())
     }
+
+    /// The survivor position of every row's id in column `c` into `out`.
+    fn resolve(
+        &mut self,
+        c: usize,
+        texts: &TextColumn<'_>,
+        survivors: &Survivors,
+        out: &mut Vec<u32>,
+    ) -> Result<()> {
+        out.clear();
+        let position = |id: &str| survivors.position(id).unwrap_or(NOT_A_SURVIVOR);
+        match texts {
+            TextColumn::Dictionary {
+                keys,
+                values,
+                dictionary,
+            } => {
+                let known =
+                    matches!(&self.dictionaries[c], Some((d, _)) if same_strings(d, values));
+                if !known {
+                    let table = (0..values.len())
+                        .map(|i| position(values.value(i)))
+                        .collect();
+                    self.dictionaries[c] = Some((dictionary.clone(), table));
+                }
+                let (_, table) = self.dictionaries[c].as_ref().expect("resolved above");
+                out.extend(keys.iter().map(|&k| table[k as usize]));
+            }
+            TextColumn::Plain(array) => {
+                let last = &mut self.last_plain[c];
+                out.extend((0..array.len()).map(|row| {
+                    let id = array.value(row);
+                    match last {
+                        Some((l, p)) if l == id => *p,
+                        _ => {
+                            let p = position(id);
+                            *last = Some((id.to_string(), p));
+                            p
+                        }
+                    }
+                }));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether `held` is an array over the very buffers of `values`.
+fn same_strings(held: &ArrayRef, values: &StringArray) -> bool {
+    let Some(held) = held.as_any().downcast_ref::<StringArray>() else {
+        return false;
+    };
+    held.len() == values.len()
+        && held.value_offsets().as_ptr() == values.value_offsets().as_ptr()
+        && held.values().as_ptr() == values.values().as_ptr()
 }
 
 /// A 128-bit hash (XXH3) of a row's values, each preceded by its length so
@@ -637,45 +807,66 @@ fn row_hash(values: &[&str], buf: &mut Vec<u8>) -> u128 {
     twox_hash::XxHash3_128::oneshot(buf)
 }
 
-/// Calls `each` with the values of every row of `batches`, in the order of
-/// `columns` (a reused slice: rows are never collected).
-fn for_each_row<I>(
-    batches: I,
-    columns: &[String],
-    mut each: impl FnMut(&[&str]) -> Result<()>,
-) -> Result<()>
-where
-    I: Iterator<Item = Result<RecordBatch>>,
-{
-    for batch in batches {
-        let batch = batch?;
-        let arrays = string_columns(&batch, columns)?;
-        let mut values: Vec<&str> = Vec::with_capacity(arrays.len());
-        for row in 0..batch.num_rows() {
-            values.clear();
-            values.extend(arrays.iter().map(|a| a.value(row)));
-            each(&values)?;
-        }
-    }
-    Ok(())
+/// A string column of a result batch, as read.
+enum TextColumn<'b> {
+    Plain(&'b StringArray),
+    /// Keys (checked to lie in the dictionary) into `values`.
+    Dictionary {
+        keys: &'b [i32],
+        values: &'b StringArray,
+        dictionary: ArrayRef,
+    },
 }
 
-/// The named string columns of a result batch; a null is an error.
-fn string_columns<'b>(batch: &'b RecordBatch, columns: &[String]) -> Result<Vec<&'b StringArray>> {
+impl<'b> TextColumn<'b> {
+    fn value(&self, row: usize) -> &'b str {
+        match self {
+            TextColumn::Plain(a) => a.value(row),
+            TextColumn::Dictionary { keys, values, .. } => values.value(keys[row] as usize),
+        }
+    }
+}
+
+/// The named string columns of a result batch, plain or with 32-bit
+/// dictionary keys; a null, or a key outside its dictionary, is an error.
+fn text_columns<'b>(batch: &'b RecordBatch, columns: &[String]) -> Result<Vec<TextColumn<'b>>> {
     columns
         .iter()
         .map(|n| {
             let a = batch
                 .column_by_name(n)
                 .ok_or_else(|| err(format!("the output has no column {n}")))?;
-            let a = a
-                .as_any()
-                .downcast_ref::<StringArray>()
-                .ok_or_else(|| err(format!("output column {n} is not a string column")))?;
             if a.null_count() > 0 {
                 return Err(err(format!("output column {n} has nulls")));
             }
-            Ok(a)
+            if let Some(a) = a.as_any().downcast_ref::<StringArray>() {
+                return Ok(TextColumn::Plain(a));
+            }
+            let not_text = || err(format!("output column {n} is not a string column"));
+            let dict = a
+                .as_any()
+                .downcast_ref::<DictionaryArray<Int32Type>>()
+                .ok_or_else(not_text)?;
+            let values = dict
+                .values()
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .ok_or_else(not_text)?;
+            if values.null_count() > 0 {
+                return Err(err(format!("output column {n} has nulls")));
+            }
+            let keys = dict.keys().values();
+            if keys.iter().any(|&k| k < 0 || k as usize >= values.len()) {
+                return Err(err(format!(
+                    "output column {n}: a dictionary key outside its {} values",
+                    values.len()
+                )));
+            }
+            Ok(TextColumn::Dictionary {
+                keys,
+                values,
+                dictionary: dict.values().clone(),
+            })
         })
         .collect()
 }

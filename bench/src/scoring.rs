@@ -10,7 +10,7 @@ use aisql_engine::answers::AnswerTable;
 use aisql_engine::backend::AiKind;
 use aisql_engine::labels::{LabelSet, LabelStore};
 use aisql_engine::output::{OutputFiles, read_parquet};
-use aisql_engine::parquet_read::stream_batches;
+use aisql_engine::parquet_read::stream_dictionary_batches;
 use aisql_engine::plan::{Operator, QueryPlan};
 use datafusion::arrow::array::{Array, RecordBatch, StringArray};
 use serde::{Deserialize, Serialize};
@@ -759,7 +759,7 @@ pub fn compare_saved_rows(
     rows_path: &Path,
 ) -> Result<(OutputAccuracy, Assessment)> {
     let failed = |e: &dyn std::fmt::Display| err(format!("{}: {e}", rows_path.display()));
-    let open = || stream_batches(rows_path, 8192).map_err(|e| failed(&e));
+    let open = || stream_dictionary_batches(rows_path, 8192).map_err(|e| failed(&e));
     let columns: Vec<String> = open()?
         .schema()
         .fields()
