@@ -133,6 +133,8 @@ pub struct ParquetRows {
     /// end, or the first error.
     writer: Option<JoinHandle<Result<ArrowWriter<File>>>>,
     rows: u64,
+    /// Renamed into place: the temporary file is gone.
+    published: bool,
 }
 
 impl std::fmt::Debug for ParquetRows {
@@ -181,6 +183,7 @@ impl ParquetRows {
             to_writer: Some(to_writer),
             writer: Some(thread),
             rows: 0,
+            published: false,
         })
     }
 
@@ -191,14 +194,24 @@ impl ParquetRows {
             .close()
             .map_err(|e| EngineError::Data(format!("{}: {e}", self.path.display())))?;
         publish(&self.tmp, &self.path)?;
+        self.published = true;
         Ok(self.rows)
+    }
+
+    fn stopped(&self) -> EngineError {
+        EngineError::Data(format!(
+            "{}: the writer stopped on an earlier error",
+            self.path.display()
+        ))
     }
 
     /// Ends the batches and waits for the writer thread: its writer, all
     /// batches written, or its error.
     fn stop_writer(&mut self) -> Result<ArrowWriter<File>> {
         self.to_writer = None;
-        let thread = self.writer.take().expect("a ParquetRows is stopped once");
+        let Some(thread) = self.writer.take() else {
+            return Err(self.stopped());
+        };
         thread.join().unwrap_or_else(|panic| {
             Err(EngineError::Data(format!(
                 "{}: the writer failed: {}",
@@ -222,14 +235,14 @@ impl RowSink for ParquetRows {
                 ))
             })?;
         let rows = batch.num_rows() as u64;
-        let to_writer = self.to_writer.as_ref().expect("an unfinished ParquetRows");
+        let Some(to_writer) = &self.to_writer else {
+            return Err(self.stopped());
+        };
         if to_writer.send(batch).is_err() {
             // The writer thread stopped on an error: that error is the answer.
             return Err(match self.stop_writer() {
                 Err(e) => e,
-                Ok(_) => {
-                    EngineError::Data(format!("{}: the writer stopped early", self.path.display()))
-                }
+                Ok(_) => self.stopped(),
             });
         }
         self.rows += rows;
@@ -241,6 +254,8 @@ impl Drop for ParquetRows {
     fn drop(&mut self) {
         if self.writer.is_some() {
             let _ = self.stop_writer();
+        }
+        if !self.published {
             let _ = std::fs::remove_file(&self.tmp);
         }
     }
@@ -302,6 +317,20 @@ mod tests {
         drop(sink);
         assert!(!temp_path(&path).exists());
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_finish_that_fails_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rows.parquet");
+        // A non-empty folder where the file should go: the rename fails.
+        std::fs::create_dir_all(path.join("taken")).unwrap();
+        let mut sink = ParquetRows::create(&path, named("r")).unwrap();
+        sink.push(batch(&["a"])).unwrap();
+        let err = sink.finish().unwrap_err().to_string();
+        assert!(err.contains("rows.parquet"), "{err}");
+        assert!(!temp_path(&path).exists());
+        assert!(path.join("taken").exists());
     }
 
     #[test]
