@@ -530,7 +530,7 @@ impl<'a> Reference<'a> {
         positions.resize(self.survivors.len(), 0);
         for (c, col) in shape.iter().enumerate() {
             if let Column::Id(rel) = col {
-                match row.positions[c] {
+                match row.position(c) {
                     NOT_A_SURVIVOR => return Ok(RowMatch::Outside),
                     p => positions[*rel] = p,
                 }
@@ -585,7 +585,7 @@ impl<'a> Reference<'a> {
         let mut positions = vec![0u32; self.survivors.len()];
         for (c, col) in shape.iter().enumerate() {
             if let Column::Id(rel) = col {
-                positions[*rel] = row.positions[c];
+                positions[*rel] = row.position(c);
             }
         }
         positions
@@ -635,11 +635,20 @@ const NOT_A_SURVIVOR: u32 = u32::MAX;
 struct RowView<'r> {
     /// The row's values, in the order of the output columns.
     values: &'r [&'r str],
-    /// Per output column, the position of its id among its relation's
-    /// survivors ([`NOT_A_SURVIVOR`]); unused for label columns.
-    positions: &'r [u32],
+    /// Per output column, the positions of the batch's ids among their
+    /// relation's survivors ([`NOT_A_SURVIVOR`]); empty for label columns.
+    positions: &'r [Vec<u32>],
+    /// The row's index in its batch.
+    row: usize,
     /// Per join, the last pair looked up and whether it was kept.
     kept: &'r [KeptMemo],
+}
+
+impl RowView<'_> {
+    /// The survivor position of the id in output column `c`, an id column.
+    fn position(&self, c: usize) -> u32 {
+        self.positions[c][self.row]
+    }
 }
 
 /// The last pair a join was asked about: joined rows repeat the same pairs
@@ -676,7 +685,6 @@ struct RowReader<'s> {
     dictionaries: Vec<Option<(ArrayRef, Vec<u32>)>>,
     /// Per output column, the last plain id and its position.
     last_plain: Vec<Option<(String, u32)>>,
-    kept: Vec<KeptMemo>,
 }
 
 impl<'s> RowReader<'s> {
@@ -685,7 +693,6 @@ impl<'s> RowReader<'s> {
             shape,
             dictionaries: vec![None; shape.len()],
             last_plain: vec![None; shape.len()],
-            kept: Vec::new(),
         }
     }
 
@@ -701,39 +708,29 @@ impl<'s> RowReader<'s> {
     where
         I: Iterator<Item = Result<RecordBatch>>,
     {
-        self.kept = reference
+        let kept: Vec<KeptMemo> = reference
             .joins
             .iter()
             .map(|_| KeptMemo::default())
             .collect();
-        let mut positions: Vec<u32> = vec![NOT_A_SURVIVOR; columns.len()];
-        let mut column_positions: Vec<Vec<u32>> = vec![Vec::new(); columns.len()];
+        let mut positions: Vec<Vec<u32>> = vec![Vec::new(); columns.len()];
         for batch in batches {
             let batch = batch?;
             let texts = text_columns(&batch, columns)?;
             let mut values: Vec<&str> = Vec::with_capacity(columns.len());
             for (c, col) in self.shape.iter().enumerate() {
                 if let Column::Id(rel) = col {
-                    self.resolve(
-                        c,
-                        &texts[c],
-                        &reference.survivors[*rel],
-                        &mut column_positions[c],
-                    )?;
+                    self.resolve(c, &texts[c], &reference.survivors[*rel], &mut positions[c])?;
                 }
             }
             for row in 0..batch.num_rows() {
                 values.clear();
                 values.extend(texts.iter().map(|t| t.value(row)));
-                for (c, p) in positions.iter_mut().enumerate() {
-                    if let Some(&at) = column_positions[c].get(row) {
-                        *p = at;
-                    }
-                }
                 each(RowView {
                     values: &values,
                     positions: &positions,
-                    kept: &self.kept,
+                    row,
+                    kept: &kept,
                 })?;
             }
         }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::parquet::arrow::arrow_reader::{
-    ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
 };
 use datafusion::parquet::column::page::Page;
 use datafusion::parquet::file::reader::{FileReader, SerializedFileReader};
@@ -135,10 +135,12 @@ fn batch_stream(
     let corrupt = |e: &dyn std::fmt::Display| ParquetReadError::Corrupt(e.to_string());
     guarded(|| {
         check_dictionaries(&bytes)?;
-        let mut builder =
-            ParquetRecordBatchReaderBuilder::try_new(bytes.clone()).map_err(|e| corrupt(&e))?;
+        // The footer is parsed once; a dictionary schema only re-derives the
+        // Arrow view of it.
+        let mut metadata = ArrowReaderMetadata::load(&bytes, ArrowReaderOptions::new())
+            .map_err(|e| corrupt(&e))?;
         if strings == Strings::AsDictionaries {
-            let fields: Vec<Field> = builder
+            let fields: Vec<Field> = metadata
                 .schema()
                 .fields()
                 .iter()
@@ -153,9 +155,10 @@ fn batch_stream(
                 })
                 .collect();
             let options = ArrowReaderOptions::new().with_schema(Arc::new(Schema::new(fields)));
-            builder = ParquetRecordBatchReaderBuilder::try_new_with_options(bytes, options)
+            metadata = ArrowReaderMetadata::try_new(metadata.metadata().clone(), options)
                 .map_err(|e| corrupt(&e))?;
         }
+        let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, metadata);
         let schema = builder.schema().clone();
         let reader = builder
             .with_batch_size(batch_size.max(1))

@@ -117,6 +117,7 @@ impl<S: RowSink> RowSink for HeadRows<S> {
         self.next.push(batch)
     }
 }
+
 /// Rows written into a Parquet file as they arrive, under a temporary name
 /// that [`ParquetRows::finish`] renames into place: a query that fails or is
 /// stopped leaves no `rows.parquet`, and a dropped, unfinished writer removes
