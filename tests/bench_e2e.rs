@@ -503,3 +503,78 @@ fn outputs_inside_the_inputs_are_refused_before_anything_is_written() {
         .fails();
     assert!(err.contains("inside the compared run"), "{err}");
 }
+
+#[test]
+fn a_result_that_would_not_fit_the_disk_is_kept_as_a_count_and_hash() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("quailb");
+    generate(&root, 0.002);
+    let bench = |dir: &Path, reserve: Option<&str>| {
+        let mut c = aisql();
+        c.args(["bench", "--sf", "0.002", "--backend", "oracle"])
+            .args(["--queries", "IMDB-1,IMDB-2"])
+            .arg("--root")
+            .arg(&root)
+            .arg("--output-dir")
+            .arg(dir);
+        if let Some(r) = reserve {
+            c.env(aisql_engine::row_sink::DISK_RESERVE_ENV, r);
+        }
+        c.assert()
+    };
+    let saved = tmp.path().join("saved");
+    bench(&saved, None).success();
+    // No disk has 2^64-1 bytes free: every result is summarised.
+    let summarised = tmp.path().join("summarised");
+    bench(&summarised, Some(&u64::MAX.to_string())).success();
+
+    let j = read_json(&summarised.join("run.json"));
+    for q in j["queries"].as_array().unwrap() {
+        let id = q["id"].as_str().unwrap();
+        assert_eq!(q["status"], "complete", "{id}: {}", q["error"]);
+        let files = &q["files"];
+        assert_eq!(files["rows"], format!("{id}/rows.summary.json"));
+        assert!(!summarised.join(id).join("rows.parquet").exists(), "{id}");
+        let summary = read_json(&summarised.join(id).join("rows.summary.json"));
+        assert_eq!(files["rows_summary"], summary, "{id}");
+        // The hash is the one of the rows a run with room saved.
+        let rows =
+            aisql_engine::output::read_parquet(&saved.join(id).join("rows.parquet")).unwrap();
+        let mut digest = aisql_engine::row_digest::RowsDigest::default();
+        digest.add_batch(&rows).unwrap();
+        assert_eq!(summary["rows"], digest.rows(), "{id}");
+        assert_eq!(summary["rows_hash"], digest.hash_hex(), "{id}");
+        // Not compared, so never good; the count alone shows no missing or extra rows.
+        assert_eq!(q["assessment"]["verdict"], "bad", "{id}");
+        assert_eq!(
+            q["assessment"]["reasons"],
+            serde_json::json!(["RESULT_NOT_SAVED"]),
+            "{id}"
+        );
+        assert!(
+            q["metrics"]["accuracy"]["output_accuracy"].is_null(),
+            "{id}"
+        );
+        assert!(
+            !q["metrics"]["accuracy"]["answer_accuracy"].is_null(),
+            "{id}"
+        );
+    }
+    let report = std::fs::read_to_string(summarised.join("report.md")).unwrap();
+    assert!(report.contains("## Results kept as a summary"), "{report}");
+    assert!(report.contains("| IMDB-2 |"), "{report}");
+    // Rescoring reads the summary as the run did.
+    aisql()
+        .args(["bench", "report"])
+        .arg(&summarised)
+        .assert()
+        .success();
+    assert_eq!(
+        read_json(&summarised.join("run.json"))["queries"],
+        j["queries"]
+    );
+    // A reserve that is not a number is refused, naming the setting.
+    bench(&tmp.path().join("bad"), Some("lots"))
+        .failure()
+        .stderr(predicates::str::contains("AISQL_DISK_RESERVE_BYTES"));
+}

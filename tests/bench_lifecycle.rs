@@ -193,7 +193,14 @@ async fn resume_after_a_crash_does_nothing_twice_and_loses_nothing() {
         (Verdict::Bad, &[Reason::EmptyResult][..])
     );
     assert_eq!(
-        q.metrics.as_ref().unwrap().accuracy.output_accuracy.recall,
+        q.metrics
+            .as_ref()
+            .unwrap()
+            .accuracy
+            .output_accuracy
+            .as_ref()
+            .unwrap()
+            .recall,
         0.0
     );
     assert!(

@@ -221,12 +221,16 @@ pub fn compare_runs(a: &Path, b: &Path, dataset: &Dataset) -> Result<RunComparis
                 mb.and_then(|m| m.kv_regret_percent),
             ),
             precision_delta: delta_f(
-                ma.map(|m| m.accuracy.output_accuracy.precision),
-                mb.map(|m| m.accuracy.output_accuracy.precision),
+                ma.and_then(|m| m.accuracy.output_accuracy.as_ref())
+                    .map(|o| o.precision),
+                mb.and_then(|m| m.accuracy.output_accuracy.as_ref())
+                    .map(|o| o.precision),
             ),
             recall_delta: delta_f(
-                ma.map(|m| m.accuracy.output_accuracy.recall),
-                mb.map(|m| m.accuracy.output_accuracy.recall),
+                ma.and_then(|m| m.accuracy.output_accuracy.as_ref())
+                    .map(|o| o.recall),
+                mb.and_then(|m| m.accuracy.output_accuracy.as_ref())
+                    .map(|o| o.recall),
             ),
             predicates: predicates(a, qa, b, qb, &labels, &templates)?,
         });

@@ -12,11 +12,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aisql_engine::backend::InferenceBackend;
-use aisql_engine::output::{OutputFiles, ROWS_FILE, is_temp_name, write_answer_outputs};
+use aisql_engine::output::{
+    OutputFiles, ROWS_FILE, ROWS_SUMMARY_FILE, is_temp_name, write_answer_outputs,
+};
 use aisql_engine::plan::QueryPlan;
 use aisql_engine::prompt::PromptFormat;
 use aisql_engine::query::{QueryOptions, QueryOutput, output_schema, run_query_into};
-use aisql_engine::row_sink::ParquetRows;
+use aisql_engine::row_sink::{ParquetRows, SavedRows};
 use aisql_engine::tables::TablePaths;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -131,7 +133,7 @@ pub fn default_output_dir() -> PathBuf {
 }
 
 enum Outcome {
-    Done(Box<QueryOutput>),
+    Done(Box<(QueryOutput, SavedRows)>),
     Failed(String),
     Timeout(String),
     Interrupted,
@@ -189,7 +191,8 @@ async fn save_blocking(
     dir: &Path,
     id: &str,
     plan: &QueryPlan,
-    out: Box<QueryOutput>,
+    out: QueryOutput,
+    saved: SavedRows,
 ) -> Result<OutputFiles> {
     let (scorer, dir, id, plan) = (
         scorer.clone(),
@@ -199,6 +202,10 @@ async fn save_blocking(
     );
     blocking(move || {
         let mut files = write_answer_outputs(&dir.join(&id), &id, &plan, &out)?;
+        if let SavedRows::Summary(summary) = saved {
+            files.rows = format!("{id}/{ROWS_SUMMARY_FILE}");
+            files.rows_summary = Some(summary);
+        }
         files.prompt_pieces = scorer.save_pieces(&dir, &id, &plan, &out.measurements)?;
         files.sha256 = hash_files(&dir, &files)?;
         Ok(files)
@@ -274,6 +281,8 @@ pub async fn run_bench(
     queries: Vec<(String, QueryPlan)>,
 ) -> Result<RunFile> {
     let dir = &opts.output_dir;
+    // A disk reserve that cannot be read fails the run now, not each query.
+    aisql_engine::row_sink::disk_reserve()?;
     let format_name = opts.format.name();
     let mut metadata = run_metadata(opts, backend.as_ref());
 
@@ -455,8 +464,8 @@ pub async fn run_bench(
             tokio::spawn(async move {
                 let mut rows = ParquetRows::create(&rows_path, output_schema(&plan))?;
                 let out = run_query_into(&plan, &tables, backend, &o, &mut rows).await?;
-                rows.finish()?;
-                Ok::<_, aisql_engine::EngineError>(out)
+                let saved = rows.finish()?;
+                Ok::<_, aisql_engine::EngineError>((out, saved))
             })
         };
         let abort = handle.abort_handle();
@@ -495,10 +504,14 @@ pub async fn run_bench(
         };
         let rec = run.query_mut(id).expect("record");
         match outcome {
-            Outcome::Done(out) => {
+            Outcome::Done(done) => {
+                let (out, saved) = *done;
                 rec.runtime_s = Some(out.runtime_s);
                 rec.measurements = Some(out.measurements.clone());
-                match save_blocking(&scorer, dir, id, plan, out).await {
+                if let SavedRows::Summary(summary) = &saved {
+                    bar.println(format!("{id}: {}", summary.note));
+                }
+                match save_blocking(&scorer, dir, id, plan, out, saved).await {
                     Ok(files) => {
                         rec.files = Some(files);
                         rec.status = QueryStatus::Saved;

@@ -10,6 +10,7 @@ use std::collections::{HashMap, HashSet};
 
 use aisql_engine::labels::{LabelSet, LabelStore};
 use aisql_engine::plan::{Operator, QueryPlan};
+use aisql_engine::row_digest::row_hash;
 use datafusion::arrow::array::{Array, ArrayRef, DictionaryArray, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::Int32Type;
 
@@ -341,6 +342,16 @@ impl<'a> Reference<'a> {
             parent[a] = b;
         }
         Some(shape)
+    }
+
+    /// How many distinct rows the reference result has, when its rows are
+    /// tuples of documents with `columns` holding each relation's id (counted
+    /// through the join tree); `None` for other shapes.
+    pub fn expected_rows(&self, columns: &[String]) -> Result<Option<u64>> {
+        match self.stream_shape(columns) {
+            Some(_) => self.count().map(Some),
+            None => Ok(None),
+        }
     }
 
     /// The number of reference rows: tuples of surviving documents, one per
@@ -791,17 +802,6 @@ fn same_strings(held: &ArrayRef, values: &StringArray) -> bool {
     held.len() == values.len()
         && held.value_offsets().as_ptr() == values.value_offsets().as_ptr()
         && held.values().as_ptr() == values.values().as_ptr()
-}
-
-/// A 128-bit hash (XXH3) of a row's values, each preceded by its length so
-/// that no two rows share a byte string; `buf` is scratch space.
-fn row_hash(values: &[&str], buf: &mut Vec<u8>) -> u128 {
-    buf.clear();
-    for v in values {
-        buf.extend_from_slice(&(v.len() as u64).to_le_bytes());
-        buf.extend_from_slice(v.as_bytes());
-    }
-    twox_hash::XxHash3_128::oneshot(buf)
 }
 
 /// A string column of a result batch, as read.

@@ -129,8 +129,10 @@ pub fn report_markdown(run: &RunFile, charts: &[(String, String)]) -> String {
             int(answers.map(|c| c.evaluated)),
             num(labels.and_then(|c| c.accuracy)),
             int(labels.map(|c| c.evaluated)),
-            num(a.map(|a| a.output_accuracy.precision)),
-            num(a.map(|a| a.output_accuracy.recall)),
+            num(a
+                .and_then(|a| a.output_accuracy.as_ref())
+                .map(|o| o.precision)),
+            num(a.and_then(|a| a.output_accuracy.as_ref()).map(|o| o.recall)),
         ));
     }
     l.extend([
@@ -157,6 +159,7 @@ pub fn report_markdown(run: &RunFile, charts: &[(String, String)]) -> String {
         };
         l.push(format!("| {} | {verdict} | {reasons} |", q.id));
     }
+    l.extend(summaries_section(run));
     l.extend([
         String::new(),
         "## Input rows and token counts".into(),
@@ -204,7 +207,9 @@ pub fn report_markdown(run: &RunFile, charts: &[(String, String)]) -> String {
             int(restored),
             int(speculative),
             int(unused),
-            int(m.map(|m| m.accuracy.output_accuracy.predicted_rows)),
+            int(m
+                .and_then(|m| m.accuracy.output_accuracy.as_ref())
+                .map(|o| o.predicted_rows)),
             num(peak),
         ));
     }
@@ -241,6 +246,39 @@ pub fn report_markdown(run: &RunFile, charts: &[(String, String)]) -> String {
 
 /// The balance of a run on several workers: per query, each worker's fresh
 /// tokens and the largest over their mean. Nothing for a run on one worker.
+/// The queries whose rows did not fit the disk: their count and hash instead
+/// of `rows.parquet`, and why (empty when every result was saved).
+fn summaries_section(run: &RunFile) -> Vec<String> {
+    let kept: Vec<_> = run
+        .queries
+        .iter()
+        .filter_map(|q| Some((q, q.files.as_ref()?.rows_summary.as_ref()?)))
+        .collect();
+    if kept.is_empty() {
+        return Vec::new();
+    }
+    let mut l = vec![
+        String::new(),
+        "## Results kept as a summary".into(),
+        String::new(),
+        format!(
+            "These results would not have fit the disk: their rows were counted and hashed, not saved, \
+             and so not compared with the reference (assessment RESULT_NOT_SAVED). The hash is {}",
+            aisql_engine::row_digest::ROWS_HASH
+        ),
+        String::new(),
+        "| Query | Rows | Rows hash | Rows written before the disk ran low | Free bytes then | Reserve (bytes) |".into(),
+        "| --- | --- | --- | --- | --- | --- |".into(),
+    ];
+    for (q, s) in kept {
+        l.push(format!(
+            "| {} | {} | {} | {} | {} | {} |",
+            q.id, s.rows, s.rows_hash, s.rows_before_disk_ran_low, s.free_bytes, s.reserve_bytes
+        ));
+    }
+    l
+}
+
 fn workers_section(run: &RunFile) -> Vec<String> {
     let per_query: Vec<(&str, Vec<u64>, Option<f64>)> = run
         .queries
@@ -348,15 +386,30 @@ pub fn measurements_batch(run: &RunFile) -> Result<RecordBatch> {
         ),
         (
             "predicted_rows",
-            i64s(&|m| Some(m.accuracy.output_accuracy.predicted_rows as i64)),
+            i64s(&|m| {
+                m.accuracy
+                    .output_accuracy
+                    .as_ref()
+                    .map(|o| o.predicted_rows as i64)
+            }),
         ),
         (
             "expected_rows",
-            i64s(&|m| Some(m.accuracy.output_accuracy.expected_rows as i64)),
+            i64s(&|m| {
+                m.accuracy
+                    .output_accuracy
+                    .as_ref()
+                    .map(|o| o.expected_rows as i64)
+            }),
         ),
         (
             "matching_rows",
-            i64s(&|m| Some(m.accuracy.output_accuracy.matching_rows as i64)),
+            i64s(&|m| {
+                m.accuracy
+                    .output_accuracy
+                    .as_ref()
+                    .map(|o| o.matching_rows as i64)
+            }),
         ),
         ("cost_usd", f64s(&|m| m.cost_usd)),
         (

@@ -9,9 +9,10 @@ use std::path::Path;
 use aisql_engine::answers::AnswerTable;
 use aisql_engine::backend::AiKind;
 use aisql_engine::labels::{LabelSet, LabelStore};
-use aisql_engine::output::{OutputFiles, read_parquet};
+use aisql_engine::output::{OutputFiles, ROWS_SUMMARY_FILE, read_parquet};
 use aisql_engine::parquet_read::stream_dictionary_batches;
 use aisql_engine::plan::{Operator, QueryPlan};
+use aisql_engine::row_digest::RowsSummary;
 use datafusion::arrow::array::{Array, RecordBatch, StringArray};
 use serde::{Deserialize, Serialize};
 
@@ -226,8 +227,9 @@ pub struct Accuracy {
     pub answer_accuracy: BinaryCounts,
     /// Classifications pooled.
     pub label_accuracy: LabelCounts,
-    /// Output tuples.
-    pub output_accuracy: OutputAccuracy,
+    /// Output tuples; null when the rows were not saved (they did not fit the
+    /// disk: only their count and hash were kept).
+    pub output_accuracy: Option<OutputAccuracy>,
     /// Per operator.
     pub per_predicate: Vec<PredicateScore>,
     /// Σ over relations of table rows.
@@ -254,6 +256,9 @@ pub enum Reason {
     LabelMismatch,
     /// The reference is empty; the output is not.
     EmptyReference,
+    /// The rows did not fit the disk: only their count and hash were kept, so
+    /// they could not be compared with the reference.
+    ResultNotSaved,
 }
 
 impl Reason {
@@ -267,6 +272,7 @@ impl Reason {
             Reason::ResultExtraColumns => "RESULT_EXTRA_COLUMNS",
             Reason::LabelMismatch => "LABEL_MISMATCH",
             Reason::EmptyReference => "EMPTY_REFERENCE",
+            Reason::ResultNotSaved => "RESULT_NOT_SAVED",
         }
     }
 }
@@ -751,13 +757,17 @@ fn answers_of<'a>(answers: &'a [AnswerTable], op_id: &str) -> Option<&'a AnswerT
 
 /// Compares the rows saved in `rows_path` with the reference: streamed, with
 /// neither side held in memory, when the plan's shape allows it (see
-/// [`Reference::compare_stream`]), else both materialised.
+/// [`Reference::compare_stream`]), else both materialised. A summary in place
+/// of the rows ([`ROWS_SUMMARY_FILE`]) only tells whether the count is right.
 pub fn compare_saved_rows(
     plan: &QueryPlan,
     labels: &LabelStore,
     corpus: &Corpus,
     rows_path: &Path,
-) -> Result<(OutputAccuracy, Assessment)> {
+) -> Result<(Option<OutputAccuracy>, Assessment)> {
+    if rows_path.file_name().and_then(|n| n.to_str()) == Some(ROWS_SUMMARY_FILE) {
+        return compare_summary(plan, labels, corpus, rows_path).map(|a| (None, a));
+    }
     let failed = |e: &dyn std::fmt::Display| err(format!("{}: {e}", rows_path.display()));
     let open = || stream_dictionary_batches(rows_path, 8192).map_err(|e| failed(&e));
     let columns: Vec<String> = open()?
@@ -775,14 +785,60 @@ pub fn compare_saved_rows(
         let reference = Reference::build(plan, labels, corpus)?;
         let rows = aisql_engine::parquet_read::footer_rows(rows_path).ok();
         if let Some(compared) = reference.compare_stream(&columns, rows, stream)? {
-            return Ok(compared);
+            return Ok((Some(compared.0), compared.1));
         }
     }
     let batch = read_parquet(rows_path)?;
     let mut interner = Interner::default();
     let predicted = Tuples::from_batch(&batch, &mut interner)?;
     let expected = reference_rows(plan, labels, corpus, &mut interner)?;
-    Ok(compare_rows(&predicted, &expected, &label_columns(plan)))
+    let (output, assessment) = compare_rows(&predicted, &expected, &label_columns(plan));
+    Ok((Some(output), assessment))
+}
+
+/// The assessment of a result kept only as a count and hash: never good (it
+/// was not compared), with the reasons its count and columns do tell.
+fn compare_summary(
+    plan: &QueryPlan,
+    labels: &LabelStore,
+    corpus: &Corpus,
+    path: &Path,
+) -> Result<Assessment> {
+    let failed = |e: &dyn std::fmt::Display| err(format!("{}: {e}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| failed(&e))?;
+    let summary: RowsSummary = serde_json::from_str(&text).map_err(|e| failed(&e))?;
+    let mut reasons = vec![Reason::ResultNotSaved];
+    let wanted: HashSet<String> = plan.output_names().into_iter().collect();
+    let have: HashSet<String> = summary.columns.iter().cloned().collect();
+    if wanted.iter().any(|c| !have.contains(c)) {
+        reasons.push(Reason::ResultMissingColumns);
+    }
+    if have.iter().any(|c| !wanted.contains(c)) {
+        reasons.push(Reason::ResultExtraColumns);
+    }
+    if reasons.len() == 1 {
+        let reference = Reference::build(plan, labels, corpus)?;
+        let expected = match reference.expected_rows(&summary.columns)? {
+            Some(n) => n,
+            None => reference_rows(plan, labels, corpus, &mut Interner::default())?
+                .rows
+                .len() as u64,
+        };
+        // The engine writes distinct rows: more rows than the reference has
+        // means extra ones, fewer means missing ones.
+        match (summary.rows, expected) {
+            (0, e) if e > 0 => reasons.push(Reason::EmptyResult),
+            (p, 0) if p > 0 => reasons.push(Reason::EmptyReference),
+            (p, e) if p < e => reasons.push(Reason::ResultMissingRows),
+            (p, e) if p > e => reasons.push(Reason::ResultExtraRows),
+            _ => {}
+        }
+    }
+    reasons.sort();
+    Ok(Assessment {
+        verdict: Verdict::Bad,
+        reasons,
+    })
 }
 
 /// Label columns of a plan's output (names).

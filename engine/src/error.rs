@@ -38,6 +38,9 @@ pub enum EngineError {
         /// The `{1}` document id, if any.
         right_id: Option<String>,
     },
+    /// An environment setting has a value aisql cannot use (which, and why).
+    #[error("setting: {0}")]
+    Setting(String),
     /// Input data is missing or malformed (table files, columns, nulls).
     #[error("data: {0}")]
     Data(String),

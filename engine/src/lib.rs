@@ -32,6 +32,7 @@ pub mod plan;
 pub mod prompt;
 pub mod query;
 pub mod query_gate;
+pub mod row_digest;
 pub mod row_sink;
 pub mod scheduler;
 pub mod shard;

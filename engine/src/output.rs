@@ -31,8 +31,11 @@ pub struct KeyedFile {
 pub struct OutputFiles {
     /// `plan.substrait`.
     pub plan: String,
-    /// `rows.parquet`.
+    /// `rows.parquet`, or `rows.summary.json` when the rows did not fit the disk.
     pub rows: String,
+    /// What that summary says, when the rows were kept as one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows_summary: Option<crate::row_digest::RowsSummary>,
     /// Filter answer tables (`[]` when the query has no filter).
     #[serde(default)]
     pub filters: Vec<KeyedFile>,
@@ -131,6 +134,16 @@ pub fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
 /// The name of the result rows file in a query's folder, written while the
 /// query runs (see [`crate::row_sink::ParquetRows`]).
 pub const ROWS_FILE: &str = "rows.parquet";
+
+/// What a query's folder holds instead of [`ROWS_FILE`] when the rows would
+/// not fit the disk (see [`crate::row_digest::RowsSummary`]).
+pub const ROWS_SUMMARY_FILE: &str = "rows.summary.json";
+
+/// Where the summary of a result file goes when the file would not fit the
+/// disk: `rows.parquet` -> `rows.summary.json`.
+pub fn summary_path(rows_path: &Path) -> PathBuf {
+    rows_path.with_extension("summary.json")
+}
 
 /// Writes `rows` into `dir` as [`ROWS_FILE`] (created if missing) and then the
 /// other outputs of `out`: what a caller that kept the rows in memory saves.

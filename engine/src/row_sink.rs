@@ -4,7 +4,8 @@
 //! zstd Parquet file ([`ParquetRows`], with [`HeadRows`] keeping the first
 //! rows to print) so that a result larger than memory
 //! (IMDB-9 has 88 M rows at sf 0.1 and 100 times more at sf 1.0) never sits in
-//! it.
+//! it. A result that would not fit the disk either is kept as a summary: its
+//! row count and order-free hash ([`crate::row_digest`]).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -21,7 +22,8 @@ use datafusion::physical_plan::ExecutionPlan;
 use futures::StreamExt;
 
 use crate::error::{EngineError, Result};
-use crate::output::{parquet_properties, publish, temp_path};
+use crate::output::{parquet_properties, publish, summary_path, temp_path, write_file_atomic};
+use crate::row_digest::{RowsDigest, RowsSummary};
 
 /// Takes a query's result rows, one batch at a time, in the order they arrive.
 pub trait RowSink: Send {
@@ -124,6 +126,13 @@ impl<S: RowSink> RowSink for HeadRows<S> {
 /// its temporary file. The encoding runs on a thread of its own, one batch
 /// behind the query: dictionary-encoding every value is as much work as
 /// making the rows (IMDB-9 writes 8.7 G rows at sf 1.0), and the two overlap.
+///
+/// Before each batch the disk's free space is checked: once it falls under
+/// the reserve ([`DISK_RESERVE_ENV`], default [`DEFAULT_DISK_RESERVE`]), the
+/// file is closed, and the rows from then on are only counted and hashed. At
+/// [`ParquetRows::finish`] the closed file's rows are hashed too, the file is
+/// removed (a result cut short must not pass for the result), and a summary
+/// takes its place ([`summary_path`]): what [`SavedRows::Summary`] returns.
 pub struct ParquetRows {
     path: PathBuf,
     tmp: PathBuf,
@@ -136,6 +145,80 @@ pub struct ParquetRows {
     rows: u64,
     /// Renamed into place: the temporary file is gone.
     published: bool,
+    /// Free bytes the file must leave on its disk.
+    reserve: u64,
+    /// The free bytes of the disk holding a path (`None`: not known).
+    free_space: FreeSpace,
+    /// Set once the disk ran low: the file is closed, later rows are hashed.
+    overflow: Option<Overflow>,
+}
+
+/// Reads the free bytes of the file system that holds a path.
+pub type FreeSpace = Box<dyn Fn(&Path) -> Option<u64> + Send>;
+
+/// Where the rows went once the disk ran low.
+#[derive(Debug)]
+struct Overflow {
+    /// Rows in the closed file.
+    file_rows: u64,
+    /// Free bytes when it was closed.
+    free_bytes: u64,
+    /// The rows after it.
+    digest: RowsDigest,
+}
+
+/// What [`ParquetRows::finish`] kept of the rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SavedRows {
+    /// The file holds every row (how many).
+    File(u64),
+    /// The disk ran low: the summary file holds the count and hash.
+    Summary(RowsSummary),
+}
+
+impl SavedRows {
+    /// Rows of the result.
+    pub fn rows(&self) -> u64 {
+        match self {
+            SavedRows::File(rows) => *rows,
+            SavedRows::Summary(s) => s.rows,
+        }
+    }
+}
+
+/// Environment variable: the free disk space, in bytes, that a result file
+/// leaves (past it the result is summarised instead).
+pub const DISK_RESERVE_ENV: &str = "AISQL_DISK_RESERVE_BYTES";
+
+/// The free disk space a result file leaves by default: room for its last row
+/// group and footer, and for the run's other small files.
+pub const DEFAULT_DISK_RESERVE: u64 = 1 << 30;
+
+/// The reserve [`DISK_RESERVE_ENV`] asks for, else the default; a value that is
+/// not a number of bytes is an error naming it.
+pub fn disk_reserve() -> Result<u64> {
+    match std::env::var(DISK_RESERVE_ENV) {
+        Err(_) => Ok(DEFAULT_DISK_RESERVE),
+        Ok(v) => v.trim().parse().map_err(|_| {
+            EngineError::Setting(format!(
+                "{DISK_RESERVE_ENV}={v:?}: expected a number of bytes"
+            ))
+        }),
+    }
+}
+
+/// The free bytes of the file system holding `path`, as an unprivileged user
+/// may use them.
+#[cfg(unix)]
+pub fn free_disk_space(path: &Path) -> Option<u64> {
+    let s = rustix::fs::statvfs(path).ok()?;
+    Some(s.f_bavail.saturating_mul(s.f_frsize))
+}
+
+/// Free space is not known here: the file is written until the disk refuses.
+#[cfg(not(unix))]
+pub fn free_disk_space(_path: &Path) -> Option<u64> {
+    None
 }
 
 impl std::fmt::Debug for ParquetRows {
@@ -153,8 +236,20 @@ const QUEUED_BATCHES: usize = 2;
 
 impl ParquetRows {
     /// A writer of `path` whose batches have `schema`; batches pushed later are
-    /// given its column names (their types must match).
+    /// given its column names (their types must match). It leaves
+    /// [`disk_reserve`] bytes free on the disk.
     pub fn create(path: &Path, schema: SchemaRef) -> Result<Self> {
+        Self::with_reserve(path, schema, disk_reserve()?, Box::new(free_disk_space))
+    }
+
+    /// As [`ParquetRows::create`], leaving `reserve` bytes free as `free_space`
+    /// reports them.
+    pub fn with_reserve(
+        path: &Path,
+        schema: SchemaRef,
+        reserve: u64,
+        free_space: FreeSpace,
+    ) -> Result<Self> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| EngineError::io(dir, e))?;
         }
@@ -185,18 +280,94 @@ impl ParquetRows {
             writer: Some(thread),
             rows: 0,
             published: false,
+            reserve,
+            free_space,
+            overflow: None,
         })
     }
 
-    /// Closes the file and renames it into place; returns the rows written.
-    pub fn finish(mut self) -> Result<u64> {
+    /// Closes the file and renames it into place, or, when the disk ran low,
+    /// hashes its rows, removes it and writes the summary in its place.
+    pub fn finish(mut self) -> Result<SavedRows> {
+        let saved = match self.overflow.take() {
+            None => {
+                let writer = self.stop_writer()?;
+                writer.close().map_err(|e| self.failed(&e))?;
+                publish(&self.tmp, &self.path)?;
+                self.published = true;
+                SavedRows::File(self.rows)
+            }
+            Some(overflow) => {
+                let summary = self.summarise(overflow)?;
+                std::fs::remove_file(&self.tmp).map_err(|e| EngineError::io(&self.tmp, e))?;
+                self.published = true;
+                let text = serde_json::to_string_pretty(&summary).expect("a summary serialises");
+                write_file_atomic(&summary_path(&self.path), (text + "\n").as_bytes())?;
+                SavedRows::Summary(summary)
+            }
+        };
+        // An earlier run's file of the other kind would contradict this one.
+        let stale = match saved {
+            SavedRows::File(_) => summary_path(&self.path),
+            SavedRows::Summary(_) => self.path.clone(),
+        };
+        match std::fs::remove_file(&stale) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(EngineError::io(&stale, e));
+            }
+            _ => {}
+        }
+        Ok(saved)
+    }
+
+    /// The disk ran low (`free_bytes` left): closes the file as it is, to be
+    /// hashed at the end; later rows are hashed as they come.
+    fn close_for_summary(&mut self, free_bytes: u64) -> Result<()> {
         let writer = self.stop_writer()?;
-        writer
-            .close()
-            .map_err(|e| EngineError::Data(format!("{}: {e}", self.path.display())))?;
-        publish(&self.tmp, &self.path)?;
-        self.published = true;
-        Ok(self.rows)
+        writer.close().map_err(|e| self.failed(&e))?;
+        self.overflow = Some(Overflow {
+            file_rows: self.rows,
+            free_bytes,
+            digest: RowsDigest::default(),
+        });
+        Ok(())
+    }
+
+    /// The summary of every row: the closed file's, read back, and the later
+    /// ones already hashed.
+    fn summarise(&self, overflow: Overflow) -> Result<RowsSummary> {
+        let Overflow {
+            file_rows,
+            free_bytes,
+            mut digest,
+        } = overflow;
+        let batches = crate::parquet_read::stream_batches(&self.tmp, 8192)
+            .map_err(|e| EngineError::Data(format!("{}: {e}", self.tmp.display())))?;
+        for batch in batches {
+            let batch =
+                batch.map_err(|e| EngineError::Data(format!("{}: {e}", self.tmp.display())))?;
+            digest.add_batch(&batch)?;
+        }
+        if digest.rows() != self.rows {
+            return Err(EngineError::Data(format!(
+                "{}: {} rows read back, {} written",
+                self.tmp.display(),
+                digest.rows(),
+                self.rows
+            )));
+        }
+        Ok(RowsSummary::new(
+            &self.path,
+            &self.schema,
+            &digest,
+            file_rows,
+            free_bytes,
+            self.reserve,
+        ))
+    }
+
+    fn failed(&self, e: &dyn std::fmt::Display) -> EngineError {
+        EngineError::Data(format!("{}: {e}", self.path.display()))
     }
 
     fn stopped(&self) -> EngineError {
@@ -236,6 +407,17 @@ impl RowSink for ParquetRows {
                 ))
             })?;
         let rows = batch.num_rows() as u64;
+        if self.overflow.is_none()
+            && let Some(free) = (self.free_space)(folder_of(&self.tmp))
+            && free < self.reserve
+        {
+            self.close_for_summary(free)?;
+        }
+        if let Some(overflow) = &mut self.overflow {
+            overflow.digest.add_batch(&batch)?;
+            self.rows += rows;
+            return Ok(());
+        }
         let Some(to_writer) = &self.to_writer else {
             return Err(self.stopped());
         };
@@ -248,6 +430,14 @@ impl RowSink for ParquetRows {
         }
         self.rows += rows;
         Ok(())
+    }
+}
+
+/// The folder holding `path` (`.` for a bare file name).
+fn folder_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
     }
 }
 
@@ -286,7 +476,7 @@ mod tests {
         sink.push(batch(&[])).unwrap();
         sink.push(batch(&["c"])).unwrap();
         assert!(!path.exists(), "no rows.parquet before finish");
-        assert_eq!(sink.finish().unwrap(), 3);
+        assert_eq!(sink.finish().unwrap(), SavedRows::File(3));
         let back = crate::output::read_parquet(&path).unwrap();
         assert_eq!(back.num_rows(), 3);
         assert_eq!(back.schema().field(0).name(), "r");
@@ -304,7 +494,7 @@ mod tests {
         let (head, total, parquet) = sink.finish();
         let kept: Vec<usize> = head.iter().map(RecordBatch::num_rows).collect();
         assert_eq!((kept, total), (vec![2, 1], 5));
-        assert_eq!(parquet.finish().unwrap(), 5);
+        assert_eq!(parquet.finish().unwrap(), SavedRows::File(5));
         assert_eq!(crate::output::read_parquet(&path).unwrap().num_rows(), 5);
     }
 
@@ -332,6 +522,88 @@ mod tests {
         assert!(err.contains("rows.parquet"), "{err}");
         assert!(!temp_path(&path).exists());
         assert!(path.join("taken").exists());
+    }
+
+    /// A disk with `free` bytes for the first `calls` checks, and none after.
+    fn filling_disk(calls: usize, free: u64) -> FreeSpace {
+        let checked = std::sync::atomic::AtomicUsize::new(0);
+        Box::new(move |_| {
+            let n = checked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Some(if n < calls { free } else { 0 })
+        })
+    }
+
+    fn digest_of(batches: &[RecordBatch]) -> RowsDigest {
+        let mut d = RowsDigest::default();
+        for b in batches {
+            d.add_batch(b).unwrap();
+        }
+        d
+    }
+
+    #[test]
+    fn rows_past_the_disk_reserve_are_kept_as_a_count_and_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rows.parquet");
+        // An earlier run's file: it must not pass for this result.
+        std::fs::write(&path, b"stale").unwrap();
+        let mut sink =
+            ParquetRows::with_reserve(&path, named("r"), 50, filling_disk(2, 100)).unwrap();
+        for b in [&["a", "b"][..], &["c"], &["d", "e"], &["f"]] {
+            sink.push(batch(b)).unwrap();
+        }
+        let SavedRows::Summary(summary) = sink.finish().unwrap() else {
+            panic!("the disk ran low after two batches")
+        };
+        let all = digest_of(&[batch(&["f", "e", "d", "c", "b", "a"])]);
+        assert_eq!(summary.rows, 6);
+        assert_eq!(summary.rows_hash, all.hash_hex());
+        assert_eq!(
+            (
+                summary.rows_before_disk_ran_low,
+                summary.free_bytes,
+                summary.reserve_bytes
+            ),
+            (3, 0, 50)
+        );
+        assert_eq!(summary.columns, vec!["r".to_string()]);
+        assert!(!path.exists(), "no rows.parquet, not even the stale one");
+        assert!(!temp_path(&path).exists());
+        let written: RowsSummary =
+            serde_json::from_slice(&std::fs::read(summary_path(&path)).unwrap()).unwrap();
+        assert_eq!(written, summary);
+        assert!(
+            written.note.contains("rows.parquet was not kept"),
+            "{}",
+            written.note
+        );
+    }
+
+    #[test]
+    fn rows_that_fit_replace_an_earlier_summary() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rows.parquet");
+        std::fs::write(summary_path(&path), b"{}").unwrap();
+        let mut sink =
+            ParquetRows::with_reserve(&path, named("r"), 50, filling_disk(usize::MAX, 100))
+                .unwrap();
+        sink.push(batch(&["a"])).unwrap();
+        assert_eq!(sink.finish().unwrap(), SavedRows::File(1));
+        assert!(path.exists());
+        assert!(!summary_path(&path).exists());
+    }
+
+    #[test]
+    fn a_disk_low_from_the_start_keeps_only_the_summary() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rows.parquet");
+        let mut sink =
+            ParquetRows::with_reserve(&path, named("r"), 50, filling_disk(0, 0)).unwrap();
+        sink.push(batch(&["a", "b"])).unwrap();
+        let saved = sink.finish().unwrap();
+        assert_eq!(saved.rows(), 2);
+        assert!(matches!(saved, SavedRows::Summary(s) if s.rows_before_disk_ran_low == 0));
+        assert!(!path.exists());
     }
 
     #[test]

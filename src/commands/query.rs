@@ -5,7 +5,7 @@ use aisql_bench::plans::{PlanSource, open_plan};
 use aisql_bench::resolve::resolve;
 use aisql_engine::output::ROWS_FILE;
 use aisql_engine::query::{QueryOptions, output_schema, run_query, run_query_into};
-use aisql_engine::row_sink::{HeadRows, ParquetRows};
+use aisql_engine::row_sink::{HeadRows, ParquetRows, SavedRows};
 use aisql_engine::tables::{TablePaths, tables_in_dir};
 use datafusion::arrow::compute::concat_batches;
 
@@ -79,7 +79,9 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         &query, &tables, backend, &options, &mut sink,
     ))?;
     let (head, total, parquet) = sink.finish();
-    parquet.finish()?;
+    if let SavedRows::Summary(summary) = parquet.finish()? {
+        eprintln!("{}", summary.note);
+    }
     let shown = concat_batches(&output_schema(&query), &head)?;
     super::rows::show(&shown, total, &args.rows, out.runtime_s)?;
     super::rows::report_work(&out.measurements);
