@@ -257,3 +257,44 @@ async fn the_model_restores_offloaded_kv_and_answers_the_same() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_keeps_only_the_token_ids_of_the_tables_it_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = TinyCorpus::write(dir.path());
+    let ids = ["IMDB-2", "FEV-3", "IMDB-2"];
+    let plans = load_plans(&ids);
+    let sim = Simulation::new(&corpus, &plans, 8);
+    let backend = simulation_backend(
+        sim.store.clone(),
+        SchedulerConfig::default(),
+        BYTES_PER_TOKEN,
+    )
+    .unwrap();
+    let mut fresh = Vec::new();
+    let mut held = Vec::new();
+    for plan in &plans {
+        let out = collect_query(plan, &corpus.paths(), backend.clone(), &sim.options)
+            .await
+            .unwrap();
+        fresh.push(count(&out, "fresh_tokens"));
+        held.push(backend.tokenized_tables());
+    }
+    let tables_of = |plan: &QueryPlan| {
+        let mut t = plan.tables();
+        t.sort();
+        t
+    };
+    // The next query forgets the last one's documents, not its own.
+    for (plan, held) in plans.iter().zip(&held) {
+        let read = tables_of(plan);
+        assert!(!held.is_empty(), "{held:?}");
+        assert!(
+            held.iter().all(|t| read.contains(t)),
+            "{held:?} not within {read:?}"
+        );
+    }
+    assert!(held[1].iter().all(|t| !held[0].contains(t)), "{held:?}");
+    // Tokenized again, the documents cost what they cost the first time.
+    assert_eq!(fresh[0], fresh[2]);
+}

@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use aisql_engine::backend::AiKind;
 use aisql_engine::cache_dir::cache_dir;
@@ -452,7 +452,12 @@ pub struct Dataset {
     /// Label sets (ids or predicate keys) the collection borrows from another corpus
     /// (`reused_label_sets`): their manifests may name that corpus.
     pub reused_label_sets: HashSet<String>,
+    /// The labels [`Dataset::shared_labels`] last loaded, while someone holds them.
+    shared: SharedLabels,
 }
+
+/// Labels loaded once for a template list, handed out while held.
+type SharedLabels = Arc<Mutex<Option<(Vec<String>, Weak<LabelStore>)>>>;
 
 fn normalize_root(root: &Path) -> PathBuf {
     let nested = root.join("ground_truth").join("quailb").join("schema_v1");
@@ -561,6 +566,7 @@ impl Dataset {
                 .map(|c| c.label_sets.clone())
                 .unwrap_or_default(),
             reused_label_sets: coll.as_ref().map(reused_label_sets).unwrap_or_default(),
+            shared: SharedLabels::default(),
         })
     }
 
@@ -777,6 +783,22 @@ impl Dataset {
             manifest: m,
             files,
         })
+    }
+
+    /// The labels of `templates` as [`Dataset::load_labels`] reads them, loaded
+    /// once while they are held: a benchmark's oracle and its scorer ask for the
+    /// same ones, and at sf 1.0 a second copy costs gigabytes.
+    pub fn shared_labels(&self, templates: &[String]) -> Result<Arc<LabelStore>> {
+        let mut shared = self.shared.lock().expect("shared labels lock");
+        if let Some((loaded, labels)) = shared.as_ref()
+            && loaded == templates
+            && let Some(labels) = labels.upgrade()
+        {
+            return Ok(labels);
+        }
+        let labels = Arc::new(self.load_labels(Some(templates))?);
+        *shared = Some((templates.to_vec(), Arc::downgrade(&labels)));
+        Ok(labels)
     }
 
     /// Loads the label sets whose template is in `templates` (all when `None`) into a

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
+use std::sync::Arc;
 
 use aisql_engine::answers::AnswerTable;
 use aisql_engine::backend::AiKind;
@@ -923,7 +924,7 @@ pub fn score_accuracy(
 /// What scoring needs, shared by every query of a run: the reference labels of the
 /// run's templates, the input tables' columns and the documents' token ids.
 pub struct Scorer {
-    labels: LabelStore,
+    labels: Arc<LabelStore>,
     corpus: Corpus,
     docs: DocTokens,
     table_rows: BTreeMap<String, u64>,
@@ -932,7 +933,7 @@ pub struct Scorer {
 impl Scorer {
     /// Labels of `templates` and the tables of `dataset`.
     pub fn new(dataset: &Dataset, templates: &[String]) -> Result<Self> {
-        let labels = dataset.load_labels(Some(templates))?;
+        let labels = dataset.shared_labels(templates)?;
         Ok(Self {
             labels,
             corpus: Corpus::new(dataset.tables.clone()),
@@ -991,6 +992,7 @@ impl Scorer {
         )?;
         let counts = if files.prompt_pieces.is_some() && has_fresh_tokens(measurements) {
             let pieces = plan_pieces(plan, self.docs.tokenizer())?;
+            self.docs.keep_tables(&plan.tables());
             Some(piece_counts(&pieces, &answers, &self.corpus, &self.docs)?)
         } else {
             None

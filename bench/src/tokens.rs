@@ -140,6 +140,15 @@ impl DocTokens {
         &self.tok
     }
 
+    /// Forgets the documents of tables other than `tables`: a run scores
+    /// collection by collection, and at sf 1.0 keeping the token ids of all
+    /// five to the end would hold gigabytes for no reuse.
+    pub fn keep_tables(&self, tables: &[String]) {
+        let mut cache = self.cache.lock().expect("token cache lock");
+        cache.retain(|(table, _), _| tables.contains(table));
+        cache.shrink_to_fit();
+    }
+
     /// Token ids of `ids` of `(table, column)`, tokenizing those not cached yet.
     pub fn get(
         &self,

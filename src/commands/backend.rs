@@ -88,11 +88,9 @@ pub fn build(
                     "--backend oracle needs reference labels: use a QUAIL-B data root (--root), not --tables"
                 );
             };
-            let labels = Arc::new(
-                dataset
-                    .load_labels(Some(templates))
-                    .context("loading reference labels")?,
-            );
+            let labels = dataset
+                .shared_labels(templates)
+                .context("loading reference labels")?;
             if !args.simulate {
                 if devices.len() > 1 {
                     bail!(

@@ -251,6 +251,27 @@ impl<E: Executor> ScheduledBackend<E> {
             .try_fold(0, |m, n| n.map(|n| m.max(n)))
     }
 
+    /// Forgets the token ids of documents in tables that `operators` do not
+    /// read: a run goes collection by collection, and at sf 1.0 the documents
+    /// of all five would stay in memory to the end (gigabytes) for no reuse.
+    fn keep_tokens_of(&self, operators: &[AiCall]) {
+        let read: HashSet<&str> = operators
+            .iter()
+            .flat_map(|c| c.tables.iter().map(String::as_str))
+            .collect();
+        let mut t = self.tokens.lock().expect("tokens lock");
+        t.docs.retain(|key, _| read.contains(key.table.as_str()));
+        t.docs.shrink_to_fit();
+    }
+
+    /// The tables whose documents' token ids are held, sorted.
+    pub fn tokenized_tables(&self) -> Vec<String> {
+        let t = self.tokens.lock().expect("tokens lock");
+        let tables: std::collections::BTreeSet<&str> =
+            t.docs.keys().map(|k| k.table.as_str()).collect();
+        tables.into_iter().map(str::to_string).collect()
+    }
+
     /// Token ids of documents, tokenized once per (table, column, id).
     fn docs(&self, table: &str, column: &str, docs: &[(&str, &str)]) -> Result<Vec<Arc<Vec<u32>>>> {
         let key = |id: &str| DocKey::new(table, column, id);
@@ -1146,6 +1167,7 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         // Stops the previous query's work and waits for it to leave (at most one
         // forward batch), so it cannot touch this query's state or counters.
         let _started = self.gate.next_query();
+        self.keep_tokens_of(operators);
         let mut state = self.state.lock().expect("scheduler lock");
         state.cache = Cache::new();
         state.ops = operators
