@@ -449,7 +449,9 @@ pub async fn run_bench(
         run.write(dir)?;
         bar.set_message(id.clone());
 
-        // The query's own peak (its run, saving and scoring), not the run's.
+        // The query's own peak (its run, saving and scoring), not the run's:
+        // what earlier queries freed goes back to the host first.
+        aisql_engine::host_memory::release_free_memory();
         let peak_known = aisql_engine::host_memory::reset_peak_rss();
         let handle = {
             let (plan, tables, backend, o) = (
