@@ -452,6 +452,21 @@ impl Tuples {
     }
 }
 
+/// The column reasons of an output with `predicted` columns against a
+/// reference with `expected` ones (order irrelevant); empty when they match.
+fn column_reasons(predicted: &[String], expected: &[String]) -> Vec<Reason> {
+    let pred_set: HashSet<&String> = predicted.iter().collect();
+    let exp_set: HashSet<&String> = expected.iter().collect();
+    let mut reasons = Vec::new();
+    if exp_set.iter().any(|c| !pred_set.contains(c)) {
+        reasons.push(Reason::ResultMissingColumns);
+    }
+    if pred_set.iter().any(|c| !exp_set.contains(c)) {
+        reasons.push(Reason::ResultExtraColumns);
+    }
+    reasons
+}
+
 /// Compares output and reference: quality counts and the assessment.
 /// `label_columns` are the names of the output's label columns (not ids).
 pub fn compare_rows(
@@ -459,21 +474,10 @@ pub fn compare_rows(
     expected: &Tuples,
     label_columns: &[String],
 ) -> (OutputAccuracy, Assessment) {
-    let mut reasons = Vec::new();
-    let pred_set: HashSet<&String> = predicted.columns.iter().collect();
-    let exp_set: HashSet<&String> = expected.columns.iter().collect();
-    if exp_set.iter().any(|c| !pred_set.contains(c)) {
-        reasons.push(Reason::ResultMissingColumns);
-    }
-    if pred_set.iter().any(|c| !exp_set.contains(c)) {
-        reasons.push(Reason::ResultExtraColumns);
-    }
+    let mut reasons = column_reasons(&predicted.columns, &expected.columns);
     let n_pred = predicted.rows.len() as u64;
     let n_exp = expected.rows.len() as u64;
-    let aligned = if reasons
-        .iter()
-        .any(|r| matches!(r, Reason::ResultMissingColumns | Reason::ResultExtraColumns))
-    {
+    let aligned = if !reasons.is_empty() {
         None
     } else {
         predicted.reordered(&expected.columns)
@@ -808,16 +812,8 @@ fn compare_summary(
     let failed = |e: &dyn std::fmt::Display| err(format!("{}: {e}", path.display()));
     let text = std::fs::read_to_string(path).map_err(|e| failed(&e))?;
     let summary: RowsSummary = serde_json::from_str(&text).map_err(|e| failed(&e))?;
-    let mut reasons = vec![Reason::ResultNotSaved];
-    let wanted: HashSet<String> = plan.output_names().into_iter().collect();
-    let have: HashSet<String> = summary.columns.iter().cloned().collect();
-    if wanted.iter().any(|c| !have.contains(c)) {
-        reasons.push(Reason::ResultMissingColumns);
-    }
-    if have.iter().any(|c| !wanted.contains(c)) {
-        reasons.push(Reason::ResultExtraColumns);
-    }
-    if reasons.len() == 1 {
+    let mut reasons = column_reasons(&summary.columns, &plan.output_names());
+    if reasons.is_empty() {
         let reference = Reference::build(plan, labels, corpus)?;
         let expected = match reference.expected_rows(&summary.columns)? {
             Some(n) => n,
@@ -835,6 +831,7 @@ fn compare_summary(
             _ => {}
         }
     }
+    reasons.push(Reason::ResultNotSaved);
     reasons.sort();
     Ok(Assessment {
         verdict: Verdict::Bad,

@@ -174,7 +174,7 @@ impl<'a> TextValues<'a> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use datafusion::arrow::array::Int64Array;
     use datafusion::arrow::datatypes::{Field, Schema};
@@ -195,7 +195,8 @@ mod tests {
         .unwrap()
     }
 
-    fn digest(batches: &[RecordBatch]) -> RowsDigest {
+    /// The digest of `batches` (also used by the row sink's tests).
+    pub(crate) fn digest(batches: &[RecordBatch]) -> RowsDigest {
         let mut d = RowsDigest::default();
         for b in batches {
             d.add_batch(b).unwrap();

@@ -341,12 +341,12 @@ impl ParquetRows {
             free_bytes,
             mut digest,
         } = overflow;
-        let batches = crate::parquet_read::stream_batches(&self.tmp, 8192)
-            .map_err(|e| EngineError::Data(format!("{}: {e}", self.tmp.display())))?;
+        let unreadable =
+            |e: &dyn std::fmt::Display| EngineError::Data(format!("{}: {e}", self.tmp.display()));
+        let batches =
+            crate::parquet_read::stream_batches(&self.tmp, 8192).map_err(|e| unreadable(&e))?;
         for batch in batches {
-            let batch =
-                batch.map_err(|e| EngineError::Data(format!("{}: {e}", self.tmp.display())))?;
-            digest.add_batch(&batch)?;
+            digest.add_batch(&batch.map_err(|e| unreadable(&e))?)?;
         }
         if digest.rows() != self.rows {
             return Err(EngineError::Data(format!(
@@ -533,14 +533,6 @@ mod tests {
         })
     }
 
-    fn digest_of(batches: &[RecordBatch]) -> RowsDigest {
-        let mut d = RowsDigest::default();
-        for b in batches {
-            d.add_batch(b).unwrap();
-        }
-        d
-    }
-
     #[test]
     fn rows_past_the_disk_reserve_are_kept_as_a_count_and_hash() {
         let dir = tempfile::tempdir().unwrap();
@@ -555,7 +547,7 @@ mod tests {
         let SavedRows::Summary(summary) = sink.finish().unwrap() else {
             panic!("the disk ran low after two batches")
         };
-        let all = digest_of(&[batch(&["f", "e", "d", "c", "b", "a"])]);
+        let all = crate::row_digest::tests::digest(&[batch(&["f", "e", "d", "c", "b", "a"])]);
         assert_eq!(summary.rows, 6);
         assert_eq!(summary.rows_hash, all.hash_hex());
         assert_eq!(
