@@ -2,9 +2,10 @@
 //! 43 plans over the stand-in corpus, a result file equal to the reference,
 //! and the same file with rows dropped, rows added, labels changed (with and
 //! without the right row alongside) and rows repeated (right rows, and rows
-//! with a wrong label), must score exactly as
-//! when both sides are held in memory; and the streamed path must be the one
-//! taken for every plan whose shape allows it.
+//! with a wrong label, also far apart), must score exactly as when both sides
+//! are held in memory, whether the streamed comparison reads the rows as one
+//! run or as three side by side; and the streamed path must be the one taken
+//! for every plan whose shape allows it.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -35,6 +36,33 @@ fn batch_of(columns: &[String], rows: &[Vec<String>]) -> RecordBatch {
         })
         .collect();
     RecordBatch::try_new(schema, arrays).unwrap()
+}
+
+/// The first reference row with a label no operator gives.
+fn wrong_first(rows: &[Vec<String>], label_col: usize) -> Vec<String> {
+    let mut wrong = rows[0].clone();
+    wrong[label_col] = "not a label".to_string();
+    wrong
+}
+
+/// `batch` as three consecutive runs (the first may be empty), each with the
+/// index of its first row, as a file read in parts hands them out.
+fn in_three_runs(
+    batch: &RecordBatch,
+) -> Vec<(
+    u64,
+    std::vec::IntoIter<aisql_bench::error::Result<RecordBatch>>,
+)> {
+    let n = batch.num_rows();
+    let cuts = [0, n / 3, 2 * n / 3, n];
+    cuts.windows(2)
+        .map(|w| {
+            (
+                w[0] as u64,
+                vec![Ok(batch.slice(w[0], w[1] - w[0]))].into_iter(),
+            )
+        })
+        .collect()
 }
 
 /// The variants of a reference result that scoring must tell apart.
@@ -79,6 +107,12 @@ fn variants(plan: &QueryPlan, rows: &[Vec<String>]) -> Vec<(&'static str, Vec<Ve
         both.push(wrong);
         both.extend(rows.iter().rev().take(2).cloned());
         out.push(("wrong label and right rows repeated", both));
+        // The same wrong row first and last: in different runs of a file read
+        // in parts.
+        let mut apart = vec![wrong_first(rows, c)];
+        apart.extend(rows.iter().cloned());
+        apart.push(wrong_first(rows, c));
+        out.push(("wrong label repeated apart", apart));
     }
     out
 }
@@ -116,12 +150,23 @@ fn streamed_scoring_equals_the_materialised_comparison_on_all_43_plans() {
             let want_ref = reference_rows(plan, &labels, &corpus, &mut interner).unwrap();
             let (output, assessment) = compare_rows(&predicted, &want_ref, &label_columns(plan));
             assert_eq!(got, (Some(output), assessment), "{id}, {what}");
+            let rows = Some(batch.num_rows() as u64);
+            let split = reference
+                .compare_stream(&expected.columns, rows, || Ok(in_three_runs(&batch)))
+                .unwrap();
+            if let Some((output, assessment)) = split {
+                assert_eq!(
+                    got,
+                    (Some(output), assessment),
+                    "{id}, {what}, in three runs"
+                );
+            }
             if what == "equal" {
                 let exact = got.0.as_ref().is_some_and(|o| o.exact_match);
                 assert!(exact, "{id}: the reference scores as exact");
                 let direct = reference
                     .compare_stream(&expected.columns, None, || {
-                        Ok(std::iter::once(Ok(batch.clone())))
+                        Ok(vec![(0, std::iter::once(Ok(batch.clone())))])
                     })
                     .unwrap();
                 streamed += usize::from(direct.is_some());

@@ -13,6 +13,7 @@ use aisql_engine::plan::{Operator, QueryPlan};
 use aisql_engine::row_digest::row_hash;
 use datafusion::arrow::array::{Array, ArrayRef, DictionaryArray, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::Int32Type;
+use rayon::prelude::*;
 
 use crate::corpus::Corpus;
 use crate::error::{BenchError, Result};
@@ -79,15 +80,66 @@ pub struct JoinPairs {
     pub right: usize,
     /// The kept pairs, left position then right.
     pub pairs: Vec<(u32, u32)>,
-    /// Looked up for every row of results of billions of rows: hashed with
-    /// foldhash, whose folded multiply spreads both halves of the key (a plain
-    /// multiply left the table's index bits to the right position alone, and
-    /// every lookup of IMDB-9's join-3 probed long runs of collisions).
-    kept: foldhash::HashSet<u64>,
+    /// The kept pairs as a set, looked up for every row of results of
+    /// billions of rows.
+    kept: PairSet,
 }
 
 fn pair_key(left: u32, right: u32) -> u64 {
     (u64::from(left) << 32) | u64::from(right)
+}
+
+/// How many (left, right) position pairs a join may span and still be held
+/// as a bit matrix (32 MiB).
+const DENSE_PAIR_BITS: u64 = 1 << 28;
+
+/// A set of (left, right) position pairs.
+#[derive(Debug)]
+enum PairSet {
+    /// A bit per pair of positions, `width` right positions a row: one probe
+    /// of a matrix that mostly stays in cache (IMDB-9's reviews by aspects at
+    /// sf 1.0 are a few megabits), where a hash probe missed it on nearly
+    /// every row.
+    Dense { width: u64, bits: Vec<u64> },
+    /// Keys of [`pair_key`], hashed with foldhash, whose folded multiply
+    /// spreads both halves of the key (a plain multiply left the table's
+    /// index bits to the right position alone, and every lookup of IMDB-9's
+    /// join-3 probed long runs of collisions).
+    Hashed(foldhash::HashSet<u64>),
+}
+
+impl PairSet {
+    /// The set of `pairs`, positions below `left_len` and `right_len`.
+    fn new(pairs: &[(u32, u32)], left_len: usize, right_len: usize) -> Self {
+        let width = right_len as u64;
+        match (left_len as u64).checked_mul(width) {
+            Some(cells) if cells <= DENSE_PAIR_BITS => {
+                let mut bits = vec![0u64; cells.div_ceil(64) as usize];
+                for &(l, r) in pairs {
+                    let cell = u64::from(l) * width + u64::from(r);
+                    bits[(cell / 64) as usize] |= 1 << (cell % 64);
+                }
+                PairSet::Dense { width, bits }
+            }
+            _ => PairSet::Hashed(pairs.iter().map(|&(l, r)| pair_key(l, r)).collect()),
+        }
+    }
+
+    /// Whether the pair of positions is in the set; positions outside the
+    /// relations are not.
+    fn contains(&self, left: u32, right: u32) -> bool {
+        match self {
+            PairSet::Dense { width, bits } => {
+                if u64::from(right) >= *width {
+                    return false;
+                }
+                let cell = u64::from(left) * width + u64::from(right);
+                bits.get((cell / 64) as usize)
+                    .is_some_and(|word| word & (1 << (cell % 64)) != 0)
+            }
+            PairSet::Hashed(keys) => keys.contains(&pair_key(left, right)),
+        }
+    }
 }
 
 /// What the reference result is made of.
@@ -218,7 +270,7 @@ impl<'a> Reference<'a> {
                     }
                 }
             }
-            let kept = pairs.iter().map(|&(l, r)| pair_key(l, r)).collect();
+            let kept = PairSet::new(&pairs, survivors[l].ids.len(), survivors[r].ids.len());
             joins.push(JoinPairs {
                 left: l,
                 right: r,
@@ -411,85 +463,78 @@ impl<'a> Reference<'a> {
             .ok_or_else(overflow)
     }
 
-    /// Compares the predicted rows in `batches` (string columns named
+    /// Compares the predicted rows in `parts` (string columns named
     /// `columns`, plain or dictionary-encoded) with the reference without
     /// materialising either: each row is tested for membership, the reference
     /// is counted through its join tree, and a row whose documents form a
     /// reference row with other labels is a label mismatch (one more pass over
     /// the rows, only when there are such rows, tells whether the right row is
     /// there too). `None` when the plan's shape needs the materialised
-    /// comparison. Distinct rows are counted: the first
-    /// [`DISTINCT_CHECKED_ROWS`] rows are checked for repeats by a 128-bit
-    /// hash (sorted once at the end, not probed row by row: a set of 64 M
-    /// hashes misses the cache on every insert); past that the rows are taken
-    /// as distinct, as the engine writes them (every relation's id is among
-    /// the columns). `rows`, when known (a file's footer), sizes the hashes once.
+    /// comparison.
+    ///
+    /// `parts` gives the rows as consecutive runs, each with the index of its
+    /// first row; the runs are read side by side (rayon). Distinct rows are
+    /// counted: the first [`DISTINCT_CHECKED_ROWS`] rows are checked for
+    /// repeats by a 128-bit hash (each run's sorted once at the end, then
+    /// merged, not probed row by row: a set of 64 M hashes misses the cache on
+    /// every insert); past that the rows are taken as distinct, as the engine
+    /// writes them (every relation's id is among the columns). `rows`, when
+    /// known (a file's footer), sizes the hashes once.
     pub fn compare_stream<I>(
         &self,
         columns: &[String],
         rows: Option<u64>,
-        batches: impl Fn() -> Result<I>,
+        parts: impl Fn() -> Result<Vec<(u64, I)>>,
     ) -> Result<Option<(OutputAccuracy, Assessment)>>
     where
-        I: Iterator<Item = Result<RecordBatch>>,
+        I: Iterator<Item = Result<RecordBatch>> + Send,
     {
         let Some(shape) = self.stream_shape(columns) else {
             return Ok(None);
         };
         let expected = self.count()?;
+        let runs = parts()?;
+        let ends: Vec<Option<u64>> = runs
+            .iter()
+            .skip(1)
+            .map(|(first, _)| Some(*first))
+            .chain([rows])
+            .collect();
+        let tallies = runs
+            .into_par_iter()
+            .zip(ends)
+            .map(|((first, batches), end)| self.tally(&shape, columns, first, end, batches))
+            .collect::<Result<Vec<PartTally>>>()?;
         let mut predicted = 0u64;
         let mut matching = 0u64;
         let mut extra = 0u64;
         let mut candidates: HashMap<Vec<u32>, u64> = HashMap::new();
-        let checked = rows.map_or(0, |r| r.min(DISTINCT_CHECKED_ROWS as u64) as usize);
-        // Hashes of the checked member and outside rows, tagged with which
-        // they are; rows of other labels are few, and are deduplicated at once
-        // because their count per documents feeds `candidates`.
-        let mut hashes: Vec<u128> = Vec::with_capacity(checked);
-        let mut other_seen: foldhash::HashSet<u128> = Default::default();
-        let mut reader = RowReader::new(&shape);
-        let mut scratch = Vec::new();
-        let mut positions = Vec::new();
-        let mut row_index = 0usize;
-        reader.for_each_row(self, batches()?, columns, |row| {
-            let hash =
-                (row_index < DISTINCT_CHECKED_ROWS).then(|| row_hash(row.values, &mut scratch));
-            row_index += 1;
-            let class = self.classify_row(&shape, &row, &mut positions)?;
-            match class {
-                RowMatch::Member => {
-                    matching += 1;
-                    hashes.extend(hash.map(|h| tagged(h, MEMBER_TAG)));
-                }
-                RowMatch::Outside => {
-                    extra += 1;
-                    hashes.extend(hash.map(|h| tagged(h, OUTSIDE_TAG)));
-                }
-                RowMatch::OtherLabels(key) => {
-                    if let Some(h) = hash
-                        && !other_seen.insert(h)
-                    {
-                        return Ok(());
-                    }
-                    extra += 1;
-                    *candidates.entry(key).or_default() += 1;
-                }
+        let mut sorted = Vec::with_capacity(tallies.len());
+        for t in tallies {
+            predicted += t.predicted;
+            matching += t.matching;
+            extra += t.extra;
+            for (key, n) in t.candidates {
+                *candidates.entry(key).or_default() += n;
             }
-            predicted += 1;
-            Ok(())
-        })?;
-        // Repeats among the checked rows count once.
-        hashes.sort_unstable();
-        for run in hashes.chunk_by(|a, b| a == b).filter(|run| run.len() > 1) {
-            let repeats = run.len() as u64 - 1;
-            predicted -= repeats;
-            if run[0] & TAG_MASK == MEMBER_TAG {
-                matching -= repeats;
-            } else {
-                extra -= repeats;
-            }
+            sorted.push(t.hashes);
         }
-        drop(hashes);
+        // Repeats among the checked rows count once. A repeated row of other
+        // labels is also taken off its documents' count below, where the
+        // second pass finds its documents.
+        let mut repeated_other: foldhash::HashMap<u128, u64> = Default::default();
+        for_each_repeat(&sorted, |hash, repeats| {
+            predicted -= repeats;
+            match hash & TAG_MASK {
+                MEMBER_TAG => matching -= repeats,
+                OTHER_TAG => {
+                    extra -= repeats;
+                    repeated_other.insert(hash, repeats);
+                }
+                _ => extra -= repeats,
+            }
+        });
+        drop(sorted);
         // Reference rows whose documents were predicted with wrong labels only
         // (the right row is absent): those rows are label mismatches, not
         // missing and extra rows.
@@ -497,16 +542,33 @@ impl<'a> Reference<'a> {
         let mut mismatched_keys = 0u64;
         if !candidates.is_empty() {
             let mut right_present: HashSet<Vec<u32>> = HashSet::new();
-            let mut reader = RowReader::new(&shape);
-            reader.for_each_row(self, batches()?, columns, |row| {
-                if let RowMatch::Member = self.classify_row(&shape, &row, &mut positions)? {
-                    let key = self.key_of(&shape, &row);
-                    if candidates.contains_key(&key) {
-                        right_present.insert(key);
+            let mut positions = Vec::new();
+            let mut scratch = Vec::new();
+            for (first, batches) in parts()? {
+                let mut row_index = first;
+                RowReader::new(&shape).for_each_row(self, batches, columns, |row| {
+                    let checked = row_index < DISTINCT_CHECKED_ROWS as u64;
+                    row_index += 1;
+                    match self.classify_row(&shape, &row, &mut positions)? {
+                        RowMatch::Member => {
+                            let key = self.key_of(&shape, &row);
+                            if candidates.contains_key(&key) {
+                                right_present.insert(key);
+                            }
+                        }
+                        RowMatch::OtherLabels(key) if checked && !repeated_other.is_empty() => {
+                            let hash = tagged(row_hash(row.values, &mut scratch), OTHER_TAG);
+                            if let Some(repeats) = repeated_other.remove(&hash)
+                                && let Some(rows) = candidates.get_mut(&key)
+                            {
+                                *rows -= repeats;
+                            }
+                        }
+                        _ => {}
                     }
-                }
-                Ok(())
-            })?;
+                    Ok(())
+                })?;
+            }
             for (key, rows) in &candidates {
                 if !right_present.contains(key) {
                     mismatched_rows += rows;
@@ -530,6 +592,55 @@ impl<'a> Reference<'a> {
         Ok(Some(judged(predicted, expected, matching, reasons)))
     }
 
+    /// The first pass of [`Self::compare_stream`] over one run of the rows,
+    /// whose first row is the `first`th (`end`: the index after its last, when
+    /// known).
+    fn tally<I>(
+        &self,
+        shape: &[Column],
+        columns: &[String],
+        first: u64,
+        end: Option<u64>,
+        batches: I,
+    ) -> Result<PartTally>
+    where
+        I: Iterator<Item = Result<RecordBatch>>,
+    {
+        let limit = DISTINCT_CHECKED_ROWS as u64;
+        let checked = end.map_or(0, |end| end.min(limit).saturating_sub(first.min(limit)));
+        let mut tally = PartTally {
+            hashes: Vec::with_capacity(checked as usize),
+            ..PartTally::default()
+        };
+        let mut scratch = Vec::new();
+        let mut positions = Vec::new();
+        let mut row_index = first;
+        RowReader::new(shape).for_each_row(self, batches, columns, |row| {
+            let hash = (row_index < limit).then(|| row_hash(row.values, &mut scratch));
+            row_index += 1;
+            let tag = match self.classify_row(shape, &row, &mut positions)? {
+                RowMatch::Member => {
+                    tally.matching += 1;
+                    MEMBER_TAG
+                }
+                RowMatch::Outside => {
+                    tally.extra += 1;
+                    OUTSIDE_TAG
+                }
+                RowMatch::OtherLabels(key) => {
+                    tally.extra += 1;
+                    *tally.candidates.entry(key).or_default() += 1;
+                    OTHER_TAG
+                }
+            };
+            tally.hashes.extend(hash.map(|h| tagged(h, tag)));
+            tally.predicted += 1;
+            Ok(())
+        })?;
+        tally.hashes.sort_unstable();
+        Ok(tally)
+    }
+
     /// Where one predicted row stands against the reference.
     fn classify_row(
         &self,
@@ -551,7 +662,7 @@ impl<'a> Reference<'a> {
             .joins
             .iter()
             .zip(row.kept.iter())
-            .all(|(j, kept)| kept.contains(j, pair_key(positions[j.left], positions[j.right])))
+            .all(|(j, kept)| kept.contains(j, positions[j.left], positions[j.right]))
         {
             return Ok(RowMatch::Outside);
         }
@@ -607,13 +718,62 @@ impl<'a> Reference<'a> {
 /// at most).
 pub const DISTINCT_CHECKED_ROWS: usize = 1 << 26;
 
-/// The low bits of a checked row's hash say whether it was a member row.
-const TAG_MASK: u128 = 1;
-const MEMBER_TAG: u128 = 1;
+/// The low bits of a checked row's hash say how the row stands.
+const TAG_MASK: u128 = 3;
 const OUTSIDE_TAG: u128 = 0;
+const MEMBER_TAG: u128 = 1;
+const OTHER_TAG: u128 = 2;
 
 fn tagged(hash: u128, tag: u128) -> u128 {
     (hash & !TAG_MASK) | tag
+}
+
+/// What the first pass over one run of predicted rows found.
+#[derive(Default)]
+struct PartTally {
+    /// Rows, repeats included.
+    predicted: u64,
+    /// Reference rows among them.
+    matching: u64,
+    /// Rows outside the reference, or of its documents with other labels.
+    extra: u64,
+    /// The tagged hashes of the run's checked rows, sorted.
+    hashes: Vec<u128>,
+    /// Per documents of a reference row (their positions), the run's rows of
+    /// them with other labels.
+    candidates: HashMap<Vec<u32>, u64>,
+}
+
+/// Calls `repeated` with every value that `sorted` (each list sorted) hold
+/// more than once in all, and how many times more.
+fn for_each_repeat(sorted: &[Vec<u128>], mut repeated: impl FnMut(u128, u64)) {
+    let mut heads = vec![0usize; sorted.len()];
+    let mut run: Option<(u128, u64)> = None;
+    loop {
+        let next = sorted
+            .iter()
+            .zip(&heads)
+            .enumerate()
+            .filter_map(|(list, (values, &head))| values.get(head).map(|&v| (v, list)))
+            .min();
+        let Some((value, list)) = next else { break };
+        heads[list] += 1;
+        match &mut run {
+            Some((v, n)) if *v == value => *n += 1,
+            _ => {
+                if let Some((v, n)) = run.replace((value, 1))
+                    && n > 1
+                {
+                    repeated(v, n - 1);
+                }
+            }
+        }
+    }
+    if let Some((v, n)) = run
+        && n > 1
+    {
+        repeated(v, n - 1);
+    }
 }
 
 /// What an output column holds, for a streamed comparison.
@@ -664,20 +824,21 @@ impl RowView<'_> {
 
 /// The last pair a join was asked about: joined rows repeat the same pairs
 /// over long runs (IMDB-9's r1, a1 and r2 stay while a2 turns), and one
-/// compare is cheaper than a hash probe of a set of a million pairs.
+/// compare is cheaper than a probe of the join's set.
 #[derive(Default)]
 struct KeptMemo {
     last: std::cell::Cell<Option<(u64, bool)>>,
 }
 
 impl KeptMemo {
-    fn contains(&self, join: &JoinPairs, key: u64) -> bool {
+    fn contains(&self, join: &JoinPairs, left: u32, right: u32) -> bool {
+        let key = pair_key(left, right);
         if let Some((k, kept)) = self.last.get()
             && k == key
         {
             return kept;
         }
-        let kept = join.kept.contains(&key);
+        let kept = join.kept.contains(left, right);
         self.last.set(Some((key, kept)));
         kept
     }
@@ -866,4 +1027,45 @@ fn text_columns<'b>(batch: &'b RecordBatch, columns: &[String]) -> Result<Vec<Te
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeats_are_found_within_and_across_sorted_lists() {
+        let mut found = Vec::new();
+        for_each_repeat(&[vec![1, 2, 2, 5, 9], vec![], vec![2, 3, 5, 5]], |v, n| {
+            found.push((v, n))
+        });
+        assert_eq!(found, [(2, 2), (5, 2)]);
+        found.clear();
+        for_each_repeat(&[vec![4, 4], vec![4]], |v, n| found.push((v, n)));
+        assert_eq!(found, [(4, 2)]);
+        found.clear();
+        for_each_repeat(&[vec![1, 3], vec![2, 4]], |v, n| found.push((v, n)));
+        assert!(found.is_empty());
+        for_each_repeat(&[], |_, _| panic!("no values"));
+    }
+
+    #[test]
+    fn a_pair_set_answers_alike_as_a_bit_matrix_and_hashed() {
+        let pairs = [(0, 0), (2, 4), (3, 1), (1, 4)];
+        let dense = PairSet::new(&pairs, 4, 5);
+        assert!(matches!(dense, PairSet::Dense { .. }));
+        // Past the matrix bound the same pairs are hashed.
+        let wide = PairSet::new(&pairs, 1 << 20, 1 << 20);
+        assert!(matches!(wide, PairSet::Hashed(_)));
+        for set in [&dense, &wide] {
+            for l in 0..6 {
+                for r in 0..7 {
+                    assert_eq!(set.contains(l, r), pairs.contains(&(l, r)), "({l}, {r})");
+                }
+            }
+        }
+        // A right position past the width must not alias the next row's cell.
+        assert!(!dense.contains(1, 5));
+        assert!(!dense.contains(u32::MAX, u32::MAX));
+    }
 }

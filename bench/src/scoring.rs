@@ -11,7 +11,7 @@ use aisql_engine::answers::AnswerTable;
 use aisql_engine::backend::AiKind;
 use aisql_engine::labels::{LabelSet, LabelStore};
 use aisql_engine::output::{OutputFiles, ROWS_SUMMARY_FILE, read_parquet};
-use aisql_engine::parquet_read::stream_dictionary_batches;
+use aisql_engine::parquet_read::stream_dictionary_parts;
 use aisql_engine::plan::{Operator, QueryPlan};
 use aisql_engine::row_digest::RowsSummary;
 use datafusion::arrow::array::{Array, RecordBatch, StringArray};
@@ -774,14 +774,29 @@ pub fn compare_saved_rows(
         return compare_summary(plan, labels, corpus, rows_path).map(|a| (None, a));
     }
     let failed = |e: &dyn std::fmt::Display| err(format!("{}: {e}", rows_path.display()));
-    let open = || stream_dictionary_batches(rows_path, 8192).map_err(|e| failed(&e));
-    let columns: Vec<String> = open()?
+    // One run of row groups per thread: the runs are compared side by side.
+    let open = || {
+        stream_dictionary_parts(rows_path, 8192, rayon::current_num_threads())
+            .map_err(|e| failed(&e))
+    };
+    let columns: Vec<String> = open()?[0]
+        .batches
         .schema()
         .fields()
         .iter()
         .map(|f| f.name().clone())
         .collect();
-    let stream = || Ok(open()?.map(move |b| b.map_err(|e| failed(&e))));
+    let parts = || {
+        Ok(open()?
+            .into_iter()
+            .map(|p| {
+                (
+                    p.first_row,
+                    p.batches.map(move |b| b.map_err(|e| failed(&e))),
+                )
+            })
+            .collect::<Vec<_>>())
+    };
     let mut wanted = plan.output_names();
     let mut have = columns.clone();
     wanted.sort();
@@ -789,7 +804,7 @@ pub fn compare_saved_rows(
     if have == wanted {
         let reference = Reference::build(plan, labels, corpus)?;
         let rows = aisql_engine::parquet_read::footer_rows(rows_path).ok();
-        if let Some(compared) = reference.compare_stream(&columns, rows, stream)? {
+        if let Some(compared) = reference.compare_stream(&columns, rows, parts)? {
             return Ok((Some(compared.0), compared.1));
         }
     }

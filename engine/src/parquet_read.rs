@@ -98,16 +98,28 @@ pub fn stream_batches(path: &Path, batch_size: usize) -> Result<BatchStream, Par
     batch_stream(map_file(path)?, batch_size, Strings::AsWritten)
 }
 
-/// As [`stream_batches`], with every string column read as a dictionary
-/// (`Dictionary(Int32, Utf8)`): the keys of its dictionary-encoded pages, the
-/// dictionary shared by the batches of a column chunk. A reader that looks
-/// values up does so once per dictionary value, not once per row (IMDB-9's
-/// 8.7 G result rows at sf 1.0 repeat a few hundred thousand ids).
-pub fn stream_dictionary_batches(
+/// One run of a file's row groups, read on its own ([`stream_dictionary_parts`]).
+pub struct BatchPart {
+    /// The index, in the whole file, of the part's first row.
+    pub first_row: u64,
+    /// The part's rows.
+    pub batches: BatchStream,
+}
+
+/// The batches of `path` as [`stream_batches`] reads them, but with every
+/// string column read as a dictionary (`Dictionary(Int32, Utf8)`: the keys of
+/// its dictionary-encoded pages, the dictionary shared by the batches of a
+/// column chunk), and split into at most `parts` runs of whole row groups with
+/// about equal rows, to be read side by side. A reader that looks values up
+/// does so once per dictionary value, not once per row (IMDB-9's 8.7 G result
+/// rows at sf 1.0 repeat a few hundred thousand ids). The file is mapped and
+/// checked once for all parts; there is always at least one part.
+pub fn stream_dictionary_parts(
     path: &Path,
     batch_size: usize,
-) -> Result<BatchStream, ParquetReadError> {
-    batch_stream(map_file(path)?, batch_size, Strings::AsDictionaries)
+    parts: usize,
+) -> Result<Vec<BatchPart>, ParquetReadError> {
+    batch_parts(map_file(path)?, batch_size, Strings::AsDictionaries, parts)
 }
 
 /// `path` mapped into memory (its pages are the kernel's to drop).
@@ -132,6 +144,18 @@ fn batch_stream(
     batch_size: usize,
     strings: Strings,
 ) -> Result<BatchStream, ParquetReadError> {
+    let mut parts = batch_parts(bytes, batch_size, strings, 1)?;
+    Ok(parts.swap_remove(0).batches)
+}
+
+/// The checked, guarded readers of up to `parts` runs of the row groups of a
+/// Parquet file's `bytes` (at least one).
+fn batch_parts(
+    bytes: Bytes,
+    batch_size: usize,
+    strings: Strings,
+    parts: usize,
+) -> Result<Vec<BatchPart>, ParquetReadError> {
     let corrupt = |e: &dyn std::fmt::Display| ParquetReadError::Corrupt(e.to_string());
     guarded(|| {
         check_dictionaries(&bytes)?;
@@ -158,14 +182,58 @@ fn batch_stream(
             metadata = ArrowReaderMetadata::try_new(metadata.metadata().clone(), options)
                 .map_err(|e| corrupt(&e))?;
         }
-        let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, metadata);
-        let schema = builder.schema().clone();
-        let reader = builder
-            .with_batch_size(batch_size.max(1))
-            .build()
-            .map_err(|e| corrupt(&e))?;
-        Ok(BatchStream { schema, reader })
+        let group_rows = metadata
+            .metadata()
+            .row_groups()
+            .iter()
+            .map(|g| u64::try_from(g.num_rows()))
+            .collect::<Result<Vec<u64>, _>>()
+            .map_err(|_| corrupt(&"a row group records a negative row count"))?;
+        split_row_groups(&group_rows, parts)
+            .into_iter()
+            .map(|(groups, first_row)| {
+                let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
+                    bytes.clone(),
+                    metadata.clone(),
+                );
+                let schema = builder.schema().clone();
+                let reader = builder
+                    .with_row_groups(groups.collect())
+                    .with_batch_size(batch_size.max(1))
+                    .build()
+                    .map_err(|e| corrupt(&e))?;
+                Ok(BatchPart {
+                    first_row,
+                    batches: BatchStream { schema, reader },
+                })
+            })
+            .collect()
     })
+}
+
+/// Splits row groups of `group_rows` rows into at most `parts` consecutive
+/// runs of about equal rows, each with the index of its first row; at least
+/// one run, even of no row groups.
+fn split_row_groups(group_rows: &[u64], parts: usize) -> Vec<(std::ops::Range<usize>, u64)> {
+    let parts = parts.clamp(1, group_rows.len().max(1)) as u128;
+    let total: u128 = group_rows.iter().map(|&n| u128::from(n)).sum();
+    let mut runs = Vec::new();
+    let (mut start, mut first_row, mut rows) = (0, 0u64, 0u64);
+    for (g, &n) in group_rows.iter().enumerate() {
+        let cut = runs.len() as u128 + 1;
+        // A group whose middle lies past the current run's share of the rows
+        // starts the next run.
+        if g > start
+            && cut < parts
+            && (2 * u128::from(rows) + u128::from(n)) * parts >= 2 * total * cut
+        {
+            runs.push((start..g, first_row));
+            (start, first_row) = (g, rows);
+        }
+        rows += n;
+    }
+    runs.push((start..group_rows.len(), first_row));
+    runs
 }
 
 /// Refuses dictionary pages that claim more values than they have bytes: the
@@ -264,9 +332,16 @@ mod tests {
                 Err(ParquetReadError::Corrupt(_)) => {}
                 other => panic!("{}: {other:?}", case.display()),
             }
-            for stream in [stream_batches, stream_dictionary_batches] {
-                let streamed =
-                    stream(&path, 1024).and_then(|s| s.collect::<Result<Vec<_>, _>>().map(|_| ()));
+            let plain = stream_batches(&path, 1024)
+                .and_then(|s| s.collect::<Result<Vec<_>, _>>().map(|_| ()));
+            let parts = stream_dictionary_parts(&path, 1024, 2).and_then(|parts| {
+                parts
+                    .into_iter()
+                    .flat_map(|p| p.batches)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(|_| ())
+            });
+            for streamed in [plain, parts] {
                 assert!(
                     matches!(streamed, Err(ParquetReadError::Corrupt(_))),
                     "{}: streamed {streamed:?}",
@@ -277,5 +352,82 @@ mod tests {
             any = true;
         }
         assert!(any, "the regression inputs are in fuzz/regressions/parquet");
+    }
+
+    #[test]
+    fn row_groups_split_into_runs_of_about_equal_rows() {
+        let runs = |rows: &[u64], parts| {
+            split_row_groups(rows, parts)
+                .into_iter()
+                .map(|(r, first)| (r.start, r.end, first))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(runs(&[10, 10, 10, 10], 2), [(0, 2, 0), (2, 4, 20)]);
+        assert_eq!(runs(&[10, 10, 10, 10], 1), [(0, 4, 0)]);
+        // More parts than row groups: one run per group.
+        assert_eq!(runs(&[5, 7], 8), [(0, 1, 0), (1, 2, 5)]);
+        // Uneven groups: the cut follows the rows, not the group count.
+        assert_eq!(runs(&[30, 5, 5, 5, 5], 2), [(0, 1, 0), (1, 5, 30)]);
+        assert_eq!(runs(&[5, 5, 5, 5, 30], 2), [(0, 4, 0), (4, 5, 20)]);
+        assert_eq!(runs(&[100, 1, 1], 3), [(0, 1, 0), (1, 2, 100), (2, 3, 101)]);
+        // No row groups, or no parts asked: still one (empty) run.
+        assert_eq!(runs(&[], 4), [(0, 0, 0)]);
+        assert_eq!(runs(&[3], 0), [(0, 1, 0)]);
+    }
+
+    #[test]
+    fn a_file_read_in_parts_gives_every_row_once_with_its_index() {
+        use datafusion::arrow::array::{Int64Array, StringArray};
+        use datafusion::parquet::arrow::ArrowWriter;
+        use datafusion::parquet::file::properties::WriterProperties;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.parquet");
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("n", DataType::Int64, false),
+            Field::new("s", DataType::Utf8, false),
+        ]));
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(7))
+            .build();
+        let mut writer =
+            ArrowWriter::try_new(File::create(&path).unwrap(), schema.clone(), Some(props))
+                .unwrap();
+        let n: Vec<i64> = (0..50).collect();
+        let s: Vec<String> = n.iter().map(|i| format!("v{}", i % 3)).collect();
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(n)),
+                Arc::new(StringArray::from(s)),
+            ],
+        )
+        .unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        for asked in [1, 2, 3, 100] {
+            let parts = stream_dictionary_parts(&path, 4, asked).unwrap();
+            assert!(!parts.is_empty() && parts.len() <= asked.max(1));
+            let mut next = 0i64;
+            for part in parts {
+                assert_eq!(part.first_row, next as u64, "{asked} parts");
+                for batch in part.batches {
+                    let batch = batch.unwrap();
+                    assert!(matches!(
+                        batch.column(1).data_type(),
+                        DataType::Dictionary(..)
+                    ));
+                    let n = batch
+                        .column(0)
+                        .as_any()
+                        .downcast_ref::<Int64Array>()
+                        .unwrap();
+                    for v in n.values() {
+                        assert_eq!(*v, next);
+                        next += 1;
+                    }
+                }
+            }
+            assert_eq!(next, 50, "{asked} parts");
+        }
     }
 }
