@@ -179,7 +179,7 @@ mod tests {
             partner: Some(Doc { id: "y", text: "" }),
         };
         let k = memo.key(&j1, &r);
-        memo.insert(k.clone(), 1);
+        memo.insert(k, 1);
         // Another operator with the same prompt: answered.
         let k3 = memo.key(&j3, &r);
         assert_eq!(memo.get(&k3), Some(1));

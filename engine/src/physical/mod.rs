@@ -635,7 +635,7 @@ fn answer(state: &OpState, requests: &[AiRequest<'_>]) -> Result<Vec<u16>> {
             .add_work(&work_before, &WorkSoFar::of(&state.runtime));
         let mut memo = state.runtime.memo.lock().expect("memo lock");
         for (&i, c) in ask.iter().zip(codes) {
-            memo.insert(keys[i].clone(), c);
+            memo.insert(keys[i], c);
         }
     }
     let answers: Vec<u16> = {
