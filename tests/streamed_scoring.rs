@@ -38,13 +38,6 @@ fn batch_of(columns: &[String], rows: &[Vec<String>]) -> RecordBatch {
     RecordBatch::try_new(schema, arrays).unwrap()
 }
 
-/// The first reference row with a label no operator gives.
-fn wrong_first(rows: &[Vec<String>], label_col: usize) -> Vec<String> {
-    let mut wrong = rows[0].clone();
-    wrong[label_col] = "not a label".to_string();
-    wrong
-}
-
 /// `batch` as three consecutive runs (the first may be empty), each with the
 /// index of its first row, as a file read in parts hands them out.
 fn in_three_runs(
@@ -104,14 +97,14 @@ fn variants(plan: &QueryPlan, rows: &[Vec<String>]) -> Vec<(&'static str, Vec<Ve
         wrong[c] = "not a label".to_string();
         both.push(wrong.clone());
         out.push(("wrong label beside the right row", both.clone()));
+        // The same wrong row first and last: in different runs of a file read
+        // in parts.
+        let mut apart = vec![wrong.clone()];
+        apart.extend(rows.iter().cloned());
+        apart.push(wrong.clone());
         both.push(wrong);
         both.extend(rows.iter().rev().take(2).cloned());
         out.push(("wrong label and right rows repeated", both));
-        // The same wrong row first and last: in different runs of a file read
-        // in parts.
-        let mut apart = vec![wrong_first(rows, c)];
-        apart.extend(rows.iter().cloned());
-        apart.push(wrong_first(rows, c));
         out.push(("wrong label repeated apart", apart));
     }
     out
