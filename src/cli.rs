@@ -287,6 +287,12 @@ pub struct SqlArgs {
     /// instead of running it; `aisql query FILE` runs it.
     #[arg(long, value_name = "FILE")]
     pub to_substrait: Option<PathBuf>,
+    /// Let statements write or change the session: `COPY ... TO` a path outside
+    /// every input, `CREATE VIEW`, `CREATE TABLE ... AS`, `DROP`, `SET`. Without
+    /// it SQL is read-only. `CREATE EXTERNAL TABLE` and writes into the tables
+    /// given are refused either way.
+    #[arg(long)]
+    pub allow_writes: bool,
     /// Expected fraction of rows an AI filter keeps, TEXT=FRACTION, TEXT being
     /// a piece of that filter's prompt. A relation's AI filters run cheapest
     /// per dropped row first (prompt size / (1 - FRACTION); 0.5 without a hint).

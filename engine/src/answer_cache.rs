@@ -7,11 +7,17 @@
 //!
 //! Layout: `DIR/<identity key>/identity.json` names what the answers belong to
 //! ([`AnswerIdentity`]: model id, weights and tokenizer SHA-256, dtype, prompt
-//! format); `DIR/<identity key>/answers.v1` holds fixed-size records of a
-//! question hash, the answer and a checksum. A record cut short by a kill is
-//! dropped when the log is opened again; a record whose checksum fails is
-//! skipped and counted, never used. One process holds a log at a time (an
-//! exclusive file lock), so two runs never interleave their writes.
+//! format); `DIR/<identity key>/answers.v2` holds fixed-size records of a
+//! question hash, the answer and a keyed MAC. A record cut short by a kill is
+//! dropped when the log is opened again; a record whose MAC fails is skipped
+//! and counted, never used. One process holds a log at a time (an exclusive
+//! file lock), so two runs never interleave their writes.
+//!
+//! The MAC is HMAC-SHA256 under a key kept in aisql's cache folder
+//! ([`crate::cache_dir`], `answer-cache.key`, made on first use, readable by
+//! its owner only), outside every answer folder: whoever can write an answer
+//! folder but not that key cannot make aisql use an answer it did not give. A
+//! folder copied to another machine (another key) is re-asked, not trusted.
 //!
 //! The question hash is SHA-256 over the kind, the classification labels (an
 //! answer is an index into them) and the rendered prompt, exactly as the model
@@ -33,11 +39,16 @@ use crate::error::{EngineError, Result};
 /// Bytes of a question hash: 128 bits, so that a collision among billions of
 /// questions has a probability far below that of a disk error.
 const QUESTION_BYTES: usize = 16;
-/// One record: question hash, answer (u16, little endian), checksum (the first
-/// four bytes of SHA-256 over the rest).
-const RECORD_BYTES: usize = QUESTION_BYTES + 2 + 4;
+/// Bytes of a record's MAC: the first 128 bits of HMAC-SHA256.
+const MAC_BYTES: usize = 16;
+/// One record: question hash, answer (u16, little endian), MAC over the rest.
+const RECORD_BYTES: usize = QUESTION_BYTES + 2 + MAC_BYTES;
 /// The log's file name; the version changes with the record or hash layout.
-const LOG_FILE: &str = "answers.v1";
+const LOG_FILE: &str = "answers.v2";
+/// The MAC key's file name in aisql's cache folder.
+pub const KEY_FILE: &str = "answer-cache.key";
+/// Bytes of the MAC key.
+const KEY_BYTES: usize = 32;
 const IDENTITY_FILE: &str = "identity.json";
 
 /// A question as the cache names it.
@@ -106,16 +117,99 @@ fn finish(mut h: Sha256, call: &AiCall, partner: Option<Doc<'_>>) -> QuestionHas
     h.finalize()[..QUESTION_BYTES].try_into().expect("16 bytes")
 }
 
-fn checksum(body: &[u8]) -> [u8; 4] {
-    Sha256::digest(body)[..4].try_into().expect("4 bytes")
+/// The key records are signed with.
+#[derive(Clone)]
+pub struct RecordKey([u8; KEY_BYTES]);
+
+impl std::fmt::Debug for RecordKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RecordKey(..)")
+    }
+}
+
+impl RecordKey {
+    /// The key in `path`, made there from the operating system's randomness
+    /// first (created exclusively, owner-only): two processes that start at once
+    /// agree on the one that was written first.
+    pub fn load_or_create(path: &Path) -> Result<Self> {
+        match std::fs::read(path) {
+            Ok(bytes) => return Self::from_file_bytes(path, &bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(EngineError::io(path, e)),
+        }
+        let mut key = [0u8; KEY_BYTES];
+        let mut nonce = [0u8; 8];
+        getrandom::fill(&mut key)
+            .and_then(|_| getrandom::fill(&mut nonce))
+            .map_err(|e| {
+                EngineError::Setting(format!("no randomness for the answer cache key: {e}"))
+            })?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| EngineError::io(dir, e))?;
+        }
+        let tmp = path.with_extension(format!("tmp.{}", hex::encode(nonce)));
+        let mut options = OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut file = options.open(&tmp).map_err(|e| EngineError::io(&tmp, e))?;
+        file.write_all(&key)
+            .and_then(|_| file.sync_all())
+            .map_err(|e| EngineError::io(&tmp, e))?;
+        drop(file);
+        // A hard link publishes the whole key or nothing, and fails if another
+        // process published one first: then that one is the key.
+        let linked = std::fs::hard_link(&tmp, path);
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => Ok(Self(key)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let bytes = std::fs::read(path).map_err(|e| EngineError::io(path, e))?;
+                Self::from_file_bytes(path, &bytes)
+            }
+            Err(e) => Err(EngineError::io(path, e)),
+        }
+    }
+
+    fn from_file_bytes(path: &Path, bytes: &[u8]) -> Result<Self> {
+        let key: [u8; KEY_BYTES] = bytes.try_into().map_err(|_| {
+            EngineError::Data(format!(
+                "answer cache key {}: {} bytes, not {KEY_BYTES}; remove it to make a new one (the answers signed with it will be asked again)",
+                path.display(),
+                bytes.len()
+            ))
+        })?;
+        Ok(Self(key))
+    }
+
+    /// The MAC of a record's body.
+    fn mac(&self, body: &[u8]) -> [u8; MAC_BYTES] {
+        use hmac::Mac as _;
+        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key");
+        mac.update(body);
+        mac.finalize().into_bytes()[..MAC_BYTES]
+            .try_into()
+            .expect("16 bytes")
+    }
+
+    /// Whether `tag` is the MAC of `body` (compared in constant time).
+    fn verify(&self, body: &[u8], tag: &[u8]) -> bool {
+        use hmac::Mac as _;
+        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key");
+        mac.update(body);
+        mac.verify_truncated_left(tag).is_ok()
+    }
 }
 
 /// The answers of one identity, in memory and in their log.
 pub struct AnswerCache {
     log_path: PathBuf,
+    /// Signs the records written and checks those read.
+    key: RecordKey,
     log: Mutex<File>,
     answers: Mutex<HashMap<QuestionHash, u16>>,
-    /// Records found damaged when the log was opened (skipped).
+    /// Records found damaged or not signed with this key when the log was
+    /// opened (skipped).
     damaged: usize,
 }
 
@@ -133,7 +227,7 @@ impl AnswerCache {
     /// naming the path when `root` is not a folder one can write, when another
     /// process holds the log, or when the folder's identity file names another
     /// identity.
-    pub fn open(root: &Path, identity: &AnswerIdentity) -> Result<Self> {
+    pub fn open(root: &Path, identity: &AnswerIdentity, key: RecordKey) -> Result<Self> {
         if root.exists() && !root.is_dir() {
             return Err(EngineError::Data(format!(
                 "--answer-cache {}: not a folder",
@@ -188,8 +282,8 @@ impl AnswerCache {
         let mut answers = HashMap::with_capacity(whole / RECORD_BYTES);
         let mut damaged = 0;
         for record in bytes[..whole].chunks_exact(RECORD_BYTES) {
-            let (body, check) = record.split_at(QUESTION_BYTES + 2);
-            if checksum(body) != check {
+            let (body, tag) = record.split_at(QUESTION_BYTES + 2);
+            if !key.verify(body, tag) {
                 damaged += 1;
                 continue;
             }
@@ -199,6 +293,7 @@ impl AnswerCache {
         }
         Ok(Self {
             log_path,
+            key,
             log: Mutex::new(log),
             answers: Mutex::new(answers),
             damaged,
@@ -244,8 +339,8 @@ impl AnswerCache {
             let start = buf.len();
             buf.extend_from_slice(question);
             buf.extend_from_slice(&answer.to_le_bytes());
-            let check = checksum(&buf[start..]);
-            buf.extend_from_slice(&check);
+            let tag = self.key.mac(&buf[start..]);
+            buf.extend_from_slice(&tag);
         }
         self.log
             .lock()
@@ -295,13 +390,14 @@ impl CachedBackend {
         ask: impl FnOnce(&[AiRequest<'_>]) -> Result<Vec<u16>>,
     ) -> Result<Vec<u16>> {
         let mut questions = Vec::with_capacity(requests.len());
+        // A run of requests with one anchor text hashes it once.
         let mut anchor: Option<(&str, Sha256)> = None;
         for r in requests {
             let state = match &anchor {
-                Some((id, state)) if *id == r.anchor.id => state.clone(),
+                Some((text, state)) if *text == r.anchor.text => state.clone(),
                 _ => {
                     let state = anchor_state(call, r.anchor);
-                    anchor = Some((r.anchor.id, state.clone()));
+                    anchor = Some((r.anchor.text, state.clone()));
                     state
                 }
             };
@@ -551,7 +647,7 @@ mod tests {
         let first = flaky(25);
         let cached = CachedBackend::new(
             first.clone(),
-            AnswerCache::open(dir.path(), &identity("f32")).unwrap(),
+            AnswerCache::open(dir.path(), &identity("f32"), key()).unwrap(),
         );
         for chunk in requests.chunks(10).take(2) {
             cached.decide(&filter, chunk).unwrap();
@@ -564,7 +660,7 @@ mod tests {
         let second = flaky(usize::MAX);
         let cached = CachedBackend::new(
             second.clone(),
-            AnswerCache::open(dir.path(), &identity("f32")).unwrap(),
+            AnswerCache::open(dir.path(), &identity("f32"), key()).unwrap(),
         );
         assert_eq!(cached.cache().len(), 20);
         cached.start_query(&[]);
@@ -579,7 +675,7 @@ mod tests {
         let third = flaky(usize::MAX);
         let cached = CachedBackend::new(
             third.clone(),
-            AnswerCache::open(dir.path(), &identity("bf16")).unwrap(),
+            AnswerCache::open(dir.path(), &identity("bf16"), key()).unwrap(),
         );
         assert_eq!(cached.decide(&filter, &requests).unwrap(), truth);
         assert_eq!(third.asked.load(Ordering::Relaxed), 40);
@@ -614,7 +710,7 @@ mod tests {
         let inner = flaky(usize::MAX);
         let cached = CachedBackend::new(
             inner.clone(),
-            AnswerCache::open(dir.path(), &identity("f32")).unwrap(),
+            AnswerCache::open(dir.path(), &identity("f32"), key()).unwrap(),
         );
         // Half the pairs first, then all of them: the known half is not asked again.
         cached.decide(&join, &pairs[..6]).unwrap();
@@ -624,7 +720,7 @@ mod tests {
         drop(cached);
         let reopened = CachedBackend::new(
             flaky(0),
-            AnswerCache::open(dir.path(), &identity("f32")).unwrap(),
+            AnswerCache::open(dir.path(), &identity("f32"), key()).unwrap(),
         );
         assert_eq!(reopened.decide(&join, &pairs).unwrap(), want_pairs);
         assert_eq!(reopened.classify(&classify, &singles).unwrap(), want_labels);
@@ -634,7 +730,7 @@ mod tests {
     fn a_torn_or_damaged_log_loses_only_its_bad_records() {
         let dir = tempfile::tempdir().unwrap();
         let id = identity("f32");
-        let cache = AnswerCache::open(dir.path(), &id).unwrap();
+        let cache = AnswerCache::open(dir.path(), &id, key()).unwrap();
         let q = |i: u8| [i; QUESTION_BYTES];
         cache.insert(&[(q(1), 1), (q(2), 0), (q(3), 7)]).unwrap();
         let log = cache.log_path().to_path_buf();
@@ -645,7 +741,7 @@ mod tests {
         bytes[RECORD_BYTES + 3] ^= 0x40;
         bytes.extend_from_slice(&[9; 7]);
         std::fs::write(&log, &bytes).unwrap();
-        let cache = AnswerCache::open(dir.path(), &id).unwrap();
+        let cache = AnswerCache::open(dir.path(), &id, key()).unwrap();
         assert_eq!(cache.damaged(), 1);
         assert_eq!(cache.get(&q(1)), Some(1));
         assert_eq!(cache.get(&q(2)), None);
@@ -653,7 +749,7 @@ mod tests {
         // The torn tail is gone, so new records stay aligned.
         cache.insert(&[(q(4), 1)]).unwrap();
         drop(cache);
-        let cache = AnswerCache::open(dir.path(), &id).unwrap();
+        let cache = AnswerCache::open(dir.path(), &id, key()).unwrap();
         assert_eq!(cache.get(&q(4)), Some(1));
         assert_eq!(
             std::fs::metadata(&log).unwrap().len() as usize,
@@ -661,18 +757,83 @@ mod tests {
         );
     }
 
+    /// The key of the tests' caches.
+    fn key() -> RecordKey {
+        RecordKey([7; KEY_BYTES])
+    }
+
+    #[test]
+    fn records_forged_without_the_key_are_never_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = identity("f32");
+        let cache = AnswerCache::open(dir.path(), &id, key()).unwrap();
+        let q = |i: u8| [i; QUESTION_BYTES];
+        cache.insert(&[(q(1), 1), (q(2), 0)]).unwrap();
+        let log = cache.log_path().to_path_buf();
+        drop(cache);
+        let mut bytes = std::fs::read(&log).unwrap();
+        // Flip the first answer and give the record a valid unkeyed checksum,
+        // as a tamperer without the key would.
+        bytes[QUESTION_BYTES] = 0;
+        let forged = Sha256::digest(&bytes[..QUESTION_BYTES + 2]);
+        bytes[QUESTION_BYTES + 2..RECORD_BYTES].copy_from_slice(&forged[..MAC_BYTES]);
+        // And add a record signed with another key.
+        let mut other = q(3).to_vec();
+        other.extend_from_slice(&1u16.to_le_bytes());
+        other.extend_from_slice(&RecordKey([8; KEY_BYTES]).mac(&other));
+        bytes.extend_from_slice(&other);
+        std::fs::write(&log, &bytes).unwrap();
+        let cache = AnswerCache::open(dir.path(), &id, key()).unwrap();
+        assert_eq!(cache.damaged(), 2);
+        assert_eq!(cache.get(&q(1)), None);
+        assert_eq!(cache.get(&q(2)), Some(0));
+        assert_eq!(cache.get(&q(3)), None);
+        // Under the other key only its own record is believed.
+        drop(cache);
+        let cache = AnswerCache::open(dir.path(), &id, RecordKey([8; KEY_BYTES])).unwrap();
+        assert_eq!((cache.len(), cache.get(&q(3))), (1, Some(1)));
+    }
+
+    #[test]
+    fn the_key_is_made_once_private_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cache").join(KEY_FILE);
+        let a = RecordKey::load_or_create(&path).unwrap();
+        let b = RecordKey::load_or_create(&path).unwrap();
+        assert_eq!(a.0, b.0);
+        assert_ne!(a.0, [0; KEY_BYTES]);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "{mode:o}");
+        }
+        // Two processes making it at once agree on one key.
+        let other = dir.path().join("other").join(KEY_FILE);
+        let keys: Vec<[u8; KEY_BYTES]> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| RecordKey::load_or_create(&other).unwrap().0))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(keys.windows(2).all(|w| w[0] == w[1]));
+        std::fs::write(&path, b"short").unwrap();
+        let e = RecordKey::load_or_create(&path).unwrap_err().to_string();
+        assert!(e.contains("5 bytes, not 32") && e.contains(KEY_FILE), "{e}");
+    }
+
     #[test]
     fn bad_places_and_a_second_user_are_refused_by_name() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("plain-file");
         std::fs::write(&file, b"x").unwrap();
-        let e = AnswerCache::open(&file, &identity("f32")).unwrap_err();
+        let e = AnswerCache::open(&file, &identity("f32"), key()).unwrap_err();
         assert!(e.to_string().contains("not a folder"), "{e}");
-        let held = AnswerCache::open(dir.path(), &identity("f32")).unwrap();
-        let e = AnswerCache::open(dir.path(), &identity("f32")).unwrap_err();
+        let held = AnswerCache::open(dir.path(), &identity("f32"), key()).unwrap();
+        let e = AnswerCache::open(dir.path(), &identity("f32"), key()).unwrap_err();
         assert!(e.to_string().contains("another aisql process"), "{e}");
         drop(held);
-        AnswerCache::open(dir.path(), &identity("f32")).unwrap();
+        AnswerCache::open(dir.path(), &identity("f32"), key()).unwrap();
         // An identity file that names another identity.
         let id = identity("f32");
         std::fs::write(
@@ -680,7 +841,7 @@ mod tests {
             serde_json::to_string(&identity("f16")).unwrap(),
         )
         .unwrap();
-        let e = AnswerCache::open(dir.path(), &id).unwrap_err();
+        let e = AnswerCache::open(dir.path(), &id, key()).unwrap_err();
         assert!(e.to_string().contains("another model identity"), "{e}");
     }
 }

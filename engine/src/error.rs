@@ -38,6 +38,10 @@ pub enum EngineError {
         /// The `{1}` document id, if any.
         right_id: Option<String>,
     },
+    /// A write the command may not make: over or into one of its inputs, or a
+    /// writing statement in read-only SQL.
+    #[error("refused: {0}")]
+    WriteRefused(String),
     /// An environment setting has a value aisql cannot use (which, and why).
     #[error("setting: {0}")]
     Setting(String),

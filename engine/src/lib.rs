@@ -38,5 +38,6 @@ pub mod scheduler;
 pub mod shard;
 pub mod sql;
 pub mod tables;
+pub mod write_guard;
 
 pub use error::{EngineError, Result, from_datafusion};

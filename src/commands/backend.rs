@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use aisql_bench::layout::Dataset;
-use aisql_engine::answer_cache::{AnswerCache, AnswerIdentity, CachedBackend};
+use aisql_engine::answer_cache::{AnswerCache, AnswerIdentity, CachedBackend, KEY_FILE, RecordKey};
 use aisql_engine::backend::{InferenceBackend, OracleBackend};
 use aisql_engine::distributed::connect_workers;
 use aisql_engine::prompt::PromptFormat;
@@ -12,6 +12,7 @@ use aisql_engine::scheduler::{
     default_kv_budget_bytes, load_model_backend, simulation_backend,
 };
 use aisql_engine::shard::ShardedBackend;
+use aisql_engine::write_guard::{OutputKind, WriteGuard};
 use anyhow::{Context, bail};
 
 use crate::cli::{BackendArgs, BackendKind, CudaKernelsArg, Switch};
@@ -267,14 +268,22 @@ fn with_answer_cache(
     Arc<dyn InferenceBackend>,
     serde_json::Map<String, serde_json::Value>,
 )> {
-    let cache = AnswerCache::open(dir, identity)?;
+    // The key that signs the answers lives outside every answer folder.
+    let key_path = aisql_engine::cache_dir::cache_dir().join(KEY_FILE);
+    let mut key_guard = WriteGuard::new();
+    key_guard.add(&key_path, "the answer cache's key");
+    key_guard.check(dir, "--answer-cache", OutputKind::Folder)?;
+    let cache = AnswerCache::open(dir, identity, RecordKey::load_or_create(&key_path)?)?;
     eprintln!(
         "answer cache {}: {} answers of this model{}",
         cache.log_path().display(),
         cache.len(),
         match cache.damaged() {
             0 => String::new(),
-            n => format!(" ({n} damaged records skipped)"),
+            n => format!(
+                " ({n} records skipped: damaged, or not signed with {})",
+                key_path.display()
+            ),
         }
     );
     meta.insert(

@@ -11,6 +11,7 @@ use aisql_bench::layout::Dataset;
 use aisql_bench::plans::PlanSource;
 use aisql_bench::resolve::resolve;
 use aisql_bench::run_file::{QueryStatus, RunFile, RunStatus};
+use aisql_engine::write_guard::{OutputKind, WriteGuard};
 use anyhow::{Context, bail};
 
 use crate::cli::{BenchAction, BenchArgs, BenchRunArgs};
@@ -33,18 +34,26 @@ fn run_dataset(dir: &Path, root: Option<&Path>) -> anyhow::Result<Dataset> {
 
 fn report(dir: &Path, root: Option<&Path>) -> anyhow::Result<()> {
     let dataset = run_dataset(dir, root)?;
+    let mut guard = WriteGuard::new();
+    super::paths::add_dataset(&mut guard, &dataset);
+    guard.check(dir, "the run folder", OutputKind::Folder)?;
     let run = rescore(dir, &dataset)?;
     summarize(dir, &run);
     Ok(())
 }
 
 fn compare(a: &Path, b: &Path, root: Option<&Path>, json: Option<&Path>) -> anyhow::Result<()> {
+    // The runs are checked before they are read, the data root once it is known.
+    let mut guard = WriteGuard::new();
+    guard.add(a, "the compared run").add(b, "the compared run");
     if let Some(path) = json {
-        for run in [a, b] {
-            super::paths::ensure_outside(path, "--json", run, "the compared run")?;
-        }
+        guard.check(path, "--json", OutputKind::File)?;
     }
     let dataset = run_dataset(a, root)?;
+    super::paths::add_dataset(&mut guard, &dataset);
+    if let Some(path) = json {
+        guard.check(path, "--json", OutputKind::File)?;
+    }
     let c = compare_runs(a, b, &dataset)?;
     print!("{}", comparison_markdown(&c));
     if let Some(path) = json {
@@ -139,12 +148,12 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
     needed.sort_unstable();
     needed.dedup();
     dataset.require_tables(&needed)?;
-    super::paths::ensure_outside(
-        &output_dir,
-        "the run folder",
-        dataset.source.root(),
-        "the data root",
-    )?;
+    let mut guard = WriteGuard::new();
+    super::paths::add_dataset(&mut guard, &dataset);
+    super::paths::add_plans(&mut guard, &args.plans);
+    super::paths::add_model(&mut guard, &args.backend);
+    guard.check(&output_dir, "the run folder", OutputKind::Folder)?;
+    super::paths::check_answer_cache(&guard, &args.backend)?;
     let templates = templates_of(queries.iter().map(|(_, p)| p));
     let format = args.backend.prompt_format.parse()?;
     let user_metadata = user_metadata(&args.metadata)?;

@@ -7,6 +7,7 @@ use aisql_engine::output::ROWS_FILE;
 use aisql_engine::query::{QueryOptions, output_schema, run_query, run_query_into};
 use aisql_engine::row_sink::{HeadRows, ParquetRows, SavedRows};
 use aisql_engine::tables::{TablePaths, tables_in_dir};
+use aisql_engine::write_guard::{OutputKind, WriteGuard};
 use datafusion::arrow::compute::concat_batches;
 
 use crate::cli::{DataArgs, QueryArgs};
@@ -41,17 +42,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     let format = args.backend.prompt_format.parse()?;
     let needed: Vec<&str> = query.relations.iter().map(|r| r.table.as_str()).collect();
     let (tables, dataset) = resolve_tables(&args.data, &needed)?;
-    if let Some(out) = &args.output_dir {
-        match (&args.data.tables, &dataset) {
-            (Some(dir), _) => {
-                super::paths::ensure_outside(out, "--output-dir", dir, "the --tables folder")?
-            }
-            (None, Some(d)) => {
-                super::paths::ensure_outside(out, "--output-dir", d.source.root(), "the data root")?
-            }
-            (None, None) => {}
-        }
-    }
+    check_outputs(&args, dataset.as_ref())?;
     let (backend, _meta) =
         super::backend::build(&args.backend, dataset.as_ref(), &query.templates())?;
     let options = QueryOptions {
@@ -90,6 +81,33 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Refuses `--output-dir`, `--output` and `--answer-cache` over or inside what
+/// the query reads: the plan file, the `--plans` folder, the `--tables` folder or
+/// the dataset's root, and the model.
+fn check_outputs(args: &QueryArgs, dataset: Option<&Dataset>) -> anyhow::Result<()> {
+    let mut guard = WriteGuard::new();
+    let plan = std::path::Path::new(&args.plan);
+    if plan.exists() {
+        guard.add(plan, "the plan file");
+    }
+    super::paths::add_plans(&mut guard, &args.plans);
+    if let Some(dir) = &args.data.tables {
+        guard.add(dir, "the --tables folder");
+    }
+    if let Some(dataset) = dataset {
+        super::paths::add_dataset(&mut guard, dataset);
+    }
+    super::paths::add_model(&mut guard, &args.backend);
+    if let Some(dir) = &args.output_dir {
+        guard.check(dir, "--output-dir", OutputKind::Folder)?;
+    }
+    if let Some(file) = &args.rows.output {
+        guard.check(file, "--output", OutputKind::File)?;
+    }
+    super::paths::check_answer_cache(&guard, &args.backend)?;
+    Ok(())
+}
+
 /// A Substrait plan from any producer, through the general path: DataFusion's
 /// consumer, the AI rewrite, every table of the data source registered.
 fn run_general(args: &QueryArgs, not_quailb: &str) -> anyhow::Result<()> {
@@ -107,6 +125,7 @@ fn run_general(args: &QueryArgs, not_quailb: &str) -> anyhow::Result<()> {
             (d.require_all_tables()?, Some(d))
         }
     };
+    check_outputs(args, dataset.as_ref())?;
     let options = QueryOptions {
         format: args.backend.prompt_format.parse()?,
         progress: true,

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use aisql_bench::layout::Dataset;
 use aisql_bench::resolve::resolve;
 use aisql_engine::query::QueryOptions;
-use aisql_engine::sql::{Evaluation, SqlSession, templates};
+use aisql_engine::sql::{Evaluation, SqlSession, WritePolicy, templates};
+use aisql_engine::write_guard::{OutputKind, WriteGuard};
 use anyhow::Context;
 
 use super::UsageError;
@@ -75,6 +76,14 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    let guard = inputs(&args, &tables, dataset.as_ref());
+    if let Some(out) = &args.rows.output {
+        guard.check(out, "--output", OutputKind::File)?;
+    }
+    if let Some(out) = &args.to_substrait {
+        guard.check(out, "--to-substrait", OutputKind::File)?;
+    }
+    super::paths::check_answer_cache(&guard, &args.backend)?;
     let format = args.backend.prompt_format.parse()?;
     let options = QueryOptions {
         format,
@@ -85,6 +94,10 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     let wanted = templates(&sql)?;
     let (backend, _meta) = super::backend::build(&args.backend, dataset.as_ref(), &wanted)?;
     let session = SqlSession::new(backend, options, Evaluation::Operators)?;
+    session.set_write_policy(WritePolicy {
+        allow_writes: args.allow_writes,
+        guard,
+    });
     for hint in &args.selectivity {
         let (template, fraction) = selectivity_arg(hint, &wanted)?;
         session.set_selectivity(template, fraction)?;
@@ -130,6 +143,23 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(())
+}
+
+/// What `aisql sql` reads: the SQL file, each `--table` path, the dataset's
+/// root and the model.
+fn inputs(args: &SqlArgs, tables: &[(String, PathBuf)], dataset: Option<&Dataset>) -> WriteGuard {
+    let mut guard = WriteGuard::new();
+    if let Some(file) = &args.file {
+        guard.add(file, "the SQL file");
+    }
+    for (name, path) in tables {
+        guard.add(path, format!("the --table {name}"));
+    }
+    if let Some(dataset) = dataset {
+        super::paths::add_dataset(&mut guard, dataset);
+    }
+    super::paths::add_model(&mut guard, &args.backend);
+    guard
 }
 
 /// Whether a command-line argument is a SQL statement rather than a plan path

@@ -38,7 +38,7 @@ pub fn log_bytes(answers: &Path) -> u64 {
         .into_iter()
         .flatten()
         .flatten()
-        .filter_map(|e| std::fs::metadata(e.path().join("answers.v1")).ok())
+        .filter_map(|e| std::fs::metadata(e.path().join("answers.v2")).ok())
         .map(|m| m.len())
         .sum()
 }

@@ -32,13 +32,42 @@ pub struct ModelSpec {
     pub host_kv_from_memory: bool,
 }
 
+/// The folder `--model tiny` is kept in (whether generated yet or not).
+pub fn tiny_model_path() -> std::path::PathBuf {
+    crate::cache_dir::cache_dir().join("models/tiny-qwen3-seed0")
+}
+
+/// The files and folders the model named `model` is read from, for the write
+/// rule ([`crate::write_guard`]): the tiny model's folder, a local model
+/// folder, or a Hugging Face id's files and snapshot folder in the local cache.
+/// Nothing is generated or loaded; an id not in the cache reads nothing.
+pub fn model_input_paths(model: &str) -> Vec<std::path::PathBuf> {
+    if model == "tiny" {
+        return vec![tiny_model_path()];
+    }
+    let local = std::path::Path::new(model);
+    if local.exists() {
+        return vec![local.to_path_buf()];
+    }
+    match aisql_models::ModelFiles::resolve(model) {
+        Ok(files) => {
+            let mut paths: Vec<std::path::PathBuf> = files.weights.clone();
+            paths.push(files.config.clone());
+            paths.extend(files.tokenizer.clone());
+            paths.extend(files.config.parent().map(std::path::Path::to_path_buf));
+            paths
+        }
+        Err(_) => Vec::new(),
+    }
+}
+
 /// Where `--model tiny` lives: `models/tiny-qwen3-seed0` under aisql's cache folder
 /// ([`crate::cache_dir::cache_dir`]), generated on first use, deterministic (seed 0),
 /// and sealed: a copy whose files no longer match the seal is generated again.
 pub fn tiny_model_dir() -> Result<std::path::PathBuf> {
     use crate::cache_dir::{SEAL_FILE, check_seal, files_of, seal};
     let base = crate::cache_dir::cache_dir();
-    let dir = base.join("models/tiny-qwen3-seed0");
+    let dir = tiny_model_path();
     if dir.exists() {
         match check_seal(&dir, &dir.join(SEAL_FILE)) {
             Ok(()) => return Ok(dir),

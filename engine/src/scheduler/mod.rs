@@ -49,7 +49,8 @@ pub use executors::{
     SIMULATED_LINK_BYTES_PER_SECOND, SimExecutor, VirtualKv, best_label,
 };
 pub use loading::{
-    ModelSpec, RunMetadata, answer_identity, load_model_backend, simulation_backend, tiny_model_dir,
+    ModelSpec, RunMetadata, answer_identity, load_model_backend, model_input_paths,
+    simulation_backend, tiny_model_dir, tiny_model_path,
 };
 
 use std::collections::{HashMap, HashSet};
@@ -60,7 +61,7 @@ use aisql_models::Tokenizer;
 use crate::backend::{AiCall, AiKind, AiRequest, Doc, InferenceBackend};
 use crate::error::{EngineError, Result};
 use crate::kv_cache::{KvOps, NodeId, PrefixTrie};
-use crate::memo::DocKey;
+use crate::memo::{DocKey, TextDigest, text_digests};
 use crate::prompt::label_continuations;
 use crate::query_gate::{QueryGate, Ticket};
 use lookahead::{AheadQuestion, Lookahead, MAX_PARTNERS_AHEAD};
@@ -103,11 +104,17 @@ impl Default for SchedulerConfig {
     }
 }
 
+/// Token ids kept across queries.
 #[derive(Default)]
 struct Tokens {
-    docs: HashMap<DocKey, Arc<Vec<u32>>>,
+    /// Documents' token ids by the SHA-256 of their text, each with the table it
+    /// was last read from. Keyed by content, not by id: ids repeat across
+    /// datasets (`rv0` in every IMDB collection), and a worker or session that
+    /// serves another dataset must never reuse the tokens of the first.
+    docs: HashMap<TextDigest, (Arc<str>, Arc<Vec<u32>>)>,
     pieces: HashMap<String, Arc<Vec<u32>>>,
 }
+
 
 struct Cache<K> {
     docs: PrefixTrie<K>,
@@ -260,7 +267,7 @@ impl<E: Executor> ScheduledBackend<E> {
             .flat_map(|c| c.tables.iter().map(String::as_str))
             .collect();
         let mut t = self.tokens.lock().expect("tokens lock");
-        t.docs.retain(|key, _| read.contains(key.table.as_str()));
+        t.docs.retain(|_, (table, _)| read.contains(table.as_ref()));
         t.docs.shrink_to_fit();
     }
 
@@ -268,33 +275,44 @@ impl<E: Executor> ScheduledBackend<E> {
     pub fn tokenized_tables(&self) -> Vec<String> {
         let t = self.tokens.lock().expect("tokens lock");
         let tables: std::collections::BTreeSet<&str> =
-            t.docs.keys().map(|k| k.table.as_str()).collect();
+            t.docs.values().map(|(table, _)| table.as_ref()).collect();
         tables.into_iter().map(str::to_string).collect()
     }
 
-    /// Token ids of documents, tokenized once per (table, column, id).
-    fn docs(&self, table: &str, column: &str, docs: &[(&str, &str)]) -> Result<Vec<Arc<Vec<u32>>>> {
-        let key = |id: &str| DocKey::new(table, column, id);
-        let missing: Vec<(&str, &str)> = {
+    /// Token ids of documents of `table` by their texts, each distinct text
+    /// tokenized once.
+    fn docs(&self, table: &str, texts: &[&str]) -> Result<Vec<Arc<Vec<u32>>>> {
+        let digests = text_digests(texts);
+        let missing: Vec<(TextDigest, &str)> = {
             let t = self.tokens.lock().expect("tokens lock");
             let mut seen = HashSet::new();
-            docs.iter()
-                .filter(|(id, _)| !t.docs.contains_key(&key(id)) && seen.insert(*id))
-                .copied()
+            digests
+                .iter()
+                .zip(texts)
+                .filter(|(d, _)| !t.docs.contains_key(*d) && seen.insert(**d))
+                .map(|(d, text)| (*d, *text))
                 .collect()
         };
+        let table: Arc<str> = Arc::from(table);
         if !missing.is_empty() {
             let texts: Vec<&str> = missing.iter().map(|(_, text)| *text).collect();
             let encoded = self.tokenizer.encode_documents(&texts)?;
             let mut t = self.tokens.lock().expect("tokens lock");
-            for ((id, _), ids) in missing.iter().zip(encoded) {
-                t.docs.insert(key(id), Arc::new(ids));
+            for ((digest, _), ids) in missing.iter().zip(encoded) {
+                t.docs.insert(*digest, (table.clone(), Arc::new(ids)));
             }
         }
-        let t = self.tokens.lock().expect("tokens lock");
-        Ok(docs
+        let mut t = self.tokens.lock().expect("tokens lock");
+        Ok(digests
             .iter()
-            .map(|(id, _)| t.docs[&key(id)].clone())
+            .map(|d| {
+                let entry = t.docs.get_mut(d).expect("tokenized above");
+                // The table that reads it now keeps it past this query.
+                if *entry.0 != *table {
+                    entry.0 = table.clone();
+                }
+                entry.1.clone()
+            })
             .collect())
     }
 
@@ -486,11 +504,8 @@ impl<E: Executor> ScheduledBackend<E> {
         scored: bool,
     ) -> Result<Vec<(DocKey, NodeId)>> {
         let preamble = self.piece(&call.pieces.preamble)?;
-        let docs: Vec<(&str, &str)> = requests
-            .iter()
-            .map(|r| (r.anchor.id, r.anchor.text))
-            .collect();
-        let tokens = self.docs(&call.tables[0], &call.columns[0], &docs)?;
+        let docs: Vec<&str> = requests.iter().map(|r| r.anchor.text).collect();
+        let tokens = self.docs(&call.tables[0], &docs)?;
         let budget_tokens = self.config.kv_budget_bytes / self.exec.kv_bytes_per_token().max(1);
         let label_tokens = self.longest_label(call)?;
         let cache = &mut state.cache;
@@ -754,14 +769,11 @@ impl<E: Executor> ScheduledBackend<E> {
         let pieces = &call.pieces;
         let label = self.piece(&pieces.label)?;
         let tail = self.piece(&pieces.tail)?;
-        let partner_docs: Vec<(&str, &str)> = requests
+        let partner_docs: Vec<&str> = requests
             .iter()
-            .map(|r| {
-                let p = r.partner.expect("pair requests have partners");
-                (p.id, p.text)
-            })
+            .map(|r| r.partner.expect("pair requests have partners").text)
             .collect();
-        let partners = self.docs(&call.tables[1], &call.columns[1], &partner_docs)?;
+        let partners = self.docs(&call.tables[1], &partner_docs)?;
         let suffixes: Vec<Vec<u32>> = partners
             .iter()
             .map(|p| [label.as_slice(), p.as_slice(), tail.as_slice()].concat())
@@ -927,20 +939,14 @@ impl<E: Executor> ScheduledBackend<E> {
     ) -> Result<Answers> {
         let pieces = &call.pieces;
         let preamble = self.piece(&pieces.preamble)?;
-        let anchors: Vec<(&str, &str)> = requests
-            .iter()
-            .map(|r| (r.anchor.id, r.anchor.text))
-            .collect();
-        let anchor_tokens = self.docs(&call.tables[0], &call.columns[0], &anchors)?;
+        let anchors: Vec<&str> = requests.iter().map(|r| r.anchor.text).collect();
+        let anchor_tokens = self.docs(&call.tables[0], &anchors)?;
         let partner_tokens = if pieces.pair {
-            let ps: Vec<(&str, &str)> = requests
+            let ps: Vec<&str> = requests
                 .iter()
-                .map(|r| {
-                    let p = r.partner.expect("pair");
-                    (p.id, p.text)
-                })
+                .map(|r| r.partner.expect("pair").text)
                 .collect();
-            Some(self.docs(&call.tables[1], &call.columns[1], &ps)?)
+            Some(self.docs(&call.tables[1], &ps)?)
         } else {
             None
         };
@@ -1243,5 +1249,66 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         m.insert("kv_budget_bytes".into(), self.config.kv_budget_bytes.into());
         m.insert("batch_tokens".into(), self.config.batch_tokens.into());
         m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{AiKind, AiRequest, Doc, test_call};
+
+    fn tiny_backend() -> Arc<ScheduledBackend<ModelExecutor>> {
+        let spec = ModelSpec {
+            model: "tiny".into(),
+            gpu: None,
+            dtype: None,
+            scheduler: SchedulerConfig {
+                kv_budget_bytes: 256 << 20,
+                ..SchedulerConfig::default()
+            },
+            kv_budget_from_device: false,
+            host_kv_from_memory: false,
+        };
+        load_model_backend(&spec).unwrap().0
+    }
+
+    /// Documents `rv0..rv{n}` of one dataset: the same ids in every dataset,
+    /// other texts.
+    fn dataset(words: &str, n: usize) -> Vec<(String, String)> {
+        (0..n)
+            .map(|i| {
+                let text = format!("{words} {}", words.repeat(i % 5 + 1));
+                (format!("rv{i}"), text)
+            })
+            .collect()
+    }
+
+    fn ask(backend: &dyn InferenceBackend, docs: &[(String, String)]) -> (Vec<bool>, usize) {
+        let call = test_call(AiKind::Filter, "Is the review {0} positive?", &[]);
+        backend.start_query(std::slice::from_ref(&call));
+        let requests: Vec<AiRequest<'_>> = docs
+            .iter()
+            .map(|(id, text)| AiRequest {
+                anchor: Doc { id, text },
+                partner: None,
+            })
+            .collect();
+        let answers = backend.decide(&call, &requests).unwrap();
+        let fresh = backend.measurements()["fresh_tokens"].as_u64().unwrap() as usize;
+        (answers, fresh)
+    }
+
+    #[test]
+    fn a_second_dataset_with_the_same_ids_is_answered_from_its_own_texts() {
+        let first = dataset("a warm, funny and moving film that I loved", 12);
+        let second = dataset("dull plot; wooden acting; I left early", 12);
+        let alone = ask(tiny_backend().as_ref(), &second);
+        let reused = tiny_backend();
+        let before = ask(reused.as_ref(), &first);
+        // The test can fail: the two datasets' answers and token counts differ.
+        assert_ne!(before, alone);
+        assert_eq!(ask(reused.as_ref(), &second), alone);
+        // And back: the first dataset's texts are still told apart.
+        assert_eq!(ask(reused.as_ref(), &first), before);
     }
 }

@@ -52,6 +52,22 @@ pub struct SqlSession {
     options: QueryOptions,
     /// Per table, the rows of its first batch when it has several.
     first_batches: Mutex<std::collections::HashMap<String, usize>>,
+    /// Which writing statements may run, and where they may write.
+    writes: Mutex<WritePolicy>,
+}
+
+/// Which statements that write or change state a session runs. By default
+/// none: SQL is read-only.
+#[derive(Debug, Clone, Default)]
+pub struct WritePolicy {
+    /// `--allow-writes`: `COPY ... TO` (outside the inputs), `CREATE VIEW`,
+    /// `CREATE TABLE ... AS`, `DROP`, `SET` and writes into in-memory tables
+    /// run. `CREATE EXTERNAL TABLE` and writes into registered tables never do:
+    /// the one reads paths nobody named on the command line, the other writes
+    /// into an input.
+    pub allow_writes: bool,
+    /// The command's inputs, which no `COPY` may write over or into.
+    pub guard: crate::write_guard::WriteGuard,
 }
 
 /// What one statement returns.
@@ -140,7 +156,21 @@ impl SqlSession {
             context,
             options,
             first_batches: Mutex::default(),
+            writes: Mutex::default(),
         })
+    }
+
+    /// Sets which writing statements run (read-only by default).
+    pub fn set_write_policy(&self, policy: WritePolicy) {
+        *self.writes.lock().expect("write policy lock") = policy;
+    }
+
+    /// Refuses a plan that writes or changes state where the session's
+    /// [`WritePolicy`] does not allow it, naming the statement; looks inside
+    /// `EXPLAIN ANALYZE` and subqueries.
+    pub fn check_writes(&self, plan: &LogicalPlan) -> Result<()> {
+        let policy = self.writes.lock().expect("write policy lock").clone();
+        check_writes(plan, &policy)
     }
 
     /// The DataFusion context (to register more tables or functions).
@@ -274,6 +304,7 @@ impl SqlSession {
         )
         .await?
         .map_err(plan_error)?;
+        check_writes(&consumed, &WritePolicy::default())?;
         let analyzed = state
             .analyzer()
             .execute_and_check(consumed, state.config_options(), |_, _| {})
@@ -325,6 +356,7 @@ impl SqlSession {
             .statement_to_plan(statement)
             .await
             .map_err(sql_error)?;
+        self.check_writes(&plan)?;
         state.optimize(&plan).map_err(sql_error)
     }
 
@@ -341,6 +373,8 @@ impl SqlSession {
         )
         .await?
         .map_err(sql_error)?;
+        // A plan file is read-only whatever the session allows.
+        check_writes(&consumed, &WritePolicy::default())?;
         state.optimize(&consumed).map_err(sql_error)
     }
 
@@ -413,6 +447,31 @@ impl SqlSession {
         started: Instant,
         sink: &mut dyn RowSink,
     ) -> Result<SqlOutput> {
+        self.check_writes(&plan)?;
+        if matches!(plan, LogicalPlan::Ddl(_) | LogicalPlan::Statement(_)) {
+            // Session state changes (allowed by the write policy): the context
+            // runs them, not the physical planner.
+            let schema = Arc::new(plan.schema().as_arrow().clone());
+            let batches = self
+                .ctx
+                .execute_logical_plan(plan)
+                .await
+                .map_err(sql_error)?
+                .collect()
+                .await
+                .map_err(from_datafusion)?;
+            for batch in batches {
+                sink.push(batch)?;
+            }
+            return Ok(SqlOutput {
+                schema,
+                batches: Vec::new(),
+                answers: Vec::new(),
+                calls: Vec::new(),
+                runtime_s: started.elapsed().as_secs_f64(),
+                measurements: Default::default(),
+            });
+        }
         let nodes = ai_nodes(&plan);
         let calls: Vec<AiCall> = nodes.iter().map(|n| n.spec.call.clone()).collect();
         self.backend.start_query(&calls);
@@ -457,6 +516,104 @@ impl SqlSession {
             measurements: self.backend.measurements(),
         })
     }
+}
+
+/// See [`SqlSession::check_writes`].
+fn check_writes(plan: &LogicalPlan, policy: &WritePolicy) -> Result<()> {
+    use datafusion::common::tree_node::TreeNodeRecursion;
+    use datafusion::logical_expr::DdlStatement;
+    let read_only = |what: String| {
+        EngineError::WriteRefused(format!(
+            "{what}: aisql's SQL is read-only; run it with --allow-writes to let statements write or change the session"
+        ))
+    };
+    let mut refused = None;
+    plan.apply_with_subqueries(|p| {
+        let outcome = match p {
+            LogicalPlan::Copy(copy) if !policy.allow_writes => Err(read_only(format!(
+                "COPY ... TO '{}' writes files",
+                copy.output_url
+            ))),
+            LogicalPlan::Copy(copy) => copy_target(&copy.output_url).and_then(|(path, kind)| {
+                policy
+                    .guard
+                    .check(&path, &format!("COPY ... TO '{}'", copy.output_url), kind)
+            }),
+            LogicalPlan::Dml(dml) => {
+                let what = format!("{} {}", dml.op.name().to_uppercase(), dml.table_name);
+                let in_memory = datafusion::datasource::source_as_provider(&dml.target)
+                    .is_ok_and(|t| t.is::<datafusion::datasource::MemTable>());
+                if !policy.allow_writes {
+                    Err(read_only(what))
+                } else if !in_memory {
+                    Err(EngineError::WriteRefused(format!(
+                        "{what}: {} is read from files, and aisql never writes into its inputs",
+                        dml.table_name
+                    )))
+                } else {
+                    Ok(())
+                }
+            }
+            LogicalPlan::Ddl(DdlStatement::CreateExternalTable(t)) => {
+                Err(EngineError::WriteRefused(format!(
+                    "CREATE EXTERNAL TABLE {} LOCATION '{}': SQL may not open files; register them with --table NAME=PATH",
+                    t.name,
+                    t.locations.join("', '")
+                )))
+            }
+            LogicalPlan::Ddl(ddl) if !policy.allow_writes => {
+                Err(read_only(statement_name(ddl.name())))
+            }
+            LogicalPlan::Statement(statement) if !policy.allow_writes => {
+                Err(read_only(statement_name(statement.name())))
+            }
+            _ => Ok(()),
+        };
+        Ok(match outcome {
+            Ok(()) => TreeNodeRecursion::Continue,
+            Err(e) => {
+                refused = Some(e);
+                TreeNodeRecursion::Stop
+            }
+        })
+    })?;
+    refused.map_or(Ok(()), Err)
+}
+
+/// A plan node's name (`CreateView`, `SetVariable`) as SQL words (`CREATE VIEW`,
+/// `SET VARIABLE`).
+fn statement_name(name: &str) -> String {
+    let mut words = String::new();
+    for (i, c) in name.chars().enumerate() {
+        if c.is_uppercase() && i > 0 {
+            words.push(' ');
+        }
+        words.push(c.to_ascii_uppercase());
+    }
+    words
+}
+
+/// The local path of a `COPY ... TO` target and how it is written: a folder
+/// when it ends with a slash or has no extension (DataFusion writes files
+/// into it), else one file. Another scheme than `file://` is refused.
+fn copy_target(url: &str) -> Result<(std::path::PathBuf, crate::write_guard::OutputKind)> {
+    use crate::write_guard::OutputKind;
+    let path = match url.split_once("://") {
+        None => url,
+        Some(("file", rest)) => rest,
+        Some((scheme, _)) => {
+            return Err(EngineError::WriteRefused(format!(
+                "COPY ... TO '{url}': aisql writes local files only, not {scheme}://"
+            )));
+        }
+    };
+    let path = std::path::PathBuf::from(path);
+    let kind = if url.ends_with('/') || path.extension().is_none() {
+        OutputKind::Folder
+    } else {
+        OutputKind::File
+    };
+    Ok((path, kind))
 }
 
 /// Rows as lines of text, cells joined by ` | `, NULL as `NULL`: how tests and
