@@ -45,7 +45,9 @@ impl WriteGuard {
 
     /// The inputs, as given, with what they are.
     pub fn inputs(&self) -> impl Iterator<Item = (&Path, &str)> {
-        self.inputs.iter().map(|(_, p, w)| (p.as_path(), w.as_str()))
+        self.inputs
+            .iter()
+            .map(|(_, p, w)| (p.as_path(), w.as_str()))
     }
 
     /// Refuses `output` (`flag` names it) when it is, or is inside, an input; a
@@ -89,15 +91,15 @@ pub fn resolved(path: &Path) -> PathBuf {
         }
     }
     // A dangling link resolves to nothing: follow it by hand to its target.
-    let mut out = existing.canonicalize().unwrap_or_else(|_| {
-        match std::fs::read_link(&existing) {
+    let mut out = existing
+        .canonicalize()
+        .unwrap_or_else(|_| match std::fs::read_link(&existing) {
             Ok(target) => match existing.parent() {
                 Some(parent) if target.is_relative() => resolved(&parent.join(target)),
                 _ => resolved(&target),
             },
             Err(_) => existing.clone(),
-        }
-    });
+        });
     for name in rest.into_iter().rev() {
         out.push(name);
     }

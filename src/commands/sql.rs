@@ -58,9 +58,6 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
             .with_context(|| format!("reading the SQL file {}", f.display()))?,
         (None, None) => return Err(UsageError("give a SQL statement or -f FILE".into()).into()),
     };
-    if let Some(out) = &args.rows.output {
-        super::rows::output_format(out)?;
-    }
     let tables = args
         .tables
         .iter()
@@ -79,6 +76,7 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     let guard = inputs(&args, &tables, dataset.as_ref());
     if let Some(out) = &args.rows.output {
         guard.check(out, "--output", OutputKind::File)?;
+        super::rows::output_format(out)?;
     }
     if let Some(out) = &args.to_substrait {
         guard.check(out, "--to-substrait", OutputKind::File)?;

@@ -115,7 +115,6 @@ struct Tokens {
     pieces: HashMap<String, Arc<Vec<u32>>>,
 }
 
-
 struct Cache<K> {
     docs: PrefixTrie<K>,
     doc_nodes: HashMap<DocKey, NodeId>,

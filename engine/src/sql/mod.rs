@@ -62,9 +62,10 @@ pub struct SqlSession {
 pub struct WritePolicy {
     /// `--allow-writes`: `COPY ... TO` (outside the inputs), `CREATE VIEW`,
     /// `CREATE TABLE ... AS`, `DROP`, `SET` and writes into in-memory tables
-    /// run. `CREATE EXTERNAL TABLE` and writes into registered tables never do:
-    /// the one reads paths nobody named on the command line, the other writes
-    /// into an input.
+    /// (every registered table is read whole into memory) run. `CREATE
+    /// EXTERNAL TABLE` never does: it reads paths nobody named on the command
+    /// line; nor a write into a table that reads files, which would write into
+    /// an input.
     pub allow_writes: bool,
     /// The command's inputs, which no `COPY` may write over or into.
     pub guard: crate::write_guard::WriteGuard,
