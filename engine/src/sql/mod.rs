@@ -5,6 +5,8 @@
 //! Any SQL DataFusion runs may surround the AI calls: aggregates, sorts,
 //! limits, outer/semi/anti joins, subqueries, CTEs, unions, `CASE`.
 
+mod read_filters;
+mod read_only;
 pub mod rewrite;
 pub mod spelling;
 pub mod tables;
@@ -30,6 +32,8 @@ use crate::query::QueryOptions;
 use crate::row_sink::{MemoryRows, RowSink};
 use datafusion_substrait::logical_plan::consumer::from_substrait_plan_with_consumer;
 
+pub use read_only::WritePolicy;
+use read_only::check_writes;
 use rewrite::{AiJoinPredicatePushdown, AiRewrite, RewriteContext};
 
 /// How AI calls are evaluated.
@@ -54,21 +58,6 @@ pub struct SqlSession {
     first_batches: Mutex<std::collections::HashMap<String, usize>>,
     /// Which writing statements may run, and where they may write.
     writes: Mutex<WritePolicy>,
-}
-
-/// Which statements that write or change state a session runs. By default
-/// none: SQL is read-only.
-#[derive(Debug, Clone, Default)]
-pub struct WritePolicy {
-    /// `--allow-writes`: `COPY ... TO` (outside the inputs), `CREATE VIEW`,
-    /// `CREATE TABLE ... AS`, `DROP`, `SET` and writes into in-memory tables
-    /// (every registered table is read whole into memory) run. `CREATE
-    /// EXTERNAL TABLE` never does: it reads paths nobody named on the command
-    /// line; nor a write into a table that reads files, which would write into
-    /// an input.
-    pub allow_writes: bool,
-    /// The command's inputs, which no `COPY` may write over or into.
-    pub guard: crate::write_guard::WriteGuard,
 }
 
 /// What one statement returns.
@@ -305,6 +294,7 @@ impl SqlSession {
         )
         .await?
         .map_err(plan_error)?;
+        let consumed = read_filters::apply_read_filters(consumed)?;
         check_writes(&consumed, &WritePolicy::default())?;
         let analyzed = state
             .analyzer()
@@ -374,6 +364,7 @@ impl SqlSession {
         )
         .await?
         .map_err(sql_error)?;
+        let consumed = read_filters::apply_read_filters(consumed)?;
         // A plan file is read-only whatever the session allows.
         check_writes(&consumed, &WritePolicy::default())?;
         state.optimize(&consumed).map_err(sql_error)
@@ -517,104 +508,6 @@ impl SqlSession {
             measurements: self.backend.measurements(),
         })
     }
-}
-
-/// See [`SqlSession::check_writes`].
-fn check_writes(plan: &LogicalPlan, policy: &WritePolicy) -> Result<()> {
-    use datafusion::common::tree_node::TreeNodeRecursion;
-    use datafusion::logical_expr::DdlStatement;
-    let read_only = |what: String| {
-        EngineError::WriteRefused(format!(
-            "{what}: aisql's SQL is read-only; run it with --allow-writes to let statements write or change the session"
-        ))
-    };
-    let mut refused = None;
-    plan.apply_with_subqueries(|p| {
-        let outcome = match p {
-            LogicalPlan::Copy(copy) if !policy.allow_writes => Err(read_only(format!(
-                "COPY ... TO '{}' writes files",
-                copy.output_url
-            ))),
-            LogicalPlan::Copy(copy) => copy_target(&copy.output_url).and_then(|(path, kind)| {
-                policy
-                    .guard
-                    .check(&path, &format!("COPY ... TO '{}'", copy.output_url), kind)
-            }),
-            LogicalPlan::Dml(dml) => {
-                let what = format!("{} {}", dml.op.name().to_uppercase(), dml.table_name);
-                let in_memory = datafusion::datasource::source_as_provider(&dml.target)
-                    .is_ok_and(|t| t.is::<datafusion::datasource::MemTable>());
-                if !policy.allow_writes {
-                    Err(read_only(what))
-                } else if !in_memory {
-                    Err(EngineError::WriteRefused(format!(
-                        "{what}: {} is read from files, and aisql never writes into its inputs",
-                        dml.table_name
-                    )))
-                } else {
-                    Ok(())
-                }
-            }
-            LogicalPlan::Ddl(DdlStatement::CreateExternalTable(t)) => {
-                Err(EngineError::WriteRefused(format!(
-                    "CREATE EXTERNAL TABLE {} LOCATION '{}': SQL may not open files; register them with --table NAME=PATH",
-                    t.name,
-                    t.locations.join("', '")
-                )))
-            }
-            LogicalPlan::Ddl(ddl) if !policy.allow_writes => {
-                Err(read_only(statement_name(ddl.name())))
-            }
-            LogicalPlan::Statement(statement) if !policy.allow_writes => {
-                Err(read_only(statement_name(statement.name())))
-            }
-            _ => Ok(()),
-        };
-        Ok(match outcome {
-            Ok(()) => TreeNodeRecursion::Continue,
-            Err(e) => {
-                refused = Some(e);
-                TreeNodeRecursion::Stop
-            }
-        })
-    })?;
-    refused.map_or(Ok(()), Err)
-}
-
-/// A plan node's name (`CreateView`, `SetVariable`) as SQL words (`CREATE VIEW`,
-/// `SET VARIABLE`).
-fn statement_name(name: &str) -> String {
-    let mut words = String::new();
-    for (i, c) in name.chars().enumerate() {
-        if c.is_uppercase() && i > 0 {
-            words.push(' ');
-        }
-        words.push(c.to_ascii_uppercase());
-    }
-    words
-}
-
-/// The local path of a `COPY ... TO` target and how it is written: a folder
-/// when it ends with a slash or has no extension (DataFusion writes files
-/// into it), else one file. Another scheme than `file://` is refused.
-fn copy_target(url: &str) -> Result<(std::path::PathBuf, crate::write_guard::OutputKind)> {
-    use crate::write_guard::OutputKind;
-    let path = match url.split_once("://") {
-        None => url,
-        Some(("file", rest)) => rest,
-        Some((scheme, _)) => {
-            return Err(EngineError::WriteRefused(format!(
-                "COPY ... TO '{url}': aisql writes local files only, not {scheme}://"
-            )));
-        }
-    };
-    let path = std::path::PathBuf::from(path);
-    let kind = if url.ends_with('/') || path.extension().is_none() {
-        OutputKind::Folder
-    } else {
-        OutputKind::File
-    };
-    Ok((path, kind))
 }
 
 /// Rows as lines of text, cells joined by ` | `, NULL as `NULL`: how tests and
