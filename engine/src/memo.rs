@@ -5,12 +5,16 @@
 //!
 //! A prompt is named by its kind and exact pieces, numbered in the order first
 //! asked (two different prompts never share answers, which a hash could not
-//! promise), and a document by its table, text column, id and the SHA-256 of
-//! its text, numbered the same way: an id that comes back with another text
-//! (ids repeat across datasets) is another document, so an answer is only ever
-//! reused for the question that was asked. A question's key is those numbers: a
-//! join asks one question per document pair (BIO-2 at sf 1.0: 20.7 M of them),
-//! and a key that held the documents' names cost hundreds of bytes per question.
+//! promise), and a document by its table, text column and id, numbered the
+//! same way. A question's key is those numbers: a join asks one question per
+//! document pair (BIO-2 at sf 1.0: 20.7 M of them), and a key that held the
+//! documents' names cost hundreds of bytes per question.
+//!
+//! An id names one text within a query, and the memo lives for one query
+//! ([`AnswerMemo::reset`]): a table is keyed by its `id` column only when its
+//! ids are checked unique as it is loaded, otherwise the "id" is the text
+//! itself. What outlives a query is keyed by content: the scheduler's token ids
+//! by [`text_digests`], the answer cache by a hash of the rendered prompt.
 
 use std::collections::HashMap;
 
@@ -48,11 +52,10 @@ pub type MemoKey = (u32, u32, u32);
 pub const NO_DOCUMENT: u32 = u32::MAX;
 
 /// Document numbers by table, text column and id, each level looked up by
-/// `&str`, so numbering a known document allocates nothing; each with the
-/// digest of the text it was numbered for.
-type DocumentNumbers = HashMap<String, HashMap<String, HashMap<String, (TextDigest, u32)>>>;
+/// `&str`, so numbering a known document allocates nothing.
+type DocumentNumbers = HashMap<String, HashMap<String, HashMap<String, u32>>>;
 
-/// SHA-256 of a document's text: what an answer about it depends on.
+/// SHA-256 of a document's text.
 pub type TextDigest = [u8; 32];
 
 /// The SHA-256 of each text, each distinct one hashed once: a batch repeats a
@@ -78,9 +81,6 @@ pub struct AnswerMemo {
     /// answers — operator id.
     prompts: HashMap<(AiKind, PromptPieces, Option<String>), u32>,
     documents: DocumentNumbers,
-    /// Numbers of documents whose id came back with another text, by the first
-    /// number of that id and the text's digest.
-    retexted: HashMap<(u32, TextDigest), u32>,
     /// Documents numbered so far, in all tables.
     document_count: u32,
     answers: HashMap<MemoKey, u16>,
@@ -95,7 +95,6 @@ impl AnswerMemo {
     pub fn reset(&mut self, shared: bool) {
         self.prompts.clear();
         self.documents.clear();
-        self.retexted.clear();
         self.document_count = 0;
         self.answers.clear();
         self.per_operator = !shared;
@@ -122,28 +121,20 @@ impl AnswerMemo {
         }
         let (t0, c0) = (name(&call.tables, 0), name(&call.columns, 0));
         let (t1, c1) = (name(&call.tables, 1), name(&call.columns, 1));
-        let texts: Vec<&str> = requests
-            .iter()
-            .flat_map(|r| std::iter::once(r.anchor.text).chain(r.partner.map(|p| p.text)))
-            .collect();
-        let mut digests = text_digests(&texts).into_iter();
         requests
             .iter()
             .map(|request| {
-                let digest = digests.next().expect("one digest per anchor");
-                let anchor = self.document(t0, c0, request.anchor.id, digest);
-                let partner = request.partner.map_or(NO_DOCUMENT, |p| {
-                    let digest = digests.next().expect("one digest per partner");
-                    self.document(t1, c1, p.id, digest)
-                });
+                let anchor = self.document(t0, c0, request.anchor.id);
+                let partner = request
+                    .partner
+                    .map_or(NO_DOCUMENT, |p| self.document(t1, c1, p.id));
                 (prompt, anchor, partner)
             })
             .collect()
     }
 
-    /// The number of document `id` of `table.column` with text `digest`,
-    /// numbered now if new.
-    fn document(&mut self, table: &str, column: &str, id: &str, digest: TextDigest) -> u32 {
+    /// The number of document `id` of `table.column`, numbered now if new.
+    fn document(&mut self, table: &str, column: &str, id: &str) -> u32 {
         fn level<'m, V: Default>(map: &'m mut HashMap<String, V>, key: &str) -> &'m mut V {
             if !map.contains_key(key) {
                 map.insert(key.to_string(), V::default());
@@ -151,24 +142,12 @@ impl AnswerMemo {
             map.get_mut(key).expect("inserted above")
         }
         let ids = level(level(&mut self.documents, table), column);
-        let first = match ids.get(id) {
-            Some(&(known, n)) if known == digest => return n,
-            Some(&(_, n)) => Some(n),
-            None => None,
-        };
-        let n = self.document_count;
-        match first {
-            None => {
-                ids.insert(id.to_string(), (digest, n));
-            }
-            Some(first) => match self.retexted.entry((first, digest)) {
-                std::collections::hash_map::Entry::Occupied(e) => return *e.get(),
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    e.insert(n);
-                }
-            },
+        if let Some(&n) = ids.get(id) {
+            return n;
         }
+        let n = self.document_count;
         self.document_count += 1;
+        ids.insert(id.to_string(), n);
         n
     }
 
@@ -282,48 +261,5 @@ mod tests {
         };
         let (_, _, none) = memo.key(&join, &one);
         assert_eq!(none, NO_DOCUMENT);
-    }
-
-    #[test]
-    fn an_id_with_another_text_is_another_document() {
-        let f = PromptFormat::default();
-        let mut memo = AnswerMemo::default();
-        memo.reset(true);
-        let filter = call(
-            "filter-1",
-            AiKind::Filter,
-            filter_pieces(f, "Is {0} ok?").unwrap(),
-        );
-        let ask = |memo: &mut AnswerMemo, text: &'static str| {
-            memo.key(
-                &filter,
-                &AiRequest {
-                    anchor: Doc { id: "rv0", text },
-                    partner: None,
-                },
-            )
-        };
-        let first = ask(&mut memo, "a fine film");
-        memo.insert(first, 1);
-        // The same id over another dataset: not answered by the first.
-        let other = ask(&mut memo, "a dull film");
-        assert_ne!(other, first);
-        assert_eq!(memo.get(&other), None);
-        // Each text keeps its own number, however often it comes back.
-        assert_eq!(ask(&mut memo, "a dull film"), other);
-        assert_eq!(ask(&mut memo, "a fine film"), first);
-        assert_eq!(memo.get(&first), Some(1));
-        // The same text under two ids: two documents (the oracle answers by id).
-        let renamed = memo.key(
-            &filter,
-            &AiRequest {
-                anchor: Doc {
-                    id: "rv1",
-                    text: "a fine film",
-                },
-                partner: None,
-            },
-        );
-        assert_ne!(renamed, first);
     }
 }

@@ -215,6 +215,7 @@ impl SqlSession {
     pub async fn register_dataset(&self, tables: &crate::tables::TablePaths) -> Result<()> {
         for (name, path) in tables {
             self.register(name, path).await?;
+            tables::check_unique_ids(&self.ctx, name).await?;
             self.set_unique_ids(name);
         }
         Ok(())

@@ -128,6 +128,32 @@ pub async fn register(
     Ok((whole.num_rows(), first))
 }
 
+/// Refuses table `name` when its `id` column repeats a value, naming the id:
+/// its documents are keyed by id within a query ([`crate::memo`]), so one id
+/// must name one text.
+pub async fn check_unique_ids(ctx: &SessionContext, name: &str) -> Result<()> {
+    use datafusion::functions_aggregate::expr_fn::count;
+    use datafusion::prelude::{col, lit};
+    let table = ctx.table(name).await?;
+    if table.schema().field_with_unqualified_name("id").is_err() {
+        return Ok(());
+    }
+    let repeated = table
+        .filter(col("id").is_not_null())?
+        .aggregate(vec![col("id")], vec![count(lit(1)).alias("n")])?
+        .filter(col("n").gt(lit(1)))?
+        .limit(0, Some(1))?
+        .collect()
+        .await?;
+    if let Some(batch) = repeated.iter().find(|b| b.num_rows() > 0) {
+        let id = datafusion::arrow::util::display::array_value_to_string(batch.column(0), 0)?;
+        return Err(EngineError::Data(format!(
+            "table {name}: id {id:?} repeats; the ids of a QUAIL-B table must be unique"
+        )));
+    }
+    Ok(())
+}
+
 /// The string column holding the most bytes: a table's documents, as far as
 /// batching by text size is concerned.
 fn longest_text_column(batch: &RecordBatch) -> Option<String> {
@@ -233,4 +259,29 @@ fn plain_strings(
         })
         .collect::<Result<Vec<_>>>()?;
     Ok((schema, batches))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_repeated_id_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = SessionContext::new();
+        for (name, rows) in [
+            ("ok", "id,text\na,x\nb,y\n"),
+            ("twice", "id,text\na,x\nb,y\na,z\n"),
+        ] {
+            let path = dir.path().join(format!("{name}.csv"));
+            std::fs::write(&path, rows).unwrap();
+            register(&ctx, name, &path, 8, 1 << 20).await.unwrap();
+        }
+        check_unique_ids(&ctx, "ok").await.unwrap();
+        let e = check_unique_ids(&ctx, "twice")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("table twice: id \"a\" repeats"), "{e}");
+    }
 }
