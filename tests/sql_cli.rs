@@ -64,6 +64,11 @@ fn rows_are_printed_and_saved_in_each_format() {
         .stdout
         .clone();
     let csv = String::from_utf8(csv).unwrap();
+    // The generated tiny model says its answers are random, on stderr only.
+    sql(query, &[])
+        .assert()
+        .success()
+        .stderr(predicate::str::contains("random weights: its answers are random"));
     let mut lines = csv.lines();
     assert_eq!(lines.next(), Some("id"));
     let ids: Vec<&str> = lines.collect();

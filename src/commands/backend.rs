@@ -24,6 +24,10 @@ const SIMULATED_KV_BUDGET_BYTES: usize = 100 << 30;
 /// the host memory of an 8-GPU node (2 TiB).
 const SIMULATED_HOST_KV_BYTES: usize = 256 << 30;
 
+/// Said whenever the generated tiny model answers: its answers look confident
+/// and mean nothing.
+pub const TINY_MODEL_NOTE: &str = "note: --model tiny is a generated test model with random weights: its answers are random. Name a real Qwen3 with --model DIR (config.json, *.safetensors) or a Hugging Face id in the local cache (--model Qwen/Qwen3-4B).";
+
 /// The scheduling knobs of `args`.
 pub fn scheduler_config(args: &BackendArgs) -> SchedulerConfig {
     SchedulerConfig {
@@ -138,6 +142,9 @@ pub fn build(
                 bail!(
                     "--simulate runs the scheduler over reference labels: use it with --backend oracle"
                 );
+            }
+            if args.model == "tiny" {
+                eprintln!("{TINY_MODEL_NOTE}");
             }
             let dtype = match args.dtype.as_deref() {
                 None => None,
