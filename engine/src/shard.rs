@@ -383,6 +383,12 @@ impl InferenceBackend for ShardedBackend {
         }
     }
 
+    fn end_query(&self) {
+        for w in &self.workers {
+            w.backend.end_query();
+        }
+    }
+
     fn partners_collected(&self, call: &AiCall, partners: &[Doc<'_>]) {
         // Any worker may hold an anchor of this join.
         for w in &self.workers {
