@@ -744,3 +744,52 @@ fn a_decoded_plan_runs_only_if_it_is_a_worker_task() {
     let err = check_worker_plan(&empty).unwrap_err().to_string();
     assert!(err.contains("EmptyExec"), "{err}");
 }
+
+#[test]
+fn a_tls_worker_is_reached_over_https_with_its_ca_and_token_only() {
+    let cert = include_bytes!("testdata/worker-cert.pem").to_vec();
+    let key = include_bytes!("testdata/worker-key.pem").to_vec();
+    let ca = include_bytes!("testdata/ca.pem").to_vec();
+    let server = LoopbackWorker::start_with(
+        ServedModel::new(
+            Arc::new(OneQueryAtATime::default()),
+            identity(),
+            Default::default(),
+        ),
+        ServeOptions {
+            token: Some("t0ken".into()),
+            tls: Some((cert, key)),
+        },
+    )
+    .unwrap();
+    let https = format!("https://{}", server.addr());
+    let with = |addr: &str, token: Option<&str>, ca: Option<&[u8]>| {
+        RemoteWorker::connect_with(
+            addr,
+            &ConnectOptions {
+                token: token.map(String::from),
+                tls_ca: ca.map(<[u8]>::to_vec),
+            },
+        )
+    };
+    let worker = with(&https, Some("t0ken"), Some(&ca)).unwrap();
+    worker.start_query(&[filter("a")]);
+    let docs = texts(4, 6);
+    assert_eq!(
+        worker.decide(&filter("a"), &requests(&docs)).unwrap(),
+        by_length(&docs)
+    );
+    let err = with(&https, Some("t0ken"), None).err().unwrap().to_string();
+    assert!(err.contains("--tls-ca"), "{err}");
+    let err = with(&https, None, Some(&ca)).err().unwrap().to_string();
+    assert!(err.contains("token"), "{err}");
+    // Plain HTTP/2 to a TLS worker gets nowhere.
+    let plain = with(server.addr(), Some("t0ken"), None)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(plain.contains(server.addr()), "{plain}");
+    // A CA that did not sign the worker's certificate is not trusted.
+    let cert_as_ca = include_bytes!("testdata/worker-cert.pem");
+    assert!(with(&https, Some("t0ken"), Some(cert_as_ca)).is_err());
+}
