@@ -8,7 +8,7 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 
-use super::message::{WorkerTask, decode, encode};
+use super::message::{decode_task, encode};
 use super::task::WorkerTaskExec;
 
 /// Encodes a [`WorkerTaskExec`] as its [`WorkerTask`]'s JSON; decoding refuses
@@ -30,7 +30,7 @@ impl PhysicalExtensionCodec for WorkerTaskCodec {
                 inputs.len()
             )));
         }
-        let task: WorkerTask = decode(buf, "worker task")?;
+        let task = decode_task(buf)?;
         Ok(Arc::new(WorkerTaskExec::new(task)))
     }
 

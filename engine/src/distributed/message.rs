@@ -175,6 +175,13 @@ pub enum WorkerReply {
     Failed(String),
 }
 
+/// A [`WorkerTask`] read back from the bytes a
+/// [`WorkerTaskExec`](super::WorkerTaskExec) travels as; bytes that are not
+/// one are an error.
+pub fn decode_task(bytes: &[u8]) -> Result<WorkerTask> {
+    decode(bytes, "worker task")
+}
+
 /// `value` as message bytes.
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("worker messages serialise")

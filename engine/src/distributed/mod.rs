@@ -34,10 +34,11 @@ pub use guard::{
 };
 pub use message::{
     PROTOCOL, QueryId, WireDoc, WireRequests, WorkerHello, WorkerMessage, WorkerReply, WorkerTask,
+    decode_task,
 };
 pub use remote::{ConnectOptions, RemoteWorker, connect_workers, connect_workers_with, worker_url};
 pub use task::{REPLY_COLUMN, WorkerTaskExec, reply_schema};
-pub use worker::{DEFAULT_QUERY_IDLE, LoopbackWorker, ServeOptions, ServedModel, serve};
+pub use worker::{DEFAULT_QUERY_IDLE, LoopbackWorker, ServeOptions, ServedModel, answer, serve};
 
 #[cfg(test)]
 mod tests {
