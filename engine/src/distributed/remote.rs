@@ -515,10 +515,10 @@ impl InferenceBackend for RemoteWorker {
 
     fn end_query(&self) {
         let ended = self.query.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if ended.is_some() {
-            if let Err(e) = self.call_for(ended, WorkerMessage::EndQuery) {
-                log::warn!("{e}");
-            }
+        if ended.is_some()
+            && let Err(e) = self.call_for(ended, WorkerMessage::EndQuery)
+        {
+            log::warn!("{e}");
         }
     }
 
