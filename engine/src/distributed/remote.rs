@@ -513,6 +513,10 @@ impl InferenceBackend for RemoteWorker {
         self.notify(WorkerMessage::StartQuery(operators.to_vec()));
     }
 
+    fn turn_order(&self) -> Option<String> {
+        Some(self.url.to_string())
+    }
+
     fn end_query(&self) {
         let ended = self.query.lock().unwrap_or_else(|e| e.into_inner()).take();
         if ended.is_some()

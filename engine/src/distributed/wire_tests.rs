@@ -793,3 +793,49 @@ fn a_tls_worker_is_reached_over_https_with_its_ca_and_token_only() {
     let cert_as_ca = include_bytes!("testdata/worker-cert.pem");
     assert!(with(&https, Some("t0ken"), Some(cert_as_ca)).is_err());
 }
+
+#[test]
+fn coordinators_listing_shared_workers_in_other_orders_do_not_wait_on_each_other() {
+    let servers = [
+        start(Arc::new(OneQueryAtATime::default()), None),
+        start(Arc::new(OneQueryAtATime::default()), None),
+    ];
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr().to_string()).collect();
+    let started = std::time::Instant::now();
+    let coordinator = |addrs: Vec<String>, name: &'static str| {
+        std::thread::spawn(move || -> std::result::Result<(), String> {
+            let workers = connect_workers(&addrs).map_err(|e| e.to_string())?;
+            let sharded = crate::shard::ShardedBackend::try_new(
+                workers
+                    .into_iter()
+                    .map(|w| Arc::new(w) as Arc<dyn InferenceBackend>)
+                    .collect(),
+            )
+            .map_err(|e| e.to_string())?;
+            for round in 0..4 {
+                let op = format!("{name}-{round}");
+                sharded.start_query(&[filter(&op)]);
+                let docs = texts(6, round);
+                let got = sharded
+                    .decide(&filter(&op), &requests(&docs))
+                    .map_err(|e| e.to_string())?;
+                if got != by_length(&docs) {
+                    return Err(format!("{op}: wrong answers"));
+                }
+                sharded.end_query();
+            }
+            Ok(())
+        })
+    };
+    let reversed: Vec<String> = addrs.iter().rev().cloned().collect();
+    let (a, b) = (coordinator(addrs, "a"), coordinator(reversed, "b"));
+    assert_eq!(a.join().unwrap(), Ok(()));
+    assert_eq!(b.join().unwrap(), Ok(()));
+    // Each holding one worker and waiting for the other would last until the
+    // idle timeout (120 s) and then fail both.
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+}
