@@ -60,6 +60,28 @@ pub struct WorkerArgs {
     /// network.
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
+    /// File holding the shared worker token every coordinator call must carry
+    /// (the coordinators' --worker-token-file). Without it: AISQL_WORKER_TOKEN,
+    /// if set. A non-loopback --listen needs a token and TLS unless --insecure.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// PEM certificate chain to serve TLS with (with --tls-key); coordinators
+    /// then name this worker https://HOST:PORT and give --tls-ca.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Serve a non-loopback address without a token or without TLS (anyone who
+    /// reaches the port can use the model and read its answers).
+    #[arg(long)]
+    pub insecure: bool,
+    /// Seconds a coordinator's query may send nothing before another
+    /// coordinator's waiting query takes this worker over (a coordinator that
+    /// died); queries of several coordinators are served one at a time.
+    #[arg(long, value_name = "SECONDS", default_value_t = 120,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub query_idle_timeout: u64,
     #[command(flatten)]
     pub backend: BackendArgs,
 }
@@ -135,6 +157,14 @@ pub struct BackendArgs {
     #[arg(long, value_name = "ADDR[,ADDR...]", value_delimiter = ',', num_args = 1,
           conflicts_with_all = ["gpu", "cpu_workers", "cpu", "dtype"])]
     pub workers: Option<Vec<String>>,
+    /// File holding the shared token of the --workers (their --token-file);
+    /// sent on every call. Without it: AISQL_WORKER_TOKEN, if set.
+    #[arg(long, value_name = "FILE", requires = "workers")]
+    pub worker_token_file: Option<PathBuf>,
+    /// PEM certificate(s) of the CA that signed the TLS certificates of
+    /// https:// --workers.
+    #[arg(long, value_name = "FILE", requires = "workers")]
+    pub tls_ca: Option<PathBuf>,
     /// Weights dtype: f32, bf16 or f16 (default: f32 on CPU, bf16 on GPU).
     #[arg(long)]
     pub dtype: Option<String>,

@@ -4,7 +4,9 @@
 //! with the same `--answer-cache` (a fresh worker in its place) gives the same
 //! rows asking only what was missing. An unreachable address, a worker serving
 //! another model, and a non-loopback address from the environment are refused
-//! by name.
+//! by name. A worker with a token serves only coordinators that send it (from a
+//! file or the environment), a TLS worker is reached at https:// with its CA,
+//! and a worker on a network address refuses to start without token and TLS.
 
 #![cfg(unix)]
 
@@ -25,7 +27,8 @@ fn aisql(cache: &Path) -> Command {
         .env_remove("AISQL_MODEL")
         .env_remove("AISQL_ANSWER_CACHE")
         .env_remove("AISQL_QUAILB_PLANS")
-        .env_remove("AISQL_WORKER_LISTEN");
+        .env_remove("AISQL_WORKER_LISTEN")
+        .env_remove("AISQL_WORKER_TOKEN");
     c
 }
 
@@ -108,6 +111,20 @@ fn query(s: &Setup, rows: &Path, workers: Option<&[&Worker]>, answers: Option<&P
     if let Some(dir) = answers {
         c.arg("--answer-cache").arg(dir);
     }
+    c
+}
+
+/// `aisql query IMDB-1` saving its rows to `rows`, on the workers `addrs`
+/// (comma-separated, as given to --workers).
+fn query_at(s: &Setup, rows: &Path, addrs: &str) -> Command {
+    let mut c = aisql(&s.cache);
+    c.args(["query", QUERY, "--sf", "0.01", "--batch-rows", "8"])
+        .arg("--root")
+        .arg(&s.root)
+        .arg("--output")
+        .arg(rows)
+        .args(["--workers", addrs])
+        .stdout(Stdio::null());
     c
 }
 
@@ -238,6 +255,98 @@ fn unreachable_mismatched_and_exposed_workers_are_refused_by_name() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains("not a loopback address") && stderr.contains("--listen"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn token_and_tls_workers_serve_only_coordinators_that_have_them() {
+    let s = setup();
+    let want = s.dir.join("want.csv");
+    run_ok(&mut query(&s, &want, None, None));
+    let want = std::fs::read_to_string(&want).unwrap();
+    let token = s.dir.join("token");
+    std::fs::write(&token, "s3cret-from-a-file\n").unwrap();
+    let token_arg = token.to_str().unwrap();
+
+    let w = Worker::start(&s.cache, &["--token-file", token_arg]);
+    let rows = s.dir.join("rows.csv");
+    let (ok, stderr) = run(&mut query_at(&s, &rows, &w.addr));
+    assert!(!ok, "served without the token");
+    assert!(
+        stderr.contains("token") && stderr.contains(&w.addr),
+        "{stderr}"
+    );
+    assert!(!rows.exists());
+    run_ok(query_at(&s, &rows, &w.addr).args(["--worker-token-file", token_arg]));
+    assert_eq!(std::fs::read_to_string(&rows).unwrap(), want);
+    let env_rows = s.dir.join("env.csv");
+    run_ok(query_at(&s, &env_rows, &w.addr).env("AISQL_WORKER_TOKEN", "s3cret-from-a-file"));
+    assert_eq!(std::fs::read_to_string(&env_rows).unwrap(), want);
+    drop(w);
+
+    // TLS with the test CA's certificate for 127.0.0.1.
+    let tls = Path::new(env!("CARGO_MANIFEST_DIR")).join("engine/src/distributed/testdata");
+    let file = |name: &str| tls.join(name).to_str().unwrap().to_string();
+    let (cert, key, ca) = (
+        file("worker-cert.pem"),
+        file("worker-key.pem"),
+        file("ca.pem"),
+    );
+    let w = Worker::start(
+        &s.cache,
+        &[
+            "--token-file",
+            token_arg,
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+        ],
+    );
+    let https = format!("https://{}", w.addr);
+    let tls_rows = s.dir.join("tls.csv");
+    run_ok(query_at(&s, &tls_rows, &https).args([
+        "--worker-token-file",
+        token_arg,
+        "--tls-ca",
+        &ca,
+    ]));
+    assert_eq!(std::fs::read_to_string(&tls_rows).unwrap(), want);
+    let (ok, stderr) = run(
+        query_at(&s, &s.dir.join("no-ca.csv"), &https).args(["--worker-token-file", token_arg])
+    );
+    assert!(!ok && stderr.contains("--tls-ca"), "{stderr}");
+    drop(w);
+
+    // A network address needs a token and TLS, or --insecure; a token file
+    // must hold a token.
+    let exposed = |extra: &[&str]| {
+        let out = aisql(&s.cache)
+            .args(["worker", "--cpu", "--listen", "0.0.0.0:0"])
+            .args(extra)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = exposed(&[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("a token") && stderr.contains("TLS") && stderr.contains("--insecure"),
+        "{stderr}"
+    );
+    let (code, stderr) = exposed(&["--token-file", token_arg]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("needs TLS"), "{stderr}");
+    let empty = s.dir.join("empty-token");
+    std::fs::write(&empty, "\n").unwrap();
+    let (code, stderr) = exposed(&["--token-file", empty.to_str().unwrap(), "--insecure"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("empty") && stderr.contains(empty.to_str().unwrap()),
         "{stderr}"
     );
 }

@@ -8,6 +8,8 @@
 //! (datafusion-distributed's gRPC worker, [`LoopbackWorker`]) give the rows and
 //! answer tables of one process for all 43 plans, and the very fresh tokens of
 //! three in-process workers, and the tiny model behind them answers as one.
+//! Two coordinators running queries at once on one shared worker each get the
+//! rows, answer tables and fresh tokens of a process of their own.
 
 mod common;
 
@@ -189,6 +191,68 @@ async fn the_tiny_model_on_three_cpu_workers_in_process_and_over_the_wire_answer
                 .all(|t| t.answers.is_empty() && t.labels.is_empty()),
             "{id}: asked nothing"
         );
+    }
+}
+
+#[test]
+fn two_coordinators_at_once_on_one_worker_each_answer_as_their_own_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = TinyCorpus::write(dir.path());
+    let ids: Vec<String> = catalog_ids().into_iter().take(8).collect();
+    let plans = load_plans(&ids);
+    let (store, _) = draw_labels(&corpus, &plans);
+    let store = Arc::new(store);
+    let options = QueryOptions {
+        batch_rows: 8,
+        ..Default::default()
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (server, _) = rt.block_on(over_the_wire(vec![
+        simulation_backend(store.clone(), unbounded(), 1024).unwrap(),
+    ]));
+    let addr = server[0].addr().to_string();
+    let want: Vec<Collected> = ids
+        .iter()
+        .zip(&plans)
+        .map(|(id, plan)| {
+            let one = simulation_backend(store.clone(), unbounded(), 1024).unwrap();
+            rt.block_on(collect_query(plan, &corpus.paths(), one, &options))
+                .unwrap_or_else(|e| panic!("{id}: {e}"))
+        })
+        .collect();
+    // Each coordinator its own thread and runtime, as separate processes; the
+    // second runs the plans in the other order, so their queries overlap.
+    let run = |reversed: bool| {
+        let (addr, corpus_paths, options) = (addr.clone(), corpus.paths(), options.clone());
+        let order: Vec<usize> = match reversed {
+            false => (0..ids.len()).collect(),
+            true => (0..ids.len()).rev().collect(),
+        };
+        let plans = plans.clone();
+        std::thread::spawn(move || {
+            let worker = connect_workers(&[addr]).unwrap().pop().unwrap();
+            let backend = Arc::new(worker) as Arc<dyn InferenceBackend>;
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            order
+                .into_iter()
+                .map(|i| {
+                    let got = rt.block_on(collect_query(
+                        &plans[i],
+                        &corpus_paths,
+                        backend.clone(),
+                        &options,
+                    ));
+                    (i, got.map_err(|e| e.to_string()))
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+    let (a, b) = (run(false), run(true));
+    for (i, got) in a.join().unwrap().into_iter().chain(b.join().unwrap()) {
+        let id = &ids[i];
+        let got = got.unwrap_or_else(|e| panic!("{id} on the shared worker: {e}"));
+        same_answers(id, &got, &want[i]);
+        assert_eq!(fresh(&got), fresh(&want[i]), "{id}: fresh tokens");
     }
 }
 

@@ -524,6 +524,10 @@ impl InferenceBackend for CachedBackend {
         self.inner.start_query(operators)
     }
 
+    fn end_query(&self) {
+        self.inner.end_query()
+    }
+
     fn partners_collected(&self, call: &AiCall, partners: &[Doc<'_>]) {
         self.inner.partners_collected(call, partners)
     }

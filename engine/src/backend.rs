@@ -118,6 +118,19 @@ pub trait InferenceBackend: Send + Sync {
     /// (post-order of the plan): a backend may plan around them.
     fn start_query(&self, _operators: &[AiCall]) {}
 
+    /// Called when the query started by [`Self::start_query`] is over (its rows
+    /// and measurements taken, or it failed): a backend shared with other
+    /// coordinators (an `aisql worker`) may serve the next one.
+    fn end_query(&self) {}
+
+    /// Where this backend stands in the order queries take shared backends
+    /// (an `aisql worker`'s URL): a coordinator of several starts its query on
+    /// them in this order, so that two coordinators sharing workers never each
+    /// hold one while waiting for the other's. `None`: not shared.
+    fn turn_order(&self) -> Option<String> {
+        None
+    }
+
     /// Called when an AI join without equality or residual conditions has
     /// collected its partner side, before its anchors stream in: every anchor
     /// will be paired with each of these documents (distinct by id). A backend

@@ -376,10 +376,20 @@ impl InferenceBackend for ShardedBackend {
 
     fn start_query(&self, operators: &[AiCall]) {
         *self.router.lock().expect("router lock") = DocumentRouter::new(self.workers.len());
-        for w in &self.workers {
+        // Shared workers are taken in one order by every coordinator (see
+        // InferenceBackend::turn_order); the rest in the given order.
+        let mut order: Vec<&Worker> = self.workers.iter().collect();
+        order.sort_by_cached_key(|w| w.backend.turn_order());
+        for w in order {
             w.questions.store(0, Ordering::Relaxed);
             w.busy_nanos.store(0, Ordering::Relaxed);
             w.backend.start_query(operators);
+        }
+    }
+
+    fn end_query(&self) {
+        for w in &self.workers {
+            w.backend.end_query();
         }
     }
 
@@ -460,6 +470,53 @@ mod tests {
         fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
             self.inner.classify(call, requests)
         }
+    }
+
+    /// Records when its query started, in a log shared with others.
+    struct Turn {
+        url: Option<&'static str>,
+        log: Arc<Mutex<Vec<&'static str>>>,
+    }
+
+    impl InferenceBackend for Turn {
+        fn name(&self) -> &str {
+            "turn"
+        }
+        fn decide(&self, _: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
+            Ok(vec![true; requests.len()])
+        }
+        fn classify(&self, _: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
+            Ok(vec![0; requests.len()])
+        }
+        fn turn_order(&self) -> Option<String> {
+            self.url.map(String::from)
+        }
+        fn start_query(&self, _: &[AiCall]) {
+            self.log.lock().unwrap().push(self.url.unwrap_or("local"));
+        }
+    }
+
+    #[test]
+    fn shared_workers_start_a_query_in_one_order_whatever_the_list() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let turn = |url| {
+            Arc::new(Turn {
+                url,
+                log: log.clone(),
+            }) as Arc<dyn InferenceBackend>
+        };
+        let listed = [
+            Some("http://b:1/"),
+            None,
+            Some("http://a:1/"),
+            Some("http://c:1/"),
+        ];
+        let sharded = ShardedBackend::try_new(listed.iter().map(|&u| turn(u)).collect()).unwrap();
+        sharded.start_query(&[]);
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["local", "http://a:1/", "http://b:1/", "http://c:1/"]
+        );
     }
 
     /// Three recording workers behind one sharded backend.

@@ -1,6 +1,7 @@
 //! Fuzzing aisql's front ends on stable Rust: every input a user or another
 //! program hands aisql (Substrait plans, Parquet and CSV tables, QUAIL-B
-//! manifests and label sets, a run folder to resume, document text in prompts)
+//! manifests and label sets, a run folder to resume, document text in prompts,
+//! what reaches an `aisql worker` over the network)
 //! has a target here that feeds it to the product's own code.
 //!
 //! The fuzzer is structure-aware generation over real seeds ([`mutate`]): byte

@@ -13,7 +13,12 @@ use std::sync::Arc;
 use aisql_bench::driver::{BenchOptions, run_bench};
 use aisql_bench::layout::Dataset;
 use aisql_bench::plans::PlanSource;
+use aisql_engine::answer_cache::AnswerIdentity;
 use aisql_engine::backend::{ContentHashBackend, OracleBackend};
+use aisql_engine::distributed::{
+    GuardedMethod, ServedModel, WireDoc, WireRequests, WorkerMessage, WorkerReply, WorkerTask,
+    WorkerTaskCodec, WorkerTaskExec, answer, check_request, decode_task,
+};
 use aisql_engine::explain::explain;
 use aisql_engine::plan::{QueryPlan, decode_plan, encode_plan};
 use aisql_engine::prompt::{PromptFormat, classify_pieces, filter_pieces, join_pieces};
@@ -25,6 +30,7 @@ use datafusion::arrow::array::{ArrayRef, BinaryArray, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::prelude::{CsvReadOptions, SessionContext};
+use datafusion_proto::physical_plan::{DefaultPhysicalProtoConverter, PhysicalExtensionCodec};
 
 /// Scale factor of the fixture's stand-in dataset: every table has rows, and a
 /// query runs in milliseconds.
@@ -57,11 +63,17 @@ pub enum Target {
     /// the result does not depend on row order, row by row too; both must give
     /// the same rows.
     Sql,
+    /// What reaches an `aisql worker` from the network: a first byte choosing
+    /// how the rest is read, as a `WorkerTaskExec`'s message (decoded by
+    /// `WorkerTaskCodec` and answered by a served model in a query of its
+    /// own), or as the first gRPC message of an `ExecuteTask` or
+    /// `CoordinatorChannel` call (checked by the worker's guard).
+    WorkerCodec,
 }
 
 impl Target {
     /// Every target.
-    pub const ALL: [Target; 8] = [
+    pub const ALL: [Target; 9] = [
         Target::Substrait,
         Target::Parquet,
         Target::Csv,
@@ -70,6 +82,7 @@ impl Target {
         Target::Resume,
         Target::Prompt,
         Target::Sql,
+        Target::WorkerCodec,
     ];
 
     /// The target's command-line name.
@@ -83,6 +96,7 @@ impl Target {
             Target::Resume => "resume",
             Target::Prompt => "prompt",
             Target::Sql => "sql",
+            Target::WorkerCodec => "worker_codec",
         }
     }
 
@@ -123,6 +137,8 @@ pub struct Fixture {
     /// The SQL corpus's tables, with the AI operators and row by row.
     sql_operators: SqlSession,
     sql_naive: SqlSession,
+    /// The model an `aisql worker` serves, for the worker target.
+    served: ServedModel,
 }
 
 /// The SQL corpus of the differential test (`tests/sql/`), its tables and
@@ -227,7 +243,19 @@ impl Fixture {
         };
         let sql_operators = session(Evaluation::Operators)?;
         let sql_naive = session(Evaluation::Naive)?;
+        let served = ServedModel::new(
+            Arc::new(ContentHashBackend::default()),
+            AnswerIdentity {
+                model: "content-hash".into(),
+                weights_sha256: "0".repeat(64),
+                tokenizer_sha256: "0".repeat(64),
+                dtype: "f32".into(),
+                prompt_format: String::new(),
+            },
+            Default::default(),
+        );
         let fixture = Fixture {
+            served,
             sql_operators,
             sql_naive,
             dataset,
@@ -312,6 +340,7 @@ impl Fixture {
                         .to_vec()
                 })
                 .collect(),
+            Target::WorkerCodec => worker_seeds()?,
             Target::Prompt => {
                 let mut seeds = Vec::new();
                 let sep = FIELD_SEPARATOR as char;
@@ -372,6 +401,62 @@ impl Fixture {
             Target::Resume => self.resume(data),
             Target::Prompt => self.prompt(data),
             Target::Sql => self.sql(data),
+            Target::WorkerCodec => self.worker_codec(data),
+        }
+    }
+
+    fn worker_codec(&self, data: &[u8]) -> Result<String, String> {
+        let Some((&how, rest)) = data.split_first() else {
+            return Ok("empty".into());
+        };
+        match how % 3 {
+            0 => {
+                let ctx = SessionContext::new().task_ctx();
+                let converter = DefaultPhysicalProtoConverter {};
+                let decoded = WorkerTaskCodec.try_decode(rest, &[], &ctx, &converter);
+                let Ok(task) = decode_task(rest) else {
+                    return Ok(format!("task refused ({})", decoded.is_err()));
+                };
+                if decoded.is_err() {
+                    return Err("the codec refused a task its message decoding reads".into());
+                }
+                // The task is answered inside a query of its own, which then
+                // ends, so that the next input's query is not kept waiting.
+                let query = task.query;
+                if let Some(q) = query {
+                    answer(
+                        &self.served,
+                        WorkerTask {
+                            query: Some(q),
+                            message: WorkerMessage::StartQuery(vec![]),
+                        },
+                    );
+                }
+                let reply = answer(&self.served, task);
+                if let Some(q) = query {
+                    answer(
+                        &self.served,
+                        WorkerTask {
+                            query: Some(q),
+                            message: WorkerMessage::EndQuery,
+                        },
+                    );
+                }
+                Ok(match reply {
+                    WorkerReply::Failed(e) => format!("failed: {}", kind(&e)),
+                    other => format!("{other:?}").chars().take(12).collect(),
+                })
+            }
+            n => {
+                let method = match n {
+                    1 => GuardedMethod::ExecuteTask,
+                    _ => GuardedMethod::CoordinatorChannel,
+                };
+                Ok(match check_request(method, rest) {
+                    Ok(()) => "admitted".into(),
+                    Err(e) => format!("refused: {}", kind(&e)),
+                })
+            }
         }
     }
 
@@ -648,6 +733,115 @@ impl Fixture {
         });
         Ok(outcome)
     }
+}
+
+/// A protobuf varint.
+fn varint(mut v: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let byte = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(byte);
+            return out;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+/// A protobuf field: length-delimited `bytes`, or the varint `number`.
+fn pb_field(tag: u64, bytes: Option<&[u8]>, number: u64) -> Vec<u8> {
+    match bytes {
+        Some(b) => [varint(tag << 3 | 2), varint(b.len() as u64), b.to_vec()].concat(),
+        None => [varint(tag << 3), varint(number)].concat(),
+    }
+}
+
+/// Seeds of the worker target: tasks of every kind as a coordinator encodes
+/// them, and the first messages of the worker service's calls as
+/// datafusion-distributed's coordinator sends them (field numbers of its
+/// `worker.proto`), each after its selector byte.
+fn worker_seeds() -> Result<Vec<Vec<u8>>, String> {
+    use aisql_engine::backend::{AiCall, AiKind};
+    let call = |kind, labels: &[&str]| AiCall {
+        op_id: "op-1".into(),
+        kind,
+        template: "Is {0} like {1}?".into(),
+        tables: vec!["t".into(), "u".into()],
+        columns: vec!["text".into(), "text".into()],
+        pieces: join_pieces(PromptFormat::default(), "Is {0} like {1}?"),
+        labels: labels.iter().map(|s| s.to_string()).collect(),
+        descriptions: Vec::new(),
+        relations: Vec::new(),
+    };
+    let docs = WireRequests {
+        docs: vec![
+            WireDoc {
+                id: "1".into(),
+                text: "a film".into(),
+            },
+            WireDoc {
+                id: "2".into(),
+                text: "a book".into(),
+            },
+        ],
+        requests: vec![(0, Some(1)), (1, Some(0))],
+    };
+    let tasks = [
+        WorkerMessage::Hello,
+        WorkerMessage::StartQuery(vec![call(AiKind::Filter, &[])]),
+        WorkerMessage::Decide(call(AiKind::Join, &[]), docs.clone()),
+        WorkerMessage::Classify(call(AiKind::Classify, &["x", "y"]), docs.clone()),
+        WorkerMessage::PartnersCollected(call(AiKind::Join, &[]), docs.docs.clone()),
+        WorkerMessage::Measurements,
+        WorkerMessage::Cancel,
+        WorkerMessage::EndQuery,
+    ];
+    let mut seeds: Vec<Vec<u8>> = tasks
+        .into_iter()
+        .map(|message| {
+            let task = WorkerTask {
+                query: Some(7),
+                message,
+            };
+            let mut seed = vec![0];
+            seed.extend(serde_json::to_vec(&task).expect("tasks serialise"));
+            seed
+        })
+        .collect();
+    let key = [
+        pb_field(1, Some(&[7; 16]), 0),
+        pb_field(2, None, 1),
+        pb_field(3, None, 0),
+    ]
+    .concat();
+    let execute = [
+        pb_field(1, Some(&key), 0),
+        pb_field(2, None, 0),
+        pb_field(3, None, 1),
+        pb_field(6, Some(&[]), 0),
+    ]
+    .concat();
+    seeds.push([vec![1], execute].concat());
+    let leaf: Arc<dyn datafusion::physical_plan::ExecutionPlan> =
+        Arc::new(WorkerTaskExec::new(WorkerTask {
+            query: None,
+            message: WorkerMessage::Hello,
+        }));
+    let plan = datafusion_proto::bytes::physical_plan_to_bytes_with_extension_codec(
+        leaf,
+        &WorkerTaskCodec,
+    )
+    .map_err(err)?;
+    let set = [
+        pb_field(1, Some(&key), 0),
+        pb_field(2, None, 2),
+        pb_field(3, Some(&plan), 0),
+        pb_field(5, Some(b"http://127.0.0.1:1/"), 0),
+    ]
+    .concat();
+    seeds.push([vec![2], pb_field(1, Some(&set), 0)].concat());
+    Ok(seeds)
 }
 
 fn shorten(s: &str) -> String {

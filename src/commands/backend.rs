@@ -5,7 +5,7 @@ use std::sync::Arc;
 use aisql_bench::layout::Dataset;
 use aisql_engine::answer_cache::{AnswerCache, AnswerIdentity, CachedBackend, KEY_FILE, RecordKey};
 use aisql_engine::backend::{InferenceBackend, OracleBackend};
-use aisql_engine::distributed::connect_workers;
+use aisql_engine::distributed::{ConnectOptions, connect_workers_with};
 use aisql_engine::prompt::PromptFormat;
 use aisql_engine::scheduler::{
     ModelSpec, QWEN3_4B_KV_BYTES_PER_TOKEN, SchedulerConfig, answer_identity,
@@ -223,7 +223,19 @@ fn remote_workers(
             "--workers sends questions to the models of `aisql worker`s: use it with --backend model (the default), without --simulate"
         );
     }
-    let workers = connect_workers(addrs)?;
+    let options = ConnectOptions {
+        token: super::worker::worker_token(
+            args.worker_token_file.as_deref(),
+            "--worker-token-file",
+            std::env::var(super::worker::TOKEN_ENV).ok(),
+        )?,
+        tls_ca: args
+            .tls_ca
+            .as_deref()
+            .map(|f| super::worker::read_pem(f, "--tls-ca"))
+            .transpose()?,
+    };
+    let workers = connect_workers_with(addrs, &options)?;
     let mut meta = workers[0].hello().meta.clone();
     meta.insert(
         "worker_addresses".into(),

@@ -1,10 +1,13 @@
 //! `aisql worker`: one model on one device, serving the AI work coordinators
-//! send (`--workers`), until Ctrl-C or SIGTERM.
+//! send (`--workers`), until Ctrl-C or SIGTERM; and the shared worker token
+//! both sides read ([`worker_token`]).
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
 
-use aisql_engine::distributed::{ServedModel, serve};
+use aisql_engine::distributed::{ServeOptions, ServedModel, serve};
 use aisql_engine::scheduler::answer_identity;
 use anyhow::{Context, bail};
 
@@ -17,6 +20,47 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:7878";
 
 /// The environment variable a loopback listen address may come from.
 const LISTEN_ENV: &str = "AISQL_WORKER_LISTEN";
+
+/// The environment variable the shared worker token may come from (worker and
+/// coordinator), when no token file is given.
+pub const TOKEN_ENV: &str = "AISQL_WORKER_TOKEN";
+
+/// The shared worker token: from `file` (named by `flag` in errors), else from
+/// [`TOKEN_ENV`] (`env`), else none. Surrounding whitespace is dropped; an
+/// unreadable or empty file, or a token of other than printable ASCII (it
+/// travels as a header), is a usage error naming where it came from.
+pub fn worker_token(
+    file: Option<&Path>,
+    flag: &str,
+    env: Option<String>,
+) -> anyhow::Result<Option<String>> {
+    let (text, from) = match (file, env) {
+        (Some(file), _) => {
+            let text = std::fs::read_to_string(file).map_err(|e| {
+                UsageError(format!("{flag} {}: cannot read it ({e})", file.display()))
+            })?;
+            (text, format!("{flag} {}", file.display()))
+        }
+        (None, Some(env)) => (env, TOKEN_ENV.to_string()),
+        (None, None) => return Ok(None),
+    };
+    let token = text.trim();
+    if token.is_empty() {
+        bail!(UsageError(format!("{from}: the worker token is empty")));
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        bail!(UsageError(format!(
+            "{from}: the worker token must be printable ASCII without spaces"
+        )));
+    }
+    Ok(Some(token.to_string()))
+}
+
+/// The bytes of `file`, named by `flag` in the error.
+pub fn read_pem(file: &Path, flag: &str) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(file)
+        .map_err(|e| UsageError(format!("{flag} {}: cannot read it ({e})", file.display())).into())
+}
 
 /// Runs the worker.
 pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
@@ -40,28 +84,43 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
     if b.gpu.as_ref().is_some_and(|g| g.len() > 1) || b.cpu_workers.is_some_and(|n| n > 1) {
         refuse("start one `aisql worker` per device")?;
     }
+    let token = worker_token(
+        args.token_file.as_deref(),
+        "--token-file",
+        std::env::var(TOKEN_ENV).ok(),
+    )?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            Some((read_pem(cert, "--tls-cert")?, read_pem(key, "--tls-key")?))
+        }
+        _ => None,
+    };
+    exposure_check(listen, token.is_some(), tls.is_some(), args.insecure)?;
     let (backend, meta) = super::backend::build(b, None, &[])?;
     let dtype = meta_text(&meta, "dtype").to_string();
     let device = meta_text(&meta, "device").to_string();
     // Prompts arrive rendered: the coordinator names the format.
     let identity = answer_identity(&b.model, &dtype, Default::default())
         .with_context(|| format!("hashing model {:?}", b.model))?;
+    let secured = token.is_some() && tls.is_some();
+    let options = ServeOptions { token, tls };
     let rt = super::runtime()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| format!("listening on {listen}"))?;
         let bound = listener.local_addr()?;
-        if !bound.ip().is_loopback() {
+        if !bound.ip().is_loopback() && !secured {
             eprintln!(
-                "aisql worker: {bound} is not a loopback address: anyone who reaches it can use this model"
+                "aisql worker: {bound} is not a loopback address and --insecure is given: anyone who reaches it without the token, or on the path, can use this model or read its traffic"
             );
         }
         // The line a script or test waits for: the port, if 0 was asked.
         println!("listening on {bound} ({}, {dtype}, {device})", b.model);
         std::io::stdout().flush()?;
-        let served = ServedModel::new(backend, identity, meta);
-        serve(listener, served, shutdown_signal()).await?;
+        let served = ServedModel::new(backend, identity, meta)
+            .with_query_idle(Duration::from_secs(args.query_idle_timeout));
+        serve(listener, served, options, shutdown_signal()).await?;
         eprintln!("aisql worker on {bound}: stopped");
         Ok(())
     })
@@ -96,6 +155,29 @@ fn listen_address(flag: Option<&str>, env: Option<String>) -> anyhow::Result<Soc
         )));
     }
     Ok(addr)
+}
+
+/// A worker on a non-loopback address needs a token and TLS, unless
+/// `--insecure`: it answers whoever reaches it, and its traffic holds documents.
+fn exposure_check(
+    listen: SocketAddr,
+    token: bool,
+    tls: bool,
+    insecure: bool,
+) -> anyhow::Result<()> {
+    if listen.ip().is_loopback() || insecure || (token && tls) {
+        return Ok(());
+    }
+    let missing = match (token, tls) {
+        (false, false) => {
+            "a token (--token-file or AISQL_WORKER_TOKEN) and TLS (--tls-cert, --tls-key)"
+        }
+        (false, true) => "a token (--token-file or AISQL_WORKER_TOKEN)",
+        _ => "TLS (--tls-cert, --tls-key)",
+    };
+    bail!(UsageError(format!(
+        "--listen {listen} is not a loopback address: a worker there needs {missing}, or --insecure"
+    )))
 }
 
 /// Completes on Ctrl-C or SIGTERM.
@@ -146,5 +228,54 @@ mod tests {
         );
         let err = addr(Some("nine"), None).unwrap_err().to_string();
         assert!(err.contains("--listen \"nine\""), "{err}");
+    }
+
+    #[test]
+    fn a_network_address_needs_token_and_tls_unless_insecure() {
+        let lan: SocketAddr = "0.0.0.0:9".parse().unwrap();
+        let lo: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        assert!(exposure_check(lo, false, false, false).is_ok());
+        assert!(exposure_check(lan, true, true, false).is_ok());
+        assert!(exposure_check(lan, false, false, true).is_ok());
+        for (token, tls, missing) in [
+            (false, false, "a token"),
+            (true, false, "TLS"),
+            (false, true, "a token"),
+        ] {
+            let err = exposure_check(lan, token, tls, false)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(missing) && err.contains("--insecure"), "{err}");
+        }
+    }
+
+    #[test]
+    fn tokens_come_from_a_file_or_the_environment_and_are_never_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "  s3cret\n").unwrap();
+        let t = |f: Option<&Path>, e: Option<&str>| {
+            worker_token(f, "--token-file", e.map(String::from))
+        };
+        assert_eq!(
+            t(Some(&file), Some("env")).unwrap().as_deref(),
+            Some("s3cret")
+        );
+        assert_eq!(t(None, Some("env")).unwrap().as_deref(), Some("env"));
+        assert_eq!(t(None, None).unwrap(), None);
+        std::fs::write(&file, "\n").unwrap();
+        let err = t(Some(&file), None).unwrap_err().to_string();
+        assert!(
+            err.contains("empty") && err.contains(&file.display().to_string()),
+            "{err}"
+        );
+        let gone = dir.path().join("gone");
+        let err = t(Some(&gone), None).unwrap_err().to_string();
+        assert!(err.contains("cannot read") && err.contains("gone"), "{err}");
+        let err = t(None, Some("a b")).unwrap_err().to_string();
+        assert!(
+            err.contains("AISQL_WORKER_TOKEN") && err.contains("printable"),
+            "{err}"
+        );
     }
 }

@@ -8,10 +8,11 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 
-use super::message::{WorkerMessage, decode, encode};
+use super::message::{decode_task, encode};
 use super::task::WorkerTaskExec;
 
-/// Encodes a [`WorkerTaskExec`] as its message's JSON.
+/// Encodes a [`WorkerTaskExec`] as its [`WorkerTask`]'s JSON; decoding refuses
+/// inputs (it is a leaf) and bytes that are not a task, with an error.
 #[derive(Debug, Default)]
 pub struct WorkerTaskCodec;
 
@@ -29,8 +30,8 @@ impl PhysicalExtensionCodec for WorkerTaskCodec {
                 inputs.len()
             )));
         }
-        let message: WorkerMessage = decode(buf, "worker task")?;
-        Ok(Arc::new(WorkerTaskExec::new(message)))
+        let task = decode_task(buf)?;
+        Ok(Arc::new(WorkerTaskExec::new(task)))
     }
 
     fn try_encode(
@@ -45,7 +46,7 @@ impl PhysicalExtensionCodec for WorkerTaskCodec {
                 node.name()
             )));
         };
-        buf.extend_from_slice(&encode(task.message()));
+        buf.extend_from_slice(&encode(task.task()));
         Ok(())
     }
 }

@@ -6,6 +6,11 @@
 //! lists, and a readable wire format makes a mismatch between two aisql builds a
 //! clear error instead of garbage. A request's documents are sent once each and
 //! referenced by index, because a join anchor is paired with many partners.
+//!
+//! Every message that belongs to a query travels in a [`WorkerTask`] naming the
+//! coordinator's query ([`QueryId`]): a worker shared by several coordinators
+//! serves their queries one at a time and refuses a message of a query that is
+//! not the one it serves (see [`super::worker`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -14,7 +19,32 @@ use crate::backend::{AiCall, AiRequest, Doc};
 use crate::error::{EngineError, Result};
 
 /// The protocol version both sides must speak.
-pub const PROTOCOL: &str = "aisql-worker-v1";
+pub const PROTOCOL: &str = "aisql-worker-v2";
+
+/// A coordinator's query, as its worker messages name it: random per query, so
+/// two coordinators of one worker never name the same query.
+pub type QueryId = u64;
+
+/// What a [`WorkerTaskExec`](super::WorkerTaskExec) carries: a message and the
+/// query it belongs to (`None` for [`WorkerMessage::Hello`] and
+/// [`WorkerMessage::Nothing`], which belong to none).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerTask {
+    /// The coordinator's query.
+    pub query: Option<QueryId>,
+    /// What it asks.
+    pub message: WorkerMessage,
+}
+
+impl WorkerTask {
+    /// `message`, outside any query.
+    pub fn outside_query(message: WorkerMessage) -> Self {
+        Self {
+            query: None,
+            message,
+        }
+    }
+}
 
 /// A document as sent: its row id and text.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,6 +134,8 @@ pub enum WorkerMessage {
     WaitStopped,
     /// Nothing: the second task of a one-worker stage (see [`super::remote`]).
     Nothing,
+    /// The coordinator's query is over: the worker may serve the next one.
+    EndQuery,
 }
 
 /// What a worker serves, as it tells a coordinator that says hello.
@@ -141,6 +173,13 @@ pub enum WorkerReply {
     Measurements(serde_json::Map<String, serde_json::Value>),
     /// The worker's backend failed; its error, as text.
     Failed(String),
+}
+
+/// A [`WorkerTask`] read back from the bytes a
+/// [`WorkerTaskExec`](super::WorkerTaskExec) travels as; bytes that are not
+/// one are an error.
+pub fn decode_task(bytes: &[u8]) -> Result<WorkerTask> {
+    decode(bytes, "worker task")
 }
 
 /// `value` as message bytes.

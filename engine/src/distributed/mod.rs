@@ -9,21 +9,36 @@
 //! same rule as for several GPUs of one host: a document's KV lives on one
 //! worker, and every question, partner and later operator about it goes there.
 //!
+//! A worker runs only aisql's `WorkerTaskExec` stages, asks the shared token
+//! of every call when it has one, and checks sizes and ranges of a request
+//! before the worker service sees it ([`guard`]); it serves several
+//! coordinators' queries one after the other ([`worker`]).
+//!
 //! datafusion-distributed has no task retries; a query that loses a worker fails
 //! naming it, and `--answer-cache` on the coordinator makes its rerun ask only
 //! what was not answered yet.
 
 mod codec;
+mod guard;
 mod message;
 mod remote;
 mod task;
+#[cfg(test)]
+mod wire_tests;
 mod worker;
 
 pub use codec::WorkerTaskCodec;
-pub use message::{PROTOCOL, WireDoc, WireRequests, WorkerHello, WorkerMessage, WorkerReply};
-pub use remote::{RemoteWorker, connect_workers, worker_url};
+pub use guard::{
+    GuardedMethod, MAX_MESSAGE_BYTES, MAX_PARTITIONS, MAX_TASKS, TOKEN_HEADER, check_request,
+    check_worker_plan,
+};
+pub use message::{
+    PROTOCOL, QueryId, WireDoc, WireRequests, WorkerHello, WorkerMessage, WorkerReply, WorkerTask,
+    decode_task,
+};
+pub use remote::{ConnectOptions, RemoteWorker, connect_workers, connect_workers_with, worker_url};
 pub use task::{REPLY_COLUMN, WorkerTaskExec, reply_schema};
-pub use worker::{LoopbackWorker, ServedModel, serve};
+pub use worker::{DEFAULT_QUERY_IDLE, LoopbackWorker, ServeOptions, ServedModel, answer, serve};
 
 #[cfg(test)]
 mod tests {

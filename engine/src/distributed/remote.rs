@@ -11,8 +11,16 @@
 //! resolver knows only this worker's URL, so both tasks are routed there.
 //! Which documents go to which worker is decided above, by
 //! [`ShardedBackend`](crate::shard::ShardedBackend)'s router.
+//!
+//! Every call carries the coordinator's query id (a fresh random one per
+//! [`InferenceBackend::start_query`]), and [`InferenceBackend::end_query`] (or
+//! dropping the worker) tells the worker the query is over, so a worker shared
+//! by several coordinators serves their queries one after the other. Every gRPC
+//! call carries the worker token ([`ConnectOptions`]); `https://` workers are
+//! reached over TLS with the given CA.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -26,15 +34,18 @@ use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_distributed::grpc::{BoxCloneSyncChannel, create_worker_client};
 use datafusion_distributed::{
-    DistributedExt, DistributedLeafExec, NetworkCoalesceExec, SessionStateBuilderExt,
-    WorkerResolver,
+    ChannelResolver, DistributedExt, DistributedLeafExec, NetworkCoalesceExec,
+    SessionStateBuilderExt, WorkerChannel, WorkerResolver,
 };
 use url::Url;
 
 use super::codec::WorkerTaskCodec;
+use super::guard::TOKEN_HEADER;
 use super::message::{
-    PROTOCOL, WireDoc, WireRequests, WorkerHello, WorkerMessage, WorkerReply, decode,
+    PROTOCOL, QueryId, WireDoc, WireRequests, WorkerHello, WorkerMessage, WorkerReply, WorkerTask,
+    decode,
 };
 use super::task::{REPLY_COLUMN, WorkerTaskExec, reply_schema};
 use crate::backend::{AiCall, AiRequest, Doc, InferenceBackend, check_answer_count};
@@ -54,7 +65,8 @@ static WIRE: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
         .expect("starting the worker connection runtime")
 });
 
-/// `addr` as a worker URL: `HOST:PORT` or `http://HOST:PORT`.
+/// `addr` as a worker URL: `HOST:PORT` or `http://HOST:PORT` (plain), or
+/// `https://HOST:PORT` (TLS).
 pub fn worker_url(addr: &str) -> Result<Url> {
     let bad = |why: String| EngineError::Inference(format!("worker address {addr:?}: {why}"));
     let text = if addr.contains("://") {
@@ -63,9 +75,9 @@ pub fn worker_url(addr: &str) -> Result<Url> {
         format!("http://{addr}")
     };
     let url = Url::parse(&text).map_err(|e| bad(e.to_string()))?;
-    if url.scheme() != "http" {
+    if url.scheme() != "http" && url.scheme() != "https" {
         return Err(bad(format!(
-            "scheme {:?}: workers speak plain http (gRPC) on a trusted network",
+            "scheme {:?}: a worker is http:// (plain gRPC) or https:// (TLS)",
             url.scheme()
         )));
     }
@@ -87,10 +99,117 @@ impl WorkerResolver for OneWorker {
     }
 }
 
+/// How a coordinator reaches its workers.
+#[derive(Clone, Default)]
+pub struct ConnectOptions {
+    /// The shared worker token, sent on every call.
+    pub token: Option<String>,
+    /// PEM certificates of the CA that signed `https://` workers' certificates.
+    pub tls_ca: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for ConnectOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectOptions")
+            .field("token", &self.token.as_ref().map(|_| ".."))
+            .field("tls_ca", &self.tls_ca.is_some())
+            .finish()
+    }
+}
+
+/// The channel to one worker: TLS for `https://`, the token on every call.
+/// Made on first use and kept (tonic reconnects it as needed).
+struct WorkerChannels {
+    /// The one worker.
+    url: Url,
+    /// Token and CA.
+    options: ConnectOptions,
+    /// The channel, once made.
+    channel: tokio::sync::OnceCell<BoxCloneSyncChannel>,
+}
+
+impl WorkerChannels {
+    async fn connect(&self) -> DfResult<BoxCloneSyncChannel> {
+        let failed = |e: String| DataFusionError::Execution(e);
+        let mut endpoint = tonic::transport::Endpoint::from_shared(self.url.to_string())
+            .map_err(|e| failed(format!("worker URL {}: {e}", self.url)))?
+            .connect_timeout(HELLO_TIMEOUT);
+        if self.url.scheme() == "https" {
+            let Some(ca) = &self.options.tls_ca else {
+                return Err(failed(format!(
+                    "worker {} is https://: give the CA of its certificate (--tls-ca)",
+                    self.url
+                )));
+            };
+            let mut tls = tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(ca));
+            if let Some(host) = self.url.host_str() {
+                tls = tls.domain_name(host.trim_start_matches('[').trim_end_matches(']'));
+            }
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| failed(format!("TLS for worker {}: {e}", self.url)))?;
+        }
+        let header = match &self.options.token {
+            None => None,
+            Some(t) => {
+                let mut value = http::HeaderValue::from_str(t).map_err(|_| {
+                    failed("the worker token holds characters a header cannot carry".into())
+                })?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+        };
+        let channel = endpoint.connect().await.map_err(|e| {
+            let source = std::error::Error::source(&e)
+                .map(|s| format!(": {s}"))
+                .unwrap_or_default();
+            failed(format!("connecting to worker {}: {e}{source}", self.url))
+        })?;
+        let with_token = tower::ServiceExt::map_request(
+            channel,
+            move |mut request: http::Request<tonic::body::Body>| {
+                if let Some(value) = &header {
+                    request.headers_mut().insert(TOKEN_HEADER, value.clone());
+                }
+                request
+            },
+        );
+        Ok(BoxCloneSyncChannel::new(with_token))
+    }
+}
+
+#[async_trait]
+impl ChannelResolver for WorkerChannels {
+    async fn get_worker_client_for_url(&self, url: &Url) -> DfResult<Box<dyn WorkerChannel>> {
+        if url != &self.url {
+            return Err(DataFusionError::Internal(format!(
+                "a stage routed to {url}, but this session reaches only {}",
+                self.url
+            )));
+        }
+        let channel = self.channel.get_or_try_init(|| self.connect()).await?;
+        Ok(create_worker_client(channel.clone()))
+    }
+}
+
+/// A fresh query id: random per process (std's hasher keys), distinct per call.
+fn new_query_id() -> QueryId {
+    use std::hash::{BuildHasher, Hasher};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(CALLS.fetch_add(1, Ordering::Relaxed));
+    h.write_u32(std::process::id());
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
+    }
+    h.finish()
+}
+
 /// A table whose scan is the two-task stage asking one message.
 #[derive(Debug)]
 struct MessageTable {
-    message: WorkerMessage,
+    task: WorkerTask,
     schema: SchemaRef,
 }
 
@@ -111,8 +230,10 @@ impl TableProvider for MessageTable {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let ask: Arc<dyn ExecutionPlan> = Arc::new(WorkerTaskExec::new(self.message.clone()));
-        let nothing = Arc::new(WorkerTaskExec::new(WorkerMessage::Nothing));
+        let ask: Arc<dyn ExecutionPlan> = Arc::new(WorkerTaskExec::new(self.task.clone()));
+        let nothing = Arc::new(WorkerTaskExec::new(WorkerTask::outside_query(
+            WorkerMessage::Nothing,
+        )));
         let tasks = DistributedLeafExec::try_new(ask.clone(), [ask, nothing])?;
         let stage = NetworkCoalesceExec::try_new(Arc::new(tasks), 2, 1)?;
         Ok(Arc::new(CoalescePartitionsExec::new(Arc::new(stage))))
@@ -127,11 +248,19 @@ pub struct RemoteWorker {
     ctx: SessionContext,
     /// What it said it serves.
     hello: WorkerHello,
+    /// The query this coordinator runs on it, between start and end.
+    query: Mutex<Option<QueryId>>,
 }
 
 impl RemoteWorker {
-    /// Connects to the worker at `addr` and says hello.
+    /// Connects to the worker at `addr` (no token, plain or with no CA) and
+    /// says hello.
     pub fn connect(addr: &str) -> Result<Self> {
+        Self::connect_with(addr, &ConnectOptions::default())
+    }
+
+    /// Connects to the worker at `addr` as `options` say and says hello.
+    pub fn connect_with(addr: &str, options: &ConnectOptions) -> Result<Self> {
         let url = worker_url(addr)?;
         // No physical optimizer: it would take away the coalesce above the
         // stage, and a distributed plan must end in one partition.
@@ -140,13 +269,19 @@ impl RemoteWorker {
             .with_physical_optimizer_rules(vec![])
             .with_config(SessionConfig::new().with_target_partitions(1))
             .with_distributed_worker_resolver(OneWorker(url.clone()))
+            .with_distributed_channel_resolver(WorkerChannels {
+                url: url.clone(),
+                options: options.clone(),
+                channel: Default::default(),
+            })
             .with_distributed_user_codec(WorkerTaskCodec)
             .with_distributed_metrics_collection(false)
             .map_err(EngineError::from)?
             .with_distributed_planner()
             .build();
         let ctx = SessionContext::from(state);
-        let reply = run_blocking(ask(ctx.clone(), WorkerMessage::Hello), Some(HELLO_TIMEOUT))
+        let hello = WorkerTask::outside_query(WorkerMessage::Hello);
+        let reply = run_blocking(ask(ctx.clone(), hello), Some(HELLO_TIMEOUT))
             .map_err(|e| worker_error(&url, e))?;
         let WorkerReply::Hello(hello) = reply else {
             return Err(unexpected(&url, "hello", &reply));
@@ -164,6 +299,7 @@ impl RemoteWorker {
             url,
             ctx,
             hello: *hello,
+            query: Mutex::new(None),
         })
     }
 
@@ -177,9 +313,35 @@ impl RemoteWorker {
         &self.hello
     }
 
-    /// Asks `message` and waits for the reply; a failure names the worker.
+    /// The query started last, if it has not ended.
+    fn query(&self) -> Option<QueryId> {
+        *self.query.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Asks `message` of the current query and waits for the reply; a failure
+    /// names the worker.
     fn call(&self, message: WorkerMessage) -> Result<WorkerReply> {
-        match run_blocking(ask(self.ctx.clone(), message), None)
+        let query = match self.query() {
+            // Questions outside a started query get a query of their own.
+            None if matches!(
+                message,
+                WorkerMessage::Decide(..)
+                    | WorkerMessage::Classify(..)
+                    | WorkerMessage::PartnersCollected(..)
+            ) =>
+            {
+                self.start_query(&[]);
+                self.query()
+            }
+            q => q,
+        };
+        self.call_for(query, message)
+    }
+
+    /// Asks `message` of `query`.
+    fn call_for(&self, query: Option<QueryId>, message: WorkerMessage) -> Result<WorkerReply> {
+        let task = WorkerTask { query, message };
+        match run_blocking(ask(self.ctx.clone(), task), None)
             .map_err(|e| worker_error(&self.url, e))?
         {
             WorkerReply::Failed(e) => Err(worker_error(&self.url, e)),
@@ -241,10 +403,10 @@ fn run_blocking(
         .map_err(|_| "the connection runtime stopped".to_string())?
 }
 
-/// Runs the stage asking `message` and picks its reply out of the two tasks'.
-async fn ask(ctx: SessionContext, message: WorkerMessage) -> DfResult<WorkerReply> {
+/// Runs the stage asking `task` and picks its reply out of the two tasks'.
+async fn ask(ctx: SessionContext, task: WorkerTask) -> DfResult<WorkerReply> {
     let table = MessageTable {
-        message,
+        task,
         schema: reply_schema(),
     };
     let batches = ctx.read_table(Arc::new(table))?.collect().await?;
@@ -305,6 +467,10 @@ impl InferenceBackend for RemoteWorker {
     }
 
     fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {
+        if self.query().is_none() {
+            // The worker's counters are those of whichever query it serves.
+            return Default::default();
+        }
         match self.call(WorkerMessage::Measurements) {
             Ok(WorkerReply::Measurements(m)) => m,
             Ok(other) => {
@@ -327,15 +493,37 @@ impl InferenceBackend for RemoteWorker {
     }
 
     fn cancel(&self) {
-        self.notify(WorkerMessage::Cancel);
+        if self.query().is_some() {
+            self.notify(WorkerMessage::Cancel);
+        }
     }
 
     fn wait_stopped(&self) {
-        self.notify(WorkerMessage::WaitStopped);
+        if self.query().is_some() {
+            self.notify(WorkerMessage::WaitStopped);
+        }
     }
 
     fn start_query(&self, operators: &[AiCall]) {
+        // A query not ended yet ends here: the worker serves one at a time.
+        self.end_query();
+        let query = new_query_id();
+        *self.query.lock().unwrap_or_else(|e| e.into_inner()) = Some(query);
+        // Waits while another coordinator's query holds the worker.
         self.notify(WorkerMessage::StartQuery(operators.to_vec()));
+    }
+
+    fn turn_order(&self) -> Option<String> {
+        Some(self.url.to_string())
+    }
+
+    fn end_query(&self) {
+        let ended = self.query.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if ended.is_some()
+            && let Err(e) = self.call_for(ended, WorkerMessage::EndQuery)
+        {
+            log::warn!("{e}");
+        }
     }
 
     fn partners_collected(&self, call: &AiCall, partners: &[Doc<'_>]) {
@@ -350,6 +538,13 @@ impl InferenceBackend for RemoteWorker {
     }
 }
 
+impl Drop for RemoteWorker {
+    fn drop(&mut self) {
+        // Frees the worker for other coordinators now, not after its idle timeout.
+        self.end_query();
+    }
+}
+
 fn unexpected(url: &Url, what: &str, reply: &WorkerReply) -> EngineError {
     let shown: String = format!("{reply:?}").chars().take(80).collect();
     worker_error(url, format!("answered {what} with {shown}"))
@@ -359,6 +554,14 @@ fn unexpected(url: &Url, what: &str, reply: &WorkerReply) -> EngineError {
 /// (name, weights, tokenizer and dtype): answers from two models must never be
 /// mixed in one result.
 pub fn connect_workers(addrs: &[String]) -> Result<Vec<RemoteWorker>> {
+    connect_workers_with(addrs, &ConnectOptions::default())
+}
+
+/// [`connect_workers`], reaching them as `options` say.
+pub fn connect_workers_with(
+    addrs: &[String],
+    options: &ConnectOptions,
+) -> Result<Vec<RemoteWorker>> {
     if addrs.is_empty() {
         return Err(EngineError::Inference("--workers names no worker".into()));
     }
@@ -369,7 +572,7 @@ pub fn connect_workers(addrs: &[String]) -> Result<Vec<RemoteWorker>> {
         if !seen.insert(url.clone()) {
             return Err(worker_error(&url, "listed twice in --workers"));
         }
-        let worker = RemoteWorker::connect(addr).map_err(|e| match e {
+        let worker = RemoteWorker::connect_with(addr, options).map_err(|e| match e {
             EngineError::Worker { worker, message } => EngineError::Worker {
                 worker: format!("{i} ({worker})"),
                 message,
@@ -408,13 +611,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn worker_addresses_are_host_and_port_over_plain_http() {
+    fn worker_addresses_are_host_and_port_over_http_or_https() {
         assert_eq!(
             worker_url("127.0.0.1:7070").unwrap().as_str(),
             "http://127.0.0.1:7070/"
         );
         assert_eq!(worker_url("http://gpu-3:1").unwrap().port(), Some(1));
-        for bad in ["127.0.0.1", "https://a:1", "a:1/x", "", ":80"] {
+        assert_eq!(worker_url("https://gpu-3:1").unwrap().scheme(), "https");
+        for bad in ["127.0.0.1", "ftp://a:1", "a:1/x", "", ":80"] {
             let err = worker_url(bad).unwrap_err().to_string();
             assert!(err.contains(&format!("{bad:?}")), "{bad}: {err}");
         }

@@ -20,7 +20,7 @@ use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 
-use super::message::{WorkerMessage, WorkerReply, encode};
+use super::message::{WorkerMessage, WorkerReply, WorkerTask, encode};
 use super::worker::{ServedModel, answer};
 
 /// Name of the reply column: each task returns one row holding its
@@ -39,8 +39,8 @@ pub fn reply_schema() -> SchemaRef {
 /// A leaf that asks the worker it runs on one message.
 #[derive(Debug)]
 pub struct WorkerTaskExec {
-    /// What to ask.
-    message: WorkerMessage,
+    /// What to ask, and for which query.
+    task: WorkerTask,
     /// `reply: Binary`.
     schema: SchemaRef,
     /// One partition, bounded, emitted at the end.
@@ -48,8 +48,8 @@ pub struct WorkerTaskExec {
 }
 
 impl WorkerTaskExec {
-    /// A leaf asking `message`.
-    pub fn new(message: WorkerMessage) -> Self {
+    /// A leaf asking `task`.
+    pub fn new(task: WorkerTask) -> Self {
         let schema = reply_schema();
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(schema.clone()),
@@ -58,21 +58,21 @@ impl WorkerTaskExec {
             Boundedness::Bounded,
         ));
         Self {
-            message,
+            task,
             schema,
             properties,
         }
     }
 
-    /// What it asks.
-    pub fn message(&self) -> &WorkerMessage {
-        &self.message
+    /// What it asks, and for which query.
+    pub fn task(&self) -> &WorkerTask {
+        &self.task
     }
 }
 
 impl DisplayAs for WorkerTaskExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        match &self.message {
+        match &self.task.message {
             WorkerMessage::Decide(call, r) | WorkerMessage::Classify(call, r) => write!(
                 f,
                 "WorkerTaskExec: {} {} questions",
@@ -122,7 +122,7 @@ impl ExecutionPlan for WorkerTaskExec {
         _partition: usize,
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        let message = self.message.clone();
+        let task = self.task.clone();
         let Some(served) = context.session_config().get_extension::<ServedModel>() else {
             return Err(DataFusionError::Execution(
                 "no model is served here: WorkerTaskExec runs on an `aisql worker`".into(),
@@ -132,7 +132,7 @@ impl ExecutionPlan for WorkerTaskExec {
         let out_schema = schema.clone();
         let reply = async move {
             // Model work blocks for a whole batch: off the async threads.
-            let reply = tokio::task::spawn_blocking(move || answer(&served, message))
+            let reply = tokio::task::spawn_blocking(move || answer(&served, task))
                 .await
                 .unwrap_or_else(|e| WorkerReply::Failed(format!("worker task panicked: {e}")));
             let bytes = encode(&reply);

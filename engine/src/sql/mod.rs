@@ -468,6 +468,8 @@ impl SqlSession {
         let nodes = ai_nodes(&plan);
         let calls: Vec<AiCall> = nodes.iter().map(|n| n.spec.call.clone()).collect();
         self.backend.start_query(&calls);
+        // Ends the query however this returns, after its measurements are taken.
+        let _ends = QueryEnd(self.backend.as_ref());
         self.recorder.take();
         self.memo
             .lock()
@@ -508,6 +510,15 @@ impl SqlSession {
             runtime_s: started.elapsed().as_secs_f64(),
             measurements: self.backend.measurements(),
         })
+    }
+}
+
+/// Tells the backend its query is over when dropped.
+struct QueryEnd<'a>(&'a dyn InferenceBackend);
+
+impl Drop for QueryEnd<'_> {
+    fn drop(&mut self) {
+        self.0.end_query();
     }
 }
 
