@@ -68,7 +68,9 @@ fn rows_are_printed_and_saved_in_each_format() {
     sql(query, &[])
         .assert()
         .success()
-        .stderr(predicate::str::contains("random weights: its answers are random"));
+        .stderr(predicate::str::contains(
+            "random weights: its answers are random",
+        ));
     let mut lines = csv.lines();
     assert_eq!(lines.next(), Some("id"));
     let ids: Vec<&str> = lines.collect();

@@ -8,8 +8,15 @@ use aisql_engine::write_guard::{OutputKind, WriteGuard};
 
 use crate::cli::{BackendArgs, BackendKind, PlansArg};
 
-/// Adds the model files `args` loads (none with the oracle or `--workers`).
+/// Adds the model files `args` loads (none with the oracle or `--workers`),
+/// and the worker token and CA files it reads.
 pub fn add_model(guard: &mut WriteGuard, args: &BackendArgs) {
+    if let Some(file) = &args.worker_token_file {
+        guard.add(file, "the --worker-token-file");
+    }
+    if let Some(file) = &args.tls_ca {
+        guard.add(file, "the --tls-ca file");
+    }
     if args.backend != BackendKind::Model || args.workers.is_some() {
         return;
     }
