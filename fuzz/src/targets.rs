@@ -735,26 +735,15 @@ impl Fixture {
     }
 }
 
-/// A protobuf varint.
-fn varint(mut v: u64) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let byte = (v & 0x7f) as u8;
-        v >>= 7;
-        if v == 0 {
-            out.push(byte);
-            return out;
-        }
-        out.push(byte | 0x80);
-    }
-}
-
 /// A protobuf field: length-delimited `bytes`, or the varint `number`.
 fn pb_field(tag: u64, bytes: Option<&[u8]>, number: u64) -> Vec<u8> {
+    let tag = u32::try_from(tag).expect("small field numbers");
+    let mut out = Vec::new();
     match bytes {
-        Some(b) => [varint(tag << 3 | 2), varint(b.len() as u64), b.to_vec()].concat(),
-        None => [varint(tag << 3), varint(number)].concat(),
+        Some(b) => prost::encoding::bytes::encode(tag, &b.to_vec(), &mut out),
+        None => prost::encoding::uint64::encode(tag, &number, &mut out),
     }
+    out
 }
 
 /// Seeds of the worker target: tasks of every kind as a coordinator encodes

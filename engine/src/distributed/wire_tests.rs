@@ -472,32 +472,17 @@ fn framed(message: &[u8]) -> Vec<u8> {
     out
 }
 
-/// A protobuf varint.
-fn varint(mut v: u64) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let byte = (v & 0x7f) as u8;
-        v >>= 7;
-        if v == 0 {
-            out.push(byte);
-            return out;
-        }
-        out.push(byte | 0x80);
-    }
-}
-
 /// A length-delimited protobuf field.
 fn field(tag: u32, bytes: &[u8]) -> Vec<u8> {
-    let mut out = varint(u64::from(tag << 3 | 2));
-    out.extend(varint(bytes.len() as u64));
-    out.extend_from_slice(bytes);
+    let mut out = Vec::new();
+    prost::encoding::bytes::encode(tag, &bytes.to_vec(), &mut out);
     out
 }
 
 /// A varint protobuf field.
 fn number(tag: u32, v: u64) -> Vec<u8> {
-    let mut out = varint(u64::from(tag << 3));
-    out.extend(varint(v));
+    let mut out = Vec::new();
+    prost::encoding::uint64::encode(tag, &v, &mut out);
     out
 }
 
