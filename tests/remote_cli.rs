@@ -92,22 +92,17 @@ fn setup() -> Setup {
 
 /// `aisql query IMDB-1` saving its rows to `rows`, on `workers` (else the CPU).
 fn query(s: &Setup, rows: &Path, workers: Option<&[&Worker]>, answers: Option<&Path>) -> Command {
-    let mut c = aisql(&s.cache);
-    c.args(["query", QUERY, "--sf", "0.01", "--batch-rows", "8"])
-        .arg("--root")
-        .arg(&s.root)
-        .arg("--output")
-        .arg(rows)
-        .stdout(Stdio::null());
-    match workers {
+    let mut c = match workers {
         Some(w) => {
             let addrs: Vec<&str> = w.iter().map(|w| w.addr.as_str()).collect();
-            c.arg("--workers").arg(addrs.join(","));
+            query_at(s, rows, &addrs.join(","))
         }
         None => {
+            let mut c = imdb_query(s, rows);
             c.arg("--cpu");
+            c
         }
-    }
+    };
     if let Some(dir) = answers {
         c.arg("--answer-cache").arg(dir);
     }
@@ -117,13 +112,19 @@ fn query(s: &Setup, rows: &Path, workers: Option<&[&Worker]>, answers: Option<&P
 /// `aisql query IMDB-1` saving its rows to `rows`, on the workers `addrs`
 /// (comma-separated, as given to --workers).
 fn query_at(s: &Setup, rows: &Path, addrs: &str) -> Command {
+    let mut c = imdb_query(s, rows);
+    c.args(["--workers", addrs]);
+    c
+}
+
+/// `aisql query IMDB-1` over the test's root, saving its rows to `rows`.
+fn imdb_query(s: &Setup, rows: &Path) -> Command {
     let mut c = aisql(&s.cache);
     c.args(["query", QUERY, "--sf", "0.01", "--batch-rows", "8"])
         .arg("--root")
         .arg(&s.root)
         .arg("--output")
         .arg(rows)
-        .args(["--workers", addrs])
         .stdout(Stdio::null());
     c
 }

@@ -182,12 +182,18 @@ impl RecordKey {
         Ok(Self(key))
     }
 
-    /// The MAC of a record's body.
-    fn mac(&self, body: &[u8]) -> [u8; MAC_BYTES] {
+    /// HMAC-SHA256 under this key, fed `body`.
+    fn hmac(&self, body: &[u8]) -> hmac::Hmac<Sha256> {
         use hmac::Mac as _;
         let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key");
         mac.update(body);
-        mac.finalize().into_bytes()[..MAC_BYTES]
+        mac
+    }
+
+    /// The MAC of a record's body.
+    fn mac(&self, body: &[u8]) -> [u8; MAC_BYTES] {
+        use hmac::Mac as _;
+        self.hmac(body).finalize().into_bytes()[..MAC_BYTES]
             .try_into()
             .expect("16 bytes")
     }
@@ -195,9 +201,7 @@ impl RecordKey {
     /// Whether `tag` is the MAC of `body` (compared in constant time).
     fn verify(&self, body: &[u8], tag: &[u8]) -> bool {
         use hmac::Mac as _;
-        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key");
-        mac.update(body);
-        mac.verify_truncated_left(tag).is_ok()
+        self.hmac(body).verify_truncated_left(tag).is_ok()
     }
 }
 

@@ -14,7 +14,7 @@
 //! ([`AnswerMemo::reset`]): a table is keyed by its `id` column only when its
 //! ids are checked unique as it is loaded, otherwise the "id" is the text
 //! itself. What outlives a query is keyed by content: the scheduler's token ids
-//! by [`text_digests`], the answer cache by a hash of the rendered prompt.
+//! by the SHA-256 of their text, the answer cache by a hash of the rendered prompt.
 
 use std::collections::HashMap;
 
@@ -54,25 +54,6 @@ pub const NO_DOCUMENT: u32 = u32::MAX;
 /// Document numbers by table, text column and id, each level looked up by
 /// `&str`, so numbering a known document allocates nothing.
 type DocumentNumbers = HashMap<String, HashMap<String, HashMap<String, u32>>>;
-
-/// SHA-256 of a document's text.
-pub type TextDigest = [u8; 32];
-
-/// The SHA-256 of each text, each distinct one hashed once: a batch repeats a
-/// join anchor for every partner, and the same string (one address and length,
-/// both borrowed for the whole call) holds the same bytes.
-pub fn text_digests(texts: &[&str]) -> Vec<TextDigest> {
-    use sha2::Digest as _;
-    let mut seen: HashMap<(usize, usize), TextDigest> = HashMap::new();
-    texts
-        .iter()
-        .map(|t| {
-            *seen
-                .entry((t.as_ptr() as usize, t.len()))
-                .or_insert_with(|| sha2::Sha256::digest(t.as_bytes()).into())
-        })
-        .collect()
-}
 
 /// Answers given so far in one query: a TRUE/FALSE as 0/1, a label as its index.
 #[derive(Debug, Default)]

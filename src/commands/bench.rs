@@ -151,7 +151,7 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
     let mut guard = WriteGuard::new();
     super::paths::add_dataset(&mut guard, &dataset);
     super::paths::add_plans(&mut guard, &args.plans);
-    super::paths::add_model(&mut guard, &args.backend);
+    super::paths::add_backend_files(&mut guard, &args.backend);
     guard.check(&output_dir, "the run folder", OutputKind::Folder)?;
     super::paths::check_answer_cache(&guard, &args.backend)?;
     let templates = templates_of(queries.iter().map(|(_, p)| p));

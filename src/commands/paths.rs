@@ -10,7 +10,7 @@ use crate::cli::{BackendArgs, BackendKind, PlansArg};
 
 /// Adds the model files `args` loads (none with the oracle or `--workers`),
 /// and the worker token and CA files it reads.
-pub fn add_model(guard: &mut WriteGuard, args: &BackendArgs) {
+pub fn add_backend_files(guard: &mut WriteGuard, args: &BackendArgs) {
     if let Some(file) = &args.worker_token_file {
         guard.add(file, "the --worker-token-file");
     }

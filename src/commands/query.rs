@@ -97,7 +97,7 @@ fn check_outputs(args: &QueryArgs, dataset: Option<&Dataset>) -> anyhow::Result<
     if let Some(dataset) = dataset {
         super::paths::add_dataset(&mut guard, dataset);
     }
-    super::paths::add_model(&mut guard, &args.backend);
+    super::paths::add_backend_files(&mut guard, &args.backend);
     if let Some(dir) = &args.output_dir {
         guard.check(dir, "--output-dir", OutputKind::Folder)?;
     }

@@ -156,7 +156,7 @@ fn inputs(args: &SqlArgs, tables: &[(String, PathBuf)], dataset: Option<&Dataset
     if let Some(dataset) = dataset {
         super::paths::add_dataset(&mut guard, dataset);
     }
-    super::paths::add_model(&mut guard, &args.backend);
+    super::paths::add_backend_files(&mut guard, &args.backend);
     guard
 }
 

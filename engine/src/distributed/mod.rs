@@ -50,8 +50,19 @@ mod tests {
     use crate::error::Result;
     use crate::shard::ShardedBackend;
 
-    /// Answers by the text: TRUE when anchor and partner lengths sum to an even
-    /// number; a label by length modulo the label count. Counts its questions.
+    /// The by-length rule's answer: TRUE when anchor and partner lengths sum
+    /// to an even number.
+    pub(super) fn even_length(r: &AiRequest<'_>) -> bool {
+        (r.anchor.text.len() + r.partner.map_or(0, |p| p.text.len())).is_multiple_of(2)
+    }
+
+    /// The by-length rule's label: the anchor's length modulo the label count.
+    pub(super) fn label_by_length(r: &AiRequest<'_>, labels: usize) -> usize {
+        r.anchor.text.len() % labels.max(1)
+    }
+
+    /// Answers by the text ([`even_length`], [`label_by_length`]). Counts its
+    /// questions.
     struct ByLength {
         asked: std::sync::atomic::AtomicUsize,
     }
@@ -63,15 +74,12 @@ mod tests {
         fn decide(&self, _: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
             self.asked
                 .fetch_add(requests.len(), std::sync::atomic::Ordering::Relaxed);
-            Ok(requests
-                .iter()
-                .map(|r| (r.anchor.text.len() + r.partner.map_or(0, |p| p.text.len())) % 2 == 0)
-                .collect())
+            Ok(requests.iter().map(even_length).collect())
         }
         fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
             Ok(requests
                 .iter()
-                .map(|r| r.anchor.text.len() % call.labels.len())
+                .map(|r| label_by_length(r, call.labels.len()))
                 .collect())
         }
         fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {

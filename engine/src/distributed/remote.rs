@@ -193,17 +193,18 @@ impl ChannelResolver for WorkerChannels {
     }
 }
 
-/// A fresh query id: random per process (std's hasher keys), distinct per call.
+/// A fresh query id from the operating system's randomness; if that fails, a
+/// per-process count mixed with the time (ids need only differ, not be secret).
 fn new_query_id() -> QueryId {
-    use std::hash::{BuildHasher, Hasher};
     static CALLS: AtomicU64 = AtomicU64::new(0);
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(CALLS.fetch_add(1, Ordering::Relaxed));
-    h.write_u32(std::process::id());
-    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
-        h.write_u128(t.as_nanos());
-    }
-    h.finish()
+    getrandom::u64().unwrap_or_else(|_| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |t| t.as_nanos() as u64);
+        nanos
+            ^ CALLS.fetch_add(1, Ordering::Relaxed).rotate_left(32)
+            ^ u64::from(std::process::id())
+    })
 }
 
 /// A table whose scan is the two-task stage asking one message.

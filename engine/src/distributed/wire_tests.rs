@@ -45,15 +45,12 @@ impl InferenceBackend for OneQueryAtATime {
         }
         // A batch takes a while, so that two coordinators overlap.
         std::thread::sleep(Duration::from_millis(2));
-        Ok(requests
-            .iter()
-            .map(|r| (r.anchor.text.len() + r.partner.map_or(0, |p| p.text.len())) % 2 == 0)
-            .collect())
+        Ok(requests.iter().map(super::tests::even_length).collect())
     }
     fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
         Ok(requests
             .iter()
-            .map(|r| r.anchor.text.len() % call.labels.len().max(1))
+            .map(|r| super::tests::label_by_length(r, call.labels.len()))
             .collect())
     }
     fn cancel(&self) {

@@ -61,7 +61,7 @@ use aisql_models::Tokenizer;
 use crate::backend::{AiCall, AiKind, AiRequest, Doc, InferenceBackend};
 use crate::error::{EngineError, Result};
 use crate::kv_cache::{KvOps, NodeId, PrefixTrie};
-use crate::memo::{DocKey, TextDigest, text_digests};
+use crate::memo::DocKey;
 use crate::prompt::label_continuations;
 use crate::query_gate::{QueryGate, Ticket};
 use lookahead::{AheadQuestion, Lookahead, MAX_PARTNERS_AHEAD};
@@ -102,6 +102,25 @@ impl Default for SchedulerConfig {
             batch_tokens: 8192,
         }
     }
+}
+
+/// SHA-256 of a document's text.
+type TextDigest = [u8; 32];
+
+/// The SHA-256 of each text, each distinct one hashed once: a batch repeats a
+/// join anchor for every partner, and the same string (one address and length,
+/// both borrowed for the whole call) holds the same bytes.
+fn text_digests(texts: &[&str]) -> Vec<TextDigest> {
+    use sha2::Digest as _;
+    let mut seen: HashMap<(usize, usize), TextDigest> = HashMap::new();
+    texts
+        .iter()
+        .map(|t| {
+            *seen
+                .entry((t.as_ptr() as usize, t.len()))
+                .or_insert_with(|| sha2::Sha256::digest(t.as_bytes()).into())
+        })
+        .collect()
 }
 
 /// Token ids kept across queries.
