@@ -280,9 +280,24 @@ pub struct RowOutputArgs {
     /// .csv, .json). Written whole or not at all.
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// Print at most this many rows (all rows are always saved).
-    #[arg(long, default_value_t = 50)]
-    pub limit: usize,
+    /// Print at most this many rows (all rows are always saved). Default: 50
+    /// for the terminal table, every row for csv and json.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+}
+
+/// Rows the terminal table prints without `--limit`.
+pub const TABLE_ROWS: usize = 50;
+
+impl RowOutputArgs {
+    /// How many rows are printed: `--limit`, else [`TABLE_ROWS`] for the table
+    /// and every row (`None`) for csv and json, which programs read whole.
+    pub fn print_limit(&self) -> Option<usize> {
+        match self.format {
+            RowFormat::Table => Some(self.limit.unwrap_or(TABLE_ROWS)),
+            RowFormat::Csv | RowFormat::Json => self.limit,
+        }
+    }
 }
 
 /// `aisql sql`.

@@ -191,4 +191,14 @@ fn output_dir_streams_every_row_while_printing_the_limit() {
     );
     assert!(whole.contains(&total), "{whole}");
     assert!(dir.join("plan.substrait").exists());
+    // Without --limit, csv carries every row, printed as they arrive.
+    let (printed, _) = run(&["--output-dir", dir.to_str().unwrap()]);
+    assert_eq!(printed.lines().count(), want.num_rows() + 1);
+    // An earlier query's answer table does not stay beside this one's outputs.
+    std::fs::write(dir.join("joins-0.parquet"), b"from IMDB-3").unwrap();
+    std::fs::write(dir.join("mine.txt"), b"not aisql's").unwrap();
+    let (_, stderr) = run(&["--output-dir", dir.to_str().unwrap()]);
+    assert!(stderr.contains("joins-0.parquet"), "{stderr}");
+    assert!(!dir.join("joins-0.parquet").exists());
+    assert!(dir.join("mine.txt").exists() && dir.join("filters-0.parquet").exists());
 }

@@ -12,6 +12,7 @@ use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::properties::WriterProperties;
 use serde::Serialize;
 
+use crate::answers::AnswerTable;
 use crate::backend::AiKind;
 use crate::error::{EngineError, Result};
 use crate::plan::{QueryPlan, encode_plan};
@@ -145,6 +146,48 @@ pub fn summary_path(rows_path: &Path) -> PathBuf {
     rows_path.with_extension("summary.json")
 }
 
+/// True for a file name of the per-query layout: what an earlier query may
+/// have left in a folder this one writes into.
+fn is_layout_name(name: &str) -> bool {
+    if name == ROWS_FILE || name == ROWS_SUMMARY_FILE || name == "plan.substrait" {
+        return true;
+    }
+    ["filters-", "joins-", "classifications-"].iter().any(|stem| {
+        name.strip_prefix(stem)
+            .and_then(|rest| rest.strip_suffix(".parquet"))
+            .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+    })
+}
+
+/// Removes from `dir` (if it exists) every file of the per-query layout and
+/// every temporary file an interrupted write left: a query's output folder
+/// then holds its own outputs only, never an answer table of an earlier query
+/// that a scorer would take for this one's. Other files are left alone.
+/// Returns the names removed.
+pub fn clear_query_outputs(dir: &Path) -> Result<Vec<String>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(EngineError::io(dir, e)),
+    };
+    let mut removed = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| EngineError::io(dir, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let earlier = is_layout_name(&name)
+            || name
+                .strip_prefix('.')
+                .and_then(|n| n.strip_suffix(".tmp"))
+                .is_some_and(is_layout_name);
+        if earlier && entry.file_type().is_ok_and(|t| t.is_file()) {
+            std::fs::remove_file(entry.path()).map_err(|e| EngineError::io(&entry.path(), e))?;
+            removed.push(name);
+        }
+    }
+    removed.sort();
+    Ok(removed)
+}
+
 /// Writes `rows` into `dir` as [`ROWS_FILE`] (created if missing) and then the
 /// other outputs of `out`: what a caller that kept the rows in memory saves.
 pub fn write_query_outputs(
@@ -168,6 +211,18 @@ pub fn write_answer_outputs(
     query: &QueryPlan,
     out: &QueryOutput,
 ) -> Result<OutputFiles> {
+    write_layout(dir, prefix, &encode_plan(&query.substrait), &out.answers)
+}
+
+/// Writes `plan` as `plan.substrait` and each answer table as
+/// `<kind>-<i>.parquet` into `dir`, `i` counting the tables of one kind in the
+/// order given: the per-query layout of any plan's outputs.
+pub fn write_layout(
+    dir: &Path,
+    prefix: &str,
+    plan: &[u8],
+    answers: &[AnswerTable],
+) -> Result<OutputFiles> {
     std::fs::create_dir_all(dir).map_err(|e| EngineError::io(dir, e))?;
     let rel = |name: &str| -> String {
         if prefix.is_empty() {
@@ -176,8 +231,7 @@ pub fn write_answer_outputs(
             format!("{prefix}/{name}")
         }
     };
-    let plan_path = dir.join("plan.substrait");
-    write_file_atomic(&plan_path, &encode_plan(&query.substrait))?;
+    write_file_atomic(&dir.join("plan.substrait"), plan)?;
     let mut files = OutputFiles {
         plan: rel("plan.substrait"),
         rows: rel(ROWS_FILE),
@@ -188,7 +242,7 @@ pub fn write_answer_outputs(
         (AiKind::Join, "joins"),
         (AiKind::Classify, "classifications"),
     ] {
-        for (i, table) in out.answers_of(kind).enumerate() {
+        for (i, table) in answers.iter().filter(|t| t.kind == kind).enumerate() {
             let name = format!("{stem}-{i}.parquet");
             write_parquet(&dir.join(&name), &table.to_record_batch()?)?;
             let entry = KeyedFile {
@@ -220,4 +274,45 @@ pub fn read_parquet(path: &Path) -> Result<RecordBatch> {
 /// The output folder of a query inside a run folder.
 pub fn query_dir(run_dir: &Path, query_id: &str) -> PathBuf {
     run_dir.join(query_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_earlier_querys_outputs_are_cleared_and_other_files_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in [
+            "rows.parquet",
+            "plan.substrait",
+            "joins-0.parquet",
+            "classifications-12.parquet",
+            ".filters-1.parquet.tmp",
+            "notes.txt",
+            "joins-x.parquet",
+            "filters-.parquet",
+        ] {
+            std::fs::write(dir.path().join(name), b"x").unwrap();
+        }
+        std::fs::create_dir(dir.path().join("filters-2.parquet")).unwrap();
+        let removed = clear_query_outputs(dir.path()).unwrap();
+        assert_eq!(
+            removed,
+            [
+                ".filters-1.parquet.tmp",
+                "classifications-12.parquet",
+                "joins-0.parquet",
+                "plan.substrait",
+                "rows.parquet"
+            ]
+        );
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["filters-.parquet", "filters-2.parquet", "joins-x.parquet", "notes.txt"]);
+        assert!(clear_query_outputs(&dir.path().join("missing")).unwrap().is_empty());
+    }
 }

@@ -63,13 +63,6 @@ pub struct QueryOutput {
     pub table_rows: BTreeMap<String, usize>,
 }
 
-impl QueryOutput {
-    /// Answer tables of one kind, in post-order.
-    pub fn answers_of(&self, kind: AiKind) -> impl Iterator<Item = &AnswerTable> {
-        self.answers.iter().filter(move |t| t.kind == kind)
-    }
-}
-
 /// [`run_query_into`] with the rows kept in memory and returned in one batch
 /// (one string column per selected alias or label column).
 pub async fn run_query(

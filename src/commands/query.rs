@@ -10,6 +10,7 @@ use aisql_engine::tables::{TablePaths, tables_in_dir};
 use aisql_engine::write_guard::{OutputKind, WriteGuard};
 use datafusion::arrow::compute::concat_batches;
 
+use super::rows::PrintedRows;
 use crate::cli::{DataArgs, QueryArgs};
 
 /// Tables (and the dataset, when the data is a QUAIL-B root) for a query that reads
@@ -43,6 +44,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     let needed: Vec<&str> = query.relations.iter().map(|r| r.table.as_str()).collect();
     let (tables, dataset) = resolve_tables(&args.data, &needed)?;
     check_outputs(&args, dataset.as_ref())?;
+    clear_output_dir(&args)?;
     let (backend, _meta) =
         super::backend::build(&args.backend, dataset.as_ref(), &query.templates())?;
     let options = QueryOptions {
@@ -63,18 +65,34 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     };
-    // rows.parquet is written as the rows arrive; only the printed head is held.
-    let parquet = ParquetRows::create(&dir.join(ROWS_FILE), output_schema(&query))?;
-    let mut sink = HeadRows::new(args.rows.limit, parquet);
-    let out = rt.block_on(run_query_into(
-        &query, &tables, backend, &options, &mut sink,
-    ))?;
-    let (head, total, parquet) = sink.finish();
+    // rows.parquet is written as the rows arrive; only the printed head is held,
+    // or every row is printed as it arrives (csv and json without --limit).
+    let schema = output_schema(&query);
+    let parquet = ParquetRows::create(&dir.join(ROWS_FILE), schema.clone())?;
+    let (parquet, out) = match args.rows.print_limit() {
+        Some(limit) => {
+            let mut sink = HeadRows::new(limit, parquet);
+            let out = rt.block_on(run_query_into(
+                &query, &tables, backend, &options, &mut sink,
+            ))?;
+            let (head, total, parquet) = sink.finish();
+            let shown = concat_batches(&schema, &head)?;
+            super::rows::show(&shown, total, &args.rows, out.runtime_s)?;
+            (parquet, out)
+        }
+        None => {
+            let mut sink = PrintedRows::new(args.rows.format, &schema, parquet)?;
+            let out = rt.block_on(run_query_into(
+                &query, &tables, backend, &options, &mut sink,
+            ))?;
+            let (total, parquet) = sink.finish()?;
+            super::rows::summarise(total, total, &args.rows, out.runtime_s);
+            (parquet, out)
+        }
+    };
     if let SavedRows::Summary(summary) = parquet.finish()? {
         eprintln!("{}", summary.note);
     }
-    let shown = concat_batches(&output_schema(&query), &head)?;
-    super::rows::show(&shown, total, &args.rows, out.runtime_s)?;
     super::rows::report_work(&out.measurements);
     aisql_engine::output::write_answer_outputs(dir, "", &query, &out)?;
     eprintln!("outputs written to {}", dir.display());
@@ -108,6 +126,22 @@ fn check_outputs(args: &QueryArgs, dataset: Option<&Dataset>) -> anyhow::Result<
     Ok(())
 }
 
+/// Removes what an earlier query left in `--output-dir` (its answer tables
+/// would pass for this query's), saying so.
+fn clear_output_dir(args: &QueryArgs) -> anyhow::Result<()> {
+    if let Some(dir) = &args.output_dir {
+        let removed = aisql_engine::output::clear_query_outputs(dir)?;
+        if !removed.is_empty() {
+            eprintln!(
+                "removed an earlier query's outputs from {}: {}",
+                dir.display(),
+                removed.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
 /// A Substrait plan from any producer, through the general path: DataFusion's
 /// consumer, the AI rewrite, every table of the data source registered.
 fn run_general(args: &QueryArgs, not_quailb: &str) -> anyhow::Result<()> {
@@ -126,6 +160,7 @@ fn run_general(args: &QueryArgs, not_quailb: &str) -> anyhow::Result<()> {
         }
     };
     check_outputs(args, dataset.as_ref())?;
+    clear_output_dir(args)?;
     let options = QueryOptions {
         format: args.backend.prompt_format.parse()?,
         progress: true,
@@ -161,8 +196,16 @@ fn run_general(args: &QueryArgs, not_quailb: &str) -> anyhow::Result<()> {
         let session = SqlSession::new(backend, options, Evaluation::Operators)?;
         session.share_tables_from(&planning).await?;
         let out = session.run_plan(planned, std::time::Instant::now()).await?;
-        super::rows::emit(&out.rows()?, &args.rows, out.runtime_s)?;
+        let rows = out.rows()?;
+        super::rows::emit(&rows, &args.rows, out.runtime_s)?;
         super::rows::report_work(&out.measurements);
+        if let Some(dir) = &args.output_dir {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            aisql_engine::output::write_parquet(&dir.join(ROWS_FILE), &rows)?;
+            let plan_bytes = aisql_engine::plan::encode_plan(&plan);
+            aisql_engine::output::write_layout(dir, "", &plan_bytes, &out.answers)?;
+            eprintln!("outputs written to {}", dir.display());
+        }
         Ok(())
     })
 }

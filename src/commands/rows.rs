@@ -1,11 +1,20 @@
 //! Result rows on stdout (`--format table|csv|json`) and in a file (`--output`,
 //! by extension), and the model work summed up on stderr after them, shared by
 //! `aisql query` and `aisql sql`.
+//!
+//! The terminal table shows the first rows (`--limit`, default
+//! [`crate::cli::TABLE_ROWS`]) with long cells cut; csv and json are for
+//! programs and carry every row and every value unless `--limit` says otherwise.
 
+use std::io::{BufWriter, Stdout, Write};
 use std::path::Path;
+use std::sync::Arc;
 
 use aisql_engine::output::{write_file_atomic, write_parquet};
-use datafusion::arrow::array::RecordBatch;
+use aisql_engine::row_sink::RowSink;
+use datafusion::arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::util::pretty::pretty_format_batches;
 
 use super::UsageError;
@@ -36,7 +45,7 @@ fn render(batch: &RecordBatch, format: RowFormat) -> anyhow::Result<Vec<u8>> {
     match format {
         RowFormat::Table => {
             out.extend(
-                pretty_format_batches(std::slice::from_ref(batch))?
+                pretty_format_batches(&[cut_long_cells(batch)?])?
                     .to_string()
                     .bytes(),
             );
@@ -59,13 +68,116 @@ fn render(batch: &RecordBatch, format: RowFormat) -> anyhow::Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Prints up to `--limit` rows and saves all of them to `--output`.
+/// Longest text cell the terminal table prints, in characters: a table is for
+/// eyes, and laying out one 20 MB cell takes a minute.
+const TABLE_CELL_CHARS: usize = 200;
+
+/// `batch` with every text value longer than [`TABLE_CELL_CHARS`] cut there
+/// and marked with `…`, for the terminal table only.
+fn cut_long_cells(batch: &RecordBatch) -> anyhow::Result<RecordBatch> {
+    let is_text = |t: &DataType| matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
+    let mut fields = Vec::with_capacity(batch.num_columns());
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(batch.num_columns());
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        if !is_text(field.data_type()) {
+            fields.push(field.as_ref().clone());
+            columns.push(column.clone());
+            continue;
+        }
+        let text = cast(column, &DataType::Utf8)?;
+        let text = text
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .expect("cast to Utf8 gives a StringArray");
+        let cut: StringArray = text
+            .iter()
+            .map(|v| {
+                v.map(|v| match v.char_indices().nth(TABLE_CELL_CHARS) {
+                    Some((end, _)) => format!("{}…", &v[..end]),
+                    None => v.to_string(),
+                })
+            })
+            .collect();
+        fields.push(Field::new(field.name(), DataType::Utf8, field.is_nullable()));
+        columns.push(Arc::new(cut));
+    }
+    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
+}
+
+/// Prints the rows `--limit` and the format allow and saves all of them to
+/// `--output`.
 pub fn emit(rows: &RecordBatch, args: &RowOutputArgs, runtime_s: f64) -> anyhow::Result<()> {
     if let Some(path) = &args.output {
         save(rows, path)?;
     }
-    let shown = rows.slice(0, rows.num_rows().min(args.limit));
+    let shown = match args.print_limit() {
+        Some(limit) => rows.slice(0, rows.num_rows().min(limit)),
+        None => rows.clone(),
+    };
     show(&shown, rows.num_rows() as u64, args, runtime_s)
+}
+
+/// Every row printed on stdout as csv or json as it arrives, and handed on to
+/// `next`: a result of any size reaches a pipe whole without being held.
+pub struct PrintedRows<S> {
+    printer: Printer,
+    total: u64,
+    next: S,
+}
+
+enum Printer {
+    Csv(datafusion::arrow::csv::Writer<BufWriter<Stdout>>),
+    Json(datafusion::arrow::json::ArrayWriter<BufWriter<Stdout>>),
+}
+
+impl<S: RowSink> PrintedRows<S> {
+    /// Prints rows of `schema` in `format` (csv or json) and hands them to `next`.
+    pub fn new(format: RowFormat, schema: &SchemaRef, next: S) -> anyhow::Result<Self> {
+        let out = BufWriter::new(std::io::stdout());
+        let printer = match format {
+            RowFormat::Csv => {
+                let mut w = datafusion::arrow::csv::WriterBuilder::new()
+                    .with_header(true)
+                    .build(out);
+                // The header, even for a result without rows.
+                w.write(&RecordBatch::new_empty(schema.clone()))?;
+                Printer::Csv(w)
+            }
+            RowFormat::Json => Printer::Json(datafusion::arrow::json::ArrayWriter::new(out)),
+            RowFormat::Table => anyhow::bail!("the table format is printed from the rows' head"),
+        };
+        Ok(Self {
+            printer,
+            total: 0,
+            next,
+        })
+    }
+
+    /// Ends the printed text; how many rows came, and the sink they went to.
+    pub fn finish(self) -> anyhow::Result<(u64, S)> {
+        let mut out = match self.printer {
+            Printer::Csv(w) => w.into_inner(),
+            Printer::Json(mut w) => {
+                w.finish()?;
+                let mut out = w.into_inner();
+                out.write_all(b"\n")?;
+                out
+            }
+        };
+        out.flush()?;
+        Ok((self.total, self.next))
+    }
+}
+
+impl<S: RowSink> RowSink for PrintedRows<S> {
+    fn push(&mut self, batch: RecordBatch) -> aisql_engine::Result<()> {
+        match &mut self.printer {
+            Printer::Csv(w) => w.write(&batch)?,
+            Printer::Json(w) => w.write(&batch)?,
+        }
+        self.total += batch.num_rows() as u64;
+        self.next.push(batch)
+    }
 }
 
 /// Prints `shown`, the first rows of a result of `total` rows (saved already).
@@ -75,13 +187,19 @@ pub fn show(
     args: &RowOutputArgs,
     runtime_s: f64,
 ) -> anyhow::Result<()> {
-    use std::io::Write;
     std::io::stdout().write_all(&render(shown, args.format)?)?;
+    summarise(shown.num_rows() as u64, total, args, runtime_s);
+    Ok(())
+}
+
+/// The line on stderr after the rows: how many there were, how many were
+/// printed and where they were saved.
+pub fn summarise(printed: u64, total: u64, args: &RowOutputArgs, runtime_s: f64) {
     eprintln!(
         "{total} row{} in {runtime_s:.3} s{}{}",
         if total == 1 { "" } else { "s" },
-        if total > shown.num_rows() as u64 {
-            format!(" ({} shown)", shown.num_rows())
+        if total > printed {
+            format!(" ({printed} shown)")
         } else {
             String::new()
         },
@@ -90,7 +208,6 @@ pub fn show(
             .map(|p| format!("; saved to {}", p.display()))
             .unwrap_or_default()
     );
-    Ok(())
 }
 
 /// Writes `rows` to `path` whole or not at all.
