@@ -10,6 +10,8 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
+    // Panics that aisql catches become errors; none prints a trace of its own.
+    aisql_engine::panic_hook::install();
     // DataFusion plans recursively: a deeply nested query needs a deep stack
     // (the SQL reader refuses what would not fit in this one).
     let outcome = std::thread::Builder::new()
@@ -17,8 +19,12 @@ fn main() -> ExitCode {
         .stack_size(commands::STACK_BYTES)
         .spawn(move || commands::run(args))
         .and_then(|t| {
-            t.join()
-                .map_err(|_| std::io::Error::other("aisql's command thread panicked"))
+            t.join().map_err(|panic| {
+                std::io::Error::other(format!(
+                    "internal error (a bug in aisql; RUST_BACKTRACE=1 shows where): {}",
+                    aisql_engine::panic_hook::describe(panic.as_ref())
+                ))
+            })
         })
         .unwrap_or_else(|e| Err(e.into()));
     match outcome {

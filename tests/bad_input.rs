@@ -182,6 +182,73 @@ fn bad_flags_are_usage_errors() {
         .stderr(predicate::str::contains("cuda"));
 }
 
+#[test]
+fn cpu_workers_beyond_the_machine_are_a_usage_error() {
+    aisql()
+        .args(["sql", "SELECT 1", "--cpu-workers", "4000"])
+        .assert()
+        .code(2)
+        .stderr(
+            predicate::str::contains("--cpu-workers 4000")
+                .and(predicate::str::contains("panicked").not()),
+        );
+}
+
+/// A plan that DataFusion's consumer panicked on (a filter emitting no column,
+/// read by the projection above it) fails with one error naming the plan, and
+/// no `panicked` line or trace reaches the user.
+#[test]
+fn a_plan_the_consumer_cannot_take_fails_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let tables = dir.path().join("tables");
+    std::fs::create_dir(&tables).unwrap();
+    TinyCorpus::write(&tables);
+    let exported = dir.path().join("export.json");
+    aisql()
+        .args([
+            "sql",
+            "SELECT id FROM reviews WHERE id < 'rv2'",
+            "--to-substrait",
+        ])
+        .arg(&exported)
+        .args([
+            "--table",
+            &format!("reviews={}", tables.join("reviews.parquet").display()),
+        ])
+        .assert()
+        .success();
+    let mut plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&exported).unwrap()).unwrap();
+    fn empty_filter_emit(v: &mut serde_json::Value) -> bool {
+        if let Some(filter) = v.get_mut("filter").filter(|f| f.get("input").is_some()) {
+            filter["common"] = serde_json::json!({"emit": {"outputMapping": []}});
+            return true;
+        }
+        match v {
+            serde_json::Value::Object(m) => m.values_mut().any(empty_filter_emit),
+            serde_json::Value::Array(a) => a.iter_mut().any(empty_filter_emit),
+            _ => false,
+        }
+    }
+    assert!(empty_filter_emit(&mut plan));
+    let path = write_plan(dir.path(), "empty-emit.json", &plan);
+    aisql()
+        .args([
+            "query",
+            path.to_str().unwrap(),
+            "--tables",
+            tables.to_str().unwrap(),
+        ])
+        .env_remove("RUST_BACKTRACE")
+        .assert()
+        .code(1)
+        .stderr(
+            predicate::str::contains("empty-emit.json")
+                .and(predicate::str::contains("panicked").not())
+                .and(predicate::str::contains("stack backtrace").not()),
+        );
+}
+
 #[tokio::test]
 async fn a_label_missing_from_the_collection_names_predicate_and_id() {
     let dir = tempfile::tempdir().unwrap();

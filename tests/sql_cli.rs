@@ -284,7 +284,11 @@ fn csv_and_json_print_every_row_and_the_table_cuts_what_eyes_cannot_read() {
     let query = "SELECT value, repeat('x', 300) AS long FROM generate_series(1, 120)";
     let run = |extra: &[&str]| {
         let out = aisql().args(["sql", query]).args(extra).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         (
             String::from_utf8(out.stdout).unwrap(),
             String::from_utf8(out.stderr).unwrap(),
@@ -298,9 +302,15 @@ fn csv_and_json_print_every_row_and_the_table_cuts_what_eyes_cannot_read() {
     assert_eq!(rows.as_array().unwrap().len(), 120);
     let (csv, stderr) = run(&["--format", "csv", "--limit", "7"]);
     assert_eq!(csv.lines().count(), 8);
-    assert!(stderr.contains("120 rows") && stderr.contains("(7 shown)"), "{stderr}");
+    assert!(
+        stderr.contains("120 rows") && stderr.contains("(7 shown)"),
+        "{stderr}"
+    );
     let (table, stderr) = run(&[]);
     assert!(stderr.contains("(50 shown)"), "{stderr}");
-    assert!(table.contains(&format!("{}…", "x".repeat(200))), "long cells are cut");
+    assert!(
+        table.contains(&format!("{}…", "x".repeat(200))),
+        "long cells are cut"
+    );
     assert!(!table.contains(&"x".repeat(201)));
 }

@@ -132,14 +132,5 @@ pub async fn without_panics<T>(
     std::panic::AssertUnwindSafe(future)
         .catch_unwind()
         .await
-        .map_err(|panic| on_panic(panic_message(panic.as_ref())))
-}
-
-/// The message of a caught panic (a dependency's panic turned into an error).
-pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
-    panic
-        .downcast_ref::<String>()
-        .map(String::as_str)
-        .or_else(|| panic.downcast_ref::<&str>().copied())
-        .unwrap_or("no message")
+        .map_err(|panic| on_panic(&crate::panic_hook::describe(panic.as_ref())))
 }

@@ -25,6 +25,7 @@ pub mod labels;
 pub mod logical;
 pub mod memo;
 pub mod output;
+pub mod panic_hook;
 pub mod parquet_headers;
 pub mod parquet_read;
 pub mod physical;

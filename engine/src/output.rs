@@ -152,11 +152,13 @@ fn is_layout_name(name: &str) -> bool {
     if name == ROWS_FILE || name == ROWS_SUMMARY_FILE || name == "plan.substrait" {
         return true;
     }
-    ["filters-", "joins-", "classifications-"].iter().any(|stem| {
-        name.strip_prefix(stem)
-            .and_then(|rest| rest.strip_suffix(".parquet"))
-            .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
-    })
+    ["filters-", "joins-", "classifications-"]
+        .iter()
+        .any(|stem| {
+            name.strip_prefix(stem)
+                .and_then(|rest| rest.strip_suffix(".parquet"))
+                .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+        })
 }
 
 /// Removes from `dir` (if it exists) every file of the per-query layout and
@@ -312,7 +314,19 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         left.sort();
-        assert_eq!(left, ["filters-.parquet", "filters-2.parquet", "joins-x.parquet", "notes.txt"]);
-        assert!(clear_query_outputs(&dir.path().join("missing")).unwrap().is_empty());
+        assert_eq!(
+            left,
+            [
+                "filters-.parquet",
+                "filters-2.parquet",
+                "joins-x.parquet",
+                "notes.txt"
+            ]
+        );
+        assert!(
+            clear_query_outputs(&dir.path().join("missing"))
+                .unwrap()
+                .is_empty()
+        );
     }
 }

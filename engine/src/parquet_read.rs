@@ -43,7 +43,7 @@ fn guarded<T>(read: impl FnOnce() -> Result<T, ParquetReadError>) -> Result<T, P
     catch_unwind(AssertUnwindSafe(read)).unwrap_or_else(|panic| {
         Err(ParquetReadError::Corrupt(format!(
             "corrupt Parquet data (the reader failed: {})",
-            crate::error::panic_message(panic.as_ref())
+            crate::panic_hook::describe(panic.as_ref())
         )))
     })
 }

@@ -388,7 +388,7 @@ impl ParquetRows {
             Err(EngineError::Data(format!(
                 "{}: the writer failed: {}",
                 self.path.display(),
-                crate::error::panic_message(panic.as_ref())
+                crate::panic_hook::describe(panic.as_ref())
             )))
         })
     }

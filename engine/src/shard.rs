@@ -238,32 +238,38 @@ impl ShardedBackend {
                 .zip(&self.workers)
                 .map(|(part, worker)| {
                     let ask = &ask;
-                    scope.spawn(move || {
-                        if part.is_empty() {
-                            return Ok(Vec::new());
-                        }
-                        let mine: Vec<AiRequest<'_>> = part.iter().map(|&i| requests[i]).collect();
-                        let start = Instant::now();
-                        let got = ask(worker.backend.as_ref(), &mine);
-                        worker
-                            .busy_nanos
-                            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                        worker
-                            .questions
-                            .fetch_add(mine.len() as u64, Ordering::Relaxed);
-                        got
-                    })
+                    std::thread::Builder::new()
+                        .name("aisql-shard".into())
+                        .spawn_scoped(scope, move || {
+                            if part.is_empty() {
+                                return Ok(Vec::new());
+                            }
+                            let mine: Vec<AiRequest<'_>> =
+                                part.iter().map(|&i| requests[i]).collect();
+                            let start = Instant::now();
+                            let got = ask(worker.backend.as_ref(), &mine);
+                            worker
+                                .busy_nanos
+                                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                            worker
+                                .questions
+                                .fetch_add(mine.len() as u64, Ordering::Relaxed);
+                            got
+                        })
                 })
                 .collect();
             handles
                 .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|panic| {
+                .map(|h| match h {
+                    Ok(h) => h.join().unwrap_or_else(|panic| {
                         Err(EngineError::Inference(format!(
                             "a worker panicked: {}",
-                            crate::error::panic_message(panic.as_ref())
+                            crate::panic_hook::describe(panic.as_ref())
                         )))
-                    })
+                    }),
+                    Err(e) => Err(EngineError::Inference(format!(
+                        "could not start a thread for a worker's share of the batch: {e}"
+                    ))),
                 })
                 .collect()
         });

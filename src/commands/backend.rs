@@ -15,6 +15,7 @@ use aisql_engine::shard::ShardedBackend;
 use aisql_engine::write_guard::{OutputKind, WriteGuard};
 use anyhow::{Context, bail};
 
+use super::UsageError;
 use crate::cli::{BackendArgs, BackendKind, CudaKernelsArg, Switch};
 
 /// KV budget the simulation assumes without `--kv-budget-mb`.
@@ -51,8 +52,24 @@ fn worker_devices(args: &BackendArgs) -> anyhow::Result<Vec<Option<usize>>> {
         }
         return Ok(gpus.iter().map(|&g| Some(g)).collect());
     }
-    Ok(vec![None; usize::from(args.cpu_workers.unwrap_or(1))])
+    let workers = usize::from(args.cpu_workers.unwrap_or(1));
+    let simulated = args.backend == BackendKind::Oracle && args.simulate;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if !simulated && workers > cores * CPU_WORKERS_PER_CORE {
+        return Err(UsageError(format!(
+            "--cpu-workers {workers}: this machine runs {cores} threads at once, and each CPU \
+             worker is a copy of the model computing on them; more than {} workers only divide \
+             the same cores and multiply the memory",
+            cores * CPU_WORKERS_PER_CORE
+        ))
+        .into());
+    }
+    Ok(vec![None; workers])
 }
+
+/// CPU workers per core beyond which `--cpu-workers` is refused (simulated
+/// devices have no such bound: they compute nothing).
+const CPU_WORKERS_PER_CORE: usize = 4;
 
 /// One backend over several workers (or the one worker itself).
 fn over_workers(

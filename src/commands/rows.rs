@@ -75,7 +75,8 @@ const TABLE_CELL_CHARS: usize = 200;
 /// `batch` with every text value longer than [`TABLE_CELL_CHARS`] cut there
 /// and marked with `…`, for the terminal table only.
 fn cut_long_cells(batch: &RecordBatch) -> anyhow::Result<RecordBatch> {
-    let is_text = |t: &DataType| matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
+    let is_text =
+        |t: &DataType| matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
     let mut fields = Vec::with_capacity(batch.num_columns());
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(batch.num_columns());
     for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
@@ -98,10 +99,17 @@ fn cut_long_cells(batch: &RecordBatch) -> anyhow::Result<RecordBatch> {
                 })
             })
             .collect();
-        fields.push(Field::new(field.name(), DataType::Utf8, field.is_nullable()));
+        fields.push(Field::new(
+            field.name(),
+            DataType::Utf8,
+            field.is_nullable(),
+        ));
         columns.push(Arc::new(cut));
     }
-    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
 }
 
 /// Prints the rows `--limit` and the format allow and saves all of them to

@@ -483,8 +483,19 @@ impl ExecutionPlan for AiExec {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> DfResult<T> {
-    tokio::task::spawn_blocking(f)
-        .await
+    // Tokio panics when the OS refuses a thread (a process or address-space
+    // limit): that is an error of this query, not a crash.
+    let task = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tokio::task::spawn_blocking(f)
+    }))
+    .map_err(|panic| {
+        DataFusionError::Execution(format!(
+            "could not start a thread for model work: {}; the machine's thread or memory \
+             limit is reached (fewer --cpu-workers or a smaller --memory-limit leave more)",
+            crate::panic_hook::describe(panic.as_ref())
+        ))
+    })?;
+    task.await
         .map_err(|e| DataFusionError::External(Box::new(e)))?
         .map_err(DataFusionError::from)
 }
