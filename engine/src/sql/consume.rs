@@ -715,4 +715,216 @@ mod tests {
             ["one", "one", "two", "two", "zero", "zero"]
         );
     }
+
+    fn read_t_with(key: &str, value: Value) -> Value {
+        let mut rel = read_t();
+        rel["read"][key] = value;
+        rel
+    }
+
+    fn mask(fields: &[i64]) -> Value {
+        json!({ "select": { "structItems": fields.iter().map(|f| json!({ "field": f })).collect::<Vec<_>>() }, "maintainSingularStruct": true })
+    }
+
+    #[tokio::test]
+    async fn a_read_projection_masks_after_the_filter_and_before_the_emit() {
+        let (s, _dir) = session().await;
+        // The filter reads the base schema (r is field 2), the mask picks name
+        // then k, and the emit indexes the masked fields (1 is k).
+        let mut read = read_t_with("projection", mask(&[1, 0]));
+        read["read"]["filter"] = equal(field(2), int(1));
+        assert_eq!(
+            sorted_rows(&s, read.clone()).await,
+            ["name1 | 1", "name4 | 4", "name7 | 7"]
+        );
+        assert_eq!(sorted_rows(&s, emit(read, &[1])).await, ["1", "4", "7"]);
+    }
+
+    /// A virtual table: DataFusion builds the values and drops the read's
+    /// filter and mask.
+    fn values() -> Value {
+        let row = |k: i64, name: &str| json!({ "fields": [int(k), { "literal": { "string": name } }] });
+        json!({ "read": {
+            "baseSchema": schema(&[("k", "i64"), ("name", "string")]),
+            "virtualTable": { "expressions": [row(1, "a"), row(2, "b"), row(3, "c")] }
+        }})
+    }
+
+    #[tokio::test]
+    async fn a_values_read_applies_its_filter_and_projection() {
+        let (s, _dir) = session().await;
+        assert_eq!(sorted_rows(&s, values()).await, ["1 | a", "2 | b", "3 | c"]);
+        let mut read = values();
+        read["read"]["filter"] = equal(field(0), int(2));
+        assert_eq!(sorted_rows(&s, read.clone()).await, ["2 | b"]);
+        read["read"]["projection"] = mask(&[1]);
+        assert_eq!(sorted_rows(&s, read.clone()).await, ["b"]);
+        assert_eq!(sorted_rows(&s, emit(read, &[0, 0])).await, ["b | b"]);
+    }
+
+    #[tokio::test]
+    async fn fetch_skips_its_offset_and_keeps_its_count_in_either_form() {
+        let (s, _dir) = session().await;
+        let fetch = |fields: Value| {
+            let mut rel = json!({ "fetch": { "input": sort_by_k(read_t(), "SORT_DIRECTION_ASC_NULLS_FIRST") } });
+            for (k, v) in fields.as_object().unwrap() {
+                rel["fetch"][k] = v.clone();
+            }
+            emit(rel, &[0])
+        };
+        let ks = |range: std::ops::Range<i64>| range.map(|k| k.to_string()).collect::<Vec<_>>();
+        let null_i64 = json!({ "literal": { "null": nullable("i64") } });
+        let i32_literal = |v: i32| json!({ "literal": { "i32": v } });
+        for (fields, want) in [
+            (json!({ "offset": "2", "count": "3" }), ks(2..5)),
+            (json!({ "offsetExpr": int(2), "countExpr": int(3) }), ks(2..5)),
+            (json!({ "offsetExpr": i32_literal(2), "countExpr": i32_literal(3) }), ks(2..5)),
+            // -1: every row; a null count: every row; a null offset: none skipped.
+            (json!({ "offset": "7", "count": "-1" }), ks(7..10)),
+            (json!({ "offsetExpr": int(8), "countExpr": null_i64.clone() }), ks(8..10)),
+            (json!({ "offsetExpr": null_i64, "countExpr": int(2) }), ks(0..2)),
+            (json!({ "count": "0" }), vec![]),
+            (json!({ "offset": "20" }), vec![]),
+        ] {
+            assert_eq!(rows(&s, fetch(fields.clone())).await.unwrap(), want, "{fields}");
+        }
+        for fields in [json!({ "count": "-2" }), json!({ "offsetExpr": int(-1) })] {
+            let e = rows(&s, fetch(fields.clone())).await.unwrap_err().to_string();
+            assert!(e.contains("must be >= 0") || e.contains("must be >=0"), "{fields}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn indexes_outside_a_relation_are_errors_naming_it() {
+        let (s, _dir) = session().await;
+        let r_is_1 = || filter(read_t(), equal(field(2), int(1)));
+        for (rel, want) in [
+            (
+                emit(r_is_1(), &[0, 3]),
+                "the filter relation's emit names field 3, but there are 3 field(s) (0 to 2)",
+            ),
+            (
+                emit(r_is_1(), &[-1]),
+                "the filter relation's emit names field -1",
+            ),
+            (
+                emit(sum_by(read_t(), 2, 0), &[2]),
+                "the aggregate relation's emit names field 2, but there are 2 field(s)",
+            ),
+            (
+                json!({ "project": { "input": read_t(), "expressions": [field(7)] } }),
+                "a field reference into its input (k, name, r) names field 7",
+            ),
+            (
+                read_t_with("projection", mask(&[0, 3])),
+                "the read of t's projection names field 3, but there are 3 field(s)",
+            ),
+            (
+                read_t_with(
+                    "projection",
+                    json!({ "select": { "structItems": [{ "field": 1, "child": { "struct": { "structItems": [] } } }] } }),
+                ),
+                "the read of t's projection selects inside field 1",
+            ),
+        ] {
+            let e = error(&s, rel).await;
+            assert!(e.contains(want), "{e}\nshould contain: {want}");
+        }
+    }
+
+    /// The plan of issue 32: a filter that emits no field under a projection
+    /// of its field 0. DataFusion's consumer panicked in `dfschema.rs`.
+    #[tokio::test]
+    async fn an_empty_emit_is_a_relation_of_no_fields() {
+        let (s, _dir) = session().await;
+        let nothing = || emit(filter(read_t(), equal(field(2), int(1))), &[]);
+        let project = json!({ "project": { "input": nothing(), "expressions": [field(0)] } });
+        let e = error(&s, project).await;
+        assert!(
+            e.contains("a field reference into its input (no fields) names field 0, but there are 0 field(s)"),
+            "{e}"
+        );
+        // Its rows are still there to count: r = 1 holds k = 1, 4, 7.
+        let count = json!({ "aggregate": {
+            "input": nothing(),
+            "groupings": [],
+            "measures": [{ "measure": { "functionReference": 3, "outputType": nullable("i64") } }]
+        }});
+        assert_eq!(rows(&s, count).await.unwrap(), ["3"]);
+    }
+
+    #[tokio::test]
+    async fn what_datafusion_would_drop_is_refused_by_name() {
+        let (s, _dir) = session().await;
+        let mut two_sets = sum_by(read_t(), 2, 0);
+        two_sets["aggregate"]["groupings"] = json!([{ "expressionReferences": [0] }, {}]);
+        let mut intermediate = sum_by(read_t(), 2, 0);
+        intermediate["aggregate"]["measures"][0]["measure"]["phase"] =
+            json!("AGGREGATION_PHASE_INTERMEDIATE_TO_RESULT");
+        let mut bad_reference = sum_by(read_t(), 2, 0);
+        bad_reference["aggregate"]["groupings"][0]["expressionReferences"] = json!([1]);
+        let enhancement = json!({ "advancedExtension": { "enhancement": {
+            "typeUrl": "type.googleapis.com/example.Enhancement", "value": ""
+        }}});
+        let mut four_parts = read_t();
+        four_parts["read"]["namedTable"]["names"] = json!(["a", "b", "c", "t"]);
+        for (rel, want) in [
+            (two_sets, "the aggregate relation has 2 grouping sets"),
+            (
+                intermediate,
+                "measure 0 of the aggregate relation is in phase AGGREGATION_PHASE_INTERMEDIATE_TO_RESULT",
+            ),
+            (
+                bad_reference,
+                "the aggregate relation's grouping refers to grouping expression 1, but it declares 1",
+            ),
+            (
+                with_common(
+                    filter(read_t(), equal(field(2), int(1))),
+                    json!({ "hint": { "alias": "f1" }, "advancedExtension": enhancement["advancedExtension"] }),
+                ),
+                "the filter relation `f1` carries an advanced-extension enhancement (type.googleapis.com/example.Enhancement)",
+            ),
+            (four_parts, "the read of a.b.c.t names a table in 4 parts"),
+            (
+                json!({ "join": { "left": read_t(), "type": "JOIN_TYPE_INNER" } }),
+                "the join relation has no right input",
+            ),
+            (
+                json!({ "sort": { "input": read_t(), "sorts": [{ "direction": "SORT_DIRECTION_ASC_NULLS_FIRST" }] } }),
+                "sort field 0 of the sort relation has no expression",
+            ),
+        ] {
+            let e = error(&s, rel).await;
+            assert!(e.contains(want), "{e}\nshould contain: {want}");
+        }
+    }
+
+    /// QUAIL-B plans take the same checks (their consumer is another).
+    #[tokio::test]
+    async fn a_quailb_plan_with_an_emit_outside_its_relation_is_an_error() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../bench/quailb/plans/IMDB-3.json");
+        let mut plan = crate::plan::read_plan_file(&path).unwrap();
+        let (s, _dir) = session().await;
+        assert!(s.analyze_quailb(&plan, true).await.is_ok());
+        let Some(datafusion_substrait::substrait::proto::plan_rel::RelType::Root(root)) =
+            plan.relations[0].rel_type.as_mut()
+        else {
+            panic!("IMDB-3 has a root")
+        };
+        let Some(datafusion_substrait::substrait::proto::rel::RelType::Project(project)) =
+            root.input.as_mut().unwrap().rel_type.as_mut()
+        else {
+            panic!("IMDB-3's root is a projection")
+        };
+        let Some(super::EmitKind::Emit(emit)) =
+            project.common.as_mut().unwrap().emit_kind.as_mut()
+        else {
+            panic!("IMDB-3's projection emits")
+        };
+        emit.output_mapping[0] = 99;
+        let e = s.analyze_quailb(&plan, true).await.unwrap_err().to_string();
+        assert!(e.contains("emit names field 99"), "{e}");
+    }
 }
