@@ -32,13 +32,13 @@ use datafusion::logical_expr::{
 };
 use datafusion_substrait::extensions::Extensions;
 use datafusion_substrait::logical_plan::consumer::{
-    SubstraitConsumer, from_filter_rel, from_join_rel, from_project_rel, from_read_rel,
-    from_scalar_function, from_substrait_named_struct,
+    SubstraitConsumer, from_filter_rel, from_join_rel, from_project_rel, from_scalar_function,
+    from_substrait_named_struct,
 };
-use datafusion_substrait::substrait::proto::expression::ScalarFunction;
+use datafusion_substrait::substrait::proto::expression::{FieldReference, ScalarFunction};
 use datafusion_substrait::substrait::proto::read_rel::ReadType;
 use datafusion_substrait::substrait::proto::{
-    FilterRel, JoinRel, Plan, ProjectRel, ReadRel, RelCommon,
+    FilterRel, JoinRel, Plan, ProjectRel, ReadRel, Rel, RelCommon,
 };
 
 use crate::backend::{AiCall, AiKind};
@@ -522,8 +522,20 @@ impl SubstraitConsumer for QuailbConsumer<'_> {
         if self.declared_tables {
             self.declare_table(rel).await?;
         }
-        let plan = from_read_rel(self, rel).await?;
+        let plan = crate::sql::consume::consume_read(self, rel).await?;
         LogicalPlanBuilder::from(plan).alias(alias)?.build()
+    }
+
+    async fn consume_rel(&self, rel: &Rel) -> DfResult<LogicalPlan> {
+        crate::sql::consume::consume_rel(self, rel).await
+    }
+
+    async fn consume_field_reference(
+        &self,
+        reference: &FieldReference,
+        input_schema: &DFSchema,
+    ) -> DfResult<Expr> {
+        crate::sql::consume::consume_field_reference(self, reference, input_schema).await
     }
 
     /// An AI function is called with as many arguments as its declared

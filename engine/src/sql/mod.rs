@@ -5,6 +5,7 @@
 //! Any SQL DataFusion runs may surround the AI calls: aggregates, sorts,
 //! limits, outer/semi/anti joins, subqueries, CTEs, unions, `CASE`.
 
+pub(crate) mod consume;
 mod read_filters;
 mod read_only;
 pub mod rewrite;
@@ -30,7 +31,6 @@ use crate::memo::AnswerMemo;
 use crate::physical::{AiQueryPlanner, AiRuntime};
 use crate::query::QueryOptions;
 use crate::row_sink::{MemoryRows, RowSink};
-use datafusion_substrait::logical_plan::consumer::from_substrait_plan_with_consumer;
 
 pub use read_only::WritePolicy;
 use read_only::check_writes;
@@ -290,7 +290,7 @@ impl SqlSession {
         let state = self.ctx.state();
         let consumer = QuailbConsumer::new(&state, plan, declared_tables).map_err(plan_error)?;
         let consumed = without_panics(
-            from_substrait_plan_with_consumer(&consumer, plan),
+            consume::consume_plan(&consumer, plan),
             crate::query::consume_panic,
         )
         .await?
@@ -360,7 +360,7 @@ impl SqlSession {
     ) -> Result<LogicalPlan> {
         let state = self.ctx.state();
         let consumed = without_panics(
-            datafusion_substrait::logical_plan::consumer::from_substrait_plan(&state, plan),
+            consume::general_plan(&state, plan),
             crate::query::consume_panic,
         )
         .await?
