@@ -7,7 +7,10 @@
 //! around an AI operator shows up as a difference.
 //!
 //! Each `.sql` file holds queries, each after a `-- query: NAME` line. The
-//! file's name is the construct it covers.
+//! file's name is the construct it covers. A query may be followed by an
+//! `-- equivalent:` line and the same question written by hand another way (a
+//! correlated subquery as the join it stands for): run row by row, it must give
+//! the same rows.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -22,8 +25,17 @@ fn corpus_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sql")
 }
 
-/// Every query of the corpus: (file stem, name, SQL).
-fn corpus() -> Vec<(String, String, String)> {
+/// One query of the corpus.
+struct Case {
+    file: String,
+    name: String,
+    sql: String,
+    /// The same question written another way, if the file gives one.
+    equivalent: Option<String>,
+}
+
+/// Every query of the corpus.
+fn corpus() -> Vec<Case> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(corpus_dir())
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -36,13 +48,24 @@ fn corpus() -> Vec<(String, String, String)> {
         let text = std::fs::read_to_string(&f).unwrap();
         let mut name: Option<String> = None;
         let mut sql = String::new();
+        let mut equivalent: Option<String> = None;
         for line in text.lines().chain(std::iter::once("-- query: <end>")) {
             if let Some(n) = line.strip_prefix("-- query:") {
                 if let Some(prev) = name.take() {
-                    out.push((stem.clone(), prev, sql.trim().to_string()));
+                    out.push(Case {
+                        file: stem.clone(),
+                        name: prev,
+                        sql: sql.trim().to_string(),
+                        equivalent: equivalent.take().map(|e| e.trim().to_string()),
+                    });
                 }
                 name = Some(n.trim().to_string());
                 sql.clear();
+            } else if line.trim() == "-- equivalent:" {
+                equivalent = Some(String::new());
+            } else if let Some(e) = equivalent.as_mut() {
+                e.push_str(line);
+                e.push('\n');
             } else if name.is_some() {
                 sql.push_str(line);
                 sql.push('\n');
@@ -93,6 +116,12 @@ async fn ai_operators_match_row_by_row_evaluation() {
         "the corpus has {} queries",
         queries.len()
     );
+    // Correlated subqueries with AI calls over outer columns, each with its join.
+    let equivalents = queries.iter().filter(|c| c.equivalent.is_some()).count();
+    assert!(
+        equivalents >= 10,
+        "{equivalents} queries have an equivalent"
+    );
     let ops_backend = Arc::new(ContentBackend::default());
     let naive_backend = Arc::new(ContentBackend::default());
     let ops = session(ops_backend.clone(), Evaluation::Operators).await;
@@ -100,7 +129,13 @@ async fn ai_operators_match_row_by_row_evaluation() {
     let mut failures = Vec::new();
     let mut by_file: BTreeMap<String, usize> = BTreeMap::new();
     let mut nonempty = 0;
-    for (file, name, sql) in &queries {
+    for Case {
+        file,
+        name,
+        sql,
+        equivalent,
+    } in &queries
+    {
         *by_file.entry(file.clone()).or_default() += 1;
         let before = (ops_backend.prompts(), naive_backend.prompts());
         let want = match naive.run(sql).await {
@@ -121,6 +156,21 @@ async fn ai_operators_match_row_by_row_evaluation() {
             ops_backend.prompts() - before.0,
             naive_backend.prompts() - before.1,
         );
+        if let Some(equivalent) = equivalent {
+            match naive.run(equivalent).await {
+                Ok(out) => {
+                    let (mut w, mut e) = (lines(&want.batches), lines(&out.batches));
+                    w.sort();
+                    e.sort();
+                    if w != e {
+                        failures.push(format!(
+                            "{file}/{name}: rows differ from the equivalent query's\n  query:      {w:?}\n  equivalent: {e:?}"
+                        ));
+                    }
+                }
+                Err(e) => failures.push(format!("{file}/{name}: the equivalent query failed: {e}")),
+            }
+        }
         if asked.0 != asked.1 {
             eprintln!(
                 "{file}/{name}: prompts {} (operators) vs {} (row by row)",

@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, RecordBatch, StringArray, UInt32Array, new_null_array,
+    Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray, UInt32Array, new_null_array,
 };
 use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
@@ -47,8 +47,20 @@ impl JoinSides {
         }
     }
 
+    /// Whether the output is every row of one input with a `mark` column saying
+    /// whether it matched (a subquery under `OR`), for that input.
+    fn marks(self, left: bool) -> bool {
+        matches!(
+            (self.join_type, left),
+            (JoinType::LeftMark, true) | (JoinType::RightMark, false)
+        )
+    }
+
     fn one_sided(self) -> bool {
-        self.semi(true).is_some() || self.semi(false).is_some()
+        self.semi(true).is_some()
+            || self.semi(false).is_some()
+            || self.marks(true)
+            || self.marks(false)
     }
 }
 
@@ -56,13 +68,15 @@ impl JoinSides {
 type JoinRow = (Option<u32>, Option<u32>);
 
 /// Output rows as (left row, right row) indices into the two inputs; `None`
-/// makes that side NULL. One-sided outputs (semi, anti) use only their side.
+/// makes that side NULL. One-sided outputs (semi, anti, mark) use only their
+/// side; a mark join's rows come with their `marks`.
 fn assemble(
     schema: SchemaRef,
     sides: JoinSides,
     left: &RecordBatch,
     right: &RecordBatch,
     rows: &[JoinRow],
+    marks: &[bool],
 ) -> Result<RecordBatch> {
     let side = |batch: &RecordBatch, pick: &dyn Fn(&JoinRow) -> Option<u32>| {
         let indices = UInt32Array::from(rows.iter().map(pick).collect::<Vec<_>>());
@@ -79,11 +93,14 @@ fn assemble(
             .collect::<std::result::Result<Vec<_>, _>>()
     };
     let mut columns = Vec::with_capacity(schema.fields().len());
-    if !sides.one_sided() || sides.semi(true).is_some() {
+    if !sides.one_sided() || sides.semi(true).is_some() || sides.marks(true) {
         columns.extend(side(left, &|r| r.0)?);
     }
-    if !sides.one_sided() || sides.semi(false).is_some() {
+    if !sides.one_sided() || sides.semi(false).is_some() || sides.marks(false) {
         columns.extend(side(right, &|r| r.1)?);
+    }
+    if sides.marks(true) || sides.marks(false) {
+        columns.push(Arc::new(BooleanArray::from(marks.to_vec())));
     }
     Ok(RecordBatch::try_new(schema, columns)?)
 }
@@ -265,14 +282,24 @@ pub(super) fn join_batch(
             }
         }
     }
-    let lone_anchors: Vec<u32> = match sides.semi(sides.anchor_left) {
-        Some(want) => (0..anchor_batch.num_rows() as u32)
-            .filter(|&a| anchor_matched[a as usize] == want)
-            .collect(),
-        None if sides.keeps_unmatched(sides.anchor_left) => (0..anchor_batch.num_rows() as u32)
-            .filter(|&a| !anchor_matched[a as usize])
-            .collect(),
-        None => Vec::new(),
+    let (lone_anchors, lone_marks): (Vec<u32>, Vec<bool>) = match sides.semi(sides.anchor_left) {
+        _ if sides.marks(sides.anchor_left) => (
+            (0..anchor_batch.num_rows() as u32).collect(),
+            anchor_matched,
+        ),
+        Some(want) => (
+            (0..anchor_batch.num_rows() as u32)
+                .filter(|&a| anchor_matched[a as usize] == want)
+                .collect(),
+            Vec::new(),
+        ),
+        None if sides.keeps_unmatched(sides.anchor_left) => (
+            (0..anchor_batch.num_rows() as u32)
+                .filter(|&a| !anchor_matched[a as usize])
+                .collect(),
+            Vec::new(),
+        ),
+        None => (Vec::new(), Vec::new()),
     };
     Ok(JoinOutput {
         state,
@@ -281,6 +308,7 @@ pub(super) fn join_batch(
         partner_batch,
         pairs,
         lone_anchors,
+        lone_marks,
         cursor: (0, 0),
         next_lone: 0,
     })
@@ -450,8 +478,8 @@ fn listed_pairs(
 
 /// One anchor batch's output rows, assembled [`OUTPUT_CHUNK_ROWS`] at a time as
 /// they are read: first the TRUE pairs (unless the join keeps one side only),
-/// then the anchor rows kept alone (an outer anchor side's unmatched rows, or a
-/// semi or anti join's rows).
+/// then the anchor rows kept alone (an outer anchor side's unmatched rows, a
+/// semi or anti join's rows, or a mark join's every row).
 pub(super) struct JoinOutput {
     state: Arc<OpState>,
     sides: JoinSides,
@@ -459,6 +487,8 @@ pub(super) struct JoinOutput {
     partner_batch: Arc<RecordBatch>,
     pairs: TruePairs,
     lone_anchors: Vec<u32>,
+    /// Per lone anchor row, whether it matched (mark joins only).
+    lone_marks: Vec<bool>,
     /// Where [`TruePairs::take`] goes on.
     cursor: (usize, usize),
     next_lone: usize,
@@ -524,6 +554,7 @@ impl Iterator for JoinOutput {
                 .iter()
                 .map(|&a| (Some(a), None)),
         );
+        let marks = self.lone_marks.get(self.next_lone..end).unwrap_or_default();
         self.next_lone = end;
         if rows.is_empty() {
             return None;
@@ -536,6 +567,7 @@ impl Iterator for JoinOutput {
                 &self.anchor_batch,
                 &self.partner_batch,
                 &rows,
+                marks,
             )
         } else {
             let rows: Vec<_> = rows.into_iter().map(|(a, p)| (p, a)).collect();
@@ -545,6 +577,7 @@ impl Iterator for JoinOutput {
                 &self.partner_batch,
                 &self.anchor_batch,
                 &rows,
+                marks,
             )
         };
         if let Ok(out) = &out {
@@ -603,7 +636,8 @@ fn residual_mask(
 }
 
 /// After the last anchor batch: the partner rows the join type keeps by their
-/// match state (unmatched rows of an outer side, semi or anti on the partner side).
+/// match state (unmatched rows of an outer side, semi or anti on the partner
+/// side), or all of them with their marks.
 pub(super) fn unmatched_partners(
     state: &OpState,
     sides: JoinSides,
@@ -612,13 +646,16 @@ pub(super) fn unmatched_partners(
     matched: &[bool],
 ) -> DfResult<RecordBatch> {
     let partner_left = !sides.anchor_left;
+    let marking = sides.marks(partner_left);
     let want = match sides.semi(partner_left) {
+        _ if marking => false,
         Some(want) => want,
         None if sides.keeps_unmatched(partner_left) => false,
         None => return Ok(RecordBatch::new_empty(state.schema.clone())),
     };
     let partner_rows =
-        (0..partner_batch.num_rows() as u32).filter(|&p| matched[p as usize] == want);
+        (0..partner_batch.num_rows() as u32).filter(|&p| marking || matched[p as usize] == want);
+    let marks = if marking { matched } else { &[] };
     let no_anchors = RecordBatch::new_empty(anchor_schema);
     let out = if partner_left {
         let rows: Vec<_> = partner_rows.map(|p| (Some(p), None)).collect();
@@ -628,6 +665,7 @@ pub(super) fn unmatched_partners(
             partner_batch,
             &no_anchors,
             &rows,
+            marks,
         )?
     } else {
         let rows: Vec<_> = partner_rows.map(|p| (None, Some(p))).collect();
@@ -637,6 +675,7 @@ pub(super) fn unmatched_partners(
             &no_anchors,
             partner_batch,
             &rows,
+            marks,
         )?
     };
     state.metrics.baseline.record_output(out.num_rows());

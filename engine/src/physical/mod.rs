@@ -20,7 +20,6 @@ use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBat
 use datafusion::arrow::compute::{cast, concat_batches, filter_record_batch};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::Session;
-use datafusion::common::JoinType;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::context::QueryPlanner;
@@ -112,13 +111,7 @@ impl Layout {
             .map(|(a, b)| Ok((combined.index_of_column(a)?, combined.index_of_column(b)?)))
             .collect::<DfResult<Vec<_>>>()?;
         let left_width = node.inputs[0].schema().fields().len();
-        if let AiShape::Join(t) = node.spec.shape {
-            if matches!(t, JoinType::LeftMark | JoinType::RightMark) {
-                return Err(DataFusionError::NotImplemented(format!(
-                    "{}: an AI join of type {t}",
-                    node.spec.call.op_id
-                )));
-            }
+        if matches!(node.spec.shape, AiShape::Join(_)) {
             let anchor_left = docs[0].0 < left_width;
             let sides_ok = docs.iter().enumerate().all(|(i, &(id, text))| {
                 let left = (i == 0) == anchor_left;

@@ -6,6 +6,7 @@
 //! limits, outer/semi/anti joins, subqueries, CTEs, unions, `CASE`.
 
 pub(crate) mod consume;
+mod decorrelate;
 mod read_filters;
 mod read_only;
 pub mod rewrite;
@@ -32,6 +33,7 @@ use crate::physical::{AiQueryPlanner, AiRuntime};
 use crate::query::QueryOptions;
 use crate::row_sink::{MemoryRows, RowSink};
 
+use decorrelate::AiDecorrelate;
 pub use read_only::WritePolicy;
 use read_only::check_writes;
 use rewrite::{AiJoinPredicatePushdown, AiRewrite, RewriteContext};
@@ -106,7 +108,7 @@ impl SqlSession {
             .with_memory_limit(options.memory_limit, 1.0)
             .build_arc()?;
         let context = Arc::new(Mutex::new(RewriteContext::default()));
-        let mut builder = SessionStateBuilder::new()
+        let builder = SessionStateBuilder::new()
             .with_runtime_env(runtime_env)
             .with_config(
                 SessionConfig::new()
@@ -117,21 +119,24 @@ impl SqlSession {
             )
             .with_default_features()
             .with_query_planner(Arc::new(AiQueryPlanner::new(runtime)));
+        let state = builder.build();
+        let mut analyzers = state.analyzer().rules.clone();
+        let mut optimizers = state.optimizers().to_vec();
+        // Both evaluations: DataFusion cannot run a subquery whose AI call
+        // reads outer columns until it is a join, whoever evaluates the call.
+        analyzers.push(Arc::new(AiDecorrelate::new(context.clone())));
         if evaluation == Evaluation::Operators {
-            let state = builder.build();
-            let mut analyzers = state.analyzer().rules.clone();
             analyzers.push(Arc::new(AiRewrite::new(options.format, context.clone())));
             // Right after DataFusion's filter pushdown, which stops at an AI join.
-            let mut optimizers = state.optimizers().to_vec();
             let at = optimizers
                 .iter()
                 .position(|r| r.name() == "push_down_filter")
                 .map_or(optimizers.len(), |i| i + 1);
             optimizers.insert(at, Arc::new(AiJoinPredicatePushdown));
-            builder = SessionStateBuilder::new_from_existing(state)
-                .with_analyzer_rules(analyzers)
-                .with_optimizer_rules(optimizers);
         }
+        let builder = SessionStateBuilder::new_from_existing(state)
+            .with_analyzer_rules(analyzers)
+            .with_optimizer_rules(optimizers);
         let ctx = SessionContext::new_with_state(builder.build());
         let naive = (evaluation == Evaluation::Naive).then(|| NaiveEvaluator {
             backend: backend.clone(),

@@ -138,11 +138,7 @@ impl Rewriter<'_> {
 
     /// Where a call is, for errors: its text and, from SQL, line and column.
     fn describe(&self, e: &Expr, args: Option<&AiArgs>) -> String {
-        let place = args
-            .and_then(|a| self.context.sites.get(&a.template))
-            .cloned()
-            .unwrap_or_default();
-        format!("{}{place}", crate::prompt::shorten(&e.to_string(), 96))
+        describe_with(self.context, e, args)
     }
 
     fn parse(&self, e: &Expr) -> DfResult<Call> {
@@ -462,9 +458,21 @@ impl Rewriter<'_> {
         let t = j.join_type;
         // Conditions on the side the join does not preserve may filter that side
         // first; conditions on a preserved side have no meaning in `ON` here.
+        if j.null_aware {
+            // The decorrelation spells NOT IN out as an ordinary anti join.
+            return Err(plan_error(format!(
+                "a null-aware anti join (NOT IN) with an AI condition is not supported: {}; \
+                 write it as NOT EXISTS",
+                crate::prompt::shorten(&filter.to_string(), 96)
+            )));
+        }
         let (filters_left, filters_right) = match t {
-            JoinType::Left | JoinType::LeftSemi | JoinType::LeftAnti => (false, true),
-            JoinType::Right | JoinType::RightSemi | JoinType::RightAnti => (true, false),
+            JoinType::Left | JoinType::LeftSemi | JoinType::LeftAnti | JoinType::LeftMark => {
+                (false, true)
+            }
+            JoinType::Right | JoinType::RightSemi | JoinType::RightAnti | JoinType::RightMark => {
+                (true, false)
+            }
             _ => (false, false),
         };
         let mut left = Arc::unwrap_or_clone(j.left.clone());
@@ -654,7 +662,21 @@ fn restore_columns(plan: LogicalPlan, schema: &DFSchema) -> DfResult<LogicalPlan
     )?))
 }
 
-fn has_outer_reference(e: &Expr) -> bool {
+fn describe_with(context: &RewriteContext, e: &Expr, args: Option<&AiArgs>) -> String {
+    let place = args
+        .and_then(|a| context.sites.get(&a.template))
+        .cloned()
+        .unwrap_or_default();
+    format!("{}{place}", crate::prompt::shorten(&e.to_string(), 96))
+}
+
+/// An AI call for errors: its text and, from SQL, its line and column.
+pub(super) fn describe_call(context: &RewriteContext, e: &Expr) -> String {
+    let args = ai_call_of(e).and_then(|(f, a)| AiArgs::parse(f, a).ok());
+    describe_with(context, e, args.as_ref())
+}
+
+pub(super) fn has_outer_reference(e: &Expr) -> bool {
     e.exists(|e| Ok(matches!(e, Expr::OuterReferenceColumn(..))))
         .unwrap_or(false)
 }
@@ -830,8 +852,12 @@ impl OptimizerRule for AiJoinPredicatePushdown {
 fn movable_sides(t: JoinType) -> (bool, bool) {
     match t {
         JoinType::Inner => (true, true),
-        JoinType::Left | JoinType::LeftSemi | JoinType::LeftAnti => (true, false),
-        JoinType::Right | JoinType::RightSemi | JoinType::RightAnti => (false, true),
+        JoinType::Left | JoinType::LeftSemi | JoinType::LeftAnti | JoinType::LeftMark => {
+            (true, false)
+        }
+        JoinType::Right | JoinType::RightSemi | JoinType::RightAnti | JoinType::RightMark => {
+            (false, true)
+        }
         _ => (false, false),
     }
 }
