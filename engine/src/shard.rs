@@ -547,7 +547,11 @@ mod tests {
             for i in order {
                 let (t, id, text) = &snapshots[i];
                 let w = router.owner(&key(id), text);
-                assert_eq!(*home.entry(*t).or_insert(w), w, "{name}: {id} left its trajectory");
+                assert_eq!(
+                    *home.entry(*t).or_insert(w),
+                    w,
+                    "{name}: {id} left its trajectory"
+                );
             }
             let mut per_worker = [0; 3];
             for w in home.values() {
