@@ -165,6 +165,15 @@ pub struct BackendArgs {
     /// https:// --workers.
     #[arg(long, value_name = "FILE", requires = "workers")]
     pub tls_ca: Option<PathBuf>,
+    /// The longest one call to a --workers worker (its share of a batch, a
+    /// measurement) may wait for the answer before the query fails naming the
+    /// worker. A stopped or unreachable worker is caught sooner, within about
+    /// 30 s, by HTTP/2 keep-alive; this bounds a worker that answers those but
+    /// never its work.
+    #[arg(long, value_name = "SECONDS", requires = "workers",
+          default_value_t = aisql_engine::distributed::DEFAULT_CALL_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub worker_timeout_s: u64,
     /// Weights dtype: f32, bf16 or f16 (default: f32 on CPU, bf16 on GPU).
     #[arg(long)]
     pub dtype: Option<String>,

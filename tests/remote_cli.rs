@@ -7,6 +7,8 @@
 //! by name. A worker with a token serves only coordinators that send it (from a
 //! file or the environment), a TLS worker is reached at https:// with its CA,
 //! and a worker on a network address refuses to start without token and TLS.
+//! A worker stopped (SIGSTOP) before or during a query, its connection open,
+//! fails the query within `--worker-timeout-s` naming it.
 
 #![cfg(unix)]
 
@@ -57,6 +59,16 @@ impl Worker {
             .unwrap_or_else(|| panic!("worker did not start: {line:?}"))
             .to_string();
         Self { child, addr }
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`) to the worker process.
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{signal}");
     }
 
     fn kill(&mut self) {
@@ -205,6 +217,77 @@ fn two_worker_processes_answer_as_one_and_a_killed_one_is_named_and_made_up_for(
     assert_eq!(std::fs::read_to_string(&rerun).unwrap(), want);
     eprintln!(
         "query failed {failed_after:?} after the kill; rerun: {reused} answers reused, {asked} asked"
+    );
+}
+
+#[test]
+fn a_stopped_worker_fails_the_query_within_the_timeout_naming_it() {
+    const TIMEOUT_S: u64 = 5;
+    // Keep-alive alone would take about 30 s: failing well before shows the
+    // per-call timeout at work.
+    const MARGIN: Duration = Duration::from_secs(12);
+    let s = setup();
+    // Generates the tiny model before the workers start.
+    run_ok(&mut query(&s, &s.dir.join("one.csv"), None, None));
+    let timeout = TIMEOUT_S.to_string();
+    let stopped_fails = |child: std::process::Child, stopped: &Worker, since: Instant| {
+        let out = child.wait_with_output().unwrap();
+        let failed_after = since.elapsed();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains(&stopped.addr) && stderr.contains(&format!("within {TIMEOUT_S} s")),
+            "the error does not name {} and the timeout: {stderr}",
+            stopped.addr
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert!(
+            failed_after < Duration::from_secs(TIMEOUT_S) + MARGIN,
+            "failed {failed_after:?} after the stop"
+        );
+        failed_after
+    };
+
+    // Stopped mid-query, once answers come back.
+    let a = Worker::start(&s.cache, &[]);
+    let b = Worker::start(&s.cache, &[]);
+    let answers = s.dir.join("answers");
+    let rows = s.dir.join("stopped.csv");
+    let mut child = query(&s, &rows, Some(&[&a, &b]), Some(&answers))
+        .args(["--worker-timeout-s", &timeout])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while log_bytes(&answers) == 0 {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the query ended ({status}) before a worker could be stopped");
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no answer written"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    b.signal("STOP");
+    let during = stopped_fails(child, &b, Instant::now());
+    assert!(!rows.exists(), "a failed query left rows behind");
+    b.signal("CONT");
+    drop(b);
+
+    // Stopped before the query: its hello goes unanswered.
+    let c = Worker::start(&s.cache, &[]);
+    c.signal("STOP");
+    let since = Instant::now();
+    let child = query(&s, &s.dir.join("never.csv"), Some(&[&a, &c]), None)
+        .args(["--worker-timeout-s", &timeout])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let before = stopped_fails(child, &c, since);
+    c.signal("CONT");
+    eprintln!(
+        "a stopped worker failed the query {during:?} after its stop (mid-query), {before:?} (before it)"
     );
 }
 

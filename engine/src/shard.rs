@@ -5,13 +5,16 @@
 //!
 //! A document's KV lives on one worker only, so every question, join partner
 //! and later operator about it must go there: the owner is chosen the first
-//! time a document is seen and kept for the query. Documents that open with
-//! at least half of the text of a document already placed (agent-trace
-//! snapshots of one trajectory, each the one before it plus a few turns) go to
-//! that document's worker, or their shared prefix would be computed twice. The
-//! rest go to the worker with the least work so far, counted in prompt bytes
-//! (document text once per worker, plus every question's own text): balance
-//! by tokens' proxy, not by rows.
+//! time a document is seen and kept for the query. Documents of one chain
+//! (agent-trace snapshots of one trajectory, each the one before it plus a few
+//! turns) go to one worker, whatever order they arrive in and however much
+//! longer each is than the last, or their shared prefix would be computed
+//! twice: a document that extends one already placed, or that one already
+//! placed extends, follows it. The rest go where they finish first: the
+//! worker whose work so far plus what this document adds to it (its bytes
+//! past the longest opening that worker already holds) is least, counted in
+//! prompt bytes (plus every question's own text): balance by tokens' proxy,
+//! not by rows.
 //!
 //! One exception: a join anchor whose pairs in a batch carry far more text
 //! than the anchor itself (a few claims that survived a filter, each asked
@@ -24,6 +27,7 @@
 //! devices. Their measurements are summed (peaks: the largest), and each
 //! worker's own are listed under `workers`.
 
+use std::cmp::Reverse;
 use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hasher};
 use std::sync::Mutex;
@@ -55,6 +59,16 @@ const CONFIG_KEYS: [&str; 4] = [
     "prefix_cache",
 ];
 
+/// How the documents placed so far go on after one block-aligned prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// All the same way: into the prefix one block longer with this hash.
+    One(u64),
+    /// In different ways: an opening documents share (a system prompt), not
+    /// one chain.
+    Several,
+}
+
 /// Which worker owns each document.
 #[derive(Debug)]
 pub struct DocumentRouter {
@@ -62,8 +76,12 @@ pub struct DocumentRouter {
     /// Documents whose KV a worker other than the owner computed, for a share
     /// of a join anchor's pairs.
     copies: HashSet<(DocKey, usize)>,
-    /// Hash of a block-aligned prefix of a placed document → its worker.
-    prefixes: HashMap<u64, usize>,
+    /// Hash of a block-aligned prefix of a placed document → the workers whose
+    /// documents open with it.
+    held: HashMap<u64, Vec<usize>>,
+    /// Hash of a block-aligned prefix → how placed documents go on after it
+    /// (absent: every document through it ends within its next block).
+    next: HashMap<u64, Next>,
     /// Prompt bytes charged to each worker.
     load: Vec<u64>,
 }
@@ -74,7 +92,8 @@ impl DocumentRouter {
         Self {
             owners: HashMap::new(),
             copies: HashSet::new(),
-            prefixes: HashMap::new(),
+            held: HashMap::new(),
+            next: HashMap::new(),
             load: vec![0; workers.max(1)],
         }
     }
@@ -85,26 +104,61 @@ impl DocumentRouter {
     }
 
     /// The worker that owns document `key` with text `text`, placing it if new.
+    ///
+    /// A document extends a chain on a worker when the longest opening it
+    /// shares with that worker's documents is where one of them ends, or where
+    /// it ends itself: nothing placed goes on differently there. Such a
+    /// document follows the worker of its longest chain, whatever the load, so
+    /// no trajectory's prefix is computed on two workers; the load is balanced
+    /// by where chains start. A mere shared opening (every trace's system
+    /// prompt, which documents leave in different ways) binds nothing: it
+    /// only lowers what a document would cost on a worker that holds it.
     pub fn owner(&mut self, key: &DocKey, text: &str) -> usize {
         if let Some(&w) = self.owners.get(key) {
             return w;
         }
         let hashes = prefix_hashes(text);
-        // The longest placed prefix this document starts with.
-        let shared = hashes.iter().enumerate().rev().find_map(|(i, h)| {
-            self.prefixes
-                .get(h)
-                .map(|&w| ((i + 1) * PREFIX_BLOCK_BYTES, w))
-        });
-        let worker = match shared {
-            Some((bytes, w)) if 2 * bytes >= text.len() => w,
-            _ => self.least_loaded(),
+        // Whole blocks of this document's opening each worker already holds
+        // (a worker holds every shorter prefix of what it holds).
+        let held: Vec<usize> = (0..self.load.len())
+            .map(|w| hashes.partition_point(|h| self.held.get(h).is_some_and(|ws| ws.contains(&w))))
+            .collect();
+        let extends_chain = |w: usize| {
+            let n = held[w];
+            n > 0
+                && (n == hashes.len()
+                    || match self.next.get(&hashes[n - 1]) {
+                        None => true,
+                        Some(Next::One(after)) => hashes[n] == *after,
+                        Some(Next::Several) => false,
+                    })
         };
-        for h in hashes {
-            self.prefixes.entry(h).or_insert(worker);
+        let adds = |w: usize| (text.len() - held[w] * PREFIX_BLOCK_BYTES) as u64;
+        let workers = 0..self.load.len();
+        let worker = workers
+            .clone()
+            .filter(|&w| extends_chain(w))
+            .min_by_key(|&w| (Reverse(held[w]), self.load[w], w))
+            .or_else(|| workers.min_by_key(|&w| (self.load[w] + adds(w), self.load[w], w)))
+            .expect("at least one worker");
+        for (i, &h) in hashes.iter().enumerate() {
+            let holders = self.held.entry(h).or_default();
+            if !holders.contains(&worker) {
+                holders.push(worker);
+            }
+            if let Some(&after) = hashes.get(i + 1) {
+                self.next
+                    .entry(h)
+                    .and_modify(|n| {
+                        if *n != Next::One(after) {
+                            *n = Next::Several;
+                        }
+                    })
+                    .or_insert(Next::One(after));
+            }
         }
         self.owners.insert(key.clone(), worker);
-        self.load[worker] += text.len() as u64;
+        self.load[worker] += adds(worker);
         worker
     }
 
@@ -454,6 +508,90 @@ mod tests {
         let load = router.load();
         let (max, min) = (load.iter().max().unwrap(), load.iter().min().unwrap());
         assert!((*max as f64) / (*min as f64) < 1.1, "{load:?}");
+    }
+
+    /// Snapshots (trajectory, id, text) of twelve trajectories: every one opens
+    /// with one system prompt, longer than half of a first snapshot, and each
+    /// snapshot is more than twice as long as the one before (a few turns that
+    /// read long files). Both once split chains: a first snapshot followed the
+    /// worker of the first system prompt, a long one went by load.
+    fn trajectories() -> Vec<(usize, String, String)> {
+        let system = format!("[SYSTEM] {}", "You are an agent. ".repeat(170));
+        let mut out = Vec::new();
+        for t in 0..12 {
+            let mut text = system.clone();
+            for (k, turns) in [900 + 37 * t, 6_000 + 211 * t, 15_000 + 503 * t]
+                .into_iter()
+                .enumerate()
+            {
+                text.push_str(&format!("\n[TURN {k} of {t}] "));
+                text.push_str(&"abcdefgh"[t % 8..].repeat(turns / (8 - t % 8)));
+                out.push((t, format!("at{t:02}-s{k}"), text.clone()));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_trajectory_stays_on_one_worker_in_any_order_and_trajectories_are_balanced() {
+        let snapshots = trajectories();
+        let n = snapshots.len();
+        let scrambled = |i: usize| (i * 17 + 5) % n;
+        let orders: [(&str, Vec<usize>); 4] = [
+            ("as stored", (0..n).collect()),
+            ("reversed", (0..n).rev().collect()),
+            ("longest first", {
+                let mut o: Vec<usize> = (0..n).collect();
+                o.sort_by_key(|&i| Reverse(snapshots[i].2.len()));
+                o
+            }),
+            ("scrambled", (0..n).map(scrambled).collect()),
+        ];
+        for (name, order) in orders {
+            let mut router = DocumentRouter::new(3);
+            let mut home: HashMap<usize, usize> = HashMap::new();
+            for i in order {
+                let (t, id, text) = &snapshots[i];
+                let w = router.owner(&key(id), text);
+                assert_eq!(
+                    *home.entry(*t).or_insert(w),
+                    w,
+                    "{name}: {id} left its trajectory"
+                );
+            }
+            let mut per_worker = [0; 3];
+            for w in home.values() {
+                per_worker[*w] += 1;
+            }
+            let load = router.load();
+            let mean = load.iter().sum::<u64>() as f64 / 3.0;
+            let max = *load.iter().max().unwrap() as f64;
+            assert!(
+                per_worker.iter().all(|&c| c >= 2) && max < 1.5 * mean,
+                "{name}: trajectories per worker {per_worker:?}, load {load:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_opening_documents_leave_in_different_ways_binds_none_of_them() {
+        let mut router = DocumentRouter::new(3);
+        let opening = "Read the report below and answer. ".repeat(60);
+        // The opening alone is a document too; the first that extends it may
+        // follow it, the others go where they cost least.
+        router.owner(&key("opening"), &opening);
+        let owners: Vec<usize> = (0..30)
+            .map(|i| {
+                let text = format!("{opening}report {i}: {}", "r".repeat(1500 + 10 * i));
+                router.owner(&key(&format!("r{i}")), &text)
+            })
+            .collect();
+        let load = router.load();
+        let (max, min) = (load.iter().max().unwrap(), load.iter().min().unwrap());
+        assert!(
+            (0..3).all(|w| owners.contains(&w)) && (*max as f64) < 1.2 * *min as f64,
+            "{owners:?} {load:?}"
+        );
     }
 
     /// Records which anchors it was asked about.

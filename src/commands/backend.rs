@@ -251,6 +251,8 @@ fn remote_workers(
             .as_deref()
             .map(|f| super::worker::read_pem(f, "--tls-ca"))
             .transpose()?,
+        call_timeout: std::time::Duration::from_secs(args.worker_timeout_s),
+        ..Default::default()
     };
     let workers = connect_workers_with(addrs, &options)?;
     let mut meta = workers[0].hello().meta.clone();

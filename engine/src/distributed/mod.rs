@@ -36,7 +36,10 @@ pub use message::{
     PROTOCOL, QueryId, WireDoc, WireRequests, WorkerHello, WorkerMessage, WorkerReply, WorkerTask,
     decode_task,
 };
-pub use remote::{ConnectOptions, RemoteWorker, connect_workers, connect_workers_with, worker_url};
+pub use remote::{
+    ConnectOptions, DEFAULT_CALL_TIMEOUT, RemoteWorker, connect_workers, connect_workers_with,
+    worker_url,
+};
 pub use task::{REPLY_COLUMN, WorkerTaskExec, reply_schema};
 pub use worker::{DEFAULT_QUERY_IDLE, LoopbackWorker, ServeOptions, ServedModel, answer, serve};
 

@@ -18,8 +18,17 @@
 //! by several coordinators serves their queries one after the other. Every gRPC
 //! call carries the worker token ([`ConnectOptions`]); `https://` workers are
 //! reached over TLS with the given CA.
+//!
+//! A worker that stops answering without closing its connection (a stopped
+//! process, a host gone from the network) is caught two ways: HTTP/2
+//! keep-alive pings, which the worker's transport answers even while its model
+//! computes, close a connection whose pings go unanswered; and every call but
+//! a query's start waits at most the per-call timeout
+//! ([`ConnectOptions::call_timeout`], `--worker-timeout-s`), the user's bound
+//! on one batch. A query's start is bounded by keep-alive alone: it may wait
+//! for another coordinator's whole query.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
@@ -53,6 +62,18 @@ use crate::error::{EngineError, Result};
 
 /// How long a worker may take to answer hello before it counts as unreachable.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The default bound on one call ([`ConnectOptions::call_timeout`]): longer
+/// than a batch of 256 long documents takes a model on a GPU.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// A keep-alive ping is sent after this long without a frame from the worker.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// A ping unanswered for this long closes the connection: generous, since a
+/// worker's transport answers pings while its model computes, but may share
+/// the CPU with it.
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The runtime every worker connection lives on. Callers of the backend are
 /// blocking threads; a process-wide runtime is never dropped inside one.
@@ -100,12 +121,31 @@ impl WorkerResolver for OneWorker {
 }
 
 /// How a coordinator reaches its workers.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct ConnectOptions {
     /// The shared worker token, sent on every call.
     pub token: Option<String>,
     /// PEM certificates of the CA that signed `https://` workers' certificates.
     pub tls_ca: Option<Vec<u8>>,
+    /// The longest a call may wait for its answer, a batch's included (a
+    /// query's start excepted), before the worker counts as hung.
+    pub call_timeout: Duration,
+    /// HTTP/2 keep-alive: a ping after this long without a frame ...
+    pub keep_alive_interval: Duration,
+    /// ... unanswered for this long closes the connection.
+    pub keep_alive_timeout: Duration,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self {
+            token: None,
+            tls_ca: None,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            keep_alive_interval: KEEP_ALIVE_INTERVAL,
+            keep_alive_timeout: KEEP_ALIVE_TIMEOUT,
+        }
+    }
 }
 
 impl std::fmt::Debug for ConnectOptions {
@@ -113,6 +153,9 @@ impl std::fmt::Debug for ConnectOptions {
         f.debug_struct("ConnectOptions")
             .field("token", &self.token.as_ref().map(|_| ".."))
             .field("tls_ca", &self.tls_ca.is_some())
+            .field("call_timeout", &self.call_timeout)
+            .field("keep_alive_interval", &self.keep_alive_interval)
+            .field("keep_alive_timeout", &self.keep_alive_timeout)
             .finish()
     }
 }
@@ -133,7 +176,9 @@ impl WorkerChannels {
         let failed = |e: String| DataFusionError::Execution(e);
         let mut endpoint = tonic::transport::Endpoint::from_shared(self.url.to_string())
             .map_err(|e| failed(format!("worker URL {}: {e}", self.url)))?
-            .connect_timeout(HELLO_TIMEOUT);
+            .connect_timeout(HELLO_TIMEOUT)
+            .http2_keep_alive_interval(self.options.keep_alive_interval)
+            .keep_alive_timeout(self.options.keep_alive_timeout);
         if self.url.scheme() == "https" {
             let Some(ca) = &self.options.tls_ca else {
                 return Err(failed(format!(
@@ -251,6 +296,15 @@ pub struct RemoteWorker {
     hello: WorkerHello,
     /// The query this coordinator runs on it, between start and end.
     query: Mutex<Option<QueryId>>,
+    /// See [`ConnectOptions::call_timeout`].
+    call_timeout: Duration,
+    /// See [`ConnectOptions::keep_alive_timeout`].
+    keep_alive_timeout: Duration,
+    /// A call found it hung or gone: until the next query's start, the
+    /// messages that tidy up after a query are not sent, or sent without
+    /// waiting (each would wait out the timeout again before the query's
+    /// failure is reported).
+    lost: AtomicBool,
 }
 
 impl RemoteWorker {
@@ -282,8 +336,17 @@ impl RemoteWorker {
             .build();
         let ctx = SessionContext::from(state);
         let hello = WorkerTask::outside_query(WorkerMessage::Hello);
-        let reply = run_blocking(ask(ctx.clone(), hello), Some(HELLO_TIMEOUT))
-            .map_err(|e| worker_error(&url, e))?;
+        let bound = if options.call_timeout < HELLO_TIMEOUT {
+            (options.call_timeout, "--worker-timeout-s")
+        } else {
+            (HELLO_TIMEOUT, "to say hello")
+        };
+        let reply = run_blocking(
+            ask(ctx.clone(), hello),
+            Some(bound),
+            options.keep_alive_timeout,
+        )
+        .map_err(|e| worker_error(&url, e))?;
         let WorkerReply::Hello(hello) = reply else {
             return Err(unexpected(&url, "hello", &reply));
         };
@@ -301,6 +364,9 @@ impl RemoteWorker {
             ctx,
             hello: *hello,
             query: Mutex::new(None),
+            call_timeout: options.call_timeout,
+            keep_alive_timeout: options.keep_alive_timeout,
+            lost: AtomicBool::new(false),
         })
     }
 
@@ -339,12 +405,24 @@ impl RemoteWorker {
         self.call_for(query, message)
     }
 
-    /// Asks `message` of `query`.
+    /// Asks `message` of `query`, waiting at most the call timeout unless it
+    /// starts a query (which waits its turn behind other coordinators').
     fn call_for(&self, query: Option<QueryId>, message: WorkerMessage) -> Result<WorkerReply> {
+        let timeout = match message {
+            WorkerMessage::StartQuery(_) => None,
+            _ => Some((self.call_timeout, "--worker-timeout-s")),
+        };
         let task = WorkerTask { query, message };
-        match run_blocking(ask(self.ctx.clone(), task), None)
-            .map_err(|e| worker_error(&self.url, e))?
-        {
+        let reply = run_blocking(
+            ask(self.ctx.clone(), task),
+            timeout,
+            self.keep_alive_timeout,
+        )
+        .map_err(|e| {
+            self.lost.store(true, Ordering::Relaxed);
+            worker_error(&self.url, e)
+        })?;
+        match reply {
             WorkerReply::Failed(e) => Err(worker_error(&self.url, e)),
             reply => Ok(reply),
         }
@@ -358,6 +436,12 @@ impl RemoteWorker {
             log::warn!("{e}");
         }
     }
+
+    /// Whether the query's tidying messages should reach it: it has a query,
+    /// and no call of it found the worker hung or gone.
+    fn reachable(&self) -> bool {
+        self.query().is_some() && !self.lost.load(Ordering::Relaxed)
+    }
 }
 
 /// An error of the worker at `url`.
@@ -369,9 +453,21 @@ fn worker_error(url: &Url, message: impl Into<String>) -> EngineError {
 }
 
 /// A transport or plan error as one line: datafusion-distributed wraps a
-/// connection failure in a context holding the transport's own words.
-fn error_text(e: &DataFusionError) -> String {
-    let root = e.find_root().to_string();
+/// connection failure in a context holding the transport's own words. A
+/// connection closed for unanswered keep-alive pings (`keep_alive` long) is
+/// said in the user's words.
+fn error_text(e: &DataFusionError, keep_alive: Duration) -> String {
+    let root = e.find_root();
+    // hyper's keep-alive error is private; its text is what it shows.
+    let unanswered = std::iter::successors(Some(root as &dyn std::error::Error), |e| e.source())
+        .any(|e| e.to_string() == "keep-alive timed out");
+    if unanswered {
+        return format!(
+            "no answer to HTTP/2 keep-alive pings within {} s, connection closed: the worker is stopped or unreachable",
+            keep_alive.as_secs_f64()
+        );
+    }
+    let root = root.to_string();
     let mut at = e;
     loop {
         match at {
@@ -384,18 +480,24 @@ fn error_text(e: &DataFusionError) -> String {
     }
 }
 
-/// Runs `fut` on the connection runtime and waits for it on this thread.
+/// Runs `fut` on the connection runtime and waits for it on this thread, at
+/// most `timeout` (the bound and what sets it, for the error), over channels
+/// whose keep-alive pings wait `keep_alive` for their answer.
 fn run_blocking(
     fut: impl Future<Output = DfResult<WorkerReply>> + Send + 'static,
-    timeout: Option<Duration>,
+    timeout: Option<(Duration, &'static str)>,
+    keep_alive: Duration,
 ) -> std::result::Result<WorkerReply, String> {
     let (tx, rx) = std::sync::mpsc::channel();
     WIRE.spawn(async move {
         let outcome = match timeout {
-            None => fut.await.map_err(|e| error_text(&e)),
-            Some(t) => match tokio::time::timeout(t, fut).await {
-                Ok(r) => r.map_err(|e| error_text(&e)),
-                Err(_) => Err(format!("no answer within {} s", t.as_secs())),
+            None => fut.await.map_err(|e| error_text(&e, keep_alive)),
+            Some((t, bound)) => match tokio::time::timeout(t, fut).await {
+                Ok(r) => r.map_err(|e| error_text(&e, keep_alive)),
+                Err(_) => Err(format!(
+                    "no answer within {} s ({bound}): the worker is stopped, hung, or slower than that",
+                    t.as_secs_f64()
+                )),
             },
         };
         let _ = tx.send(outcome);
@@ -468,7 +570,7 @@ impl InferenceBackend for RemoteWorker {
     }
 
     fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {
-        if self.query().is_none() {
+        if !self.reachable() {
             // The worker's counters are those of whichever query it serves.
             return Default::default();
         }
@@ -494,13 +596,13 @@ impl InferenceBackend for RemoteWorker {
     }
 
     fn cancel(&self) {
-        if self.query().is_some() {
+        if self.reachable() {
             self.notify(WorkerMessage::Cancel);
         }
     }
 
     fn wait_stopped(&self) {
-        if self.query().is_some() {
+        if self.reachable() {
             self.notify(WorkerMessage::WaitStopped);
         }
     }
@@ -508,6 +610,7 @@ impl InferenceBackend for RemoteWorker {
     fn start_query(&self, operators: &[AiCall]) {
         // A query not ended yet ends here: the worker serves one at a time.
         self.end_query();
+        self.lost.store(false, Ordering::Relaxed);
         let query = new_query_id();
         *self.query.lock().unwrap_or_else(|e| e.into_inner()) = Some(query);
         // Waits while another coordinator's query holds the worker.
@@ -520,9 +623,22 @@ impl InferenceBackend for RemoteWorker {
 
     fn end_query(&self) {
         let ended = self.query.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if ended.is_some()
-            && let Err(e) = self.call_for(ended, WorkerMessage::EndQuery)
-        {
+        if ended.is_none() {
+            return;
+        }
+        if self.lost.load(Ordering::Relaxed) {
+            // Sent without waiting: a worker that only lost this connection is
+            // freed for other coordinators now, and a stopped one costs nothing.
+            let task = WorkerTask {
+                query: ended,
+                message: WorkerMessage::EndQuery,
+            };
+            let ctx = self.ctx.clone();
+            let bound = self.call_timeout;
+            WIRE.spawn(async move {
+                let _ = tokio::time::timeout(bound, ask(ctx, task)).await;
+            });
+        } else if let Err(e) = self.call_for(ended, WorkerMessage::EndQuery) {
             log::warn!("{e}");
         }
     }

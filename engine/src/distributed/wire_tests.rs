@@ -2,9 +2,10 @@
 //! coordinators, the token, plans other than `WorkerTaskExec` stages, crafted
 //! and random requests (the worker never panics and keeps serving).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
@@ -302,6 +303,7 @@ fn a_worker_with_a_token_refuses_calls_without_it() {
             &ConnectOptions {
                 token: token.map(String::from),
                 tls_ca: None,
+                ..Default::default()
             },
         )
     };
@@ -751,6 +753,7 @@ fn a_tls_worker_is_reached_over_https_with_its_ca_and_token_only() {
             &ConnectOptions {
                 token: token.map(String::from),
                 tls_ca: ca.map(<[u8]>::to_vec),
+                ..Default::default()
             },
         )
     };
@@ -820,4 +823,137 @@ fn coordinators_listing_shared_workers_in_other_orders_do_not_wait_on_each_other
         "{:?}",
         started.elapsed()
     );
+}
+
+/// Answers by length after a pause as long as a model's batch.
+struct Slow(Duration);
+
+impl InferenceBackend for Slow {
+    fn name(&self) -> &str {
+        "model"
+    }
+    fn decide(&self, _: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
+        std::thread::sleep(self.0);
+        Ok(requests.iter().map(super::tests::even_length).collect())
+    }
+    fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
+        Ok(requests
+            .iter()
+            .map(|r| super::tests::label_by_length(r, call.labels.len()))
+            .collect())
+    }
+}
+
+/// A TCP relay to a worker that can be frozen: it then passes nothing either
+/// way but keeps every connection open, as a stopped worker process does.
+struct Relay {
+    addr: String,
+    frozen: Arc<AtomicBool>,
+}
+
+impl Relay {
+    fn start(target: &str) -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let frozen = Arc::new(AtomicBool::new(false));
+        let (target, relay_frozen) = (target.to_string(), frozen.clone());
+        std::thread::spawn(move || {
+            for inbound in listener.incoming() {
+                let (Ok(inbound), Ok(outbound)) = (inbound, std::net::TcpStream::connect(&target))
+                else {
+                    return;
+                };
+                let ways = [
+                    (inbound.try_clone().unwrap(), outbound.try_clone().unwrap()),
+                    (outbound, inbound),
+                ];
+                for (mut from, mut to) in ways {
+                    let frozen = relay_frozen.clone();
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 16 * 1024];
+                        while let Ok(n @ 1..) = from.read(&mut buf) {
+                            while frozen.load(Ordering::SeqCst) {
+                                std::thread::sleep(Duration::from_millis(20));
+                            }
+                            if to.write_all(&buf[..n]).is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        Self { addr, frozen }
+    }
+
+    fn freeze(&self, frozen: bool) {
+        self.frozen.store(frozen, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        // Frozen copies would hold their threads until the process ends.
+        self.freeze(false);
+    }
+}
+
+#[test]
+fn keep_alive_lets_a_long_batch_finish_and_a_worker_that_stops_answering_fails_the_call() {
+    let server = start(Arc::new(Slow(Duration::from_millis(1500))), None);
+    let relay = Relay::start(server.addr());
+    let docs = texts(3, 1);
+    let ask = |worker: &RemoteWorker| worker.decide(&filter("a"), &requests(&docs));
+
+    // Pings every 100 ms, each answered within 300 ms while the worker's model
+    // spends 1.5 s on the batch.
+    let quick_pings = ConnectOptions {
+        keep_alive_interval: Duration::from_millis(100),
+        keep_alive_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let worker = RemoteWorker::connect_with(&relay.addr, &quick_pings).unwrap();
+    worker.start_query(&[filter("a")]);
+    assert_eq!(ask(&worker).unwrap(), by_length(&docs));
+    // Frozen, the connection stays open and only unanswered pings tell: the
+    // call timeout (30 min by default) is far off.
+    relay.freeze(true);
+    let frozen_at = Instant::now();
+    let lost = ask(&worker).unwrap_err().to_string();
+    assert!(
+        lost.contains(&relay.addr) && lost.contains("keep-alive pings within 0.3 s"),
+        "{lost}"
+    );
+    assert!(frozen_at.elapsed() < Duration::from_secs(10), "{lost}");
+    relay.freeze(false);
+    // Its query ends without waiting for the lost connection, and the worker
+    // serves the next coordinator's at once, not after its idle timeout.
+    let ending = Instant::now();
+    drop(worker);
+    assert!(ending.elapsed() < Duration::from_secs(1));
+
+    // Pings at their defaults: the call timeout is the bound.
+    let bounded = ConnectOptions {
+        call_timeout: Duration::from_secs(3),
+        ..Default::default()
+    };
+    let worker = RemoteWorker::connect_with(&relay.addr, &bounded).unwrap();
+    let starting = Instant::now();
+    worker.start_query(&[filter("a")]);
+    assert!(starting.elapsed() < Duration::from_secs(30));
+    assert_eq!(ask(&worker).unwrap(), by_length(&docs));
+    relay.freeze(true);
+    let frozen_at = Instant::now();
+    let err = ask(&worker).unwrap_err().to_string();
+    let waited = frozen_at.elapsed();
+    assert!(
+        err.contains(&relay.addr) && err.contains("no answer within 3 s (--worker-timeout-s)"),
+        "{err}"
+    );
+    assert!(waited < Duration::from_secs(8), "{waited:?}: {err}");
+    // Nothing more is sent to it for this query: ending it does not wait.
+    let ending = Instant::now();
+    worker.end_query();
+    assert!(ending.elapsed() < Duration::from_secs(1));
+    eprintln!("keep-alive: {lost}\ncall timeout: {err}");
 }
