@@ -395,35 +395,6 @@ impl ScalarUDFImpl for AiUdf {
     }
 }
 
-/// Declares the AI functions of a produced Substrait plan under their QUAIL-B
-/// URN (DataFusion's producer declares functions by name only), so any reader
-/// of QUAIL-B plans knows them.
-pub fn mark_ai_functions(plan: &mut datafusion_substrait::substrait::proto::Plan) {
-    use datafusion_substrait::substrait::proto::extensions::SimpleExtensionUrn;
-    use datafusion_substrait::substrait::proto::extensions::simple_extension_declaration::MappingType;
-    let anchor = plan
-        .extension_urns
-        .iter()
-        .map(|u| u.extension_urn_anchor + 1)
-        .max()
-        .unwrap_or(1);
-    let mut used = false;
-    for ext in &mut plan.extensions {
-        if let Some(MappingType::ExtensionFunction(f)) = &mut ext.mapping_type
-            && AiFunction::from_name(f.name.split(':').next().unwrap_or_default()).is_some()
-        {
-            f.extension_urn_reference = anchor;
-            used = true;
-        }
-    }
-    if used {
-        plan.extension_urns.push(SimpleExtensionUrn {
-            extension_urn_anchor: anchor,
-            urn: AI_URN.to_string(),
-        });
-    }
-}
-
 /// Registers the three AI functions on `ctx`.
 pub fn register_ai_functions(ctx: &SessionContext, naive: Option<NaiveEvaluator>) {
     for f in AiFunction::ALL {

@@ -2,9 +2,11 @@
 //! dataset, printed and saved like `aisql query`'s rows.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use aisql_bench::layout::Dataset;
 use aisql_bench::resolve::resolve;
+use aisql_engine::backend::{InferenceBackend, OracleBackend};
 use aisql_engine::query::QueryOptions;
 use aisql_engine::sql::{Evaluation, SqlSession, WritePolicy, templates};
 use aisql_engine::write_guard::{OutputKind, WriteGuard};
@@ -90,7 +92,13 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         memory_limit: args.backend.memory_limit(),
     };
     let wanted = templates(&sql)?;
-    let (backend, _meta) = super::backend::build(&args.backend, dataset.as_ref(), &wanted)?;
+    // Writing the plan asks nothing: no model to load (that took seconds, or
+    // failed for a model not at hand), an oracle without labels in its place.
+    let backend: Arc<dyn InferenceBackend> = if args.to_substrait.is_some() {
+        Arc::new(OracleBackend::new(Default::default()))
+    } else {
+        super::backend::build(&args.backend, dataset.as_ref(), &wanted)?.0
+    };
     let session = SqlSession::new(backend, options, Evaluation::Operators)?;
     session.set_write_policy(WritePolicy {
         allow_writes: args.allow_writes,
@@ -116,7 +124,7 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
             let bytes = if path.extension().is_some_and(|e| e == "json") {
                 serde_json::to_vec_pretty(&plan)?
             } else {
-                aisql_engine::plan::encode_plan(&plan)
+                aisql_engine::sql::export::encode(&plan)
             };
             aisql_engine::output::write_file_atomic(path, &bytes)?;
             eprintln!("Substrait plan written to {}", path.display());

@@ -7,6 +7,7 @@
 
 pub(crate) mod consume;
 mod decorrelate;
+pub mod export;
 mod read_filters;
 mod read_only;
 pub mod rewrite;
@@ -376,9 +377,9 @@ impl SqlSession {
         state.optimize(&consumed).map_err(sql_error)
     }
 
-    /// The plan of one statement as Substrait, AI calls as QUAIL-B extension
-    /// functions (URN [`crate::plan::AI_URN`]), before the AI rewrite: any engine
-    /// that knows the functions can run it.
+    /// The plan of one statement as Substrait ([`export`]), AI calls as QUAIL-B
+    /// extension functions (URN [`crate::plan::AI_URN`]), before the AI rewrite:
+    /// any engine that knows the functions can run it.
     pub async fn to_substrait(
         &self,
         sql: &str,
@@ -402,24 +403,19 @@ impl SqlSession {
                 .analyze(analyzed, state.config_options())
                 .map_err(sql_error)?;
         }
-        let produce = |plan: &LogicalPlan| {
-            datafusion_substrait::logical_plan::producer::to_substrait_plan(plan, &state)
-        };
         // DataFusion's producer writes no outer column references: a plan with
         // correlated subqueries is written optimized, where they are joins (the
         // AI calls stay functions either way).
-        let mut substrait = match produce(&analyzed) {
-            Ok(plan) => plan,
+        match export::to_substrait_plan(&analyzed) {
+            Ok(plan) => Ok(plan),
             Err(first) => {
                 let optimized = state
                     .optimizer()
                     .optimize(analyzed, &state, |_, _| {})
                     .map_err(sql_error)?;
-                produce(&optimized).map_err(|_| sql_error(first))?
+                export::to_substrait_plan(&optimized).map_err(|_| sql_error(first))
             }
-        };
-        crate::ai_functions::mark_ai_functions(&mut substrait);
-        Ok(*substrait)
+        }
     }
 
     /// Runs one statement.
