@@ -1141,6 +1141,10 @@ fn chunk_by_tokens<T>(items: &[T], budget: usize, tokens: impl Fn(&T) -> usize) 
     out
 }
 
+/// Host memory a forward batch may use besides the KV cache (activations,
+/// score matrices), left to the model by a query's heap bound.
+const FORWARD_WORKING_BYTES: usize = 2 << 30;
+
 impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
     fn name(&self) -> &str {
         self.exec.name()
@@ -1177,6 +1181,15 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         self.config
             .prefix_cache
             .then(|| self.config.kv_budget_bytes / self.exec.kv_bytes_per_token().max(1))
+    }
+
+    fn host_memory_allowance(&self) -> usize {
+        // Where the KV lives (host or device) is the executor's; both budgets
+        // are counted, so a CPU model never trips the bound with its cache.
+        self.config
+            .kv_budget_bytes
+            .saturating_add(self.config.host_kv_budget_bytes)
+            .saturating_add(FORWARD_WORKING_BYTES)
     }
 
     fn cancel(&self) {

@@ -5,6 +5,7 @@
 //! Any SQL DataFusion runs may surround the AI calls: aggregates, sorts,
 //! limits, outer/semi/anti joins, subqueries, CTEs, unions, `CASE`.
 
+mod bounded_functions;
 pub(crate) mod consume;
 mod decorrelate;
 pub mod export;
@@ -30,6 +31,7 @@ use crate::backend::{AiCall, InferenceBackend};
 use crate::error::{EngineError, Result, from_datafusion, without_panics};
 use crate::logical::{OperatorHint, QuailbConsumer, ai_nodes};
 use crate::memo::AnswerMemo;
+use crate::memory_guard::HeapBoundedPool;
 use crate::physical::{AiQueryPlanner, AiRuntime};
 use crate::query::QueryOptions;
 use crate::row_sink::{MemoryRows, RowSink};
@@ -57,6 +59,8 @@ pub struct SqlSession {
     memo: Arc<Mutex<AnswerMemo>>,
     context: Arc<Mutex<RewriteContext>>,
     options: QueryOptions,
+    /// The memory pool of `--memory-limit`, bounding each query's heap too.
+    pool: Arc<HeapBoundedPool>,
     /// Per table, the rows of its first batch when it has several.
     first_batches: Mutex<std::collections::HashMap<String, usize>>,
     /// Which writing statements may run, and where they may write.
@@ -105,8 +109,10 @@ impl SqlSession {
             memo: memo.clone(),
             progress: options.progress,
         };
+        let pool = Arc::new(HeapBoundedPool::new(options.memory_limit));
         let runtime_env = RuntimeEnvBuilder::new()
-            .with_memory_limit(options.memory_limit, 1.0)
+            .with_memory_pool(pool.clone())
+            .with_max_temp_directory_size(crate::host_memory::default_spill_limit())
             .build_arc()?;
         let context = Arc::new(Mutex::new(RewriteContext::default()));
         let builder = SessionStateBuilder::new()
@@ -144,6 +150,7 @@ impl SqlSession {
             format: options.format,
         });
         register_ai_functions(&ctx, naive);
+        bounded_functions::register(&ctx, options.memory_limit);
         Ok(Self {
             ctx,
             backend,
@@ -151,6 +158,7 @@ impl SqlSession {
             memo,
             context,
             options,
+            pool,
             first_batches: Mutex::default(),
             writes: Mutex::default(),
         })
@@ -442,6 +450,8 @@ impl SqlSession {
         sink: &mut dyn RowSink,
     ) -> Result<SqlOutput> {
         self.check_writes(&plan)?;
+        // The heap the query may add is measured from here.
+        self.pool.start_query(self.backend.host_memory_allowance());
         if matches!(plan, LogicalPlan::Ddl(_) | LogicalPlan::Statement(_)) {
             // Session state changes (allowed by the write policy): the context
             // runs them, not the physical planner.
