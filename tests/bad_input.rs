@@ -399,7 +399,7 @@ fn malformed_csv_names_file_and_line_unless_read_leniently() {
     sql_fails(
         &["SELECT * FROM t", "--table", &table("t", &open)],
         &[&format!(
-            "table t ({}): line 3: a quoted field opens here and is never closed",
+            "table t ({}): not readable as CSV: line 3: a quoted field opens here and is never closed",
             open.display()
         )],
     );
@@ -408,7 +408,7 @@ fn malformed_csv_names_file_and_line_unless_read_leniently() {
     sql_fails(
         &["SELECT * FROM t", "--table", &table("t", &ragged)],
         &[&format!(
-            "table t ({}): line 3: 1 field, the header (line 1) has 2",
+            "table t ({}): not readable as CSV: line 3: 1 field, the header (line 1) has 2",
             ragged.display()
         )],
     );
@@ -449,7 +449,7 @@ fn tables_past_the_limits_fail_naming_file_line_and_limit() {
     sql_fails(
         &["SELECT * FROM t", "--table", &table("t", &wide)],
         &[&format!(
-            "table t ({}): line 1: more than 10000 fields",
+            "table t ({}): not readable as CSV: line 1: more than 10000 fields",
             wide.display()
         )],
     );
@@ -466,7 +466,7 @@ fn tables_past_the_limits_fail_naming_file_line_and_limit() {
     sql_fails(
         &["SELECT * FROM t", "--table", &table("t", &huge)],
         &[&format!(
-            "table t ({}): line 3: a field longer than 64 MiB",
+            "table t ({}): not readable as CSV: line 3: a field longer than 64 MiB",
             huge.display()
         )],
     );
@@ -483,7 +483,7 @@ fn tables_past_the_limits_fail_naming_file_line_and_limit() {
     sql_fails(
         &["SELECT * FROM t", "--table", &table("t", &long)],
         &[&format!(
-            "table t ({}): line 2: a line longer than 64 MiB",
+            "table t ({}): not readable as JSON lines: line 2: a line longer than 64 MiB",
             long.display()
         )],
     );
@@ -501,7 +501,7 @@ fn a_json_lines_error_names_its_own_line() {
     let stderr = sql_fails(
         &["SELECT * FROM t", "--table", &table("t", &path)],
         &[&format!(
-            "table t ({}): not JSON lines: line 2:",
+            "table t ({}): not readable as JSON lines: line 2:",
             path.display()
         )],
     );

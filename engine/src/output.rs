@@ -224,7 +224,7 @@ pub fn clear_query_outputs(dir: &Path) -> Result<Vec<String>> {
                 .and_then(|n| n.strip_suffix(".tmp"))
                 .is_some_and(is_layout_name);
         if earlier && entry.file_type().is_ok_and(|t| t.is_file()) {
-            std::fs::remove_file(entry.path()).map_err(|e| EngineError::io(&entry.path(), e))?;
+            std::fs::remove_file(entry.path()).map_err(|e| EngineError::io(entry.path(), e))?;
             removed.push(name);
         }
     }

@@ -208,7 +208,8 @@ async fn read_file(
             });
         }
         Format::Csv => {
-            let shape = text_scan::scan_csv(file, csv).map_err(|e| scan_error(name, file, e))?;
+            let shape =
+                text_scan::scan_csv(file, csv).map_err(|e| scan_error(name, file, format, e))?;
             let ext = file.extension().and_then(|e| e.to_str()).unwrap_or("csv");
             let options = CsvReadOptions::new()
                 .file_extension(ext)
@@ -217,7 +218,7 @@ async fn read_file(
             ctx.read_csv(location, options).await
         }
         Format::JsonLines => {
-            text_scan::scan_json_lines(file).map_err(|e| scan_error(name, file, e))?;
+            text_scan::scan_json_lines(file).map_err(|e| scan_error(name, file, format, e))?;
             let ext = file.extension().and_then(|e| e.to_str()).unwrap_or("json");
             ctx.read_json(location, JsonReadOptions::default().file_extension(ext))
                 .await
@@ -226,17 +227,17 @@ async fn read_file(
     let failed = |e: datafusion::error::DataFusionError| match format {
         // The reader counts lines from its batch; find the line in the file.
         Format::JsonLines => match text_scan::json_error_line(file) {
-            Some(problem) => data_error(name, file, format!("not JSON lines: {problem}")),
+            Some(problem) => data_error(name, file, format!("{}: {problem}", unreadable(format))),
             None => data_error(
                 name,
                 file,
-                format!("not readable as JSON lines: {}", e.strip_backtrace()),
+                format!("{}: {}", unreadable(format), e.strip_backtrace()),
             ),
         },
         _ => data_error(
             name,
             file,
-            format!("not readable as CSV: {}", e.strip_backtrace()),
+            format!("{}: {}", unreadable(format), e.strip_backtrace()),
         ),
     };
     let frame = frame.map_err(failed)?;
@@ -245,10 +246,17 @@ async fn read_file(
     Ok((schema, batches))
 }
 
-fn scan_error(name: &str, file: &Path, e: ScanError) -> EngineError {
+fn unreadable(format: Format) -> &'static str {
+    match format {
+        Format::Csv => "not readable as CSV",
+        _ => "not readable as JSON lines",
+    }
+}
+
+fn scan_error(name: &str, file: &Path, format: Format, e: ScanError) -> EngineError {
     match e {
         ScanError::Io(e) => data_error(name, file, e),
-        ScanError::Problem(p) => data_error(name, file, p),
+        ScanError::Problem(p) => data_error(name, file, format!("{}: {p}", unreadable(format))),
     }
 }
 
@@ -333,7 +341,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         let want = format!(
-            "table t ({}): line 3: 1 field, the header (line 1) has 2",
+            "table t ({}): not readable as CSV: line 3: 1 field, the header (line 1) has 2",
             path.display()
         );
         assert!(e.contains(&want), "{e}");
@@ -386,7 +394,7 @@ mod tests {
             .to_string();
         assert!(e.contains(&format!("({}): ", path.display())), "{e}");
         assert!(
-            e.contains("not JSON lines: line 2: expected value (column 8)"),
+            e.contains("not readable as JSON lines: line 2: expected value (column 8)"),
             "{e}"
         );
     }
