@@ -374,6 +374,17 @@ fn input_files_that_are_not_regular_files_are_refused_by_name() {
         ],
         &["query.sql", "a FIFO (named pipe)"],
     );
+    // A QUAIL-B table of `aisql query --tables`.
+    let tables = dir.path().join("tables");
+    TinyCorpus::write(&tables);
+    let reviews = tables.join("reviews.parquet");
+    std::fs::remove_file(&reviews).unwrap();
+    std::os::unix::fs::symlink("/dev/urandom", &reviews).unwrap();
+    query_fails(
+        &plans_dir().join("IMDB-1.json"),
+        &tables,
+        "reviews.parquet: a symbolic link to a character device (/dev/urandom)",
+    );
     let plan_fifo = dir.path().join("plan.json");
     mkfifo(&plan_fifo);
     for command in ["query", "explain"] {
