@@ -21,6 +21,7 @@ pub mod distributed;
 mod error;
 pub mod explain;
 pub mod host_memory;
+pub mod input_file;
 pub mod kv_cache;
 pub mod labels;
 pub mod logical;

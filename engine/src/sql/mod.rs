@@ -14,6 +14,7 @@ mod read_only;
 pub mod rewrite;
 pub mod spelling;
 pub mod tables;
+pub mod text_scan;
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -65,6 +66,8 @@ pub struct SqlSession {
     first_batches: Mutex<std::collections::HashMap<String, usize>>,
     /// Which writing statements may run, and where they may write.
     writes: Mutex<WritePolicy>,
+    /// How strictly CSV tables are read.
+    csv: Mutex<text_scan::CsvReading>,
 }
 
 /// What one statement returns.
@@ -161,6 +164,7 @@ impl SqlSession {
             pool,
             first_batches: Mutex::default(),
             writes: Mutex::default(),
+            csv: Mutex::default(),
         })
     }
 
@@ -210,13 +214,21 @@ impl SqlSession {
         Ok(())
     }
 
+    /// Sets how strictly the CSV tables registered from now on are read
+    /// ([`text_scan::CsvReading::Strict`] by default).
+    pub fn set_csv_reading(&self, reading: text_scan::CsvReading) {
+        *self.csv.lock().expect("csv reading lock") = reading;
+    }
+
     /// Registers a table read from `path` (see [`tables::register`]); returns
     /// its row count.
     pub async fn register(&self, name: &str, path: &std::path::Path) -> Result<usize> {
+        let csv = *self.csv.lock().expect("csv reading lock");
         let (rows, first) = tables::register(
             &self.ctx,
             name,
             path,
+            csv,
             self.options.batch_rows,
             crate::tables::batch_text_bytes(self.backend.kv_capacity_tokens()),
         )
