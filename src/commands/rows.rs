@@ -133,8 +133,10 @@ pub struct PrintedRows<S> {
     next: S,
 }
 
+/// The writer of the printed text (the CSV writer, with its formats, is
+/// boxed: it is many times the JSON writer's size).
 enum Printer {
-    Csv(datafusion::arrow::csv::Writer<BufWriter<Stdout>>),
+    Csv(Box<datafusion::arrow::csv::Writer<BufWriter<Stdout>>>),
     Json(datafusion::arrow::json::ArrayWriter<BufWriter<Stdout>>),
 }
 
@@ -149,7 +151,7 @@ impl<S: RowSink> PrintedRows<S> {
                     .build(out);
                 // The header, even for a result without rows.
                 w.write(&RecordBatch::new_empty(schema.clone()))?;
-                Printer::Csv(w)
+                Printer::Csv(Box::new(w))
             }
             RowFormat::Json => Printer::Json(datafusion::arrow::json::ArrayWriter::new(out)),
             RowFormat::Table => anyhow::bail!("the table format is printed from the rows' head"),
@@ -164,7 +166,7 @@ impl<S: RowSink> PrintedRows<S> {
     /// Ends the printed text; how many rows came, and the sink they went to.
     pub fn finish(self) -> anyhow::Result<(u64, S)> {
         let mut out = match self.printer {
-            Printer::Csv(w) => w.into_inner(),
+            Printer::Csv(w) => (*w).into_inner(),
             Printer::Json(mut w) => {
                 w.finish()?;
                 let mut out = w.into_inner();
