@@ -129,8 +129,9 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
 fn keep_rows(err: anyhow::Error, parquet: ParquetRows, total: u64, dir: &Path) -> anyhow::Error {
     let saved = match parquet.finish() {
         Ok(SavedRows::File(_)) => format!(
-            "{} holds the {total} rows that arrived before the deadline",
-            dir.join(ROWS_FILE).display()
+            "{} holds the {total} row{} that arrived before the deadline",
+            dir.join(ROWS_FILE).display(),
+            if total == 1 { "" } else { "s" }
         ),
         Ok(SavedRows::Summary(summary)) => summary.note,
         Err(e) => format!("the rows that arrived before the deadline were not saved: {e}"),
