@@ -355,6 +355,11 @@ pub struct SqlArgs {
     /// of them. Repeatable.
     #[arg(long = "table", value_name = "NAME=PATH")]
     pub tables: Vec<String>,
+    /// Read malformed CSV tables as DataFusion's reader does: a row's missing
+    /// fields are nulls, a quote left open runs to the end of the file. Without
+    /// it such a file is an error naming its line.
+    #[arg(long)]
+    pub lenient_csv: bool,
     /// QUAIL-B data root whose tables (reviews, aspects, reports, terms, claims,
     /// evidence, citation_contexts, citation_passages, agent_traces) are registered
     /// too. Without it and without --table: aisql's cache, else the stand-in corpus.

@@ -8,6 +8,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// Every allocation is counted, so a query's memory bound sees the heap its
+/// operators never reserve (`aisql_engine::memory_guard`).
+#[global_allocator]
+static ALLOC: aisql_engine::alloc_meter::MeteredAlloc =
+    aisql_engine::alloc_meter::MeteredAlloc::new();
+
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
     // Panics that aisql catches become errors; none prints a trace of its own.

@@ -1,11 +1,15 @@
 //! Bad input gets a clear error naming what and where, a non-zero exit code and
 //! never a panic: malformed plans, wrong version, unknown functions, wrong
-//! arity, missing or malformed tables, missing labels, bad flags.
+//! arity, missing or malformed tables, missing labels, bad flags; input files
+//! that are not regular files, malformed CSV and JSON lines (by file and line),
+//! tables past the limits on width and size, an output into a missing folder,
+//! and a document too long for the model, named but never printed whole.
 
 mod common;
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use aisql_engine::backend::OracleBackend;
 use aisql_engine::labels::{LabelSet, LabelStore};
@@ -279,4 +283,289 @@ async fn a_label_missing_from_the_collection_names_predicate_and_id() {
     .unwrap_err()
     .to_string();
     assert!(err.contains(&old.info.key) && err.contains("rv3"), "{err}");
+}
+
+/// `aisql sql ARGS` with the tiny model, bounded in time: a read that blocks
+/// (a FIFO) fails the test instead of hanging it.
+fn sql(args: &[&str]) -> Command {
+    let mut c = aisql();
+    c.arg("sql")
+        .args(args)
+        .args(["--backend", "model", "--model", "tiny"])
+        .timeout(Duration::from_secs(120));
+    c
+}
+
+/// Runs `aisql sql ARGS`, expecting exit 1 with every needle on stderr and no
+/// panic; returns stderr.
+fn sql_fails(args: &[&str], needles: &[&str]) -> String {
+    let out = sql(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+    for needle in needles {
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: no {needle:?} in {stderr}"
+        );
+    }
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
+
+fn table(name: &str, path: &Path) -> String {
+    format!("{name}={}", path.display())
+}
+
+#[cfg(unix)]
+fn mkfifo(path: &Path) {
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo {}", path.display());
+}
+
+/// A FIFO would block the read forever and a device would read as an endless
+/// (or empty) file: each is refused by name, before it is opened.
+#[cfg(unix)]
+#[test]
+fn input_files_that_are_not_regular_files_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.csv");
+    std::fs::write(&good, "id,text\na,x\n").unwrap();
+    let fifo = dir.path().join("pipe.csv");
+    mkfifo(&fifo);
+    sql_fails(
+        &["SELECT * FROM t", "--table", &table("t", &fifo)],
+        &[
+            &format!("table t ({})", fifo.display()),
+            "a FIFO (named pipe), not a regular file",
+        ],
+    );
+    // Inside a table folder, next to a good file.
+    let folder = dir.path().join("parts");
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::write(folder.join("a.csv"), "id,text\na,x\n").unwrap();
+    let part = folder.join("b.csv");
+    mkfifo(&part);
+    sql_fails(
+        &["SELECT * FROM t", "--table", &table("t", &folder)],
+        &[&format!("({}): a FIFO", part.display())],
+    );
+    // A link to /dev/zero is not an empty table.
+    let zero = dir.path().join("zero.parquet");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    sql_fails(
+        &["SELECT * FROM t", "--table", &table("t", &zero)],
+        &[
+            "zero.parquet",
+            "a symbolic link to a character device (/dev/zero)",
+        ],
+    );
+    // The SQL file, and a plan file.
+    let sql_fifo = dir.path().join("query.sql");
+    mkfifo(&sql_fifo);
+    sql_fails(
+        &[
+            "-f",
+            sql_fifo.to_str().unwrap(),
+            "--table",
+            &table("t", &good),
+        ],
+        &["query.sql", "a FIFO (named pipe)"],
+    );
+    // A QUAIL-B table of `aisql query --tables`.
+    let tables = dir.path().join("tables");
+    TinyCorpus::write(&tables);
+    let reviews = tables.join("reviews.parquet");
+    std::fs::remove_file(&reviews).unwrap();
+    std::os::unix::fs::symlink("/dev/urandom", &reviews).unwrap();
+    query_fails(
+        &plans_dir().join("IMDB-1.json"),
+        &tables,
+        "reviews.parquet: a symbolic link to a character device (/dev/urandom)",
+    );
+    let plan_fifo = dir.path().join("plan.json");
+    mkfifo(&plan_fifo);
+    for command in ["query", "explain"] {
+        aisql()
+            .args([command, plan_fifo.to_str().unwrap()])
+            .timeout(Duration::from_secs(120))
+            .assert()
+            .code(1)
+            .stderr(
+                predicate::str::contains("plan.json")
+                    .and(predicate::str::contains("a FIFO (named pipe)"))
+                    .and(predicate::str::contains("panicked").not()),
+            );
+    }
+}
+
+#[test]
+fn malformed_csv_names_file_and_line_unless_read_leniently() {
+    let dir = tempfile::tempdir().unwrap();
+    // A quote left open would merge every later row into one value.
+    let open = dir.path().join("open.csv");
+    std::fs::write(&open, "id,text\na,x\nb,\"it\nc,z\nd,w\n").unwrap();
+    sql_fails(
+        &["SELECT * FROM t", "--table", &table("t", &open)],
+        &[&format!(
+            "table t ({}): not readable as CSV: line 3: a quoted field opens here and is never closed",
+            open.display()
+        )],
+    );
+    let ragged = dir.path().join("ragged.csv");
+    std::fs::write(&ragged, "id,text\na,x\nb\nc,z,extra\n").unwrap();
+    sql_fails(
+        &["SELECT * FROM t", "--table", &table("t", &ragged)],
+        &[&format!(
+            "table t ({}): not readable as CSV: line 3: 1 field, the header (line 1) has 2",
+            ragged.display()
+        )],
+    );
+    // Leniently a missing field is a null; a field too many is still an error.
+    sql_fails(
+        &[
+            "SELECT * FROM t",
+            "--lenient-csv",
+            "--table",
+            &table("t", &ragged),
+        ],
+        &["ragged.csv", "line 4: 3 fields, the header (line 1) has 2"],
+    );
+    let short = dir.path().join("short.csv");
+    std::fs::write(&short, "id,text\na,x\nb\n").unwrap();
+    sql(&[
+        "SELECT id, text IS NULL AS missing FROM t ORDER BY id",
+        "--lenient-csv",
+        "--format",
+        "csv",
+        "--table",
+        &table("t", &short),
+    ])
+    .assert()
+    .success()
+    .stdout("id,missing\na,false\nb,true\n");
+}
+
+/// Past the limits on columns, a value and a row, a table fails at once, naming
+/// the file, the line and the limit (these took DataFusion minutes).
+#[test]
+fn tables_past_the_limits_fail_naming_file_line_and_limit() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let wide = dir.path().join("wide.csv");
+    let header: Vec<String> = (0..100_000).map(|i| format!("c{i}")).collect();
+    std::fs::write(&wide, format!("{}\n", header.join(","))).unwrap();
+    sql_fails(
+        &["SELECT * FROM t", "--table", &table("t", &wide)],
+        &[&format!(
+            "table t ({}): not readable as CSV: line 1: more than 10000 fields",
+            wide.display()
+        )],
+    );
+
+    let huge = dir.path().join("huge.csv");
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&huge).unwrap());
+    f.write_all(b"id,text\na,x\nb,\"").unwrap();
+    let chunk = vec![b'x'; 1 << 20];
+    for _ in 0..200 {
+        f.write_all(&chunk).unwrap();
+    }
+    f.write_all(b"\"\n").unwrap();
+    drop(f);
+    sql_fails(
+        &["SELECT * FROM t", "--table", &table("t", &huge)],
+        &[&format!(
+            "table t ({}): not readable as CSV: line 3: a field longer than 64 MiB",
+            huge.display()
+        )],
+    );
+    std::fs::remove_file(&huge).unwrap();
+
+    let long = dir.path().join("long.json");
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&long).unwrap());
+    f.write_all(b"{\"id\": \"a\"}\n{\"id\": \"").unwrap();
+    for _ in 0..100 {
+        f.write_all(&chunk).unwrap();
+    }
+    f.write_all(b"\"}\n").unwrap();
+    drop(f);
+    sql_fails(
+        &["SELECT * FROM t", "--table", &table("t", &long)],
+        &[&format!(
+            "table t ({}): not readable as JSON lines: line 2: a line longer than 64 MiB",
+            long.display()
+        )],
+    );
+}
+
+#[test]
+fn a_json_lines_error_names_its_own_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.jsonl");
+    std::fs::write(
+        &path,
+        "{\"id\": \"a\"}\n{\"id\": \"b\",}\n{\"id\": \"c\"}\n",
+    )
+    .unwrap();
+    let stderr = sql_fails(
+        &["SELECT * FROM t", "--table", &table("t", &path)],
+        &[&format!(
+            "table t ({}): not readable as JSON lines: line 2:",
+            path.display()
+        )],
+    );
+    assert!(!stderr.contains("line 1"), "{stderr}");
+}
+
+#[test]
+fn an_output_into_a_missing_folder_names_the_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let table_file = dir.path().join("t.csv");
+    std::fs::write(&table_file, "id,text\na,x\n").unwrap();
+    for flag in ["--output", "--to-substrait"] {
+        let out = sql(&[
+            "SELECT * FROM t",
+            "--table",
+            &table("t", &table_file),
+            flag,
+            "some/missing/dir/x.csv",
+        ])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "cannot write {flag} some/missing/dir/x.csv: folder some/missing/dir does not exist"
+            )),
+            "{stderr}"
+        );
+        assert!(!stderr.contains(".tmp"), "{stderr}");
+    }
+    assert!(!dir.path().join("some").exists());
+}
+
+/// A document that is its row's id (no id column) and longer than the model's
+/// context is named by its first characters and its size, not printed whole.
+#[test]
+fn a_context_length_error_quotes_a_prefix_of_the_document() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.csv");
+    let document = "word ".repeat(200_000);
+    std::fs::write(&path, format!("text\nshort\n{document}\n")).unwrap();
+    let stderr = sql_fails(
+        &[
+            "SELECT ai_filter('Is {0} kind?', text) AS kind FROM t",
+            "--table",
+            &table("t", &path),
+        ],
+        &[
+            "max_position_embeddings",
+            &format!("… ({} bytes) of t", document.len()),
+        ],
+    );
+    assert!(stderr.len() < 2_000, "{} bytes of error", stderr.len());
 }

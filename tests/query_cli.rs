@@ -194,13 +194,20 @@ fn output_dir_streams_every_row_while_printing_the_limit() {
     // Without --limit, csv carries every row, printed as they arrive.
     let (printed, _) = run(&["--output-dir", dir.to_str().unwrap()]);
     assert_eq!(printed.lines().count(), want.num_rows() + 1);
-    // An earlier query's answer table does not stay beside this one's outputs.
-    std::fs::write(dir.join("joins-0.parquet"), b"from IMDB-3").unwrap();
+    // An earlier query's answer tables do not stay beside this one's outputs
+    // (IMDB-2 writes joins-0.parquet only).
+    for stale in ["classifications-0.parquet", "filters-7.parquet"] {
+        std::fs::write(dir.join(stale), b"from another query").unwrap();
+    }
     std::fs::write(dir.join("mine.txt"), b"not aisql's").unwrap();
     let (_, stderr) = run(&["--output-dir", dir.to_str().unwrap()]);
-    assert!(stderr.contains("joins-0.parquet"), "{stderr}");
-    assert!(!dir.join("joins-0.parquet").exists());
-    assert!(dir.join("mine.txt").exists() && dir.join("filters-0.parquet").exists());
+    assert!(
+        stderr.contains("classifications-0.parquet, filters-7.parquet"),
+        "{stderr}"
+    );
+    assert!(!dir.join("classifications-0.parquet").exists());
+    assert!(!dir.join("filters-7.parquet").exists());
+    assert!(dir.join("mine.txt").exists() && dir.join("joins-0.parquet").exists());
 }
 
 /// Past `--timeout-s` the query stops and fails naming the limit; what it had

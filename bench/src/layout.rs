@@ -363,7 +363,7 @@ fn io(path: &Path, e: impl std::fmt::Display) -> BenchError {
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
-    let s = fs::read_to_string(path).map_err(|e| BenchError::Manifest {
+    let s = aisql_engine::input_file::read_to_string(path).map_err(|e| BenchError::Manifest {
         path: path.to_path_buf(),
         message: format!("cannot read: {e}"),
     })?;
@@ -375,7 +375,7 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
 
 /// SHA-256 hex of a file.
 pub fn sha256_file(path: &Path) -> Result<String> {
-    let mut f = File::open(path).map_err(|e| io(path, e))?;
+    let mut f = aisql_engine::input_file::open(path).map_err(|e| io(path, e))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {

@@ -88,7 +88,7 @@ impl PlanSource {
                 .ok_or_else(|| self.error(format!("no file {name}"))),
             PlanSource::Dir(d) => {
                 let path = d.join(name);
-                std::fs::read(&path)
+                aisql_engine::input_file::read(&path)
                     .map(Cow::Owned)
                     .map_err(|e| self.error(format!("cannot read {}: {e}", path.display())))
             }
@@ -161,8 +161,10 @@ pub fn open_plan(arg: &str, source: &PlanSource) -> Result<QueryPlan> {
     if catalog.iter().any(|e| e.id == arg) {
         return source.plan(arg);
     }
-    let message = if path.exists() {
-        "is not a file".to_string()
+    let message = if let Err(e) = aisql_engine::input_file::regular_file(path)
+        && path.exists()
+    {
+        format!("is {e}")
     } else {
         format!(
             "no such file, and not a query id of the QUAIL-B catalog ({}: {})",

@@ -510,6 +510,10 @@ impl InferenceBackend for CachedBackend {
         self.inner.kv_capacity_tokens()
     }
 
+    fn host_memory_allowance(&self) -> usize {
+        self.inner.host_memory_allowance()
+    }
+
     fn reuses_work(&self) -> bool {
         self.inner.reuses_work()
     }

@@ -96,6 +96,14 @@ pub trait InferenceBackend: Send + Sync {
         None
     }
 
+    /// Host memory the backend may add while a query runs, beyond the query's
+    /// `--memory-limit`: a model's KV cache on the host and a forward batch's
+    /// working memory. The query's heap bound ([`crate::memory_guard`]) leaves
+    /// it this much room; 0 for backends that hold nothing per query.
+    fn host_memory_allowance(&self) -> usize {
+        0
+    }
+
     /// Whether the backend reuses work between prompts (document KV, answers to
     /// a question asked again). When it does not (`--prefix-cache off`), every
     /// operator's every question is computed from its first token: the baseline

@@ -33,15 +33,24 @@ pub enum EngineError {
     MissingLabel {
         /// Predicate key.
         predicate: String,
-        /// The `{0}` document id.
+        /// The `{0}` document id (an excerpt: it may be the document).
         left_id: String,
-        /// The `{1}` document id, if any.
+        /// The `{1}` document id, if any (an excerpt).
         right_id: Option<String>,
     },
     /// A write the command may not make: over or into one of its inputs, or a
     /// writing statement in read-only SQL.
     #[error("refused: {0}")]
     WriteRefused(String),
+    /// An output file cannot be written where it was asked for (its folder is
+    /// missing); `what` is the flag and path as the user gave them.
+    #[error("cannot write {what}: {message}")]
+    Output {
+        /// The output: `--output rows.csv`, or its path alone.
+        what: String,
+        /// Why.
+        message: String,
+    },
     /// An environment setting has a value aisql cannot use (which, and why).
     #[error("setting: {0}")]
     Setting(String),

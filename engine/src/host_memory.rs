@@ -1,6 +1,7 @@
-//! What the host has: memory figures from `/proc/meminfo`, the default memory
-//! limit of a query, the size syntax of `--memory-limit`, and handing freed
-//! memory back to the host between queries.
+//! What the host has: memory figures from `/proc/meminfo`, capped by the
+//! process's cgroup and address-space limit, the default memory limit of a
+//! query and of its spill files, the size syntax of `--memory-limit`, and
+//! handing freed memory back to the host between queries.
 
 /// A `/proc/meminfo` figure (`MemTotal`, `MemAvailable`, ...) in bytes; `None`
 /// where the file or the key is missing (not Linux).
@@ -45,11 +46,129 @@ pub fn release_free_memory() {
     }
 }
 
+/// The memory this process may use in all: the host's `MemTotal`, or less
+/// where its cgroup caps it (v2 `memory.max`, v1 `memory.limit_in_bytes`, on
+/// the process's group and those above it) or `RLIMIT_AS` leaves less address
+/// space than that. `None` where none is known (not Linux).
+pub fn memory_total() -> Option<usize> {
+    let cgroup = cgroup_limits().map(|(limit, _)| limit);
+    [meminfo_bytes("MemTotal"), cgroup, address_space_left()]
+        .into_iter()
+        .flatten()
+        .min()
+}
+
+/// The memory this process may still take: `MemAvailable`, or less where its
+/// cgroup's limit less its usage, or the address space left, is less.
+pub fn memory_available() -> Option<usize> {
+    let cgroup = cgroup_limits().map(|(limit, used)| limit.saturating_sub(used));
+    [meminfo_bytes("MemAvailable"), cgroup, address_space_left()]
+        .into_iter()
+        .flatten()
+        .min()
+}
+
+/// The tightest memory limit of the process's cgroup and its ancestors, with
+/// that group's usage: `(limit, used)` in bytes, `None` without a limit.
+fn cgroup_limits() -> Option<(usize, usize)> {
+    let groups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let mut tightest: Option<(usize, usize)> = None;
+    for line in groups.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let (root, limit_file, usage_file) = match controllers {
+            "" => ("/sys/fs/cgroup", "memory.max", "memory.current"),
+            c if c.split(',').any(|c| c == "memory") => (
+                "/sys/fs/cgroup/memory",
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+            ),
+            _ => continue,
+        };
+        let mut dir = std::path::PathBuf::from(root).join(path.trim_start_matches('/'));
+        while dir.starts_with(root) {
+            let read = |file: &str| -> Option<usize> {
+                std::fs::read_to_string(dir.join(file))
+                    .ok()?
+                    .trim()
+                    .parse()
+                    .ok()
+            };
+            // "max" (v2) does not parse; v1 writes "no limit" as a huge number.
+            if let Some(limit) = read(limit_file).filter(|l| *l < 1 << 60) {
+                let used = read(usage_file).unwrap_or(0);
+                if tightest.is_none_or(|(t, _)| limit < t) {
+                    tightest = Some((limit, used));
+                }
+            }
+            if !dir.pop() {
+                break;
+            }
+        }
+    }
+    tightest
+}
+
+/// Address space left under `RLIMIT_AS` (`ulimit -v`, `prlimit --as`): the
+/// limit less the process's virtual size now; `None` without a limit.
+fn address_space_left() -> Option<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes one rlimit into the struct it is given.
+        let ok = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } == 0;
+        if !ok || limit.rlim_cur == libc::RLIM_INFINITY {
+            return None;
+        }
+        let text = std::fs::read_to_string("/proc/self/status").ok()?;
+        let virtual_kb: usize = text
+            .lines()
+            .find_map(|l| l.strip_prefix("VmSize:"))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()?;
+        Some((limit.rlim_cur as usize).saturating_sub(virtual_kb * 1024))
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
+}
+
 /// The memory DataFusion's operators may hold in one query when the user sets no
-/// `--memory-limit`: half of the host's memory (the other half is left to the
-/// model, its KV cache and the input tables), 4 GiB where that is unknown.
+/// `--memory-limit`: half of what the process may use ([`memory_total`]: the
+/// host's memory, or its cgroup's or address-space limit; the other half is
+/// left to the model, its KV cache and the input tables), 4 GiB where that is
+/// unknown.
 pub fn default_memory_limit() -> usize {
-    meminfo_bytes("MemTotal").map_or(4 << 30, |total| total / 2)
+    memory_total().map_or(4 << 30, |total| total / 2)
+}
+
+/// The most a query's operators may spill to disk (sorts, aggregates and
+/// joins past the memory limit write temporary files): half of the space
+/// free now in the temporary folder, so a query past it fails with
+/// DataFusion's error instead of filling the disk (a nested-loop join chain
+/// once wrote 60 GB of spill until the disk was full). 16 GiB where the free
+/// space is unknown.
+pub fn default_spill_limit() -> u64 {
+    free_disk_bytes(&std::env::temp_dir()).map_or(16 << 30, |free| free / 2)
+}
+
+/// Bytes free to an unprivileged writer on the file system holding `path`.
+fn free_disk_bytes(path: &std::path::Path) -> Option<u64> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+        // SAFETY: statvfs reads a NUL-terminated path and writes one struct.
+        let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+        let ok = unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) } == 0;
+        ok.then(|| stat.f_bavail as u64 * stat.f_frsize as u64)
+    }
+    #[cfg(not(unix))]
+    None
 }
 
 /// Parses a size: bytes, or a number with a unit `K`, `M`, `G`, `T` (powers of
@@ -105,6 +224,22 @@ mod tests {
             assert!(default_memory_limit() > 1 << 19);
         }
         assert_eq!(meminfo_bytes("NoSuchKey"), None);
+    }
+
+    /// The process's figures never exceed the host's, and a default spill
+    /// limit leaves half of the free disk.
+    #[test]
+    fn cgroup_and_address_space_caps_only_lower_the_figures() {
+        if let (Some(host), Some(total)) = (meminfo_bytes("MemTotal"), memory_total()) {
+            assert!(total <= host);
+            assert!(default_memory_limit() <= host / 2);
+        }
+        if let (Some(host), Some(available)) = (meminfo_bytes("MemAvailable"), memory_available()) {
+            assert!(available <= host);
+        }
+        let free = free_disk_bytes(&std::env::temp_dir()).unwrap();
+        assert!(free > 0);
+        assert!(default_spill_limit() <= free / 2 + (64 << 20));
     }
 
     #[test]

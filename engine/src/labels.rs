@@ -180,8 +180,8 @@ impl LabelSet {
     fn missing(&self, left_id: &str, right_id: Option<&str>) -> EngineError {
         EngineError::MissingLabel {
             predicate: self.info.key.clone(),
-            left_id: left_id.to_string(),
-            right_id: right_id.map(str::to_string),
+            left_id: crate::prompt::Excerpt(left_id).to_string(),
+            right_id: right_id.map(|id| crate::prompt::Excerpt(id).to_string()),
         }
     }
 }

@@ -11,6 +11,7 @@
 //! its per-operator answer tables ([`answers`]).
 
 pub mod ai_functions;
+pub mod alloc_meter;
 pub mod answer_cache;
 pub mod answers;
 pub mod backend;
@@ -20,10 +21,12 @@ pub mod distributed;
 mod error;
 pub mod explain;
 pub mod host_memory;
+pub mod input_file;
 pub mod kv_cache;
 pub mod labels;
 pub mod logical;
 pub mod memo;
+pub mod memory_guard;
 pub mod output;
 pub mod panic_hook;
 pub mod parquet_headers;

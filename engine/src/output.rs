@@ -85,11 +85,53 @@ pub fn is_temp_name(name: &str) -> bool {
     name.starts_with('.') && name.ends_with(".tmp")
 }
 
+/// Refuses the output file `path` (`flag` names it: `--output`) when the folder
+/// it would go in does not exist or is not a folder. Checked before any work:
+/// the write itself would fail only at the end.
+pub fn check_output_folder(path: &Path, flag: &str) -> Result<()> {
+    match folder_problem(path) {
+        Some(message) => Err(EngineError::Output {
+            what: format!("{flag} {}", path.display()),
+            message,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Why the folder of the output file `path` cannot take it, if it cannot.
+fn folder_problem(path: &Path) -> Option<String> {
+    let folder = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    match std::fs::metadata(folder) {
+        Ok(meta) if meta.is_dir() => None,
+        Ok(_) => Some(format!("{} is not a folder", folder.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Some(format!("folder {} does not exist", folder.display()))
+        }
+        Err(e) => Some(format!("folder {}: {e}", folder.display())),
+    }
+}
+
+/// The error of creating `tmp`, the temporary file of output `path`: the
+/// missing folder when that is why, naming the user's path, not the temporary
+/// name; else the error on `tmp`.
+pub fn temp_error(path: &Path, tmp: &Path, e: std::io::Error) -> EngineError {
+    match folder_problem(path) {
+        Some(message) => EngineError::Output {
+            what: path.display().to_string(),
+            message,
+        },
+        None => EngineError::io(tmp, e),
+    }
+}
+
 /// Writes `bytes` to `path` through [`temp_path`] and a rename, so a reader, or a
 /// crash mid-write, never sees a half-written file.
 pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = temp_path(path);
-    std::fs::write(&tmp, bytes).map_err(|e| EngineError::io(&tmp, e))?;
+    std::fs::write(&tmp, bytes).map_err(|e| temp_error(path, &tmp, e))?;
     publish(&tmp, path)
 }
 
@@ -122,7 +164,7 @@ pub fn parquet_properties() -> WriterProperties {
 /// Writes `batch` as a zstd Parquet file, atomically (temp file then rename).
 pub fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
     let tmp = temp_path(path);
-    let file = File::create(&tmp).map_err(|e| EngineError::io(&tmp, e))?;
+    let file = File::create(&tmp).map_err(|e| temp_error(path, &tmp, e))?;
     let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(parquet_properties()))
         .map_err(|e| EngineError::Data(format!("{}: {e}", path.display())))?;
     writer
@@ -182,7 +224,7 @@ pub fn clear_query_outputs(dir: &Path) -> Result<Vec<String>> {
                 .and_then(|n| n.strip_suffix(".tmp"))
                 .is_some_and(is_layout_name);
         if earlier && entry.file_type().is_ok_and(|t| t.is_file()) {
-            std::fs::remove_file(entry.path()).map_err(|e| EngineError::io(&entry.path(), e))?;
+            std::fs::remove_file(entry.path()).map_err(|e| EngineError::io(entry.path(), e))?;
             removed.push(name);
         }
     }

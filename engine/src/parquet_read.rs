@@ -5,6 +5,7 @@
 //! error naming the file like any other corruption. Its Thrift headers are
 //! scanned first ([`crate::parquet_headers`]), and dictionaries checked, so that
 //! no header or page can make the reader loop for hours or reserve gigabytes.
+//! Only regular files are opened ([`crate::input_file`]).
 
 use bytes::Bytes;
 use std::fs::File;
@@ -56,7 +57,7 @@ pub fn read_batches(
     // Read from memory, not the file: on a corrupt page header the reader's skip
     // over a file never ends (parquet 59.3.2; a fuzz regression input), over
     // bytes it stops at the end. The tables are held in memory anyway.
-    let bytes = Bytes::from(std::fs::read(path).map_err(ParquetReadError::Io)?);
+    let bytes = Bytes::from(crate::input_file::read(path).map_err(ParquetReadError::Io)?);
     let stream = batch_stream(bytes, batch_size, Strings::AsWritten)?;
     let schema = stream.schema();
     Ok((schema, stream.collect::<Result<Vec<_>, _>>()?))
@@ -124,7 +125,7 @@ pub fn stream_dictionary_parts(
 
 /// `path` mapped into memory (its pages are the kernel's to drop).
 fn map_file(path: &Path) -> Result<Bytes, ParquetReadError> {
-    let file = File::open(path).map_err(ParquetReadError::Io)?;
+    let file = crate::input_file::open(path).map_err(ParquetReadError::Io)?;
     // SAFETY: the mapping is read-only and lives inside the returned Bytes; a
     // file truncated by another process while mapped is the documented misuse.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(ParquetReadError::Io)?;
@@ -292,7 +293,7 @@ pub fn footer_rows(path: &Path) -> Result<u64, ParquetReadError> {
 /// The footer of `path` with its 8-byte trailer (length and magic), as far as the
 /// file holds them: what [`crate::parquet_headers::check_footer`] scans.
 fn footer_tail(path: &Path) -> std::io::Result<Vec<u8>> {
-    let mut file = File::open(path)?;
+    let mut file = crate::input_file::open(path)?;
     let size = file.metadata()?.len();
     let read_last = |file: &mut File, n: u64| -> std::io::Result<Vec<u8>> {
         let n = n.min(size);

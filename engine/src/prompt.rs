@@ -293,6 +293,35 @@ pub fn label_continuations(labels: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// Characters of a text an error quotes ([`Excerpt`]).
+pub const EXCERPT_CHARS: usize = 200;
+
+/// A text quoted in an error message: whole when it is at most
+/// [`EXCERPT_CHARS`] characters, else those first characters and its size
+/// (`… (20971520 bytes)`), newlines shown as `⏎`. A document can stand as a
+/// row's id (a table without an id column) and be megabytes long; an error
+/// names it, never prints it. Cut only when displayed.
+#[derive(Debug, Clone, Copy)]
+pub struct Excerpt<'a>(pub &'a str);
+
+impl fmt::Display for Excerpt<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let text = self.0;
+        let cut = text.char_indices().nth(EXCERPT_CHARS).map(|(at, _)| at);
+        let head = &text[..cut.unwrap_or(text.len())];
+        for (i, line) in head.split('\n').enumerate() {
+            if i > 0 {
+                f.write_str("⏎")?;
+            }
+            f.write_str(line)?;
+        }
+        if cut.is_some() {
+            write!(f, "… ({} bytes)", text.len())?;
+        }
+        Ok(())
+    }
+}
+
 /// `text` cut to about `max` characters with an ellipsis, newlines shown as `⏎`.
 pub fn shorten(text: &str, max: usize) -> String {
     let flat = text.replace('\n', "⏎");
@@ -307,6 +336,19 @@ pub fn shorten(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_excerpt_keeps_a_short_text_and_cuts_a_long_one_with_its_size() {
+        assert_eq!(Excerpt("r-1\nx").to_string(), "r-1⏎x");
+        let exact = "é".repeat(EXCERPT_CHARS);
+        assert_eq!(Excerpt(&exact).to_string(), exact);
+        let long = format!("{}{}", "é".repeat(EXCERPT_CHARS), "x".repeat(20 << 20));
+        let shown = Excerpt(&long).to_string();
+        assert_eq!(
+            shown,
+            format!("{}… ({} bytes)", "é".repeat(EXCERPT_CHARS), long.len())
+        );
+    }
 
     const F1: &str = "Judge strictly from the review above whether it mentions at least one positive aspect of the movie.\n\n{0}\n\nInstruction: answer TRUE if the review mentions at least one positive aspect of the movie, FALSE otherwise.";
 

@@ -254,7 +254,7 @@ impl ParquetRows {
             std::fs::create_dir_all(dir).map_err(|e| EngineError::io(dir, e))?;
         }
         let tmp = temp_path(path);
-        let file = File::create(&tmp).map_err(|e| EngineError::io(&tmp, e))?;
+        let file = File::create(&tmp).map_err(|e| crate::output::temp_error(path, &tmp, e))?;
         let failed =
             |e: &dyn std::fmt::Display| EngineError::Data(format!("{}: {e}", path.display()));
         let mut writer = ArrowWriter::try_new(file, schema.clone(), Some(parquet_properties()))

@@ -418,6 +418,13 @@ impl InferenceBackend for ShardedBackend {
             .and_then(|c| c.into_iter().min())
     }
 
+    fn host_memory_allowance(&self) -> usize {
+        self.workers
+            .iter()
+            .map(|w| w.backend.host_memory_allowance())
+            .fold(0, usize::saturating_add)
+    }
+
     fn reuses_work(&self) -> bool {
         self.workers.iter().all(|w| w.backend.reuses_work())
     }

@@ -48,7 +48,7 @@ pub struct Report {
     pub outcome_kinds: usize,
     /// Slowest single input, seconds.
     pub slowest_s: f64,
-    /// Largest single allocation, bytes (0 unless [`alloc::CountingAlloc`] is the
+    /// Largest single allocation, bytes (0 unless [`alloc::FUZZ_ALLOC`] is the
     /// global allocator).
     pub largest_allocation: usize,
     /// Panics and broken promises.

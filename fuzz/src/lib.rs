@@ -9,7 +9,7 @@
 //! of outcome an input produces (an input whose error is of a kind not seen
 //! before joins the corpus). [`driver`] runs a target for a while, catching
 //! panics, watching for hangs and for allocations over the limit
-//! ([`alloc::CountingAlloc`]), and saves every input that breaks a promise.
+//! ([`alloc::FUZZ_ALLOC`]), and saves every input that breaks a promise.
 
 pub mod alloc;
 pub mod driver;

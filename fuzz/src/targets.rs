@@ -557,8 +557,14 @@ impl Fixture {
     }
 
     fn csv(&self, data: &[u8]) -> Result<String, String> {
+        use aisql_engine::sql::text_scan::{CsvReading, scan_csv};
         let path = self.work.join("table.csv");
         std::fs::write(&path, data).map_err(err)?;
+        let scanned = scan_csv(&path, CsvReading::Strict);
+        let lenient = scan_csv(&path, CsvReading::Lenient);
+        if scanned.is_ok() && lenient.is_err() {
+            return Err("the lenient scan refused a file the strict scan passed".into());
+        }
         let out = self.runtime.block_on(async {
             let ctx = SessionContext::new();
             ctx.read_csv(
@@ -569,6 +575,17 @@ impl Fixture {
             .collect()
             .await
         });
+        // A file the strict scan passes is read as the records it counted: no
+        // quote merges rows behind the scan's back.
+        if let (Ok(shape), Ok(batches)) = (&scanned, &out) {
+            let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+            if rows as u64 != shape.records.saturating_sub(1) {
+                return Err(format!(
+                    "the scan counted {} records (a header and rows), DataFusion read {rows} rows",
+                    shape.records
+                ));
+            }
+        }
         Ok(match out {
             Ok(b) => format!("read {} batches", b.len().min(2)),
             Err(e) => kind(&e),

@@ -5,12 +5,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use aisql_fuzz::alloc::{CountingAlloc, REFUSE_OVER};
+use aisql_fuzz::alloc::{FUZZ_ALLOC, MeteredAlloc, REFUSE_OVER};
 use aisql_fuzz::driver::replay;
 use aisql_fuzz::{Fixture, Target, fuzz};
 
 #[global_allocator]
-static ALLOC: CountingAlloc = CountingAlloc;
+static ALLOC: MeteredAlloc = FUZZ_ALLOC;
 
 fn regressions(target: Target) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -47,6 +47,7 @@ fn compare(a: &Path, b: &Path, root: Option<&Path>, json: Option<&Path>) -> anyh
     guard.add(a, "the compared run").add(b, "the compared run");
     if let Some(path) = json {
         guard.check(path, "--json", OutputKind::File)?;
+        aisql_engine::output::check_output_folder(path, "--json")?;
     }
     let dataset = run_dataset(a, root)?;
     super::paths::add_dataset(&mut guard, &dataset);

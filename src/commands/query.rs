@@ -161,6 +161,7 @@ fn check_outputs(args: &QueryArgs, dataset: Option<&Dataset>) -> anyhow::Result<
     }
     if let Some(file) = &args.rows.output {
         guard.check(file, "--output", OutputKind::File)?;
+        aisql_engine::output::check_output_folder(file, "--output")?;
     }
     super::paths::check_answer_cache(&guard, &args.backend)?;
     Ok(())

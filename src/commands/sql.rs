@@ -7,7 +7,9 @@ use std::sync::Arc;
 use aisql_bench::layout::Dataset;
 use aisql_bench::resolve::resolve;
 use aisql_engine::backend::{InferenceBackend, OracleBackend};
+use aisql_engine::output::check_output_folder;
 use aisql_engine::query::QueryOptions;
+use aisql_engine::sql::text_scan::CsvReading;
 use aisql_engine::sql::{Evaluation, SqlSession, WritePolicy, templates};
 use aisql_engine::write_guard::{OutputKind, WriteGuard};
 use anyhow::Context;
@@ -56,7 +58,7 @@ fn selectivity_arg<'t>(arg: &str, templates: &'t [String]) -> anyhow::Result<(&'
 pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     let sql = match (&args.query, &args.file) {
         (Some(q), _) => q.clone(),
-        (None, Some(f)) => std::fs::read_to_string(f)
+        (None, Some(f)) => aisql_engine::input_file::read_to_string(f)
             .with_context(|| format!("reading the SQL file {}", f.display()))?,
         (None, None) => return Err(UsageError("give a SQL statement or -f FILE".into()).into()),
     };
@@ -78,10 +80,12 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     let guard = inputs(&args, &tables, dataset.as_ref());
     if let Some(out) = &args.rows.output {
         guard.check(out, "--output", OutputKind::File)?;
+        check_output_folder(out, "--output")?;
         super::rows::output_format(out)?;
     }
     if let Some(out) = &args.to_substrait {
         guard.check(out, "--to-substrait", OutputKind::File)?;
+        check_output_folder(out, "--to-substrait")?;
     }
     super::paths::check_answer_cache(&guard, &args.backend)?;
     let format = args.backend.prompt_format.parse()?;
@@ -101,6 +105,9 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         super::backend::build(&args.backend, dataset.as_ref(), &wanted)?.0
     };
     let session = SqlSession::new(backend.clone(), options, Evaluation::Operators)?;
+    if args.lenient_csv {
+        session.set_csv_reading(CsvReading::Lenient);
+    }
     session.set_write_policy(WritePolicy {
         allow_writes: args.allow_writes,
         guard,

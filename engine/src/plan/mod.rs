@@ -172,10 +172,10 @@ fn derive_view(plan: &Plan, root_names: &[String]) -> Result<derive::Derived> {
     derive::derive(&analyzed, below_root, root_names)
 }
 
-/// Reads a plan file: `.json` as Substrait ProtoJSON, `.substrait`/`.pb` (or
-/// anything else) as binary protobuf.
+/// Reads a plan file, a regular file ([`crate::input_file`]): `.json` as
+/// Substrait ProtoJSON, `.substrait`/`.pb` (or anything else) as binary protobuf.
 pub fn read_plan_file(path: &Path) -> Result<Plan> {
-    let bytes = std::fs::read(path).map_err(|e| EngineError::io(path, e))?;
+    let bytes = crate::input_file::read(path).map_err(|e| EngineError::io(path, e))?;
     let is_json = path.extension().is_some_and(|e| e == "json");
     decode_plan(&bytes, is_json).map_err(|message| EngineError::PlanFile {
         path: path.display().to_string(),

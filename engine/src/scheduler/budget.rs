@@ -1,15 +1,16 @@
 //! How much KV memory a query may hold: the default on a CPU and the budget
 //! left on a GPU once the weights are loaded.
 
-/// A quarter of the memory available now, at most 16 GiB.
+/// A quarter of the memory available now (within the process's cgroup and
+/// address-space limits), at most 16 GiB.
 pub fn default_kv_budget_bytes() -> usize {
-    let available = crate::host_memory::meminfo_bytes("MemAvailable").unwrap_or(8 << 30);
+    let available = crate::host_memory::memory_available().unwrap_or(8 << 30);
     (available / 4).min(16 << 30)
 }
 
 /// Host memory for KV offloaded from a GPU: a quarter of the memory available now.
 pub fn default_host_kv_budget_bytes() -> usize {
-    crate::host_memory::meminfo_bytes("MemAvailable").unwrap_or(8 << 30) / 4
+    crate::host_memory::memory_available().unwrap_or(8 << 30) / 4
 }
 
 /// KV budget on a GPU with `free` bytes free after loading the weights: 70 % of it,

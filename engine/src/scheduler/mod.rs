@@ -62,7 +62,7 @@ use crate::backend::{AiCall, AiKind, AiRequest, Doc, InferenceBackend};
 use crate::error::{EngineError, Result};
 use crate::kv_cache::{KvOps, NodeId, PrefixTrie};
 use crate::memo::DocKey;
-use crate::prompt::label_continuations;
+use crate::prompt::{Excerpt, label_continuations};
 use crate::query_gate::{QueryGate, Ticket};
 use lookahead::{AheadQuestion, Lookahead, MAX_PARTNERS_AHEAD};
 
@@ -248,7 +248,8 @@ impl<E: Executor> ScheduledBackend<E> {
     /// Refuses a prompt of `len` positions (label continuations included) that is
     /// longer than the model's context: past `max_position_embeddings` its answer
     /// would be silently wrong, so the row is named instead.
-    /// `row` and `table` are formatted only for the error (this runs for every pair).
+    /// `row` and `table` are formatted only for the error (this runs for every
+    /// pair); a row is named by its id, an [`Excerpt`] (the id may be the document).
     fn check_context(
         &self,
         op_id: &str,
@@ -535,12 +536,17 @@ impl<E: Executor> ScheduledBackend<E> {
         for (r, doc) in requests.iter().zip(&tokens) {
             let len = preamble.len() + doc.len() + suffix.len();
             let scored_len = len + if scored { label_tokens } else { 0 };
-            self.check_context(&call.op_id, r.anchor.id, &call.tables[0], scored_len)?;
+            self.check_context(
+                &call.op_id,
+                Excerpt(r.anchor.id),
+                &call.tables[0],
+                scored_len,
+            )?;
             if len > budget_tokens {
                 return Err(EngineError::Inference(format!(
                     "{}: document {} of {} needs {len} positions of KV, over the KV budget of {budget_tokens} ({} MiB)",
                     call.op_id,
-                    r.anchor.id,
+                    Excerpt(r.anchor.id),
                     call.tables[0],
                     self.config.kv_budget_bytes >> 20
                 )));
@@ -803,7 +809,11 @@ impl<E: Executor> ScheduledBackend<E> {
             let len = anchor_len + suffixes[j].len() + label_tokens;
             self.check_context(
                 &call.op_id,
-                format_args!("{} × {}", r.anchor.id, r.partner.map_or("", |p| p.id)),
+                format_args!(
+                    "{} × {}",
+                    Excerpt(r.anchor.id),
+                    Excerpt(r.partner.map_or("", |p| p.id))
+                ),
                 format_args!("{} × {}", call.tables[0], call.tables[1]),
                 len,
             )?;
@@ -989,7 +999,7 @@ impl<E: Executor> ScheduledBackend<E> {
         for (r, p) in requests.iter().zip(&prompts) {
             self.check_context(
                 &call.op_id,
-                r.anchor.id,
+                Excerpt(r.anchor.id),
                 &call.tables[0],
                 p.len() + label_tokens,
             )?;
@@ -1141,6 +1151,10 @@ fn chunk_by_tokens<T>(items: &[T], budget: usize, tokens: impl Fn(&T) -> usize) 
     out
 }
 
+/// Host memory a forward batch may use besides the KV cache (activations,
+/// score matrices), left to the model by a query's heap bound.
+const FORWARD_WORKING_BYTES: usize = 2 << 30;
+
 impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
     fn name(&self) -> &str {
         self.exec.name()
@@ -1177,6 +1191,15 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         self.config
             .prefix_cache
             .then(|| self.config.kv_budget_bytes / self.exec.kv_bytes_per_token().max(1))
+    }
+
+    fn host_memory_allowance(&self) -> usize {
+        // Where the KV lives (host or device) is the executor's; both budgets
+        // are counted, so a CPU model never trips the bound with its cache.
+        self.config
+            .kv_budget_bytes
+            .saturating_add(self.config.host_kv_budget_bytes)
+            .saturating_add(FORWARD_WORKING_BYTES)
     }
 
     fn cancel(&self) {

@@ -44,24 +44,50 @@ use datafusion_substrait::substrait::proto::expression::field_reference::{
 };
 use datafusion_substrait::substrait::proto::expression::reference_segment;
 use datafusion_substrait::substrait::proto::extensions::AdvancedExtension;
+use datafusion_substrait::substrait::proto::extensions::simple_extension_declaration::MappingType;
 use datafusion_substrait::substrait::proto::read_rel::ReadType;
+use datafusion_substrait::substrait::proto::read_rel::local_files::FileOrFiles;
 use datafusion_substrait::substrait::proto::rel::RelType;
 use datafusion_substrait::substrait::proto::rel_common::EmitKind;
 use datafusion_substrait::substrait::proto::{Plan, ReadRel, Rel, RelCommon, SortField, plan_rel};
-use datafusion_substrait::substrait::proto::read_rel::local_files::FileOrFiles;
 
 use crate::error::EngineError;
+use crate::sql::export::DATAFUSION_URN;
 
 /// A plan from any producer as DataFusion's plan: DataFusion's default
 /// consumer with this module's checks.
 pub async fn general_plan(state: &SessionState, plan: &Plan) -> DfResult<LogicalPlan> {
     let extensions = Extensions::try_from(&plan.extensions)?;
-    if !extensions.type_variations.is_empty() {
-        return Err(refused(
-            "the plan declares type variations, which DataFusion does not support".into(),
-        ));
+    let foreign = foreign_type_variations(plan);
+    if !foreign.is_empty() {
+        return Err(refused(format!(
+            "the plan declares type variations DataFusion cannot read ({}): it gives \
+             each anchor a meaning of its own, and reads only those aisql's exports \
+             declare under {DATAFUSION_URN}",
+            foreign.join(", ")
+        )));
     }
     consume_plan(&PlanConsumer::new(&extensions, state), plan).await
+}
+
+/// The names of the type variations `plan` declares under an extension other
+/// than [`DATAFUSION_URN`], where aisql's exports declare DataFusion's own
+/// (anchor 1 unsigned, ... as DataFusion's consumer reads them).
+fn foreign_type_variations(plan: &Plan) -> Vec<String> {
+    let ours = |reference: u32| {
+        plan.extension_urns
+            .iter()
+            .any(|u| u.extension_urn_anchor == reference && u.urn == DATAFUSION_URN)
+    };
+    plan.extensions
+        .iter()
+        .filter_map(|e| match &e.mapping_type {
+            Some(MappingType::ExtensionTypeVariation(v)) if !ours(v.extension_urn_reference) => {
+                Some(format!("{} (anchor {})", v.name, v.type_variation_anchor))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// `plan` consumed by `consumer`, after the checks DataFusion skips at the root.
@@ -188,7 +214,10 @@ pub async fn consume_rel(consumer: &impl SubstraitConsumer, rel: &Rel) -> DfResu
 }
 
 /// A read, with what DataFusion drops or misreads of it applied or refused.
-pub async fn consume_read(consumer: &impl SubstraitConsumer, read: &ReadRel) -> DfResult<LogicalPlan> {
+pub async fn consume_read(
+    consumer: &impl SubstraitConsumer,
+    read: &ReadRel,
+) -> DfResult<LogicalPlan> {
     let name = relation_name_of_read(read);
     let mask: Option<Vec<i32>> = match read.projection.as_ref().and_then(|m| m.select.as_ref()) {
         Some(select) => Some(
@@ -265,10 +294,15 @@ pub async fn consume_field_reference(
     {
         let outer;
         let (schema, place) = match &reference.root_type {
-            None | Some(RootType::RootReference(_)) => (Some(input_schema), "its input".to_string()),
+            None | Some(RootType::RootReference(_)) => {
+                (Some(input_schema), "its input".to_string())
+            }
             Some(RootType::OuterReference(o)) => {
                 outer = consumer.get_outer_schema(o.steps_out as usize);
-                (outer.as_deref(), format!("the query {} level(s) out", o.steps_out))
+                (
+                    outer.as_deref(),
+                    format!("the query {} level(s) out", o.steps_out),
+                )
             }
             Some(_) => (None, String::new()),
         };
@@ -295,7 +329,10 @@ fn select(plan: LogicalPlan, indexes: &[i32], what: &str) -> DfResult<LogicalPla
         }
         plan => {
             let columns = plan.schema().columns();
-            let exprs = picks.iter().map(|&i| Expr::Column(columns[i].clone())).collect();
+            let exprs = picks
+                .iter()
+                .map(|&i| Expr::Column(columns[i].clone()))
+                .collect();
             (exprs, Arc::new(plan))
         }
     };
@@ -331,12 +368,19 @@ fn check_indexes(indexes: &[i32], width: usize, what: &str) -> DfResult<Vec<usiz
     indexes
         .iter()
         .map(|&i| {
-            usize::try_from(i).ok().filter(|&i| i < width).ok_or_else(|| {
-                refused(format!(
-                    "{what} names field {i}, but there are {width} field(s){}",
-                    if width == 0 { String::new() } else { format!(" (0 to {})", width - 1) }
-                ))
-            })
+            usize::try_from(i)
+                .ok()
+                .filter(|&i| i < width)
+                .ok_or_else(|| {
+                    refused(format!(
+                        "{what} names field {i}, but there are {width} field(s){}",
+                        if width == 0 {
+                            String::new()
+                        } else {
+                            format!(" (0 to {})", width - 1)
+                        }
+                    ))
+                })
         })
         .collect()
 }
@@ -344,8 +388,11 @@ fn check_indexes(indexes: &[i32], width: usize, what: &str) -> DfResult<Vec<usiz
 /// What DataFusion would drop or unwrap in one relation's own fields.
 fn check_relation(rel_type: &RelType, name: &str) -> DfResult<()> {
     let missing = |side: &str| Err(refused(format!("{name} has no {side} input")));
-    let sorts = |sorts: &[SortField], owner: &str| match sorts.iter().position(|s| s.expr.is_none()) {
-        Some(i) => Err(refused(format!("sort field {i} of {owner} has no expression"))),
+    let sorts = |sorts: &[SortField], owner: &str| match sorts.iter().position(|s| s.expr.is_none())
+    {
+        Some(i) => Err(refused(format!(
+            "sort field {i} of {owner} has no expression"
+        ))),
         None => Ok(()),
     };
     match rel_type {
@@ -363,7 +410,11 @@ fn check_relation(rel_type: &RelType, name: &str) -> DfResult<()> {
             }
             let declared = a.grouping_expressions.len();
             for grouping in &a.groupings {
-                if let Some(r) = grouping.expression_references.iter().find(|&&r| r as usize >= declared) {
+                if let Some(r) = grouping
+                    .expression_references
+                    .iter()
+                    .find(|&&r| r as usize >= declared)
+                {
                     return Err(refused(format!(
                         "{name}'s grouping refers to grouping expression {r}, but it declares {declared}"
                     )));
@@ -371,10 +422,14 @@ fn check_relation(rel_type: &RelType, name: &str) -> DfResult<()> {
             }
             for (i, measure) in a.measures.iter().enumerate() {
                 let Some(f) = &measure.measure else { continue };
-                let phase = AggregationPhase::try_from(f.phase).unwrap_or(AggregationPhase::Unspecified);
+                let phase =
+                    AggregationPhase::try_from(f.phase).unwrap_or(AggregationPhase::Unspecified);
                 // An unspecified phase is what every producer writes for a
                 // complete aggregate (DataFusion's own included).
-                if !matches!(phase, AggregationPhase::Unspecified | AggregationPhase::InitialToResult) {
+                if !matches!(
+                    phase,
+                    AggregationPhase::Unspecified | AggregationPhase::InitialToResult
+                ) {
                     return Err(refused(format!(
                         "measure {i} of {name} is in phase {}; only complete aggregates (initial to result) are computed",
                         phase.as_str_name()
@@ -489,11 +544,19 @@ fn base_width(read: &ReadRel) -> Option<usize> {
 fn field_names(schema: &DFSchema) -> String {
     const SHOWN: usize = 8;
     let fields = schema.fields();
-    let mut names: Vec<&str> = fields.iter().take(SHOWN).map(|f| f.name().as_str()).collect();
+    let mut names: Vec<&str> = fields
+        .iter()
+        .take(SHOWN)
+        .map(|f| f.name().as_str())
+        .collect();
     if fields.len() > SHOWN {
         names.push("...");
     }
-    if names.is_empty() { "no fields".into() } else { names.join(", ") }
+    if names.is_empty() {
+        "no fields".into()
+    } else {
+        names.join(", ")
+    }
 }
 
 fn refused(message: String) -> DataFusionError {
@@ -672,7 +735,8 @@ mod tests {
             ["name1", "name4", "name7"]
         );
         // Project: the input's three fields, then k = 3; the comparison, then name.
-        let project = json!({ "project": { "input": read_t(), "expressions": [equal(field(0), int(3))] } });
+        let project =
+            json!({ "project": { "input": read_t(), "expressions": [equal(field(0), int(3))] } });
         assert_eq!(
             sorted_rows(&s, emit(project, &[3, 1])).await,
             sorted((0..10).map(|k| format!("{} | name{k}", k == 3)))
@@ -694,14 +758,21 @@ mod tests {
         );
         // The same field twice, under two names.
         assert_eq!(
-            sorted_rows(&s, emit(filter(read_t(), equal(field(0), int(4))), &[0, 0, 2])).await,
+            sorted_rows(
+                &s,
+                emit(filter(read_t(), equal(field(0), int(4))), &[0, 0, 2])
+            )
+            .await,
             ["4 | 4 | 1"]
         );
         // Sort, cross and set relations: kept order, u's label, the first field.
         assert_eq!(
-            rows(&s, emit(sort_by_k(read_t(), "SORT_DIRECTION_DESC_NULLS_LAST"), &[0]))
-                .await
-                .unwrap(),
+            rows(
+                &s,
+                emit(sort_by_k(read_t(), "SORT_DIRECTION_DESC_NULLS_LAST"), &[0])
+            )
+            .await
+            .unwrap(),
             (0..10).rev().map(|k| k.to_string()).collect::<Vec<_>>()
         );
         let cross = json!({ "cross": { "left": read_u(), "right": read_u() } });
@@ -743,7 +814,8 @@ mod tests {
     /// A virtual table: DataFusion builds the values and drops the read's
     /// filter and mask.
     fn values() -> Value {
-        let row = |k: i64, name: &str| json!({ "fields": [int(k), { "literal": { "string": name } }] });
+        let row =
+            |k: i64, name: &str| json!({ "fields": [int(k), { "literal": { "string": name } }] });
         json!({ "read": {
             "baseSchema": schema(&[("k", "i64"), ("name", "string")]),
             "virtualTable": { "expressions": [row(1, "a"), row(2, "b"), row(3, "c")] }
@@ -777,20 +849,42 @@ mod tests {
         let i32_literal = |v: i32| json!({ "literal": { "i32": v } });
         for (fields, want) in [
             (json!({ "offset": "2", "count": "3" }), ks(2..5)),
-            (json!({ "offsetExpr": int(2), "countExpr": int(3) }), ks(2..5)),
-            (json!({ "offsetExpr": i32_literal(2), "countExpr": i32_literal(3) }), ks(2..5)),
+            (
+                json!({ "offsetExpr": int(2), "countExpr": int(3) }),
+                ks(2..5),
+            ),
+            (
+                json!({ "offsetExpr": i32_literal(2), "countExpr": i32_literal(3) }),
+                ks(2..5),
+            ),
             // -1: every row; a null count: every row; a null offset: none skipped.
             (json!({ "offset": "7", "count": "-1" }), ks(7..10)),
-            (json!({ "offsetExpr": int(8), "countExpr": null_i64.clone() }), ks(8..10)),
-            (json!({ "offsetExpr": null_i64, "countExpr": int(2) }), ks(0..2)),
+            (
+                json!({ "offsetExpr": int(8), "countExpr": null_i64.clone() }),
+                ks(8..10),
+            ),
+            (
+                json!({ "offsetExpr": null_i64, "countExpr": int(2) }),
+                ks(0..2),
+            ),
             (json!({ "count": "0" }), vec![]),
             (json!({ "offset": "20" }), vec![]),
         ] {
-            assert_eq!(rows(&s, fetch(fields.clone())).await.unwrap(), want, "{fields}");
+            assert_eq!(
+                rows(&s, fetch(fields.clone())).await.unwrap(),
+                want,
+                "{fields}"
+            );
         }
         for fields in [json!({ "count": "-2" }), json!({ "offsetExpr": int(-1) })] {
-            let e = rows(&s, fetch(fields.clone())).await.unwrap_err().to_string();
-            assert!(e.contains("must be >= 0") || e.contains("must be >=0"), "{fields}: {e}");
+            let e = rows(&s, fetch(fields.clone()))
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("must be >= 0") || e.contains("must be >=0"),
+                "{fields}: {e}"
+            );
         }
     }
 
@@ -900,6 +994,29 @@ mod tests {
         }
     }
 
+    /// DataFusion reads a variation anchor by a meaning of its own: only the
+    /// variations aisql's exports declare under its DataFusion extension are
+    /// taken, any other producer's are named.
+    #[test]
+    fn only_aisqls_own_type_variations_are_read() {
+        let plan = |urn: &str| -> Plan {
+            serde_json::from_value(json!({
+                "extensionUrns": [{ "extensionUrnAnchor": 7, "urn": urn }],
+                "extensions": [{ "extensionTypeVariation": {
+                    "extensionUrnReference": 7, "typeVariationAnchor": 1, "name": "unsigned"
+                }}]
+            }))
+            .unwrap()
+        };
+        let ours = plan(crate::sql::export::DATAFUSION_URN);
+        assert!(super::foreign_type_variations(&ours).is_empty());
+        let theirs = plan("extension:example:types");
+        assert_eq!(
+            super::foreign_type_variations(&theirs),
+            ["unsigned (anchor 1)"]
+        );
+    }
+
     /// QUAIL-B plans take the same checks (their consumer is another).
     #[tokio::test]
     async fn a_quailb_plan_with_an_emit_outside_its_relation_is_an_error() {
@@ -918,8 +1035,7 @@ mod tests {
         else {
             panic!("IMDB-3's root is a projection")
         };
-        let Some(super::EmitKind::Emit(emit)) =
-            project.common.as_mut().unwrap().emit_kind.as_mut()
+        let Some(super::EmitKind::Emit(emit)) = project.common.as_mut().unwrap().emit_kind.as_mut()
         else {
             panic!("IMDB-3's projection emits")
         };

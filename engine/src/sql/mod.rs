@@ -5,6 +5,7 @@
 //! Any SQL DataFusion runs may surround the AI calls: aggregates, sorts,
 //! limits, outer/semi/anti joins, subqueries, CTEs, unions, `CASE`.
 
+mod bounded_functions;
 pub(crate) mod consume;
 mod decorrelate;
 pub mod export;
@@ -17,6 +18,7 @@ pub mod recursion;
 pub mod rewrite;
 pub mod spelling;
 pub mod tables;
+pub mod text_scan;
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -34,6 +36,7 @@ use crate::backend::{AiCall, InferenceBackend};
 use crate::error::{EngineError, Result, from_datafusion, without_panics};
 use crate::logical::{OperatorHint, QuailbConsumer, ai_nodes};
 use crate::memo::AnswerMemo;
+use crate::memory_guard::HeapBoundedPool;
 use crate::physical::{AiQueryPlanner, AiRuntime};
 use crate::query::QueryOptions;
 use crate::row_sink::{MemoryRows, RowSink};
@@ -61,10 +64,14 @@ pub struct SqlSession {
     memo: Arc<Mutex<AnswerMemo>>,
     context: Arc<Mutex<RewriteContext>>,
     options: QueryOptions,
+    /// The memory pool of `--memory-limit`, bounding each query's heap too.
+    pool: Arc<HeapBoundedPool>,
     /// Per table, the rows of its first batch when it has several.
     first_batches: Mutex<std::collections::HashMap<String, usize>>,
     /// Which writing statements may run, and where they may write.
     writes: Mutex<WritePolicy>,
+    /// How strictly CSV tables are read.
+    csv: Mutex<text_scan::CsvReading>,
 }
 
 /// What one statement returns.
@@ -109,8 +116,10 @@ impl SqlSession {
             memo: memo.clone(),
             progress: options.progress,
         };
+        let pool = Arc::new(HeapBoundedPool::new(options.memory_limit));
         let runtime_env = RuntimeEnvBuilder::new()
-            .with_memory_limit(options.memory_limit, 1.0)
+            .with_memory_pool(pool.clone())
+            .with_max_temp_directory_size(crate::host_memory::default_spill_limit())
             .build_arc()?;
         let context = Arc::new(Mutex::new(RewriteContext::default()));
         let builder = SessionStateBuilder::new()
@@ -158,6 +167,7 @@ impl SqlSession {
             format: options.format,
         });
         register_ai_functions(&ctx, naive);
+        bounded_functions::register(&ctx, options.memory_limit);
         Ok(Self {
             ctx,
             backend,
@@ -165,8 +175,10 @@ impl SqlSession {
             memo,
             context,
             options,
+            pool,
             first_batches: Mutex::default(),
             writes: Mutex::default(),
+            csv: Mutex::default(),
         })
     }
 
@@ -216,13 +228,21 @@ impl SqlSession {
         Ok(())
     }
 
+    /// Sets how strictly the CSV tables registered from now on are read
+    /// ([`text_scan::CsvReading::Strict`] by default).
+    pub fn set_csv_reading(&self, reading: text_scan::CsvReading) {
+        *self.csv.lock().expect("csv reading lock") = reading;
+    }
+
     /// Registers a table read from `path` (see [`tables::register`]); returns
     /// its row count.
     pub async fn register(&self, name: &str, path: &std::path::Path) -> Result<usize> {
+        let csv = *self.csv.lock().expect("csv reading lock");
         let (rows, first) = tables::register(
             &self.ctx,
             name,
             path,
+            csv,
             self.options.batch_rows,
             crate::tables::batch_text_bytes(self.backend.kv_capacity_tokens()),
         )
@@ -458,6 +478,8 @@ impl SqlSession {
         sink: &mut dyn RowSink,
     ) -> Result<SqlOutput> {
         self.check_writes(&plan)?;
+        // The heap the query may add is measured from here.
+        self.pool.start_query(self.backend.host_memory_allowance());
         if matches!(plan, LogicalPlan::Ddl(_) | LogicalPlan::Statement(_)) {
             // Session state changes (allowed by the write policy): the context
             // runs them, not the physical planner.

@@ -6,11 +6,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use aisql_fuzz::alloc::CountingAlloc;
+use aisql_fuzz::alloc::{FUZZ_ALLOC, MeteredAlloc};
 use aisql_fuzz::{Fixture, Target, fuzz};
 
 #[global_allocator]
-static ALLOC: CountingAlloc = CountingAlloc;
+static ALLOC: MeteredAlloc = FUZZ_ALLOC;
 
 /// Longest an input may run before it counts as a hang.
 const HANG_LIMIT: Duration = Duration::from_secs(10);

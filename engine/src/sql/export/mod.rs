@@ -111,7 +111,11 @@ mod tests {
                     Field::new("id", DataType::Utf8, false),
                     Field::new(
                         "s",
-                        DataType::Struct(Fields::from(vec![Field::new("x", DataType::Int32, true)])),
+                        DataType::Struct(Fields::from(vec![Field::new(
+                            "x",
+                            DataType::Int32,
+                            true,
+                        )])),
                         true,
                     ),
                 ]),
@@ -163,7 +167,8 @@ mod tests {
     fn count_key(v: &serde_json::Value, key: &str) -> usize {
         match v {
             serde_json::Value::Object(o) => {
-                usize::from(o.contains_key(key)) + o.values().map(|v| count_key(v, key)).sum::<usize>()
+                usize::from(o.contains_key(key))
+                    + o.values().map(|v| count_key(v, key)).sum::<usize>()
             }
             serde_json::Value::Array(a) => a.iter().map(|v| count_key(v, key)).sum(),
             _ => 0,
@@ -228,9 +233,18 @@ mod tests {
             declared,
             [
                 ("ai_filter".to_string(), crate::plan::AI_URN),
-                ("and".to_string(), "extension:io.substrait:functions_boolean"),
-                ("gt".to_string(), "extension:io.substrait:functions_comparison"),
-                ("strpos".to_string(), "extension:io.substrait:functions_string"),
+                (
+                    "and".to_string(),
+                    "extension:io.substrait:functions_boolean"
+                ),
+                (
+                    "gt".to_string(),
+                    "extension:io.substrait:functions_comparison"
+                ),
+                (
+                    "strpos".to_string(),
+                    "extension:io.substrait:functions_string"
+                ),
             ]
         );
         assert_eq!(root(&plan).names, ["id"]);
@@ -250,8 +264,18 @@ mod tests {
         let children: Vec<&Rel> = match kind {
             RelType::Project(p) => p.input.iter().map(|r| r.as_ref()).collect(),
             RelType::Filter(f) => f.input.iter().map(|r| r.as_ref()).collect(),
-            RelType::Join(j) => j.left.iter().chain(j.right.iter()).map(|r| r.as_ref()).collect(),
-            RelType::Cross(c) => c.left.iter().chain(c.right.iter()).map(|r| r.as_ref()).collect(),
+            RelType::Join(j) => j
+                .left
+                .iter()
+                .chain(j.right.iter())
+                .map(|r| r.as_ref())
+                .collect(),
+            RelType::Cross(c) => c
+                .left
+                .iter()
+                .chain(c.right.iter())
+                .map(|r| r.as_ref())
+                .collect(),
             _ => Vec::new(),
         };
         children.into_iter().find_map(|c| find(c, pick))
@@ -315,7 +339,11 @@ mod tests {
             "SELECT id FROM docs WHERE score NOT IN (1.5, 2.5)",
         ] {
             let json = json(&export(sql).await).to_string();
-            assert_eq!(json.matches("\"nullable\":true").count(), 2, "{sql}: {json}");
+            assert_eq!(
+                json.matches("\"nullable\":true").count(),
+                2,
+                "{sql}: {json}"
+            );
         }
     }
 
@@ -350,10 +378,12 @@ mod tests {
             .unwrap();
         let decoded = <Plan as prost::Message>::decode(encode(&plan).as_slice()).unwrap();
         assert_eq!(decoded, plan);
-        let consumed =
-            datafusion_substrait::logical_plan::consumer::from_substrait_plan(&ctx.state(), &decoded)
-                .await
-                .unwrap();
+        let consumed = datafusion_substrait::logical_plan::consumer::from_substrait_plan(
+            &ctx.state(),
+            &decoded,
+        )
+        .await
+        .unwrap();
         let names: Vec<String> = consumed
             .schema()
             .fields()

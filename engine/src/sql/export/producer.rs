@@ -38,9 +38,7 @@ use datafusion_substrait::substrait::proto::expression::literal::LiteralType;
 use datafusion_substrait::substrait::proto::expression::{Literal, RexType};
 use datafusion_substrait::substrait::proto::function_argument::ArgType;
 use datafusion_substrait::substrait::proto::rel::RelType;
-use datafusion_substrait::substrait::proto::{
-    AggregateRel, CrossRel, Expression, Rel, Type,
-};
+use datafusion_substrait::substrait::proto::{AggregateRel, CrossRel, Expression, Rel, Type};
 
 use super::extensions::{Family, Registry};
 
@@ -63,7 +61,11 @@ impl ExportProducer {
     }
 
     /// Produces with `family` as the family of the calls registered meanwhile.
-    fn within<T>(&mut self, family: Family, f: impl FnOnce(&mut Self) -> DfResult<T>) -> DfResult<T> {
+    fn within<T>(
+        &mut self,
+        family: Family,
+        f: impl FnOnce(&mut Self) -> DfResult<T>,
+    ) -> DfResult<T> {
         self.families.push(family);
         let out = f(self);
         self.families.pop();
@@ -188,7 +190,11 @@ impl SubstraitProducer for ExportProducer {
         Ok(out)
     }
 
-    fn handle_binary_expr(&mut self, expr: &BinaryExpr, schema: &DFSchemaRef) -> DfResult<Expression> {
+    fn handle_binary_expr(
+        &mut self,
+        expr: &BinaryExpr,
+        schema: &DFSchemaRef,
+    ) -> DfResult<Expression> {
         let family = Self::family(&[&expr.left, &expr.right], schema)?;
         self.within(family, |p| from_binary_expr(p, expr, schema))
     }
@@ -252,7 +258,11 @@ impl SubstraitProducer for ExportProducer {
                 .when_then_expr
                 .iter()
                 .map(|(when, then)| {
-                    let test = binary_expr(operand.as_ref().clone(), Operator::Eq, when.as_ref().clone());
+                    let test = binary_expr(
+                        operand.as_ref().clone(),
+                        Operator::Eq,
+                        when.as_ref().clone(),
+                    );
                     (Box::new(test), then.clone())
                 })
                 .collect(),
@@ -267,12 +277,14 @@ impl SubstraitProducer for ExportProducer {
         let list = match &mut out.rex_type {
             Some(RexType::SingularOrList(list)) => Some(list),
             // NOT IN: not(singular_or_list).
-            Some(RexType::ScalarFunction(f)) => f.arguments.first_mut().and_then(|a| match &mut a.arg_type {
-                Some(ArgType::Value(Expression {
-                    rex_type: Some(RexType::SingularOrList(list)),
-                })) => Some(list),
-                _ => None,
-            }),
+            Some(RexType::ScalarFunction(f)) => {
+                f.arguments.first_mut().and_then(|a| match &mut a.arg_type {
+                    Some(ArgType::Value(Expression {
+                        rex_type: Some(RexType::SingularOrList(list)),
+                    })) => Some(list),
+                    _ => None,
+                })
+            }
             _ => None,
         };
         if let Some(list) = list {
@@ -302,7 +314,9 @@ impl SubstraitProducer for ExportProducer {
         if let Some(RelType::Join(j)) = &mut rel.rel_type
             && j.expression.is_none()
         {
-            j.expression = Some(Box::new(self.handle_literal(&ScalarValue::Boolean(Some(true)))?));
+            j.expression = Some(Box::new(
+                self.handle_literal(&ScalarValue::Boolean(Some(true)))?,
+            ));
         }
         Ok(rel)
     }

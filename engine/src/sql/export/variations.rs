@@ -80,13 +80,16 @@ pub fn settle(plan: Plan) -> Result<Plan, String> {
         }
     };
     for (anchor, meanings) in kept {
-        let anchor = u32::try_from(anchor).map_err(|_| format!("type variation anchor {anchor}"))?;
+        let anchor =
+            u32::try_from(anchor).map_err(|_| format!("type variation anchor {anchor}"))?;
         plan.extensions.push(SimpleExtensionDeclaration {
-            mapping_type: Some(MappingType::ExtensionTypeVariation(ExtensionTypeVariation {
-                extension_urn_reference: urn,
-                type_variation_anchor: anchor,
-                name: meanings.into_iter().collect::<Vec<_>>().join("_or_"),
-            })),
+            mapping_type: Some(MappingType::ExtensionTypeVariation(
+                ExtensionTypeVariation {
+                    extension_urn_reference: urn,
+                    type_variation_anchor: anchor,
+                    name: meanings.into_iter().collect::<Vec<_>>().join("_or_"),
+                },
+            )),
         });
     }
     Ok(plan)
@@ -113,7 +116,9 @@ fn walk(v: &mut Value, kept: &mut Kept) {
             }
             // A type: its variation sits inside its kind.
             for (kind, inner) in o.iter_mut() {
-                let Value::Object(inner) = inner else { continue };
+                let Value::Object(inner) = inner else {
+                    continue;
+                };
                 let Some(n) = variation(inner) else { continue };
                 if CONTAINERS.contains(&kind.as_str()) {
                     inner.remove(VARIATION);
@@ -183,11 +188,13 @@ mod tests {
         assert_eq!(
             settled.extensions,
             [SimpleExtensionDeclaration {
-                mapping_type: Some(MappingType::ExtensionTypeVariation(ExtensionTypeVariation {
-                    extension_urn_reference: 2,
-                    type_variation_anchor: 1,
-                    name: "date64_or_unsigned".into(),
-                })),
+                mapping_type: Some(MappingType::ExtensionTypeVariation(
+                    ExtensionTypeVariation {
+                        extension_urn_reference: 2,
+                        type_variation_anchor: 1,
+                        name: "date64_or_unsigned".into(),
+                    }
+                )),
             }]
         );
         let json = serde_json::to_value(settled).unwrap();
