@@ -2,7 +2,9 @@
 //! the ones a first run on a laptop needs (stand-in data, tiny model, CPU).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
+use clap::builder::TypedValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// aisql: SQL that calls a language model per row, from Substrait plans.
@@ -266,6 +268,37 @@ pub struct QueryArgs {
     pub output_dir: Option<PathBuf>,
     #[command(flatten)]
     pub rows: RowOutputArgs,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// How long and how deep one query may run (`aisql query`, `aisql sql`).
+#[derive(Debug, Clone, Args)]
+pub struct LimitArgs {
+    /// Stop the query after SECONDS (planning, reading, model work) and fail
+    /// naming this limit: DataFusion stops at its next batch, the model after
+    /// the forward batch in flight. Rows already streamed stay whole: printed
+    /// csv/json is closed, --output-dir's rows.parquet holds the rows so far.
+    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
+    pub timeout_s: Option<Duration>,
+    /// Iterations a recursive CTE (WITH RECURSIVE) may run; past them the
+    /// query fails naming the CTE.
+    #[arg(long, value_name = "N",
+          default_value_t = aisql_engine::sql::recursion::DEFAULT_MAX_RECURSION,
+          value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    pub max_recursion: usize,
+}
+
+/// A number of seconds > 0 (`--timeout-s`).
+fn seconds(arg: &str) -> Result<Duration, String> {
+    let s: f64 = arg
+        .trim()
+        .parse()
+        .map_err(|_| format!("{arg:?} is not a number of seconds"))?;
+    if !(s.is_finite() && s > 0.0) {
+        return Err(format!("must be a number of seconds > 0, got {arg}"));
+    }
+    Duration::try_from_secs_f64(s).map_err(|e| format!("{arg} seconds: {e}"))
 }
 
 /// How result rows are printed.
@@ -358,6 +391,8 @@ pub struct SqlArgs {
     /// Repeatable.
     #[arg(long = "selectivity", value_name = "TEXT=FRACTION")]
     pub selectivity: Vec<String>,
+    #[command(flatten)]
+    pub limits: LimitArgs,
 }
 
 /// `aisql data …`.
@@ -465,8 +500,8 @@ pub struct BenchRunArgs {
     pub gpu_hourly_rate_usd: Option<f64>,
     /// Per-query limit on engine time in seconds; a query over it is recorded as
     /// `timeout` and the run goes on.
-    #[arg(long)]
-    pub timeout_s: Option<f64>,
+    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
+    pub timeout_s: Option<Duration>,
     /// Extra run metadata, KEY=VALUE (repeatable; VALUE parsed as JSON when it is JSON).
     #[arg(long, value_name = "KEY=VALUE")]
     pub metadata: Vec<String>,

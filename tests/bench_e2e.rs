@@ -391,6 +391,111 @@ fn a_non_empty_output_folder_is_refused() {
         .stderr(predicates::str::contains("unknown query"));
 }
 
+/// `bench report` and `bench compare` score only what the run wrote: an output
+/// file changed or removed since is refused, naming it and both hashes.
+#[test]
+fn report_and_compare_refuse_outputs_changed_since_the_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("quailb");
+    generate(&root, 0.002);
+    let run = tmp.path().join("run");
+    aisql()
+        .args(["bench", "--sf", "0.002", "--backend", "oracle"])
+        .args(["--queries", "IMDB-1,FEV-1"])
+        .arg("--root")
+        .arg(&root)
+        .arg("--output-dir")
+        .arg(&run)
+        .assert()
+        .success();
+    let copy = tmp.path().join("copy");
+    std::fs::create_dir_all(&copy).unwrap();
+    for entry in walk(&run) {
+        let to = copy.join(entry.strip_prefix(&run).unwrap());
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(&entry, &to).unwrap();
+    }
+    let report = |dir: &Path| {
+        aisql()
+            .args(["bench", "report"])
+            .arg(dir)
+            .arg("--root")
+            .arg(&root)
+            .fails()
+    };
+    let compare = |a: &Path, b: &Path| {
+        aisql()
+            .args(["bench", "compare"])
+            .arg(a)
+            .arg(b)
+            .arg("--root")
+            .arg(&root)
+            .fails()
+    };
+    // Intact, both commands run.
+    aisql()
+        .args(["bench", "report"])
+        .arg(&copy)
+        .arg("--root")
+        .arg(&root)
+        .assert()
+        .success();
+    aisql()
+        .args(["bench", "compare"])
+        .arg(&run)
+        .arg(&copy)
+        .arg("--root")
+        .arg(&root)
+        .assert()
+        .success();
+
+    // One byte of the run's first filter answers changed.
+    let j = read_json(&run.join("run.json"));
+    let files = &j["queries"][0]["files"];
+    let filters = files["filters"][0]["path"].as_str().unwrap().to_string();
+    assert!(filters.ends_with("filters-0.parquet"), "{filters}");
+    let recorded = files["sha256"][&filters].as_str().unwrap().to_string();
+    let path = copy.join(&filters);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x01;
+    std::fs::write(&path, &bytes).unwrap();
+    let now = aisql_bench::layout::sha256_file(&path).unwrap();
+    let before = std::fs::read(copy.join("run.json")).unwrap();
+    for err in [report(&copy), compare(&run, &copy), compare(&copy, &run)] {
+        assert!(
+            err.contains(&format!("{filters} has sha256 {now}")),
+            "{err}"
+        );
+        assert!(
+            err.contains(&format!("run.json recorded {recorded}")),
+            "{err}"
+        );
+        assert!(err.contains(&copy.display().to_string()), "{err}");
+    }
+    // Refused before anything was rewritten.
+    assert_eq!(std::fs::read(copy.join("run.json")).unwrap(), before);
+
+    // A removed file is named too.
+    std::fs::remove_file(&path).unwrap();
+    let err = report(&copy);
+    assert!(err.contains(&format!("{filters} is missing")), "{err}");
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
 /// SIGTERM (a scheduler's or service manager's stop) is handled like Ctrl-C: the
 /// query in flight is recorded as interrupted, run.json stays consistent, the exit
 /// code is 1, and `--resume` finishes the run.

@@ -185,6 +185,17 @@ async fn resume_after_a_crash_does_nothing_twice_and_loses_nothing() {
     let rows = aisql_engine::output::read_parquet(&dir.join("IMDB-1/rows.parquet")).unwrap();
     aisql_engine::output::write_parquet(&dir.join("IMDB-1/rows.parquet"), &rows.slice(0, 0))
         .unwrap();
+    // Not what the run wrote: refused, naming the file.
+    let e = rescore(&dir, &dataset).unwrap_err().to_string();
+    assert!(e.contains("IMDB-1/rows.parquet has sha256"), "{e}");
+    // Recorded as the run's own (as if the engine had returned nothing), it is scored.
+    let mut run = RunFile::read(&dir).unwrap();
+    let files = run.query_mut("IMDB-1").unwrap().files.as_mut().unwrap();
+    files.sha256.insert(
+        "IMDB-1/rows.parquet".into(),
+        aisql_bench::layout::sha256_file(&dir.join("IMDB-1/rows.parquet")).unwrap(),
+    );
+    run.write(&dir).unwrap();
     let rescored = rescore(&dir, &dataset).unwrap();
     let q = rescored.query("IMDB-1").unwrap();
     let a = q.assessment.as_ref().unwrap();

@@ -209,3 +209,53 @@ fn output_dir_streams_every_row_while_printing_the_limit() {
     assert!(!dir.join("filters-7.parquet").exists());
     assert!(dir.join("mine.txt").exists() && dir.join("joins-0.parquet").exists());
 }
+
+/// Past `--timeout-s` the query stops and fails naming the limit; what it had
+/// streamed stays whole: the printed JSON is closed and rows.parquet holds the
+/// rows printed before the deadline, with no temporary file beside it.
+#[test]
+fn a_query_past_its_timeout_keeps_the_rows_it_streamed_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("quailb");
+    aisql_bench::standin::generate(&root, 0.01).unwrap();
+    let dir = tmp.path().join("out");
+    let started = Instant::now();
+    let out = Command::new(assert_cmd::cargo::cargo_bin("aisql"))
+        .args([
+            "query", "AGENT-1", "--sf", "0.01", "--cpu", "--model", "tiny",
+        ])
+        .args(["--batch-rows", "1", "--batch-tokens", "2048"])
+        .args(["--format", "json", "--timeout-s", "2"])
+        .arg("--root")
+        .arg(&root)
+        .arg("--output-dir")
+        .arg(&dir)
+        .env("AISQL_CACHE_DIR", tmp.path().join("cache"))
+        .env_remove("AISQL_ROOT")
+        .env_remove("AISQL_MODEL")
+        .env_remove("AISQL_ANSWER_CACHE")
+        .env_remove("AISQL_QUAILB_PLANS")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("ran past --timeout-s 2"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(300));
+    let printed: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    let rows = aisql_engine::output::read_parquet(&dir.join("rows.parquet")).unwrap();
+    assert_eq!(rows.num_rows(), printed.len());
+    let kept = match printed.len() {
+        1 => "1 row".to_string(),
+        n => format!("{n} rows"),
+    };
+    assert!(
+        stderr.contains(&format!("holds the {kept} that arrived before the deadline")),
+        "{stderr}"
+    );
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["rows.parquet"]);
+}

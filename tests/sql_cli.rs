@@ -255,6 +255,87 @@ fn bad_sql_gets_a_clear_error() {
 }
 
 #[test]
+fn the_limits_of_a_statement_are_errors_naming_them() {
+    // Integer overflow, as in PostgreSQL and DuckDB.
+    fails(
+        "SELECT 9223372036854775807 + 1",
+        &[],
+        1,
+        "Int64 overflow in 9223372036854775807 + 1",
+    );
+    fails(
+        "SELECT CAST(2147483647 AS INT) + CAST(1 AS INT)",
+        &[],
+        1,
+        "Int32 overflow in 2147483647 + 1",
+    );
+    fails(
+        "SELECT year * 4611686018427387904 FROM docs",
+        &[],
+        1,
+        "Int64 overflow in",
+    );
+    // Recursion past --max-recursion, naming the CTE.
+    let endless = "WITH RECURSIVE walk(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM walk) \
+                   SELECT count(*) FROM walk";
+    fails(
+        endless,
+        &["--max-recursion", "50"],
+        1,
+        "recursive CTE walk passed --max-recursion 50 iterations",
+    );
+    let bounded = "WITH RECURSIVE walk(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM walk WHERE n < 40) \
+                   SELECT count(*) AS c FROM walk";
+    sql(bounded, &["--max-recursion", "50", "--format", "csv"])
+        .assert()
+        .success()
+        .stdout("c\n40\n");
+    // Nesting past the parser's limit.
+    let deep = format!("SELECT {}1{}", "(".repeat(2000), ")".repeat(2000));
+    fails(
+        &deep,
+        &[],
+        1,
+        "the statement nests 2000 levels deep, deeper than the parser's recursion limit (100",
+    );
+    // Usage.
+    fails("SELECT 1", &["--timeout-s", "0"], 2, "--timeout-s");
+    fails(
+        "SELECT 1",
+        &["--timeout-s", "soon"],
+        2,
+        "not a number of seconds",
+    );
+    fails("SELECT 1", &["--max-recursion", "0"], 2, "--max-recursion");
+}
+
+#[test]
+fn a_statement_past_its_timeout_is_stopped() {
+    // 10^12 pairs, none kept: hours of work, stopped after a second.
+    let started = std::time::Instant::now();
+    fails(
+        "SELECT count(*) FROM generate_series(1, 1000000) a, generate_series(1, 1000000) b \
+         WHERE a.value + b.value < 0",
+        &["--timeout-s", "1"],
+        1,
+        "the query ran past --timeout-s 1 and was stopped",
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+    // In time, it runs.
+    sql(
+        "SELECT count(*) AS c FROM generate_series(1, 10) a",
+        &["--timeout-s", "60", "--format", "csv"],
+    )
+    .assert()
+    .success()
+    .stdout("c\n10\n");
+}
+
+#[test]
 fn malformed_tables_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let csv = dir.path().join("broken.csv");

@@ -9,6 +9,7 @@ use std::path::Path;
 use aisql_engine::backend::AiKind;
 use serde::Serialize;
 
+use crate::driver::verify_run_files;
 use crate::error::{BenchError, Result};
 use crate::layout::Dataset;
 use crate::report::g6;
@@ -155,6 +156,8 @@ fn predicates(
 pub fn compare_runs(a: &Path, b: &Path, dataset: &Dataset) -> Result<RunComparison> {
     let ra = RunFile::read(a)?;
     let rb = RunFile::read(b)?;
+    verify_run_files(a, &ra)?;
+    verify_run_files(b, &rb)?;
     if ra.corpus_id != rb.corpus_id {
         return Err(BenchError::Run {
             dir: b.to_path_buf(),

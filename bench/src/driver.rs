@@ -222,25 +222,47 @@ fn hash_files(dir: &Path, files: &OutputFiles) -> Result<BTreeMap<String, String
         .collect()
 }
 
-/// Why a kept query's saved files cannot be trusted (missing, or not what was
-/// written), or `None` when they are intact.
+/// Why a kept query's saved files cannot be trusted (missing, without a
+/// recorded SHA-256, or not what was written), or `None` when they are intact.
 fn damaged(dir: &Path, files: &OutputFiles) -> Option<String> {
     for p in files.paths() {
         let path = dir.join(p);
         if !path.is_file() {
             return Some(format!("{p} is missing"));
         }
-        if let Some(want) = files.sha256.get(p) {
-            match sha256_file(&path) {
-                Ok(got) if &got == want => {}
-                Ok(got) => {
-                    return Some(format!("{p} has sha256 {got}, run.json recorded {want}"));
-                }
-                Err(e) => return Some(e.to_string()),
-            }
+        let Some(want) = files.sha256.get(p) else {
+            return Some(format!("run.json records no SHA-256 for {p}"));
+        };
+        match sha256_file(&path) {
+            Ok(got) if &got == want => {}
+            Ok(got) => return Some(format!("{p} has sha256 {got}, run.json recorded {want}")),
+            Err(e) => return Some(e.to_string()),
         }
     }
     None
+}
+
+/// Checks every output file of the run in `dir` against the SHA-256 its
+/// run.json recorded, before `bench report` or `bench compare` reads them: a
+/// changed, missing or unrecorded file is an error naming it (and both hashes),
+/// never a score of something the run did not write.
+pub fn verify_run_files(dir: &Path, run: &RunFile) -> Result<()> {
+    for rec in &run.queries {
+        if let Some(files) = &rec.files
+            && let Some(why) = damaged(dir, files)
+        {
+            return Err(run_error(
+                dir,
+                format!(
+                    "{}: {why}: the run's outputs changed after it wrote them; \
+                     `aisql bench --resume {}` runs that query again",
+                    rec.id,
+                    dir.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The distinct prompt templates of `plans`, sorted (what the labels are loaded for).
@@ -422,6 +444,7 @@ pub async fn run_bench(
         progress: opts.progress && std::io::stderr().is_terminal(),
         batch_rows: opts.batch_rows,
         memory_limit: opts.memory_limit,
+        ..QueryOptions::default()
     };
     let mut interrupted = false;
     for (id, plan) in &plans {
@@ -595,6 +618,7 @@ pub async fn run_bench(
 /// rewriting run.json, measurements.parquet, report.md and the charts.
 pub fn rescore(dir: &Path, dataset: &Dataset) -> Result<RunFile> {
     let mut run = RunFile::read(dir)?;
+    verify_run_files(dir, &run)?;
     if run.corpus_id != dataset.corpus_id {
         return Err(run_error(
             dir,

@@ -34,6 +34,8 @@ pub struct QueryOptions {
     /// partner sides, hash tables, sorts and the result rows. Past it a query
     /// fails with an error naming the operators holding the most.
     pub memory_limit: usize,
+    /// Iterations a recursive CTE may run; past them the query fails naming it.
+    pub max_recursion: usize,
 }
 
 impl Default for QueryOptions {
@@ -43,6 +45,7 @@ impl Default for QueryOptions {
             progress: false,
             batch_rows: 256,
             memory_limit: crate::host_memory::default_memory_limit(),
+            max_recursion: crate::sql::recursion::DEFAULT_MAX_RECURSION,
         }
     }
 }

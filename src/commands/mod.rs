@@ -3,6 +3,7 @@
 mod backend;
 mod bench;
 mod data;
+mod deadline;
 mod model;
 mod paths;
 mod query;

@@ -1,15 +1,18 @@
 //! `aisql query PLAN`: run one plan, print its rows, optionally save outputs.
 
+use std::path::Path;
+
 use aisql_bench::layout::Dataset;
 use aisql_bench::plans::{PlanSource, open_plan};
 use aisql_bench::resolve::resolve;
 use aisql_engine::output::ROWS_FILE;
 use aisql_engine::query::{QueryOptions, output_schema, run_query, run_query_into};
-use aisql_engine::row_sink::{HeadRows, ParquetRows, SavedRows};
+use aisql_engine::row_sink::{HeadRows, ParquetRows, RowSink, SavedRows};
 use aisql_engine::tables::{TablePaths, tables_in_dir};
 use aisql_engine::write_guard::{OutputKind, WriteGuard};
 use datafusion::arrow::compute::concat_batches;
 
+use super::deadline::{self, Shared, timed_out};
 use super::rows::PrintedRows;
 use crate::cli::{DataArgs, QueryArgs};
 
@@ -52,11 +55,19 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         progress: true,
         batch_rows: args.backend.batch_rows,
         memory_limit: args.backend.memory_limit(),
+        max_recursion: args.limits.max_recursion,
     };
     let rt = super::runtime()?;
+    let limit = args.limits.timeout_s;
+    let canceller = backend.clone();
     let (Some(dir), None) = (&args.output_dir, &args.rows.output) else {
         // The rows are printed, and saved whole to --output: kept in memory.
-        let (rows, out) = rt.block_on(run_query(&query, &tables, backend, &options))?;
+        let (rows, out) = {
+            let (query, tables) = (query.clone(), tables.clone());
+            deadline::run(rt, limit, &canceller, async move {
+                Ok(run_query(&query, &tables, backend, &options).await?)
+            })?
+        };
         super::rows::emit(&rows, &args.rows, out.runtime_s)?;
         super::rows::report_work(&out.measurements);
         if let Some(dir) = &args.output_dir {
@@ -69,23 +80,37 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     // or every row is printed as it arrives (csv and json without --limit).
     let schema = output_schema(&query);
     let parquet = ParquetRows::create(&dir.join(ROWS_FILE), schema.clone())?;
+    // The query's task pushes rows into a sink this thread takes back at its
+    // end, or at the deadline with the rows that arrived before it.
+    let run = |mut sink: Box<dyn RowSink>| {
+        let (query, tables) = (query.clone(), tables.clone());
+        deadline::run(rt, limit, &canceller, async move {
+            Ok(run_query_into(&query, &tables, backend, &options, &mut *sink).await?)
+        })
+    };
     let (parquet, out) = match args.rows.print_limit() {
-        Some(limit) => {
-            let mut sink = HeadRows::new(limit, parquet);
-            let out = rt.block_on(run_query_into(
-                &query, &tables, backend, &options, &mut sink,
-            ))?;
-            let (head, total, parquet) = sink.finish();
+        Some(print) => {
+            let sink = Shared::new(HeadRows::new(print, parquet));
+            let out = run(Box::new(sink.handle()));
+            let (head, total, parquet) = sink.take()?.finish();
+            let out = match out {
+                Err(e) if timed_out(&e) => return Err(keep_rows(e, parquet, total, dir)),
+                out => out?,
+            };
             let shown = concat_batches(&schema, &head)?;
             super::rows::show(&shown, total, &args.rows, out.runtime_s)?;
             (parquet, out)
         }
         None => {
-            let mut sink = PrintedRows::new(args.rows.format, &schema, parquet)?;
-            let out = rt.block_on(run_query_into(
-                &query, &tables, backend, &options, &mut sink,
-            ))?;
-            let (total, parquet) = sink.finish()?;
+            let sink = Shared::new(PrintedRows::new(args.rows.format, &schema, parquet)?);
+            let out = run(Box::new(sink.handle()));
+            // The printed text is ended either way: what was printed stays
+            // whole csv or json.
+            let (total, parquet) = sink.take()?.finish()?;
+            let out = match out {
+                Err(e) if timed_out(&e) => return Err(keep_rows(e, parquet, total, dir)),
+                out => out?,
+            };
             super::rows::summarise(total, total, &args.rows, out.runtime_s);
             (parquet, out)
         }
@@ -97,6 +122,21 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     aisql_engine::output::write_answer_outputs(dir, "", &query, &out)?;
     eprintln!("outputs written to {}", dir.display());
     Ok(())
+}
+
+/// A query stopped by `--timeout-s`: the rows that arrived before the deadline
+/// become a whole rows.parquet, and the error says so.
+fn keep_rows(err: anyhow::Error, parquet: ParquetRows, total: u64, dir: &Path) -> anyhow::Error {
+    let saved = match parquet.finish() {
+        Ok(SavedRows::File(_)) => format!(
+            "{} holds the {total} row{} that arrived before the deadline",
+            dir.join(ROWS_FILE).display(),
+            if total == 1 { "" } else { "s" }
+        ),
+        Ok(SavedRows::Summary(summary)) => summary.note,
+        Err(e) => format!("the rows that arrived before the deadline were not saved: {e}"),
+    };
+    anyhow::anyhow!("{err}; {saved}")
 }
 
 /// Refuses `--output-dir`, `--output` and `--answer-cache` over or inside what
@@ -167,9 +207,10 @@ fn run_general(args: &QueryArgs, not_quailb: &str) -> anyhow::Result<()> {
         progress: true,
         batch_rows: args.backend.batch_rows,
         memory_limit: args.backend.memory_limit(),
+        max_recursion: args.limits.max_recursion,
     };
     let rt = super::runtime()?;
-    rt.block_on(async {
+    let (session, planned, backend) = rt.block_on(async {
         // Plan with a backend that asks nothing to learn the prompts (an oracle
         // loads only their labels), then run that plan with the backend they need.
         let planning = SqlSession::new(
@@ -194,19 +235,22 @@ fn run_general(args: &QueryArgs, not_quailb: &str) -> anyhow::Result<()> {
             .map(|n| n.spec.call.template)
             .collect();
         let (backend, _meta) = super::backend::build(&args.backend, dataset.as_ref(), &templates)?;
-        let session = SqlSession::new(backend, options, Evaluation::Operators)?;
+        let session = SqlSession::new(backend.clone(), options, Evaluation::Operators)?;
         session.share_tables_from(&planning).await?;
-        let out = session.run_plan(planned, std::time::Instant::now()).await?;
-        let rows = out.rows()?;
-        super::rows::emit(&rows, &args.rows, out.runtime_s)?;
-        super::rows::report_work(&out.measurements);
-        if let Some(dir) = &args.output_dir {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-            aisql_engine::output::write_parquet(&dir.join(ROWS_FILE), &rows)?;
-            let plan_bytes = aisql_engine::plan::encode_plan(&plan);
-            aisql_engine::output::write_layout(dir, "", &plan_bytes, &out.answers)?;
-            eprintln!("outputs written to {}", dir.display());
-        }
-        Ok(())
-    })
+        Ok::<_, anyhow::Error>((session, planned, backend))
+    })?;
+    let out = deadline::run(rt, args.limits.timeout_s, &backend, async move {
+        Ok(session.run_plan(planned, std::time::Instant::now()).await?)
+    })?;
+    let rows = out.rows()?;
+    super::rows::emit(&rows, &args.rows, out.runtime_s)?;
+    super::rows::report_work(&out.measurements);
+    if let Some(dir) = &args.output_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        aisql_engine::output::write_parquet(&dir.join(ROWS_FILE), &rows)?;
+        let plan_bytes = aisql_engine::plan::encode_plan(&plan);
+        aisql_engine::output::write_layout(dir, "", &plan_bytes, &out.answers)?;
+        eprintln!("outputs written to {}", dir.display());
+    }
+    Ok(())
 }

@@ -14,7 +14,7 @@ use aisql_engine::sql::{Evaluation, SqlSession, WritePolicy, templates};
 use aisql_engine::write_guard::{OutputKind, WriteGuard};
 use anyhow::Context;
 
-use super::UsageError;
+use super::{UsageError, deadline};
 use crate::cli::SqlArgs;
 
 /// `NAME=PATH`.
@@ -94,6 +94,7 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         progress: true,
         batch_rows: args.backend.batch_rows,
         memory_limit: args.backend.memory_limit(),
+        max_recursion: args.limits.max_recursion,
     };
     let wanted = templates(&sql)?;
     // Writing the plan asks nothing: no model to load (that took seconds, or
@@ -103,7 +104,7 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     } else {
         super::backend::build(&args.backend, dataset.as_ref(), &wanted)?.0
     };
-    let session = SqlSession::new(backend, options, Evaluation::Operators)?;
+    let session = SqlSession::new(backend.clone(), options, Evaluation::Operators)?;
     if args.lenient_csv {
         session.set_csv_reading(CsvReading::Lenient);
     }
@@ -115,46 +116,54 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         let (template, fraction) = selectivity_arg(hint, &wanted)?;
         session.set_selectivity(template, fraction)?;
     }
-    let rt = super::runtime()?;
-    rt.block_on(async {
-        if let Some(dataset) = &dataset {
-            let mut dataset_tables = dataset.require_all_tables()?;
-            // --table replaces the dataset's table of that name.
-            dataset_tables.retain(|name, _| !tables.iter().any(|(n, _)| n == name));
-            session.register_dataset(&dataset_tables).await?;
-        }
-        for (name, path) in &tables {
-            session.register(name, path).await?;
-        }
-        if let Some(path) = &args.to_substrait {
-            let plan = session.to_substrait(&sql).await?;
-            let bytes = if path.extension().is_some_and(|e| e == "json") {
-                serde_json::to_vec_pretty(&plan)?
-            } else {
-                aisql_engine::sql::export::encode(&plan)
-            };
-            aisql_engine::output::write_file_atomic(path, &bytes)?;
-            eprintln!("Substrait plan written to {}", path.display());
-            return Ok(());
-        }
-        let out = session.run(&sql).await?;
-        let rows = out.rows()?;
-        super::rows::emit(&rows, &args.rows, out.runtime_s)?;
-        super::rows::report_work(&out.measurements);
-        let asked: usize = out.answers.iter().map(|a| a.len()).sum();
-        if !out.calls.is_empty() {
-            eprintln!(
-                "AI operators: {} ({} prompts)",
-                out.calls
-                    .iter()
-                    .map(|c| c.op_id.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                asked
-            );
-        }
-        Ok::<_, anyhow::Error>(())
-    })?;
+    // Reading the tables, planning and running, within --timeout-s.
+    let to_substrait = args.to_substrait.clone();
+    let out = deadline::run(
+        super::runtime()?,
+        args.limits.timeout_s,
+        &backend,
+        async move {
+            if let Some(dataset) = &dataset {
+                let mut dataset_tables = dataset.require_all_tables()?;
+                // --table replaces the dataset's table of that name.
+                dataset_tables.retain(|name, _| !tables.iter().any(|(n, _)| n == name));
+                session.register_dataset(&dataset_tables).await?;
+            }
+            for (name, path) in &tables {
+                session.register(name, path).await?;
+            }
+            if let Some(path) = &to_substrait {
+                let plan = session.to_substrait(&sql).await?;
+                let bytes = if path.extension().is_some_and(|e| e == "json") {
+                    serde_json::to_vec_pretty(&plan)?
+                } else {
+                    aisql_engine::sql::export::encode(&plan)
+                };
+                aisql_engine::output::write_file_atomic(path, &bytes)?;
+                eprintln!("Substrait plan written to {}", path.display());
+                return Ok(None);
+            }
+            Ok(Some(session.run(&sql).await?))
+        },
+    )?;
+    let Some(out) = out else {
+        return Ok(());
+    };
+    let rows = out.rows()?;
+    super::rows::emit(&rows, &args.rows, out.runtime_s)?;
+    super::rows::report_work(&out.measurements);
+    let asked: usize = out.answers.iter().map(|a| a.len()).sum();
+    if !out.calls.is_empty() {
+        eprintln!(
+            "AI operators: {} ({} prompts)",
+            out.calls
+                .iter()
+                .map(|c| c.op_id.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            asked
+        );
+    }
     Ok(())
 }
 

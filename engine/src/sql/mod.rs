@@ -9,8 +9,12 @@ mod bounded_functions;
 pub(crate) mod consume;
 mod decorrelate;
 pub mod export;
+#[cfg(test)]
+mod limits_tests;
+pub mod overflow;
 mod read_filters;
 mod read_only;
+pub mod recursion;
 pub mod rewrite;
 pub mod spelling;
 pub mod tables;
@@ -132,6 +136,13 @@ impl SqlSession {
         let state = builder.build();
         let mut analyzers = state.analyzer().rules.clone();
         let mut optimizers = state.optimizers().to_vec();
+        // Integer overflow fails, as in PostgreSQL and DuckDB: right after type
+        // coercion (operands of one type), before the optimizer folds constants.
+        let at = analyzers
+            .iter()
+            .position(|r| r.name() == "type_coercion")
+            .map_or(analyzers.len(), |i| i + 1);
+        analyzers.insert(at, Arc::new(overflow::CheckedArithmetic));
         // Both evaluations: DataFusion cannot run a subquery whose AI call
         // reads outer columns until it is a join, whoever evaluates the call.
         analyzers.push(Arc::new(AiDecorrelate::new(context.clone())));
@@ -146,7 +157,10 @@ impl SqlSession {
         }
         let builder = SessionStateBuilder::new_from_existing(state)
             .with_analyzer_rules(analyzers)
-            .with_optimizer_rules(optimizers);
+            .with_optimizer_rules(optimizers)
+            .with_physical_optimizer_rule(Arc::new(recursion::RecursionLimit {
+                max_iterations: options.max_recursion,
+            }));
         let ctx = SessionContext::new_with_state(builder.build());
         let naive = (evaluation == Evaluation::Naive).then(|| NaiveEvaluator {
             backend: backend.clone(),
@@ -411,13 +425,15 @@ impl SqlSession {
             .statement_to_plan(statement)
             .await
             .map_err(sql_error)?;
-        // The analyzer without the AI rewrite: types coerced, calls kept.
+        // The analyzer without the AI rewrite: types coerced, calls kept, and
+        // arithmetic kept as operators (Substrait's own functions), not
+        // aisql's checked ones, which other engines do not know.
         let mut analyzed = plan;
         for rule in state
             .analyzer()
             .rules
             .iter()
-            .filter(|r| r.name() != "ai_rewrite")
+            .filter(|r| r.name() != "ai_rewrite" && r.name() != overflow::RULE_NAME)
         {
             analyzed = rule
                 .analyze(analyzed, state.config_options())
@@ -565,17 +581,84 @@ pub fn row_lines(batches: &[RecordBatch]) -> Result<Vec<String>> {
     Ok(lines)
 }
 
+/// Deepest nesting the SQL reader parses: parentheses, brackets and `CASE`
+/// open a level, and each prefix operator in a row (`NOT NOT x`, `- -1`)
+/// adds one. sqlparser has a recursion limit, but some of its rules retry
+/// another reading when a deeper one fails, even for the limit: near it,
+/// `NOT (NOT (...))` 40 deep took minutes, its time doubling per level. A
+/// statement nesting deeper gets an error before parsing starts.
+pub const MAX_PARSE_NESTING: usize = 100;
+
+/// The parser's own recursion limit: several of its levels make one level of
+/// [`MAX_PARSE_NESTING`], and with room for all of them its retries never
+/// start. Parsing runs on threads with large stacks (see `STACK_BYTES` of the
+/// command line).
+const PARSER_RECURSION_LIMIT: usize = 10 * MAX_PARSE_NESTING;
+
+/// The error for a statement nested too deeply for the parser.
+fn too_deep(found: Option<usize>) -> EngineError {
+    EngineError::Sql(format!(
+        "the statement nests {}deeper than the parser's recursion limit ({MAX_PARSE_NESTING} \
+         levels of parentheses, brackets, CASE and prefix operators such as NOT); flatten it \
+         (IN (...) for long lists, a CTE for a deep subquery)",
+        found.map_or(String::new(), |n| format!("{n} levels deep, "))
+    ))
+}
+
+/// How deeply `tokens` nest, as [`MAX_PARSE_NESTING`] counts.
+fn nesting(tokens: &[datafusion::sql::sqlparser::tokenizer::TokenWithSpan]) -> usize {
+    use datafusion::sql::sqlparser::keywords::Keyword;
+    use datafusion::sql::sqlparser::tokenizer::Token;
+    let (mut open, mut prefix, mut deepest) = (0usize, 0usize, 0usize);
+    for t in tokens {
+        match &t.token {
+            Token::Whitespace(_) => continue,
+            Token::LParen | Token::LBracket => open += 1,
+            Token::RParen | Token::RBracket => open = open.saturating_sub(1),
+            Token::Word(w) if w.keyword == Keyword::CASE => open += 1,
+            Token::Word(w) if w.keyword == Keyword::END => open = open.saturating_sub(1),
+            _ => {}
+        }
+        let is_prefix = match &t.token {
+            Token::Word(w) => w.keyword == Keyword::NOT,
+            Token::Minus | Token::Plus | Token::Tilde | Token::ExclamationMark => true,
+            _ => false,
+        };
+        prefix = if is_prefix { prefix + 1 } else { 0 };
+        deepest = deepest.max(open + prefix);
+    }
+    deepest
+}
+
 /// The one statement of `sql`.
 fn parse_one(
     sql: &str,
     state: &datafusion::execution::SessionState,
 ) -> Result<datafusion::sql::parser::Statement> {
+    use datafusion::error::DataFusionError;
+    use datafusion::sql::sqlparser::parser::ParserError;
     let dialect_name = state.config().options().sql_parser.dialect.to_string();
     let dialect = datafusion::sql::sqlparser::dialect::dialect_from_str(&dialect_name)
         .ok_or_else(|| EngineError::Sql(format!("unknown SQL dialect {dialect_name}")))?;
-    let mut statements =
-        datafusion::sql::parser::DFParser::parse_sql_with_dialect(sql, dialect.as_ref())
-            .map_err(|e| EngineError::Sql(e.to_string()))?;
+    let parse_error = |e: DataFusionError| match e {
+        DataFusionError::SQL(e, _) if matches!(*e, ParserError::RecursionLimitExceeded) => {
+            too_deep(None)
+        }
+        e => EngineError::Sql(e.to_string()),
+    };
+    let tokens = datafusion::sql::sqlparser::tokenizer::Tokenizer::new(dialect.as_ref(), sql)
+        .tokenize_with_location()
+        .map_err(|e| parse_error(DataFusionError::SQL(Box::new(e.into()), None)))?;
+    let depth = nesting(&tokens);
+    if depth > MAX_PARSE_NESTING {
+        return Err(too_deep(Some(depth)));
+    }
+    let mut statements = datafusion::sql::parser::DFParserBuilder::new(tokens)
+        .with_dialect(dialect.as_ref())
+        .with_recursion_limit(PARSER_RECURSION_LIMIT)
+        .build()
+        .and_then(|mut parser| parser.parse_statements())
+        .map_err(parse_error)?;
     match (statements.pop_front(), statements.len()) {
         (Some(s), 0) => Ok(s),
         (None, _) => Err(EngineError::Sql("no SQL statement given".into())),

@@ -41,9 +41,26 @@ and AI.IF((text, column, text...))";
 /// debug build): deeper statements get an error, not a crash or a stall.
 pub const MAX_NESTING: usize = 1_000;
 
+/// Deepest nesting of subqueries inside expressions (scalar subqueries,
+/// `EXISTS`, `IN (SELECT ...)`, each within the last): DataFusion's check of a
+/// plan's subqueries takes time doubling with each such level (16 levels took
+/// 20 s to plan in a debug build, 20 more than a minute). Subqueries in `FROM`
+/// nest freely.
+pub const MAX_SUBQUERY_NESTING: usize = 12;
+
 /// Counts nesting while the AST is walked.
 struct Depth {
     now: usize,
+    /// Expression subqueries open.
+    subqueries: usize,
+}
+
+/// Whether `e` holds a subquery.
+fn is_subquery(e: &Expr) -> bool {
+    matches!(
+        e,
+        Expr::Subquery(_) | Expr::Exists { .. } | Expr::InSubquery { .. }
+    )
 }
 
 impl Depth {
@@ -67,11 +84,25 @@ impl Depth {
 impl Visitor for Depth {
     type Break = EngineError;
 
-    fn pre_visit_expr(&mut self, _: &Expr) -> ControlFlow<EngineError> {
+    fn pre_visit_expr(&mut self, e: &Expr) -> ControlFlow<EngineError> {
+        if is_subquery(e) {
+            self.subqueries += 1;
+            if self.subqueries > MAX_SUBQUERY_NESTING {
+                return ControlFlow::Break(sql_error(format!(
+                    "the statement nests subqueries in expressions (scalar, EXISTS, IN) more \
+                     than {MAX_SUBQUERY_NESTING} levels deep{}; DataFusion's planning time \
+                     doubles with each level (a join or a CTE does the same work)",
+                    at(e)
+                )));
+            }
+        }
         self.enter()
     }
 
-    fn post_visit_expr(&mut self, _: &Expr) -> ControlFlow<EngineError> {
+    fn post_visit_expr(&mut self, e: &Expr) -> ControlFlow<EngineError> {
+        if is_subquery(e) {
+            self.subqueries -= 1;
+        }
         self.leave()
     }
 
@@ -88,7 +119,10 @@ impl Visitor for Depth {
 /// returns where each template is.
 pub fn normalize(statement: &mut DfStatement) -> Result<CallSites> {
     if let DfStatement::Statement(s) = statement
-        && let ControlFlow::Break(e) = s.visit(&mut Depth { now: 0 })
+        && let ControlFlow::Break(e) = s.visit(&mut Depth {
+            now: 0,
+            subqueries: 0,
+        })
     {
         return Err(e);
     }
@@ -301,11 +335,10 @@ fn check_call(f: &Function, sites: &mut CallSites) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::sql::parser::DFParser;
 
     fn normalized(sql: &str) -> Result<String> {
-        let mut statements = DFParser::parse_sql(sql).map_err(|e| sql_error(e.to_string()))?;
-        let mut s = statements.pop_front().unwrap();
+        let state = datafusion::prelude::SessionContext::new().state();
+        let mut s = super::super::parse_one(sql, &state)?;
         normalize(&mut s)?;
         Ok(s.to_string())
     }
@@ -327,6 +360,27 @@ mod tests {
         assert!(e.to_string().contains("levels deep"), "{e}");
         let terms: Vec<String> = (0..500).map(|i| format!("x = {i}")).collect();
         normalized(&format!("SELECT 1 FROM t WHERE {}", terms.join(" OR "))).unwrap();
+    }
+
+    #[test]
+    fn deep_subqueries_in_expressions_are_refused() {
+        let nest = |n: usize| format!("SELECT {}1{}", "(SELECT ".repeat(n), ")".repeat(n));
+        let e = normalized(&nest(MAX_SUBQUERY_NESTING + 1)).unwrap_err();
+        assert!(e.to_string().contains("subqueries in expressions"), "{e}");
+        normalized(&nest(MAX_SUBQUERY_NESTING)).unwrap();
+        let exists = format!(
+            "SELECT 1 FROM t WHERE {}true{}",
+            "EXISTS (SELECT 1 FROM t WHERE ".repeat(MAX_SUBQUERY_NESTING + 1),
+            ")".repeat(MAX_SUBQUERY_NESTING + 1)
+        );
+        assert!(normalized(&exists).is_err());
+        // Subqueries in FROM are not counted.
+        let derived = format!(
+            "SELECT * FROM {}t{}",
+            "(SELECT * FROM ".repeat(30),
+            ") x".repeat(30)
+        );
+        normalized(&derived).unwrap();
     }
 
     #[test]
