@@ -250,7 +250,9 @@ fn a_query_past_its_timeout_keeps_the_rows_it_streamed_whole() {
         n => format!("{n} rows"),
     };
     assert!(
-        stderr.contains(&format!("holds the {kept} that arrived before the deadline")),
+        stderr.contains(&format!(
+            "holds the {kept} that arrived before the deadline"
+        )),
         "{stderr}"
     );
     let names: Vec<String> = std::fs::read_dir(&dir)
