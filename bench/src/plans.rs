@@ -284,7 +284,7 @@ mod tests {
         let e = open_plan(d.path().to_str().unwrap(), &folder)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("not a file"), "{e}");
+        assert!(e.contains("is a folder, not a regular file"), "{e}");
         // A broken catalog is named.
         std::fs::write(d.path().join("catalog.json"), "{").unwrap();
         let e = folder.catalog().unwrap_err().to_string();
