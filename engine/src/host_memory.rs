@@ -6,7 +6,13 @@
 /// A `/proc/meminfo` figure (`MemTotal`, `MemAvailable`, ...) in bytes; `None`
 /// where the file or the key is missing (not Linux).
 pub fn meminfo_bytes(key: &str) -> Option<usize> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    kb_figure("/proc/meminfo", key)
+}
+
+/// A `KEY: N kB` line of a `/proc` file (`/proc/meminfo`,
+/// `/proc/self/status`) in bytes; `None` where the file or the key is missing.
+fn kb_figure(file: &str, key: &str) -> Option<usize> {
+    let text = std::fs::read_to_string(file).ok()?;
     text.lines()
         .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
         .and_then(|rest| rest.split_whitespace().next())
@@ -17,12 +23,7 @@ pub fn meminfo_bytes(key: &str) -> Option<usize> {
 /// The process's peak resident memory since it started or since the last
 /// [`reset_peak_rss`] (`VmHWM` of `/proc/self/status`); `None` off Linux.
 pub fn peak_rss_bytes() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/self/status").ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|kb| kb.parse::<u64>().ok())
-        .map(|kb| kb * 1024)
+    kb_figure("/proc/self/status", "VmHWM").map(|b| b as u64)
 }
 
 /// Starts a new peak for [`peak_rss_bytes`] at the current resident memory
@@ -123,15 +124,8 @@ fn address_space_left() -> Option<usize> {
         if !ok || limit.rlim_cur == libc::RLIM_INFINITY {
             return None;
         }
-        let text = std::fs::read_to_string("/proc/self/status").ok()?;
-        let virtual_kb: usize = text
-            .lines()
-            .find_map(|l| l.strip_prefix("VmSize:"))?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()?;
-        Some((limit.rlim_cur as usize).saturating_sub(virtual_kb * 1024))
+        let virtual_bytes = kb_figure("/proc/self/status", "VmSize")?;
+        Some((limit.rlim_cur as usize).saturating_sub(virtual_bytes))
     }
     #[cfg(not(target_os = "linux"))]
     None

@@ -184,8 +184,7 @@ fn text_lengths(array: &dyn Array) -> Option<Vec<u128>> {
 /// Each row's value of an integer argument (negative and NULL as 0), `None`
 /// if it is not Int64 (the functions' signatures coerce counts to Int64).
 fn counts(array: &dyn Array) -> Option<Vec<u128>> {
-    let ints = array.as_primitive_opt::<Int64Type>()?;
-    Some(ints.iter().map(|n| n.unwrap_or(0).max(0) as u128).collect())
+    Some(ints(array)?.into_iter().map(|n| n.max(0) as u128).collect())
 }
 
 /// `repeat(text, n)`: each row's text length times its count.
@@ -214,11 +213,11 @@ fn array_repeat_bytes(args: &[ColumnarValue], rows: usize) -> Option<u128> {
 /// `range`/`generate_series(start, stop [, step])` over integers: eight bytes
 /// an element (`range(stop)` counts from 0); other kinds run unchecked.
 fn series_bytes(args: &[ColumnarValue], rows: usize) -> Option<u128> {
-    let ints = |i| counts_signed(column(args, i, rows)?.as_ref());
+    let arg = |i| ints(column(args, i, rows)?.as_ref());
     let (start, stop, step) = match args.len() {
-        1 => (vec![0; rows.max(1)], ints(0)?, vec![1; rows.max(1)]),
-        2 => (ints(0)?, ints(1)?, vec![1; rows.max(1)]),
-        _ => (ints(0)?, ints(1)?, ints(2)?),
+        1 => (vec![0; rows.max(1)], arg(0)?, vec![1; rows.max(1)]),
+        2 => (arg(0)?, arg(1)?, vec![1; rows.max(1)]),
+        _ => (arg(0)?, arg(1)?, arg(2)?),
     };
     let elements = start.iter().zip(&stop).zip(&step).map(|((a, b), s)| {
         if *s == 0 {
@@ -231,7 +230,7 @@ fn series_bytes(args: &[ColumnarValue], rows: usize) -> Option<u128> {
 }
 
 /// Each row's value of an Int64 argument (NULL as 0).
-fn counts_signed(array: &dyn Array) -> Option<Vec<i64>> {
+fn ints(array: &dyn Array) -> Option<Vec<i64>> {
     let ints = array.as_primitive_opt::<Int64Type>()?;
     Some(ints.iter().map(|n| n.unwrap_or(0)).collect())
 }

@@ -130,16 +130,21 @@ mod tests {
         assert_eq!(root_names(&schema("d")), ["id", "s", "x"]);
     }
 
-    /// The analyzed plan of `sql` over `docs(id, body, score)` and `topics(id, name)`.
-    async fn analyzed(sql: &str) -> LogicalPlan {
-        let ctx = SessionContext::new();
-        crate::ai_functions::register_ai_functions(&ctx, None);
+    /// `docs(id, body, score)` and `topics(id, name)`, empty, in `ctx`.
+    async fn create_tables(ctx: &SessionContext) {
         ctx.sql("CREATE TABLE docs (id VARCHAR, body VARCHAR, score DOUBLE)")
             .await
             .unwrap();
         ctx.sql("CREATE TABLE topics (id VARCHAR NOT NULL, name VARCHAR)")
             .await
             .unwrap();
+    }
+
+    /// The analyzed plan of `sql` over `docs(id, body, score)` and `topics(id, name)`.
+    async fn analyzed(sql: &str) -> LogicalPlan {
+        let ctx = SessionContext::new();
+        crate::ai_functions::register_ai_functions(&ctx, None);
+        create_tables(&ctx).await;
         let state = ctx.state();
         let plan = state.create_logical_plan(sql).await.unwrap();
         state
@@ -370,12 +375,7 @@ mod tests {
         let sql = "SELECT d.id, t.id FROM docs d JOIN topics t ON d.body = t.name";
         let plan = export(sql).await;
         let ctx = SessionContext::new();
-        ctx.sql("CREATE TABLE docs (id VARCHAR, body VARCHAR, score DOUBLE)")
-            .await
-            .unwrap();
-        ctx.sql("CREATE TABLE topics (id VARCHAR NOT NULL, name VARCHAR)")
-            .await
-            .unwrap();
+        create_tables(&ctx).await;
         let decoded = <Plan as prost::Message>::decode(encode(&plan).as_slice()).unwrap();
         assert_eq!(decoded, plan);
         let consumed = datafusion_substrait::logical_plan::consumer::from_substrait_plan(
