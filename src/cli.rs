@@ -224,6 +224,12 @@ pub struct BackendArgs {
 }
 
 impl BackendArgs {
+    /// The model answering, as the user named it: `None` for the oracle,
+    /// which is no model (its simulation stands for one).
+    pub fn model_name(&self) -> Option<String> {
+        (self.backend == BackendKind::Model).then(|| self.model.clone())
+    }
+
     /// `--memory-limit`, else [`aisql_engine::host_memory::default_memory_limit`].
     pub fn memory_limit(&self) -> usize {
         self.memory_limit

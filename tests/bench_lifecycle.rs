@@ -12,7 +12,7 @@ use aisql_bench::layout::Dataset;
 use aisql_bench::plans::PlanSource;
 use aisql_bench::run_file::{QueryStatus, RunFile, RunStatus};
 use aisql_bench::scoring::{Reason, Verdict};
-use aisql_engine::backend::{AiCall, AiRequest, InferenceBackend, OracleBackend};
+use aisql_engine::backend::{AiCall, AiRequest, Answer, InferenceBackend, OracleBackend};
 
 /// The oracle, counting queries started and sleeping once in its first answer when asked.
 struct TestBackend {
@@ -43,17 +43,13 @@ impl InferenceBackend for TestBackend {
     fn name(&self) -> &str {
         "test-oracle"
     }
-    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> aisql_engine::Result<Vec<bool>> {
-        self.nap();
-        self.oracle.decide(call, requests)
-    }
-    fn classify(
+    fn answer(
         &self,
         call: &AiCall,
         requests: &[AiRequest<'_>],
-    ) -> aisql_engine::Result<Vec<usize>> {
+    ) -> aisql_engine::Result<Vec<Answer>> {
         self.nap();
-        self.oracle.classify(call, requests)
+        self.oracle.answer(call, requests)
     }
     fn start_query(&self, _operators: &[aisql_engine::backend::AiCall]) {
         self.started.fetch_add(1, Ordering::SeqCst);

@@ -205,8 +205,8 @@ fn labels_from_answers(q: &QueryPlan, outs: &[&QueryOutput]) -> LabelStore {
                     continue;
                 }
                 let value = match t.kind {
-                    AiKind::Classify => LabelValue::Label(t.labels[row].clone()),
-                    _ => LabelValue::Bool(t.answers[row]),
+                    AiKind::Classify => LabelValue::Label(t.label(row).unwrap().to_string()),
+                    _ => LabelValue::Bool(t.decision(row).unwrap()),
                 };
                 set.insert(l, r.as_deref(), value).unwrap();
             }
@@ -227,9 +227,9 @@ fn same_answers(a: &[AnswerTable], b: &[AnswerTable], what: &str) {
                 .map(|r| {
                     let ids = t.ids.iter().map(|c| c[r].clone()).collect();
                     let v = if t.kind == AiKind::Classify {
-                        t.labels[r].clone()
+                        t.label(r).unwrap().to_string()
                     } else {
-                        t.answers[r].to_string()
+                        format!("{:?}", t.answers[r])
                     };
                     (ids, v)
                 })

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use aisql_engine::backend::{AiCall, AiRequest, InferenceBackend};
+use aisql_engine::backend::{AiCall, AiRequest, Answer, InferenceBackend};
 use aisql_engine::query::QueryOptions;
 use assert_cmd::Command;
 use common::{Fails, collect_query};
@@ -210,11 +210,17 @@ impl InferenceBackend for NoModel {
     fn name(&self) -> &str {
         "no-model"
     }
-    fn decide(&self, _: &AiCall, requests: &[AiRequest<'_>]) -> aisql_engine::Result<Vec<bool>> {
-        Ok(vec![false; requests.len()])
-    }
-    fn classify(&self, _: &AiCall, requests: &[AiRequest<'_>]) -> aisql_engine::Result<Vec<usize>> {
-        Ok(vec![0; requests.len()])
+    fn answer(
+        &self,
+        call: &AiCall,
+        requests: &[AiRequest<'_>],
+    ) -> aisql_engine::Result<Vec<Answer>> {
+        let none = if call.kind.has_labels() {
+            Answer::Label(0)
+        } else {
+            Answer::Bool(false)
+        };
+        Ok(vec![none; requests.len()])
     }
 }
 

@@ -27,12 +27,11 @@ fn answer_lines(t: &AnswerTable) -> Vec<String> {
     let mut lines: Vec<String> = (0..t.len())
         .map(|row| {
             let ids: Vec<&str> = t.ids.iter().map(|c| c[row].as_str()).collect();
-            let answer = t
-                .answers
-                .get(row)
-                .map(|a| a.to_string())
-                .or_else(|| t.labels.get(row).cloned())
-                .unwrap_or_default();
+            let answer = match (t.decision(row), t.label(row)) {
+                (Some(b), _) => b.to_string(),
+                (_, Some(l)) => l.to_string(),
+                _ => format!("{:?}", t.answers[row]),
+            };
             format!("{} = {answer}", ids.join(","))
         })
         .collect();

@@ -124,8 +124,9 @@ fn predicates(
         let key = |t: &aisql_engine::answers::AnswerTable, r: usize| -> Vec<String> {
             t.ids.iter().map(|c| c[r].clone()).collect()
         };
-        let b_answers: HashMap<Vec<String>, bool> =
-            (0..tb.len()).map(|r| (key(tb, r), tb.answers[r])).collect();
+        let b_answers: HashMap<Vec<String>, bool> = (0..tb.len())
+            .filter_map(|r| Some((key(tb, r), tb.decision(r)?)))
+            .collect();
         let (mut paired, mut ab, mut ba) = (0u64, 0u64, 0u64);
         for r in 0..ta.len() {
             let k = key(ta, r);
@@ -136,7 +137,10 @@ fn predicates(
                 continue;
             };
             paired += 1;
-            let (a_ok, b_ok) = (ta.answers[r] == label, b == label);
+            let Some(a) = ta.decision(r) else {
+                continue;
+            };
+            let (a_ok, b_ok) = (a == label, b == label);
             ab += u64::from(a_ok && !b_ok);
             ba += u64::from(!a_ok && b_ok);
         }

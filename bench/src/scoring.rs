@@ -677,7 +677,14 @@ pub fn agreement(table: &AnswerTable, set: &LabelSet) -> Result<BinaryCounts> {
                 right.unwrap_or("null")
             ))
         })?;
-        c.add(table.answers[row], label);
+        let answer = table.decision(row).ok_or_else(|| {
+            err(format!(
+                "{}: row {row} of a {} table is not a TRUE/FALSE",
+                table.op_id,
+                table.kind.name()
+            ))
+        })?;
+        c.add(answer, label);
     }
     Ok(c.finish())
 }
@@ -691,7 +698,7 @@ pub fn label_agreement(table: &AnswerTable, set: &LabelSet) -> Result<LabelCount
         match set.get_label(left, right) {
             Some(l) => {
                 c.evaluated += 1;
-                c.correct += u64::from(l == table.labels[row]);
+                c.correct += u64::from(Some(l) == table.label(row));
             }
             None if right.is_some() => c.unlabeled += 1,
             None => {
@@ -1104,6 +1111,7 @@ fn has_fresh_tokens(measurements: &serde_json::Map<String, serde_json::Value>) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use aisql_engine::backend::Answer;
 
     fn tuples(cols: &[&str], rows: &[&[&str]]) -> Tuples {
         thread_local!(static INTERNER: std::cell::RefCell<Interner> = Default::default());
@@ -1200,9 +1208,14 @@ mod tests {
         for (id, v) in [("a", true), ("b", false), ("c", true), ("d", false)] {
             set.insert(id, None, LabelValue::Bool(v)).unwrap();
         }
-        let mut t = AnswerTable::new("filter-1", AiKind::Filter, vec!["r".into()]);
+        let mut t = AnswerTable::new("filter-1", AiKind::Filter, vec!["r".into()], Vec::new());
         t.ids[0] = vec!["a".into(), "b".into(), "c".into(), "d".into()];
-        t.answers = vec![true, true, false, false];
+        t.answers = vec![
+            Answer::Bool(true),
+            Answer::Bool(true),
+            Answer::Bool(false),
+            Answer::Bool(false),
+        ];
         let c = agreement(&t, &set).unwrap();
         assert_eq!(
             (c.evaluated, c.correct, c.tp, c.tn, c.fp, c.fn_),
@@ -1213,7 +1226,7 @@ mod tests {
             (0.5, 0.5, 0.5, 0.5)
         );
         t.ids[0].push("zz".into());
-        t.answers.push(true);
+        t.answers.push(Answer::Bool(true));
         assert!(agreement(&t, &set).unwrap_err().to_string().contains("zz"));
     }
 

@@ -443,6 +443,7 @@ pub fn token_metrics(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use aisql_engine::backend::Answer;
 
     fn size(seqs: &[&[u32]]) -> u64 {
         let mut v: Vec<Vec<&[u32]>> = seqs.iter().map(|s| vec![*s]).collect();
@@ -537,15 +538,20 @@ mod tests {
             label: vec![6],
             tail: vec![4],
         };
-        let mut f1 = AnswerTable::new("filter-1", AiKind::Filter, vec!["r".into()]);
+        let mut f1 = AnswerTable::new("filter-1", AiKind::Filter, vec!["r".into()], Vec::new());
         f1.ids[0] = vec!["a".into(), "b".into()];
-        f1.answers = vec![true, true];
-        let mut f2 = AnswerTable::new("filter-2", AiKind::Filter, vec!["r".into()]);
+        f1.answers = vec![Answer::Bool(true), Answer::Bool(true)];
+        let mut f2 = AnswerTable::new("filter-2", AiKind::Filter, vec!["r".into()], Vec::new());
         f2.ids[0] = vec!["a".into()];
-        f2.answers = vec![false];
-        let mut j = AnswerTable::new("join-1", AiKind::Join, vec!["r".into(), "s".into()]);
+        f2.answers = vec![Answer::Bool(false)];
+        let mut j = AnswerTable::new(
+            "join-1",
+            AiKind::Join,
+            vec!["r".into(), "s".into()],
+            Vec::new(),
+        );
         j.ids = vec![vec!["a".into(), "a".into()], vec!["x".into(), "y".into()]];
-        j.answers = vec![true, false];
+        j.answers = vec![Answer::Bool(true), Answer::Bool(false)];
         let c = piece_counts(&[filter, filter2, join], &[f1, f2, j], &corpus, &docs).unwrap();
         // Input: filter-1 2×(2+3)+la+lb; filter-2 (2+4)+la; join 2×(2+2+1+1)+2la+lx+ly.
         assert_eq!(

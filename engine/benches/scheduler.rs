@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use aisql_engine::backend::{AiCall, AiKind, AiRequest, Doc, InferenceBackend};
+use aisql_engine::backend::{AiCall, AiKind, AiRequest, AskTyped, Doc, InferenceBackend};
 use aisql_engine::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo};
 use aisql_engine::prompt::{PromptFormat, filter_pieces, join_pieces};
 use aisql_engine::scheduler::{QWEN3_4B_KV_BYTES_PER_TOKEN, SchedulerConfig, simulation_backend};
@@ -79,6 +79,7 @@ fn bench(c: &mut Criterion) {
             columns: vec!["body".into()],
             pieces: filter_pieces(PromptFormat::RawV1, t).unwrap(),
             labels: vec![],
+            max_tokens: 0,
             descriptions: vec![],
             relations: vec![],
         })
@@ -91,6 +92,7 @@ fn bench(c: &mut Criterion) {
         columns: vec!["body".into(), "aspect".into()],
         pieces: join_pieces(PromptFormat::RawV1, join_template),
         labels: vec![],
+        max_tokens: 0,
         descriptions: vec![],
         relations: vec![],
     };

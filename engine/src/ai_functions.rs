@@ -1,7 +1,9 @@
-//! The AI functions as DataFusion scalar functions: `ai_filter(template, doc
-//! [, partner])`, `ai_join(template, left, right)` and `ai_classify(template, doc
-//! [, partner], labels, descriptions)`, whatever spelling or producer they came
-//! from (SQL, any Substrait plan).
+//! The registry of AI functions ([`AI_FUNCTIONS`]) and their DataFusion scalar
+//! functions: `ai_filter(template, doc [, partner])`, `ai_join(template, left,
+//! right)`, `ai_classify(template, doc [, partner], labels, descriptions)`,
+//! `ai_score(template, doc [, partner])`, `ai_classify_scores(...)` (as
+//! `ai_classify`) and `ai_complete(template, doc [, partner] [, max_tokens])`,
+//! whatever spelling or producer they came from (SQL, any Substrait plan).
 //!
 //! They are registered so that SQL and Substrait resolve them by name; the
 //! analyzer rule ([`crate::sql::rewrite`]) then turns every call into an AI
@@ -17,7 +19,7 @@
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, StringArray};
+use datafusion::arrow::array::{Array, ArrayRef, StringArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::ScalarValue;
@@ -29,91 +31,158 @@ use datafusion::logical_expr::{
 };
 use datafusion::prelude::SessionContext;
 
-use crate::backend::{AiCall, AiKind, AiRequest, Doc, InferenceBackend};
+use crate::answers::answer_array;
+use crate::backend::{AiCall, AiKind, AiRequest, Doc, InferenceBackend, check_answers};
 use crate::error::{EngineError, Result};
-use crate::prompt::{
-    PromptFormat, check_placeholders, classify_pieces, filter_pieces, join_pieces,
-    pair_classify_pieces,
-};
+use crate::prompt::{PromptFormat, call_pieces, check_placeholders};
 
 /// URN under which QUAIL-B plans declare the AI functions.
 pub use crate::plan::AI_URN;
 
-/// One of the three AI functions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum AiFunction {
-    /// `ai_filter(template, doc [, partner]) -> bool`.
-    Filter,
-    /// `ai_join(template, left, right) -> bool`.
-    Join,
-    /// `ai_classify(template, doc [, partner], labels, descriptions) -> label`.
-    Classify,
+/// Default `max_tokens` of a generating call.
+pub const DEFAULT_MAX_TOKENS: u32 = 256;
+
+/// One AI function: the registry's description of it. The planner rule, the
+/// naive evaluator, the SQL spellings, Substrait and the backends all read a
+/// call through this one entry; adding a function is an entry here, its
+/// prompt rendering ([`crate::prompt::call_pieces`]) and its tests.
+#[derive(Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AiFunction {
+    /// The registered (lowercase) name.
+    pub name: &'static str,
+    /// Other names SQL and Substrait resolve to it.
+    pub aliases: &'static [&'static str],
+    /// The question one call over one document asks. An `ai_filter` over two
+    /// documents asks [`AiKind::Join`].
+    pub kind: AiKind,
+    /// The fewest and most documents.
+    pub documents: (usize, usize),
+    /// Whether labels and their descriptions follow the documents.
+    pub labels: bool,
+    /// Whether an integer `max_tokens` may end the arguments.
+    pub max_tokens: bool,
+    /// The accepted arguments, for errors.
+    pub arity: &'static str,
+    /// The URN of the Substrait extension that declares it: QUAIL-B's for the
+    /// functions its plans call, aisql's ([`AISQL_AI_URN`]) for the others.
+    pub urn: &'static str,
 }
 
+/// URN of the extension declaring aisql's own AI functions
+/// (`engine/src/sql/export/functions_ai.yaml`).
+pub const AISQL_AI_URN: &str = "extension:aisql:functions_ai";
+
+/// Every AI function.
+pub static AI_FUNCTIONS: [AiFunction; 6] = [
+    AiFunction {
+        name: "ai_filter",
+        aliases: &[],
+        kind: AiKind::Filter,
+        documents: (1, 2),
+        labels: false,
+        max_tokens: false,
+        arity: "(template, document) or (template, document, partner)",
+        urn: AI_URN,
+    },
+    AiFunction {
+        name: "ai_join",
+        aliases: &[],
+        kind: AiKind::Join,
+        documents: (2, 2),
+        labels: false,
+        max_tokens: false,
+        arity: "(template, left document, right document)",
+        urn: AI_URN,
+    },
+    AiFunction {
+        name: "ai_classify",
+        aliases: &[],
+        kind: AiKind::Classify,
+        documents: (1, 2),
+        labels: true,
+        max_tokens: false,
+        arity: "(template, document [, partner], [labels...], [descriptions...])",
+        urn: AI_URN,
+    },
+    AiFunction {
+        name: "ai_score",
+        aliases: &["ai_filter_score"],
+        kind: AiKind::Score,
+        documents: (1, 2),
+        labels: false,
+        max_tokens: false,
+        arity: "(template, document [, partner])",
+        urn: AI_URN,
+    },
+    AiFunction {
+        name: "ai_classify_scores",
+        aliases: &[],
+        kind: AiKind::ClassifyScores,
+        documents: (1, 2),
+        labels: true,
+        max_tokens: false,
+        arity: "(template, document [, partner], [labels...], [descriptions...])",
+        urn: AISQL_AI_URN,
+    },
+    AiFunction {
+        name: "ai_complete",
+        aliases: &[],
+        kind: AiKind::Complete,
+        documents: (1, 2),
+        labels: false,
+        max_tokens: true,
+        arity: "(template, document [, partner] [, max_tokens])",
+        urn: AISQL_AI_URN,
+    },
+];
+
 impl AiFunction {
-    /// Every AI function.
-    pub const ALL: [AiFunction; 3] = [AiFunction::Filter, AiFunction::Join, AiFunction::Classify];
-
-    /// The registered name.
-    pub fn name(self) -> &'static str {
-        match self {
-            AiFunction::Filter => "ai_filter",
-            AiFunction::Join => "ai_join",
-            AiFunction::Classify => "ai_classify",
-        }
-    }
-
-    /// The function a name stands for (case-insensitive, as SQL resolves it).
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|f| f.name().eq_ignore_ascii_case(name))
+    /// The function a name or alias stands for (case-insensitive, as SQL
+    /// resolves it).
+    pub fn from_name(name: &str) -> Option<&'static Self> {
+        AI_FUNCTIONS.iter().find(|f| {
+            f.name.eq_ignore_ascii_case(name)
+                || f.aliases.iter().any(|a| a.eq_ignore_ascii_case(name))
+        })
     }
 
     /// The question a call with `documents` documents asks: a TRUE/FALSE
     /// question about one document is a filter, about two a join.
-    pub fn kind(self, documents: usize) -> AiKind {
-        match (self, documents) {
-            (AiFunction::Classify, _) => AiKind::Classify,
-            (_, 1) => AiKind::Filter,
-            _ => AiKind::Join,
+    pub fn kind(&self, documents: usize) -> AiKind {
+        match (self.kind, documents) {
+            (AiKind::Filter, 2) => AiKind::Join,
+            (kind, _) => kind,
         }
     }
 
     /// What a call returns.
-    pub fn return_type(self) -> DataType {
-        match self {
-            AiFunction::Classify => DataType::Utf8,
-            _ => DataType::Boolean,
-        }
+    pub fn return_type(&self) -> DataType {
+        self.kind.return_type()
     }
 
-    /// The accepted argument counts, for errors.
-    pub fn arity(self) -> &'static str {
-        match self {
-            AiFunction::Filter => "(template, document) or (template, document, partner)",
-            AiFunction::Join => "(template, left document, right document)",
-            AiFunction::Classify => {
-                "(template, document [, partner], [labels...], [descriptions...])"
-            }
-        }
+    /// Whether a call's last argument is its `max_tokens`: a generating call
+    /// of more than two arguments whose last is a number (a document is text).
+    pub fn ends_with_max_tokens(&self, args: usize, last_is_number: bool) -> bool {
+        self.max_tokens && args > 2 && last_is_number
     }
 
-    /// How many arguments are documents, for `args` arguments in all.
-    pub fn documents(self, args: usize) -> std::result::Result<usize, String> {
-        let docs = match self {
-            AiFunction::Filter if (2..=3).contains(&args) => args - 1,
-            AiFunction::Join if args == 3 => 2,
-            AiFunction::Classify if (4..=5).contains(&args) => args - 3,
-            _ => {
-                return Err(format!(
-                    "{} takes {}, not {args} argument(s)",
-                    self.name(),
-                    self.arity()
-                ));
-            }
-        };
-        Ok(docs)
+    /// How many arguments are documents, for `args` arguments (the last a
+    /// number or not).
+    pub fn documents(
+        &self,
+        args: usize,
+        last_is_number: bool,
+    ) -> std::result::Result<usize, String> {
+        let trailing = usize::from(self.ends_with_max_tokens(args, last_is_number));
+        let fixed = 1 + if self.labels { 2 } else { 0 } + trailing;
+        let (low, high) = self.documents;
+        match args.checked_sub(fixed) {
+            Some(docs) if (low..=high).contains(&docs) => Ok(docs),
+            _ => Err(format!(
+                "{} takes {}, not {args} argument(s)",
+                self.name, self.arity
+            )),
+        }
     }
 }
 
@@ -121,7 +190,7 @@ impl AiFunction {
 #[derive(Debug, Clone, PartialEq)]
 pub struct AiArgs {
     /// Which function.
-    pub function: AiFunction,
+    pub function: &'static AiFunction,
     /// Prompt template with `{0}` (and `{1}`).
     pub template: String,
     /// The document expressions, `{0}` first.
@@ -130,36 +199,51 @@ pub struct AiArgs {
     pub labels: Vec<String>,
     /// One description per label.
     pub descriptions: Vec<String>,
+    /// Most tokens to generate (generating functions; 0 otherwise).
+    pub max_tokens: u32,
 }
 
 impl AiArgs {
     /// Parses `function(args)`. Errors say what is wrong without position; the
     /// caller adds where the call is.
-    pub fn parse(function: AiFunction, args: &[Expr]) -> std::result::Result<Self, String> {
-        let documents = function.documents(args.len())?;
+    pub fn parse(
+        function: &'static AiFunction,
+        args: &[Expr],
+    ) -> std::result::Result<Self, String> {
+        let name = function.name;
+        let last_is_number = args
+            .last()
+            .is_some_and(|e| string_literal(e).is_none() && is_literal(e));
+        let trailing = function.ends_with_max_tokens(args.len(), last_is_number);
+        let documents = function.documents(args.len(), last_is_number)?;
         let template = string_literal(&args[0]).ok_or_else(|| {
             format!(
-                "{}: the template (first argument) must be a string literal, not {}",
-                function.name(),
+                "{name}: the template (first argument) must be a string literal, not {}",
                 args[0]
             )
         })?;
-        check_placeholders(&template, documents)
-            .map_err(|m| format!("{}: {m}", function.name()))?;
-        let (labels, descriptions) = if function == AiFunction::Classify {
+        check_placeholders(&template, documents).map_err(|m| format!("{name}: {m}"))?;
+        let (labels, descriptions) = if function.labels {
             let list = |e: &Expr, what: &str| {
                 string_list(e).ok_or_else(|| {
                     format!(
-                        "ai_classify: the {what} must be a list of string literals such as ['a', 'b'], not {e}"
+                        "{name}: the {what} must be a list of string literals such as ['a', 'b'], not {e}"
                     )
                 })
             };
             let labels = list(&args[documents + 1], "labels")?;
             let descriptions = list(&args[documents + 2], "descriptions")?;
-            check_label_list(&labels, &descriptions)?;
+            check_label_list(name, &labels, &descriptions)?;
             (labels, descriptions)
         } else {
             (Vec::new(), Vec::new())
+        };
+        let max_tokens = if !function.max_tokens {
+            0
+        } else if trailing {
+            max_tokens_literal(name, documents + 2, &args[args.len() - 1])?
+        } else {
+            DEFAULT_MAX_TOKENS
         };
         Ok(Self {
             function,
@@ -167,6 +251,7 @@ impl AiArgs {
             documents: args[1..=documents].to_vec(),
             labels,
             descriptions,
+            max_tokens,
         })
     }
 
@@ -185,16 +270,14 @@ impl AiArgs {
         columns: Vec<String>,
     ) -> Result<AiCall> {
         let kind = self.kind();
-        let pieces = match kind {
-            AiKind::Filter => filter_pieces(format, &self.template)?,
-            AiKind::Join => join_pieces(format, &self.template),
-            AiKind::Classify if self.documents.len() == 1 => {
-                classify_pieces(format, &self.template, &self.labels, &self.descriptions)?
-            }
-            AiKind::Classify => {
-                pair_classify_pieces(format, &self.template, &self.labels, &self.descriptions)
-            }
-        };
+        let pieces = call_pieces(
+            format,
+            kind,
+            &self.template,
+            self.documents.len() > 1,
+            &self.labels,
+            &self.descriptions,
+        )?;
         Ok(AiCall {
             op_id: op_id.to_string(),
             kind,
@@ -203,9 +286,64 @@ impl AiArgs {
             columns,
             pieces,
             labels: self.labels.clone(),
+            max_tokens: self.max_tokens,
             descriptions: self.descriptions.clone(),
             relations: Vec::new(),
         })
+    }
+}
+
+/// Whether `e` is a literal (possibly cast).
+fn is_literal(e: &Expr) -> bool {
+    match e {
+        Expr::Literal(..) => true,
+        Expr::Cast(c) => is_literal(&c.expr),
+        Expr::TryCast(c) => is_literal(&c.expr),
+        Expr::Negative(n) => is_literal(n),
+        _ => false,
+    }
+}
+
+/// A `max_tokens` argument (argument number `position`): a positive integer
+/// literal no larger than any model's context.
+fn max_tokens_literal(name: &str, position: usize, e: &Expr) -> std::result::Result<u32, String> {
+    let value = match e {
+        Expr::Negative(n) => integer_literal(n).map(|v| -v),
+        e => integer_literal(e),
+    };
+    let bad = || {
+        format!(
+            "{name}: max_tokens (argument {position}) must be a positive integer literal of at \
+             most {MAX_TOKENS_LIMIT}, not {e}"
+        )
+    };
+    match value {
+        Some(v) if (1..=i128::from(MAX_TOKENS_LIMIT)).contains(&v) => Ok(v as u32),
+        _ => Err(bad()),
+    }
+}
+
+/// The most tokens a call may ask to generate: the longest context of any
+/// Qwen3 (a call over the loaded model's context fails when it runs, naming
+/// that context).
+pub const MAX_TOKENS_LIMIT: u32 = 131_072;
+
+fn integer_literal(e: &Expr) -> Option<i128> {
+    match e {
+        Expr::Literal(v, _) => match v {
+            ScalarValue::Int8(Some(v)) => Some(i128::from(*v)),
+            ScalarValue::Int16(Some(v)) => Some(i128::from(*v)),
+            ScalarValue::Int32(Some(v)) => Some(i128::from(*v)),
+            ScalarValue::Int64(Some(v)) => Some(i128::from(*v)),
+            ScalarValue::UInt8(Some(v)) => Some(i128::from(*v)),
+            ScalarValue::UInt16(Some(v)) => Some(i128::from(*v)),
+            ScalarValue::UInt32(Some(v)) => Some(i128::from(*v)),
+            ScalarValue::UInt64(Some(v)) => Some(i128::from(*v)),
+            _ => None,
+        },
+        Expr::Cast(c) => integer_literal(&c.expr),
+        Expr::TryCast(c) => integer_literal(&c.expr),
+        _ => None,
     }
 }
 
@@ -213,13 +351,17 @@ impl AiArgs {
 /// none the same as another up to case and spacing, none continuing another
 /// word for word (the answer "very" would be read as both "very" and "very
 /// good").
-fn check_label_list(labels: &[String], descriptions: &[String]) -> std::result::Result<(), String> {
+fn check_label_list(
+    name: &str,
+    labels: &[String],
+    descriptions: &[String],
+) -> std::result::Result<(), String> {
     if labels.len() < 2 {
-        return Err("ai_classify needs at least two labels".into());
+        return Err(format!("{name} needs at least two labels"));
     }
     if labels.len() != descriptions.len() {
         return Err(format!(
-            "ai_classify: {} labels but {} descriptions",
+            "{name}: {} labels but {} descriptions",
             labels.len(),
             descriptions.len()
         ));
@@ -233,11 +375,11 @@ fn check_label_list(labels: &[String], descriptions: &[String]) -> std::result::
     let folded: Vec<String> = labels.iter().map(|l| fold(l)).collect();
     for (i, (l, f)) in labels.iter().zip(&folded).enumerate() {
         if f.is_empty() {
-            return Err(format!("ai_classify: label {} is empty", i + 1));
+            return Err(format!("{name}: label {} is empty", i + 1));
         }
         if let Some(j) = folded[..i].iter().position(|g| g == f) {
             return Err(format!(
-                "ai_classify: labels {:?} and {l:?} are the same",
+                "{name}: labels {:?} and {l:?} are the same",
                 labels[j]
             ));
         }
@@ -246,7 +388,7 @@ fn check_label_list(labels: &[String], descriptions: &[String]) -> std::result::
         for b in &folded {
             if b.len() > a.len() && b.starts_with(a.as_str()) && b[a.len()..].starts_with(' ') {
                 return Err(format!(
-                    "ai_classify: label {b:?} continues label {a:?} word for word"
+                    "{name}: label {b:?} continues label {a:?} word for word"
                 ));
             }
         }
@@ -255,11 +397,11 @@ fn check_label_list(labels: &[String], descriptions: &[String]) -> std::result::
 }
 
 /// The AI function an expression calls, with its arguments.
-pub fn ai_call_of(e: &Expr) -> Option<(AiFunction, &[Expr])> {
+pub fn ai_call_of(e: &Expr) -> Option<(&'static AiFunction, &[Expr])> {
     match e {
         Expr::ScalarFunction(ScalarFunction { func, args }) => {
-            func.inner().downcast_ref::<AiUdf>()?;
-            Some((AiFunction::from_name(func.name())?, args.as_slice()))
+            let udf = func.inner().downcast_ref::<AiUdf>()?;
+            Some((udf.function, args.as_slice()))
         }
         _ => None,
     }
@@ -334,7 +476,8 @@ impl std::fmt::Debug for NaiveEvaluator {
 /// One AI function as a DataFusion scalar function.
 #[derive(Debug)]
 pub struct AiUdf {
-    function: AiFunction,
+    function: &'static AiFunction,
+    aliases: Vec<String>,
     signature: Signature,
     naive: Option<NaiveEvaluator>,
 }
@@ -361,9 +504,10 @@ impl Hash for AiUdf {
 
 impl AiUdf {
     /// The function, evaluated row by row by `naive` if given.
-    pub fn new(function: AiFunction, naive: Option<NaiveEvaluator>) -> Self {
+    pub fn new(function: &'static AiFunction, naive: Option<NaiveEvaluator>) -> Self {
         Self {
             function,
+            aliases: function.aliases.iter().map(|a| a.to_string()).collect(),
             signature: Signature::variadic_any(Volatility::Immutable),
             naive,
         }
@@ -372,7 +516,11 @@ impl AiUdf {
 
 impl ScalarUDFImpl for AiUdf {
     fn name(&self) -> &str {
-        self.function.name()
+        self.function.name
+    }
+
+    fn aliases(&self) -> &[String] {
+        &self.aliases
     }
 
     fn signature(&self) -> &Signature {
@@ -388,16 +536,16 @@ impl ScalarUDFImpl for AiUdf {
             return Err(DataFusionError::Plan(format!(
                 "{} was left as a row-by-row function: AI calls are planned as AI operators, \
                  and this one was in a place the planner does not rewrite",
-                self.function.name()
+                self.function.name
             )));
         };
         naive_eval(self.function, naive, args).map_err(DataFusionError::from)
     }
 }
 
-/// Registers the three AI functions on `ctx`.
+/// Registers the AI functions on `ctx`.
 pub fn register_ai_functions(ctx: &SessionContext, naive: Option<NaiveEvaluator>) {
-    for f in AiFunction::ALL {
+    for f in &AI_FUNCTIONS {
         ctx.register_udf(ScalarUDF::new_from_impl(AiUdf::new(f, naive.clone())));
     }
 }
@@ -405,7 +553,7 @@ pub fn register_ai_functions(ctx: &SessionContext, naive: Option<NaiveEvaluator>
 /// One row at a time: the reference semantics of an AI call. A NULL document
 /// gives a NULL answer.
 fn naive_eval(
-    function: AiFunction,
+    function: &'static AiFunction,
     naive: &NaiveEvaluator,
     args: ScalarFunctionArgs,
 ) -> Result<ColumnarValue> {
@@ -444,12 +592,10 @@ fn naive_eval(
         vec![String::new(); docs.len()],
         vec![String::new(); docs.len()],
     )?;
-    let mut bools = Vec::with_capacity(rows);
-    let mut labels = Vec::with_capacity(rows);
+    let mut answers = Vec::with_capacity(rows);
     for row in 0..rows {
         if docs.iter().any(|d| d.is_null(row)) {
-            bools.push(None);
-            labels.push(None);
+            answers.push(None);
             continue;
         }
         fn doc(d: &StringArray, row: usize) -> Doc<'_> {
@@ -462,18 +608,11 @@ fn naive_eval(
             anchor: doc(docs[0], row),
             partner: docs.get(1).map(|d| doc(d, row)),
         };
-        if call.kind == AiKind::Classify {
-            let chosen = naive.backend.classify(&call, &[request])?;
-            labels.push(Some(call.labels[chosen[0]].clone()));
-        } else {
-            bools.push(Some(naive.backend.decide(&call, &[request])?[0]));
-        }
+        let answer = naive.backend.answer(&call, &[request])?;
+        check_answers(&call, "the backend", &answer, 1)?;
+        answers.push(answer.into_iter().next());
     }
-    Ok(ColumnarValue::Array(if call.kind == AiKind::Classify {
-        Arc::new(StringArray::from(labels))
-    } else {
-        Arc::new(BooleanArray::from(bools))
-    }))
+    Ok(ColumnarValue::Array(answer_array(&call, &answers)?))
 }
 
 #[cfg(test)]
@@ -481,22 +620,26 @@ mod tests {
     use super::*;
     use datafusion::prelude::{col, lit};
 
-    fn udf(f: AiFunction) -> Arc<ScalarUDF> {
+    fn f(name: &str) -> &'static AiFunction {
+        AiFunction::from_name(name).unwrap()
+    }
+
+    fn udf(f: &'static AiFunction) -> Arc<ScalarUDF> {
         Arc::new(ScalarUDF::new_from_impl(AiUdf::new(f, None)))
     }
 
     #[test]
     fn parses_each_function() {
         let args = vec![lit("Is {0} kind?"), col("body")];
-        let a = AiArgs::parse(AiFunction::Filter, &args).unwrap();
+        let a = AiArgs::parse(f("ai_filter"), &args).unwrap();
         assert_eq!(a.kind(), AiKind::Filter);
         let args = vec![lit("Does {0} cite {1}?"), col("a"), col("b")];
         assert_eq!(
-            AiArgs::parse(AiFunction::Filter, &args).unwrap().kind(),
+            AiArgs::parse(f("ai_filter"), &args).unwrap().kind(),
             AiKind::Join
         );
         assert_eq!(
-            AiArgs::parse(AiFunction::Join, &args).unwrap().kind(),
+            AiArgs::parse(f("ai_join"), &args).unwrap().kind(),
             AiKind::Join
         );
         let labels = Expr::Literal(
@@ -507,26 +650,26 @@ mod tests {
             None,
         );
         let args = vec![lit("Tone of {0}?"), col("body"), labels.clone(), labels];
-        let a = AiArgs::parse(AiFunction::Classify, &args).unwrap();
+        let a = AiArgs::parse(f("ai_classify"), &args).unwrap();
         assert_eq!(a.labels, ["pos", "neg"]);
     }
 
     #[test]
     fn rejects_bad_calls() {
-        let e = AiArgs::parse(AiFunction::Join, &[lit("{0}"), col("a")]).unwrap_err();
+        let e = AiArgs::parse(f("ai_join"), &[lit("{0}"), col("a")]).unwrap_err();
         assert!(e.contains("ai_join takes"), "{e}");
-        let e = AiArgs::parse(AiFunction::Filter, &[lit("no placeholder"), col("a")]).unwrap_err();
+        let e = AiArgs::parse(f("ai_filter"), &[lit("no placeholder"), col("a")]).unwrap_err();
         assert!(e.contains("no {0} placeholder"), "{e}");
-        let e = AiArgs::parse(AiFunction::Filter, &[lit("{0} and {1}"), col("a")]).unwrap_err();
+        let e = AiArgs::parse(f("ai_filter"), &[lit("{0} and {1}"), col("a")]).unwrap_err();
         assert!(e.contains("more placeholders"), "{e}");
-        let e = AiArgs::parse(AiFunction::Filter, &[col("t"), col("a")]).unwrap_err();
+        let e = AiArgs::parse(f("ai_filter"), &[col("t"), col("a")]).unwrap_err();
         assert!(e.contains("string literal"), "{e}");
     }
 
     #[test]
     fn finds_calls_in_expressions() {
         let call = Expr::ScalarFunction(ScalarFunction::new_udf(
-            udf(AiFunction::Filter),
+            udf(f("ai_filter")),
             vec![lit("{0}?"), col("x")],
         ));
         assert!(ai_call_of(&call).is_some());

@@ -7,10 +7,11 @@
 //!
 //! Layout: `DIR/<identity key>/identity.json` names what the answers belong to
 //! ([`AnswerIdentity`]: model id, weights and tokenizer SHA-256, dtype, prompt
-//! format); `DIR/<identity key>/answers.v2` holds fixed-size records of a
-//! question hash, the answer and a keyed MAC. A record cut short by a kill is
-//! dropped when the log is opened again; a record whose MAC fails is skipped
-//! and counted, never used. One process holds a log at a time (an exclusive
+//! format); `DIR/<identity key>/answers.v3` holds records of a question hash,
+//! the answer's length and bytes (a typed [`Answer`]: TRUE/FALSE, label,
+//! score, label probabilities, text) and a keyed MAC. A record cut short by a
+//! kill is dropped when the log is opened again; a record whose MAC fails is
+//! skipped and counted, never used. One process holds a log at a time (an exclusive
 //! file lock), so two runs never interleave their writes.
 //!
 //! The MAC is HMAC-SHA256 under a key kept in aisql's cache folder
@@ -20,8 +21,8 @@
 //! folder copied to another machine (another key) is re-asked, not trusted.
 //!
 //! The question hash is SHA-256 over the kind, the classification labels (an
-//! answer is an index into them) and the rendered prompt, exactly as the model
-//! reads it: two operators, queries or plans that ask the same prompt share
+//! answer is an index into them), a generating call's `max_tokens` and the
+//! rendered prompt, exactly as the model reads it: two operators, queries or plans that ask the same prompt share
 //! its answer, and a changed prompt, label list or model never does.
 
 use std::collections::HashMap;
@@ -33,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 
-use crate::backend::{AiCall, AiKind, AiRequest, Doc, InferenceBackend, check_answer_count};
+use crate::backend::{AiCall, AiKind, AiRequest, Answer, Doc, InferenceBackend, check_answers};
 use crate::error::{EngineError, Result};
 
 /// Bytes of a question hash: 128 bits, so that a collision among billions of
@@ -41,10 +42,16 @@ use crate::error::{EngineError, Result};
 const QUESTION_BYTES: usize = 16;
 /// Bytes of a record's MAC: the first 128 bits of HMAC-SHA256.
 const MAC_BYTES: usize = 16;
-/// One record: question hash, answer (u16, little endian), MAC over the rest.
-const RECORD_BYTES: usize = QUESTION_BYTES + 2 + MAC_BYTES;
+/// Bytes of a record's answer length (u32, little endian).
+const LENGTH_BYTES: usize = 4;
+/// One record: question hash, answer length, answer bytes, MAC over the rest.
+/// The fixed part: a record holds this many bytes plus its answer's.
+const RECORD_FIXED_BYTES: usize = QUESTION_BYTES + LENGTH_BYTES + MAC_BYTES;
+/// The longest answer a record holds (a generated text of 131,072 tokens is
+/// at most about 2 MB): a longer length is a damaged or cut record.
+const MAX_ANSWER_BYTES: usize = 16 << 20;
 /// The log's file name; the version changes with the record or hash layout.
-const LOG_FILE: &str = "answers.v2";
+const LOG_FILE: &str = "answers.v3";
 /// The MAC key's file name in aisql's cache folder.
 pub const KEY_FILE: &str = "answer-cache.key";
 /// Bytes of the MAC key.
@@ -92,8 +99,14 @@ fn anchor_state(call: &AiCall, anchor: Doc<'_>) -> Sha256 {
         AiKind::Filter => b'f',
         AiKind::Join => b'j',
         AiKind::Classify => b'c',
+        AiKind::Score => b's',
+        AiKind::ClassifyScores => b'p',
+        AiKind::Complete => b'g',
     }]);
-    if call.kind == AiKind::Classify {
+    if call.kind.generates() {
+        h.update(call.max_tokens.to_le_bytes());
+    }
+    if call.kind.has_labels() {
         h.update((call.labels.len() as u64).to_le_bytes());
         for label in &call.labels {
             h.update((label.len() as u64).to_le_bytes());
@@ -115,6 +128,54 @@ fn finish(mut h: Sha256, call: &AiCall, partner: Option<Doc<'_>>) -> QuestionHas
     }
     h.update(call.pieces.tail.as_bytes());
     h.finalize()[..QUESTION_BYTES].try_into().expect("16 bytes")
+}
+
+/// An answer's bytes in a record: a tag, then its value (little endian).
+fn encode_answer(answer: &Answer) -> Vec<u8> {
+    let mut out = Vec::new();
+    match answer {
+        Answer::Bool(b) => out.extend([b'b', u8::from(*b)]),
+        Answer::Label(i) => {
+            out.push(b'l');
+            out.extend(i.to_le_bytes());
+        }
+        Answer::Score(p) => {
+            out.push(b's');
+            out.extend(p.to_le_bytes());
+        }
+        Answer::LabelScores(ps) => {
+            out.push(b'p');
+            for p in ps.iter() {
+                out.extend(p.to_le_bytes());
+            }
+        }
+        Answer::Text(t) => {
+            out.push(b't');
+            out.extend(t.as_bytes());
+        }
+    }
+    out
+}
+
+/// Reads [`encode_answer`]'s bytes back; `None` for bytes it never writes.
+fn decode_answer(bytes: &[u8]) -> Option<Answer> {
+    let (&tag, value) = bytes.split_first()?;
+    let f64s = |v: &[u8]| -> Option<Vec<f64>> {
+        (v.len() % 8 == 0).then(|| {
+            v.chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect()
+        })
+    };
+    Some(match (tag, value) {
+        (b'b', [0]) => Answer::Bool(false),
+        (b'b', [1]) => Answer::Bool(true),
+        (b'l', v) if v.len() == 4 => Answer::Label(u32::from_le_bytes(v.try_into().ok()?)),
+        (b's', v) if v.len() == 8 => Answer::Score(f64::from_le_bytes(v.try_into().ok()?)),
+        (b'p', v) => Answer::LabelScores(f64s(v)?.into()),
+        (b't', v) => Answer::Text(std::str::from_utf8(v).ok()?.into()),
+        _ => return None,
+    })
 }
 
 /// The key records are signed with.
@@ -211,7 +272,7 @@ pub struct AnswerCache {
     /// Signs the records written and checks those read.
     key: RecordKey,
     log: Mutex<File>,
-    answers: Mutex<HashMap<QuestionHash, u16>>,
+    answers: Mutex<HashMap<QuestionHash, Answer>>,
     /// Records found damaged or not signed with this key when the log was
     /// opened (skipped).
     damaged: usize,
@@ -276,24 +337,44 @@ impl AnswerCache {
         log.seek(SeekFrom::Start(0))
             .and_then(|_| log.read_to_end(&mut bytes))
             .map_err(|e| EngineError::io(&log_path, e))?;
-        let whole = bytes.len() / RECORD_BYTES * RECORD_BYTES;
-        if whole != bytes.len() {
-            // A write cut short by a kill: drop its bytes so that records
-            // appended from now on stay aligned.
-            log.set_len(whole as u64)
-                .map_err(|e| EngineError::io(&log_path, e))?;
-        }
-        let mut answers = HashMap::with_capacity(whole / RECORD_BYTES);
+        let mut answers = HashMap::new();
         let mut damaged = 0;
-        for record in bytes[..whole].chunks_exact(RECORD_BYTES) {
-            let (body, tag) = record.split_at(QUESTION_BYTES + 2);
-            if !key.verify(body, tag) {
+        let mut at = 0;
+        while bytes.len() - at >= RECORD_FIXED_BYTES {
+            let length_at = at + QUESTION_BYTES;
+            let length = u32::from_le_bytes(
+                bytes[length_at..length_at + LENGTH_BYTES]
+                    .try_into()
+                    .expect("4 bytes"),
+            ) as usize;
+            let end = length_at + LENGTH_BYTES + length + MAC_BYTES;
+            if length > MAX_ANSWER_BYTES {
+                // A length no record has: nothing after it can be told apart
+                // from noise.
+                damaged += 1;
+                break;
+            }
+            if end > bytes.len() {
+                break; // cut short by a kill
+            }
+            let (body, tag) = bytes[at..end].split_at(end - at - MAC_BYTES);
+            at = end;
+            let answer = key
+                .verify(body, tag)
+                .then(|| decode_answer(&body[QUESTION_BYTES + LENGTH_BYTES..]))
+                .flatten();
+            let Some(answer) = answer else {
                 damaged += 1;
                 continue;
-            }
+            };
             let question: QuestionHash = body[..QUESTION_BYTES].try_into().expect("16 bytes");
-            let answer = u16::from_le_bytes([body[QUESTION_BYTES], body[QUESTION_BYTES + 1]]);
             answers.insert(question, answer);
+        }
+        if at != bytes.len() {
+            // A write cut short by a kill: drop its bytes so that records
+            // appended from now on follow whole ones.
+            log.set_len(at as u64)
+                .map_err(|e| EngineError::io(&log_path, e))?;
         }
         Ok(Self {
             log_path,
@@ -325,24 +406,33 @@ impl AnswerCache {
     }
 
     /// The answer to `question`, if given before.
-    pub fn get(&self, question: &QuestionHash) -> Option<u16> {
+    pub fn get(&self, question: &QuestionHash) -> Option<Answer> {
         self.answers
             .lock()
             .expect("answer cache lock")
             .get(question)
-            .copied()
+            .cloned()
     }
 
     /// Records answers: appended to the log in one write, then held.
-    pub fn insert(&self, answered: &[(QuestionHash, u16)]) -> Result<()> {
+    pub fn insert(&self, answered: &[(QuestionHash, Answer)]) -> Result<()> {
         if answered.is_empty() {
             return Ok(());
         }
-        let mut buf = Vec::with_capacity(answered.len() * RECORD_BYTES);
+        let mut buf = Vec::with_capacity(answered.len() * (RECORD_FIXED_BYTES + 9));
         for (question, answer) in answered {
+            let bytes = encode_answer(answer);
+            if bytes.len() > MAX_ANSWER_BYTES {
+                return Err(EngineError::Data(format!(
+                    "answer cache {}: an answer of {} bytes is over the {MAX_ANSWER_BYTES} a record holds",
+                    self.log_path.display(),
+                    bytes.len()
+                )));
+            }
             let start = buf.len();
             buf.extend_from_slice(question);
-            buf.extend_from_slice(&answer.to_le_bytes());
+            buf.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+            buf.extend_from_slice(&bytes);
             let tag = self.key.mac(&buf[start..]);
             buf.extend_from_slice(&tag);
         }
@@ -354,7 +444,7 @@ impl AnswerCache {
         self.answers
             .lock()
             .expect("answer cache lock")
-            .extend(answered.iter().copied());
+            .extend(answered.iter().cloned());
         Ok(())
     }
 }
@@ -386,13 +476,14 @@ impl CachedBackend {
     pub fn cache(&self) -> &AnswerCache {
         &self.cache
     }
+}
 
-    fn answer(
-        &self,
-        call: &AiCall,
-        requests: &[AiRequest<'_>],
-        ask: impl FnOnce(&[AiRequest<'_>]) -> Result<Vec<u16>>,
-    ) -> Result<Vec<u16>> {
+impl InferenceBackend for CachedBackend {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
         let mut questions = Vec::with_capacity(requests.len());
         // A run of requests with one anchor text hashes it once.
         let mut anchor: Option<(&str, Sha256)> = None;
@@ -407,7 +498,15 @@ impl CachedBackend {
             };
             questions.push(finish(state, call, r.partner));
         }
-        let mut answers: Vec<Option<u16>> = questions.iter().map(|q| self.cache.get(q)).collect();
+        let mut answers: Vec<Option<Answer>> =
+            questions.iter().map(|q| self.cache.get(q)).collect();
+        // An answer of another type than the question's (a record of an older
+        // layout, a hash collision) is asked again, never used.
+        for a in &mut answers {
+            if a.as_ref().is_some_and(|a| !a.fits(call)) {
+                *a = None;
+            }
+        }
         let missing: Vec<usize> = (0..requests.len())
             .filter(|&i| answers[i].is_none())
             .collect();
@@ -415,13 +514,13 @@ impl CachedBackend {
             .fetch_add((requests.len() - missing.len()) as u64, Ordering::Relaxed);
         if !missing.is_empty() {
             let asked: Vec<AiRequest<'_>> = missing.iter().map(|&i| requests[i]).collect();
-            let got = ask(&asked)?;
-            check_answer_count(call, "the backend", got.len(), asked.len())?;
+            let got = self.inner.answer(call, &asked)?;
+            check_answers(call, "the backend", &got, asked.len())?;
             self.asked.fetch_add(asked.len() as u64, Ordering::Relaxed);
-            let recorded: Vec<(QuestionHash, u16)> = missing
+            let recorded: Vec<(QuestionHash, Answer)> = missing
                 .iter()
                 .zip(&got)
-                .map(|(&i, &a)| (questions[i], a))
+                .map(|(&i, a)| (questions[i], a.clone()))
                 .collect();
             self.cache.insert(&recorded)?;
             for (&i, a) in missing.iter().zip(got) {
@@ -432,65 +531,6 @@ impl CachedBackend {
             .into_iter()
             .map(|a| a.expect("every question answered"))
             .collect())
-    }
-}
-
-impl InferenceBackend for CachedBackend {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
-        let answers = self.answer(call, requests, |asked| {
-            Ok(self
-                .inner
-                .decide(call, asked)?
-                .into_iter()
-                .map(u16::from)
-                .collect())
-        })?;
-        answers
-            .into_iter()
-            .map(|a| match a {
-                0 => Ok(false),
-                1 => Ok(true),
-                other => Err(EngineError::Data(format!(
-                    "answer cache {}: {}: a TRUE/FALSE question has answer {other}",
-                    self.cache.log_path.display(),
-                    call.op_id
-                ))),
-            })
-            .collect()
-    }
-
-    fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
-        let answers = self.answer(call, requests, |asked| {
-            self.inner
-                .classify(call, asked)?
-                .into_iter()
-                .map(|i| {
-                    u16::try_from(i).map_err(|_| {
-                        EngineError::Inference(format!("{}: label index {i}", call.op_id))
-                    })
-                })
-                .collect()
-        })?;
-        answers
-            .into_iter()
-            .map(|a| {
-                let i = usize::from(a);
-                if i < call.labels.len() {
-                    Ok(i)
-                } else {
-                    Err(EngineError::Data(format!(
-                        "answer cache {}: {}: label index {i} of {} labels",
-                        self.cache.log_path.display(),
-                        call.op_id,
-                        call.labels.len()
-                    )))
-                }
-            })
-            .collect()
     }
 
     fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {
@@ -602,6 +642,10 @@ mod tests {
         let mut as_filter = ab.clone();
         as_filter.kind = AiKind::Filter;
         assert_ne!(question_hash(&ab, &one), question_hash(&as_filter, &one));
+        // Label probabilities of the same prompt are another question.
+        let mut as_scores = ab.clone();
+        as_scores.kind = AiKind::ClassifyScores;
+        assert_ne!(question_hash(&ab, &one), question_hash(&as_scores, &one));
     }
 
     /// Counts what it is asked and fails once `fail_after` questions were asked.
@@ -615,19 +659,14 @@ mod tests {
         fn name(&self) -> &str {
             "flaky"
         }
-        fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
+        fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
             let before = self
                 .asked
                 .fetch_add(requests.len() as u64, Ordering::Relaxed);
             if before as usize + requests.len() > self.fail_after {
                 return Err(EngineError::Inference("worker lost".into()));
             }
-            self.inner.decide(call, requests)
-        }
-        fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
-            self.asked
-                .fetch_add(requests.len() as u64, Ordering::Relaxed);
-            self.inner.classify(call, requests)
+            self.inner.answer(call, requests)
         }
     }
 
@@ -652,7 +691,7 @@ mod tests {
             })
             .collect();
         let truth = ContentHashBackend::default()
-            .decide(&filter, &requests)
+            .answer(&filter, &requests)
             .unwrap();
 
         // First run: two batches of 10 answered, the third fails.
@@ -662,9 +701,9 @@ mod tests {
             AnswerCache::open(dir.path(), &identity("f32"), key()).unwrap(),
         );
         for chunk in requests.chunks(10).take(2) {
-            cached.decide(&filter, chunk).unwrap();
+            cached.answer(&filter, chunk).unwrap();
         }
-        let e = cached.decide(&filter, &requests[20..30]).unwrap_err();
+        let e = cached.answer(&filter, &requests[20..30]).unwrap_err();
         assert!(e.to_string().contains("worker lost"), "{e}");
         drop(cached);
 
@@ -676,7 +715,7 @@ mod tests {
         );
         assert_eq!(cached.cache().len(), 20);
         cached.start_query(&[]);
-        assert_eq!(cached.decide(&filter, &requests).unwrap(), truth);
+        assert_eq!(cached.answer(&filter, &requests).unwrap(), truth);
         assert_eq!(second.asked.load(Ordering::Relaxed), 20);
         let m = cached.measurements();
         assert_eq!(m["answer_cache_reused"], 20);
@@ -689,7 +728,7 @@ mod tests {
             third.clone(),
             AnswerCache::open(dir.path(), &identity("bf16"), key()).unwrap(),
         );
-        assert_eq!(cached.decide(&filter, &requests).unwrap(), truth);
+        assert_eq!(cached.answer(&filter, &requests).unwrap(), truth);
         assert_eq!(third.asked.load(Ordering::Relaxed), 40);
     }
 
@@ -698,6 +737,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let join = call(AiKind::Join, "Does {0} cite {1}?", &[]);
         let classify = call(AiKind::Classify, "Tone of {0}?", &["pos", "neg", "mixed"]);
+        let scores = call(
+            AiKind::ClassifyScores,
+            "Tone of {0}?",
+            &["pos", "neg", "mixed"],
+        );
+        let score = call(AiKind::Score, "Is {0} kind?", &[]);
+        let complete = call(AiKind::Complete, "Summarise {0}.", &[]);
         let a = ["a0", "a1", "a2"];
         let b = ["b0", "b1", "b2", "b3"];
         let pairs: Vec<AiRequest<'_>> = a
@@ -717,26 +763,44 @@ mod tests {
             })
             .collect();
         let reference = ContentHashBackend::default();
-        let want_pairs = reference.decide(&join, &pairs).unwrap();
-        let want_labels = reference.classify(&classify, &singles).unwrap();
+        let want_pairs = reference.answer(&join, &pairs).unwrap();
+        let want_labels = reference.answer(&classify, &singles).unwrap();
+        let typed = [&scores, &score, &complete];
+        let want_typed: Vec<Vec<Answer>> = typed
+            .iter()
+            .map(|c| reference.answer(c, &singles).unwrap())
+            .collect();
         let inner = flaky(usize::MAX);
         let cached = CachedBackend::new(
             inner.clone(),
             AnswerCache::open(dir.path(), &identity("f32"), key()).unwrap(),
         );
         // Half the pairs first, then all of them: the known half is not asked again.
-        cached.decide(&join, &pairs[..6]).unwrap();
-        assert_eq!(cached.decide(&join, &pairs).unwrap(), want_pairs);
-        assert_eq!(cached.classify(&classify, &singles).unwrap(), want_labels);
-        assert_eq!(inner.asked.load(Ordering::Relaxed), 12 + 4);
+        cached.answer(&join, &pairs[..6]).unwrap();
+        assert_eq!(cached.answer(&join, &pairs).unwrap(), want_pairs);
+        assert_eq!(cached.answer(&classify, &singles).unwrap(), want_labels);
+        for (c, want) in typed.iter().zip(&want_typed) {
+            assert_eq!(&cached.answer(c, &singles).unwrap(), want, "{:?}", c.kind);
+        }
+        assert_eq!(inner.asked.load(Ordering::Relaxed), 12 + 4 + 3 * 4);
         drop(cached);
         let reopened = CachedBackend::new(
             flaky(0),
             AnswerCache::open(dir.path(), &identity("f32"), key()).unwrap(),
         );
-        assert_eq!(reopened.decide(&join, &pairs).unwrap(), want_pairs);
-        assert_eq!(reopened.classify(&classify, &singles).unwrap(), want_labels);
+        assert_eq!(reopened.answer(&join, &pairs).unwrap(), want_pairs);
+        assert_eq!(reopened.answer(&classify, &singles).unwrap(), want_labels);
+        for (c, want) in typed.iter().zip(&want_typed) {
+            assert_eq!(&reopened.answer(c, &singles).unwrap(), want, "{:?}", c.kind);
+        }
+        // A generating call with another max_tokens is another question.
+        let mut longer = complete.clone();
+        longer.max_tokens += 1;
+        assert!(reopened.answer(&longer, &singles).is_err());
     }
+
+    /// Bytes of a record holding a TRUE/FALSE.
+    const BOOL_RECORD: usize = RECORD_FIXED_BYTES + 2;
 
     #[test]
     fn a_torn_or_damaged_log_loses_only_its_bad_records() {
@@ -744,29 +808,44 @@ mod tests {
         let id = identity("f32");
         let cache = AnswerCache::open(dir.path(), &id, key()).unwrap();
         let q = |i: u8| [i; QUESTION_BYTES];
-        cache.insert(&[(q(1), 1), (q(2), 0), (q(3), 7)]).unwrap();
+        cache
+            .insert(&[
+                (q(1), Answer::Bool(true)),
+                (q(2), Answer::Bool(false)),
+                (q(3), Answer::Label(7)),
+            ])
+            .unwrap();
         let log = cache.log_path().to_path_buf();
         drop(cache);
         // A kill in the middle of a write leaves part of a record; a disk error
         // flips a byte of the second.
         let mut bytes = std::fs::read(&log).unwrap();
-        bytes[RECORD_BYTES + 3] ^= 0x40;
+        bytes[BOOL_RECORD + 3] ^= 0x40;
         bytes.extend_from_slice(&[9; 7]);
         std::fs::write(&log, &bytes).unwrap();
         let cache = AnswerCache::open(dir.path(), &id, key()).unwrap();
         assert_eq!(cache.damaged(), 1);
-        assert_eq!(cache.get(&q(1)), Some(1));
+        assert_eq!(cache.get(&q(1)), Some(Answer::Bool(true)));
         assert_eq!(cache.get(&q(2)), None);
-        assert_eq!(cache.get(&q(3)), Some(7));
-        // The torn tail is gone, so new records stay aligned.
-        cache.insert(&[(q(4), 1)]).unwrap();
+        assert_eq!(cache.get(&q(3)), Some(Answer::Label(7)));
+        // The torn tail is gone, so new records follow whole ones.
+        cache.insert(&[(q(4), Answer::Text("ok".into()))]).unwrap();
         drop(cache);
         let cache = AnswerCache::open(dir.path(), &id, key()).unwrap();
-        assert_eq!(cache.get(&q(4)), Some(1));
+        assert_eq!(cache.get(&q(4)), Some(Answer::Text("ok".into())));
         assert_eq!(
             std::fs::metadata(&log).unwrap().len() as usize,
-            4 * RECORD_BYTES
+            2 * BOOL_RECORD + (RECORD_FIXED_BYTES + 5) + (RECORD_FIXED_BYTES + 3)
         );
+        // A length no record has (a damaged length field) ends the readable
+        // log there: nothing after it is trusted.
+        drop(cache);
+        let mut bytes = std::fs::read(&log).unwrap();
+        bytes[QUESTION_BYTES + 3] = 0xff;
+        std::fs::write(&log, &bytes).unwrap();
+        let cache = AnswerCache::open(dir.path(), &id, key()).unwrap();
+        assert!(cache.is_empty());
+        assert_eq!(cache.damaged(), 1);
     }
 
     /// The key of the tests' caches.
@@ -780,30 +859,37 @@ mod tests {
         let id = identity("f32");
         let cache = AnswerCache::open(dir.path(), &id, key()).unwrap();
         let q = |i: u8| [i; QUESTION_BYTES];
-        cache.insert(&[(q(1), 1), (q(2), 0)]).unwrap();
+        cache
+            .insert(&[(q(1), Answer::Bool(true)), (q(2), Answer::Bool(false))])
+            .unwrap();
         let log = cache.log_path().to_path_buf();
         drop(cache);
         let mut bytes = std::fs::read(&log).unwrap();
         // Flip the first answer and give the record a valid unkeyed checksum,
         // as a tamperer without the key would.
-        bytes[QUESTION_BYTES] = 0;
-        let forged = Sha256::digest(&bytes[..QUESTION_BYTES + 2]);
-        bytes[QUESTION_BYTES + 2..RECORD_BYTES].copy_from_slice(&forged[..MAC_BYTES]);
+        let answer_at = QUESTION_BYTES + LENGTH_BYTES;
+        bytes[answer_at + 1] = 0;
+        let forged = Sha256::digest(&bytes[..answer_at + 2]);
+        bytes[answer_at + 2..BOOL_RECORD].copy_from_slice(&forged[..MAC_BYTES]);
         // And add a record signed with another key.
         let mut other = q(3).to_vec();
-        other.extend_from_slice(&1u16.to_le_bytes());
+        other.extend_from_slice(&2u32.to_le_bytes());
+        other.extend_from_slice(&encode_answer(&Answer::Bool(true)));
         other.extend_from_slice(&RecordKey([8; KEY_BYTES]).mac(&other));
         bytes.extend_from_slice(&other);
         std::fs::write(&log, &bytes).unwrap();
         let cache = AnswerCache::open(dir.path(), &id, key()).unwrap();
         assert_eq!(cache.damaged(), 2);
         assert_eq!(cache.get(&q(1)), None);
-        assert_eq!(cache.get(&q(2)), Some(0));
+        assert_eq!(cache.get(&q(2)), Some(Answer::Bool(false)));
         assert_eq!(cache.get(&q(3)), None);
         // Under the other key only its own record is believed.
         drop(cache);
         let cache = AnswerCache::open(dir.path(), &id, RecordKey([8; KEY_BYTES])).unwrap();
-        assert_eq!((cache.len(), cache.get(&q(3))), (1, Some(1)));
+        assert_eq!(
+            (cache.len(), cache.get(&q(3))),
+            (1, Some(Answer::Bool(true)))
+        );
     }
 
     #[test]

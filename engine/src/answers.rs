@@ -1,14 +1,120 @@
-//! Per-operator answer tables (SPEC §D.1): every evaluated tuple once, with the
+//! Answers as Arrow: [`answer_array`], the one conversion of typed answers to
+//! an SQL value column (operators and the naive evaluator alike), and the
+//! per-operator answer tables (SPEC §D.1): every evaluated tuple once, with the
 //! answer the backend gave. Operators record into a shared [`AnswerRecorder`]
 //! while the query runs; the query result lists the tables in post-order.
 
 use std::sync::{Arc, Mutex};
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray};
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, Float64Array, Float64Builder, ListBuilder, RecordBatch,
+    StringArray, StringBuilder, StructBuilder,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema};
 
-use crate::backend::AiKind;
+use crate::backend::{AiCall, AiKind, Answer, label_score_fields};
 use crate::error::{EngineError, Result};
+
+/// The answers of `call`'s questions as a column of its return type, NULL
+/// where a row was not asked (a NULL document).
+pub fn answer_array(call: &AiCall, answers: &[Option<Answer>]) -> Result<ArrayRef> {
+    typed_array(call.kind, &call.labels, answers.iter().map(Option::as_ref))
+}
+
+fn typed_array<'a>(
+    kind: AiKind,
+    labels: &[String],
+    answers: impl ExactSizeIterator<Item = Option<&'a Answer>>,
+) -> Result<ArrayRef> {
+    let wrong = |a: &Answer| {
+        EngineError::Inference(format!(
+            "a {} answer column was given {}",
+            kind.name(),
+            a.describe()
+        ))
+    };
+    Ok(match kind {
+        AiKind::Filter | AiKind::Join => Arc::new(
+            answers
+                .map(|a| a.map(|a| a.as_bool().ok_or_else(|| wrong(a))).transpose())
+                .collect::<Result<BooleanArray>>()?,
+        ),
+        AiKind::Score => Arc::new(
+            answers
+                .map(|a| {
+                    a.map(|a| match a {
+                        Answer::Score(p) => Ok(*p),
+                        other => Err(wrong(other)),
+                    })
+                    .transpose()
+                })
+                .collect::<Result<Float64Array>>()?,
+        ),
+        AiKind::Classify | AiKind::Complete => {
+            let mut b = StringBuilder::with_capacity(answers.len(), 0);
+            for a in answers {
+                match a {
+                    None => b.append_null(),
+                    Some(Answer::Label(i)) if kind == AiKind::Classify => {
+                        b.append_value(labels.get(*i as usize).ok_or_else(|| {
+                            EngineError::Inference(format!(
+                                "label index {i} of {} labels",
+                                labels.len()
+                            ))
+                        })?)
+                    }
+                    Some(Answer::Text(t)) if kind == AiKind::Complete => b.append_value(t),
+                    Some(other) => return Err(wrong(other)),
+                }
+            }
+            Arc::new(b.finish())
+        }
+        AiKind::ClassifyScores => {
+            let fields = label_score_fields();
+            let mut b = ListBuilder::new(StructBuilder::new(
+                fields.clone(),
+                vec![
+                    Box::new(StringBuilder::new()),
+                    Box::new(Float64Builder::new()),
+                ],
+            ))
+            .with_field(Arc::new(Field::new("item", DataType::Struct(fields), true)));
+            for a in answers {
+                match a {
+                    None => b.append_null(),
+                    Some(Answer::LabelScores(p)) if p.len() == labels.len() => {
+                        let entries = b.values();
+                        for (label, p) in labels.iter().zip(p.iter()) {
+                            entries
+                                .field_builder::<StringBuilder>(0)
+                                .expect("label field")
+                                .append_value(label);
+                            entries
+                                .field_builder::<Float64Builder>(1)
+                                .expect("probability field")
+                                .append_value(*p);
+                            entries.append(true);
+                        }
+                        b.append(true);
+                    }
+                    Some(other) => return Err(wrong(other)),
+                }
+            }
+            Arc::new(b.finish())
+        }
+    })
+}
+
+/// The answer column's name in an answer table of `kind`.
+pub fn answer_column(kind: AiKind) -> &'static str {
+    match kind {
+        AiKind::Filter | AiKind::Join => "answer",
+        AiKind::Classify => "label",
+        AiKind::Score => "score",
+        AiKind::ClassifyScores => "scores",
+        AiKind::Complete => "text",
+    }
+}
 
 /// The answers of one operator.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,15 +127,16 @@ pub struct AnswerTable {
     pub aliases: Vec<String>,
     /// Ids per alias column (`ids[c][row]`).
     pub ids: Vec<Vec<String>>,
-    /// TRUE/FALSE answers (filters, joins).
-    pub answers: Vec<bool>,
-    /// Labels (classifications).
+    /// One answer per row, of the type `kind` asks for.
+    pub answers: Vec<Answer>,
+    /// The labels a label answer indexes: the call's labels, or for a table
+    /// read back, its labels in order of first appearance.
     pub labels: Vec<String>,
 }
 
 impl AnswerTable {
-    /// An empty table for an operator.
-    pub fn new(op_id: &str, kind: AiKind, aliases: Vec<String>) -> Self {
+    /// An empty table for an operator whose label answers index `labels`.
+    pub fn new(op_id: &str, kind: AiKind, aliases: Vec<String>, labels: Vec<String>) -> Self {
         let ids = aliases.iter().map(|_| Vec::new()).collect();
         Self {
             op_id: op_id.to_string(),
@@ -37,7 +144,20 @@ impl AnswerTable {
             aliases,
             ids,
             answers: Vec::new(),
-            labels: Vec::new(),
+            labels,
+        }
+    }
+
+    /// The TRUE/FALSE of row `row` of a filter or join table.
+    pub fn decision(&self, row: usize) -> Option<bool> {
+        self.answers.get(row)?.as_bool()
+    }
+
+    /// The chosen label of row `row` of a classification table.
+    pub fn label(&self, row: usize) -> Option<&str> {
+        match self.answers.get(row)? {
+            Answer::Label(i) => self.labels.get(*i as usize).map(String::as_str),
+            _ => None,
         }
     }
 
@@ -63,24 +183,23 @@ impl AnswerTable {
             .iter()
             .map(|c| Arc::new(StringArray::from_iter_values(c)) as ArrayRef)
             .collect();
-        match self.kind {
-            AiKind::Classify => {
-                fields.push(Field::new("label", DataType::Utf8, false));
-                columns.push(Arc::new(StringArray::from_iter_values(&self.labels)));
-            }
-            AiKind::Filter | AiKind::Join => {
-                fields.push(Field::new("answer", DataType::Boolean, false));
-                columns.push(Arc::new(BooleanArray::from(self.answers.clone())));
-            }
-        }
+        let answers = typed_array(self.kind, &self.labels, self.answers.iter().map(Some))
+            .map_err(|e| EngineError::Data(format!("answer table {}: {e}", self.op_id)))?;
+        fields.push(Field::new(
+            answer_column(self.kind),
+            answers.data_type().clone(),
+            false,
+        ));
+        columns.push(answers);
         RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
             .map_err(|e| EngineError::Data(format!("answer table {}: {e}", self.op_id)))
     }
 
     /// Reads a table written by [`AnswerTable::to_record_batch`] (or by the QUAIL-B
     /// harness) back: every column but the last is an alias's ids (strings), the last
-    /// is `answer` (boolean, filters and joins) or `label` (string, classifications).
-    /// Nulls are an error naming the operator, column and row.
+    /// is `answer` (boolean, filters and joins), `label` (string, classifications),
+    /// `score` (float) or `text` (string). Nulls are an error naming the operator,
+    /// column and row. Label probabilities are written, not read back.
     pub fn from_record_batch(op_id: &str, kind: AiKind, batch: &RecordBatch) -> Result<Self> {
         let bad = |m: String| EngineError::Data(format!("answer table {op_id}: {m}"));
         let n = batch.num_columns();
@@ -121,22 +240,35 @@ impl AnswerTable {
                 .map(|v| v.unwrap_or_default().to_string())
                 .collect())
         };
-        let mut table = Self::new(op_id, kind, aliases);
+        let mut table = Self::new(op_id, kind, aliases, Vec::new());
         for c in 0..n - 1 {
             table.ids[c] = strings(c, "id")?;
         }
         let last = schema.field(n - 1).name();
+        let want = answer_column(kind);
+        if last != want {
+            return Err(bad(format!("last column is {last:?}, expected {want:?}")));
+        }
         match kind {
             AiKind::Classify => {
-                if last != "label" {
-                    return Err(bad(format!("last column is {last:?}, expected \"label\"")));
+                for label in strings(n - 1, "label")? {
+                    let i = match table.labels.iter().position(|l| *l == label) {
+                        Some(i) => i,
+                        None => {
+                            table.labels.push(label);
+                            table.labels.len() - 1
+                        }
+                    };
+                    table.answers.push(Answer::Label(i as u32));
                 }
-                table.labels = strings(n - 1, "label")?;
+            }
+            AiKind::Complete => {
+                table.answers = strings(n - 1, "text")?
+                    .into_iter()
+                    .map(|t| Answer::Text(t.into()))
+                    .collect();
             }
             AiKind::Filter | AiKind::Join => {
-                if last != "answer" {
-                    return Err(bad(format!("last column is {last:?}, expected \"answer\"")));
-                }
                 no_nulls(n - 1)?;
                 let col = batch.column(n - 1).as_boolean_opt().ok_or_else(|| {
                     bad(format!(
@@ -144,7 +276,23 @@ impl AnswerTable {
                         schema.field(n - 1).data_type()
                     ))
                 })?;
-                table.answers = col.values().iter().collect();
+                table.answers = col.values().iter().map(Answer::Bool).collect();
+            }
+            AiKind::Score => {
+                no_nulls(n - 1)?;
+                let col = batch
+                    .column(n - 1)
+                    .as_primitive_opt::<Float64Type>()
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "score column is {}, not float64",
+                            schema.field(n - 1).data_type()
+                        ))
+                    })?;
+                table.answers = col.values().iter().map(|&p| Answer::Score(p)).collect();
+            }
+            AiKind::ClassifyScores => {
+                return Err(bad("label probability tables are not read back".into()));
             }
         }
         Ok(table)
@@ -167,7 +315,6 @@ impl AnswerRecorder {
                     c.extend(ids);
                 }
                 t.answers.extend(table.answers);
-                t.labels.extend(table.labels);
             }
             None => tables.push(table),
         }
@@ -188,20 +335,32 @@ mod tests {
             AiKind::Join => vec!["r".to_string(), "a".to_string()],
             _ => vec!["r".to_string()],
         };
-        let mut t = AnswerTable::new("op-1", kind, aliases);
+        let labels = match kind {
+            AiKind::Classify => vec!["POSITIVE".to_string(), "NEGATIVE".to_string()],
+            _ => Vec::new(),
+        };
+        let mut t = AnswerTable::new("op-1", kind, aliases, labels);
         for (i, c) in t.ids.iter_mut().enumerate() {
             *c = vec![format!("x{i}"), format!("y{i}")];
         }
-        match kind {
-            AiKind::Classify => t.labels = vec!["POSITIVE".into(), "NEGATIVE".into()],
-            _ => t.answers = vec![true, false],
-        }
+        t.answers = match kind {
+            AiKind::Classify => vec![Answer::Label(0), Answer::Label(1)],
+            AiKind::Score => vec![Answer::Score(0.25), Answer::Score(1.0)],
+            AiKind::Complete => vec![Answer::Text("a".into()), Answer::Text("".into())],
+            _ => vec![Answer::Bool(true), Answer::Bool(false)],
+        };
         t
     }
 
     #[test]
     fn record_batches_round_trip() {
-        for kind in [AiKind::Filter, AiKind::Join, AiKind::Classify] {
+        for kind in [
+            AiKind::Filter,
+            AiKind::Join,
+            AiKind::Classify,
+            AiKind::Score,
+            AiKind::Complete,
+        ] {
             let t = table(kind);
             let back = AnswerTable::from_record_batch("op-1", kind, &t.to_record_batch().unwrap());
             assert_eq!(back.unwrap(), t, "{kind:?}");

@@ -8,23 +8,152 @@
 
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::{DataType, Field, Fields};
+
 use crate::error::{EngineError, Result};
 use crate::labels::LabelStore;
 use crate::prompt::PromptPieces;
 
-/// What kind of question an operator asks, or a predicate of a label set
-/// answers (`"filter"`, `"join"`, `"classify"` in manifests).
+/// What kind of question an operator asks, and so how its answer is read from
+/// the model and what type it has (`"filter"`, `"join"`, `"classify"`, … in
+/// manifests and label sets). The SQL functions that ask each kind are in
+/// [`crate::ai_functions`]'s registry.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum AiKind {
-    /// `ai_filter`: TRUE/FALSE about one document.
+    /// TRUE/FALSE about one document: one next-token decision (SPEC §B.5).
     Filter,
-    /// `ai_join`: TRUE/FALSE about a pair.
+    /// TRUE/FALSE about a pair.
     Join,
-    /// `ai_classify`: one label for a document or a pair.
+    /// One label for a document or a pair: the best summed label log-probability.
     Classify,
+    /// P(TRUE) over the restricted TRUE/FALSE head, for a document or a pair.
+    Score,
+    /// One probability per label: the softmax of the labels' summed
+    /// log-probabilities, from the pass that [`AiKind::Classify`] reads.
+    ClassifyScores,
+    /// Text: greedy decoding until the end of sequence or `max_tokens`.
+    Complete,
+}
+
+impl AiKind {
+    /// Every kind.
+    pub const ALL: [AiKind; 6] = [
+        AiKind::Filter,
+        AiKind::Join,
+        AiKind::Classify,
+        AiKind::Score,
+        AiKind::ClassifyScores,
+        AiKind::Complete,
+    ];
+
+    /// The name in manifests, label sets and answer files.
+    pub fn name(self) -> &'static str {
+        match self {
+            AiKind::Filter => "filter",
+            AiKind::Join => "join",
+            AiKind::Classify => "classify",
+            AiKind::Score => "score",
+            AiKind::ClassifyScores => "classify_scores",
+            AiKind::Complete => "complete",
+        }
+    }
+
+    /// Whether the answer is a label chosen among the call's labels (or a
+    /// probability for each).
+    pub fn has_labels(self) -> bool {
+        matches!(self, AiKind::Classify | AiKind::ClassifyScores)
+    }
+
+    /// Whether the answer is generated text, which costs decoding and which no
+    /// reference label set holds.
+    pub fn generates(self) -> bool {
+        self == AiKind::Complete
+    }
+
+    /// Whether the answer is TRUE/FALSE (the kinds an `ai_filter` or `ai_join`
+    /// operator can filter rows or pairs by).
+    pub fn is_decision(self) -> bool {
+        matches!(self, AiKind::Filter | AiKind::Join)
+    }
+
+    /// The Arrow type of the answers (an SQL call's value): label
+    /// probabilities are a list of `{label, probability}` in label order.
+    pub fn return_type(self) -> DataType {
+        match self {
+            AiKind::Filter | AiKind::Join => DataType::Boolean,
+            AiKind::Classify | AiKind::Complete => DataType::Utf8,
+            AiKind::Score => DataType::Float64,
+            AiKind::ClassifyScores => DataType::List(Arc::new(Field::new(
+                "item",
+                DataType::Struct(label_score_fields()),
+                true,
+            ))),
+        }
+    }
+}
+
+/// The fields of one label probability: `label` and `probability`.
+pub fn label_score_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("label", DataType::Utf8, false),
+        Field::new("probability", DataType::Float64, false),
+    ])
+}
+
+/// One answer to one prompt, typed by the kind of question ([`AiKind`]).
+/// Large variants are boxed so that the query's memo keeps 24 bytes a question.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum Answer {
+    /// A filter's or join's TRUE/FALSE.
+    Bool(bool),
+    /// A classification: the index of the chosen label in the call's labels.
+    Label(u32),
+    /// A score: P(TRUE) in [0, 1].
+    Score(f64),
+    /// One probability per label, in the call's label order, summing to 1.
+    LabelScores(Box<[f64]>),
+    /// Generated text.
+    Text(Box<str>),
+}
+
+impl Answer {
+    /// Whether this answer has the type `call` asks for (and a label index or
+    /// probability list that fits its labels): what every backend's and
+    /// worker's answers are checked with.
+    pub fn fits(&self, call: &AiCall) -> bool {
+        match (call.kind, self) {
+            (AiKind::Filter | AiKind::Join, Answer::Bool(_)) => true,
+            (AiKind::Classify, Answer::Label(i)) => (*i as usize) < call.labels.len(),
+            (AiKind::Score, Answer::Score(p)) => (0.0..=1.0).contains(p),
+            (AiKind::ClassifyScores, Answer::LabelScores(p)) => {
+                p.len() == call.labels.len() && p.iter().all(|p| (0.0..=1.0).contains(p))
+            }
+            (AiKind::Complete, Answer::Text(_)) => true,
+            _ => false,
+        }
+    }
+
+    /// The TRUE/FALSE of a decision, `None` for other answers.
+    pub fn as_bool(&self) -> Option<bool> {
+        match self {
+            Answer::Bool(b) => Some(*b),
+            _ => None,
+        }
+    }
+
+    /// A short description for errors (never a whole generated text).
+    pub fn describe(&self) -> String {
+        match self {
+            Answer::Bool(b) => format!("TRUE/FALSE {b}"),
+            Answer::Label(i) => format!("label index {i}"),
+            Answer::Score(p) => format!("score {p}"),
+            Answer::LabelScores(p) => format!("{} label probabilities", p.len()),
+            Answer::Text(t) => format!("a text of {} bytes", t.len()),
+        }
+    }
 }
 
 /// One AI operator as the backend sees it (and as it is sent to a worker).
@@ -46,6 +175,9 @@ pub struct AiCall {
     pub pieces: PromptPieces,
     /// Classification labels (tie-break order).
     pub labels: Vec<String>,
+    /// Most tokens a generating call ([`AiKind::Complete`]) decodes; 0 for
+    /// other kinds.
+    pub max_tokens: u32,
     /// One description per label ("" = none).
     pub descriptions: Vec<String>,
     /// Relations (aliases, as the plan names them) of the `{0}` (and `{1}`)
@@ -78,11 +210,9 @@ pub trait InferenceBackend: Send + Sync {
     /// Short name recorded in results (`oracle`, `model`, …).
     fn name(&self) -> &str;
 
-    /// TRUE/FALSE answers for a filter or join, one per request, in order.
-    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>>;
-
-    /// Chosen label index (into `call.labels`) per request, in order.
-    fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>>;
+    /// One answer per request, in order, of the type `call.kind` asks for
+    /// ([`Answer::fits`]; callers check with [`check_answers`]).
+    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>>;
 
     /// Engine measurements for the query so far (e.g. `fresh_tokens`), reset by
     /// [`InferenceBackend::start_query`]. Keys follow SPEC §D.1.
@@ -146,13 +276,53 @@ pub trait InferenceBackend: Send + Sync {
     fn partners_collected(&self, _call: &AiCall, _partners: &[Doc<'_>]) {}
 }
 
-/// An error unless `who` (the backend, a worker) gave `call` as many answers,
-/// `got`, as it was asked questions, `want`.
-pub fn check_answer_count(call: &AiCall, who: &str, got: usize, want: usize) -> Result<()> {
-    if got != want {
+/// Typed views of [`InferenceBackend::answer`] for callers that know the
+/// kind they ask (tests, tools): the answers checked and unwrapped.
+pub trait AskTyped {
+    /// TRUE/FALSE answers of a filter or join call.
+    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>>;
+    /// Chosen label indices of a classification call.
+    fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>>;
+}
+
+impl<B: InferenceBackend + ?Sized> AskTyped for B {
+    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
+        let answers = self.answer(call, requests)?;
+        check_answers(call, self.name(), &answers, requests.len())?;
+        Ok(answers.iter().filter_map(Answer::as_bool).collect())
+    }
+
+    fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
+        let answers = self.answer(call, requests)?;
+        check_answers(call, self.name(), &answers, requests.len())?;
+        Ok(answers
+            .iter()
+            .filter_map(|a| match a {
+                Answer::Label(i) => Some(*i as usize),
+                _ => None,
+            })
+            .collect())
+    }
+}
+
+/// An error unless `who` (the backend, a worker, a cache) gave `call` one
+/// answer of its type per question: `want` questions.
+pub fn check_answers(call: &AiCall, who: &str, answers: &[Answer], want: usize) -> Result<()> {
+    if answers.len() != want {
         return Err(EngineError::Inference(format!(
-            "{}: {who} gave {got} answers to {want} questions",
-            call.op_id
+            "{}: {who} gave {} answers to {want} questions",
+            call.op_id,
+            answers.len()
+        )));
+    }
+    if let Some((i, bad)) = answers.iter().enumerate().find(|(_, a)| !a.fits(call)) {
+        return Err(EngineError::Inference(format!(
+            "{}: {who} answered question {} of a {} call with {} ({} labels)",
+            call.op_id,
+            i + 1,
+            call.kind.name(),
+            bad.describe(),
+            call.labels.len()
         )));
     }
     Ok(())
@@ -177,25 +347,44 @@ impl InferenceBackend for OracleBackend {
         "oracle"
     }
 
-    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
-        let set = self.labels.require_template(&call.template, &call.op_id)?;
-        requests
-            .iter()
-            .map(|r| set.require_bool(r.anchor.id, r.partner.map(|p| p.id)))
-            .collect()
-    }
-
-    fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
+    /// Decisions and labels from the reference labels; a score is the
+    /// reference decision's certainty (1 or 0) and label probabilities put all
+    /// mass on the reference label. No label set holds generated text.
+    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+        if call.kind.generates() {
+            return Err(EngineError::Labels(format!(
+                "{}: the oracle has no answers for generated text ({}); run it with \
+                 --simulate to count its tokens, or with a model",
+                call.op_id,
+                call.kind.name()
+            )));
+        }
         let set = self.labels.require_template(&call.template, &call.op_id)?;
         requests
             .iter()
             .map(|r| {
-                let label = set.require_label(r.anchor.id, r.partner.map(|p| p.id))?;
-                call.labels.iter().position(|l| l == label).ok_or_else(|| {
+                let partner = r.partner.map(|p| p.id);
+                if !call.kind.has_labels() {
+                    let b = set.require_bool(r.anchor.id, partner)?;
+                    return Ok(match call.kind {
+                        AiKind::Score => Answer::Score(if b { 1.0 } else { 0.0 }),
+                        _ => Answer::Bool(b),
+                    });
+                }
+                let label = set.require_label(r.anchor.id, partner)?;
+                let i = call.labels.iter().position(|l| l == label).ok_or_else(|| {
                     EngineError::Labels(format!(
                         "{}: reference label {label:?} is not among the plan's labels",
                         call.op_id
                     ))
+                })?;
+                Ok(match call.kind {
+                    AiKind::ClassifyScores => Answer::LabelScores(
+                        (0..call.labels.len())
+                            .map(|j| if j == i { 1.0 } else { 0.0 })
+                            .collect(),
+                    ),
+                    _ => Answer::Label(i as u32),
                 })
             })
             .collect()
@@ -237,22 +426,41 @@ impl InferenceBackend for ContentHashBackend {
         "content-hash"
     }
 
-    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
-        self.prompts
-            .fetch_add(requests.len(), std::sync::atomic::Ordering::Relaxed);
-        Ok(requests
-            .iter()
-            .map(|r| Self::hash(call, r) % 100 < 45)
-            .collect())
-    }
-
-    fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
+    /// A decision is TRUE for 45 % of hashes and a score is the hash as a
+    /// fraction, so `score > 0.55` ⇔ the decision of the same prompt (as a
+    /// model's P(TRUE) > 0.5 ⇔ its decision); a label is the hash modulo the
+    /// labels and its probabilities favour it; a text names the prompt's hash
+    /// in at most `max_tokens` words.
+    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
         self.prompts
             .fetch_add(requests.len(), std::sync::atomic::Ordering::Relaxed);
         let n = call.labels.len().max(1) as u64;
         Ok(requests
             .iter()
-            .map(|r| (Self::hash(call, r) % n) as usize)
+            .map(|r| {
+                let h = Self::hash(call, r);
+                match call.kind {
+                    AiKind::Filter | AiKind::Join => Answer::Bool(h % 100 < 45),
+                    AiKind::Score => Answer::Score(1.0 - (h % 100) as f64 / 99.0),
+                    AiKind::Classify => Answer::Label((h % n) as u32),
+                    AiKind::ClassifyScores => {
+                        let chosen = (h % n) as usize;
+                        let rest = 0.5 / (n as f64 - 1.0).max(1.0);
+                        Answer::LabelScores(
+                            (0..n as usize)
+                                .map(|j| if j == chosen { 0.5 } else { rest })
+                                .collect(),
+                        )
+                    }
+                    AiKind::Complete => {
+                        let words = (h % 7 + 1).min(u64::from(call.max_tokens.max(1)));
+                        let text: Vec<String> = (0..words)
+                            .map(|w| format!("w{:x}", (h >> (w * 8)) & 0xff))
+                            .collect();
+                        Answer::Text(text.join(" ").into())
+                    }
+                }
+            })
             .collect())
     }
 }
@@ -261,17 +469,18 @@ impl InferenceBackend for ContentHashBackend {
 /// prompt pieces in the default format, `labels` without descriptions.
 #[cfg(test)]
 pub(crate) fn test_call(kind: AiKind, template: &str, labels: &[&str]) -> AiCall {
-    use crate::prompt::{PromptFormat, classify_pieces, filter_pieces, join_pieces};
+    use crate::prompt::PromptFormat;
     let f = PromptFormat::default();
     let labels: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
-    let pieces = match kind {
-        AiKind::Filter => filter_pieces(f, template).expect("a filter template"),
-        AiKind::Join => join_pieces(f, template),
-        AiKind::Classify => {
-            classify_pieces(f, template, &labels, &vec![String::new(); labels.len()])
-                .expect("a classification template")
-        }
-    };
+    let pieces = crate::prompt::call_pieces(
+        f,
+        kind,
+        template,
+        kind == AiKind::Join,
+        &labels,
+        &vec![String::new(); labels.len()],
+    )
+    .expect("a template of its kind");
     AiCall {
         op_id: "op-1".into(),
         kind,
@@ -280,6 +489,7 @@ pub(crate) fn test_call(kind: AiKind, template: &str, labels: &[&str]) -> AiCall
         columns: vec!["text".into(), "text".into()],
         pieces,
         labels,
+        max_tokens: if kind.generates() { 16 } else { 0 },
         descriptions: Vec::new(),
         relations: Vec::new(),
     }

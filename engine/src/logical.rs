@@ -204,11 +204,7 @@ impl AiNode {
                 let out = spec.output.as_ref().ok_or_else(|| {
                     DataFusionError::Internal(format!("{op} appends a column but names none"))
                 })?;
-                let data_type = if spec.call.kind == AiKind::Classify {
-                    DataType::Utf8
-                } else {
-                    DataType::Boolean
-                };
+                let data_type = spec.call.kind.return_type();
                 let mut fields: Vec<(Option<TableReference>, Arc<Field>)> = combined
                     .iter()
                     .map(|(q, f)| (q.cloned(), f.clone()))
@@ -234,6 +230,9 @@ impl UserDefinedLogicalNodeCore for AiNode {
             (AiShape::Filter, _) => "AiFilter",
             (AiShape::Join(_), _) => "AiJoin",
             (AiShape::Project, AiKind::Classify) => "AiClassify",
+            (AiShape::Project, AiKind::Score) => "AiScore",
+            (AiShape::Project, AiKind::ClassifyScores) => "AiClassifyScores",
+            (AiShape::Project, AiKind::Complete) => "AiComplete",
             (AiShape::Project, _) => "AiPredicate",
         }
     }
@@ -338,6 +337,9 @@ impl UserDefinedLogicalNodeCore for AiNode {
         }
         if !self.spec.call.labels.is_empty() {
             write!(f, " labels={:?}", self.spec.call.labels)?;
+        }
+        if self.spec.call.kind.generates() {
+            write!(f, " max_tokens={}", self.spec.call.max_tokens)?;
         }
         if let Some(out) = &self.spec.output {
             write!(f, " -> {out}")?;

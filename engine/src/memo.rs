@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 
-use crate::backend::{AiCall, AiKind, AiRequest};
+use crate::backend::{AiCall, AiKind, AiRequest, Answer};
 use crate::prompt::PromptPieces;
 
 /// One document: its table, text column and row id. Typed, so a table or column
@@ -55,7 +55,7 @@ pub const NO_DOCUMENT: u32 = u32::MAX;
 /// `&str`, so numbering a known document allocates nothing.
 type DocumentNumbers = HashMap<String, HashMap<String, HashMap<String, u32>>>;
 
-/// Answers given so far in one query: a TRUE/FALSE as 0/1, a label as its index.
+/// Answers given so far in one query, typed.
 #[derive(Debug, Default)]
 pub struct AnswerMemo {
     /// Prompt numbers by kind, pieces and — when operators do not share
@@ -64,7 +64,7 @@ pub struct AnswerMemo {
     documents: DocumentNumbers,
     /// Documents numbered so far, in all tables.
     document_count: u32,
-    answers: HashMap<MemoKey, u16>,
+    answers: HashMap<MemoKey, Answer>,
     /// Each operator keeps its own answers (a backend that reuses no work: the
     /// input-token baseline).
     per_operator: bool,
@@ -133,17 +133,17 @@ impl AnswerMemo {
     }
 
     /// The answer to a question asked before.
-    pub fn get(&self, key: &MemoKey) -> Option<u16> {
-        self.answers.get(key).copied()
+    pub fn get(&self, key: &MemoKey) -> Option<&Answer> {
+        self.answers.get(key)
     }
 
     /// Takes an answer out.
-    pub fn remove(&mut self, key: &MemoKey) -> Option<u16> {
+    pub fn remove(&mut self, key: &MemoKey) -> Option<Answer> {
         self.answers.remove(key)
     }
 
     /// Records an answer.
-    pub fn insert(&mut self, key: MemoKey, answer: u16) {
+    pub fn insert(&mut self, key: MemoKey, answer: Answer) {
         self.answers.insert(key, answer);
     }
 }
@@ -163,6 +163,7 @@ mod tests {
             columns: vec!["text".into(), "text".into()],
             pieces,
             labels: Vec::new(),
+            max_tokens: 0,
             descriptions: Vec::new(),
             relations: Vec::new(),
         }
@@ -185,10 +186,10 @@ mod tests {
             partner: Some(Doc { id: "y", text: "" }),
         };
         let k = memo.key(&j1, &r);
-        memo.insert(k, 1);
+        memo.insert(k, Answer::Bool(true));
         // Another operator with the same prompt: answered.
         let k3 = memo.key(&j3, &r);
-        assert_eq!(memo.get(&k3), Some(1));
+        assert_eq!(memo.get(&k3), Some(&Answer::Bool(true)));
         // Another prompt, or another document: not.
         let k2 = memo.key(&j2, &r);
         assert_eq!(memo.get(&k2), None);
@@ -207,7 +208,7 @@ mod tests {
         memo.reset(false);
         assert_eq!(memo.get(&k), None);
         let k = memo.key(&j1, &r);
-        memo.insert(k, 1);
+        memo.insert(k, Answer::Bool(true));
         let k3 = memo.key(&j3, &r);
         assert_eq!(memo.get(&k3), None);
     }

@@ -46,6 +46,15 @@ pub struct OutputFiles {
     /// Classification answer tables (omitted when the query has none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub classifications: Vec<KeyedFile>,
+    /// Score answer tables (`ai_score`; omitted when the query has none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scores: Vec<KeyedFile>,
+    /// Label-probability answer tables (`ai_classify_scores`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub classification_scores: Vec<KeyedFile>,
+    /// Generated-text answer tables (`ai_complete`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub completions: Vec<KeyedFile>,
     /// `prompt_pieces.json` (SPEC §D.3), written by the benchmark when the token
     /// metrics can be computed (the engine reported fresh tokens).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -65,6 +74,9 @@ impl OutputFiles {
             .iter()
             .chain(&self.joins)
             .chain(&self.classifications)
+            .chain(&self.scores)
+            .chain(&self.classification_scores)
+            .chain(&self.completions)
         {
             out.push(f.path.as_str());
         }
@@ -194,13 +206,38 @@ fn is_layout_name(name: &str) -> bool {
     if name == ROWS_FILE || name == ROWS_SUMMARY_FILE || name == "plan.substrait" {
         return true;
     }
-    ["filters-", "joins-", "classifications-"]
-        .iter()
-        .any(|stem| {
-            name.strip_prefix(stem)
-                .and_then(|rest| rest.strip_suffix(".parquet"))
-                .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
-        })
+    AiKind::ALL.iter().any(|&kind| {
+        name.strip_prefix(layout_stem(kind))
+            .and_then(|rest| rest.strip_prefix('-'))
+            .and_then(|rest| rest.strip_suffix(".parquet"))
+            .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+    })
+}
+
+/// The file stem of `kind`'s answer tables (`<stem>-<i>.parquet`).
+pub fn layout_stem(kind: AiKind) -> &'static str {
+    match kind {
+        AiKind::Filter => "filters",
+        AiKind::Join => "joins",
+        AiKind::Classify => "classifications",
+        AiKind::Score => "scores",
+        AiKind::ClassifyScores => "classification_scores",
+        AiKind::Complete => "completions",
+    }
+}
+
+impl OutputFiles {
+    /// The list of `kind`'s answer tables.
+    fn tables_mut(&mut self, kind: AiKind) -> &mut Vec<KeyedFile> {
+        match kind {
+            AiKind::Filter => &mut self.filters,
+            AiKind::Join => &mut self.joins,
+            AiKind::Classify => &mut self.classifications,
+            AiKind::Score => &mut self.scores,
+            AiKind::ClassifyScores => &mut self.classification_scores,
+            AiKind::Complete => &mut self.completions,
+        }
+    }
 }
 
 /// Removes from `dir` (if it exists) every file of the per-query layout and
@@ -281,11 +318,8 @@ pub fn write_layout(
         rows: rel(ROWS_FILE),
         ..Default::default()
     };
-    for (kind, stem) in [
-        (AiKind::Filter, "filters"),
-        (AiKind::Join, "joins"),
-        (AiKind::Classify, "classifications"),
-    ] {
+    for kind in AiKind::ALL {
+        let stem = layout_stem(kind);
         for (i, table) in answers.iter().filter(|t| t.kind == kind).enumerate() {
             let name = format!("{stem}-{i}.parquet");
             write_parquet(&dir.join(&name), &table.to_record_batch()?)?;
@@ -293,11 +327,7 @@ pub fn write_layout(
                 key: table.op_id.clone(),
                 path: rel(&name),
             };
-            match kind {
-                AiKind::Filter => files.filters.push(entry),
-                AiKind::Join => files.joins.push(entry),
-                AiKind::Classify => files.classifications.push(entry),
-            }
+            files.tables_mut(kind).push(entry);
         }
     }
     Ok(files)

@@ -13,6 +13,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::backend::AiKind;
 use crate::error::{EngineError, Result};
 use crate::plan::Operator;
 
@@ -242,6 +243,62 @@ pub fn pair_classify_pieces(
         ),
         pair: true,
     }
+}
+
+/// Pieces of a generating prompt: as a filter's, without the TRUE/FALSE
+/// instruction (the question is the user's whole instruction).
+pub fn complete_pieces(format: PromptFormat, template: &str) -> Result<PromptPieces> {
+    let (s, c) = question_after_document(template)?;
+    Ok(PromptPieces {
+        preamble: format.preamble().to_string(),
+        frame: String::new(),
+        label: String::new(),
+        tail: format!("{s}{c}{}", format.cue()),
+        pair: false,
+    })
+}
+
+/// Pieces of a generating prompt over a pair: as a joined-row
+/// classification's, without the instruction and categories.
+pub fn pair_complete_pieces(format: PromptFormat, template: &str) -> PromptPieces {
+    PromptPieces {
+        preamble: format.preamble().to_string(),
+        frame: "\n\n(The document above is DOCUMENT {0}.)".to_string(),
+        label: "\n\nDOCUMENT {1}:\n".to_string(),
+        tail: format!("\n\n{template}{}", format.cue()),
+        pair: true,
+    }
+}
+
+/// Pieces of one call's prompts: the one place a question kind chooses its
+/// rendering. A score asks its filter's or join's prompt; label probabilities
+/// their classification's.
+pub fn call_pieces(
+    format: PromptFormat,
+    kind: AiKind,
+    template: &str,
+    pair: bool,
+    labels: &[String],
+    descriptions: &[String],
+) -> Result<PromptPieces> {
+    Ok(match (kind, pair) {
+        (AiKind::Filter | AiKind::Score, false) => filter_pieces(format, template)?,
+        (AiKind::Filter | AiKind::Join | AiKind::Score, true) => join_pieces(format, template),
+        (AiKind::Join, false) => {
+            return Err(EngineError::InvalidPlan(format!(
+                "a join prompt needs two documents: {}",
+                shorten(template, 60)
+            )));
+        }
+        (AiKind::Classify | AiKind::ClassifyScores, false) => {
+            classify_pieces(format, template, labels, descriptions)?
+        }
+        (AiKind::Classify | AiKind::ClassifyScores, true) => {
+            pair_classify_pieces(format, template, labels, descriptions)
+        }
+        (AiKind::Complete, false) => complete_pieces(format, template)?,
+        (AiKind::Complete, true) => pair_complete_pieces(format, template),
+    })
 }
 
 /// Pieces of an AI operator's prompts (None for IN-lists).

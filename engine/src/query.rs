@@ -36,6 +36,10 @@ pub struct QueryOptions {
     pub memory_limit: usize,
     /// Iterations a recursive CTE may run; past them the query fails naming it.
     pub max_recursion: usize,
+    /// The model the backend answers with, as the user named it (`--model`):
+    /// a Snowflake `AI_COMPLETE(model, ...)` must name this one. `None`: no
+    /// model is named (any such call is refused).
+    pub model: Option<String>,
 }
 
 impl Default for QueryOptions {
@@ -46,6 +50,7 @@ impl Default for QueryOptions {
             batch_rows: 256,
             memory_limit: crate::host_memory::default_memory_limit(),
             max_recursion: crate::sql::recursion::DEFAULT_MAX_RECURSION,
+            model: None,
         }
     }
 }
@@ -156,13 +161,18 @@ pub async fn run_query_into(
     let mut recorded = out.answers;
     let mut answers = Vec::new();
     for op in &query.operators {
-        let (kind, aliases) = match op {
-            Operator::Filter { alias, .. } => (AiKind::Filter, vec![alias.clone()]),
-            Operator::Join { aliases, .. } => (AiKind::Join, aliases.to_vec()),
-            Operator::Classify { alias, partner, .. } => {
+        let (kind, aliases, labels) = match op {
+            Operator::Filter { alias, .. } => (AiKind::Filter, vec![alias.clone()], Vec::new()),
+            Operator::Join { aliases, .. } => (AiKind::Join, aliases.to_vec(), Vec::new()),
+            Operator::Classify {
+                alias,
+                partner,
+                labels,
+                ..
+            } => {
                 let mut a = vec![alias.clone()];
                 a.extend(partner.clone());
-                (AiKind::Classify, a)
+                (AiKind::Classify, a, labels.clone())
             }
             Operator::InList { .. } => continue,
         };
@@ -179,7 +189,7 @@ pub async fn run_query_into(
                 t.aliases = aliases;
                 t
             }
-            None => AnswerTable::new(op.id(), kind, aliases),
+            None => AnswerTable::new(op.id(), kind, aliases, labels),
         };
         answers.push(table);
     }

@@ -34,7 +34,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use crate::backend::{AiCall, AiRequest, Doc, InferenceBackend, check_answer_count};
+use crate::backend::{AiCall, AiRequest, Answer, Doc, InferenceBackend, check_answers};
 use crate::error::{EngineError, Result};
 use crate::memo::DocKey;
 
@@ -279,19 +279,13 @@ impl ShardedBackend {
     }
 
     /// Asks each worker its part at once and puts the answers back in order.
-    fn answer<T: Copy + Default + Send>(
-        &self,
-        call: &AiCall,
-        requests: &[AiRequest<'_>],
-        ask: impl Fn(&dyn InferenceBackend, &[AiRequest<'_>]) -> Result<Vec<T>> + Sync,
-    ) -> Result<Vec<T>> {
+    fn answer_split(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
         let parts = self.split(call, requests);
-        let results: Vec<Result<Vec<T>>> = std::thread::scope(|scope| {
+        let results: Vec<Result<Vec<Answer>>> = std::thread::scope(|scope| {
             let handles: Vec<_> = parts
                 .iter()
                 .zip(&self.workers)
                 .map(|(part, worker)| {
-                    let ask = &ask;
                     std::thread::Builder::new()
                         .name("aisql-shard".into())
                         .spawn_scoped(scope, move || {
@@ -301,7 +295,7 @@ impl ShardedBackend {
                             let mine: Vec<AiRequest<'_>> =
                                 part.iter().map(|&i| requests[i]).collect();
                             let start = Instant::now();
-                            let got = ask(worker.backend.as_ref(), &mine);
+                            let got = worker.backend.answer(call, &mine);
                             worker
                                 .busy_nanos
                                 .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -327,7 +321,7 @@ impl ShardedBackend {
                 })
                 .collect()
         });
-        let mut answers = vec![T::default(); requests.len()];
+        let mut answers: Vec<Option<Answer>> = vec![None; requests.len()];
         for (w, (part, got)) in parts.iter().zip(results).enumerate() {
             let got = got.map_err(|e| match e {
                 // A remote worker names itself by address; add its index.
@@ -337,12 +331,15 @@ impl ShardedBackend {
                 },
                 e => EngineError::Inference(format!("{}: worker {w}: {e}", call.op_id)),
             })?;
-            check_answer_count(call, &format!("worker {w}"), got.len(), part.len())?;
+            check_answers(call, &format!("worker {w}"), &got, part.len())?;
             for (&i, a) in part.iter().zip(got) {
-                answers[i] = a;
+                answers[i] = Some(a);
             }
         }
-        Ok(answers)
+        Ok(answers
+            .into_iter()
+            .map(|a| a.expect("every part answered"))
+            .collect())
     }
 }
 
@@ -373,12 +370,8 @@ impl InferenceBackend for ShardedBackend {
         self.workers[0].backend.name()
     }
 
-    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
-        self.answer(call, requests, |b, r| b.decide(call, r))
-    }
-
-    fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
-        self.answer(call, requests, |b, r| b.classify(call, r))
+    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+        self.answer_split(call, requests)
     }
 
     fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {
@@ -471,7 +464,7 @@ impl InferenceBackend for ShardedBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{AiKind, ContentHashBackend, test_call};
+    use crate::backend::{AiKind, AskTyped, ContentHashBackend, test_call};
     use std::sync::Arc;
 
     fn key(id: &str) -> DocKey {
@@ -612,14 +605,12 @@ mod tests {
         fn name(&self) -> &str {
             "recording"
         }
-        fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
-            let mut seen = self.anchors.lock().unwrap();
-            seen.extend(requests.iter().map(|r| r.anchor.id.to_string()));
-            drop(seen);
-            self.inner.decide(call, requests)
-        }
-        fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
-            self.inner.classify(call, requests)
+        fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+            if call.kind.is_decision() {
+                let mut seen = self.anchors.lock().unwrap();
+                seen.extend(requests.iter().map(|r| r.anchor.id.to_string()));
+            }
+            self.inner.answer(call, requests)
         }
     }
 
@@ -633,11 +624,13 @@ mod tests {
         fn name(&self) -> &str {
             "turn"
         }
-        fn decide(&self, _: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
-            Ok(vec![true; requests.len()])
-        }
-        fn classify(&self, _: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
-            Ok(vec![0; requests.len()])
+        fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+            let one = if call.kind.has_labels() {
+                Answer::Label(0)
+            } else {
+                Answer::Bool(true)
+            };
+            Ok(vec![one; requests.len()])
         }
         fn turn_order(&self) -> Option<String> {
             self.url.map(String::from)
@@ -785,10 +778,7 @@ mod tests {
         fn name(&self) -> &str {
             "lost"
         }
-        fn decide(&self, _: &AiCall, _: &[AiRequest<'_>]) -> Result<Vec<bool>> {
-            Err(EngineError::Inference("connection reset".into()))
-        }
-        fn classify(&self, _: &AiCall, _: &[AiRequest<'_>]) -> Result<Vec<usize>> {
+        fn answer(&self, _: &AiCall, _: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
             Err(EngineError::Inference("connection reset".into()))
         }
     }

@@ -769,7 +769,7 @@ fn pb_field(tag: u64, bytes: Option<&[u8]>, number: u64) -> Vec<u8> {
 /// `worker.proto`), each after its selector byte.
 fn worker_seeds() -> Result<Vec<Vec<u8>>, String> {
     use aisql_engine::backend::{AiCall, AiKind};
-    let call = |kind, labels: &[&str]| AiCall {
+    let call = |kind: AiKind, labels: &[&str]| AiCall {
         op_id: "op-1".into(),
         kind,
         template: "Is {0} like {1}?".into(),
@@ -777,6 +777,7 @@ fn worker_seeds() -> Result<Vec<Vec<u8>>, String> {
         columns: vec!["text".into(), "text".into()],
         pieces: join_pieces(PromptFormat::default(), "Is {0} like {1}?"),
         labels: labels.iter().map(|s| s.to_string()).collect(),
+        max_tokens: if kind.generates() { 8 } else { 0 },
         descriptions: Vec::new(),
         relations: Vec::new(),
     };
@@ -796,8 +797,11 @@ fn worker_seeds() -> Result<Vec<Vec<u8>>, String> {
     let tasks = [
         WorkerMessage::Hello,
         WorkerMessage::StartQuery(vec![call(AiKind::Filter, &[])]),
-        WorkerMessage::Decide(call(AiKind::Join, &[]), docs.clone()),
-        WorkerMessage::Classify(call(AiKind::Classify, &["x", "y"]), docs.clone()),
+        WorkerMessage::Answer(call(AiKind::Join, &[]), docs.clone()),
+        WorkerMessage::Answer(call(AiKind::Classify, &["x", "y"]), docs.clone()),
+        WorkerMessage::Answer(call(AiKind::Score, &[]), docs.clone()),
+        WorkerMessage::Answer(call(AiKind::ClassifyScores, &["x", "y"]), docs.clone()),
+        WorkerMessage::Answer(call(AiKind::Complete, &[]), docs.clone()),
         WorkerMessage::PartnersCollected(call(AiKind::Join, &[]), docs.docs.clone()),
         WorkerMessage::Measurements,
         WorkerMessage::Cancel,

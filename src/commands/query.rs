@@ -56,6 +56,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         batch_rows: args.backend.batch_rows,
         memory_limit: args.backend.memory_limit(),
         max_recursion: args.limits.max_recursion,
+        model: args.backend.model_name(),
     };
     let rt = super::runtime()?;
     let limit = args.limits.timeout_s;
@@ -208,6 +209,7 @@ fn run_general(args: &QueryArgs, not_quailb: &str) -> anyhow::Result<()> {
         batch_rows: args.backend.batch_rows,
         memory_limit: args.backend.memory_limit(),
         max_recursion: args.limits.max_recursion,
+        model: args.backend.model_name(),
     };
     let rt = super::runtime()?;
     let (session, planned, backend) = rt.block_on(async {

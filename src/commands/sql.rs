@@ -95,6 +95,7 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         batch_rows: args.backend.batch_rows,
         memory_limit: args.backend.memory_limit(),
         max_recursion: args.limits.max_recursion,
+        model: args.backend.model_name(),
     };
     let wanted = templates(&sql)?;
     // Writing the plan asks nothing: no model to load (that took seconds, or

@@ -425,6 +425,7 @@ pub fn draw_labels(
                             .unwrap();
                         t.labels.insert((l.clone(), r_id.to_string()), label);
                     }
+                    other => unreachable!("a QUAIL-B predicate of kind {other:?}"),
                 }
             }
         }

@@ -15,11 +15,11 @@
 use serde::{Deserialize, Serialize};
 
 use crate::answer_cache::AnswerIdentity;
-use crate::backend::{AiCall, AiRequest, Doc};
+use crate::backend::{AiCall, AiRequest, Answer, Doc};
 use crate::error::{EngineError, Result};
 
 /// The protocol version both sides must speak.
-pub const PROTOCOL: &str = "aisql-worker-v2";
+pub const PROTOCOL: &str = "aisql-worker-v3";
 
 /// A coordinator's query, as its worker messages name it: random per query, so
 /// two coordinators of one worker never name the same query.
@@ -122,10 +122,8 @@ pub enum WorkerMessage {
     StartQuery(Vec<AiCall>),
     /// [`InferenceBackend::partners_collected`](crate::backend::InferenceBackend::partners_collected).
     PartnersCollected(AiCall, Vec<WireDoc>),
-    /// [`InferenceBackend::decide`](crate::backend::InferenceBackend::decide).
-    Decide(AiCall, WireRequests),
-    /// [`InferenceBackend::classify`](crate::backend::InferenceBackend::classify).
-    Classify(AiCall, WireRequests),
+    /// [`InferenceBackend::answer`](crate::backend::InferenceBackend::answer).
+    Answer(AiCall, WireRequests),
     /// [`InferenceBackend::measurements`](crate::backend::InferenceBackend::measurements).
     Measurements,
     /// [`InferenceBackend::cancel`](crate::backend::InferenceBackend::cancel).
@@ -165,10 +163,8 @@ pub enum WorkerReply {
     Hello(Box<WorkerHello>),
     /// Done, nothing to return.
     Done,
-    /// To [`WorkerMessage::Decide`].
-    Decided(Vec<bool>),
-    /// To [`WorkerMessage::Classify`].
-    Classified(Vec<usize>),
+    /// To [`WorkerMessage::Answer`]: typed answers, in request order.
+    Answered(Vec<Answer>),
     /// To [`WorkerMessage::Measurements`].
     Measurements(serde_json::Map<String, serde_json::Value>),
     /// The worker's backend failed; its error, as text.

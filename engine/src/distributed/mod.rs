@@ -49,7 +49,9 @@ mod tests {
 
     use super::*;
     use crate::answer_cache::AnswerIdentity;
-    use crate::backend::{AiCall, AiKind, AiRequest, Doc, InferenceBackend, test_call};
+    use crate::backend::{
+        AiCall, AiKind, AiRequest, Answer, AskTyped, Doc, InferenceBackend, test_call,
+    };
     use crate::error::Result;
     use crate::shard::ShardedBackend;
 
@@ -64,6 +66,21 @@ mod tests {
         r.anchor.text.len() % labels.max(1)
     }
 
+    /// The by-length answers of `call`'s questions: a decision is
+    /// [`even_length`], a label [`label_by_length`].
+    pub(super) fn answers_by_length(call: &AiCall, requests: &[AiRequest<'_>]) -> Vec<Answer> {
+        requests
+            .iter()
+            .map(|r| {
+                if call.kind.has_labels() {
+                    Answer::Label(label_by_length(r, call.labels.len()) as u32)
+                } else {
+                    Answer::Bool(even_length(r))
+                }
+            })
+            .collect()
+    }
+
     /// Answers by the text ([`even_length`], [`label_by_length`]). Counts its
     /// questions.
     struct ByLength {
@@ -74,16 +91,12 @@ mod tests {
         fn name(&self) -> &str {
             "model"
         }
-        fn decide(&self, _: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
-            self.asked
-                .fetch_add(requests.len(), std::sync::atomic::Ordering::Relaxed);
-            Ok(requests.iter().map(even_length).collect())
-        }
-        fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
-            Ok(requests
-                .iter()
-                .map(|r| label_by_length(r, call.labels.len()))
-                .collect())
+        fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+            if call.kind.is_decision() {
+                self.asked
+                    .fetch_add(requests.len(), std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok(answers_by_length(call, requests))
         }
         fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {
             let mut m = serde_json::Map::new();

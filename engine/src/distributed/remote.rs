@@ -57,7 +57,7 @@ use super::message::{
     decode,
 };
 use super::task::{REPLY_COLUMN, WorkerTaskExec, reply_schema};
-use crate::backend::{AiCall, AiRequest, Doc, InferenceBackend, check_answer_count};
+use crate::backend::{AiCall, AiRequest, Answer, Doc, InferenceBackend, check_answers};
 use crate::error::{EngineError, Result};
 
 /// How long a worker may take to answer hello before it counts as unreachable.
@@ -392,9 +392,7 @@ impl RemoteWorker {
             // Questions outside a started query get a query of their own.
             None if matches!(
                 message,
-                WorkerMessage::Decide(..)
-                    | WorkerMessage::Classify(..)
-                    | WorkerMessage::PartnersCollected(..)
+                WorkerMessage::Answer(..) | WorkerMessage::PartnersCollected(..)
             ) =>
             {
                 self.start_query(&[]);
@@ -541,31 +539,15 @@ impl InferenceBackend for RemoteWorker {
         &self.hello.backend
     }
 
-    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
-        let message = WorkerMessage::Decide(call.clone(), WireRequests::new(requests));
+    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+        let message = WorkerMessage::Answer(call.clone(), WireRequests::new(requests));
         match self.call(message)? {
-            WorkerReply::Decided(answers) => {
-                check_answer_count(call, self.url.as_str(), answers.len(), requests.len())?;
+            WorkerReply::Answered(answers) => {
+                check_answers(call, self.url.as_str(), &answers, requests.len())
+                    .map_err(|e| worker_error(&self.url, e.to_string()))?;
                 Ok(answers)
             }
-            other => Err(unexpected(&self.url, "decide", &other)),
-        }
-    }
-
-    fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
-        let message = WorkerMessage::Classify(call.clone(), WireRequests::new(requests));
-        match self.call(message)? {
-            WorkerReply::Classified(answers) => {
-                check_answer_count(call, self.url.as_str(), answers.len(), requests.len())?;
-                if let Some(bad) = answers.iter().find(|&&a| a >= call.labels.len()) {
-                    return Err(worker_error(
-                        &self.url,
-                        format!("{} label {bad} of {}", call.op_id, call.labels.len()),
-                    ));
-                }
-                Ok(answers)
-            }
-            other => Err(unexpected(&self.url, "classify", &other)),
+            other => Err(unexpected(&self.url, "answer", &other)),
         }
     }
 

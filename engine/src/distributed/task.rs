@@ -73,7 +73,7 @@ impl WorkerTaskExec {
 impl DisplayAs for WorkerTaskExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         match &self.task.message {
-            WorkerMessage::Decide(call, r) | WorkerMessage::Classify(call, r) => write!(
+            WorkerMessage::Answer(call, r) => write!(
                 f,
                 "WorkerTaskExec: {} {} questions",
                 call.op_id,

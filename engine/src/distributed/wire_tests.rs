@@ -19,7 +19,9 @@ use super::message::{decode, encode};
 use super::worker::answer;
 use super::*;
 use crate::answer_cache::AnswerIdentity;
-use crate::backend::{AiCall, AiKind, AiRequest, Doc, InferenceBackend, test_call};
+use crate::backend::{
+    AiCall, AiKind, AiRequest, Answer, AskTyped, Doc, InferenceBackend, test_call,
+};
 use crate::error::{EngineError, Result};
 
 /// Answers by length, and fails a question of an operator other than the one
@@ -36,23 +38,19 @@ impl InferenceBackend for OneQueryAtATime {
     fn name(&self) -> &str {
         "model"
     }
-    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
-        let started = self.started.lock().unwrap().clone();
-        if !started.contains(&call.op_id) {
-            return Err(EngineError::Inference(format!(
-                "{} asked during the query of {started:?}",
-                call.op_id
-            )));
+    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+        if call.kind.is_decision() {
+            let started = self.started.lock().unwrap().clone();
+            if !started.contains(&call.op_id) {
+                return Err(EngineError::Inference(format!(
+                    "{} asked during the query of {started:?}",
+                    call.op_id
+                )));
+            }
+            // A batch takes a while, so that two coordinators overlap.
+            std::thread::sleep(Duration::from_millis(2));
         }
-        // A batch takes a while, so that two coordinators overlap.
-        std::thread::sleep(Duration::from_millis(2));
-        Ok(requests.iter().map(super::tests::even_length).collect())
-    }
-    fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
-        Ok(requests
-            .iter()
-            .map(|r| super::tests::label_by_length(r, call.labels.len()))
-            .collect())
+        Ok(super::tests::answers_by_length(call, requests))
     }
     fn cancel(&self) {
         self.cancels.fetch_add(1, Ordering::SeqCst);
@@ -98,6 +96,10 @@ fn by_length(docs: &[(String, String)]) -> Vec<bool> {
     docs.iter().map(|(_, t)| t.len() % 2 == 0).collect()
 }
 
+fn answered_by_length(docs: &[(String, String)]) -> WorkerReply {
+    WorkerReply::Answered(by_length(docs).into_iter().map(Answer::Bool).collect())
+}
+
 fn task(query: u64, message: WorkerMessage) -> WorkerTask {
     WorkerTask {
         query: Some(query),
@@ -125,7 +127,7 @@ fn two_coordinators_queries_take_turns_and_cancel_only_their_own() {
     let decide = |q, op: &str| {
         answer(
             &served,
-            task(q, WorkerMessage::Decide(filter(op), wire.clone())),
+            task(q, WorkerMessage::Answer(filter(op), wire.clone())),
         )
     };
     let start_in_thread = |q: u64, op: &str| {
@@ -151,7 +153,7 @@ fn two_coordinators_queries_take_turns_and_cancel_only_their_own() {
     let b_started = start_in_thread(2, "b");
     assert!(b_started.recv_timeout(Duration::from_millis(300)).is_err());
     assert!(failed(&decide(2, "b")).contains("not the query this worker serves"));
-    assert_eq!(decide(1, "a"), WorkerReply::Decided(by_length(&docs)));
+    assert_eq!(decide(1, "a"), answered_by_length(&docs));
     // A third coordinator cancels its waiting query: its start gives up, and
     // A's model work is not cancelled.
     let c_started = start_in_thread(3, "c");
@@ -172,7 +174,7 @@ fn two_coordinators_queries_take_turns_and_cancel_only_their_own() {
         b_started.recv_timeout(Duration::from_secs(10)).unwrap(),
         WorkerReply::Done
     );
-    assert_eq!(decide(2, "b"), WorkerReply::Decided(by_length(&docs)));
+    assert_eq!(decide(2, "b"), answered_by_length(&docs));
     assert!(failed(&decide(1, "a")).contains("not the query"));
     // A message of no query is refused.
     let none = WorkerTask::outside_query(WorkerMessage::Measurements);
@@ -204,7 +206,7 @@ fn a_silent_query_loses_the_worker_after_the_idle_timeout() {
     assert!(started.elapsed() >= Duration::from_millis(150));
     let docs = texts(2, 1);
     let wire = WireRequests::new(&requests(&docs));
-    let late = answer(&served, task(1, WorkerMessage::Decide(filter("a"), wire)));
+    let late = answer(&served, task(1, WorkerMessage::Answer(filter("a"), wire)));
     assert!(failed(&late).contains("not the query"));
 }
 
@@ -234,15 +236,15 @@ fn malformed_calls_are_answered_with_errors_not_panics() {
     };
     for (message, why) in [
         (
-            WorkerMessage::Classify(classify, one.clone()),
-            "without labels",
+            WorkerMessage::Answer(classify, one.clone()),
+            "with 0 label(s)",
         ),
         (
-            WorkerMessage::Decide(join, one.clone()),
+            WorkerMessage::Answer(join, one.clone()),
             "without a partner",
         ),
         (
-            WorkerMessage::Classify(described, one),
+            WorkerMessage::Answer(described, one),
             "3 label descriptions",
         ),
     ] {
@@ -656,11 +658,11 @@ fn worker_decoding_never_panics_on_random_or_mutated_bytes() {
     let seeds: Vec<Vec<u8>> = vec![
         encode(&task(
             7,
-            WorkerMessage::Decide(filter("a"), WireRequests::new(&requests(&docs))),
+            WorkerMessage::Answer(filter("a"), WireRequests::new(&requests(&docs))),
         )),
         encode(&task(
             7,
-            WorkerMessage::Classify(
+            WorkerMessage::Answer(
                 test_call(AiKind::Classify, "Which is {0}?", &["x", "y"]),
                 WireRequests::new(&requests(&docs)),
             ),
@@ -832,15 +834,11 @@ impl InferenceBackend for Slow {
     fn name(&self) -> &str {
         "model"
     }
-    fn decide(&self, _: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
-        std::thread::sleep(self.0);
-        Ok(requests.iter().map(super::tests::even_length).collect())
-    }
-    fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
-        Ok(requests
-            .iter()
-            .map(|r| super::tests::label_by_length(r, call.labels.len()))
-            .collect())
+    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+        if call.kind.is_decision() {
+            std::thread::sleep(self.0);
+        }
+        Ok(super::tests::answers_by_length(call, requests))
     }
 }
 

@@ -232,8 +232,19 @@ impl QueryTurns {
 /// coordinator is an error, never a panic deeper in the model code.
 fn check_call(call: &AiCall, requests: Option<&[AiRequest<'_>]>) -> Result<()> {
     let bad = |why: String| EngineError::Inference(format!("operator {:?}: {why}", call.op_id));
-    if call.kind == AiKind::Classify && call.labels.is_empty() {
-        return Err(bad("a classification without labels".into()));
+    if call.kind.has_labels() && call.labels.len() < 2 {
+        return Err(bad(format!(
+            "a {} call with {} label(s)",
+            call.kind.name(),
+            call.labels.len()
+        )));
+    }
+    if call.kind.generates() != (call.max_tokens > 0) {
+        return Err(bad(format!(
+            "a {} call with max_tokens {}",
+            call.kind.name(),
+            call.max_tokens
+        )));
     }
     if !call.descriptions.is_empty() && call.descriptions.len() != call.labels.len() {
         return Err(bad(format!(
@@ -246,6 +257,13 @@ fn check_call(call: &AiCall, requests: Option<&[AiRequest<'_>]>) -> Result<()> {
         match (call.kind, r.partner.is_some()) {
             (AiKind::Join, false) => return Err(bad("a join question without a partner".into())),
             (AiKind::Filter, true) => return Err(bad("a filter question with a partner".into())),
+            (_, pair) if pair != call.pieces.pair => {
+                return Err(bad(format!(
+                    "a question {} a partner for a prompt {} one",
+                    if pair { "with" } else { "without" },
+                    if call.pieces.pair { "with" } else { "without" }
+                )));
+            }
             _ => {}
         }
     }
@@ -312,17 +330,10 @@ fn answer_in_turn(backend: &dyn InferenceBackend, message: WorkerMessage) -> Res
             backend.partners_collected(&call, &docs);
             Ok(WorkerReply::Done)
         }
-        WorkerMessage::Decide(call, wire) => {
+        WorkerMessage::Answer(call, wire) => {
             let requests = wire.requests()?;
             check_call(&call, Some(&requests))?;
-            backend.decide(&call, &requests).map(WorkerReply::Decided)
-        }
-        WorkerMessage::Classify(call, wire) => {
-            let requests = wire.requests()?;
-            check_call(&call, Some(&requests))?;
-            backend
-                .classify(&call, &requests)
-                .map(WorkerReply::Classified)
+            backend.answer(&call, &requests).map(WorkerReply::Answered)
         }
         WorkerMessage::Measurements => Ok(WorkerReply::Measurements(backend.measurements())),
         WorkerMessage::WaitStopped => {
@@ -342,8 +353,7 @@ fn message_name(message: &WorkerMessage) -> &'static str {
         WorkerMessage::Hello => "Hello",
         WorkerMessage::StartQuery(_) => "StartQuery",
         WorkerMessage::PartnersCollected(..) => "PartnersCollected",
-        WorkerMessage::Decide(..) => "Decide",
-        WorkerMessage::Classify(..) => "Classify",
+        WorkerMessage::Answer(..) => "Answer",
         WorkerMessage::Measurements => "Measurements",
         WorkerMessage::Cancel => "Cancel",
         WorkerMessage::WaitStopped => "WaitStopped",

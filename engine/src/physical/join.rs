@@ -17,6 +17,7 @@ use datafusion::error::Result as DfResult;
 use datafusion::physical_expr::PhysicalExpr;
 
 use super::{OpState, RowDocs, answer, id_strings};
+use crate::backend::Answer;
 use crate::backend::{AiRequest, Doc};
 use crate::error::{EngineError, Result};
 
@@ -368,7 +369,7 @@ fn pairs_by_document(
     let true_partners: Vec<Vec<u32>> = (0..anchor_first.len())
         .map(|da| {
             (0..width as u32)
-                .filter(|&dp| answers[da * width + dp as usize] != 0)
+                .filter(|&dp| answers[da * width + dp as usize] == Answer::Bool(true))
                 .collect()
         })
         .collect();
@@ -471,7 +472,7 @@ fn listed_pairs(
     Ok(candidates
         .iter()
         .zip(&pair_of)
-        .filter(|(_, pair)| answers[**pair as usize] != 0)
+        .filter(|(_, pair)| answers[**pair as usize] == Answer::Bool(true))
         .map(|(&c, _)| c)
         .collect())
 }

@@ -39,8 +39,8 @@ use datafusion::physical_plan::{
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::answers::{AnswerRecorder, AnswerTable};
-use crate::backend::{AiKind, AiRequest, Doc, InferenceBackend, check_answer_count};
+use crate::answers::{AnswerRecorder, AnswerTable, answer_array};
+use crate::backend::{AiRequest, Answer, Doc, InferenceBackend, check_answers};
 use crate::error::{EngineError, Result};
 use crate::logical::{AiNode, AiShape, AiSpec};
 use crate::memo::{AnswerMemo, MemoKey};
@@ -557,38 +557,17 @@ fn progress_bar(runtime: &AiRuntime, op_id: &str, total: usize) -> ProgressBar {
     bar
 }
 
-/// Decisions for `requests`, asked in chunks.
-fn decide_all(spec: &AiSpec, runtime: &AiRuntime, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
-    let bar = progress_bar(runtime, &spec.call.op_id, requests.len());
-    let mut out = Vec::with_capacity(requests.len());
-    for chunk in requests.chunks(REQUESTS_PER_CALL) {
-        let answers = runtime.backend.decide(&spec.call, chunk)?;
-        check_answer_count(&spec.call, "the backend", answers.len(), chunk.len())?;
-        out.extend(answers);
-        bar.inc(chunk.len() as u64);
-    }
-    bar.finish_and_clear();
-    Ok(out)
-}
-
-/// Label indices for `requests`, asked in chunks.
-fn classify_all(
+/// Answers to `requests`, asked in chunks, each checked against the call.
+fn answer_all(
     spec: &AiSpec,
     runtime: &AiRuntime,
     requests: &[AiRequest<'_>],
-) -> Result<Vec<usize>> {
+) -> Result<Vec<Answer>> {
     let bar = progress_bar(runtime, &spec.call.op_id, requests.len());
     let mut out = Vec::with_capacity(requests.len());
     for chunk in requests.chunks(REQUESTS_PER_CALL) {
-        let answers = runtime.backend.classify(&spec.call, chunk)?;
-        check_answer_count(&spec.call, "the backend", answers.len(), chunk.len())?;
-        if let Some(bad) = answers.iter().find(|&&i| i >= spec.call.labels.len()) {
-            return Err(EngineError::Inference(format!(
-                "{}: backend chose label {bad} of {}",
-                spec.call.op_id,
-                spec.call.labels.len()
-            )));
-        }
+        let answers = runtime.backend.answer(&spec.call, chunk)?;
+        check_answers(&spec.call, "the backend", &answers, chunk.len())?;
         out.extend(answers);
         bar.inc(chunk.len() as u64);
     }
@@ -600,7 +579,7 @@ fn classify_all(
 /// asked the question before, else from the backend (requests sharing an anchor
 /// document asked together). Tuples this operator has not recorded yet go into
 /// its answer table, each once.
-fn answer(state: &OpState, requests: &[AiRequest<'_>]) -> Result<Vec<u16>> {
+fn answer(state: &OpState, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
     let spec = &state.spec;
     let call = &spec.call;
     let (keys, mut ask) = {
@@ -622,16 +601,7 @@ fn answer(state: &OpState, requests: &[AiRequest<'_>]) -> Result<Vec<u16>> {
         let asked: Vec<AiRequest<'_>> = ask.iter().map(|&i| requests[i]).collect();
         let work_before = WorkSoFar::of(&state.runtime);
         let timer = state.metrics.model_time.timer();
-        let codes: Vec<u16> = match call.kind {
-            AiKind::Classify => classify_all(spec, &state.runtime, &asked)?
-                .into_iter()
-                .map(|i| i as u16)
-                .collect(),
-            AiKind::Filter | AiKind::Join => decide_all(spec, &state.runtime, &asked)?
-                .into_iter()
-                .map(u16::from)
-                .collect(),
-        };
+        let codes = answer_all(spec, &state.runtime, &asked)?;
         timer.done();
         state.metrics.prompts.add(asked.len());
         state
@@ -642,16 +612,16 @@ fn answer(state: &OpState, requests: &[AiRequest<'_>]) -> Result<Vec<u16>> {
             memo.insert(keys[i], c);
         }
     }
-    let answers: Vec<u16> = {
+    let answers: Vec<Answer> = {
         let memo = state.runtime.memo.lock().expect("memo lock");
         keys.iter()
-            .map(|k| memo.get(k).expect("every question answered"))
+            .map(|k| memo.get(k).expect("every question answered").clone())
             .collect()
     };
     let aliases = spec.docs.iter().map(|d| d.alias.clone()).collect();
-    let mut table = AnswerTable::new(&call.op_id, call.kind, aliases);
+    let mut table = AnswerTable::new(&call.op_id, call.kind, aliases, call.labels.clone());
     let mut recorded = state.recorded.lock().expect("recorded lock");
-    for ((r, &code), key) in requests.iter().zip(&answers).zip(&keys) {
+    for ((r, answer), key) in requests.iter().zip(&answers).zip(&keys) {
         if !recorded.insert(*key) {
             continue;
         }
@@ -659,10 +629,7 @@ fn answer(state: &OpState, requests: &[AiRequest<'_>]) -> Result<Vec<u16>> {
         if spec.docs.len() > 1 {
             table.ids[1].push(r.partner.map_or(String::new(), |p| p.id.to_string()));
         }
-        match call.kind {
-            AiKind::Classify => table.labels.push(call.labels[code as usize].clone()),
-            _ => table.answers.push(code != 0),
-        }
+        table.answers.push(answer.clone());
     }
     if !table.is_empty() {
         state.runtime.recorder.record(table);
@@ -714,27 +681,24 @@ fn one_input(state: &OpState, batch: &RecordBatch) -> Result<RecordBatch> {
     let requests: Vec<Option<AiRequest<'_>>> = (0..batch.num_rows()).map(request).collect();
     let asked: Vec<AiRequest<'_>> = requests.iter().flatten().copied().collect();
     let mut answers = answer(state, &asked)?.into_iter();
-    let codes: Vec<Option<u16>> = requests
+    let answers: Vec<Option<Answer>> = requests
         .iter()
         .map(|r| r.as_ref().and_then(|_| answers.next()))
         .collect();
-    let out = match (spec.shape, spec.call.kind) {
-        (AiShape::Filter, _) => {
-            let mask: BooleanArray = codes.iter().map(|c| Some(*c == Some(1))).collect();
+    let out = match spec.shape {
+        AiShape::Filter => {
+            let mask: BooleanArray = answers
+                .iter()
+                .map(|a| Some(*a == Some(Answer::Bool(true))))
+                .collect();
             let kept = filter_record_batch(batch, &mask)?;
             RecordBatch::try_new(state.schema.clone(), kept.columns().to_vec())?
         }
-        (_, AiKind::Classify) => {
-            let labels: StringArray = codes
-                .iter()
-                .map(|c| c.map(|c| spec.call.labels[c as usize].as_str()))
-                .collect();
-            append_column(batch, Arc::new(labels), state.schema.clone())?
-        }
-        _ => {
-            let values: BooleanArray = codes.iter().map(|c| c.map(|c| c != 0)).collect();
-            append_column(batch, Arc::new(values), state.schema.clone())?
-        }
+        _ => append_column(
+            batch,
+            answer_array(&spec.call, &answers)?,
+            state.schema.clone(),
+        )?,
     };
     state.metrics.baseline.record_output(out.num_rows());
     Ok(out)

@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use aisql_models::{ClassifyRequest, Continuation, KvHandle, Qwen3, Tokenizer};
+use aisql_models::{ClassifyRequest, Continuation, Decision, KvHandle, Qwen3, Tokenizer};
 
-use crate::backend::{AiCall, AiRequest, InferenceBackend, OracleBackend};
-use crate::error::Result;
+use crate::backend::{AiCall, AiKind, AiRequest, Answer, InferenceBackend, OracleBackend};
+use crate::error::{EngineError, Result};
 use crate::kv_cache::KvOps;
 
 /// What the scheduler asks of an execution engine (the model or a simulation).
@@ -18,24 +18,22 @@ pub trait Executor: Send + Sync {
     fn name(&self) -> &str;
     /// Prefills each `(parent, tokens)`; one handle per item.
     fn prefill(&self, items: &[(Option<&Self::Kv>, &[u32])]) -> Result<Vec<Self::Kv>>;
-    /// TRUE/FALSE after each `(prefix, suffix)`; the suffix may be empty when the
-    /// prefix ends with the whole prompt. `requests` are the matching prompts.
-    fn decide(
-        &self,
-        call: &AiCall,
-        requests: &[AiRequest<'_>],
-        items: &[(Option<&Self::Kv>, &[u32])],
-    ) -> Result<Vec<bool>>;
-    /// Label index after each `(prefix, suffix)`, scoring `labels` (token ids of `" " + label`).
-    fn classify(
+    /// The answer of `call`'s kind after each `(prefix, suffix)`; the suffix may
+    /// be empty when the prefix ends with the whole prompt. `requests` are the
+    /// matching prompts; `labels` the token ids of each `" " + label` (label
+    /// kinds).
+    fn answer(
         &self,
         call: &AiCall,
         requests: &[AiRequest<'_>],
         items: &[(Option<&Self::Kv>, &[u32])],
         labels: &[Vec<u32>],
-    ) -> Result<Vec<usize>>;
-    /// Prompt positions computed so far (label continuations excluded).
+    ) -> Result<Vec<Answer>>;
+    /// Positions computed so far: prompts and decoded tokens (label
+    /// continuations excluded).
     fn fresh_tokens(&self) -> u64;
+    /// Decoded positions computed so far (part of [`Self::fresh_tokens`]).
+    fn decode_tokens(&self) -> u64;
     /// Label-continuation positions computed so far.
     fn label_tokens(&self) -> u64;
     /// KV bytes per cached position (for the budget check).
@@ -99,6 +97,21 @@ impl ModelExecutor {
     }
 }
 
+/// The probability of each label: the softmax of their summed
+/// log-probabilities (`ai_classify_scores`), in f64.
+pub fn label_probabilities(scores: &[f32]) -> Box<[f64]> {
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let exp: Vec<f64> = scores.iter().map(|&s| (s as f64 - max).exp()).collect();
+    let sum: f64 = exp.iter().sum();
+    exp.iter().map(|e| e / sum).collect()
+}
+
+/// P(TRUE) over the restricted TRUE/FALSE head (`ai_score`): the softmax of
+/// the best TRUE and the best FALSE logit, in f64.
+pub fn p_true(d: &Decision) -> f64 {
+    1.0 / (1.0 + (f64::from(d.false_logit) - f64::from(d.true_logit)).exp())
+}
+
 /// Index of the best score; ties go to the earlier label (SPEC §B.5).
 pub fn best_label(scores: &[f32]) -> usize {
     let mut best = 0;
@@ -125,49 +138,66 @@ impl Executor for ModelExecutor {
         Ok(self.model.prefill_batch(&conts)?)
     }
 
-    fn decide(
+    fn answer(
         &self,
-        _call: &AiCall,
-        _requests: &[AiRequest<'_>],
-        items: &[(Option<&KvHandle>, &[u32])],
-    ) -> Result<Vec<bool>> {
-        let conts: Vec<Continuation<'_>> = items
-            .iter()
-            .map(|(p, t)| Continuation::new(*p, t))
-            .collect();
-        Ok(self
-            .model
-            .decide(&conts, &self.answers)?
-            .into_iter()
-            .map(|d| d.answer)
-            .collect())
-    }
-
-    fn classify(
-        &self,
-        _call: &AiCall,
+        call: &AiCall,
         _requests: &[AiRequest<'_>],
         items: &[(Option<&KvHandle>, &[u32])],
         labels: &[Vec<u32>],
-    ) -> Result<Vec<usize>> {
-        let reqs: Vec<ClassifyRequest<'_>> = items
-            .iter()
-            .map(|(p, t)| ClassifyRequest {
-                prefix: *p,
-                prompt: t,
-                labels,
-            })
-            .collect();
-        Ok(self
-            .model
-            .classify(&reqs)?
-            .iter()
-            .map(|s| best_label(s))
-            .collect())
+    ) -> Result<Vec<Answer>> {
+        let conts = || -> Vec<Continuation<'_>> {
+            items
+                .iter()
+                .map(|(p, t)| Continuation::new(*p, t))
+                .collect()
+        };
+        let label_scores = || -> Result<Vec<Vec<f32>>> {
+            let reqs: Vec<ClassifyRequest<'_>> = items
+                .iter()
+                .map(|(p, t)| ClassifyRequest {
+                    prefix: *p,
+                    prompt: t,
+                    labels,
+                })
+                .collect();
+            Ok(self.model.classify(&reqs)?)
+        };
+        Ok(match call.kind {
+            AiKind::Filter | AiKind::Join => self
+                .model
+                .decide(&conts(), &self.answers)?
+                .into_iter()
+                .map(|d| Answer::Bool(d.answer))
+                .collect(),
+            AiKind::Score => self
+                .model
+                .decide(&conts(), &self.answers)?
+                .iter()
+                .map(|d| Answer::Score(p_true(d)))
+                .collect(),
+            AiKind::Classify => label_scores()?
+                .iter()
+                .map(|s| Answer::Label(best_label(s) as u32))
+                .collect(),
+            AiKind::ClassifyScores => label_scores()?
+                .iter()
+                .map(|s| Answer::LabelScores(label_probabilities(s)))
+                .collect(),
+            AiKind::Complete => {
+                return Err(EngineError::Inference(format!(
+                    "{}: generation is not wired to the model yet",
+                    call.op_id
+                )));
+            }
+        })
     }
 
     fn fresh_tokens(&self) -> u64 {
         self.model.fresh_tokens() - self.model.label_tokens()
+    }
+
+    fn decode_tokens(&self) -> u64 {
+        0
     }
 
     fn label_tokens(&self) -> u64 {
@@ -264,6 +294,7 @@ pub struct SimExecutor {
     bytes_per_token: usize,
     fresh: std::sync::atomic::AtomicU64,
     labels: std::sync::atomic::AtomicU64,
+    decoded: std::sync::atomic::AtomicU64,
 }
 
 impl SimExecutor {
@@ -275,6 +306,7 @@ impl SimExecutor {
             bytes_per_token,
             fresh: Default::default(),
             labels: Default::default(),
+            decoded: Default::default(),
         }
     }
 }
@@ -302,38 +334,41 @@ impl Executor for SimExecutor {
             .collect())
     }
 
-    fn decide(
-        &self,
-        call: &AiCall,
-        requests: &[AiRequest<'_>],
-        items: &[(Option<&VirtualKv>, &[u32])],
-    ) -> Result<Vec<bool>> {
-        let fed: usize = items.iter().map(|(_, t)| t.len()).sum();
-        self.fresh
-            .fetch_add(fed as u64, std::sync::atomic::Ordering::Relaxed);
-        self.oracle.decide(call, requests)
-    }
-
-    fn classify(
+    /// Counts the prompt positions fed, the label positions a classification
+    /// scores and the positions a generation decodes: `max_tokens` - 1 each
+    /// (the first token is read from the prompt's last position; the
+    /// simulation cannot know where a text would end, so it counts the
+    /// bound). Texts are empty: no label set holds generated text.
+    fn answer(
         &self,
         call: &AiCall,
         requests: &[AiRequest<'_>],
         items: &[(Option<&VirtualKv>, &[u32])],
         labels: &[Vec<u32>],
-    ) -> Result<Vec<usize>> {
+    ) -> Result<Vec<Answer>> {
+        use std::sync::atomic::Ordering::Relaxed;
         let fed: usize = items.iter().map(|(_, t)| t.len()).sum();
-        let label_fed: usize = labels.iter().map(|l| l.len().saturating_sub(1)).sum();
-        self.fresh
-            .fetch_add(fed as u64, std::sync::atomic::Ordering::Relaxed);
-        self.labels.fetch_add(
-            (label_fed * items.len()) as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        self.oracle.classify(call, requests)
+        self.fresh.fetch_add(fed as u64, Relaxed);
+        if call.kind.has_labels() {
+            let label_fed: usize = labels.iter().map(|l| l.len().saturating_sub(1)).sum();
+            self.labels
+                .fetch_add((label_fed * items.len()) as u64, Relaxed);
+        }
+        if call.kind.generates() {
+            let decoded = u64::from(call.max_tokens.saturating_sub(1)) * items.len() as u64;
+            self.fresh.fetch_add(decoded, Relaxed);
+            self.decoded.fetch_add(decoded, Relaxed);
+            return Ok(vec![Answer::Text("".into()); requests.len()]);
+        }
+        self.oracle.answer(call, requests)
     }
 
     fn fresh_tokens(&self) -> u64 {
         self.fresh.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn decode_tokens(&self) -> u64 {
+        self.decoded.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn label_tokens(&self) -> u64 {

@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::backend::{AiCall, AiKind, AiRequest};
+use crate::backend::{AiCall, AiKind, AiRequest, Answer};
 use crate::memo::{AnswerMemo, DocKey};
 
 /// A join's partner side is asked ahead only up to this many documents: past it
@@ -200,9 +200,9 @@ impl Lookahead {
     }
 
     /// Keeps answers asked ahead for `call`'s `requests`.
-    pub fn store(&mut self, call: &AiCall, requests: &[AiRequest<'_>], answers: &[u16]) {
+    pub fn store(&mut self, call: &AiCall, requests: &[AiRequest<'_>], answers: Vec<Answer>) {
         let keys = self.answers.keys(call, requests);
-        for (k, &a) in keys.into_iter().zip(answers) {
+        for (k, a) in keys.into_iter().zip(answers) {
             if self.answers.remove(&k).is_none() {
                 self.pending += 1;
                 self.questions += 1;
@@ -213,7 +213,7 @@ impl Lookahead {
 
     /// Answers asked ahead for `requests` of `call` (None where not asked),
     /// each handed out once.
-    pub fn take(&mut self, call: &AiCall, requests: &[AiRequest<'_>]) -> Vec<Option<u16>> {
+    pub fn take(&mut self, call: &AiCall, requests: &[AiRequest<'_>]) -> Vec<Option<Answer>> {
         if self.pending == 0 {
             return vec![None; requests.len()];
         }
@@ -251,6 +251,7 @@ mod tests {
             columns: vec!["body".into(), "aspect".into()],
             pieces: join_pieces(PromptFormat::default(), template),
             labels: Vec::new(),
+            max_tokens: 0,
             descriptions: Vec::new(),
             relations: vec![relation.into(), "a".into()],
         }
@@ -265,6 +266,7 @@ mod tests {
             columns: vec!["body".into()],
             pieces: filter_pieces(PromptFormat::default(), template).unwrap(),
             labels: Vec::new(),
+            max_tokens: 0,
             descriptions: Vec::new(),
             relations: vec![relation.into()],
         }
@@ -359,14 +361,18 @@ mod tests {
             anchor: Doc { id: a, text: "" },
             partner: Some(Doc { id: p, text: "" }),
         };
-        la.store(&ops[3], &[req("r1", "as0"), req("r1", "as1")], &[1, 0]);
+        la.store(
+            &ops[3],
+            &[req("r1", "as0"), req("r1", "as1")],
+            vec![Answer::Bool(true), Answer::Bool(false)],
+        );
         assert_eq!(la.questions, 2);
         assert_eq!(la.unused(), 2);
         // join-2's prompt differs: not answered.
         assert_eq!(la.take(&ops[2], &[req("r1", "as0")]), [None]);
         assert_eq!(
             la.take(&ops[3], &[req("r1", "as1"), req("r2", "as1")]),
-            [Some(0), None]
+            [Some(Answer::Bool(false)), None]
         );
         assert_eq!(la.take(&ops[3], &[req("r1", "as1")]), [None]);
         assert_eq!((la.used, la.unused()), (1, 1));

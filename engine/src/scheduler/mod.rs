@@ -58,7 +58,7 @@ use std::sync::{Arc, Mutex};
 
 use aisql_models::Tokenizer;
 
-use crate::backend::{AiCall, AiKind, AiRequest, Doc, InferenceBackend};
+use crate::backend::{AiCall, AiRequest, Answer, Doc, InferenceBackend};
 use crate::error::{EngineError, Result};
 use crate::kv_cache::{KvOps, NodeId, PrefixTrie};
 use crate::memo::DocKey;
@@ -180,6 +180,7 @@ struct QueryState<K> {
     ops: Vec<(String, String)>,
     fresh_start: u64,
     label_start: u64,
+    decode_start: u64,
     peak_bytes: usize,
     evictions: u64,
     current_op: Option<String>,
@@ -216,6 +217,7 @@ impl<E: Executor> ScheduledBackend<E> {
                 ops: Vec::new(),
                 fresh_start: 0,
                 label_start: 0,
+                decode_start: 0,
                 peak_bytes: 0,
                 evictions: 0,
                 current_op: None,
@@ -270,7 +272,12 @@ impl<E: Executor> ScheduledBackend<E> {
 
     /// Positions of the longest label continuation a classification scores after
     /// its prompt (0 for yes/no questions).
+    /// Positions an answer adds after its prompt: the longest label of a
+    /// classification, the `max_tokens` of a generating call.
     fn longest_label(&self, call: &AiCall) -> Result<usize> {
+        if call.kind.generates() {
+            return Ok(call.max_tokens as usize);
+        }
         label_continuations(&call.labels)
             .iter()
             .map(|l| self.piece(l).map(|v| v.len()))
@@ -685,12 +692,12 @@ impl<E: Executor> ScheduledBackend<E> {
         Ok(())
     }
 
-    fn run(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Answers> {
+    fn run(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
         // Held until this call returns: the next query starts only after it.
         let (_in_flight, ticket) = self.gate.enter();
         self.gate.check(ticket, &call.op_id)?;
         if requests.is_empty() {
-            return Ok(Answers::Bools(Vec::new()));
+            return Ok(Vec::new());
         }
         if !self.config.prefix_cache {
             return self.run_uncached(ticket, call, requests);
@@ -703,26 +710,23 @@ impl<E: Executor> ScheduledBackend<E> {
             .collect();
         state.lookahead.asked(&call.op_id, &keep);
         // Questions asked ahead are answered without the model.
-        let mut codes = state.lookahead.take(call, requests);
+        let mut answers = state.lookahead.take(call, requests);
         let todo: Vec<usize> = (0..requests.len())
-            .filter(|&i| codes[i].is_none())
+            .filter(|&i| answers[i].is_none())
             .collect();
         if !todo.is_empty() {
             let asked: Vec<AiRequest<'_>> = todo.iter().map(|&i| requests[i]).collect();
-            let answers = self.answer(ticket, &mut state, call, &asked)?;
-            for (&i, a) in todo.iter().zip(answers.codes()) {
-                codes[i] = Some(a);
+            let got = self.answer(ticket, &mut state, call, &asked)?;
+            for (&i, a) in todo.iter().zip(got) {
+                answers[i] = Some(a);
             }
         }
         let keep: HashSet<DocKey> = keep.into_iter().collect();
         self.enforce_budget(ticket, &mut state, &keep)?;
-        let codes = codes
+        Ok(answers
             .into_iter()
-            .map(|c| c.expect("every request answered"));
-        Ok(match call.kind {
-            AiKind::Classify => Answers::Labels(codes.map(usize::from).collect()),
-            _ => Answers::Bools(codes.map(|c| c != 0).collect()),
-        })
+            .map(|a| a.expect("every request answered"))
+            .collect())
     }
 
     /// Answers `requests` with the model, reusing and extending the cache.
@@ -732,7 +736,7 @@ impl<E: Executor> ScheduledBackend<E> {
         state: &mut QueryState<E::Kv>,
         call: &AiCall,
         requests: &[AiRequest<'_>],
-    ) -> Result<Answers> {
+    ) -> Result<Vec<Answer>> {
         let pieces = &call.pieces;
         if !pieces.pair {
             // One document: preamble + doc, then the tail as the question.
@@ -756,20 +760,13 @@ impl<E: Executor> ScheduledBackend<E> {
         call: &AiCall,
         nodes: &[(DocKey, NodeId)],
         requests: &[AiRequest<'_>],
-    ) -> Result<Answers> {
+    ) -> Result<Vec<Answer>> {
         let items: Vec<(Option<&E::Kv>, &[u32])> = nodes
             .iter()
             .map(|(k, n)| (cache.suffixes[k].kv(*n), &[][..]))
             .collect();
-        Ok(match call.kind {
-            AiKind::Classify => {
-                Answers::Labels(
-                    self.exec
-                        .classify(call, requests, &items, &self.labels(call)?)?,
-                )
-            }
-            _ => Answers::Bools(self.exec.decide(call, requests, &items)?),
-        })
+        self.exec
+            .answer(call, requests, &items, &self.labels(call)?)
     }
 
     /// Token ids of `call`'s label continuations.
@@ -789,7 +786,7 @@ impl<E: Executor> ScheduledBackend<E> {
         call: &AiCall,
         nodes: &[(DocKey, NodeId)],
         requests: &[AiRequest<'_>],
-    ) -> Result<Answers> {
+    ) -> Result<Vec<Answer>> {
         let pieces = &call.pieces;
         let label = self.piece(&pieces.label)?;
         let tail = self.piece(&pieces.tail)?;
@@ -839,29 +836,20 @@ impl<E: Executor> ScheduledBackend<E> {
         requests: &[AiRequest<'_>],
         tokens: impl Fn(usize) -> usize,
         item: impl Fn(usize) -> (Option<&'a E::Kv>, &'a [u32]),
-    ) -> Result<Answers>
+    ) -> Result<Vec<Answer>>
     where
         E::Kv: 'a,
     {
         let labels = self.labels(call)?;
         let order: Vec<usize> = (0..requests.len()).collect();
-        let mut bools = Vec::new();
-        let mut chosen = Vec::new();
+        let mut answers = Vec::with_capacity(requests.len());
         for chunk in chunk_by_tokens(&order, self.config.batch_tokens, |&i| tokens(i)) {
             self.gate.check(ticket, &call.op_id)?;
             let items: Vec<(Option<&E::Kv>, &[u32])> = chunk.iter().map(|&i| item(i)).collect();
             let reqs: Vec<AiRequest<'_>> = chunk.iter().map(|&i| requests[i]).collect();
-            match call.kind {
-                AiKind::Classify => {
-                    chosen.extend(self.exec.classify(call, &reqs, &items, &labels)?)
-                }
-                _ => bools.extend(self.exec.decide(call, &reqs, &items)?),
-            }
+            answers.extend(self.exec.answer(call, &reqs, &items, &labels)?);
         }
-        Ok(match call.kind {
-            AiKind::Classify => Answers::Labels(chosen),
-            _ => Answers::Bools(bools),
-        })
+        Ok(answers)
     }
 
     /// Before `doc`'s KV is dropped: asks it the questions later operators will
@@ -954,7 +942,7 @@ impl<E: Executor> ScheduledBackend<E> {
         } else {
             self.ask_one(&state.cache, call, &nodes, &requests)?
         };
-        state.lookahead.store(call, &requests, &answers.codes());
+        state.lookahead.store(call, &requests, answers);
         Ok(())
     }
 
@@ -964,7 +952,7 @@ impl<E: Executor> ScheduledBackend<E> {
         ticket: Ticket,
         call: &AiCall,
         requests: &[AiRequest<'_>],
-    ) -> Result<Answers> {
+    ) -> Result<Vec<Answer>> {
         let pieces = &call.pieces;
         let preamble = self.piece(&pieces.preamble)?;
         let anchors: Vec<&str> = requests.iter().map(|r| r.anchor.text).collect();
@@ -1011,21 +999,6 @@ impl<E: Executor> ScheduledBackend<E> {
             |i| prompts[i].len(),
             |i| (None, prompts[i].as_slice()),
         )
-    }
-}
-
-enum Answers {
-    Bools(Vec<bool>),
-    Labels(Vec<usize>),
-}
-
-impl Answers {
-    /// Answers as the memo keeps them: a TRUE/FALSE as 0/1, a label as its index.
-    fn codes(&self) -> Vec<u16> {
-        match self {
-            Answers::Bools(b) => b.iter().map(|&b| u16::from(b)).collect(),
-            Answers::Labels(l) => l.iter().map(|&l| l as u16).collect(),
-        }
     }
 }
 
@@ -1160,27 +1133,8 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         self.exec.name()
     }
 
-    fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
-        match self.run(call, requests)? {
-            Answers::Bools(b) => Ok(b),
-            Answers::Labels(_) => Err(EngineError::Inference(format!(
-                "{}: expected decisions",
-                call.op_id
-            ))),
-        }
-    }
-
-    fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
-        if requests.is_empty() {
-            return Ok(Vec::new());
-        }
-        match self.run(call, requests)? {
-            Answers::Labels(l) => Ok(l),
-            Answers::Bools(_) => Err(EngineError::Inference(format!(
-                "{}: expected labels",
-                call.op_id
-            ))),
-        }
+    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+        self.run(call, requests)
     }
 
     fn reuses_work(&self) -> bool {
@@ -1223,6 +1177,7 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
             .collect();
         state.fresh_start = self.exec.fresh_tokens();
         state.label_start = self.exec.label_tokens();
+        state.decode_start = self.exec.decode_tokens();
         state.peak_bytes = 0;
         state.evictions = 0;
         state.current_op = None;
@@ -1260,6 +1215,10 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         m.insert(
             "label_tokens".into(),
             (self.exec.label_tokens() - state.label_start).into(),
+        );
+        m.insert(
+            "decode_tokens".into(),
+            (self.exec.decode_tokens() - state.decode_start).into(),
         );
         m.insert("prefix_cache".into(), self.config.prefix_cache.into());
         m.insert(
@@ -1334,7 +1293,12 @@ mod tests {
                 partner: None,
             })
             .collect();
-        let answers = backend.decide(&call, &requests).unwrap();
+        let answers: Vec<bool> = backend
+            .answer(&call, &requests)
+            .unwrap()
+            .iter()
+            .map(|a| a.as_bool().unwrap())
+            .collect();
         let fresh = backend.measurements()["fresh_tokens"].as_u64().unwrap() as usize;
         (answers, fresh)
     }

@@ -377,13 +377,37 @@ impl SqlSession {
         Ok(())
     }
 
+    /// An error unless every model a Snowflake `AI_COMPLETE(model, ...)` names
+    /// is the loaded one: its name as given, or its last path part (`qwen3-4b`
+    /// for `Qwen/Qwen3-4B`), in any case.
+    fn check_models(&self, named: &[(String, String)]) -> Result<()> {
+        for (model, place) in named {
+            let loaded = self.options.model.as_deref();
+            let matches = loaded.is_some_and(|l| {
+                l.eq_ignore_ascii_case(model)
+                    || l.rsplit(['/', '\\'])
+                        .next()
+                        .is_some_and(|last| last.eq_ignore_ascii_case(model))
+            });
+            if !matches {
+                return Err(EngineError::Sql(format!(
+                    "AI_COMPLETE{place} names model {model:?}, but the loaded model is {}; \
+                     name that one (or use ai_complete(template, column), which needs none)",
+                    loaded.map_or("none".to_string(), |l| format!("{l:?}"))
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Plans one statement: spellings normalized, DataFusion's SQL planner, then
     /// the analyzer (with the AI rewrite) and optimizer.
     pub async fn plan(&self, sql: &str) -> Result<LogicalPlan> {
         let state = self.ctx.state();
         let mut statement = parse_one(sql, &state)?;
-        let sites = spelling::normalize(&mut statement)?;
-        self.context.lock().expect("rewrite context lock").sites = sites;
+        let spelled = spelling::normalize(&mut statement)?;
+        self.check_models(&spelled.models)?;
+        self.context.lock().expect("rewrite context lock").sites = spelled.sites;
         let plan = state
             .statement_to_plan(statement)
             .await
@@ -537,6 +561,7 @@ impl SqlSession {
                         &c.op_id,
                         c.kind,
                         n.spec.docs.iter().map(|d| d.alias.clone()).collect(),
+                        c.labels.clone(),
                     ),
                 }
             })
@@ -674,7 +699,10 @@ fn parse_one(
 pub fn templates(sql: &str) -> Result<Vec<String>> {
     let state = SessionContext::new().state();
     let mut statement = parse_one(sql, &state)?;
-    let mut t: Vec<String> = spelling::normalize(&mut statement)?.into_keys().collect();
+    let mut t: Vec<String> = spelling::normalize(&mut statement)?
+        .sites
+        .into_keys()
+        .collect();
     t.sort();
     Ok(t)
 }

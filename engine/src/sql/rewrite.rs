@@ -35,7 +35,7 @@ use datafusion::logical_expr::{
 use datafusion::optimizer::analyzer::AnalyzerRule;
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 
-use crate::ai_functions::{AiArgs, AiFunction, ai_call_of, contains_ai_call};
+use crate::ai_functions::{AiArgs, ai_call_of, contains_ai_call};
 use crate::backend::AiKind;
 use crate::logical::{AiNode, AiShape, AiSpec, DocRef, check_text};
 use crate::prompt::PromptFormat;
@@ -117,7 +117,7 @@ fn plan_error(message: String) -> DataFusionError {
 }
 
 fn is_bool_call(e: &Expr) -> bool {
-    ai_call_of(e).is_some_and(|(f, _)| f != AiFunction::Classify)
+    ai_call_of(e).is_some_and(|(f, _)| f.kind.is_decision())
 }
 
 impl Rewriter<'_> {
@@ -180,12 +180,7 @@ impl Rewriter<'_> {
     fn next_id(&mut self, kind: AiKind) -> String {
         let n = self.counters.entry(kind).or_insert(0);
         *n += 1;
-        let prefix = match kind {
-            AiKind::Filter => "filter",
-            AiKind::Join => "join",
-            AiKind::Classify => "classify",
-        };
-        format!("{prefix}-{n}")
+        format!("{}-{n}", kind.name())
     }
 
     fn fresh_column(&mut self) -> Column {

@@ -5,6 +5,9 @@
 //! | QUAIL-B | `ai_filter('Is {0} kind?', r.body)` | itself |
 //! | Snowflake | `AI_FILTER(PROMPT('Is {0} kind?', r.body))` | `ai_filter('Is {0} kind?', r.body)` |
 //! | BigQuery | `AI.IF(('Is ', r.body, ' kind?'))` | `ai_filter('Is {0} kind?', r.body)` |
+//! | BigQuery | `AI.SCORE(('Rate ', r.body))` | `ai_score('Rate {0}', r.body)` |
+//! | BigQuery | `AI.GENERATE(('Summarise ', r.body))` | `ai_complete('Summarise {0}', r.body)` |
+//! | Snowflake | `AI_COMPLETE('qwen3-4b', PROMPT('Summarise {0}', r.body))` | `ai_complete('Summarise {0}', r.body)`, the model checked against the loaded one |
 //!
 //! A BigQuery prompt tuple's strings are concatenated with each other element
 //! replaced by `{i}` in order. The checks that need the call's place in the text
@@ -31,8 +34,22 @@ pub type CallSites = HashMap<String, String>;
 
 /// The spellings aisql reads, for errors.
 const KNOWN: &str = "ai_filter(template, doc), ai_join(template, left, right), \
-ai_classify(template, doc, [labels], [descriptions]), AI_FILTER(PROMPT(template, doc...)) \
-and AI.IF((text, column, text...))";
+ai_classify(template, doc, [labels], [descriptions]), ai_score(template, doc), \
+ai_classify_scores(template, doc, [labels], [descriptions]), \
+ai_complete(template, doc [, max_tokens]), AI_FILTER(PROMPT(template, doc...)), \
+AI_COMPLETE(model, PROMPT(template, doc...)), AI.IF((text, column, text...)), \
+AI.SCORE((...)) and AI.GENERATE((...))";
+
+/// What normalizing a statement found: where each AI call's template is, and
+/// the models its Snowflake `AI_COMPLETE` calls name (with their places), to be
+/// checked against the loaded model.
+#[derive(Debug, Default)]
+pub struct Spelled {
+    /// Template → place in the text.
+    pub sites: CallSites,
+    /// (model named, place in the text) of each `AI_COMPLETE(model, ...)`.
+    pub models: Vec<(String, String)>,
+}
 
 /// Deepest nesting of expressions and subqueries accepted. DataFusion's planner
 /// recurses once per level (a chain of 3,000 `AND`s takes more than 8 MiB of
@@ -117,7 +134,7 @@ impl Visitor for Depth {
 
 /// Rewrites every AI call of `statement` to the QUAIL-B spelling, checking each;
 /// returns where each template is.
-pub fn normalize(statement: &mut DfStatement) -> Result<CallSites> {
+pub fn normalize(statement: &mut DfStatement) -> Result<Spelled> {
     if let DfStatement::Statement(s) = statement
         && let ControlFlow::Break(e) = s.visit(&mut Depth {
             now: 0,
@@ -126,18 +143,18 @@ pub fn normalize(statement: &mut DfStatement) -> Result<CallSites> {
     {
         return Err(e);
     }
-    let mut sites = CallSites::new();
+    let mut spelled = Spelled::default();
     match statement {
-        DfStatement::Statement(s) => visit(s.as_mut(), &mut sites)?,
+        DfStatement::Statement(s) => visit(s.as_mut(), &mut spelled)?,
         DfStatement::Explain(e) => return normalize(e.statement.as_mut()),
         _ => {}
     }
-    Ok(sites)
+    Ok(spelled)
 }
 
 fn visit(
     statement: &mut datafusion::sql::sqlparser::ast::Statement,
-    sites: &mut CallSites,
+    sites: &mut Spelled,
 ) -> Result<()> {
     let flow = visit_expressions_mut(statement, |e| match normalize_expr(e, sites) {
         Ok(()) => ControlFlow::Continue(()),
@@ -221,7 +238,7 @@ fn literal(s: String) -> Expr {
     Expr::value(Value::SingleQuotedString(s))
 }
 
-fn normalize_expr(e: &mut Expr, sites: &mut CallSites) -> Result<()> {
+fn normalize_expr(e: &mut Expr, found: &mut Spelled) -> Result<()> {
     let Expr::Function(f) = e else {
         return Ok(());
     };
@@ -229,7 +246,9 @@ fn normalize_expr(e: &mut Expr, sites: &mut CallSites) -> Result<()> {
     let spelled = f.name.to_string();
     let replacement = match parts.as_slice() {
         [ai, op] if ai == "ai" => match op.as_str() {
-            "if" => Some(bigquery_if(f)?),
+            "if" => Some(bigquery_prompt(f, "AI.IF", "ai_filter", 2)?),
+            "score" => Some(bigquery_prompt(f, "AI.SCORE", "ai_score", 2)?),
+            "generate" => Some(bigquery_prompt(f, "AI.GENERATE", "ai_complete", 2)?),
             _ => {
                 return Err(sql_error(format!(
                     "unknown AI function {spelled}{}; aisql reads {KNOWN}",
@@ -248,15 +267,32 @@ fn normalize_expr(e: &mut Expr, sites: &mut CallSites) -> Result<()> {
                 ))
             })?;
             let args = positional(f, &spelled)?;
+            let is_prompt =
+                |e: &Expr| matches!(e, Expr::Function(p) if name_parts(&p.name) == ["prompt"]);
             match args.as_slice() {
-                [Expr::Function(p)] if name_parts(&p.name) == ["prompt"] => {
-                    if function != AiFunction::Filter {
+                [Expr::Function(p)] if is_prompt(&args[0]) => {
+                    if function.name != "ai_filter" {
                         return Err(sql_error(format!(
-                            "{spelled}(PROMPT(...)){}: only AI_FILTER takes a PROMPT",
+                            "{spelled}(PROMPT(...)){}: only AI_FILTER takes a PROMPT alone \
+                             (AI_COMPLETE takes a model first)",
                             at(f)
                         )));
                     }
-                    Some(call(function.name(), f, positional(p, "PROMPT")?))
+                    Some(call(function.name, f, positional(p, "PROMPT")?))
+                }
+                [model, rest @ ..]
+                    if function.name == "ai_complete" && rest.iter().any(is_prompt) =>
+                {
+                    // Snowflake: AI_COMPLETE(model, PROMPT(...)[, options]).
+                    let (Some(model), [Expr::Function(p)]) = (string_literal(model), rest) else {
+                        return Err(sql_error(format!(
+                            "{spelled}{}: Snowflake's form is AI_COMPLETE('model', PROMPT(template, \
+                             column...)), a model name then one PROMPT",
+                            at(f)
+                        )));
+                    };
+                    found.models.push((model.to_string(), at(f)));
+                    Some(call(function.name, f, positional(p, "PROMPT")?))
                 }
                 _ => None,
             }
@@ -269,15 +305,16 @@ fn normalize_expr(e: &mut Expr, sites: &mut CallSites) -> Result<()> {
     let Expr::Function(f) = e else {
         return Ok(());
     };
-    check_call(f, sites)
+    check_call(f, &mut found.sites)
 }
 
-/// `AI.IF((text, column, text, ...))`.
-fn bigquery_if(f: &Function) -> Result<Expr> {
-    let args = positional(f, "AI.IF")?;
+/// BigQuery's `AI.IF((text, column, text, ...))` and its kin: the prompt
+/// tuple as a template of `target` over its columns (at most `most`).
+fn bigquery_prompt(f: &Function, spelled: &str, target: &str, most: usize) -> Result<Expr> {
+    let args = positional(f, spelled)?;
     let [prompt] = args.as_slice() else {
         return Err(sql_error(format!(
-            "AI.IF{} takes one prompt, a string or a tuple such as ('Is ', col, ' kind?'), not {} arguments",
+            "{spelled}{} takes one prompt, a string or a tuple such as ('Is ', col, ' kind?'), not {} arguments",
             at(f),
             args.len()
         )));
@@ -297,16 +334,26 @@ fn bigquery_if(f: &Function) -> Result<Expr> {
             }
         }
     }
-    if documents.is_empty() || documents.len() > 2 {
+    if documents.is_empty() || documents.len() > most {
         return Err(sql_error(format!(
-            "AI.IF{}: the prompt names {} column(s); it needs one document (or two, for a join)",
+            "{spelled}{}: the prompt names {} column(s); it needs one document (or two, a pair)",
             at(f),
             documents.len()
         )));
     }
     let mut args = vec![literal(template)];
     args.extend(documents);
-    Ok(call("ai_filter", f, args))
+    Ok(call(target, f, args))
+}
+
+/// Whether `e` is a number literal (a generating call's `max_tokens`), signed
+/// or not.
+fn is_number(e: &Expr) -> bool {
+    match e {
+        Expr::Value(v) => matches!(v.value, Value::Number(..)),
+        Expr::UnaryOp { expr, .. } | Expr::Nested(expr) => is_number(expr),
+        _ => false,
+    }
 }
 
 /// Arity and placeholders of a QUAIL-B-spelled call, with its position.
@@ -317,7 +364,7 @@ fn check_call(f: &Function, sites: &mut CallSites) -> Result<()> {
     };
     let args = positional(f, &name)?;
     let documents = function
-        .documents(args.len())
+        .documents(args.len(), args.last().is_some_and(is_number))
         .map_err(|m| sql_error(format!("{m}{}", at(f))))?;
     let template = string_literal(&args[0]).ok_or_else(|| {
         sql_error(format!(

@@ -21,7 +21,7 @@ use datafusion_substrait::substrait::proto::extensions::simple_extension_declara
     ExtensionFunction, ExtensionType, MappingType,
 };
 
-use crate::ai_functions::{AI_URN, AiFunction};
+use crate::ai_functions::AiFunction;
 
 /// Functions and types DataFusion has and Substrait's standard extensions lack.
 pub const DATAFUSION_URN: &str = "extension:aisql:functions_datafusion";
@@ -294,8 +294,8 @@ fn standard_file(name: &str, family: Family) -> Option<&'static str> {
 /// The URN of the extension declaring function `name` (as DataFusion's producer
 /// names it) for a call of `family`.
 pub fn function_urn(name: &str, family: Family) -> String {
-    if AiFunction::from_name(name).is_some() {
-        return AI_URN.to_string();
+    if let Some(f) = AiFunction::from_name(name) {
+        return f.urn.to_string();
     }
     match standard_file(name, family) {
         Some(file) => format!("{STANDARD_OWNER}{file}"),
@@ -412,6 +412,7 @@ fn declare(declared: &mut Vec<Declared>, name: String, urn: String) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ai_functions::AI_URN;
     use datafusion::arrow::datatypes::IntervalUnit;
 
     #[test]
