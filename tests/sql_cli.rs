@@ -188,6 +188,49 @@ fn bad_sql_gets_a_clear_error() {
         1,
         "at least two labels",
     );
+    // The new functions' arguments, with the call's place.
+    fails(
+        "SELECT id, ai_complete('Summarise {0}.', body, 0) FROM docs",
+        &[],
+        1,
+        "ai_complete at line 1, column 12: max_tokens (argument 3) must be a positive integer",
+    );
+    fails(
+        "SELECT id, ai_complete('Summarise {0}.', body, -4) FROM docs",
+        &[],
+        1,
+        "max_tokens (argument 3) must be a positive integer of at most 131072, not -4",
+    );
+    fails(
+        "SELECT id, ai_complete('Summarise {0}.', body, 100000) FROM docs",
+        &[],
+        1,
+        "longer than the model's context of 40960 positions",
+    );
+    fails(
+        "SELECT id, ai_score('Is {0} kind?', year) FROM docs",
+        &[],
+        1,
+        "is Int64, not text",
+    );
+    fails(
+        "SELECT id, ai_classify_scores('Tone of {0}?', body, ['good'], ['fine']) FROM docs",
+        &[],
+        1,
+        "ai_classify_scores needs at least two labels",
+    );
+    fails(
+        "SELECT id, AI_COMPLETE('qwen3-32b', PROMPT('Summarise {0}.', body)) FROM docs",
+        &[],
+        1,
+        "AI_COMPLETE at line 1, column 12 names model \"qwen3-32b\", but the loaded model is \"tiny\"",
+    );
+    fails(
+        "SELECT id, AI.GENERATE(('Summarise ', body, ' and ', year, ' and ', lang)) FROM docs",
+        &[],
+        1,
+        "AI.GENERATE at line 1, column 12: the prompt names 3 column(s)",
+    );
     // Types and places: naming the call.
     fails(
         "SELECT id FROM docs WHERE ai_filter('Is {0} recent?', year)",

@@ -78,6 +78,8 @@ fn corpus() -> Vec<Case> {
 async fn session(backend: Arc<ContentBackend>, evaluation: Evaluation) -> SqlSession {
     let options = QueryOptions {
         batch_rows: 7, // several batches per table: memo and streaming across batches
+        // What a Snowflake AI_COMPLETE(model, ...) must name.
+        model: Some("tiny".into()),
         ..QueryOptions::default()
     };
     let s = SqlSession::new(backend, options, evaluation).unwrap();

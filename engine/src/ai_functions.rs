@@ -21,20 +21,21 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, StringArray};
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::DataType;
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
 use datafusion::common::ScalarValue;
 use datafusion::common::tree_node::TreeNode;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::{
-    ColumnarValue, Expr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+    ColumnarValue, Expr, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+    Volatility,
 };
 use datafusion::prelude::SessionContext;
 
 use crate::answers::answer_array;
 use crate::backend::{AiCall, AiKind, AiRequest, Doc, InferenceBackend, check_answers};
 use crate::error::{EngineError, Result};
-use crate::prompt::{PromptFormat, call_pieces, check_placeholders};
+use crate::prompt::{PromptFormat, call_pieces, check_placeholders, extract_questions};
 
 /// URN under which QUAIL-B plans declare the AI functions.
 pub use crate::plan::AI_URN;
@@ -57,10 +58,16 @@ pub struct AiFunction {
     pub kind: AiKind,
     /// The fewest and most documents.
     pub documents: (usize, usize),
+    /// Whether a template comes first (every function but `ai_extract`,
+    /// whose questions are its fields).
+    pub template: bool,
     /// Whether labels and their descriptions follow the documents.
     pub labels: bool,
-    /// Whether an integer `max_tokens` may end the arguments.
-    pub max_tokens: bool,
+    /// Whether a list of `'name: question'` fields follows the documents.
+    pub fields: bool,
+    /// Whether an integer `max_tokens` may end the arguments, and its
+    /// default (0: not a generating function).
+    pub max_tokens: u32,
     /// The accepted arguments, for errors.
     pub arity: &'static str,
     /// The URN of the Substrait extension that declares it: QUAIL-B's for the
@@ -73,14 +80,16 @@ pub struct AiFunction {
 pub const AISQL_AI_URN: &str = "extension:aisql:functions_ai";
 
 /// Every AI function.
-pub static AI_FUNCTIONS: [AiFunction; 6] = [
+pub static AI_FUNCTIONS: [AiFunction; 7] = [
     AiFunction {
         name: "ai_filter",
         aliases: &[],
         kind: AiKind::Filter,
         documents: (1, 2),
+        template: true,
         labels: false,
-        max_tokens: false,
+        fields: false,
+        max_tokens: 0,
         arity: "(template, document) or (template, document, partner)",
         urn: AI_URN,
     },
@@ -89,8 +98,10 @@ pub static AI_FUNCTIONS: [AiFunction; 6] = [
         aliases: &[],
         kind: AiKind::Join,
         documents: (2, 2),
+        template: true,
         labels: false,
-        max_tokens: false,
+        fields: false,
+        max_tokens: 0,
         arity: "(template, left document, right document)",
         urn: AI_URN,
     },
@@ -99,8 +110,10 @@ pub static AI_FUNCTIONS: [AiFunction; 6] = [
         aliases: &[],
         kind: AiKind::Classify,
         documents: (1, 2),
+        template: true,
         labels: true,
-        max_tokens: false,
+        fields: false,
+        max_tokens: 0,
         arity: "(template, document [, partner], [labels...], [descriptions...])",
         urn: AI_URN,
     },
@@ -109,8 +122,10 @@ pub static AI_FUNCTIONS: [AiFunction; 6] = [
         aliases: &["ai_filter_score"],
         kind: AiKind::Score,
         documents: (1, 2),
+        template: true,
         labels: false,
-        max_tokens: false,
+        fields: false,
+        max_tokens: 0,
         arity: "(template, document [, partner])",
         urn: AI_URN,
     },
@@ -119,8 +134,10 @@ pub static AI_FUNCTIONS: [AiFunction; 6] = [
         aliases: &[],
         kind: AiKind::ClassifyScores,
         documents: (1, 2),
+        template: true,
         labels: true,
-        max_tokens: false,
+        fields: false,
+        max_tokens: 0,
         arity: "(template, document [, partner], [labels...], [descriptions...])",
         urn: AISQL_AI_URN,
     },
@@ -129,12 +146,29 @@ pub static AI_FUNCTIONS: [AiFunction; 6] = [
         aliases: &[],
         kind: AiKind::Complete,
         documents: (1, 2),
+        template: true,
         labels: false,
-        max_tokens: true,
+        fields: false,
+        max_tokens: DEFAULT_MAX_TOKENS,
         arity: "(template, document [, partner] [, max_tokens])",
         urn: AISQL_AI_URN,
     },
+    AiFunction {
+        name: "ai_extract",
+        aliases: &[],
+        kind: AiKind::Extract,
+        documents: (1, 1),
+        template: false,
+        labels: false,
+        fields: true,
+        max_tokens: DEFAULT_EXTRACT_TOKENS,
+        arity: "(document, ['name: question', ...] [, max_tokens])",
+        urn: AISQL_AI_URN,
+    },
 ];
+
+/// Default `max_tokens` of one extracted field: fields are short answers.
+pub const DEFAULT_EXTRACT_TOKENS: u32 = 64;
 
 impl AiFunction {
     /// The function a name or alias stands for (case-insensitive, as SQL
@@ -155,15 +189,15 @@ impl AiFunction {
         }
     }
 
-    /// What a call returns.
-    pub fn return_type(&self) -> DataType {
-        self.kind.return_type()
-    }
-
     /// Whether a call's last argument is its `max_tokens`: a generating call
     /// of more than two arguments whose last is a number (a document is text).
     pub fn ends_with_max_tokens(&self, args: usize, last_is_number: bool) -> bool {
-        self.max_tokens && args > 2 && last_is_number
+        self.max_tokens > 0 && args > 2 && last_is_number
+    }
+
+    /// Arguments before the documents: the template, if it takes one.
+    pub fn leading(&self) -> usize {
+        usize::from(self.template)
     }
 
     /// How many arguments are documents, for `args` arguments (the last a
@@ -174,7 +208,10 @@ impl AiFunction {
         last_is_number: bool,
     ) -> std::result::Result<usize, String> {
         let trailing = usize::from(self.ends_with_max_tokens(args, last_is_number));
-        let fixed = 1 + if self.labels { 2 } else { 0 } + trailing;
+        let fixed = self.leading()
+            + if self.labels { 2 } else { 0 }
+            + usize::from(self.fields)
+            + trailing;
         let (low, high) = self.documents;
         match args.checked_sub(fixed) {
             Some(docs) if (low..=high).contains(&docs) => Ok(docs),
@@ -195,9 +232,10 @@ pub struct AiArgs {
     pub template: String,
     /// The document expressions, `{0}` first.
     pub documents: Vec<Expr>,
-    /// Classification labels (empty otherwise).
+    /// Classification labels, or an extraction's field names (empty
+    /// otherwise).
     pub labels: Vec<String>,
-    /// One description per label.
+    /// One description per label, or an extraction's question per field.
     pub descriptions: Vec<String>,
     /// Most tokens to generate (generating functions; 0 otherwise).
     pub max_tokens: u32,
@@ -216,13 +254,20 @@ impl AiArgs {
             .is_some_and(|e| string_literal(e).is_none() && is_literal(e));
         let trailing = function.ends_with_max_tokens(args.len(), last_is_number);
         let documents = function.documents(args.len(), last_is_number)?;
-        let template = string_literal(&args[0]).ok_or_else(|| {
-            format!(
-                "{name}: the template (first argument) must be a string literal, not {}",
-                args[0]
-            )
-        })?;
-        check_placeholders(&template, documents).map_err(|m| format!("{name}: {m}"))?;
+        let first = function.leading();
+        let after = first + documents;
+        let template = if function.template {
+            let template = string_literal(&args[0]).ok_or_else(|| {
+                format!(
+                    "{name}: the template (first argument) must be a string literal, not {}",
+                    args[0]
+                )
+            })?;
+            check_placeholders(&template, documents).map_err(|m| format!("{name}: {m}"))?;
+            template
+        } else {
+            String::new()
+        };
         let (labels, descriptions) = if function.labels {
             let list = |e: &Expr, what: &str| {
                 string_list(e).ok_or_else(|| {
@@ -231,24 +276,24 @@ impl AiArgs {
                     )
                 })
             };
-            let labels = list(&args[documents + 1], "labels")?;
-            let descriptions = list(&args[documents + 2], "descriptions")?;
+            let labels = list(&args[after], "labels")?;
+            let descriptions = list(&args[after + 1], "descriptions")?;
             check_label_list(name, &labels, &descriptions)?;
             (labels, descriptions)
+        } else if function.fields {
+            parse_fields(name, after + 1, &args[after])?
         } else {
             (Vec::new(), Vec::new())
         };
-        let max_tokens = if !function.max_tokens {
-            0
-        } else if trailing {
-            max_tokens_literal(name, documents + 2, &args[args.len() - 1])?
+        let max_tokens = if trailing {
+            max_tokens_literal(name, args.len(), &args[args.len() - 1])?
         } else {
-            DEFAULT_MAX_TOKENS
+            function.max_tokens
         };
         Ok(Self {
             function,
             template,
-            documents: args[1..=documents].to_vec(),
+            documents: args[first..after].to_vec(),
             labels,
             descriptions,
             max_tokens,
@@ -287,10 +332,60 @@ impl AiArgs {
             pieces,
             labels: self.labels.clone(),
             max_tokens: self.max_tokens,
-            descriptions: self.descriptions.clone(),
+            // An extraction's questions travel rendered: each is what the
+            // model reads after the document.
+            descriptions: if kind == AiKind::Extract {
+                extract_questions(format, &self.descriptions)
+            } else {
+                self.descriptions.clone()
+            },
             relations: Vec::new(),
         })
     }
+}
+
+/// An extraction's fields (argument number `position`): a list of
+/// `'name: question'` strings, names unique and non-empty. Returns the names
+/// and the questions.
+fn parse_fields(
+    name: &str,
+    position: usize,
+    e: &Expr,
+) -> std::result::Result<(Vec<String>, Vec<String>), String> {
+    let bad = |why: String| {
+        format!(
+            "{name}: the fields (argument {position}) must be a list of 'name: question' \
+             strings such as ['price: What does it cost?']; {why}"
+        )
+    };
+    // SQL's ['a: q', ...] reaches the planner as one JSON-array string
+    // (`crate::sql::spelling`), so that the call's type can name the fields.
+    let list = string_list(e)
+        .or_else(|| serde_json::from_str(&string_literal(e)?).ok())
+        .ok_or_else(|| bad(format!("not {e}")))?;
+    if list.is_empty() {
+        return Err(bad("the list is empty".into()));
+    }
+    let mut names: Vec<String> = Vec::with_capacity(list.len());
+    let mut questions = Vec::with_capacity(list.len());
+    for (i, field) in list.iter().enumerate() {
+        let Some((n, q)) = field.split_once(':') else {
+            return Err(bad(format!("field {} ({field:?}) has no ':'", i + 1)));
+        };
+        let (n, q) = (n.trim(), q.trim());
+        if n.is_empty() || q.is_empty() {
+            return Err(bad(format!(
+                "field {} ({field:?}) has an empty name or question",
+                i + 1
+            )));
+        }
+        if names.iter().any(|m| m.eq_ignore_ascii_case(n)) {
+            return Err(bad(format!("field name {n:?} comes twice")));
+        }
+        names.push(n.to_string());
+        questions.push(q.to_string());
+    }
+    Ok((names, questions))
 }
 
 /// Whether `e` is a literal (possibly cast).
@@ -528,7 +623,36 @@ impl ScalarUDFImpl for AiUdf {
     }
 
     fn return_type(&self, _arg_types: &[DataType]) -> DfResult<DataType> {
-        Ok(self.function.return_type())
+        Ok(self.function.kind.return_type(&[]))
+    }
+
+    /// An extraction's struct has one field per `'name: question'`: read
+    /// from the fields argument, a literal by the time the call is typed.
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> DfResult<FieldRef> {
+        let names = if self.function.fields {
+            let at = self.function.leading() + 1;
+            let value = args.scalar_arguments.get(at).copied().flatten();
+            let literal = value.map(|v| Expr::Literal(v.clone(), None));
+            match literal.map(|e| parse_fields(self.function.name, at + 1, &e)) {
+                Some(Ok((names, _))) => names,
+                Some(Err(m)) => return Err(DataFusionError::Plan(m)),
+                None => {
+                    return Err(DataFusionError::Plan(format!(
+                        "{}: the fields (argument {}) must be a list of 'name: question' \
+                         string literals",
+                        self.function.name,
+                        at + 1
+                    )));
+                }
+            }
+        } else {
+            Vec::new()
+        };
+        Ok(Arc::new(Field::new(
+            self.name(),
+            self.function.kind.return_type(&names),
+            true,
+        )))
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
@@ -571,7 +695,8 @@ fn naive_eval(
         .collect();
     let parsed = AiArgs::parse(function, &exprs).map_err(EngineError::Sql)?;
     // Documents are columns here; the parse above only checked the shape.
-    let docs: Vec<ArrayRef> = args.args[1..=parsed.documents.len()]
+    let first = function.leading();
+    let docs: Vec<ArrayRef> = args.args[first..first + parsed.documents.len()]
         .iter()
         .map(|a| {
             let array = a.to_array(rows)?;

@@ -102,15 +102,23 @@ fn anchor_state(call: &AiCall, anchor: Doc<'_>) -> Sha256 {
         AiKind::Score => b's',
         AiKind::ClassifyScores => b'p',
         AiKind::Complete => b'g',
+        AiKind::Extract => b'x',
     }]);
     if call.kind.generates() {
         h.update(call.max_tokens.to_le_bytes());
     }
-    if call.kind.has_labels() {
+    if call.kind.has_labels() || call.kind == AiKind::Extract {
         h.update((call.labels.len() as u64).to_le_bytes());
         for label in &call.labels {
             h.update((label.len() as u64).to_le_bytes());
             h.update(label.as_bytes());
+        }
+        if call.kind == AiKind::Extract {
+            // An extraction's questions are part of its prompts.
+            for question in &call.descriptions {
+                h.update((question.len() as u64).to_le_bytes());
+                h.update(question.as_bytes());
+            }
         }
     }
     let p = &call.pieces;
@@ -153,6 +161,13 @@ fn encode_answer(answer: &Answer) -> Vec<u8> {
             out.push(b't');
             out.extend(t.as_bytes());
         }
+        Answer::Fields(fields) => {
+            out.push(b'x');
+            for f in fields.iter() {
+                out.extend((f.len() as u32).to_le_bytes());
+                out.extend(f.as_bytes());
+            }
+        }
     }
     out
 }
@@ -174,6 +189,17 @@ fn decode_answer(bytes: &[u8]) -> Option<Answer> {
         (b's', v) if v.len() == 8 => Answer::Score(f64::from_le_bytes(v.try_into().ok()?)),
         (b'p', v) => Answer::LabelScores(f64s(v)?.into()),
         (b't', v) => Answer::Text(std::str::from_utf8(v).ok()?.into()),
+        (b'x', mut v) => {
+            let mut fields = Vec::new();
+            while !v.is_empty() {
+                let (len, rest) = v.split_at_checked(4)?;
+                let len = u32::from_le_bytes(len.try_into().ok()?) as usize;
+                let (text, rest) = rest.split_at_checked(len)?;
+                fields.push(std::str::from_utf8(text).ok()?.into());
+                v = rest;
+            }
+            Answer::Fields(fields.into())
+        }
         _ => return None,
     })
 }

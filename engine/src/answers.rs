@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, Float64Array, Float64Builder, ListBuilder, RecordBatch,
-    StringArray, StringBuilder, StructBuilder,
+    StringArray, StringBuilder, StructArray, StructBuilder,
 };
+use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema};
 
 use crate::backend::{AiCall, AiKind, Answer, label_score_fields};
@@ -69,6 +70,38 @@ fn typed_array<'a>(
             }
             Arc::new(b.finish())
         }
+        AiKind::Extract => {
+            let mut columns: Vec<StringBuilder> =
+                labels.iter().map(|_| StringBuilder::new()).collect();
+            let mut valid = Vec::with_capacity(answers.len());
+            for a in answers {
+                match a {
+                    None => {
+                        columns.iter_mut().for_each(StringBuilder::append_null);
+                        valid.push(false);
+                    }
+                    Some(Answer::Fields(f)) if f.len() == labels.len() => {
+                        for (c, text) in columns.iter_mut().zip(f.iter()) {
+                            c.append_value(text);
+                        }
+                        valid.push(true);
+                    }
+                    Some(other) => return Err(wrong(other)),
+                }
+            }
+            let DataType::Struct(fields) = kind.return_type(labels) else {
+                unreachable!("an extraction is a struct");
+            };
+            let arrays: Vec<ArrayRef> = columns
+                .iter_mut()
+                .map(|c| Arc::new(c.finish()) as ArrayRef)
+                .collect();
+            Arc::new(StructArray::try_new(
+                fields,
+                arrays,
+                Some(NullBuffer::from(valid)),
+            )?)
+        }
         AiKind::ClassifyScores => {
             let fields = label_score_fields();
             let mut b = ListBuilder::new(StructBuilder::new(
@@ -113,6 +146,7 @@ pub fn answer_column(kind: AiKind) -> &'static str {
         AiKind::Score => "score",
         AiKind::ClassifyScores => "scores",
         AiKind::Complete => "text",
+        AiKind::Extract => "fields",
     }
 }
 
@@ -291,8 +325,11 @@ impl AnswerTable {
                     })?;
                 table.answers = col.values().iter().map(|&p| Answer::Score(p)).collect();
             }
-            AiKind::ClassifyScores => {
-                return Err(bad("label probability tables are not read back".into()));
+            AiKind::ClassifyScores | AiKind::Extract => {
+                return Err(bad(format!(
+                    "{} answer tables are written, not read back",
+                    kind.name()
+                )));
             }
         }
         Ok(table)

@@ -36,17 +36,22 @@ pub enum AiKind {
     ClassifyScores,
     /// Text: greedy decoding until the end of sequence or `max_tokens`.
     Complete,
+    /// Several texts about one document, one per field (the call's labels
+    /// name the fields, its descriptions hold their questions), each decoded
+    /// after the document's shared KV.
+    Extract,
 }
 
 impl AiKind {
     /// Every kind.
-    pub const ALL: [AiKind; 6] = [
+    pub const ALL: [AiKind; 7] = [
         AiKind::Filter,
         AiKind::Join,
         AiKind::Classify,
         AiKind::Score,
         AiKind::ClassifyScores,
         AiKind::Complete,
+        AiKind::Extract,
     ];
 
     /// The name in manifests, label sets and answer files.
@@ -58,6 +63,7 @@ impl AiKind {
             AiKind::Score => "score",
             AiKind::ClassifyScores => "classify_scores",
             AiKind::Complete => "complete",
+            AiKind::Extract => "extract",
         }
     }
 
@@ -70,7 +76,7 @@ impl AiKind {
     /// Whether the answer is generated text, which costs decoding and which no
     /// reference label set holds.
     pub fn generates(self) -> bool {
-        self == AiKind::Complete
+        matches!(self, AiKind::Complete | AiKind::Extract)
     }
 
     /// Whether the answer is TRUE/FALSE (the kinds an `ai_filter` or `ai_join`
@@ -80,9 +86,16 @@ impl AiKind {
     }
 
     /// The Arrow type of the answers (an SQL call's value): label
-    /// probabilities are a list of `{label, probability}` in label order.
-    pub fn return_type(self) -> DataType {
+    /// probabilities are a list of `{label, probability}` in label order, an
+    /// extraction a struct of one text per field (named by `fields`).
+    pub fn return_type(self, fields: &[String]) -> DataType {
         match self {
+            AiKind::Extract => DataType::Struct(
+                fields
+                    .iter()
+                    .map(|f| Field::new(f, DataType::Utf8, true))
+                    .collect(),
+            ),
             AiKind::Filter | AiKind::Join => DataType::Boolean,
             AiKind::Classify | AiKind::Complete => DataType::Utf8,
             AiKind::Score => DataType::Float64,
@@ -103,6 +116,13 @@ pub fn label_score_fields() -> Fields {
     ])
 }
 
+impl AiCall {
+    /// The Arrow type of this call's answers.
+    pub fn return_type(&self) -> DataType {
+        self.kind.return_type(&self.labels)
+    }
+}
+
 /// One answer to one prompt, typed by the kind of question ([`AiKind`]).
 /// Large variants are boxed so that the query's memo keeps 24 bytes a question.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -117,6 +137,8 @@ pub enum Answer {
     LabelScores(Box<[f64]>),
     /// Generated text.
     Text(Box<str>),
+    /// One generated text per field of an extraction, in field order.
+    Fields(Box<[Box<str>]>),
 }
 
 impl Answer {
@@ -132,6 +154,7 @@ impl Answer {
                 p.len() == call.labels.len() && p.iter().all(|p| (0.0..=1.0).contains(p))
             }
             (AiKind::Complete, Answer::Text(_)) => true,
+            (AiKind::Extract, Answer::Fields(f)) => f.len() == call.labels.len(),
             _ => false,
         }
     }
@@ -152,6 +175,7 @@ impl Answer {
             Answer::Score(p) => format!("score {p}"),
             Answer::LabelScores(p) => format!("{} label probabilities", p.len()),
             Answer::Text(t) => format!("a text of {} bytes", t.len()),
+            Answer::Fields(f) => format!("{} field texts", f.len()),
         }
     }
 }
@@ -175,8 +199,8 @@ pub struct AiCall {
     pub pieces: PromptPieces,
     /// Classification labels (tie-break order).
     pub labels: Vec<String>,
-    /// Most tokens a generating call ([`AiKind::Complete`]) decodes; 0 for
-    /// other kinds.
+    /// Most tokens a generating call ([`AiKind::Complete`], each field of an
+    /// [`AiKind::Extract`]) decodes; 0 for other kinds.
     pub max_tokens: u32,
     /// One description per label ("" = none).
     pub descriptions: Vec<String>,
@@ -421,6 +445,27 @@ impl ContentHashBackend {
     }
 }
 
+impl ContentHashBackend {
+    /// At most `max_tokens` words (1 to 7) naming `h`.
+    fn words(h: u64, max_tokens: u32) -> Box<str> {
+        let words = (h % 7 + 1).min(u64::from(max_tokens.max(1)));
+        let text: Vec<String> = (0..words)
+            .map(|w| format!("w{:x}", (h >> (w * 8)) & 0xff))
+            .collect();
+        text.join(" ").into()
+    }
+
+    /// `h` mixed with `text`: a field's own hash.
+    fn hash_text(h: u64, text: &str) -> u64 {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::new()
+            .chain_update(h.to_le_bytes())
+            .chain_update(text.as_bytes())
+            .finalize();
+        u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
+    }
+}
+
 impl InferenceBackend for ContentHashBackend {
     fn name(&self) -> &str {
         "content-hash"
@@ -452,13 +497,16 @@ impl InferenceBackend for ContentHashBackend {
                                 .collect(),
                         )
                     }
-                    AiKind::Complete => {
-                        let words = (h % 7 + 1).min(u64::from(call.max_tokens.max(1)));
-                        let text: Vec<String> = (0..words)
-                            .map(|w| format!("w{:x}", (h >> (w * 8)) & 0xff))
-                            .collect();
-                        Answer::Text(text.join(" ").into())
-                    }
+                    AiKind::Complete => Answer::Text(Self::words(h, call.max_tokens)),
+                    AiKind::Extract => Answer::Fields(
+                        call.descriptions
+                            .iter()
+                            .map(|q| {
+                                let field = Self::hash_text(h, q);
+                                Self::words(field, call.max_tokens)
+                            })
+                            .collect(),
+                    ),
                 }
             })
             .collect())

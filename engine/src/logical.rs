@@ -204,7 +204,7 @@ impl AiNode {
                 let out = spec.output.as_ref().ok_or_else(|| {
                     DataFusionError::Internal(format!("{op} appends a column but names none"))
                 })?;
-                let data_type = spec.call.kind.return_type();
+                let data_type = spec.call.return_type();
                 let mut fields: Vec<(Option<TableReference>, Arc<Field>)> = combined
                     .iter()
                     .map(|(q, f)| (q.cloned(), f.clone()))
@@ -233,6 +233,7 @@ impl UserDefinedLogicalNodeCore for AiNode {
             (AiShape::Project, AiKind::Score) => "AiScore",
             (AiShape::Project, AiKind::ClassifyScores) => "AiClassifyScores",
             (AiShape::Project, AiKind::Complete) => "AiComplete",
+            (AiShape::Project, AiKind::Extract) => "AiExtract",
             (AiShape::Project, _) => "AiPredicate",
         }
     }

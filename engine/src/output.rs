@@ -55,6 +55,9 @@ pub struct OutputFiles {
     /// Generated-text answer tables (`ai_complete`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub completions: Vec<KeyedFile>,
+    /// Extracted-field answer tables (`ai_extract`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extractions: Vec<KeyedFile>,
     /// `prompt_pieces.json` (SPEC §D.3), written by the benchmark when the token
     /// metrics can be computed (the engine reported fresh tokens).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -77,6 +80,7 @@ impl OutputFiles {
             .chain(&self.scores)
             .chain(&self.classification_scores)
             .chain(&self.completions)
+            .chain(&self.extractions)
         {
             out.push(f.path.as_str());
         }
@@ -223,6 +227,7 @@ pub fn layout_stem(kind: AiKind) -> &'static str {
         AiKind::Score => "scores",
         AiKind::ClassifyScores => "classification_scores",
         AiKind::Complete => "completions",
+        AiKind::Extract => "extractions",
     }
 }
 
@@ -236,6 +241,7 @@ impl OutputFiles {
             AiKind::Score => &mut self.scores,
             AiKind::ClassifyScores => &mut self.classification_scores,
             AiKind::Complete => &mut self.completions,
+            AiKind::Extract => &mut self.extractions,
         }
     }
 }

@@ -245,6 +245,21 @@ pub fn pair_classify_pieces(
     }
 }
 
+/// What follows the document in every prompt of an extraction; each field's
+/// question and the answer cue come after it ([`extract_questions`]).
+pub const EXTRACT_SEPARATOR: &str = "\n\n";
+
+/// The text after [`EXTRACT_SEPARATOR`] for each of an extraction's
+/// questions: the question, then the answer cue. A field's prompt is
+/// `preamble + document + separator + this`, so every field of a document
+/// reuses the document's KV.
+pub fn extract_questions(format: PromptFormat, questions: &[String]) -> Vec<String> {
+    questions
+        .iter()
+        .map(|q| format!("{q}{}", format.cue()))
+        .collect()
+}
+
 /// Pieces of a generating prompt: as a filter's, without the TRUE/FALSE
 /// instruction (the question is the user's whole instruction).
 pub fn complete_pieces(format: PromptFormat, template: &str) -> Result<PromptPieces> {
@@ -298,6 +313,13 @@ pub fn call_pieces(
         }
         (AiKind::Complete, false) => complete_pieces(format, template)?,
         (AiKind::Complete, true) => pair_complete_pieces(format, template),
+        (AiKind::Extract, _) => PromptPieces {
+            preamble: format.preamble().to_string(),
+            frame: String::new(),
+            label: String::new(),
+            tail: EXTRACT_SEPARATOR.to_string(),
+            pair: false,
+        },
     })
 }
 

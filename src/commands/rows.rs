@@ -236,7 +236,20 @@ fn save(rows: &RecordBatch, path: &Path) -> anyhow::Result<()> {
 /// answer cache answered and what it asked of the model.
 pub fn report_work(measurements: &serde_json::Map<String, serde_json::Value>) {
     if let Some(fresh) = measurements.get("fresh_tokens") {
-        eprintln!("fresh tokens: {fresh} (prompt positions computed by the model)");
+        eprintln!("fresh tokens: {fresh} (positions computed by the model)");
+    }
+    if let Some(decoded) = measurements
+        .get("decode_tokens")
+        .and_then(|v| v.as_u64())
+        .filter(|&d| d > 0)
+    {
+        let per_s = measurements
+            .get("decode_seconds")
+            .and_then(|v| v.as_f64())
+            .filter(|&s| s > 0.0)
+            .map(|s| format!(", {:.0} tokens/s", decoded as f64 / s))
+            .unwrap_or_default();
+        eprintln!("decode tokens: {decoded} (generated positions, part of the fresh tokens{per_s})");
     }
     if let (Some(reused), Some(asked)) = (
         measurements.get("answer_cache_reused"),

@@ -149,6 +149,8 @@ struct AiMetrics {
     input_rows: Count,
     prompts: Count,
     fresh_tokens: Count,
+    /// Positions decoded by generating calls (part of `fresh_tokens`).
+    decode_tokens: Count,
     model_time: Time,
     /// Where per-worker metrics are added once workers report.
     set: ExecutionPlanMetricsSet,
@@ -173,6 +175,7 @@ impl AiMetrics {
             input_rows: MetricBuilder::new(set).counter("input_rows", 0),
             prompts: MetricBuilder::new(set).counter("model_calls", 0),
             fresh_tokens: MetricBuilder::new(set).counter("fresh_tokens", 0),
+            decode_tokens: MetricBuilder::new(set).counter("decode_tokens", 0),
             model_time: MetricBuilder::new(set).subset_time("model_time", 0),
             set: set.clone(),
             workers: Default::default(),
@@ -183,6 +186,8 @@ impl AiMetrics {
     fn add_work(&self, before: &WorkSoFar, after: &WorkSoFar) {
         self.fresh_tokens
             .add(after.fresh_tokens.saturating_sub(before.fresh_tokens) as usize);
+        self.decode_tokens
+            .add(after.decode_tokens.saturating_sub(before.decode_tokens) as usize);
         if after.workers.len() < 2 {
             return;
         }
@@ -227,6 +232,7 @@ struct WorkerWork {
 #[derive(Debug, Clone, Default)]
 struct WorkSoFar {
     fresh_tokens: u64,
+    decode_tokens: u64,
     workers: Vec<WorkerWork>,
 }
 
@@ -251,6 +257,7 @@ impl WorkSoFar {
             .unwrap_or_default();
         Self {
             fresh_tokens: m.get("fresh_tokens").and_then(|v| v.as_u64()).unwrap_or(0),
+            decode_tokens: m.get("decode_tokens").and_then(|v| v.as_u64()).unwrap_or(0),
             workers,
         }
     }

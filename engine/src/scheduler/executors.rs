@@ -183,7 +183,7 @@ impl Executor for ModelExecutor {
                 .iter()
                 .map(|s| Answer::LabelScores(label_probabilities(s)))
                 .collect(),
-            AiKind::Complete => {
+            AiKind::Complete | AiKind::Extract => {
                 return Err(EngineError::Inference(format!(
                     "{}: generation is not wired to the model yet",
                     call.op_id
@@ -355,10 +355,22 @@ impl Executor for SimExecutor {
                 .fetch_add((label_fed * items.len()) as u64, Relaxed);
         }
         if call.kind.generates() {
-            let decoded = u64::from(call.max_tokens.saturating_sub(1)) * items.len() as u64;
-            self.fresh.fetch_add(decoded, Relaxed);
+            // An extraction prefills each field's question after the document
+            // and decodes each field.
+            let (questions, texts) = match call.kind {
+                AiKind::Extract => (labels.iter().map(Vec::len).sum(), labels.len()),
+                _ => (0, 1),
+            };
+            let decoded =
+                u64::from(call.max_tokens.saturating_sub(1)) * (texts * items.len()) as u64;
+            self.fresh
+                .fetch_add((questions * items.len()) as u64 + decoded, Relaxed);
             self.decoded.fetch_add(decoded, Relaxed);
-            return Ok(vec![Answer::Text("".into()); requests.len()]);
+            let empty = match call.kind {
+                AiKind::Extract => Answer::Fields(vec!["".into(); texts].into()),
+                _ => Answer::Text("".into()),
+            };
+            return Ok(vec![empty; requests.len()]);
         }
         self.oracle.answer(call, requests)
     }

@@ -58,7 +58,7 @@ use std::sync::{Arc, Mutex};
 
 use aisql_models::Tokenizer;
 
-use crate::backend::{AiCall, AiRequest, Answer, Doc, InferenceBackend};
+use crate::backend::{AiCall, AiKind, AiRequest, Answer, Doc, InferenceBackend};
 use crate::error::{EngineError, Result};
 use crate::kv_cache::{KvOps, NodeId, PrefixTrie};
 use crate::memo::DocKey;
@@ -262,9 +262,10 @@ impl<E: Executor> ScheduledBackend<E> {
         let max = self.exec.max_positions();
         if len > max {
             return Err(EngineError::Inference(format!(
-                "{op_id}: the prompt for row {row} of {table} is {len} tokens, longer than the \
+                "{op_id}: the prompt for row {row} of {table} is {len} tokens with its \
+                 answer's (the longest label, or a generation's max_tokens), longer than the \
                  model's context of {max} positions (max_position_embeddings); shorten that \
-                 document, or leave the row out with a WHERE clause"
+                 document or max_tokens, or leave the row out with a WHERE clause"
             )));
         }
         Ok(())
@@ -275,13 +276,16 @@ impl<E: Executor> ScheduledBackend<E> {
     /// Positions an answer adds after its prompt: the longest label of a
     /// classification, the `max_tokens` of a generating call.
     fn longest_label(&self, call: &AiCall) -> Result<usize> {
-        if call.kind.generates() {
-            return Ok(call.max_tokens as usize);
-        }
-        label_continuations(&call.labels)
+        let longest = self
+            .answer_pieces(call)
             .iter()
             .map(|l| self.piece(l).map(|v| v.len()))
-            .try_fold(0, |m, n| n.map(|n| m.max(n)))
+            .try_fold(0, |m, n| n.map(|n| m.max(n)))?;
+        Ok(if call.kind.generates() {
+            longest + call.max_tokens as usize
+        } else {
+            longest
+        })
     }
 
     /// Forgets the token ids of documents in tables that `operators` do not
@@ -770,11 +774,22 @@ impl<E: Executor> ScheduledBackend<E> {
     }
 
     /// Token ids of `call`'s label continuations.
+    /// For an extraction: each field's question and answer cue.
     fn labels(&self, call: &AiCall) -> Result<Vec<Vec<u32>>> {
-        label_continuations(&call.labels)
+        self.answer_pieces(call)
             .iter()
             .map(|l| self.piece(l).map(|v| v.as_ref().clone()))
             .collect()
+    }
+
+    /// The texts scored or prefilled after a prompt: label continuations, or
+    /// an extraction's field questions.
+    fn answer_pieces(&self, call: &AiCall) -> Vec<String> {
+        if call.kind == AiKind::Extract {
+            call.descriptions.clone()
+        } else {
+            label_continuations(&call.labels)
+        }
     }
 
     /// Pair questions: `label + partner + tail` packed after the KV of `nodes`

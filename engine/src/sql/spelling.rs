@@ -24,7 +24,7 @@ use datafusion::sql::sqlparser::ast::{
     ObjectName, ObjectNamePart, Query, Spanned, Value, Visit, Visitor, visit_expressions_mut,
 };
 
-use crate::ai_functions::AiFunction;
+use crate::ai_functions::{AiFunction, MAX_TOKENS_LIMIT};
 use crate::error::{EngineError, Result};
 use crate::prompt::check_placeholders;
 
@@ -305,7 +305,34 @@ fn normalize_expr(e: &mut Expr, found: &mut Spelled) -> Result<()> {
     let Expr::Function(f) = e else {
         return Ok(());
     };
-    check_call(f, &mut found.sites)
+    check_call(f, &mut found.sites)?;
+    fields_as_one_literal(f);
+    Ok(())
+}
+
+/// An `ai_extract`'s `['name: question', ...]` as one JSON-array string
+/// literal: DataFusion plans an array as `make_array(...)`, a call whose
+/// value is unknown when the call's type (a struct named by the fields) is
+/// decided; a literal is known. The planner reads either form.
+fn fields_as_one_literal(f: &mut Function) {
+    let Some(function) = AiFunction::from_name(&f.name.to_string()).filter(|a| a.fields) else {
+        return;
+    };
+    let FunctionArguments::List(list) = &mut f.args else {
+        return;
+    };
+    let at = function.leading() + 1;
+    let Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(arg))) = list.args.get_mut(at) else {
+        return;
+    };
+    let Expr::Array(array) = arg else {
+        return;
+    };
+    let strings: Option<Vec<&str>> = array.elem.iter().map(string_literal).collect();
+    if let Some(strings) = strings {
+        let json = serde_json::to_string(&strings).expect("strings serialise");
+        *arg = literal(json);
+    }
 }
 
 /// BigQuery's `AI.IF((text, column, text, ...))` and its kin: the prompt
@@ -366,6 +393,10 @@ fn check_call(f: &Function, sites: &mut CallSites) -> Result<()> {
     let documents = function
         .documents(args.len(), args.last().is_some_and(is_number))
         .map_err(|m| sql_error(format!("{m}{}", at(f))))?;
+    check_max_tokens(f, function, &args)?;
+    if !function.template {
+        return Ok(());
+    }
     let template = string_literal(&args[0]).ok_or_else(|| {
         sql_error(format!(
             "{name}{}: the template (first argument) must be a string literal, not {}",
@@ -377,6 +408,26 @@ fn check_call(f: &Function, sites: &mut CallSites) -> Result<()> {
         .map_err(|m| sql_error(format!("{name}{}: {m}", at(f))))?;
     sites.entry(template.to_string()).or_insert_with(|| at(f));
     Ok(())
+}
+
+/// A generating call's `max_tokens`, when given: a positive integer no
+/// larger than [`MAX_TOKENS_LIMIT`], with the call's place.
+fn check_max_tokens(f: &Function, function: &AiFunction, args: &[Expr]) -> Result<()> {
+    if !function.ends_with_max_tokens(args.len(), args.last().is_some_and(is_number)) {
+        return Ok(());
+    }
+    let e = &args[args.len() - 1];
+    let value = e.to_string().replace(' ', "").parse::<i128>().ok();
+    if value.is_some_and(|v| (1..=i128::from(MAX_TOKENS_LIMIT)).contains(&v)) {
+        return Ok(());
+    }
+    Err(sql_error(format!(
+        "{}{}: max_tokens (argument {}) must be a positive integer of at most \
+         {MAX_TOKENS_LIMIT}, not {e}",
+        f.name,
+        at(f),
+        args.len()
+    )))
 }
 
 #[cfg(test)]
