@@ -124,6 +124,34 @@ pub struct DataArgs {
     pub collection: Option<String>,
 }
 
+/// Which model runs, on which device, in which dtype.
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// Model: `tiny` (deterministic tiny Qwen3, generated on first use), a local
+    /// directory (config.json, *.safetensors[, tokenizer.json]) or a Hugging Face id
+    /// found in the local HF cache (e.g. Qwen/Qwen3-4B).
+    #[arg(
+        id = "model",
+        long = "model",
+        value_name = "MODEL",
+        default_value = "tiny",
+        env = "AISQL_MODEL"
+    )]
+    pub name: String,
+    /// Run on the CPU (the default without --gpu).
+    #[arg(long, conflicts_with = "gpu")]
+    pub cpu: bool,
+    /// Run on CUDA device N (needs a build with `--features cuda`). For query,
+    /// sql and bench a list (`--gpu 0,1,2,3`) runs one worker per device, each
+    /// document's questions on one of them; with --simulate: that many simulated
+    /// devices.
+    #[arg(long, value_name = "N[,N...]", value_delimiter = ',', num_args = 1)]
+    pub gpu: Option<Vec<usize>>,
+    /// Weights dtype: f32, bf16 or f16 (default: f32 on CPU, bf16 on GPU).
+    #[arg(long)]
+    pub dtype: Option<String>,
+}
+
 /// How AI questions are answered: backend, model, device and caching.
 #[derive(Debug, Clone, Args)]
 pub struct BackendArgs {
@@ -134,19 +162,8 @@ pub struct BackendArgs {
     /// cache (no forward passes) to report the fresh tokens the model would compute.
     #[arg(long)]
     pub simulate: bool,
-    /// Model: `tiny` (deterministic tiny Qwen3, generated on first use), a local
-    /// directory (config.json, *.safetensors[, tokenizer.json]) or a Hugging Face id
-    /// found in the local HF cache (e.g. Qwen/Qwen3-4B).
-    #[arg(long, default_value = "tiny", env = "AISQL_MODEL")]
-    pub model: String,
-    /// Run on the CPU (the default without --gpu).
-    #[arg(long, conflicts_with = "gpu")]
-    pub cpu: bool,
-    /// Run on CUDA device N (needs a build with `--features cuda`); a list
-    /// (`--gpu 0,1,2,3`) runs one worker per device, each document's questions on
-    /// one of them. With --simulate: that many simulated devices.
-    #[arg(long, value_name = "N[,N...]", value_delimiter = ',', num_args = 1)]
-    pub gpu: Option<Vec<usize>>,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Run N workers on the CPU, each with its own copy of the model and its share
     /// of the KV budget, each document's questions on one of them (with
     /// --simulate: N simulated devices).
@@ -176,9 +193,6 @@ pub struct BackendArgs {
           default_value_t = aisql_engine::distributed::DEFAULT_CALL_TIMEOUT.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..))]
     pub worker_timeout_s: u64,
-    /// Weights dtype: f32, bf16 or f16 (default: f32 on CPU, bf16 on GPU).
-    #[arg(long)]
-    pub dtype: Option<String>,
     /// Reuse document KV across questions, partners and rows (off: every prompt from scratch).
     #[arg(long, value_enum, default_value = "on")]
     pub prefix_cache: Switch,
@@ -436,6 +450,37 @@ pub enum ModelCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Continue a prompt with the model's greedy (most likely) tokens, until
+    /// <|im_end|> or <|endoftext|> or --max-tokens.
+    Generate(GenerateArgs),
+}
+
+/// `aisql model generate`.
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The text to continue, tokenized as written: no special tokens added and no
+    /// chat template (write `<|im_start|>user ...` yourself for a chat turn).
+    #[arg(long)]
+    pub prompt: String,
+    /// The most tokens to generate.
+    #[arg(long, value_name = "N", default_value_t = 256,
+          value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    pub max_tokens: usize,
+    /// text: the generated text; json: one object with prompt_token_ids,
+    /// token_ids, text and finish ("stop" or "length").
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: GenerateFormat,
+}
+
+/// How `aisql model generate` prints its result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GenerateFormat {
+    /// The generated text.
+    Text,
+    /// One JSON object.
+    Json,
 }
 
 /// `aisql bench`: run the QUAIL-B queries, or rescore / compare saved runs.

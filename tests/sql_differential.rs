@@ -12,6 +12,8 @@
 //! correlated subquery as the join it stands for): run row by row, it must give
 //! the same rows.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -285,7 +287,7 @@ async fn selectivity_hints_order_a_relations_ai_filters() {
 /// and measure, a condition on every join.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_export_passes_substrait_validator() {
-    let python = validator_python();
+    let python = common::test_python("substrait_validator", "substrait-validator 0.1.4");
     let s = session(Arc::new(ContentBackend::default()), Evaluation::Operators).await;
     let dir = tempfile::tempdir().unwrap();
     let mut files = Vec::new();
@@ -322,29 +324,4 @@ async fn every_export_passes_substrait_validator() {
         stdout.contains(&format!("{n} of {n} plans valid")),
         "{stdout}"
     );
-}
-
-/// A Python that has substrait-validator: `AISQL_TEST_PYTHON`, or the
-/// environment `scripts/test-tools.sh` makes (`AISQL_TEST_VENV`, by default
-/// `~/.cache/aisql-test-venv`).
-fn validator_python() -> PathBuf {
-    let venv = std::env::var_os("AISQL_TEST_VENV")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/aisql-test-venv")));
-    let python = std::env::var_os("AISQL_TEST_PYTHON")
-        .map(PathBuf::from)
-        .or_else(|| venv.map(|v| v.join("bin/python")))
-        .unwrap_or_else(|| PathBuf::from("python3"));
-    let has_it = std::process::Command::new(&python)
-        .args(["-c", "import substrait_validator"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        has_it,
-        "{} cannot import substrait_validator: run scripts/test-tools.sh (a Python \
-         environment with substrait-validator 0.1.4 in ~/.cache/aisql-test-venv), \
-         or set AISQL_TEST_PYTHON to a Python that has it",
-        python.display()
-    );
-    python
 }

@@ -4,12 +4,14 @@
 //! * [`Qwen3`]: the model ([`qwen3`]); load with [`Qwen3::load`] or [`Qwen3::from_files`].
 //! * [`KvHandle`]: a cached prefix ([`kv`]), made by [`Qwen3::prefill`].
 //! * Scoring ([`score`]): [`Qwen3::decide`], [`Qwen3::label_logprobs`], [`Qwen3::classify`].
+//! * Greedy decoding ([`generate`]): [`Qwen3::generate`], batched over shared prefixes.
 //! * [`tokenizer::Tokenizer`]: Qwen3's tokenizer (vendored copy included).
 //! * [`tiny`]: a deterministic random tiny Qwen3 for tests and benchmarks.
 
 #![warn(missing_docs)]
 
 mod error;
+pub mod generate;
 pub mod kv;
 pub mod qwen3;
 pub mod score;
@@ -20,6 +22,7 @@ pub mod tiny;
 pub mod tokenizer;
 
 pub use error::{ModelError, Result};
+pub use generate::{FinishReason, GenerateRequest, Generation};
 pub use kv::KvHandle;
 pub use qwen3::{Config, Qwen3};
 pub use score::{ClassifyRequest, Continuation, Decision};

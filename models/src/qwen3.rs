@@ -418,6 +418,7 @@ pub struct Qwen3 {
     next_kv_id: AtomicU64,
     fresh_tokens: AtomicU64,
     label_tokens: AtomicU64,
+    decode_tokens: AtomicU64,
 }
 
 impl std::fmt::Debug for Qwen3 {
@@ -502,6 +503,7 @@ impl Qwen3 {
             next_kv_id: AtomicU64::new(1),
             fresh_tokens: AtomicU64::new(0),
             label_tokens: AtomicU64::new(0),
+            decode_tokens: AtomicU64::new(0),
         })
     }
 
@@ -535,6 +537,17 @@ impl Qwen3 {
 
     pub(crate) fn count_label_tokens(&self, n: usize) {
         self.label_tokens.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// The part of [`Self::fresh_tokens`] spent feeding generated tokens back in
+    /// ([`Self::generate`]): one position per decode step of each sequence. Prompt
+    /// positions prefilled for a generation are fresh tokens, not decode tokens.
+    pub fn decode_tokens(&self) -> u64 {
+        self.decode_tokens.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_decode_tokens(&self, n: usize) {
+        self.decode_tokens.fetch_add(n as u64, Ordering::Relaxed);
     }
 
     /// The output-head matrix `(vocab, hidden)` (the embedding when tied).

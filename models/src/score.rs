@@ -16,10 +16,10 @@ use crate::{ModelError, Result};
 const LOGIT_CHUNK_ROWS: usize = 64;
 
 /// Packed tokens, their sequences, and per sequence `(item index, first packed row)`.
-type Packing = (Vec<u32>, Vec<PackedSeq>, Vec<(usize, usize)>);
+pub(crate) type Packing = (Vec<u32>, Vec<PackedSeq>, Vec<(usize, usize)>);
 
 /// The hidden state a handle's prompt ends with, or an error for a prefix view.
-fn final_hidden(h: &KvHandle) -> Result<Tensor> {
+pub(crate) fn final_hidden(h: &KvHandle) -> Result<Tensor> {
     h.segment()?.last_hidden.ok_or_else(|| {
         ModelError::InvalidInput(format!(
             "KV #{} is a prefix view: it can be continued but not scored",
@@ -309,7 +309,7 @@ impl Qwen3 {
 
     /// Packs the non-empty items: all tokens back to back, their [`PackedSeq`]s, and
     /// for each packed sequence `(item index, first packed row)`. Validates handles.
-    fn pack(&self, items: &[Continuation<'_>]) -> Result<Packing> {
+    pub(crate) fn pack(&self, items: &[Continuation<'_>]) -> Result<Packing> {
         let mut tokens = Vec::new();
         let mut seqs = Vec::new();
         let mut rows = Vec::new();

@@ -89,6 +89,28 @@ impl Reference {
             .unwrap()
     }
 
+    /// Logits `(vocab,)` after the last token of `tokens`, one forward from position
+    /// 0 with no cache: the next-token distribution of plain greedy decoding.
+    pub(crate) fn next_logits(&self, tokens: &[u32]) -> Vec<f32> {
+        let mut m = self.model.clone();
+        let input = Tensor::new(tokens, &Device::Cpu)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        let hidden = m.forward(&input, 0).unwrap().squeeze(0).unwrap();
+        hidden
+            .get(tokens.len() - 1)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap()
+            .matmul(&self.head.t().unwrap())
+            .unwrap()
+            .squeeze(0)
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    }
+
     /// Sum of log-probs of `label` teacher-forced after `prompt`.
     pub(crate) fn label_logprob(&self, prompt: &[u32], label: &[u32]) -> f32 {
         let all: Vec<u32> = prompt.iter().chain(label).copied().collect();

@@ -19,6 +19,10 @@ pub const TRUE_STRINGS: [&str; 4] = ["TRUE", " TRUE", "True", " True"];
 /// Strings whose first token counts as a FALSE answer (SPEC §B.5).
 pub const FALSE_STRINGS: [&str; 4] = ["FALSE", " FALSE", "False", " False"];
 
+/// Control tokens that end a generated answer: `<|im_end|>` closes a chat turn,
+/// `<|endoftext|>` ends a document (what a base model emits).
+pub const STOP_TOKENS: [&str; 2] = ["<|im_end|>", "<|endoftext|>"];
+
 /// A Qwen3 tokenizer. Cloning is cheap (the vocabulary is shared).
 #[derive(Clone)]
 pub struct Tokenizer {
@@ -159,6 +163,15 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// Ids at which generation stops: those of [`STOP_TOKENS`] this vocabulary has,
+    /// looked up by text so no caller hard-codes ids.
+    pub fn stop_ids(&self) -> Vec<u32> {
+        STOP_TOKENS
+            .iter()
+            .filter_map(|t| self.token_to_id(t))
+            .collect()
+    }
+
     /// The first token id of each string in `texts`, each encoded alone.
     pub fn first_ids(&self, texts: &[&str]) -> Result<Vec<u32>> {
         texts
@@ -278,6 +291,7 @@ mod tests {
         );
         assert_eq!(tok.decode(&ids).unwrap(), chat);
         assert_eq!(tok.token_to_id("<|im_end|>"), Some(151645));
+        assert_eq!(tok.stop_ids(), [151645, 151643]);
     }
 
     #[test]

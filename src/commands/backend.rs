@@ -16,7 +16,7 @@ use aisql_engine::write_guard::{OutputKind, WriteGuard};
 use anyhow::{Context, bail};
 
 use super::UsageError;
-use crate::cli::{BackendArgs, BackendKind, CudaKernelsArg, Switch};
+use crate::cli::{BackendArgs, BackendKind, CudaKernelsArg, ModelArgs, Switch};
 
 /// KV budget the simulation assumes without `--kv-budget-mb`.
 const SIMULATED_KV_BUDGET_BYTES: usize = 100 << 30;
@@ -42,10 +42,51 @@ pub fn scheduler_config(args: &BackendArgs) -> SchedulerConfig {
     }
 }
 
+/// `--dtype`: the weights dtype asked for, `None` for the device's default.
+pub fn dtype(args: &ModelArgs) -> anyhow::Result<Option<aisql_models::DType>> {
+    Ok(match args.dtype.as_deref() {
+        None => None,
+        Some("f32") => Some(aisql_models::DType::F32),
+        Some("bf16") => Some(aisql_models::DType::BF16),
+        Some("f16") => Some(aisql_models::DType::F16),
+        Some(other) => bail!("unknown --dtype {other:?} (f32, bf16 or f16)"),
+    })
+}
+
+/// The model and tokenizer `args` name, loaded on the one device they name: the
+/// model on its own, for commands that run it directly rather than through the
+/// engine's scheduler.
+pub fn load_model(
+    args: &ModelArgs,
+) -> anyhow::Result<(aisql_models::Qwen3, aisql_models::Tokenizer)> {
+    let gpu = match args.gpu.as_deref() {
+        None => None,
+        Some([n]) => Some(*n),
+        Some(_) => {
+            return Err(UsageError(
+                "--gpu: this command runs one model on one device; name one GPU".into(),
+            )
+            .into());
+        }
+    };
+    let dtype = dtype(args)?;
+    let source = if args.name == "tiny" {
+        eprintln!("{TINY_MODEL_NOTE}");
+        aisql_engine::scheduler::tiny_model_dir()?
+            .display()
+            .to_string()
+    } else {
+        args.name.clone()
+    };
+    let device = aisql_models::device(gpu)?;
+    aisql_models::load(&source, &device, dtype)
+        .with_context(|| format!("loading model {:?}", args.name))
+}
+
 /// The devices of `args`' workers: one per `--gpu` device, `--cpu-workers` CPU
 /// workers, else the CPU alone.
 fn worker_devices(args: &BackendArgs) -> anyhow::Result<Vec<Option<usize>>> {
-    if let Some(gpus) = &args.gpu {
+    if let Some(gpus) = &args.model.gpu {
         let mut seen = std::collections::HashSet::new();
         if let Some(dup) = gpus.iter().find(|g| !seen.insert(**g)) {
             bail!("--gpu {dup} is listed twice: one worker per device");
@@ -160,23 +201,17 @@ pub fn build(
                     "--simulate runs the scheduler over reference labels: use it with --backend oracle"
                 );
             }
-            if args.model == "tiny" {
+            if args.model.name == "tiny" {
                 eprintln!("{TINY_MODEL_NOTE}");
             }
-            let dtype = match args.dtype.as_deref() {
-                None => None,
-                Some("f32") => Some(aisql_models::DType::F32),
-                Some("bf16") => Some(aisql_models::DType::BF16),
-                Some("f16") => Some(aisql_models::DType::F16),
-                Some(other) => bail!("unknown --dtype {other:?} (f32, bf16 or f16)"),
-            };
+            let dtype = dtype(&args.model)?;
             let kernels = match args.cuda_kernels {
                 CudaKernelsArg::Auto => aisql_kernels::CudaKernels::Auto,
                 CudaKernelsArg::All => aisql_kernels::CudaKernels::All,
                 CudaKernelsArg::Off => aisql_kernels::CudaKernels::Off,
             };
             aisql_kernels::set_cuda_kernels(kernels);
-            if args.gpu.is_some() {
+            if args.model.gpu.is_some() {
                 meta.insert(
                     "cuda_kernels".into(),
                     format!("{kernels:?}").to_lowercase().into(),
@@ -192,7 +227,7 @@ pub fn build(
             let mut described = false;
             for &gpu in &devices {
                 let worker_spec = ModelSpec {
-                    model: args.model.clone(),
+                    model: args.model.name.clone(),
                     gpu,
                     dtype,
                     scheduler: scheduler.clone(),
@@ -200,7 +235,7 @@ pub fn build(
                     host_kv_from_memory: args.kv_host_mb.is_none(),
                 };
                 let (backend, model_meta) = load_model_backend(&worker_spec)
-                    .with_context(|| format!("loading model {:?}", args.model))?;
+                    .with_context(|| format!("loading model {:?}", args.model.name))?;
                 device_names.push(model_meta.get("device").cloned().unwrap_or_default());
                 if !described {
                     meta.extend(model_meta);
@@ -216,11 +251,11 @@ pub fn build(
                 return Ok((backend, meta));
             };
             let identity = answer_identity(
-                &args.model,
+                &args.model.name,
                 meta_text(&meta, "dtype"),
                 args.prompt_format.parse()?,
             )
-            .with_context(|| format!("hashing model {:?} for --answer-cache", args.model))?;
+            .with_context(|| format!("hashing model {:?} for --answer-cache", args.model.name))?;
             with_answer_cache(backend, dir, &identity, meta)
         }
     }

@@ -162,6 +162,7 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
         fail_fast: args.fail_fast,
         gpu_count: args.gpu_count.unwrap_or_else(|| {
             args.backend
+                .model
                 .gpu
                 .as_ref()
                 .map_or(1, |g| g.len().max(1) as u32)

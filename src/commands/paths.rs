@@ -20,8 +20,8 @@ pub fn add_backend_files(guard: &mut WriteGuard, args: &BackendArgs) {
     if args.backend != BackendKind::Model || args.workers.is_some() {
         return;
     }
-    for path in aisql_engine::scheduler::model_input_paths(&args.model) {
-        guard.add(&path, format!("the model {:?}", args.model));
+    for path in aisql_engine::scheduler::model_input_paths(&args.model.name) {
+        guard.add(&path, format!("the model {:?}", args.model.name));
     }
 }
 

@@ -81,7 +81,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
     if b.answer_cache.is_some() {
         refuse("--answer-cache belongs on the coordinator, which sees every answer")?;
     }
-    if b.gpu.as_ref().is_some_and(|g| g.len() > 1) || b.cpu_workers.is_some_and(|n| n > 1) {
+    if b.model.gpu.as_ref().is_some_and(|g| g.len() > 1) || b.cpu_workers.is_some_and(|n| n > 1) {
         refuse("start one `aisql worker` per device")?;
     }
     let token = worker_token(
@@ -100,8 +100,8 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let dtype = meta_text(&meta, "dtype").to_string();
     let device = meta_text(&meta, "device").to_string();
     // Prompts arrive rendered: the coordinator names the format.
-    let identity = answer_identity(&b.model, &dtype, Default::default())
-        .with_context(|| format!("hashing model {:?}", b.model))?;
+    let identity = answer_identity(&b.model.name, &dtype, Default::default())
+        .with_context(|| format!("hashing model {:?}", b.model.name))?;
     let secured = token.is_some() && tls.is_some();
     let options = ServeOptions { token, tls };
     let rt = super::runtime()?;
@@ -116,7 +116,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
             );
         }
         // The line a script or test waits for: the port, if 0 was asked.
-        println!("listening on {bound} ({}, {dtype}, {device})", b.model);
+        println!("listening on {bound} ({}, {dtype}, {device})", b.model.name);
         std::io::stdout().flush()?;
         let served = ServedModel::new(backend, identity, meta)
             .with_query_idle(Duration::from_secs(args.query_idle_timeout));

@@ -20,6 +20,32 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
 
+/// A Python that can import `module`: `AISQL_TEST_PYTHON`, or the environment
+/// `scripts/test-tools.sh` makes (`AISQL_TEST_VENV`, by default
+/// `~/.cache/aisql-test-venv`). Fails with the install line when it cannot;
+/// `package` names what provides the module.
+pub fn test_python(module: &str, package: &str) -> PathBuf {
+    let venv = std::env::var_os("AISQL_TEST_VENV")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/aisql-test-venv")));
+    let python = std::env::var_os("AISQL_TEST_PYTHON")
+        .map(PathBuf::from)
+        .or_else(|| venv.map(|v| v.join("bin/python")))
+        .unwrap_or_else(|| PathBuf::from("python3"));
+    let has_it = std::process::Command::new(&python)
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        has_it,
+        "{} cannot import {module}: run scripts/test-tools.sh (a Python environment \
+         with {package} in ~/.cache/aisql-test-venv), or set AISQL_TEST_PYTHON to a \
+         Python that has it",
+        python.display()
+    );
+    python
+}
+
 /// (answers reused, questions asked) from the stderr of an `--answer-cache` run.
 pub fn cache_counts(stderr: &str) -> (u64, u64) {
     let line = stderr

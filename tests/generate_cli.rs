@@ -1,0 +1,169 @@
+//! `aisql model generate` held to an independent Qwen3: the numpy forward of
+//! `tests/reference/qwen3_numpy.py` (float64, no cache, no code shared with aisql
+//! or candle) must pick the same greedy tokens for the same model and prompt
+//! token ids. Also the command's text output and usage errors.
+
+mod common;
+
+use std::path::Path;
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+const MAX_TOKENS: usize = 8;
+
+/// Prompts: plain text, a QUAIL-B style cue, and a chat turn whose control
+/// tokens are read as such.
+const PROMPTS: [&str; 3] = [
+    "Hello, world",
+    "DOCUMENT:\nThe film was long, but the ending paid for it.\nANSWER:",
+    "<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n",
+];
+
+fn aisql() -> Command {
+    Command::cargo_bin("aisql").unwrap()
+}
+
+/// `aisql model generate --format json` on the model in `dir`.
+fn generate(dir: &Path, prompt: &str) -> Value {
+    let out = aisql()
+        .args([
+            "model", "generate", "--cpu", "--format", "json", "--prompt", prompt,
+        ])
+        .arg("--model")
+        .arg(dir)
+        .args(["--max-tokens", &MAX_TOKENS.to_string()])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    serde_json::from_slice(&out).unwrap_or_else(|e| {
+        panic!(
+            "not one JSON object ({e}): {}",
+            String::from_utf8_lossy(&out)
+        )
+    })
+}
+
+/// The numpy reference's greedy decoding of `prompt_ids` on the model in `dir`.
+fn numpy_generate(dir: &Path, prompt_ids: &[u64]) -> Value {
+    let python = common::test_python("numpy", "numpy 2.4.6");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/qwen3_numpy.py");
+    let ids: Vec<String> = prompt_ids.iter().map(u64::to_string).collect();
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .arg(dir)
+        .args(["--prompt-ids", &ids.join(",")])
+        .args(["--max-tokens", &MAX_TOKENS.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "qwen3_numpy.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+/// Every prompt decodes to the numpy reference's tokens, stopping the same way.
+fn check_against_numpy(dir: &Path) {
+    for prompt in PROMPTS {
+        let ours = generate(dir, prompt);
+        let prompt_ids = ids(&ours["prompt_token_ids"]);
+        assert!(!prompt_ids.is_empty(), "{ours}");
+        let reference = numpy_generate(dir, &prompt_ids);
+        assert_eq!(
+            (ids(&ours["token_ids"]), &ours["finish"]),
+            (ids(&reference["token_ids"]), &reference["finish"]),
+            "prompt {prompt:?}: aisql (left) and the numpy reference (right) differ; the \
+             reference's best-minus-second logit per step: {}",
+            reference["margins"]
+        );
+        assert!(ours["text"].is_string(), "{ours}");
+        eprintln!(
+            "{prompt:?}: {} tokens ({}), margins {}",
+            ids(&ours["token_ids"]).len(),
+            ours["finish"],
+            reference["margins"]
+        );
+    }
+}
+
+#[test]
+fn tiny_model_generation_equals_numpy_reference() {
+    let tmp = tempfile::tempdir().unwrap();
+    aisql()
+        .args(["model", "tiny", "--seed", "3", "--out"])
+        .arg(tmp.path())
+        .assert()
+        .success();
+    check_against_numpy(tmp.path());
+}
+
+/// Untied output head, 8 query heads over 2 KV heads, head_dim 32 while
+/// hidden / heads is 8: the shapes the tiny model does not exercise.
+#[test]
+fn gqa_untied_model_generation_equals_numpy_reference() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = aisql_models::Config {
+        hidden_size: 64,
+        intermediate_size: 128,
+        num_hidden_layers: 3,
+        num_attention_heads: 8,
+        num_key_value_heads: 2,
+        head_dim: 32,
+        rope_theta: 10_000.0,
+        tie_word_embeddings: false,
+        ..aisql_models::tiny::tiny_config()
+    };
+    aisql_models::tiny::write_model(tmp.path(), &cfg, 5).unwrap();
+    check_against_numpy(tmp.path());
+}
+
+#[test]
+fn text_output_and_usage_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    aisql_models::tiny::write_tiny_model(tmp.path(), 3).unwrap();
+    let run = |args: &[&str]| {
+        let mut c = aisql();
+        c.args(["model", "generate", "--model"])
+            .arg(tmp.path())
+            .args(args);
+        c
+    };
+    // The text format prints the JSON's text.
+    let json = generate(tmp.path(), PROMPTS[0]);
+    let text = run(&["--prompt", PROMPTS[0], "--max-tokens", "8"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    assert_eq!(
+        String::from_utf8(text).unwrap(),
+        format!("{}\n", json["text"].as_str().unwrap())
+    );
+    let usage = |args: &[&str], says: &str| {
+        let out = run(args).assert().code(2).get_output().stderr.clone();
+        let stderr = String::from_utf8_lossy(&out);
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    };
+    usage(&["--prompt", "hi", "--max-tokens", "0"], "--max-tokens");
+    // The tiny model's context is 40960 positions; "hi" is one token.
+    usage(
+        &["--prompt", "hi", "--max-tokens", "40960"],
+        "--max-tokens 40960: the 1-token prompt and the new tokens exceed the model's \
+         context of 40960 positions; at most 40959 new tokens fit",
+    );
+    usage(&["--prompt", ""], "--prompt is empty");
+    usage(&["--prompt", "hi", "--format", "xml"], "--format");
+}

@@ -1,0 +1,160 @@
+"""Greedy decoding with a Qwen3 forward written from the architecture alone, in
+numpy (float64), sharing no code with aisql or candle: tests/generate_cli.rs
+holds `aisql model generate` to the token ids this prints.
+
+    python qwen3_numpy.py MODEL_DIR --prompt-ids 9707,11,1879 --max-tokens 8
+
+Reads MODEL_DIR/config.json, every MODEL_DIR/*.safetensors (the format parsed
+here: an 8-byte little-endian header length, a JSON header, raw tensors) and the
+stop tokens <|im_end|> and <|endoftext|> from MODEL_DIR/tokenizer.json. Every
+step is a full forward of the prompt and the tokens so far (no cache); the next
+token is the argmax (ties to the lowest id). Prints one JSON object:
+{"token_ids": [...], "finish": "stop"|"length", "margins": [...]}, margins being
+each step's gap between the best and second-best logit (a near-tie is where
+float rounding may pick either).
+"""
+
+import argparse
+import json
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+
+STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
+
+
+def load_tensors(model_dir):
+    """Every tensor of every safetensors file, as float64 arrays."""
+    tensors = {}
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        sys.exit(f"no *.safetensors in {model_dir}")
+    for path in files:
+        raw = np.memmap(path, dtype=np.uint8, mode="r")
+        (header_len,) = struct.unpack("<Q", raw[:8].tobytes())
+        header = json.loads(raw[8 : 8 + header_len].tobytes())
+        base = 8 + header_len
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = info["data_offsets"]
+            data = raw[base + begin : base + end]
+            dtype = info["dtype"]
+            if dtype == "F32":
+                values = data.view("<f4")
+            elif dtype == "F16":
+                values = data.view("<f2")
+            elif dtype == "BF16":
+                # bfloat16 is the top half of a float32.
+                values = (data.view("<u2").astype(np.uint32) << 16).view(np.float32)
+            else:
+                sys.exit(f"{path}: tensor {name} has dtype {dtype}")
+            tensors[name] = values.astype(np.float64).reshape(info["shape"])
+    return tensors
+
+
+def stop_ids(model_dir):
+    """Ids of the stop tokens the model's tokenizer.json has."""
+    path = model_dir / "tokenizer.json"
+    if not path.exists():
+        return set()
+    added = json.loads(path.read_text())["added_tokens"]
+    return {t["id"] for t in added if t["content"] in STOP_TOKENS}
+
+
+def rms_norm(x, weight, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def rope(x, positions, theta):
+    """Rotary embedding of x (heads, T, d), halves rotated (rotate_half layout)."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / theta ** (np.arange(0, d, 2) / d)
+    angles = positions[:, None] * inv_freq[None, :]
+    cos = np.cos(np.concatenate([angles, angles], axis=-1))
+    sin = np.sin(np.concatenate([angles, angles], axis=-1))
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return x * cos + np.concatenate([-x2, x1], axis=-1) * sin
+
+
+def softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def linear(w, prefix, x, bias):
+    y = x @ w[prefix + ".weight"].T
+    return y + w[prefix + ".bias"] if bias else y
+
+
+def next_logits(w, cfg, tokens):
+    """Logits after the last of `tokens`: one full causal forward from position 0."""
+    heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    eps, theta = cfg.get("rms_norm_eps", 1e-6), cfg.get("rope_theta", 10000.0)
+    bias = cfg.get("attention_bias", False)
+    n = len(tokens)
+    positions = np.arange(n, dtype=np.float64)
+    causal = np.triu(np.full((n, n), -np.inf), k=1)
+    x = w["model.embed_tokens.weight"][tokens]
+    for layer in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{layer}"
+        h = rms_norm(x, w[f"{p}.input_layernorm.weight"], eps)
+        a = f"{p}.self_attn"
+        q = linear(w, f"{a}.q_proj", h, bias).reshape(n, heads, d)
+        k = linear(w, f"{a}.k_proj", h, bias).reshape(n, kv_heads, d)
+        v = linear(w, f"{a}.v_proj", h, bias).reshape(n, kv_heads, d)
+        # Qwen3 normalises each query and key head before the rotation.
+        q = rms_norm(q, w[f"{a}.q_norm.weight"], eps).transpose(1, 0, 2)
+        k = rms_norm(k, w[f"{a}.k_norm.weight"], eps).transpose(1, 0, 2)
+        v = v.transpose(1, 0, 2)
+        q, k = rope(q, positions, theta), rope(k, positions, theta)
+        # Grouped-query attention: query head i reads KV head i // group.
+        group = heads // kv_heads
+        k, v = np.repeat(k, group, axis=0), np.repeat(v, group, axis=0)
+        scores = q @ k.transpose(0, 2, 1) / np.sqrt(d) + causal
+        out = (softmax(scores) @ v).transpose(1, 0, 2).reshape(n, heads * d)
+        x = x + linear(w, f"{a}.o_proj", out, bias)
+        h = rms_norm(x, w[f"{p}.post_attention_layernorm.weight"], eps)
+        m = f"{p}.mlp"
+        gate = h @ w[f"{m}.gate_proj.weight"].T
+        up = h @ w[f"{m}.up_proj.weight"].T
+        silu = gate / (1.0 + np.exp(-gate))
+        x = x + (silu * up) @ w[f"{m}.down_proj.weight"].T
+    last = rms_norm(x[-1], w["model.norm.weight"], eps)
+    tied = cfg.get("tie_word_embeddings", False)
+    head = w["model.embed_tokens.weight"] if tied else w["lm_head.weight"]
+    return head @ last
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model_dir", type=Path)
+    parser.add_argument("--prompt-ids", required=True, help="comma-separated token ids")
+    parser.add_argument("--max-tokens", type=int, required=True)
+    args = parser.parse_args()
+    cfg = json.loads((args.model_dir / "config.json").read_text())
+    if cfg.get("hidden_act", "silu") != "silu":
+        sys.exit(f"hidden_act {cfg['hidden_act']} is not implemented here")
+    if cfg.get("rope_scaling"):
+        sys.exit("rope_scaling is not implemented here")
+    weights = load_tensors(args.model_dir)
+    stops = stop_ids(args.model_dir)
+    tokens = [int(t) for t in args.prompt_ids.split(",")]
+    generated, margins, finish = [], [], "length"
+    for _ in range(args.max_tokens):
+        logits = next_logits(weights, cfg, tokens + generated)
+        best = int(np.argmax(logits))  # the first maximum: ties to the lowest id
+        top2 = np.partition(logits, -2)[-2:]
+        margins.append(float(top2[1] - top2[0]))
+        if best in stops:
+            finish = "stop"
+            break
+        generated.append(best)
+    print(json.dumps({"token_ids": generated, "finish": finish, "margins": margins}))
+
+
+if __name__ == "__main__":
+    main()
