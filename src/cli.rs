@@ -241,7 +241,7 @@ impl BackendArgs {
     /// The model answering, as the user named it: `None` for the oracle,
     /// which is no model (its simulation stands for one).
     pub fn model_name(&self) -> Option<String> {
-        (self.backend == BackendKind::Model).then(|| self.model.clone())
+        (self.backend == BackendKind::Model).then(|| self.model.name.clone())
     }
 
     /// `--memory-limit`, else [`aisql_engine::host_memory::default_memory_limit`].

@@ -208,10 +208,8 @@ impl AiFunction {
         last_is_number: bool,
     ) -> std::result::Result<usize, String> {
         let trailing = usize::from(self.ends_with_max_tokens(args, last_is_number));
-        let fixed = self.leading()
-            + if self.labels { 2 } else { 0 }
-            + usize::from(self.fields)
-            + trailing;
+        let fixed =
+            self.leading() + if self.labels { 2 } else { 0 } + usize::from(self.fields) + trailing;
         let (low, high) = self.documents;
         match args.checked_sub(fixed) {
             Some(docs) if (low..=high).contains(&docs) => Ok(docs),

@@ -249,7 +249,9 @@ pub fn report_work(measurements: &serde_json::Map<String, serde_json::Value>) {
             .filter(|&s| s > 0.0)
             .map(|s| format!(", {:.0} tokens/s", decoded as f64 / s))
             .unwrap_or_default();
-        eprintln!("decode tokens: {decoded} (generated positions, part of the fresh tokens{per_s})");
+        eprintln!(
+            "decode tokens: {decoded} (generated positions, part of the fresh tokens{per_s})"
+        );
     }
     if let (Some(reused), Some(asked)) = (
         measurements.get("answer_cache_reused"),

@@ -15,7 +15,7 @@ SELECT year, avg(ai_score('Is the review {0} positive?', body)) AS mean, max(ai_
 -- query: score_pair
 SELECT c.id, e.id, ai_score('Does the passage {1} support {0}?', c.text, e.passage) AS s FROM claims c JOIN evidence e ON e.claim_id = c.id
 -- query: score_pair_top_k
-SELECT c.id AS claim, e.id AS passage FROM claims c JOIN evidence e ON e.claim_id = c.id ORDER BY ai_score('Does the passage {1} support {0}?', c.text, e.passage) DESC, claim, passage LIMIT 4
+SELECT c.id AS claim_id, e.id AS evidence_id FROM claims c JOIN evidence e ON e.claim_id = c.id ORDER BY ai_score('Does the passage {1} support {0}?', c.text, e.passage) DESC, claim_id, evidence_id LIMIT 4
 -- query: score_filter_alias
 SELECT id, ai_filter_score('Is the review {0} positive?', body) AS s FROM docs WHERE year < 2020
 -- query: score_bigquery
@@ -34,7 +34,7 @@ SELECT id, ai_classify_scores('What is the tone of {0}?', body, ['positive', 'ne
 SELECT id, ai_classify_scores('Which topic fits {0}?', body, ['price', 'quality', 'service'], ['', '', ''])[1]['probability'] AS p_price FROM docs
 -- query: classify_scores_with_label
 SELECT id, ai_classify('Which topic fits {0}?', body, ['price', 'quality', 'service'], ['', '', '']) AS topic, ai_classify_scores('Which topic fits {0}?', body, ['price', 'quality', 'service'], ['', '', '']) AS p FROM docs WHERE year < 2019
--- query: classify_scores_unnest
-SELECT id, unnest(ai_classify_scores('Is {0} true?', text, ['true', 'false'], ['Correct', 'Incorrect'])) AS entry FROM claims
+-- query: classify_scores_entries
+SELECT id, ai_classify_scores('Is {0} true?', text, ['true', 'false'], ['Correct', 'Incorrect'])[2]['label'] AS second, ai_classify_scores('Is {0} true?', text, ['true', 'false'], ['Correct', 'Incorrect'])[2]['probability'] AS p_false FROM claims
 -- query: classify_scores_pair
 SELECT c.id, e.id, ai_classify_scores('How does the passage {1} relate to {0}?', c.text, e.passage, ['supports', 'refutes', 'unrelated'], ['Backs it', 'Contradicts it', 'Neither']) AS p FROM claims c JOIN evidence e ON e.claim_id = c.id

@@ -4,10 +4,12 @@
 
 use std::sync::Arc;
 
-use aisql_models::{ClassifyRequest, Continuation, Decision, KvHandle, Qwen3, Tokenizer};
+use aisql_models::{
+    ClassifyRequest, Continuation, Decision, GenerateRequest, KvHandle, Qwen3, Tokenizer,
+};
 
 use crate::backend::{AiCall, AiKind, AiRequest, Answer, InferenceBackend, OracleBackend};
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::kv_cache::KvOps;
 
 /// What the scheduler asks of an execution engine (the model or a simulation).
@@ -34,6 +36,10 @@ pub trait Executor: Send + Sync {
     fn fresh_tokens(&self) -> u64;
     /// Decoded positions computed so far (part of [`Self::fresh_tokens`]).
     fn decode_tokens(&self) -> u64;
+    /// Seconds spent in generating calls so far (0 where none are timed).
+    fn decode_seconds(&self) -> f64 {
+        0.0
+    }
     /// Label-continuation positions computed so far.
     fn label_tokens(&self) -> u64;
     /// KV bytes per cached position (for the budget check).
@@ -83,17 +89,56 @@ impl KvOps for KvHandle {
 pub struct ModelExecutor {
     model: Arc<Qwen3>,
     answers: aisql_models::AnswerIds,
+    /// Turns generated ids into text.
+    tokenizer: Tokenizer,
+    /// Where a generation ends (Qwen3's `<|im_end|>`, `<|endoftext|>`).
+    stop_ids: Vec<u32>,
     name: String,
+    /// Nanoseconds spent in generating calls (prefill of their questions and
+    /// decoding), for decode tokens/s.
+    decode_nanos: std::sync::atomic::AtomicU64,
 }
 
+/// Sequences decoded side by side in one generating call: each decode step is
+/// one packed forward over this many rows.
+const GENERATION_BATCH: usize = 32;
+
 impl ModelExecutor {
-    /// Wraps a loaded model; `tokenizer` gives the TRUE/FALSE ids.
+    /// Wraps a loaded model; `tokenizer` gives the TRUE/FALSE and stop ids
+    /// and reads generated text.
     pub fn new(model: Arc<Qwen3>, tokenizer: &Tokenizer, name: impl Into<String>) -> Result<Self> {
         Ok(Self {
             answers: tokenizer.answer_ids()?,
+            stop_ids: tokenizer.stop_ids(),
+            tokenizer: tokenizer.clone(),
             model,
             name: name.into(),
+            decode_nanos: Default::default(),
         })
+    }
+
+    /// Greedy texts after each `(prefix, prompt)` item, `max_tokens` at most.
+    fn generate(
+        &self,
+        items: &[(Option<&KvHandle>, Vec<u32>)],
+        max_tokens: u32,
+    ) -> Result<Vec<Box<str>>> {
+        let started = std::time::Instant::now();
+        let requests: Vec<GenerateRequest<'_>> = items
+            .iter()
+            .map(|(p, t)| GenerateRequest::new(*p, t, max_tokens as usize))
+            .collect();
+        let generated = self
+            .model
+            .generate(&requests, &self.stop_ids, GENERATION_BATCH)?;
+        self.decode_nanos.fetch_add(
+            started.elapsed().as_nanos() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        generated
+            .iter()
+            .map(|g| Ok(self.tokenizer.decode(&g.token_ids)?.into()))
+            .collect()
     }
 }
 
@@ -183,11 +228,30 @@ impl Executor for ModelExecutor {
                 .iter()
                 .map(|s| Answer::LabelScores(label_probabilities(s)))
                 .collect(),
-            AiKind::Complete | AiKind::Extract => {
-                return Err(EngineError::Inference(format!(
-                    "{}: generation is not wired to the model yet",
-                    call.op_id
-                )));
+            AiKind::Complete => {
+                let prompts: Vec<(Option<&KvHandle>, Vec<u32>)> =
+                    items.iter().map(|(p, t)| (*p, t.to_vec())).collect();
+                self.generate(&prompts, call.max_tokens)?
+                    .into_iter()
+                    .map(Answer::Text)
+                    .collect()
+            }
+            AiKind::Extract => {
+                // Every field of an item continues the same prefix (the
+                // document's KV): its question, then the decoded answer.
+                let prompts: Vec<(Option<&KvHandle>, Vec<u32>)> = items
+                    .iter()
+                    .flat_map(|(p, t)| {
+                        labels
+                            .iter()
+                            .map(move |q| (*p, [*t, q.as_slice()].concat()))
+                    })
+                    .collect();
+                let texts = self.generate(&prompts, call.max_tokens)?;
+                texts
+                    .chunks(labels.len().max(1))
+                    .map(|fields| Answer::Fields(fields.to_vec().into()))
+                    .collect()
             }
         })
     }
@@ -197,7 +261,11 @@ impl Executor for ModelExecutor {
     }
 
     fn decode_tokens(&self) -> u64 {
-        0
+        self.model.decode_tokens()
+    }
+
+    fn decode_seconds(&self) -> f64 {
+        self.decode_nanos.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9
     }
 
     fn label_tokens(&self) -> u64 {

@@ -181,6 +181,7 @@ struct QueryState<K> {
     fresh_start: u64,
     label_start: u64,
     decode_start: u64,
+    decode_seconds_start: f64,
     peak_bytes: usize,
     evictions: u64,
     current_op: Option<String>,
@@ -218,6 +219,7 @@ impl<E: Executor> ScheduledBackend<E> {
                 fresh_start: 0,
                 label_start: 0,
                 decode_start: 0,
+                decode_seconds_start: 0.0,
                 peak_bytes: 0,
                 evictions: 0,
                 current_op: None,
@@ -1193,6 +1195,7 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         state.fresh_start = self.exec.fresh_tokens();
         state.label_start = self.exec.label_tokens();
         state.decode_start = self.exec.decode_tokens();
+        state.decode_seconds_start = self.exec.decode_seconds();
         state.peak_bytes = 0;
         state.evictions = 0;
         state.current_op = None;
@@ -1234,6 +1237,10 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         m.insert(
             "decode_tokens".into(),
             (self.exec.decode_tokens() - state.decode_start).into(),
+        );
+        m.insert(
+            "decode_seconds".into(),
+            (self.exec.decode_seconds() - state.decode_seconds_start).into(),
         );
         m.insert("prefix_cache".into(), self.config.prefix_cache.into());
         m.insert(
