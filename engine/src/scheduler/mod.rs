@@ -46,7 +46,8 @@ mod lookahead;
 pub use budget::{default_host_kv_budget_bytes, default_kv_budget_bytes, gpu_kv_budget_bytes};
 pub use executors::{
     Executor, ModelExecutor, QWEN3_4B_KV_BYTES_PER_TOKEN, QWEN3_4B_MAX_POSITIONS,
-    SIMULATED_LINK_BYTES_PER_SECOND, SimExecutor, VirtualKv, best_label,
+    SIMULATED_LINK_BYTES_PER_SECOND, SimExecutor, VirtualKv, best_label, label_probabilities,
+    p_true,
 };
 pub use loading::{
     ModelSpec, RunMetadata, answer_identity, load_model_backend, model_input_paths,
@@ -641,9 +642,10 @@ impl<E: Executor> ScheduledBackend<E> {
         for (key, &node) in targets.iter().filter(|_| scored) {
             let trie = cache.suffixes.get_mut(key).expect("trie exists");
             if node != 0 && trie.is_view(node) {
-                let depth = trie.depth(node);
                 let kv = trie.kv(node).expect("view has kv").clone();
-                let shorter = kv.prefix(depth - 1)?;
+                // The view covers the document and the question: all of it
+                // but the last position, whose hidden state is computed again.
+                let shorter = kv.prefix(kv.len() - 1)?;
                 let last = [suffix[suffix.len() - 1]];
                 let h = self.exec.prefill(&[(Some(&shorter), &last[..])])?.remove(0);
                 trie.set_kv(node, h);

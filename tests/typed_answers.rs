@@ -1,0 +1,260 @@
+//! The typed answers of the tiny Qwen3, through the scheduler (shared-prefix
+//! KV cache) against the model asked without any cache:
+//! - `ai_score` is the softmax of the restricted TRUE/FALSE head's best logits,
+//!   and `ai_classify_scores` the softmax of the labels' summed
+//!   log-probabilities, each computed from the whole prompt from its first
+//!   token (tolerance 1e-5);
+//! - `ai_complete` and `ai_extract` give the same texts with the prefix cache
+//!   on and off (decoding over a document's shared KV preserves answers), and
+//!   the sharing saves the document's positions for every field.
+
+use std::sync::Arc;
+
+use aisql_engine::ai_functions::{AiArgs, AiFunction};
+use aisql_engine::backend::{AiCall, AiRequest, Answer, Doc, InferenceBackend};
+use aisql_engine::prompt::PromptFormat;
+use aisql_engine::scheduler::{
+    ModelExecutor, ModelSpec, ScheduledBackend, SchedulerConfig, label_probabilities,
+    load_model_backend, tiny_model_dir,
+};
+use aisql_models::{ClassifyRequest, Continuation};
+use datafusion::prelude::{col, lit};
+
+const TOLERANCE: f64 = 1e-5;
+
+fn backend(prefix_cache: bool) -> Arc<ScheduledBackend<ModelExecutor>> {
+    let spec = ModelSpec {
+        model: "tiny".into(),
+        gpu: None,
+        dtype: None,
+        scheduler: SchedulerConfig {
+            prefix_cache,
+            kv_budget_bytes: 256 << 20,
+            ..SchedulerConfig::default()
+        },
+        kv_budget_from_device: false,
+        host_kv_from_memory: false,
+    };
+    load_model_backend(&spec).unwrap().0
+}
+
+/// `function(template?, body, extra...)` as the planner would make it.
+fn call(name: &str, args: Vec<datafusion::prelude::Expr>) -> AiCall {
+    let function = AiFunction::from_name(name).unwrap();
+    AiArgs::parse(function, &args)
+        .unwrap()
+        .call(
+            "op-1",
+            PromptFormat::default(),
+            vec!["docs".into()],
+            vec!["body".into()],
+        )
+        .unwrap()
+}
+
+/// A list literal of strings, as Substrait or constant folding gives one.
+fn list(items: &[&str]) -> datafusion::prelude::Expr {
+    use datafusion::common::ScalarValue;
+    let values: Vec<ScalarValue> = items.iter().map(|s| ScalarValue::from(*s)).collect();
+    lit(ScalarValue::List(ScalarValue::new_list_nullable(
+        &values,
+        &datafusion::arrow::datatypes::DataType::Utf8,
+    )))
+}
+
+/// Eight reviews, two of them sharing an opening.
+fn documents() -> Vec<(String, String)> {
+    [
+        "A warm, funny film; the cast is superb.",
+        "Dull plot and wooden acting. I left early.",
+        "The soup was cold but the bread was fresh and cheap.",
+        "Service was slow; the waiter forgot our order twice.",
+        "Great value: two courses for ten euros, well cooked.",
+        "The soup was cold and the fish was worse.",
+        "An ambitious sequel that never finds its tone.",
+        "Lovely terrace, average coffee, friendly staff.",
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, t)| (format!("d{i}"), t.to_string()))
+    .collect()
+}
+
+fn requests(docs: &[(String, String)]) -> Vec<AiRequest<'_>> {
+    docs.iter()
+        .map(|(id, text)| AiRequest {
+            anchor: Doc { id, text },
+            partner: None,
+        })
+        .collect()
+}
+
+/// The prompt's token ids as the scheduler feeds them: each fixed piece and
+/// the document encoded on its own.
+fn prompt_ids(tokenizer: &aisql_models::Tokenizer, call: &AiCall, doc: &str) -> Vec<u32> {
+    let p = &call.pieces;
+    [
+        tokenizer.encode(&p.preamble).unwrap(),
+        tokenizer.encode_document(doc).unwrap(),
+        tokenizer.encode(&p.tail).unwrap(),
+    ]
+    .concat()
+}
+
+#[test]
+fn scores_equal_the_softmax_of_the_uncached_heads() {
+    let cached = backend(true);
+    let (model, tokenizer) = aisql_models::load(
+        tiny_model_dir().unwrap().to_str().unwrap(),
+        &aisql_models::Device::Cpu,
+        None,
+    )
+    .unwrap();
+    let docs = documents();
+    let reqs = requests(&docs);
+
+    let score = call(
+        "ai_score",
+        vec![lit("Is the review {0} positive?"), col("body")],
+    );
+    let decide = call(
+        "ai_filter",
+        vec![lit("Is the review {0} positive?"), col("body")],
+    );
+    cached.start_query(&[score.clone(), decide.clone()]);
+    let scores = cached.answer(&score, &reqs).unwrap();
+    let decisions = cached.answer(&decide, &reqs).unwrap();
+    let answer_ids = tokenizer.answer_ids().unwrap().all();
+    for (i, (_, text)) in docs.iter().enumerate() {
+        let ids = prompt_ids(&tokenizer, &score, text);
+        let logits = model
+            .next_token_logits(&[Continuation::new(None, &ids)], &answer_ids)
+            .unwrap()
+            .remove(0);
+        let best = |s: &[f32]| s.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let (t, f) = (best(&logits[..4]), best(&logits[4..]));
+        let want = t.exp() / (t.exp() + f.exp());
+        let Answer::Score(got) = scores[i] else {
+            panic!("{:?}", scores[i])
+        };
+        assert!((got - want).abs() <= TOLERANCE, "doc {i}: {got} vs {want}");
+        // The filter of the same prompt says TRUE exactly when P(TRUE) > 0.5.
+        assert_eq!(decisions[i], Answer::Bool(got > 0.5), "doc {i}: {got}");
+    }
+
+    let labels = ["positive", "negative", "mixed"];
+    let args = vec![
+        lit("What is the tone of {0}?"),
+        col("body"),
+        list(&labels),
+        list(&["", "", ""]),
+    ];
+    let probabilities = call("ai_classify_scores", args.clone());
+    let classify = call("ai_classify", args);
+    cached.start_query(&[probabilities.clone(), classify.clone()]);
+    let got = cached.answer(&probabilities, &reqs).unwrap();
+    let chosen = cached.answer(&classify, &reqs).unwrap();
+    let label_ids: Vec<Vec<u32>> = labels
+        .iter()
+        .map(|l| tokenizer.encode(&format!(" {l}")).unwrap())
+        .collect();
+    for (i, (_, text)) in docs.iter().enumerate() {
+        let ids = prompt_ids(&tokenizer, &probabilities, text);
+        let sums = model
+            .classify(&[ClassifyRequest {
+                prefix: None,
+                prompt: &ids,
+                labels: &label_ids,
+            }])
+            .unwrap()
+            .remove(0);
+        let want = label_probabilities(&sums);
+        let Answer::LabelScores(p) = &got[i] else {
+            panic!("{:?}", got[i])
+        };
+        assert!((p.iter().sum::<f64>() - 1.0).abs() <= 1e-9);
+        for (a, b) in p.iter().zip(want.iter()) {
+            assert!((a - b).abs() <= TOLERANCE, "doc {i}: {p:?} vs {want:?}");
+        }
+        // The label ai_classify chooses is the most probable one.
+        let best = (0..p.len()).fold(0, |b, j| if p[j] > p[b] { j } else { b });
+        assert_eq!(chosen[i], Answer::Label(best as u32), "doc {i}: {p:?}");
+    }
+}
+
+#[test]
+fn generation_over_shared_document_kv_gives_the_uncached_texts() {
+    let docs = documents();
+    let reqs = requests(&docs);
+    let complete = call(
+        "ai_complete",
+        vec![lit("Summarise the review {0}."), col("body"), lit(6i64)],
+    );
+    let extract = call(
+        "ai_extract",
+        vec![
+            col("body"),
+            list(&[
+                "dish: Which dish is named?",
+                "price: What did it cost?",
+                "tone: One word for the tone?",
+            ]),
+            lit(5i64),
+        ],
+    );
+    let mut runs = Vec::new();
+    for prefix_cache in [true, false] {
+        let b = backend(prefix_cache);
+        b.start_query(&[complete.clone(), extract.clone()]);
+        let texts = b.answer(&complete, &reqs).unwrap();
+        let fresh_complete = b.measurements()["fresh_tokens"].as_u64().unwrap();
+        let fields = b.answer(&extract, &reqs).unwrap();
+        let m = b.measurements();
+        let fresh_extract = m["fresh_tokens"].as_u64().unwrap() - fresh_complete;
+        let decoded = m["decode_tokens"].as_u64().unwrap();
+        runs.push((texts, fields, fresh_extract, decoded));
+    }
+    let (cached, uncached) = (&runs[0], &runs[1]);
+    assert_eq!(cached.0, uncached.0, "ai_complete texts");
+    assert_eq!(cached.1, uncached.1, "ai_extract fields");
+    for a in &cached.1 {
+        let Answer::Fields(f) = a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(f.len(), 3);
+    }
+    // The same tokens decoded either way (decoding is the same work); the
+    // document's positions computed once for its three fields, not thrice.
+    assert_eq!(cached.3, uncached.3);
+    assert!(
+        cached.2 < uncached.2,
+        "extraction fresh tokens: shared {} vs unshared {}",
+        cached.2,
+        uncached.2
+    );
+    eprintln!(
+        "ai_extract of 3 fields over 8 documents: {} fresh tokens sharing the document's KV, \
+         {} without",
+        cached.2, uncached.2
+    );
+}
+
+#[test]
+fn a_generating_call_past_the_context_names_its_row() {
+    let b = backend(true);
+    let mut complete = call(
+        "ai_complete",
+        vec![lit("Summarise the review {0}."), col("body")],
+    );
+    complete.max_tokens = 40_960;
+    let docs = documents();
+    b.start_query(std::slice::from_ref(&complete));
+    let e = b
+        .answer(&complete, &requests(&docs))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("row d0") && e.contains("max_tokens") && e.contains("40960"),
+        "{e}"
+    );
+}
