@@ -231,6 +231,36 @@ fn bad_sql_gets_a_clear_error() {
         1,
         "AI.GENERATE at line 1, column 12: the prompt names 3 column(s)",
     );
+    fails(
+        "SELECT ai_extract(body, ['dish Which dish?']) FROM docs",
+        &[],
+        1,
+        "ai_extract: the fields (argument 2) must be a list of 'name: question' strings",
+    );
+    fails(
+        "SELECT ai_agg('Summarise.', ai_agg('Again.', body)) FROM docs",
+        &[],
+        1,
+        "ai_agg at line 1, column 8: an AI aggregate inside another call's argument",
+    );
+    fails(
+        "SELECT d.id FROM docs d JOIN topics t ON ai_agg('Summarise.', d.body) = t.name",
+        &[],
+        1,
+        "an AI aggregate in a join condition is not supported",
+    );
+    fails(
+        "SELECT ai_agg('Summarise {0}.', body) FROM docs",
+        &[],
+        1,
+        "ai_agg at line 1, column 8: the instruction names no {0}",
+    );
+    fails(
+        "SELECT ai_agg('Summarise.', year) FROM docs",
+        &[],
+        1,
+        "is Int64, not text",
+    );
     // Types and places: naming the call.
     fails(
         "SELECT id FROM docs WHERE ai_filter('Is {0} recent?', year)",

@@ -70,6 +70,8 @@ pub struct AiFunction {
     pub max_tokens: u32,
     /// The accepted arguments, for errors.
     pub arity: &'static str,
+    /// Whether it is an aggregate (its document is a column's rows, grouped).
+    pub aggregate: bool,
     /// The URN of the Substrait extension that declares it: QUAIL-B's for the
     /// functions its plans call, aisql's ([`AISQL_AI_URN`]) for the others.
     pub urn: &'static str,
@@ -91,6 +93,7 @@ pub static AI_FUNCTIONS: [AiFunction; 7] = [
         fields: false,
         max_tokens: 0,
         arity: "(template, document) or (template, document, partner)",
+        aggregate: false,
         urn: AI_URN,
     },
     AiFunction {
@@ -103,6 +106,7 @@ pub static AI_FUNCTIONS: [AiFunction; 7] = [
         fields: false,
         max_tokens: 0,
         arity: "(template, left document, right document)",
+        aggregate: false,
         urn: AI_URN,
     },
     AiFunction {
@@ -115,6 +119,7 @@ pub static AI_FUNCTIONS: [AiFunction; 7] = [
         fields: false,
         max_tokens: 0,
         arity: "(template, document [, partner], [labels...], [descriptions...])",
+        aggregate: false,
         urn: AI_URN,
     },
     AiFunction {
@@ -127,6 +132,7 @@ pub static AI_FUNCTIONS: [AiFunction; 7] = [
         fields: false,
         max_tokens: 0,
         arity: "(template, document [, partner])",
+        aggregate: false,
         urn: AI_URN,
     },
     AiFunction {
@@ -139,6 +145,7 @@ pub static AI_FUNCTIONS: [AiFunction; 7] = [
         fields: false,
         max_tokens: 0,
         arity: "(template, document [, partner], [labels...], [descriptions...])",
+        aggregate: false,
         urn: AISQL_AI_URN,
     },
     AiFunction {
@@ -151,6 +158,7 @@ pub static AI_FUNCTIONS: [AiFunction; 7] = [
         fields: false,
         max_tokens: DEFAULT_MAX_TOKENS,
         arity: "(template, document [, partner] [, max_tokens])",
+        aggregate: false,
         urn: AISQL_AI_URN,
     },
     AiFunction {
@@ -163,9 +171,25 @@ pub static AI_FUNCTIONS: [AiFunction; 7] = [
         fields: true,
         max_tokens: DEFAULT_EXTRACT_TOKENS,
         arity: "(document, ['name: question', ...] [, max_tokens])",
+        aggregate: false,
         urn: AISQL_AI_URN,
     },
 ];
+
+/// The aggregate AI functions (`ai_agg`), described like the others.
+pub static AI_AGGREGATES: [AiFunction; 1] = [AiFunction {
+    name: "ai_agg",
+    aliases: &[],
+    kind: AiKind::Complete,
+    documents: (1, 1),
+    template: true,
+    labels: false,
+    fields: false,
+    max_tokens: DEFAULT_MAX_TOKENS,
+    arity: "(instruction, column [, max_tokens])",
+    aggregate: true,
+    urn: AISQL_AI_URN,
+}];
 
 /// Default `max_tokens` of one extracted field: fields are short answers.
 pub const DEFAULT_EXTRACT_TOKENS: u32 = 64;
@@ -174,7 +198,7 @@ impl AiFunction {
     /// The function a name or alias stands for (case-insensitive, as SQL
     /// resolves it).
     pub fn from_name(name: &str) -> Option<&'static Self> {
-        AI_FUNCTIONS.iter().find(|f| {
+        AI_FUNCTIONS.iter().chain(&AI_AGGREGATES).find(|f| {
             f.name.eq_ignore_ascii_case(name)
                 || f.aliases.iter().any(|a| a.eq_ignore_ascii_case(name))
         })
@@ -261,7 +285,9 @@ impl AiArgs {
                     args[0]
                 )
             })?;
-            check_placeholders(&template, documents).map_err(|m| format!("{name}: {m}"))?;
+            // An aggregate's instruction names no document: its rows are the text.
+            let placeholders = if function.aggregate { 0 } else { documents };
+            check_placeholders(&template, placeholders).map_err(|m| format!("{name}: {m}"))?;
             template
         } else {
             String::new()
@@ -313,14 +339,19 @@ impl AiArgs {
         columns: Vec<String>,
     ) -> Result<AiCall> {
         let kind = self.kind();
-        let pieces = call_pieces(
-            format,
-            kind,
-            &self.template,
-            self.documents.len() > 1,
-            &self.labels,
-            &self.descriptions,
-        )?;
+        let pieces = if self.function.aggregate {
+            // The first round's: the group's rows, then the instruction.
+            crate::ai_aggregate::round_pieces(format, &self.template, false)
+        } else {
+            call_pieces(
+                format,
+                kind,
+                &self.template,
+                self.documents.len() > 1,
+                &self.labels,
+                &self.descriptions,
+            )?
+        };
         Ok(AiCall {
             op_id: op_id.to_string(),
             kind,
@@ -670,6 +701,9 @@ pub fn register_ai_functions(ctx: &SessionContext, naive: Option<NaiveEvaluator>
     for f in &AI_FUNCTIONS {
         ctx.register_udf(ScalarUDF::new_from_impl(AiUdf::new(f, naive.clone())));
     }
+    ctx.register_udaf(datafusion::logical_expr::AggregateUDF::new_from_impl(
+        crate::ai_aggregate::AiAggUdf::new(naive),
+    ));
 }
 
 /// One row at a time: the reference semantics of an AI call. A NULL document

@@ -576,6 +576,10 @@ impl InferenceBackend for CachedBackend {
         self.inner.kv_capacity_tokens()
     }
 
+    fn context_positions(&self) -> Option<usize> {
+        self.inner.context_positions()
+    }
+
     fn host_memory_allowance(&self) -> usize {
         self.inner.host_memory_allowance()
     }

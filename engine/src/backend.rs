@@ -250,6 +250,12 @@ pub trait InferenceBackend: Send + Sync {
         None
     }
 
+    /// The model's context in positions (`max_position_embeddings`), if the
+    /// backend has one: `ai_agg` packs rows into prompts that fit it.
+    fn context_positions(&self) -> Option<usize> {
+        None
+    }
+
     /// Host memory the backend may add while a query runs, beyond the query's
     /// `--memory-limit`: a model's KV cache on the host and a forward batch's
     /// working memory. The query's heap bound ([`crate::memory_guard`]) leaves
@@ -469,6 +475,12 @@ impl ContentHashBackend {
 impl InferenceBackend for ContentHashBackend {
     fn name(&self) -> &str {
         "content-hash"
+    }
+
+    /// A small context, so that an `ai_agg` over a few rows takes several
+    /// rounds.
+    fn context_positions(&self) -> Option<usize> {
+        Some(1024)
     }
 
     /// A decision is TRUE for 45 % of hashes and a score is the hash as a

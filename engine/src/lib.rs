@@ -10,6 +10,7 @@
 //! view of a QUAIL-B plan from DataFusion's plan, and [`query`] runs one with
 //! its per-operator answer tables ([`answers`]).
 
+pub mod ai_aggregate;
 pub mod ai_functions;
 pub mod alloc_meter;
 pub mod answer_cache;

@@ -64,6 +64,9 @@ pub enum AiShape {
     /// Appends the answer as a column: a label, or an AI predicate's value used
     /// inside a larger expression (`CASE`, `OR`, `SUM`).
     Project,
+    /// Appends one answer per row over the row's list of texts: an `ai_agg`
+    /// over a group's rows ([`crate::ai_aggregate`]).
+    Aggregate,
 }
 
 /// Everything an AI operator needs at run time. Columns are named, not indexed,
@@ -84,6 +87,9 @@ pub struct AiSpec {
     /// Join conditions besides the equalities and the AI call, over both
     /// inputs: a pair failing them is never asked.
     pub residual: Option<Expr>,
+    /// The prompt pieces of an `ai_agg`'s combining rounds
+    /// ([`AiShape::Aggregate`]; `call.pieces` are its first round's).
+    pub combine: Option<crate::prompt::PromptPieces>,
 }
 
 impl AiSpec {
@@ -190,8 +196,11 @@ impl AiNode {
             let (_, field) = combined.qualified_field_from_column(&d.text).map_err(|_| {
                 DataFusionError::Plan(format!("{op}: no column {} for the document", d.text))
             })?;
-            check_text(&d.text, field.data_type())
-                .map_err(|m| DataFusionError::Plan(format!("{op}: {m}")))?;
+            let checked = match (spec.shape, field.data_type()) {
+                (AiShape::Aggregate, DataType::List(item)) => check_text(&d.text, item.data_type()),
+                (_, t) => check_text(&d.text, t),
+            };
+            checked.map_err(|m| DataFusionError::Plan(format!("{op}: {m}")))?;
         }
         let schema = match spec.shape {
             AiShape::Filter => combined,
@@ -200,7 +209,7 @@ impl AiNode {
                 inputs[1].schema(),
                 &t,
             )?),
-            AiShape::Project => {
+            AiShape::Project | AiShape::Aggregate => {
                 let out = spec.output.as_ref().ok_or_else(|| {
                     DataFusionError::Internal(format!("{op} appends a column but names none"))
                 })?;
@@ -235,6 +244,7 @@ impl UserDefinedLogicalNodeCore for AiNode {
             (AiShape::Project, AiKind::Complete) => "AiComplete",
             (AiShape::Project, AiKind::Extract) => "AiExtract",
             (AiShape::Project, _) => "AiPredicate",
+            (AiShape::Aggregate, _) => "AiAgg",
         }
     }
 
@@ -256,7 +266,9 @@ impl UserDefinedLogicalNodeCore for AiNode {
         match self.spec.shape {
             // Rows pass unchanged: an ordinary predicate above runs first, below.
             AiShape::Filter => HashSet::new(),
-            AiShape::Project => self.spec.output.iter().map(|c| c.name.clone()).collect(),
+            AiShape::Project | AiShape::Aggregate => {
+                self.spec.output.iter().map(|c| c.name.clone()).collect()
+            }
             // DataFusion would push a predicate into both inputs of a two-input
             // node; the AI rewrite places a join's predicates itself.
             AiShape::Join(_) => self
@@ -271,7 +283,7 @@ impl UserDefinedLogicalNodeCore for AiNode {
     fn necessary_children_exprs(&self, output_columns: &[usize]) -> Option<Vec<Vec<usize>>> {
         match self.spec.shape {
             AiShape::Filter => Some(vec![output_columns.to_vec()]),
-            AiShape::Project => {
+            AiShape::Project | AiShape::Aggregate => {
                 let width = self.inputs[0].schema().fields().len();
                 Some(vec![
                     output_columns

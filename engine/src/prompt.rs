@@ -54,7 +54,8 @@ impl PromptFormat {
         }
     }
 
-    fn preamble(self) -> &'static str {
+    /// Text before the first document.
+    pub(crate) fn preamble(self) -> &'static str {
         match self {
             PromptFormat::RawV1 => PREAMBLE,
             PromptFormat::Qwen3ChatNonthinkingV1 => CHAT_PREAMBLE,
@@ -68,7 +69,8 @@ impl PromptFormat {
         }
     }
 
-    fn cue(self) -> String {
+    /// The text every prompt ends with.
+    pub(crate) fn cue(self) -> String {
         match self {
             PromptFormat::RawV1 => ANSWER_CUE.to_string(),
             PromptFormat::Qwen3ChatNonthinkingV1 => format!("{ANSWER_CUE}{CHAT_SUFFIX}"),

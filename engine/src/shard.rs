@@ -402,6 +402,14 @@ impl InferenceBackend for ShardedBackend {
         total
     }
 
+    fn context_positions(&self) -> Option<usize> {
+        self.workers
+            .iter()
+            .map(|w| w.backend.context_positions())
+            .collect::<Option<Vec<_>>>()
+            .and_then(|c| c.into_iter().min())
+    }
+
     fn kv_capacity_tokens(&self) -> Option<usize> {
         // A batch is split over the workers; each must hold its part.
         self.workers

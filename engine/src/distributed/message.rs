@@ -152,6 +152,9 @@ pub struct WorkerHello {
     pub meta: serde_json::Map<String, serde_json::Value>,
     /// [`InferenceBackend::kv_capacity_tokens`](crate::backend::InferenceBackend::kv_capacity_tokens).
     pub kv_capacity_tokens: Option<usize>,
+    /// [`InferenceBackend::context_positions`](crate::backend::InferenceBackend::context_positions).
+    #[serde(default)]
+    pub context_positions: Option<usize>,
     /// [`InferenceBackend::reuses_work`](crate::backend::InferenceBackend::reuses_work).
     pub reuses_work: bool,
 }

@@ -573,6 +573,10 @@ impl InferenceBackend for RemoteWorker {
         self.hello.kv_capacity_tokens
     }
 
+    fn context_positions(&self) -> Option<usize> {
+        self.hello.context_positions
+    }
+
     fn reuses_work(&self) -> bool {
         self.hello.reuses_work
     }

@@ -63,6 +63,7 @@ impl ServedModel {
             identity,
             meta,
             kv_capacity_tokens: backend.kv_capacity_tokens(),
+            context_positions: backend.context_positions(),
             reuses_work: backend.reuses_work(),
         };
         Self {

@@ -39,8 +39,9 @@ use datafusion::physical_plan::{
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::ai_aggregate::{AggCalls, DEFAULT_CONTEXT_POSITIONS, reduce_groups};
 use crate::answers::{AnswerRecorder, AnswerTable, answer_array};
-use crate::backend::{AiRequest, Answer, Doc, InferenceBackend, check_answers};
+use crate::backend::{AiCall, AiRequest, Answer, Doc, InferenceBackend, check_answers};
 use crate::error::{EngineError, Result};
 use crate::logical::{AiNode, AiShape, AiSpec};
 use crate::memo::{AnswerMemo, MemoKey};
@@ -566,15 +567,15 @@ fn progress_bar(runtime: &AiRuntime, op_id: &str, total: usize) -> ProgressBar {
 
 /// Answers to `requests`, asked in chunks, each checked against the call.
 fn answer_all(
-    spec: &AiSpec,
+    call: &AiCall,
     runtime: &AiRuntime,
     requests: &[AiRequest<'_>],
 ) -> Result<Vec<Answer>> {
-    let bar = progress_bar(runtime, &spec.call.op_id, requests.len());
+    let bar = progress_bar(runtime, &call.op_id, requests.len());
     let mut out = Vec::with_capacity(requests.len());
     for chunk in requests.chunks(REQUESTS_PER_CALL) {
-        let answers = runtime.backend.answer(&spec.call, chunk)?;
-        check_answers(&spec.call, "the backend", &answers, chunk.len())?;
+        let answers = runtime.backend.answer(call, chunk)?;
+        check_answers(call, "the backend", &answers, chunk.len())?;
         out.extend(answers);
         bar.inc(chunk.len() as u64);
     }
@@ -587,8 +588,18 @@ fn answer_all(
 /// document asked together). Tuples this operator has not recorded yet go into
 /// its answer table, each once.
 fn answer(state: &OpState, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+    answer_call(state, &state.spec.call, requests, true)
+}
+
+/// [`answer`] for `call` (an `ai_agg` round's), recording the tuples in the
+/// operator's answer table only when `record`.
+fn answer_call(
+    state: &OpState,
+    call: &AiCall,
+    requests: &[AiRequest<'_>],
+    record: bool,
+) -> Result<Vec<Answer>> {
     let spec = &state.spec;
-    let call = &spec.call;
     let (keys, mut ask) = {
         let mut memo = state.runtime.memo.lock().expect("memo lock");
         let keys: Vec<MemoKey> = memo.keys(call, requests);
@@ -608,7 +619,7 @@ fn answer(state: &OpState, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
         let asked: Vec<AiRequest<'_>> = ask.iter().map(|&i| requests[i]).collect();
         let work_before = WorkSoFar::of(&state.runtime);
         let timer = state.metrics.model_time.timer();
-        let codes = answer_all(spec, &state.runtime, &asked)?;
+        let codes = answer_all(call, &state.runtime, &asked)?;
         timer.done();
         state.metrics.prompts.add(asked.len());
         state
@@ -625,6 +636,9 @@ fn answer(state: &OpState, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
             .map(|k| memo.get(k).expect("every question answered").clone())
             .collect()
     };
+    if !record {
+        return Ok(answers);
+    }
     let aliases = spec.docs.iter().map(|d| d.alias.clone()).collect();
     let mut table = AnswerTable::new(&call.op_id, call.kind, aliases, call.labels.clone());
     let mut recorded = state.recorded.lock().expect("recorded lock");
@@ -674,9 +688,64 @@ impl<'a> RowDocs<'a> {
     }
 }
 
+/// `ai_agg` over each row's list of texts (a group's rows), the prompts of
+/// all rows of the batch asked together round by round. Its sub-questions are
+/// not recorded: their documents are chunks of many rows.
+fn aggregate_batch(state: &OpState, batch: &RecordBatch) -> Result<RecordBatch> {
+    let spec = &state.spec;
+    state.metrics.input_rows.add(batch.num_rows());
+    let (_, text) = state.layout.docs[0];
+    let lists = batch.column(text).as_list_opt::<i32>().ok_or_else(|| {
+        EngineError::Data(format!(
+            "{}: the rows column is {}, not a list",
+            spec.call.op_id,
+            batch.column(text).data_type()
+        ))
+    })?;
+    let groups: Vec<Vec<String>> = (0..lists.len())
+        .map(|row| -> Result<Vec<String>> {
+            if lists.is_null(row) {
+                return Ok(Vec::new());
+            }
+            let values = cast(&lists.value(row), &DataType::Utf8)?;
+            Ok(values
+                .as_string::<i32>()
+                .iter()
+                .flatten()
+                .map(str::to_string)
+                .collect())
+        })
+        .collect::<Result<_>>()?;
+    let calls = AggCalls {
+        first: spec.call.clone(),
+        combine: AiCall {
+            pieces: spec
+                .combine
+                .clone()
+                .unwrap_or_else(|| spec.call.pieces.clone()),
+            ..spec.call.clone()
+        },
+    };
+    let context = state
+        .runtime
+        .backend
+        .context_positions()
+        .unwrap_or(DEFAULT_CONTEXT_POSITIONS);
+    let answers = reduce_groups(&calls, context, &groups, |call, requests| {
+        answer_call(state, call, requests, false)
+    })?;
+    let column: StringArray = answers.iter().map(Option::as_deref).collect();
+    let out = append_column(batch, Arc::new(column), state.schema.clone())?;
+    state.metrics.baseline.record_output(out.num_rows());
+    Ok(out)
+}
+
 /// Filters, classifications and AI predicates over one input, one batch at a time.
 fn one_input(state: &OpState, batch: &RecordBatch) -> Result<RecordBatch> {
     let spec = &state.spec;
+    if spec.shape == AiShape::Aggregate {
+        return aggregate_batch(state, batch);
+    }
     state.metrics.input_rows.add(batch.num_rows());
     let docs = RowDocs::new(batch, &state.layout.docs, &spec.call.op_id)?;
     let two = spec.docs.len() > 1;

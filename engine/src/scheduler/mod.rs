@@ -1160,6 +1160,10 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         self.config.prefix_cache
     }
 
+    fn context_positions(&self) -> Option<usize> {
+        Some(self.exec.max_positions())
+    }
+
     fn kv_capacity_tokens(&self) -> Option<usize> {
         self.config
             .prefix_cache

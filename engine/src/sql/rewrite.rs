@@ -26,17 +26,18 @@ use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::common::{Column, DFSchema, JoinType};
 use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::functions_aggregate::expr_fn::array_agg;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::utils::{conjunction, split_conjunction_owned};
 use datafusion::logical_expr::{
-    BinaryExpr, Expr, Extension, Filter, Join, LogicalPlan, LogicalPlanBuilder, Operator,
-    Projection,
+    Aggregate, BinaryExpr, Expr, Extension, Filter, Join, LogicalPlan, LogicalPlanBuilder,
+    Operator, Projection,
 };
 use datafusion::optimizer::analyzer::AnalyzerRule;
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 
-use crate::ai_functions::{AiArgs, ai_call_of, contains_ai_call};
-use crate::backend::AiKind;
+use crate::ai_aggregate::{ai_agg_of, round_pieces};
+use crate::ai_functions::{AiArgs, AiFunction, ai_call_of, contains_ai_call};
 use crate::logical::{AiNode, AiShape, AiSpec, DocRef, check_text};
 use crate::prompt::PromptFormat;
 
@@ -93,7 +94,8 @@ impl AnalyzerRule for AiRewrite {
 struct Rewriter<'a> {
     format: PromptFormat,
     context: &'a RewriteContext,
-    counters: HashMap<AiKind, usize>,
+    /// Operators numbered so far, by id prefix.
+    counters: HashMap<&'static str, usize>,
     /// Columns added so far (`__ai_1`, ...).
     columns: usize,
 }
@@ -122,12 +124,35 @@ fn is_bool_call(e: &Expr) -> bool {
 
 impl Rewriter<'_> {
     fn rewrite(&mut self, plan: LogicalPlan) -> DfResult<Transformed<LogicalPlan>> {
+        if let LogicalPlan::Join(j) = &plan
+            && let Some(e) = j
+                .filter
+                .iter()
+                .chain(j.on.iter().flat_map(|(a, b)| [a, b]))
+                .find(|e| contains_ai_aggregate(e))
+        {
+            return Err(plan_error(format!(
+                "{}: an AI aggregate in a join condition is not supported (an aggregate \
+                 cannot decide which pairs join); aggregate in a subquery and join its result",
+                describe_with(self.context, e, None)
+            )));
+        }
         match plan {
             LogicalPlan::Filter(f) if contains_ai_call(&f.predicate) => self
                 .filter(Arc::unwrap_or_clone(f.input), f.predicate)
                 .map(Transformed::yes),
             LogicalPlan::Join(j) if j.filter.as_ref().is_some_and(contains_ai_call) => {
                 self.join(j).map(Transformed::yes)
+            }
+            LogicalPlan::Aggregate(a) if a.aggr_expr.iter().any(contains_ai_aggregate) => {
+                let plan = self.ai_aggregate(a)?;
+                // Scalar AI calls in the other aggregates' arguments.
+                match plan {
+                    p if p.expressions().iter().any(contains_ai_call) => {
+                        self.other(p).map(Transformed::yes)
+                    }
+                    p => Ok(Transformed::yes(p)),
+                }
             }
             plan if plan.expressions().iter().any(contains_ai_call) => {
                 self.other(plan).map(Transformed::yes)
@@ -177,10 +202,10 @@ impl Rewriter<'_> {
         bytes / (1.0 - keeps)
     }
 
-    fn next_id(&mut self, kind: AiKind) -> String {
-        let n = self.counters.entry(kind).or_insert(0);
+    fn next_id(&mut self, prefix: &'static str) -> String {
+        let n = self.counters.entry(prefix).or_insert(0);
         *n += 1;
-        format!("{}-{n}", kind.name())
+        format!("{prefix}-{n}")
     }
 
     fn fresh_column(&mut self) -> Column {
@@ -257,7 +282,11 @@ impl Rewriter<'_> {
         tables: Vec<String>,
         columns: Vec<String>,
     ) -> DfResult<AiSpec> {
-        let op_id = self.next_id(call.args.kind());
+        let op_id = self.next_id(if call.args.function.aggregate {
+            "agg"
+        } else {
+            call.args.kind().name()
+        });
         let mut ai_call = call
             .args
             .call(&op_id, self.format, tables, columns)
@@ -270,6 +299,7 @@ impl Rewriter<'_> {
             equalities: Vec::new(),
             output: None,
             residual: None,
+            combine: None,
         })
     }
 
@@ -594,6 +624,80 @@ impl Rewriter<'_> {
         Ok((plan, output))
     }
 
+    /// An aggregate with `ai_agg` calls: each becomes `array_agg` of its
+    /// column, and an [`AiShape::Aggregate`] operator above reduces each
+    /// group's list; a projection gives the columns their original names.
+    fn ai_aggregate(&mut self, a: Aggregate) -> DfResult<LogicalPlan> {
+        let original = a.schema.clone();
+        let groups = a.group_expr.len();
+        let ai_agg = AiFunction::from_name("ai_agg").expect("ai_agg is registered");
+        let mut input = Arc::unwrap_or_clone(a.input);
+        let mut aggregates = Vec::with_capacity(a.aggr_expr.len());
+        // Per aggregate replaced: (its index, the call, its documents, its list column).
+        let mut replaced = Vec::new();
+        for (i, e) in a.aggr_expr.iter().enumerate() {
+            let inner = match e {
+                Expr::Alias(alias) => alias.expr.as_ref(),
+                e => e,
+            };
+            let Some(f) = ai_agg_of(inner) else {
+                aggregates.push(e.clone());
+                continue;
+            };
+            let text = describe_with(self.context, inner, None);
+            let p = &f.params;
+            if p.distinct || p.filter.is_some() || !p.order_by.is_empty() {
+                return Err(plan_error(format!(
+                    "{text}: DISTINCT, FILTER and ORDER BY are not supported in ai_agg"
+                )));
+            }
+            let args =
+                AiArgs::parse(ai_agg, &p.args).map_err(|m| plan_error(format!("{text}: {m}")))?;
+            if let Some(inner) = p.args.iter().find(|a| contains_ai_call(a)) {
+                return Err(plan_error(format!(
+                    "{text}: an AI call inside ai_agg's argument ({inner}) is not supported; \
+                     compute it in a subquery first"
+                )));
+            }
+            let call = Call { args, text };
+            let d = self.documents(&call, input)?;
+            input = d.input;
+            let list = self.fresh_column();
+            aggregates
+                .push(array_agg(Expr::Column(d.docs[0].text.clone())).alias(list.name.clone()));
+            replaced.push((i, call, d.docs, d.tables, d.columns, list));
+        }
+        let mut plan = LogicalPlan::Aggregate(Aggregate::try_new(
+            Arc::new(input),
+            a.group_expr,
+            aggregates,
+        )?);
+        let mut outputs = HashMap::new();
+        for (i, call, mut docs, tables, columns, list) in replaced {
+            docs[0].id = list.clone();
+            docs[0].text = list;
+            let mut spec = self.spec(&call, AiShape::Aggregate, docs, tables, columns)?;
+            spec.combine = Some(round_pieces(self.format, &call.args.template, true));
+            let output = self.fresh_column();
+            spec.output = Some(output.clone());
+            plan = ai_plan(spec, vec![plan])?;
+            outputs.insert(groups + i, output);
+        }
+        let exprs: Vec<Expr> = original
+            .iter()
+            .enumerate()
+            .map(|(i, (qualifier, field))| match outputs.get(&i) {
+                Some(out) => Expr::Column(out.clone())
+                    .alias_qualified(qualifier.cloned(), field.name().clone()),
+                None => Expr::Column(Column::new(qualifier.cloned(), field.name())),
+            })
+            .collect();
+        Ok(LogicalPlan::Projection(Projection::try_new(
+            exprs,
+            Arc::new(plan),
+        )?))
+    }
+
     /// Any other operator with AI calls in its expressions.
     fn other(&mut self, plan: LogicalPlan) -> DfResult<LogicalPlan> {
         let inputs = plan.inputs();
@@ -622,6 +726,11 @@ impl Rewriter<'_> {
         let rebuilt = plan.with_new_exprs(new_exprs, vec![new_input])?;
         restore_columns(rebuilt, plan.schema())
     }
+}
+
+/// Whether `e` calls `ai_agg` anywhere.
+fn contains_ai_aggregate(e: &Expr) -> bool {
+    e.exists(|x| Ok(ai_agg_of(x).is_some())).unwrap_or(false)
 }
 
 fn ai_plan(spec: AiSpec, inputs: Vec<LogicalPlan>) -> DfResult<LogicalPlan> {

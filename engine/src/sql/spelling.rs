@@ -256,6 +256,38 @@ fn normalize_expr(e: &mut Expr, found: &mut Spelled) -> Result<()> {
                 )));
             }
         },
+        [name] if name == "ai_summarize_agg" => {
+            // Snowflake: AI_SUMMARIZE_AGG(column), a fixed instruction.
+            let args = positional(f, &spelled)?;
+            let [column] = args.as_slice() else {
+                return Err(sql_error(format!(
+                    "{spelled}{} takes one column, not {} arguments",
+                    at(f),
+                    args.len()
+                )));
+            };
+            Some(call(
+                "ai_agg",
+                f,
+                vec![
+                    literal(crate::ai_aggregate::SUMMARIZE_INSTRUCTION.to_string()),
+                    column.clone(),
+                ],
+            ))
+        }
+        [name]
+            if name == "ai_agg"
+                && positional(f, &spelled).is_ok_and(|args| {
+                    args.len() == 2
+                        && string_literal(&args[0]).is_none()
+                        && string_literal(&args[1]).is_some()
+                }) =>
+        {
+            // Snowflake: AI_AGG(column, instruction).
+            let mut args = positional(f, &spelled)?;
+            args.swap(0, 1);
+            Some(call("ai_agg", f, args))
+        }
         [name] if name.starts_with("ai_") || name == "prompt" => {
             if name == "prompt" {
                 return Ok(()); // checked where its AI_FILTER is
@@ -394,6 +426,13 @@ fn check_call(f: &Function, sites: &mut CallSites) -> Result<()> {
         .documents(args.len(), args.last().is_some_and(is_number))
         .map_err(|m| sql_error(format!("{m}{}", at(f))))?;
     check_max_tokens(f, function, &args)?;
+    if let Some(inner) = args.iter().find(|a| calls_ai_aggregate(a)) {
+        return Err(sql_error(format!(
+            "{name}{}: an AI aggregate inside another call's argument ({inner}) is not \
+             supported; aggregate in a subquery first",
+            at(f)
+        )));
+    }
     if !function.template {
         return Ok(());
     }
@@ -404,10 +443,35 @@ fn check_call(f: &Function, sites: &mut CallSites) -> Result<()> {
             args[0]
         ))
     })?;
-    check_placeholders(template, documents)
+    if function.aggregate && template.contains("{0}") {
+        return Err(sql_error(format!(
+            "{name}{}: the instruction names no {{0}}: the group's rows are its text \
+             (write e.g. 'Summarise the reviews above.')",
+            at(f)
+        )));
+    }
+    // An aggregate's instruction names no document: its rows are the text.
+    let placeholders = if function.aggregate { 0 } else { documents };
+    check_placeholders(template, placeholders)
         .map_err(|m| sql_error(format!("{name}{}: {m}", at(f))))?;
     sites.entry(template.to_string()).or_insert_with(|| at(f));
     Ok(())
+}
+
+/// Whether `e` calls an AI aggregate (`ai_agg`, Snowflake's spellings)
+/// anywhere.
+fn calls_ai_aggregate(e: &Expr) -> bool {
+    use datafusion::sql::sqlparser::ast::visit_expressions;
+    visit_expressions(e, |x| match x {
+        Expr::Function(g)
+            if AiFunction::from_name(&g.name.to_string()).is_some_and(|a| a.aggregate)
+                || name_parts(&g.name) == ["ai_summarize_agg"] =>
+        {
+            ControlFlow::Break(())
+        }
+        _ => ControlFlow::Continue(()),
+    })
+    .is_break()
 }
 
 /// A generating call's `max_tokens`, when given: a positive integer no
