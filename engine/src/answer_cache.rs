@@ -176,7 +176,7 @@ fn encode_answer(answer: &Answer) -> Vec<u8> {
 fn decode_answer(bytes: &[u8]) -> Option<Answer> {
     let (&tag, value) = bytes.split_first()?;
     let f64s = |v: &[u8]| -> Option<Vec<f64>> {
-        (v.len() % 8 == 0).then(|| {
+        v.len().is_multiple_of(8).then(|| {
             v.chunks_exact(8)
                 .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
                 .collect()
@@ -774,6 +774,8 @@ mod tests {
         );
         let score = call(AiKind::Score, "Is {0} kind?", &[]);
         let complete = call(AiKind::Complete, "Summarise {0}.", &[]);
+        let mut extract = call(AiKind::Extract, "", &["dish", "price"]);
+        extract.descriptions = vec!["Which dish?\nANSWER:".into(), "Price?\nANSWER:".into()];
         let a = ["a0", "a1", "a2"];
         let b = ["b0", "b1", "b2", "b3"];
         let pairs: Vec<AiRequest<'_>> = a
@@ -795,7 +797,7 @@ mod tests {
         let reference = ContentHashBackend::default();
         let want_pairs = reference.answer(&join, &pairs).unwrap();
         let want_labels = reference.answer(&classify, &singles).unwrap();
-        let typed = [&scores, &score, &complete];
+        let typed = [&scores, &score, &complete, &extract];
         let want_typed: Vec<Vec<Answer>> = typed
             .iter()
             .map(|c| reference.answer(c, &singles).unwrap())
@@ -812,7 +814,7 @@ mod tests {
         for (c, want) in typed.iter().zip(&want_typed) {
             assert_eq!(&cached.answer(c, &singles).unwrap(), want, "{:?}", c.kind);
         }
-        assert_eq!(inner.asked.load(Ordering::Relaxed), 12 + 4 + 3 * 4);
+        assert_eq!(inner.asked.load(Ordering::Relaxed), 12 + 4 + 4 * 4);
         drop(cached);
         let reopened = CachedBackend::new(
             flaky(0),

@@ -50,7 +50,8 @@ mod tests {
     use super::*;
     use crate::answer_cache::AnswerIdentity;
     use crate::backend::{
-        AiCall, AiKind, AiRequest, Answer, AskTyped, Doc, InferenceBackend, test_call,
+        AiCall, AiKind, AiRequest, Answer, AskTyped, ContentHashBackend, Doc, InferenceBackend,
+        test_call,
     };
     use crate::error::Result;
     use crate::shard::ShardedBackend;
@@ -191,6 +192,51 @@ mod tests {
         let m = sharded.measurements();
         assert_eq!(m["fresh_tokens"], serde_json::json!(pairs.len()));
         assert_eq!(m["workers"].as_array().map(Vec::len), Some(3));
+    }
+
+    #[test]
+    fn typed_answers_travel_from_workers_as_they_were_given() {
+        let started: Vec<LoopbackWorker> = (0..2)
+            .map(|_| start_worker(Arc::new(ContentHashBackend::default()), "f32"))
+            .collect();
+        let addrs: Vec<String> = started.iter().map(|w| w.addr().to_string()).collect();
+        let remote: Vec<Arc<dyn InferenceBackend>> = connect_workers(&addrs)
+            .unwrap()
+            .into_iter()
+            .map(|w| Arc::new(w) as Arc<dyn InferenceBackend>)
+            .collect();
+        let sharded = ShardedBackend::try_new(remote).unwrap();
+        let local = ContentHashBackend::default();
+        let texts: Vec<String> = (0..24)
+            .map(|i| format!("document {i} é{}", "z".repeat(i)))
+            .collect();
+        let docs: Vec<AiRequest<'_>> = texts
+            .iter()
+            .map(|t| AiRequest {
+                anchor: Doc { id: t, text: t },
+                partner: None,
+            })
+            .collect();
+        let mut extract = test_call(AiKind::Extract, "", &["dish", "price"]);
+        extract.descriptions = vec!["Which dish?\nANSWER:".into(), "What price?\nANSWER:".into()];
+        let calls = [
+            test_call(AiKind::Score, "Is {0} kind?", &[]),
+            test_call(
+                AiKind::ClassifyScores,
+                "Which kind is {0}?",
+                &["a", "b", "c"],
+            ),
+            test_call(AiKind::Complete, "Summarise {0}.", &[]),
+            extract,
+        ];
+        sharded.start_query(&calls);
+        for call in &calls {
+            let got = sharded.answer(call, &docs).unwrap();
+            assert_eq!(got, local.answer(call, &docs).unwrap(), "{:?}", call.kind);
+            assert!(got.iter().all(|a| a.fits(call)), "{:?}", call.kind);
+        }
+        // A worker's context reaches the coordinator (ai_agg packs by it).
+        assert_eq!(sharded.context_positions(), local.context_positions());
     }
 
     #[test]
