@@ -121,6 +121,18 @@ impl AiCall {
     pub fn return_type(&self) -> DataType {
         self.kind.return_type(&self.labels)
     }
+
+    /// Whether `other` asks the same question of a document as this call: the
+    /// same kind, pieces and what the answer depends on besides them (labels
+    /// or fields, their descriptions or questions, `max_tokens`); operators
+    /// and tables aside.
+    pub fn asks_as(&self, other: &AiCall) -> bool {
+        self.kind == other.kind
+            && self.pieces == other.pieces
+            && self.labels == other.labels
+            && self.descriptions == other.descriptions
+            && self.max_tokens == other.max_tokens
+    }
 }
 
 /// One answer to one prompt, typed by the kind of question ([`AiKind`]).

@@ -51,6 +51,20 @@ pub type MemoKey = (u32, u32, u32);
 /// The `{1}` document number of a question that has none.
 pub const NO_DOCUMENT: u32 = u32::MAX;
 
+/// What makes two calls' prompts one question: the kind, the rendered pieces
+/// and what the answer depends on besides them — an extraction's fields (its
+/// pieces are the same for any fields), a generation's `max_tokens` — and,
+/// when operators do not share answers, the operator.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PromptKey {
+    kind: AiKind,
+    pieces: PromptPieces,
+    labels: Vec<String>,
+    descriptions: Vec<String>,
+    max_tokens: u32,
+    operator: Option<String>,
+}
+
 /// Document numbers by table, text column and id, each level looked up by
 /// `&str`, so numbering a known document allocates nothing.
 type DocumentNumbers = HashMap<String, HashMap<String, HashMap<String, u32>>>;
@@ -60,7 +74,7 @@ type DocumentNumbers = HashMap<String, HashMap<String, HashMap<String, u32>>>;
 pub struct AnswerMemo {
     /// Prompt numbers by kind, pieces and — when operators do not share
     /// answers — operator id.
-    prompts: HashMap<(AiKind, PromptPieces, Option<String>), u32>,
+    prompts: HashMap<PromptKey, u32>,
     documents: DocumentNumbers,
     /// Documents numbered so far, in all tables.
     document_count: u32,
@@ -91,11 +105,14 @@ impl AnswerMemo {
         let next = self.prompts.len() as u32;
         let prompt = *self
             .prompts
-            .entry((
-                call.kind,
-                call.pieces.clone(),
-                self.per_operator.then(|| call.op_id.clone()),
-            ))
+            .entry(PromptKey {
+                kind: call.kind,
+                pieces: call.pieces.clone(),
+                labels: call.labels.clone(),
+                descriptions: call.descriptions.clone(),
+                max_tokens: call.max_tokens,
+                operator: self.per_operator.then(|| call.op_id.clone()),
+            })
             .or_insert(next);
         fn name(names: &[String], slot: usize) -> &str {
             names.get(slot).map_or("", String::as_str)
@@ -211,6 +228,39 @@ mod tests {
         memo.insert(k, Answer::Bool(true));
         let k3 = memo.key(&j3, &r);
         assert_eq!(memo.get(&k3), None);
+    }
+
+    #[test]
+    fn what_an_answer_depends_on_beyond_the_pieces_makes_another_question() {
+        let mut memo = AnswerMemo::default();
+        memo.reset(true);
+        let one = AiRequest {
+            anchor: Doc { id: "x", text: "" },
+            partner: None,
+        };
+        // An extraction's pieces are the same for any fields.
+        let mut dish = crate::backend::test_call(AiKind::Extract, "", &["dish"]);
+        dish.descriptions = vec!["Which dish?".into()];
+        let mut price = dish.clone();
+        price.op_id = "op-2".into();
+        price.labels = vec!["price".into()];
+        price.descriptions = vec!["What price?".into()];
+        assert_eq!(dish.pieces, price.pieces);
+        assert_ne!(memo.key(&dish, &one), memo.key(&price, &one));
+        // A generation's max_tokens.
+        let short = crate::backend::test_call(AiKind::Complete, "Summarise {0}.", &[]);
+        let long = AiCall {
+            op_id: "op-3".into(),
+            max_tokens: short.max_tokens + 1,
+            ..short.clone()
+        };
+        assert_ne!(memo.key(&short, &one), memo.key(&long, &one));
+        // The same call asked by another operator is the same question.
+        let again = AiCall {
+            op_id: "op-4".into(),
+            ..short.clone()
+        };
+        assert_eq!(memo.key(&short, &one), memo.key(&again, &one));
     }
 
     #[test]

@@ -14,3 +14,5 @@ SELECT id, AI_EXTRACT(body, ['who: Who wrote it?', 'when: When was it written?']
 SELECT id, ai_extract(text, ['subject: What is the claim about?', 'number: Which number does it give?'], 6) AS f FROM claims
 -- query: extract_null_document
 SELECT id, ai_extract(CASE WHEN year > 2019 THEN body END, ['dish: Which dish is named?'], 3) AS f FROM docs
+-- query: extract_two_field_lists
+SELECT id, ai_extract(body, ['dish: Which dish is named?'], 3) AS a, ai_extract(body, ['price: What did it cost?'], 3) AS b, ai_extract(body, ['dish: Which dish is named?'], 5) AS c FROM docs

@@ -34,3 +34,5 @@ WITH summaries AS (SELECT id, year, ai_complete('Summarise the review {0}.', bod
 SELECT topic, ai_complete('Rewrite {0} as a question.', text, 12) AS q FROM claims WHERE topic IS NOT NULL
 -- query: complete_snowflake
 SELECT id, AI_COMPLETE('tiny', PROMPT('Summarise the review {0} in one sentence.', body)) AS summary FROM docs
+-- query: complete_two_lengths
+SELECT id, ai_complete('Summarise the review {0}.', body, 2) AS short, ai_complete('Summarise the review {0}.', body, 7) AS long FROM docs

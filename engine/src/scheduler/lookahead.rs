@@ -161,9 +161,7 @@ impl Lookahead {
                 && askers
                     .iter()
                     .all(|a| a.anchor_relation != op.anchor_relation);
-            let asked_already = askers
-                .iter()
-                .any(|a| a.call.kind == c.kind && a.call.pieces == c.pieces);
+            let asked_already = askers.iter().any(|a| a.call.asks_as(c));
             if self.disabled[pos] || !same_documents || !other_relation || asked_already {
                 continue;
             }
