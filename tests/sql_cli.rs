@@ -371,6 +371,13 @@ fn the_limits_of_a_statement_are_errors_naming_them() {
         1,
         "the statement nests 2000 levels deep, deeper than the parser's recursion limit (100",
     );
+    // A generation is stopped between two decode steps, not at its end.
+    fails(
+        "SELECT id, ai_complete('Summarise the review {0}.', body, 4000) FROM docs",
+        &["--timeout-s", "2"],
+        1,
+        "the query ran past --timeout-s 2",
+    );
     // Usage.
     fails("SELECT 1", &["--timeout-s", "0"], 2, "--timeout-s");
     fails(

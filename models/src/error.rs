@@ -15,6 +15,11 @@ pub enum ModelError {
     #[error(transparent)]
     Kernel(#[from] aisql_kernels::KernelError),
 
+    /// A generation was stopped before its end by its caller (a cancelled
+    /// or timed-out query).
+    #[error("generation stopped before its end: the query was cancelled")]
+    Stopped,
+
     // === Files and sources ===
     /// A file or directory the model needs does not exist.
     #[error("missing {what}: {path} does not exist")]

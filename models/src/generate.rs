@@ -121,16 +121,31 @@ impl Qwen3 {
         stop_ids: &[u32],
         max_batch: usize,
     ) -> Result<Vec<Generation>> {
-        self.generate_in_blocks(requests, stop_ids, max_batch, BLOCK)
+        self.generate_until(requests, stop_ids, max_batch, &|| false)
     }
 
-    /// [`Self::generate`] with closed KV blocks of `block` generated positions.
+    /// [`Self::generate`] that gives up between two decode steps once
+    /// `stopped()` says so (a cancelled or timed-out query), with
+    /// [`ModelError::Stopped`]; the KV made so far is released.
+    pub fn generate_until(
+        &self,
+        requests: &[GenerateRequest<'_>],
+        stop_ids: &[u32],
+        max_batch: usize,
+        stopped: &dyn Fn() -> bool,
+    ) -> Result<Vec<Generation>> {
+        self.generate_in_blocks(requests, stop_ids, max_batch, BLOCK, stopped)
+    }
+
+    /// [`Self::generate_until`] with closed KV blocks of `block` generated
+    /// positions.
     fn generate_in_blocks(
         &self,
         requests: &[GenerateRequest<'_>],
         stop_ids: &[u32],
         max_batch: usize,
         block: usize,
+        stopped: &dyn Fn() -> bool,
     ) -> Result<Vec<Generation>> {
         self.check_generate(requests, stop_ids, max_batch)?;
         let mut out: Vec<Option<Generation>> = vec![None; requests.len()];
@@ -140,6 +155,9 @@ impl Qwen3 {
             let admit: Vec<usize> = waiting.by_ref().take(max_batch - running.len()).collect();
             if running.is_empty() && admit.is_empty() {
                 break Ok(());
+            }
+            if stopped() {
+                break Err(ModelError::Stopped);
             }
             if let Err(e) = self.decode_step(requests, &admit, &mut running, block) {
                 break Err(e);
@@ -550,7 +568,7 @@ mod tests {
             })
             .collect();
         let got = model
-            .generate_in_blocks(&requests, &stop_ids, 6, block)
+            .generate_in_blocks(&requests, &stop_ids, 6, block, &|| false)
             .unwrap();
         let mut near_ties = 0;
         for (j, g) in got.iter().enumerate() {
@@ -630,6 +648,31 @@ mod tests {
         assert_eq!(model.decode_tokens() - decode, first as u64);
         assert_eq!(model.fresh_tokens() - fresh, 5 + first as u64);
         assert!(doc.segment_bytes() > 0 && !doc.is_released());
+    }
+
+    #[test]
+    fn a_stopped_generation_ends_between_steps_and_keeps_the_callers_prefix() {
+        let model = Qwen3::load_for_test(tiny_dir());
+        let doc = model.prefill(None, &tokens(9, 1, 151_669)).unwrap();
+        let requests = [
+            GenerateRequest::new(Some(&doc), &[], 50),
+            GenerateRequest::new(Some(&doc), &[], 50),
+        ];
+        let steps = std::cell::Cell::new(0);
+        let decode = model.decode_tokens();
+        let e = model
+            .generate_until(&requests, &[], 2, &|| {
+                steps.set(steps.get() + 1);
+                steps.get() > 3
+            })
+            .unwrap_err();
+        assert!(matches!(e, ModelError::Stopped), "{e}");
+        // Three steps ran (the first reads the prefix's last hidden state).
+        assert_eq!(model.decode_tokens() - decode, 2 * 2);
+        assert!(doc.segment_bytes() > 0 && !doc.is_released());
+        // The prefix serves the next generation whole.
+        let again = model.generate(&requests, &[], 2).unwrap();
+        assert_eq!(again[0].token_ids.len(), 50);
     }
 
     #[test]
@@ -738,7 +781,9 @@ mod tests {
             let mut n = 0;
             for _ in 0..3 {
                 let t0 = std::time::Instant::now();
-                let got = model.generate_in_blocks(&requests, &[], 16, block).unwrap();
+                let got = model
+                    .generate_in_blocks(&requests, &[], 16, block, &|| false)
+                    .unwrap();
                 best = best.min(t0.elapsed().as_secs_f64());
                 n = got.iter().map(|g| g.token_ids.len()).sum::<usize>();
             }

@@ -23,13 +23,15 @@ pub trait Executor: Send + Sync {
     /// The answer of `call`'s kind after each `(prefix, suffix)`; the suffix may
     /// be empty when the prefix ends with the whole prompt. `requests` are the
     /// matching prompts; `labels` the token ids of each `" " + label` (label
-    /// kinds).
+    /// kinds). A generation gives up between two decode steps once `stopped()`
+    /// (a cancelled query).
     fn answer(
         &self,
         call: &AiCall,
         requests: &[AiRequest<'_>],
         items: &[(Option<&Self::Kv>, &[u32])],
         labels: &[Vec<u32>],
+        stopped: &dyn Fn() -> bool,
     ) -> Result<Vec<Answer>>;
     /// Positions computed so far: prompts and decoded tokens (label
     /// continuations excluded).
@@ -122,15 +124,16 @@ impl ModelExecutor {
         &self,
         items: &[(Option<&KvHandle>, Vec<u32>)],
         max_tokens: u32,
+        stopped: &dyn Fn() -> bool,
     ) -> Result<Vec<Box<str>>> {
         let started = std::time::Instant::now();
         let requests: Vec<GenerateRequest<'_>> = items
             .iter()
             .map(|(p, t)| GenerateRequest::new(*p, t, max_tokens as usize))
             .collect();
-        let generated = self
-            .model
-            .generate(&requests, &self.stop_ids, GENERATION_BATCH)?;
+        let generated =
+            self.model
+                .generate_until(&requests, &self.stop_ids, GENERATION_BATCH, stopped)?;
         self.decode_nanos.fetch_add(
             started.elapsed().as_nanos() as u64,
             std::sync::atomic::Ordering::Relaxed,
@@ -189,6 +192,7 @@ impl Executor for ModelExecutor {
         _requests: &[AiRequest<'_>],
         items: &[(Option<&KvHandle>, &[u32])],
         labels: &[Vec<u32>],
+        stopped: &dyn Fn() -> bool,
     ) -> Result<Vec<Answer>> {
         let conts = || -> Vec<Continuation<'_>> {
             items
@@ -231,7 +235,7 @@ impl Executor for ModelExecutor {
             AiKind::Complete => {
                 let prompts: Vec<(Option<&KvHandle>, Vec<u32>)> =
                     items.iter().map(|(p, t)| (*p, t.to_vec())).collect();
-                self.generate(&prompts, call.max_tokens)?
+                self.generate(&prompts, call.max_tokens, stopped)?
                     .into_iter()
                     .map(Answer::Text)
                     .collect()
@@ -247,7 +251,7 @@ impl Executor for ModelExecutor {
                             .map(move |q| (*p, [*t, q.as_slice()].concat()))
                     })
                     .collect();
-                let texts = self.generate(&prompts, call.max_tokens)?;
+                let texts = self.generate(&prompts, call.max_tokens, stopped)?;
                 texts
                     .chunks(labels.len().max(1))
                     .map(|fields| Answer::Fields(fields.to_vec().into()))
@@ -413,6 +417,7 @@ impl Executor for SimExecutor {
         requests: &[AiRequest<'_>],
         items: &[(Option<&VirtualKv>, &[u32])],
         labels: &[Vec<u32>],
+        _stopped: &dyn Fn() -> bool,
     ) -> Result<Vec<Answer>> {
         use std::sync::atomic::Ordering::Relaxed;
         let fed: usize = items.iter().map(|(_, t)| t.len()).sum();

@@ -76,6 +76,10 @@ use lookahead::{AheadQuestion, Lookahead, MAX_PARTNERS_AHEAD};
 /// when a tier is full.
 const DROPPED_DOCUMENT_STUB_TOKENS: usize = 64;
 
+/// Requests of a generating call given to the executor at once: it decodes
+/// them side by side, and a stopped query waits for one such group.
+const GENERATING_REQUESTS_PER_CALL: usize = 64;
+
 /// Scheduling knobs.
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
@@ -750,7 +754,7 @@ impl<E: Executor> ScheduledBackend<E> {
             // One document: preamble + doc, then the tail as the question.
             let tail = self.piece(&pieces.tail)?;
             let nodes = self.anchor_prompts(ticket, state, call, requests, &tail, true)?;
-            self.ask_one(&state.cache, call, &nodes, requests)
+            self.ask_one(ticket, &state.cache, call, &nodes, requests)
         } else {
             // Pairs: preamble + anchor + frame cached, partners packed as suffixes.
             // Each pair is asked once per query: the operators' memo
@@ -762,8 +766,12 @@ impl<E: Executor> ScheduledBackend<E> {
     }
 
     /// One-document questions whose whole prompt is the KV of `nodes` (one per request).
+    /// A generating call is asked [`GENERATING_REQUESTS_PER_CALL`] requests at
+    /// a time, so that a stopped query (`--timeout-s`, an interrupt) waits for
+    /// at most one such group's decoding, not a whole batch's.
     fn ask_one(
         &self,
+        ticket: Ticket,
         cache: &Cache<E::Kv>,
         call: &AiCall,
         nodes: &[(DocKey, NodeId)],
@@ -773,8 +781,20 @@ impl<E: Executor> ScheduledBackend<E> {
             .iter()
             .map(|(k, n)| (cache.suffixes[k].kv(*n), &[][..]))
             .collect();
-        self.exec
-            .answer(call, requests, &items, &self.labels(call)?)
+        let labels = self.labels(call)?;
+        let stopped = || self.gate.check(ticket, &call.op_id).is_err();
+        if !call.kind.generates() {
+            return self.exec.answer(call, requests, &items, &labels, &stopped);
+        }
+        let mut answers = Vec::with_capacity(requests.len());
+        for (items, requests) in items
+            .chunks(GENERATING_REQUESTS_PER_CALL)
+            .zip(requests.chunks(GENERATING_REQUESTS_PER_CALL))
+        {
+            self.gate.check(ticket, &call.op_id)?;
+            answers.extend(self.exec.answer(call, requests, items, &labels, &stopped)?);
+        }
+        Ok(answers)
     }
 
     /// Token ids of `call`'s label continuations.
@@ -862,11 +882,19 @@ impl<E: Executor> ScheduledBackend<E> {
         let labels = self.labels(call)?;
         let order: Vec<usize> = (0..requests.len()).collect();
         let mut answers = Vec::with_capacity(requests.len());
+        let stopped = || self.gate.check(ticket, &call.op_id).is_err();
+        let most = if call.kind.generates() {
+            GENERATING_REQUESTS_PER_CALL
+        } else {
+            usize::MAX
+        };
         for chunk in chunk_by_tokens(&order, self.config.batch_tokens, |&i| tokens(i)) {
-            self.gate.check(ticket, &call.op_id)?;
-            let items: Vec<(Option<&E::Kv>, &[u32])> = chunk.iter().map(|&i| item(i)).collect();
-            let reqs: Vec<AiRequest<'_>> = chunk.iter().map(|&i| requests[i]).collect();
-            answers.extend(self.exec.answer(call, &reqs, &items, &labels)?);
+            for group in chunk.chunks(most) {
+                self.gate.check(ticket, &call.op_id)?;
+                let items: Vec<(Option<&E::Kv>, &[u32])> = group.iter().map(|&i| item(i)).collect();
+                let reqs: Vec<AiRequest<'_>> = group.iter().map(|&i| requests[i]).collect();
+                answers.extend(self.exec.answer(call, &reqs, &items, &labels, &stopped)?);
+            }
         }
         Ok(answers)
     }
@@ -959,7 +987,7 @@ impl<E: Executor> ScheduledBackend<E> {
         let answers = if pieces.pair {
             self.ask_pairs(ticket, &state.cache, call, &nodes, &requests)?
         } else {
-            self.ask_one(&state.cache, call, &nodes, &requests)?
+            self.ask_one(ticket, &state.cache, call, &nodes, &requests)?
         };
         state.lookahead.store(call, &requests, answers);
         Ok(())
