@@ -70,9 +70,10 @@ impl Decision {
         }
     }
 
-    /// P(TRUE) over TRUE+FALSE from the two max logits (`ai_score`, SPEC §B.5).
-    pub fn p_true(&self) -> f32 {
-        1.0 / (1.0 + (-self.margin).exp())
+    /// P(TRUE) over TRUE+FALSE from the two max logits (`ai_score`, SPEC §B.5):
+    /// their softmax, in f64.
+    pub fn p_true(&self) -> f64 {
+        1.0 / (1.0 + (f64::from(self.false_logit) - f64::from(self.true_logit)).exp())
     }
 }
 

@@ -126,6 +126,21 @@ mod tests {
         .unwrap()
     }
 
+    /// A loopback worker serving each backend (kept running while the
+    /// returned workers live), and one sharded backend over them all.
+    fn sharded_over(
+        backends: impl Iterator<Item = Arc<dyn InferenceBackend>>,
+    ) -> (Vec<LoopbackWorker>, ShardedBackend) {
+        let started: Vec<LoopbackWorker> = backends.map(|b| start_worker(b, "f32")).collect();
+        let addrs: Vec<String> = started.iter().map(|w| w.addr().to_string()).collect();
+        let remote: Vec<Arc<dyn InferenceBackend>> = connect_workers(&addrs)
+            .unwrap()
+            .into_iter()
+            .map(|w| Arc::new(w) as Arc<dyn InferenceBackend>)
+            .collect();
+        (started, ShardedBackend::try_new(remote).unwrap())
+    }
+
     fn by_length() -> Arc<ByLength> {
         Arc::new(ByLength {
             asked: Default::default(),
@@ -136,17 +151,11 @@ mod tests {
     fn three_loopback_workers_answer_as_one_backend_each_question_once() {
         let local = by_length();
         let served: Vec<_> = (0..3).map(|_| by_length()).collect();
-        let started: Vec<_> = served
-            .iter()
-            .map(|b| start_worker(b.clone(), "f32"))
-            .collect();
-        let addrs: Vec<String> = started.iter().map(|w| w.addr().to_string()).collect();
-        let remote: Vec<Arc<dyn InferenceBackend>> = connect_workers(&addrs)
-            .unwrap()
-            .into_iter()
-            .map(|w| Arc::new(w) as Arc<dyn InferenceBackend>)
-            .collect();
-        let sharded = ShardedBackend::try_new(remote).unwrap();
+        let (_started, sharded) = sharded_over(
+            served
+                .iter()
+                .map(|b| b.clone() as Arc<dyn InferenceBackend>),
+        );
 
         let texts: Vec<String> = (0..60).map(|i| "x".repeat(10 + i * 7)).collect();
         let ids: Vec<String> = (0..60).map(|i| i.to_string()).collect();
@@ -196,16 +205,9 @@ mod tests {
 
     #[test]
     fn typed_answers_travel_from_workers_as_they_were_given() {
-        let started: Vec<LoopbackWorker> = (0..2)
-            .map(|_| start_worker(Arc::new(ContentHashBackend::default()), "f32"))
-            .collect();
-        let addrs: Vec<String> = started.iter().map(|w| w.addr().to_string()).collect();
-        let remote: Vec<Arc<dyn InferenceBackend>> = connect_workers(&addrs)
-            .unwrap()
-            .into_iter()
-            .map(|w| Arc::new(w) as Arc<dyn InferenceBackend>)
-            .collect();
-        let sharded = ShardedBackend::try_new(remote).unwrap();
+        let (_started, sharded) = sharded_over(
+            (0..2).map(|_| Arc::new(ContentHashBackend::default()) as Arc<dyn InferenceBackend>),
+        );
         let local = ContentHashBackend::default();
         let texts: Vec<String> = (0..24)
             .map(|i| format!("document {i} é{}", "z".repeat(i)))

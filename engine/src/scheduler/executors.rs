@@ -4,9 +4,7 @@
 
 use std::sync::Arc;
 
-use aisql_models::{
-    ClassifyRequest, Continuation, Decision, GenerateRequest, KvHandle, Qwen3, Tokenizer,
-};
+use aisql_models::{ClassifyRequest, Continuation, GenerateRequest, KvHandle, Qwen3, Tokenizer};
 
 use crate::backend::{AiCall, AiKind, AiRequest, Answer, InferenceBackend, OracleBackend};
 use crate::error::Result;
@@ -154,12 +152,6 @@ pub fn label_probabilities(scores: &[f32]) -> Box<[f64]> {
     exp.iter().map(|e| e / sum).collect()
 }
 
-/// P(TRUE) over the restricted TRUE/FALSE head (`ai_score`): the softmax of
-/// the best TRUE and the best FALSE logit, in f64.
-pub fn p_true(d: &Decision) -> f64 {
-    1.0 / (1.0 + (f64::from(d.false_logit) - f64::from(d.true_logit)).exp())
-}
-
 /// Index of the best score; ties go to the earlier label (SPEC §B.5).
 pub fn best_label(scores: &[f32]) -> usize {
     let mut best = 0;
@@ -222,7 +214,7 @@ impl Executor for ModelExecutor {
                 .model
                 .decide(&conts(), &self.answers)?
                 .iter()
-                .map(|d| Answer::Score(p_true(d)))
+                .map(|d| Answer::Score(d.p_true()))
                 .collect(),
             AiKind::Classify => label_scores()?
                 .iter()

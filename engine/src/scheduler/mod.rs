@@ -47,7 +47,6 @@ pub use budget::{default_host_kv_budget_bytes, default_kv_budget_bytes, gpu_kv_b
 pub use executors::{
     Executor, ModelExecutor, QWEN3_4B_KV_BYTES_PER_TOKEN, QWEN3_4B_MAX_POSITIONS,
     SIMULATED_LINK_BYTES_PER_SECOND, SimExecutor, VirtualKv, best_label, label_probabilities,
-    p_true,
 };
 pub use loading::{
     ModelSpec, RunMetadata, answer_identity, load_model_backend, model_input_paths,
