@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::builder::TypedValueParser;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 
 /// aisql: SQL that calls a language model per row, from Substrait plans.
 #[derive(Debug, Parser)]
@@ -290,6 +290,8 @@ pub struct QueryArgs {
     pub rows: RowOutputArgs,
     #[command(flatten)]
     pub limits: LimitArgs,
+    #[command(flatten)]
+    pub cost: CostArgs,
 }
 
 /// How long and how deep one query may run (`aisql query`, `aisql sql`).
@@ -319,6 +321,103 @@ fn seconds(arg: &str) -> Result<Duration, String> {
         return Err(format!("must be a number of seconds > 0, got {arg}"));
     }
     Duration::try_from_secs_f64(s).map_err(|e| format!("{arg} seconds: {e}"))
+}
+
+/// What a query may cost, what it is estimated to cost, and what one bad row
+/// does (`aisql query`, `aisql sql`, `aisql bench`).
+#[derive(Debug, Clone, Args)]
+#[command(group(ArgGroup::new("budget").multiple(true)
+    .args(["max_fresh_tokens", "max_model_seconds", "max_cost_usd"])))]
+pub struct CostArgs {
+    /// Price of one GPU-hour in USD: the dollars of estimates and of
+    /// --max-cost-usd (default for those: the benchmark's price,
+    /// `aisql_engine::estimate::DEFAULT_GPU_HOURLY_RATE_USD`, $3.50); a benchmark records costs only
+    /// when it is given.
+    #[arg(long = "gpu-hourly-rate-usd", alias = "gpu-hour-usd", value_name = "PRICE",
+          value_parser = non_negative)]
+    pub gpu_hourly_rate_usd: Option<f64>,
+    /// Print the estimate (rows, input, minimum, fresh and decode tokens,
+    /// seconds, dollars per AI operator and in total) instead of running the
+    /// query: the model is asked only about a seeded sample of rows.
+    #[arg(long)]
+    pub estimate: bool,
+    /// Rows per AI operator an estimate asks the backend about (the rest follow
+    /// the sample's answers, or a --selectivity hint).
+    #[arg(long, value_name = "N", default_value_t = 48,
+          value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    pub estimate_sample: usize,
+    /// Stop model work once the query has computed N fresh tokens (checked
+    /// before every forward batch).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_fresh_tokens: Option<u64>,
+    /// Stop model work once the model has run S seconds in this query.
+    #[arg(long, value_name = "S", value_parser = positive)]
+    pub max_model_seconds: Option<f64>,
+    /// Stop model work once the model's time has cost D dollars at
+    /// --gpu-hourly-rate-usd.
+    #[arg(long, value_name = "D", value_parser = positive)]
+    pub max_cost_usd: Option<f64>,
+    /// What a spent budget does: fail (the default) or partial (the rows
+    /// completed so far, with each AI operator's coverage).
+    #[arg(long, value_enum, value_name = "fail|partial", requires = "budget")]
+    pub on_budget: Option<OnBudget>,
+    /// What a row the model cannot answer does (a prompt longer than the
+    /// model's context): fail the query (the default) or give NULL for that
+    /// row's AI value.
+    #[arg(long, value_enum, default_value = "fail")]
+    pub on_row_error: OnRowError,
+    /// With --on-row-error null: the largest fraction of an AI operator's rows
+    /// that may be NULL for an error before the query fails (default 1: any).
+    #[arg(long, value_name = "R", value_parser = fraction)]
+    pub max_error_ratio: Option<f64>,
+}
+
+/// `--on-budget`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnBudget {
+    /// Fail the query, naming the budget.
+    Fail,
+    /// Return the rows completed so far and each AI operator's coverage.
+    Partial,
+}
+
+/// `--on-row-error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnRowError {
+    /// Fail the query, naming the row.
+    Fail,
+    /// NULL for that row's AI value, counted per operator.
+    Null,
+}
+
+/// A finite number ≥ 0.
+fn non_negative(arg: &str) -> Result<f64, String> {
+    let v: f64 = arg
+        .trim()
+        .parse()
+        .map_err(|_| format!("{arg:?} is not a number"))?;
+    if !(v.is_finite() && v >= 0.0) {
+        return Err(format!("must be a finite number ≥ 0, got {arg}"));
+    }
+    Ok(v)
+}
+
+/// A finite number > 0.
+fn positive(arg: &str) -> Result<f64, String> {
+    let v = non_negative(arg)?;
+    if v == 0.0 {
+        return Err(format!("must be a number > 0, got {arg}"));
+    }
+    Ok(v)
+}
+
+/// A fraction from 0 to 1.
+fn fraction(arg: &str) -> Result<f64, String> {
+    let v = non_negative(arg)?;
+    if v > 1.0 {
+        return Err(format!("must be a fraction from 0 to 1, got {arg}"));
+    }
+    Ok(v)
 }
 
 /// How result rows are printed.
@@ -413,6 +512,8 @@ pub struct SqlArgs {
     pub selectivity: Vec<String>,
     #[command(flatten)]
     pub limits: LimitArgs,
+    #[command(flatten)]
+    pub cost: CostArgs,
 }
 
 /// `aisql data …`.
@@ -546,9 +647,8 @@ pub struct BenchRunArgs {
     /// devices of --gpu, else 1).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub gpu_count: Option<u32>,
-    /// Price of one GPU-hour in USD (without it, costs are unavailable).
-    #[arg(long)]
-    pub gpu_hourly_rate_usd: Option<f64>,
+    #[command(flatten)]
+    pub cost: CostArgs,
     /// Per-query limit on engine time in seconds; a query over it is recorded as
     /// `timeout` and the run goes on.
     #[arg(long, value_name = "SECONDS", value_parser = seconds)]

@@ -20,6 +20,7 @@ pub mod cache_dir;
 pub mod canonical;
 pub mod distributed;
 mod error;
+pub mod estimate;
 pub mod explain;
 pub mod host_memory;
 pub mod input_file;

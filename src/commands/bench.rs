@@ -109,11 +109,6 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
     if args.data.tables.is_some() {
         bail!("aisql bench needs a QUAIL-B data root with reference labels (--root), not --tables");
     }
-    if let Some(r) = args.gpu_hourly_rate_usd
-        && !(r.is_finite() && r >= 0.0)
-    {
-        bail!("--gpu-hourly-rate-usd must be a finite number ≥ 0, got {r}");
-    }
     let timeout = args.timeout_s;
     let plans = PlanSource::choose(args.plans.dir.as_deref());
     let (output_dir, resume) = match &args.resume {
@@ -167,7 +162,7 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
                 .as_ref()
                 .map_or(1, |g| g.len().max(1) as u32)
         }),
-        gpu_hourly_rate_usd: args.gpu_hourly_rate_usd,
+        gpu_hourly_rate_usd: args.cost.gpu_hourly_rate_usd,
         backend_metadata,
         plans: plans.describe(),
         user_metadata,
