@@ -362,12 +362,14 @@ pub struct CostArgs {
     #[arg(long, value_enum, value_name = "fail|partial", requires = "budget")]
     pub on_budget: Option<OnBudget>,
     /// What a row the model cannot answer does (a prompt longer than the
-    /// model's context): fail the query (the default) or give NULL for that
-    /// row's AI value.
-    #[arg(long, value_enum, default_value = "fail")]
-    pub on_row_error: OnRowError,
-    /// With --on-row-error null: the largest fraction of an AI operator's rows
-    /// that may be NULL for an error before the query fails (default 1: any).
+    /// model's context, generated tokens that are not text): fail the query
+    /// naming the row (the default), or give NULL for that row's AI value (a
+    /// filter or join drops it), listing the first failed rows.
+    #[arg(long, value_enum, value_name = "fail|null")]
+    pub on_row_error: Option<OnRowError>,
+    /// The largest fraction of an AI operator's rows that may fail before the
+    /// query fails naming them; implies --on-row-error null (which alone
+    /// allows any fraction). Not with --on-row-error fail.
     #[arg(long, value_name = "R", value_parser = fraction)]
     pub max_error_ratio: Option<f64>,
 }

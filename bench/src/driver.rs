@@ -1,7 +1,8 @@
 //! The QUAIL-B driver: runs the catalog's queries through the engine one at a
 //! time, saves each query's outputs, scores them, and keeps `run.json` current
 //! after every state change (SPEC §D.6). A run can be resumed, queries can time
-//! out without ending the run, and Ctrl-C leaves a consistent run.json. Writing
+//! out or spend their budget without ending the run, and Ctrl-C leaves a
+//! consistent run.json. Writing
 //! outputs, tokenizing and scoring run on blocking threads, never on the runtime
 //! that drives the engine.
 
@@ -12,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aisql_engine::backend::InferenceBackend;
+use aisql_engine::coverage::OnRowError;
 use aisql_engine::output::{
     OutputFiles, ROWS_FILE, ROWS_SUMMARY_FILE, is_temp_name, write_answer_outputs,
 };
@@ -19,6 +21,7 @@ use aisql_engine::plan::QueryPlan;
 use aisql_engine::prompt::PromptFormat;
 use aisql_engine::query::{QueryOptions, QueryOutput, output_schema, run_query_into};
 use aisql_engine::row_sink::{ParquetRows, SavedRows};
+use aisql_engine::spend::Budget;
 use aisql_engine::tables::TablePaths;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -60,6 +63,12 @@ pub struct BenchOptions {
     pub batch_rows: usize,
     /// Bytes DataFusion's operators may hold per query.
     pub memory_limit: usize,
+    /// What each query may spend on the model ([`aisql_engine::spend`]): a
+    /// query over it under `--on-budget fail` is recorded `over_budget` and
+    /// the run goes on.
+    pub budget: Option<Budget>,
+    /// What a row the model cannot answer does.
+    pub on_row_error: OnRowError,
 }
 
 /// Metadata a resume must share with the run it continues.
@@ -111,6 +120,28 @@ pub fn run_metadata(opts: &BenchOptions, backend: &dyn InferenceBackend) -> Meta
         "timeout_s".into(),
         opts.timeout.map_or(Value::Null, |t| t.as_secs_f64().into()),
     );
+    if let Some(b) = &opts.budget {
+        let l = &b.limits;
+        m.insert(
+            "budget".into(),
+            serde_json::json!({
+                "max_fresh_tokens": l.fresh_tokens,
+                "max_model_seconds": l.model_seconds,
+                "max_cost_usd": l.cost_usd,
+                "gpu_hourly_rate_usd": l.gpu_hourly_rate_usd,
+                "on_budget": match b.on_spent {
+                    aisql_engine::spend::OnBudget::Fail => "fail",
+                    aisql_engine::spend::OnBudget::Partial => "partial",
+                },
+            }),
+        );
+    }
+    if let OnRowError::Null { max_ratio } = opts.on_row_error {
+        m.insert(
+            "on_row_error".into(),
+            serde_json::json!({"on_row_error": "null", "max_error_ratio": max_ratio}),
+        );
+    }
     m.extend(opts.backend_metadata.clone());
     m.extend(opts.user_metadata.clone());
     m
@@ -136,6 +167,7 @@ enum Outcome {
     Done(Box<(QueryOutput, SavedRows)>),
     Failed(String),
     Timeout(String),
+    OverBudget(String),
     Interrupted,
 }
 
@@ -444,6 +476,8 @@ pub async fn run_bench(
         progress: opts.progress && std::io::stderr().is_terminal(),
         batch_rows: opts.batch_rows,
         memory_limit: opts.memory_limit,
+        budget: opts.budget,
+        on_row_error: opts.on_row_error,
         ..QueryOptions::default()
     };
     let mut interrupted = false;
@@ -503,6 +537,9 @@ pub async fn run_bench(
         let outcome = tokio::select! {
             r = handle => match r {
                 Ok(Ok(out)) => Outcome::Done(Box::new(out)),
+                Ok(Err(e @ aisql_engine::EngineError::OverBudget(_))) => {
+                    Outcome::OverBudget(format!("BudgetError: {e}"))
+                }
                 Ok(Err(e)) => Outcome::Failed(format!("EngineError: {e}")),
                 Err(e) => Outcome::Failed(format!("PanicError: {e}")),
             },
@@ -557,6 +594,10 @@ pub async fn run_bench(
             }
             Outcome::Timeout(e) => {
                 rec.status = QueryStatus::Timeout;
+                rec.error = Some(e);
+            }
+            Outcome::OverBudget(e) => {
+                rec.status = QueryStatus::OverBudget;
                 rec.error = Some(e);
             }
             Outcome::Interrupted => {

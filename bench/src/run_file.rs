@@ -48,6 +48,9 @@ pub enum QueryStatus {
     ScoringFailed,
     /// The engine exceeded `--timeout-s`.
     Timeout,
+    /// The query spent its budget (`--max-fresh-tokens`, `--max-model-seconds`,
+    /// `--max-cost-usd`) before it was done, under `--on-budget fail`.
+    OverBudget,
 }
 
 impl QueryStatus {
@@ -61,6 +64,7 @@ impl QueryStatus {
             QueryStatus::Failed => "failed",
             QueryStatus::ScoringFailed => "scoring_failed",
             QueryStatus::Timeout => "timeout",
+            QueryStatus::OverBudget => "over_budget",
         }
     }
 }

@@ -25,7 +25,7 @@ use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::{Accumulator, AggregateUDFImpl, Expr, Signature, Volatility};
 
-use crate::backend::{AiCall, AiKind, AiRequest, Answer, Doc, check_answers};
+use crate::backend::{AiCall, AiKind, AiRequest, Answer, Doc, check_answers, require_answered};
 use crate::error::{EngineError, Result};
 use crate::prompt::{PromptFormat, PromptPieces, shorten};
 
@@ -129,15 +129,17 @@ fn pack(texts: &[String], capacity: usize, what: &str) -> Result<Vec<String>> {
 
 /// One answer per group: `ask` answers a round's requests of `call` (all
 /// groups' chunks at once, documents named by their text). A group without
-/// texts answers `None` (NULL). `context` is the model's context in
-/// positions.
+/// texts answers `None` (NULL); a group whose chunk the model could not answer
+/// ([`Answer::Failed`]) or did not reach ([`Answer::Unreached`]) stops there
+/// and answers that. Otherwise the answer is [`Answer::Text`]. `context` is
+/// the model's context in positions.
 pub fn reduce_groups(
     calls: &AggCalls,
     context: usize,
     groups: &[Vec<String>],
     mut ask: impl FnMut(&AiCall, &[AiRequest<'_>]) -> Result<Vec<Answer>>,
-) -> Result<Vec<Option<String>>> {
-    let mut out: Vec<Option<String>> = vec![None; groups.len()];
+) -> Result<Vec<Option<Answer>>> {
+    let mut out: Vec<Option<Answer>> = vec![None; groups.len()];
     let mut pending: Vec<(usize, Vec<String>)> = groups
         .iter()
         .enumerate()
@@ -197,14 +199,20 @@ pub fn reduce_groups(
         let mut answers = answers.into_iter();
         let mut next = Vec::new();
         for ((g, _), chunks) in pending.iter().zip(&chunked) {
-            let texts: Vec<String> = (0..chunks.len())
-                .map(|_| match answers.next() {
-                    Some(Answer::Text(t)) => t.to_string(),
+            let mine: Vec<Answer> = answers.by_ref().take(chunks.len()).collect();
+            if let Some(stop) = mine.iter().find(|a| !a.is_answer()) {
+                out[*g] = Some(stop.clone());
+                continue;
+            }
+            let texts: Vec<String> = mine
+                .into_iter()
+                .map(|a| match a {
+                    Answer::Text(t) => t.to_string(),
                     other => unreachable!("checked as text: {other:?}"),
                 })
                 .collect();
             if chunks.len() == 1 {
-                out[*g] = texts.into_iter().next();
+                out[*g] = texts.into_iter().next().map(|t| Answer::Text(t.into()));
             } else {
                 next.push((*g, texts));
             }
@@ -403,8 +411,14 @@ impl Accumulator for AiAggAccumulator {
         let answer = reduce_groups(&calls, context, &groups, |call, requests| {
             backend.answer(call, requests)
         })
+        .and_then(|out| require_answered(out.into_iter().flatten().collect()))
         .map_err(DataFusionError::from)?;
-        Ok(ScalarValue::Utf8(answer.into_iter().next().flatten()))
+        Ok(ScalarValue::Utf8(answer.into_iter().next().map(
+            |a| match a {
+                Answer::Text(t) => t.to_string(),
+                other => unreachable!("reduced to text: {other:?}"),
+            },
+        )))
     }
 
     fn size(&self) -> usize {

@@ -33,7 +33,9 @@ use datafusion::logical_expr::{
 use datafusion::prelude::SessionContext;
 
 use crate::answers::answer_array;
-use crate::backend::{AiCall, AiKind, AiRequest, Doc, InferenceBackend, check_answers};
+use crate::backend::{
+    AiCall, AiKind, AiRequest, Doc, InferenceBackend, check_answers, require_answered,
+};
 use crate::error::{EngineError, Result};
 use crate::prompt::{PromptFormat, call_pieces, check_placeholders, extract_questions};
 
@@ -767,7 +769,7 @@ fn naive_eval(
         };
         let answer = naive.backend.answer(&call, &[request])?;
         check_answers(&call, "the backend", &answer, 1)?;
-        answers.push(answer.into_iter().next());
+        answers.push(require_answered(answer)?.into_iter().next());
     }
     Ok(ColumnarValue::Array(answer_array(&call, &answers)?))
 }

@@ -138,10 +138,12 @@ fn finish(mut h: Sha256, call: &AiCall, partner: Option<Doc<'_>>) -> QuestionHas
     h.finalize()[..QUESTION_BYTES].try_into().expect("16 bytes")
 }
 
-/// An answer's bytes in a record: a tag, then its value (little endian).
-fn encode_answer(answer: &Answer) -> Vec<u8> {
+/// An answer's bytes in a record: a tag, then its value (little endian);
+/// `None` for a failed or unreached question, which is never kept.
+fn encode_answer(answer: &Answer) -> Option<Vec<u8>> {
     let mut out = Vec::new();
     match answer {
+        Answer::Failed(_) | Answer::Unreached => return None,
         Answer::Bool(b) => out.extend([b'b', u8::from(*b)]),
         Answer::Label(i) => {
             out.push(b'l');
@@ -169,7 +171,7 @@ fn encode_answer(answer: &Answer) -> Vec<u8> {
             }
         }
     }
-    out
+    Some(out)
 }
 
 /// Reads [`encode_answer`]'s bytes back; `None` for bytes it never writes.
@@ -442,12 +444,17 @@ impl AnswerCache {
 
     /// Records answers: appended to the log in one write, then held.
     pub fn insert(&self, answered: &[(QuestionHash, Answer)]) -> Result<()> {
+        // A failed row or an unreached one is asked again next time.
+        let answered: Vec<&(QuestionHash, Answer)> =
+            answered.iter().filter(|(_, a)| a.is_answer()).collect();
         if answered.is_empty() {
             return Ok(());
         }
         let mut buf = Vec::with_capacity(answered.len() * (RECORD_FIXED_BYTES + 9));
-        for (question, answer) in answered {
-            let bytes = encode_answer(answer);
+        for (question, answer) in &answered {
+            let Some(bytes) = encode_answer(answer) else {
+                continue;
+            };
             if bytes.len() > MAX_ANSWER_BYTES {
                 return Err(EngineError::Data(format!(
                     "answer cache {}: an answer of {} bytes is over the {MAX_ANSWER_BYTES} a record holds",
@@ -470,7 +477,7 @@ impl AnswerCache {
         self.answers
             .lock()
             .expect("answer cache lock")
-            .extend(answered.iter().cloned());
+            .extend(answered.into_iter().cloned());
         Ok(())
     }
 }
@@ -542,7 +549,8 @@ impl InferenceBackend for CachedBackend {
             let asked: Vec<AiRequest<'_>> = missing.iter().map(|&i| requests[i]).collect();
             let got = self.inner.answer(call, &asked)?;
             check_answers(call, "the backend", &got, asked.len())?;
-            self.asked.fetch_add(asked.len() as u64, Ordering::Relaxed);
+            let answered = got.iter().filter(|a| a.is_answer()).count();
+            self.asked.fetch_add(answered as u64, Ordering::Relaxed);
             let recorded: Vec<(QuestionHash, Answer)> = missing
                 .iter()
                 .zip(&got)
@@ -600,6 +608,10 @@ impl InferenceBackend for CachedBackend {
         self.reused.store(0, Ordering::Relaxed);
         self.asked.store(0, Ordering::Relaxed);
         self.inner.start_query(operators)
+    }
+
+    fn meter_query(&self, spend: Option<std::sync::Arc<crate::spend::Spend>>) {
+        self.inner.meter_query(spend)
     }
 
     fn end_query(&self) {
@@ -906,7 +918,7 @@ mod tests {
         // And add a record signed with another key.
         let mut other = q(3).to_vec();
         other.extend_from_slice(&2u32.to_le_bytes());
-        other.extend_from_slice(&encode_answer(&Answer::Bool(true)));
+        other.extend_from_slice(&encode_answer(&Answer::Bool(true)).expect("an answer"));
         other.extend_from_slice(&RecordKey([8; KEY_BYTES]).mac(&other));
         bytes.extend_from_slice(&other);
         std::fs::write(&log, &bytes).unwrap();

@@ -17,9 +17,14 @@ use crate::backend::{AiCall, AiKind, Answer, label_score_fields};
 use crate::error::{EngineError, Result};
 
 /// The answers of `call`'s questions as a column of its return type, NULL
-/// where a row was not asked (a NULL document).
+/// where a row was not asked (a NULL document) or got no answer
+/// ([`Answer::Failed`], [`Answer::Unreached`]).
 pub fn answer_array(call: &AiCall, answers: &[Option<Answer>]) -> Result<ArrayRef> {
-    typed_array(call.kind, &call.labels, answers.iter().map(Option::as_ref))
+    typed_array(
+        call.kind,
+        &call.labels,
+        answers.iter().map(|a| a.as_ref().filter(|a| a.is_answer())),
+    )
 }
 
 fn typed_array<'a>(

@@ -13,6 +13,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Fields};
 use crate::error::{EngineError, Result};
 use crate::labels::LabelStore;
 use crate::prompt::PromptPieces;
+use crate::spend::Spend;
 
 /// What kind of question an operator asks, and so how its answer is read from
 /// the model and what type it has (`"filter"`, `"join"`, `"classify"`, … in
@@ -151,14 +152,25 @@ pub enum Answer {
     Text(Box<str>),
     /// One generated text per field of an extraction, in field order.
     Fields(Box<[Box<str>]>),
+    /// No answer: the model cannot answer this row (its prompt is longer than
+    /// the model's context, its generated tokens are not text). The reason
+    /// names the operator and the row. Never cached; what the operator does
+    /// with it is `--on-row-error`'s ([`crate::coverage`]).
+    Failed(Box<str>),
+    /// Not asked: the query's budget was spent first ([`crate::spend`]).
+    /// Never cached; the operator fails or leaves the row out
+    /// ([`crate::coverage`]).
+    Unreached,
 }
 
 impl Answer {
     /// Whether this answer has the type `call` asks for (and a label index or
     /// probability list that fits its labels): what every backend's and
     /// worker's answers are checked with.
+    /// A failed or unreached question fits every kind.
     pub fn fits(&self, call: &AiCall) -> bool {
         match (call.kind, self) {
+            (_, Answer::Failed(_) | Answer::Unreached) => true,
             (AiKind::Filter | AiKind::Join, Answer::Bool(_)) => true,
             (AiKind::Classify, Answer::Label(i)) => (*i as usize) < call.labels.len(),
             (AiKind::Score, Answer::Score(p)) => (0.0..=1.0).contains(p),
@@ -169,6 +181,12 @@ impl Answer {
             (AiKind::Extract, Answer::Fields(f)) => f.len() == call.labels.len(),
             _ => false,
         }
+    }
+
+    /// Whether this is an answer of the model (not [`Answer::Failed`] or
+    /// [`Answer::Unreached`]): what may be cached, recorded and shown.
+    pub fn is_answer(&self) -> bool {
+        !matches!(self, Answer::Failed(_) | Answer::Unreached)
     }
 
     /// The TRUE/FALSE of a decision, `None` for other answers.
@@ -188,6 +206,8 @@ impl Answer {
             Answer::LabelScores(p) => format!("{} label probabilities", p.len()),
             Answer::Text(t) => format!("a text of {} bytes", t.len()),
             Answer::Fields(f) => format!("{} field texts", f.len()),
+            Answer::Failed(_) => "a failed row".into(),
+            Answer::Unreached => "no answer (the budget was spent)".into(),
         }
     }
 }
@@ -298,6 +318,13 @@ pub trait InferenceBackend: Send + Sync {
     /// (post-order of the plan): a backend may plan around them.
     fn start_query(&self, _operators: &[AiCall]) {}
 
+    /// Called right after [`Self::start_query`] with the query's budget meter
+    /// (`None`: no budget). A backend that runs model work checks it before
+    /// each forward batch, charges it what each batch computed, and answers
+    /// [`Answer::Unreached`] to the questions it did not get to once a limit
+    /// is reached. Backends that compute nothing (the oracle) ignore it.
+    fn meter_query(&self, _spend: Option<Arc<Spend>>) {}
+
     /// Called when the query started by [`Self::start_query`] is over (its rows
     /// and measurements taken, or it failed): a backend shared with other
     /// coordinators (an `aisql worker`) may serve the next one.
@@ -331,13 +358,16 @@ impl<B: InferenceBackend + ?Sized> AskTyped for B {
     fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
         let answers = self.answer(call, requests)?;
         check_answers(call, self.name(), &answers, requests.len())?;
-        Ok(answers.iter().filter_map(Answer::as_bool).collect())
+        Ok(require_answered(answers)?
+            .iter()
+            .filter_map(Answer::as_bool)
+            .collect())
     }
 
     fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
         let answers = self.answer(call, requests)?;
         check_answers(call, self.name(), &answers, requests.len())?;
-        Ok(answers
+        Ok(require_answered(answers)?
             .iter()
             .filter_map(|a| match a {
                 Answer::Label(i) => Some(*i as usize),
@@ -368,6 +398,20 @@ pub fn check_answers(call: &AiCall, who: &str, answers: &[Answer], want: usize) 
         )));
     }
     Ok(())
+}
+
+/// `answers` when every one is an answer ([`Answer::is_answer`]): a failed row
+/// is an error with its reason, an unreached one says the budget was spent.
+/// For callers that apply no `--on-row-error` policy (the row-by-row
+/// evaluator, tools); AI operators apply theirs ([`crate::coverage`]).
+pub fn require_answered(answers: Vec<Answer>) -> Result<Vec<Answer>> {
+    match answers.iter().find(|a| !a.is_answer()) {
+        Some(Answer::Failed(reason)) => Err(EngineError::Inference(reason.to_string())),
+        Some(_) => Err(EngineError::OverBudget(
+            "the query's budget was spent before this question was asked".into(),
+        )),
+        None => Ok(answers),
+    }
 }
 
 /// Answers every question from the reference labels of a collection: the

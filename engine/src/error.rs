@@ -60,6 +60,12 @@ pub enum EngineError {
     /// The inference backend failed.
     #[error("inference: {0}")]
     Inference(String),
+    /// The query's budget (`--max-fresh-tokens`, `--max-model-seconds`,
+    /// `--max-cost-usd`) was spent before its AI operators were done: what
+    /// was spent, by how much past the limit, and what each operator had
+    /// answered.
+    #[error("over budget: {0}")]
+    OverBudget(String),
     /// A worker of `--workers` failed or could not be reached.
     #[error("worker {worker}: {message}")]
     Worker {

@@ -13,10 +13,12 @@ use datafusion::logical_expr::LogicalPlanBuilder;
 
 use crate::answers::AnswerTable;
 use crate::backend::{AiKind, InferenceBackend};
+use crate::coverage::OnRowError;
 use crate::error::{EngineError, Result, from_datafusion};
 use crate::plan::{Operator, QueryPlan};
 use crate::prompt::PromptFormat;
 use crate::row_sink::{MemoryRows, RowSink};
+use crate::spend::Budget;
 use crate::sql::{Evaluation, SqlSession};
 use crate::tables::{TablePaths, batch_text_bytes, register_tables};
 
@@ -40,6 +42,11 @@ pub struct QueryOptions {
     /// a Snowflake `AI_COMPLETE(model, ...)` must name this one. `None`: no
     /// model is named (any such call is refused).
     pub model: Option<String>,
+    /// What each query may spend on the model, and what spending it does
+    /// ([`crate::spend`]); `None`: no limit.
+    pub budget: Option<Budget>,
+    /// What a row the model cannot answer does ([`crate::coverage`]).
+    pub on_row_error: OnRowError,
 }
 
 impl Default for QueryOptions {
@@ -51,6 +58,8 @@ impl Default for QueryOptions {
             memory_limit: crate::host_memory::default_memory_limit(),
             max_recursion: crate::sql::recursion::DEFAULT_MAX_RECURSION,
             model: None,
+            budget: None,
+            on_row_error: OnRowError::Fail,
         }
     }
 }

@@ -25,7 +25,8 @@
 //! Workers run their share of a batch at the same time, one thread each; in
 //! one process they are one model per GPU (`--gpu 0,1,2`), or simulated
 //! devices. Their measurements are summed (peaks: the largest), and each
-//! worker's own are listed under `workers`.
+//! worker's own are listed under `workers`. They spend one budget
+//! ([`crate::spend`]): each checks and charges the query's meter.
 
 use std::cmp::Reverse;
 use std::collections::{HashMap, HashSet};
@@ -452,6 +453,13 @@ impl InferenceBackend for ShardedBackend {
             w.questions.store(0, Ordering::Relaxed);
             w.busy_nanos.store(0, Ordering::Relaxed);
             w.backend.start_query(operators);
+        }
+    }
+
+    /// Every worker spends the one budget of the query.
+    fn meter_query(&self, spend: Option<std::sync::Arc<crate::spend::Spend>>) {
+        for w in &self.workers {
+            w.backend.meter_query(spend.clone());
         }
     }
 

@@ -110,6 +110,7 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
         bail!("aisql bench needs a QUAIL-B data root with reference labels (--root), not --tables");
     }
     let timeout = args.timeout_s;
+    let controls = super::budget::controls(&args.cost, &args.backend)?;
     let plans = PlanSource::choose(args.plans.dir.as_deref());
     let (output_dir, resume) = match &args.resume {
         Some(dir) => (dir.clone(), true),
@@ -170,6 +171,8 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
         progress: true,
         batch_rows: args.backend.batch_rows,
         memory_limit: args.backend.memory_limit(),
+        budget: controls.budget,
+        on_row_error: controls.on_row_error,
     };
     let rt = super::runtime()?;
     let run = rt.block_on(run_bench(&opts, &dataset, backend, queries))?;

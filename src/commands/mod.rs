@@ -2,6 +2,7 @@
 
 mod backend;
 mod bench;
+mod budget;
 mod data;
 mod deadline;
 mod model;

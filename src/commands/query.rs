@@ -32,6 +32,8 @@ pub fn resolve_tables(
 }
 
 pub fn run(args: QueryArgs) -> anyhow::Result<()> {
+    // Usage errors before any plan, table or model is opened.
+    let controls = super::budget::controls(&args.cost, &args.backend)?;
     let source = PlanSource::choose(args.plans.dir.as_deref());
     let query = match open_plan(&args.plan, &source) {
         Ok(q) => q,
@@ -39,7 +41,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         Err(aisql_bench::error::BenchError::Engine(
             e @ aisql_engine::EngineError::NotQuailb(_),
         )) => {
-            return run_general(&args, &e.to_string());
+            return run_general(&args, &e.to_string(), controls);
         }
         Err(e) => return Err(e.into()),
     };
@@ -57,6 +59,8 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         memory_limit: args.backend.memory_limit(),
         max_recursion: args.limits.max_recursion,
         model: args.backend.model_name(),
+        budget: controls.budget,
+        on_row_error: controls.on_row_error,
     };
     let rt = super::runtime()?;
     let limit = args.limits.timeout_s;
@@ -186,7 +190,11 @@ fn clear_output_dir(args: &QueryArgs) -> anyhow::Result<()> {
 
 /// A Substrait plan from any producer, through the general path: DataFusion's
 /// consumer, the AI rewrite, every table of the data source registered.
-fn run_general(args: &QueryArgs, not_quailb: &str) -> anyhow::Result<()> {
+fn run_general(
+    args: &QueryArgs,
+    not_quailb: &str,
+    controls: super::budget::Controls,
+) -> anyhow::Result<()> {
     use aisql_engine::sql::{Evaluation, SqlSession};
     use anyhow::Context;
     let plan = aisql_engine::plan::read_plan_file(std::path::Path::new(&args.plan))?;
@@ -210,6 +218,8 @@ fn run_general(args: &QueryArgs, not_quailb: &str) -> anyhow::Result<()> {
         memory_limit: args.backend.memory_limit(),
         max_recursion: args.limits.max_recursion,
         model: args.backend.model_name(),
+        budget: controls.budget,
+        on_row_error: controls.on_row_error,
     };
     let rt = super::runtime()?;
     let (session, planned, backend) = rt.block_on(async {

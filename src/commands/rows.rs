@@ -232,9 +232,12 @@ fn save(rows: &RecordBatch, path: &Path) -> anyhow::Result<()> {
     written
 }
 
-/// The model work of a finished query on stderr: fresh tokens, and what the
-/// answer cache answered and what it asked of the model.
+/// The model work of a finished query on stderr: fresh tokens, what the
+/// answer cache answered and what it asked of the model, the budget and each
+/// AI operator's coverage, and the rows the model could not answer.
 pub fn report_work(measurements: &serde_json::Map<String, serde_json::Value>) {
+    report_budget(measurements.get("budget"));
+    report_row_errors(measurements.get("row_errors"));
     if let Some(fresh) = measurements.get("fresh_tokens") {
         eprintln!("fresh tokens: {fresh} (positions computed by the model)");
     }
@@ -258,5 +261,75 @@ pub fn report_work(measurements: &serde_json::Map<String, serde_json::Value>) {
         measurements.get("answer_cache_asked"),
     ) {
         eprintln!("answer cache: {reused} answers reused, {asked} questions asked of the model");
+    }
+}
+
+/// The budget line (what was spent of what limit) and, once it was spent,
+/// each AI operator's rows answered and not reached: the result is partial.
+fn report_budget(budget: Option<&serde_json::Value>) {
+    let Some(b) = budget else {
+        return;
+    };
+    let spent = &b["spent"];
+    let limits: Vec<String> = b["limit"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    eprintln!(
+        "budget: spent {} fresh tokens, {:.3} s of model time, ${:.6} (limit: {})",
+        spent["fresh_tokens"],
+        spent["model_seconds"].as_f64().unwrap_or(0.0),
+        spent["cost_usd"].as_f64().unwrap_or(0.0),
+        limits.join(", ")
+    );
+    if b["exhausted"] != true {
+        return;
+    }
+    let over: Vec<String> = b["overshoot"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(_, v)| v.as_f64().is_some_and(|v| v > 0.0))
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    eprintln!(
+        "budget spent ({}{}): the result holds only the rows answered before it ran out",
+        b["reached"].as_str().unwrap_or("a limit"),
+        if over.is_empty() {
+            String::new()
+        } else {
+            format!(", over by {}", over.join(", "))
+        }
+    );
+    for op in b["operators"].as_array().into_iter().flatten() {
+        eprintln!(
+            "  {}: {} rows answered, {} not reached",
+            op["id"].as_str().unwrap_or("?"),
+            op["answered_rows"],
+            op["unreached_rows"]
+        );
+    }
+}
+
+/// Per AI operator with failed rows: how many (their values are NULL) and
+/// the first of them with their reasons.
+fn report_row_errors(row_errors: Option<&serde_json::Value>) {
+    for op in row_errors
+        .and_then(|r| r["operators"].as_array())
+        .into_iter()
+        .flatten()
+        .filter(|op| op["rows_failed"].as_u64().is_some_and(|n| n > 0))
+    {
+        eprintln!(
+            "{}: {} of {} rows failed, their values are NULL (--on-row-error null)",
+            op["id"].as_str().unwrap_or("?"),
+            op["rows_failed"],
+            op["rows"]
+        );
+        for f in op["failures"].as_array().into_iter().flatten() {
+            eprintln!("  {}", f["reason"].as_str().unwrap_or("?"));
+        }
     }
 }

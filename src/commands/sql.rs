@@ -56,6 +56,8 @@ fn selectivity_arg<'t>(arg: &str, templates: &'t [String]) -> anyhow::Result<(&'
 }
 
 pub fn run(args: SqlArgs) -> anyhow::Result<()> {
+    // Usage errors before any table or model is opened.
+    let controls = super::budget::controls(&args.cost, &args.backend)?;
     let sql = match (&args.query, &args.file) {
         (Some(q), _) => q.clone(),
         (None, Some(f)) => aisql_engine::input_file::read_to_string(f)
@@ -96,6 +98,8 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         memory_limit: args.backend.memory_limit(),
         max_recursion: args.limits.max_recursion,
         model: args.backend.model_name(),
+        budget: controls.budget,
+        on_row_error: controls.on_row_error,
     };
     let wanted = templates(&sql)?;
     // Writing the plan asks nothing: no model to load (that took seconds, or

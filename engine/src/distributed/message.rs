@@ -18,8 +18,9 @@ use crate::answer_cache::AnswerIdentity;
 use crate::backend::{AiCall, AiRequest, Answer, Doc};
 use crate::error::{EngineError, Result};
 
-/// The protocol version both sides must speak.
-pub const PROTOCOL: &str = "aisql-worker-v3";
+/// The protocol version both sides must speak (v4: an answer may be
+/// `Failed`, a row the model cannot answer, or `Unreached`).
+pub const PROTOCOL: &str = "aisql-worker-v4";
 
 /// A coordinator's query, as its worker messages name it: random per query, so
 /// two coordinators of one worker never name the same query.

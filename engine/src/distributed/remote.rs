@@ -19,6 +19,11 @@
 //! call carries the worker token ([`ConnectOptions`]); `https://` workers are
 //! reached over TLS with the given CA.
 //!
+//! A query's budget ([`crate::spend`]) is kept here, at the coordinator: it
+//! is checked before each call and charged the worker's fresh tokens and the
+//! call's time after it, so a remote worker overshoots by at most one call
+//! (one batch's share), not one forward batch.
+//!
 //! A worker that stops answering without closing its connection (a stopped
 //! process, a host gone from the network) is caught two ways: HTTP/2
 //! keep-alive pings, which the worker's transport answers even while its model
@@ -59,6 +64,7 @@ use super::message::{
 use super::task::{REPLY_COLUMN, WorkerTaskExec, reply_schema};
 use crate::backend::{AiCall, AiRequest, Answer, Doc, InferenceBackend, check_answers};
 use crate::error::{EngineError, Result};
+use crate::spend::Spend;
 
 /// How long a worker may take to answer hello before it counts as unreachable.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(20);
@@ -305,6 +311,11 @@ pub struct RemoteWorker {
     /// waiting (each would wait out the timeout again before the query's
     /// failure is reported).
     lost: AtomicBool,
+    /// The running query's budget meter: checked before each call, charged
+    /// after it (the worker's scheduler does not see it).
+    spend: Mutex<Option<Arc<Spend>>>,
+    /// The worker's fresh tokens this query already charged to the budget.
+    charged_fresh: AtomicU64,
 }
 
 impl RemoteWorker {
@@ -367,6 +378,8 @@ impl RemoteWorker {
             call_timeout: options.call_timeout,
             keep_alive_timeout: options.keep_alive_timeout,
             lost: AtomicBool::new(false),
+            spend: Mutex::new(None),
+            charged_fresh: AtomicU64::new(0),
         })
     }
 
@@ -539,16 +552,40 @@ impl InferenceBackend for RemoteWorker {
         &self.hello.backend
     }
 
+    /// With a budget, the coordinator checks it before the call and charges
+    /// it the worker's fresh tokens and the call's time after: the worker
+    /// stops at the end of a call, not between its forward batches.
     fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+        let spend = self.spend.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if spend.as_ref().is_some_and(|s| s.reached().is_some()) {
+            return Ok(vec![Answer::Unreached; requests.len()]);
+        }
+        let started = std::time::Instant::now();
         let message = WorkerMessage::Answer(call.clone(), WireRequests::new(requests));
-        match self.call(message)? {
+        let answers = match self.call(message)? {
             WorkerReply::Answered(answers) => {
                 check_answers(call, self.url.as_str(), &answers, requests.len())
                     .map_err(|e| worker_error(&self.url, e.to_string()))?;
-                Ok(answers)
+                answers
             }
-            other => Err(unexpected(&self.url, "answer", &other)),
+            other => return Err(unexpected(&self.url, "answer", &other)),
+        };
+        if let Some(spend) = spend {
+            let fresh = self
+                .measurements()
+                .get("fresh_tokens")
+                .and_then(|v| v.as_u64())
+                .unwrap_or(0);
+            let before = self.charged_fresh.swap(fresh, Ordering::Relaxed);
+            spend.charge(fresh.saturating_sub(before), started.elapsed());
         }
+        Ok(answers)
+    }
+
+    fn meter_query(&self, spend: Option<Arc<Spend>>) {
+        // The worker's counts start from 0 with each query.
+        self.charged_fresh.store(0, Ordering::Relaxed);
+        *self.spend.lock().unwrap_or_else(|e| e.into_inner()) = spend;
     }
 
     fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {

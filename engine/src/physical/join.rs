@@ -16,7 +16,7 @@ use datafusion::common::JoinType;
 use datafusion::error::Result as DfResult;
 use datafusion::physical_expr::PhysicalExpr;
 
-use super::{OpState, RowDocs, answer, id_strings};
+use super::{OpState, RowDocs, answer, id_strings, settle};
 use crate::backend::Answer;
 use crate::backend::{AiRequest, Doc};
 use crate::error::{EngineError, Result};
@@ -63,6 +63,40 @@ impl JoinSides {
             || self.marks(true)
             || self.marks(false)
     }
+}
+
+/// What the anchor batches so far said about each partner row: whether an
+/// anchor matched it, and whether one of its pairs went unasked because the
+/// budget was spent. An unmatched row with an unasked pair may have matched:
+/// it is left out of the rows a join keeps for not matching (outer, anti,
+/// mark), never reported as unmatched.
+pub(super) struct PartnerMarks {
+    matched: Vec<bool>,
+    unreached: Vec<bool>,
+}
+
+impl PartnerMarks {
+    /// Marks for `rows` partner rows, none matched.
+    pub(super) fn new(rows: usize) -> Self {
+        Self {
+            matched: vec![false; rows],
+            unreached: vec![false; rows],
+        }
+    }
+
+    /// Whether row `p`'s match is unknown: unmatched, with an unasked pair.
+    fn undetermined(&self, p: usize) -> bool {
+        !self.matched[p] && self.unreached[p]
+    }
+}
+
+/// Rows of one anchor batch with a pair the spent budget left unasked.
+#[derive(Default)]
+struct Unasked {
+    /// Anchor rows.
+    anchors: Vec<u32>,
+    /// Partner rows.
+    partners: Vec<u32>,
 }
 
 /// One output row of a join: (left row, right row); `None` pads with NULLs.
@@ -223,13 +257,15 @@ enum TruePairs {
 /// candidate that meets the equalities is asked once (across batches, via the
 /// memo), and the output (TRUE pairs and, as the join type says, unmatched
 /// anchor rows) is read from the returned [`JoinOutput`] a chunk at a time.
-/// Matched partner rows are marked in `matched` for [`unmatched_partners`].
+/// Matched partner rows are marked in `marks` for [`unmatched_partners`]. An
+/// anchor row with an unasked pair (a spent budget) and no TRUE one is left
+/// out of the anchor rows kept alone: whether it matched is unknown.
 pub(super) fn join_batch(
     state: Arc<OpState>,
     sides: JoinSides,
     anchor_batch: RecordBatch,
     partner_batch: Arc<RecordBatch>,
-    matched: &mut [bool],
+    marks: &mut PartnerMarks,
 ) -> Result<JoinOutput> {
     let op = &state.spec.call.op_id;
     state.metrics.input_rows.add(anchor_batch.num_rows());
@@ -238,7 +274,8 @@ pub(super) fn join_batch(
     let (a_doc, p_doc) = (state.layout.docs[0], state.layout.docs[1]);
     let anchors = RowDocs::new(&anchor_batch, &[(local(a_doc.0), local(a_doc.1))], op)?;
     let partners = RowDocs::new(&partner_batch, &[(local(p_doc.0), local(p_doc.1))], op)?;
-    let pairs = if state.layout.equalities.is_empty() && state.layout.residual.is_none() {
+    let (pairs, unasked) = if state.layout.equalities.is_empty() && state.layout.residual.is_none()
+    {
         pairs_by_document(
             &state,
             &anchors,
@@ -247,15 +284,17 @@ pub(super) fn join_batch(
             partner_batch.num_rows(),
         )?
     } else {
-        TruePairs::Listed(listed_pairs(
+        let (pairs, unasked) = listed_pairs(
             &state,
             sides,
             &anchors,
             &partners,
             &anchor_batch,
             &partner_batch,
-        )?)
+        )?;
+        (TruePairs::Listed(pairs), unasked)
     };
+    let matched = &mut marks.matched;
     let mut anchor_matched = vec![false; anchor_batch.num_rows()];
     match &pairs {
         TruePairs::Listed(pairs) => {
@@ -283,21 +322,28 @@ pub(super) fn join_batch(
             }
         }
     }
+    for &p in &unasked.partners {
+        marks.unreached[p as usize] = true;
+    }
+    let mut anchor_unasked = vec![false; anchor_batch.num_rows()];
+    for &a in &unasked.anchors {
+        anchor_unasked[a as usize] = true;
+    }
+    // Anchor rows whose match is known: matched, or every pair asked.
+    let known = (0..anchor_batch.num_rows() as u32)
+        .filter(|&a| anchor_matched[a as usize] || !anchor_unasked[a as usize]);
     let (lone_anchors, lone_marks): (Vec<u32>, Vec<bool>) = match sides.semi(sides.anchor_left) {
-        _ if sides.marks(sides.anchor_left) => (
-            (0..anchor_batch.num_rows() as u32).collect(),
-            anchor_matched,
-        ),
+        _ if sides.marks(sides.anchor_left) => {
+            known.map(|a| (a, anchor_matched[a as usize])).unzip()
+        }
         Some(want) => (
-            (0..anchor_batch.num_rows() as u32)
+            known
                 .filter(|&a| anchor_matched[a as usize] == want)
                 .collect(),
             Vec::new(),
         ),
         None if sides.keeps_unmatched(sides.anchor_left) => (
-            (0..anchor_batch.num_rows() as u32)
-                .filter(|&a| !anchor_matched[a as usize])
-                .collect(),
+            known.filter(|&a| !anchor_matched[a as usize]).collect(),
             Vec::new(),
         ),
         None => (Vec::new(), Vec::new()),
@@ -342,7 +388,7 @@ fn pairs_by_document(
     partners: &RowDocs<'_>,
     anchor_rows: usize,
     partner_rows: usize,
-) -> Result<TruePairs> {
+) -> Result<(TruePairs, Unasked)> {
     let (anchor_doc, anchor_first) = number_documents(anchors, anchor_rows);
     let (partner_doc, partner_first) = number_documents(partners, partner_rows);
     fn docs_of<'d>(docs: &'d RowDocs<'_>, first: &[u32]) -> Vec<Doc<'d>> {
@@ -365,6 +411,7 @@ fn pairs_by_document(
         })
         .collect();
     let answers = answer(state, &requests)?;
+    settle(state, &requests, &answers)?;
     let width = partner_first.len();
     let true_partners: Vec<Vec<u32>> = (0..anchor_first.len())
         .map(|da| {
@@ -379,11 +426,37 @@ fn pairs_by_document(
             rows_of[d as usize].push(p as u32);
         }
     }
-    Ok(TruePairs::ByDocument {
-        anchor_doc,
-        true_partners,
-        partner_rows: rows_of,
-    })
+    // Documents with an unasked pair, then their rows.
+    let (mut anchor_unasked, mut partner_unasked) =
+        (vec![false; anchor_first.len()], vec![false; width]);
+    for (i, _) in answers
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| **a == Answer::Unreached)
+    {
+        anchor_unasked[i / width] = true;
+        partner_unasked[i % width] = true;
+    }
+    let unasked = Unasked {
+        anchors: (0..anchor_doc.len() as u32)
+            .filter(|&a| {
+                let d = anchor_doc[a as usize];
+                d != u32::MAX && anchor_unasked[d as usize]
+            })
+            .collect(),
+        partners: (0..width)
+            .filter(|&d| partner_unasked[d])
+            .flat_map(|d| rows_of[d].iter().copied())
+            .collect(),
+    };
+    Ok((
+        TruePairs::ByDocument {
+            anchor_doc,
+            true_partners,
+            partner_rows: rows_of,
+        },
+        unasked,
+    ))
 }
 
 /// The TRUE pairs among the candidates that meet the equalities and the
@@ -395,7 +468,7 @@ fn listed_pairs(
     partners: &RowDocs<'_>,
     anchor_batch: &RecordBatch,
     partner_batch: &RecordBatch,
-) -> Result<Vec<(u32, u32)>> {
+) -> Result<(Vec<(u32, u32)>, Unasked)> {
     let lw = state.layout.left_width;
     let local = |index: usize| if index < lw { index } else { index - lw };
     // Partner rows per equality key (all partner rows when there is no
@@ -469,12 +542,21 @@ fn listed_pairs(
         })
         .collect();
     let answers = answer(state, &requests)?;
-    Ok(candidates
+    settle(state, &requests, &answers)?;
+    let mut unasked = Unasked::default();
+    for (&(a, p), pair) in candidates.iter().zip(&pair_of) {
+        if answers[*pair as usize] == Answer::Unreached {
+            unasked.anchors.push(a);
+            unasked.partners.push(p);
+        }
+    }
+    let pairs = candidates
         .iter()
         .zip(&pair_of)
         .filter(|(_, pair)| answers[**pair as usize] == Answer::Bool(true))
         .map(|(&c, _)| c)
-        .collect())
+        .collect();
+    Ok((pairs, unasked))
 }
 
 /// One anchor batch's output rows, assembled [`OUTPUT_CHUNK_ROWS`] at a time as
@@ -644,7 +726,7 @@ pub(super) fn unmatched_partners(
     sides: JoinSides,
     anchor_schema: SchemaRef,
     partner_batch: &RecordBatch,
-    matched: &[bool],
+    partner_marks: &PartnerMarks,
 ) -> DfResult<RecordBatch> {
     let partner_left = !sides.anchor_left;
     let marking = sides.marks(partner_left);
@@ -654,9 +736,20 @@ pub(super) fn unmatched_partners(
         None if sides.keeps_unmatched(partner_left) => false,
         None => return Ok(RecordBatch::new_empty(state.schema.clone())),
     };
-    let partner_rows =
-        (0..partner_batch.num_rows() as u32).filter(|&p| marking || matched[p as usize] == want);
-    let marks = if marking { matched } else { &[] };
+    let matched = &partner_marks.matched;
+    // A row whose match is unknown (a spent budget) is not kept for not matching.
+    let partner_rows: Vec<u32> = (0..partner_batch.num_rows() as u32)
+        .filter(|&p| {
+            (marking || matched[p as usize] == want) && !partner_marks.undetermined(p as usize)
+        })
+        .collect();
+    let marks: Vec<bool> = if marking {
+        partner_rows.iter().map(|&p| matched[p as usize]).collect()
+    } else {
+        Vec::new()
+    };
+    let marks = &marks[..];
+    let partner_rows = partner_rows.into_iter();
     let no_anchors = RecordBatch::new_empty(anchor_schema);
     let out = if partner_left {
         let rows: Vec<_> = partner_rows.map(|p| (Some(p), None)).collect();

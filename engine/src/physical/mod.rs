@@ -42,12 +42,16 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::ai_aggregate::{AggCalls, DEFAULT_CONTEXT_POSITIONS, reduce_groups};
 use crate::answers::{AnswerRecorder, AnswerTable, answer_array};
 use crate::backend::{AiCall, AiRequest, Answer, Doc, InferenceBackend, check_answers};
+use crate::coverage::{OnRowError, QueryControls};
 use crate::error::{EngineError, Result};
 use crate::logical::{AiNode, AiShape, AiSpec};
 use crate::memo::{AnswerMemo, MemoKey};
+use crate::prompt::Excerpt;
 
 mod join;
-use join::{JoinSides, compact_views, join_batch, report_partners, unmatched_partners};
+use join::{
+    JoinSides, PartnerMarks, compact_views, join_batch, report_partners, unmatched_partners,
+};
 
 /// Requests per backend call. One input batch is asked in one call, so the
 /// backend knows every document that batch still needs (it keeps their KV while
@@ -65,6 +69,9 @@ pub struct AiRuntime {
     pub recorder: Arc<AnswerRecorder>,
     /// The query's answers so far, shared by its operators.
     pub memo: Arc<std::sync::Mutex<AnswerMemo>>,
+    /// The budget and row-error policy, and the query's rows answered,
+    /// failed and not reached per operator.
+    pub controls: Arc<QueryControls>,
     /// Show a progress bar on stderr for long operators.
     pub progress: bool,
 }
@@ -153,6 +160,11 @@ struct AiMetrics {
     /// Positions decoded by generating calls (part of `fresh_tokens`).
     decode_tokens: Count,
     model_time: Time,
+    /// Rows the model could not answer, NULL under `--on-row-error null`
+    /// (registered under that policy only).
+    rows_failed: Option<Count>,
+    /// Rows left out because the budget was spent (registered with a budget).
+    rows_not_reached: Option<Count>,
     /// Where per-worker metrics are added once workers report.
     set: ExecutionPlanMetricsSet,
     /// `workerN_fresh_tokens`, `workerN_questions`, `workerN_busy` and
@@ -170,7 +182,8 @@ struct WorkerMetrics {
 }
 
 impl AiMetrics {
-    fn new(set: &ExecutionPlanMetricsSet) -> Self {
+    fn new(set: &ExecutionPlanMetricsSet, controls: &QueryControls) -> Self {
+        let null_rows = matches!(controls.on_row_error(), OnRowError::Null { .. });
         Self {
             baseline: BaselineMetrics::new(set, 0),
             input_rows: MetricBuilder::new(set).counter("input_rows", 0),
@@ -178,6 +191,10 @@ impl AiMetrics {
             fresh_tokens: MetricBuilder::new(set).counter("fresh_tokens", 0),
             decode_tokens: MetricBuilder::new(set).counter("decode_tokens", 0),
             model_time: MetricBuilder::new(set).subset_time("model_time", 0),
+            rows_failed: null_rows.then(|| MetricBuilder::new(set).counter("rows_failed", 0)),
+            rows_not_reached: controls
+                .budget()
+                .map(|_| MetricBuilder::new(set).counter("rows_not_reached", 0)),
             set: set.clone(),
             workers: Default::default(),
         }
@@ -397,7 +414,7 @@ impl ExecutionPlan for AiExec {
             spec: self.spec.clone(),
             layout: self.layout.clone(),
             runtime: self.runtime.clone(),
-            metrics: AiMetrics::new(&self.metrics),
+            metrics: AiMetrics::new(&self.metrics, &self.runtime.controls),
             schema: self.schema.clone(),
             recorded: std::sync::Mutex::new(HashSet::new()),
         });
@@ -440,7 +457,9 @@ impl ExecutionPlan for AiExec {
             reservation.try_grow(partners.get_array_memory_size())?;
             report_partners(&state, &partners)?;
             let reservation = Arc::new(reservation);
-            let matched = Arc::new(std::sync::Mutex::new(vec![false; partners.num_rows()]));
+            let matched = Arc::new(std::sync::Mutex::new(PartnerMarks::new(
+                partners.num_rows(),
+            )));
             let anchors = datafusion::physical_plan::execute_stream(anchor_plan, context)?;
             let (tail_state, tail_partners, tail_matched) =
                 (state.clone(), partners.clone(), matched.clone());
@@ -642,8 +661,9 @@ fn answer_call(
     let aliases = spec.docs.iter().map(|d| d.alias.clone()).collect();
     let mut table = AnswerTable::new(&call.op_id, call.kind, aliases, call.labels.clone());
     let mut recorded = state.recorded.lock().expect("recorded lock");
+    // A row without an answer (failed, unreached) was not evaluated.
     for ((r, answer), key) in requests.iter().zip(&answers).zip(&keys) {
-        if !recorded.insert(*key) {
+        if !answer.is_answer() || !recorded.insert(*key) {
             continue;
         }
         table.ids[0].push(r.anchor.id.to_string());
@@ -656,6 +676,39 @@ fn answer_call(
         state.runtime.recorder.record(table);
     }
     Ok(answers)
+}
+
+/// Applies the query's policies to the answers of `requests`
+/// ([`QueryControls::settle`]): a failed row fails the query or stays
+/// [`Answer::Failed`] (NULL), an unreached one fails it or stays
+/// [`Answer::Unreached`] (left out); both are counted in the operator's
+/// metrics.
+fn settle(state: &OpState, requests: &[AiRequest<'_>], answers: &[Answer]) -> Result<()> {
+    settle_rows(state, answers, |i| row_name(&requests[i]))
+}
+
+/// [`settle`] with `row(i)` naming answer `i`'s row.
+fn settle_rows(state: &OpState, answers: &[Answer], row: impl Fn(usize) -> String) -> Result<()> {
+    let settled = state
+        .runtime
+        .controls
+        .settle(&state.spec.call.op_id, answers, row)?;
+    if let Some(c) = &state.metrics.rows_failed {
+        c.add(settled.failed);
+    }
+    if let Some(c) = &state.metrics.rows_not_reached {
+        c.add(settled.unreached);
+    }
+    Ok(())
+}
+
+/// A request's row as failure lists name it: its document's id, and its
+/// partner's for a pair (excerpts: an id may be the document).
+fn row_name(r: &AiRequest<'_>) -> String {
+    match r.partner {
+        Some(p) => format!("{} × {}", Excerpt(r.anchor.id), Excerpt(p.id)),
+        None => Excerpt(r.anchor.id).to_string(),
+    }
 }
 
 /// The documents of `docs` ((id, text) column pairs) in each row of `batch`,
@@ -734,8 +787,24 @@ fn aggregate_batch(state: &OpState, batch: &RecordBatch) -> Result<RecordBatch> 
     let answers = reduce_groups(&calls, context, &groups, |call, requests| {
         answer_call(state, call, requests, false)
     })?;
-    let column: StringArray = answers.iter().map(Option::as_deref).collect();
+    // A group is one row: named by its first text.
+    let present: Vec<usize> = (0..answers.len())
+        .filter(|&g| answers[g].is_some())
+        .collect();
+    let outcomes: Vec<Answer> = present.iter().filter_map(|&g| answers[g].clone()).collect();
+    settle_rows(state, &outcomes, |i| {
+        let first = groups[present[i]].first().map_or("", String::as_str);
+        format!("the group of {}", Excerpt(first))
+    })?;
+    let column: StringArray = answers
+        .iter()
+        .map(|a| match a {
+            Some(Answer::Text(t)) => Some(t.as_ref()),
+            _ => None,
+        })
+        .collect();
     let out = append_column(batch, Arc::new(column), state.schema.clone())?;
+    let out = leave_out_unreached(out, answers.iter().map(Option::as_ref))?;
     state.metrics.baseline.record_output(out.num_rows());
     Ok(out)
 }
@@ -756,12 +825,15 @@ fn one_input(state: &OpState, batch: &RecordBatch) -> Result<RecordBatch> {
     };
     let requests: Vec<Option<AiRequest<'_>>> = (0..batch.num_rows()).map(request).collect();
     let asked: Vec<AiRequest<'_>> = requests.iter().flatten().copied().collect();
-    let mut answers = answer(state, &asked)?.into_iter();
+    let answered = answer(state, &asked)?;
+    settle(state, &asked, &answered)?;
+    let mut answered = answered.into_iter();
     let answers: Vec<Option<Answer>> = requests
         .iter()
-        .map(|r| r.as_ref().and_then(|_| answers.next()))
+        .map(|r| r.as_ref().and_then(|_| answered.next()))
         .collect();
     let out = match spec.shape {
+        // Failed (NULL) and unreached rows are not TRUE: not kept.
         AiShape::Filter => {
             let mask: BooleanArray = answers
                 .iter()
@@ -770,14 +842,32 @@ fn one_input(state: &OpState, batch: &RecordBatch) -> Result<RecordBatch> {
             let kept = filter_record_batch(batch, &mask)?;
             RecordBatch::try_new(state.schema.clone(), kept.columns().to_vec())?
         }
-        _ => append_column(
-            batch,
-            answer_array(&spec.call, &answers)?,
-            state.schema.clone(),
+        _ => leave_out_unreached(
+            append_column(
+                batch,
+                answer_array(&spec.call, &answers)?,
+                state.schema.clone(),
+            )?,
+            answers.iter().map(Option::as_ref),
         )?,
     };
     state.metrics.baseline.record_output(out.num_rows());
     Ok(out)
+}
+
+/// `batch` without the rows whose answer is [`Answer::Unreached`]: the budget
+/// was spent before they were asked, and a row is never given a made-up value.
+fn leave_out_unreached<'a>(
+    batch: RecordBatch,
+    answers: impl Iterator<Item = Option<&'a Answer>>,
+) -> Result<RecordBatch> {
+    let reached: BooleanArray = answers
+        .map(|a| Some(a != Some(&Answer::Unreached)))
+        .collect();
+    if reached.true_count() == reached.len() {
+        return Ok(batch);
+    }
+    Ok(filter_record_batch(&batch, &reached)?)
 }
 
 fn append_column(batch: &RecordBatch, column: ArrayRef, schema: SchemaRef) -> Result<RecordBatch> {

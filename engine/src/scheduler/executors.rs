@@ -9,6 +9,7 @@ use aisql_models::{ClassifyRequest, Continuation, GenerateRequest, KvHandle, Qwe
 use crate::backend::{AiCall, AiKind, AiRequest, Answer, InferenceBackend, OracleBackend};
 use crate::error::Result;
 use crate::kv_cache::KvOps;
+use crate::prompt::Excerpt;
 
 /// What the scheduler asks of an execution engine (the model or a simulation).
 pub trait Executor: Send + Sync {
@@ -117,13 +118,15 @@ impl ModelExecutor {
         })
     }
 
-    /// Greedy texts after each `(prefix, prompt)` item, `max_tokens` at most.
+    /// Greedy texts after each `(prefix, prompt)` item, `max_tokens` at most;
+    /// an item whose tokens cannot be read as text gives the tokenizer's
+    /// error instead (that row fails, not the batch).
     fn generate(
         &self,
         items: &[(Option<&KvHandle>, Vec<u32>)],
         max_tokens: u32,
         stopped: &dyn Fn() -> bool,
-    ) -> Result<Vec<Box<str>>> {
+    ) -> Result<Vec<std::result::Result<Box<str>, String>>> {
         let started = std::time::Instant::now();
         let requests: Vec<GenerateRequest<'_>> = items
             .iter()
@@ -136,10 +139,15 @@ impl ModelExecutor {
             started.elapsed().as_nanos() as u64,
             std::sync::atomic::Ordering::Relaxed,
         );
-        generated
+        Ok(generated
             .iter()
-            .map(|g| Ok(self.tokenizer.decode(&g.token_ids)?.into()))
-            .collect()
+            .map(|g| {
+                self.tokenizer
+                    .decode(&g.token_ids)
+                    .map(Into::into)
+                    .map_err(|e| e.to_string())
+            })
+            .collect())
     }
 }
 
@@ -181,11 +189,23 @@ impl Executor for ModelExecutor {
     fn answer(
         &self,
         call: &AiCall,
-        _requests: &[AiRequest<'_>],
+        requests: &[AiRequest<'_>],
         items: &[(Option<&KvHandle>, &[u32])],
         labels: &[Vec<u32>],
         stopped: &dyn Fn() -> bool,
     ) -> Result<Vec<Answer>> {
+        // Tokens that are not text fail their row only.
+        let unreadable = |i: usize, e: &str| {
+            let row = requests.get(i).map_or("", |r| r.anchor.id);
+            Answer::Failed(
+                format!(
+                    "{}: the tokens generated for row {} cannot be read as text: {e}",
+                    call.op_id,
+                    Excerpt(row)
+                )
+                .into(),
+            )
+        };
         let conts = || -> Vec<Continuation<'_>> {
             items
                 .iter()
@@ -229,7 +249,11 @@ impl Executor for ModelExecutor {
                     items.iter().map(|(p, t)| (*p, t.to_vec())).collect();
                 self.generate(&prompts, call.max_tokens, stopped)?
                     .into_iter()
-                    .map(Answer::Text)
+                    .enumerate()
+                    .map(|(i, text)| match text {
+                        Ok(text) => Answer::Text(text),
+                        Err(e) => unreadable(i, &e),
+                    })
                     .collect()
             }
             AiKind::Extract => {
@@ -246,7 +270,17 @@ impl Executor for ModelExecutor {
                 let texts = self.generate(&prompts, call.max_tokens, stopped)?;
                 texts
                     .chunks(labels.len().max(1))
-                    .map(|fields| Answer::Fields(fields.to_vec().into()))
+                    .enumerate()
+                    .map(|(i, fields)| {
+                        match fields
+                            .iter()
+                            .cloned()
+                            .collect::<std::result::Result<Vec<_>, _>>()
+                        {
+                            Ok(fields) => Answer::Fields(fields.into()),
+                            Err(e) => unreadable(i, &e),
+                        }
+                    })
                     .collect()
             }
         })

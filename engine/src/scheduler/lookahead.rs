@@ -200,7 +200,12 @@ impl Lookahead {
     /// Keeps answers asked ahead for `call`'s `requests`.
     pub fn store(&mut self, call: &AiCall, requests: &[AiRequest<'_>], answers: Vec<Answer>) {
         let keys = self.answers.keys(call, requests);
+        // A question without an answer (failed, or the budget spent) is left
+        // to its operator, which settles it in its turn.
         for (k, a) in keys.into_iter().zip(answers) {
+            if !a.is_answer() {
+                continue;
+            }
             if self.answers.remove(&k).is_none() {
                 self.pending += 1;
                 self.questions += 1;

@@ -34,6 +34,15 @@
 //! The same code runs over a virtual KV ([`SimExecutor`]): the simulation mode
 //! answers from labels and reports the fresh tokens the model would compute.
 //!
+//! Every forward batch goes through one gate ([`ScheduledBackend::forward`]):
+//! it does not start once the query is cancelled or its budget
+//! ([`crate::spend`]) is spent, and what it computed is charged to the budget.
+//! With a budget, a call's requests are asked about one forward batch at a
+//! time, so the answers of those done before the budget ran out are kept and
+//! the rest come back [`Answer::Unreached`]. A row whose prompt is longer than
+//! the model's context is answered [`Answer::Failed`], naming it; the other
+//! rows of its batch are answered as usual.
+//!
 //! The module's jobs, one file each: scheduling (here), the executors that
 //! compute KV ([`executors`]), the KV budget ([`budget`]) and model loading
 //! ([`loading`]).
@@ -54,7 +63,9 @@ pub use loading::{
 };
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use aisql_models::Tokenizer;
 
@@ -64,6 +75,7 @@ use crate::kv_cache::{KvOps, NodeId, PrefixTrie};
 use crate::memo::DocKey;
 use crate::prompt::{Excerpt, label_continuations};
 use crate::query_gate::{QueryGate, Ticket};
+use crate::spend::Spend;
 use lookahead::{AheadQuestion, Lookahead, MAX_PARTNERS_AHEAD};
 
 /// A document dropped from both tiers keeps the KV of its first positions after
@@ -207,6 +219,11 @@ pub struct ScheduledBackend<E: Executor> {
     tokens: Mutex<Tokens>,
     state: Mutex<QueryState<E::Kv>>,
     gate: QueryGate,
+    /// The running query's budget meter, if it has a budget.
+    spend: Mutex<Option<Arc<Spend>>>,
+    /// The executor's fresh tokens already charged to the budget: a batch
+    /// charges what the count grew by since, so work is never charged twice.
+    charged_fresh: AtomicU64,
 }
 
 impl<E: Executor> ScheduledBackend<E> {
@@ -235,6 +252,8 @@ impl<E: Executor> ScheduledBackend<E> {
                 lookahead: Lookahead::default(),
             }),
             gate: QueryGate::default(),
+            spend: Mutex::new(None),
+            charged_fresh: AtomicU64::new(0),
         }
     }
 
@@ -265,16 +284,172 @@ impl<E: Executor> ScheduledBackend<E> {
         table: impl std::fmt::Display,
         len: usize,
     ) -> Result<()> {
+        match self.context_overflow(op_id, row, table, len) {
+            Some(message) => Err(EngineError::Inference(message)),
+            None => Ok(()),
+        }
+    }
+
+    /// Why a prompt of `len` positions does not fit the model's context
+    /// ([`Self::check_context`]'s error), `None` when it does.
+    fn context_overflow(
+        &self,
+        op_id: &str,
+        row: impl std::fmt::Display,
+        table: impl std::fmt::Display,
+        len: usize,
+    ) -> Option<String> {
         let max = self.exec.max_positions();
-        if len > max {
-            return Err(EngineError::Inference(format!(
+        (len > max).then(|| {
+            format!(
                 "{op_id}: the prompt for row {row} of {table} is {len} tokens with its \
                  answer's (the longest label, or a generation's max_tokens), longer than the \
                  model's context of {max} positions (max_position_embeddings); shorten that \
-                 document or max_tokens, or leave the row out with a WHERE clause"
-            )));
+                 document or max_tokens, leave the row out with a WHERE clause, or give \
+                 --on-row-error null to make its value NULL"
+            )
+        })
+    }
+
+    /// Per request, [`Answer::Failed`] naming its row when its prompt with its
+    /// answer's positions is longer than the model's context (past
+    /// `max_position_embeddings` an answer would be silently wrong); `None`
+    /// for the requests that fit. `anchors` and `partners` are the requests'
+    /// documents' token ids (no partners for one-document calls).
+    fn overflowing(
+        &self,
+        call: &AiCall,
+        requests: &[AiRequest<'_>],
+        anchors: &[Arc<Vec<u32>>],
+        partners: &[Arc<Vec<u32>>],
+    ) -> Result<Vec<Option<Answer>>> {
+        let p = &call.pieces;
+        let mut fixed = self.piece(&p.preamble)?.len()
+            + self.piece(&p.tail)?.len()
+            + self.longest_label(call)?;
+        if p.pair {
+            fixed += self.piece(&p.frame)?.len() + self.piece(&p.label)?.len();
         }
-        Ok(())
+        let failed = |m: String| Answer::Failed(m.into());
+        Ok(requests
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let len = fixed + anchors[i].len() + partners.get(i).map_or(0, |t| t.len());
+                match r.partner {
+                    Some(partner) => self.context_overflow(
+                        &call.op_id,
+                        format_args!("{} × {}", Excerpt(r.anchor.id), Excerpt(partner.id)),
+                        format_args!("{} × {}", call.tables[0], call.tables[1]),
+                        len,
+                    ),
+                    None => self.context_overflow(
+                        &call.op_id,
+                        Excerpt(r.anchor.id),
+                        &call.tables[0],
+                        len,
+                    ),
+                }
+                .map(failed)
+            })
+            .collect())
+    }
+
+    /// The running query's budget meter, if it has a budget.
+    fn spend(&self) -> Option<Arc<Spend>> {
+        self.spend.lock().expect("spend lock").clone()
+    }
+
+    /// Whether the running query's budget is spent.
+    fn budget_spent(&self) -> bool {
+        self.spend().is_some_and(|s| s.reached().is_some())
+    }
+
+    /// Runs one forward batch of `op_id`'s work: `work(stopped)` calls the
+    /// model, where `stopped()` tells a generation to give up between two
+    /// decode steps. The batch does not start once the query is cancelled or
+    /// its budget is spent ([`EngineError::OverBudget`]); what it computed
+    /// (fresh tokens, wall time) is charged to the budget after.
+    fn forward<T>(
+        &self,
+        ticket: Ticket,
+        op_id: &str,
+        work: impl FnOnce(&dyn Fn() -> bool) -> Result<T>,
+    ) -> Result<T> {
+        self.gate.check(ticket, op_id)?;
+        let Some(spend) = self.spend() else {
+            return work(&|| self.gate.check(ticket, op_id).is_err());
+        };
+        if let Some(limit) = spend.reached() {
+            return Err(EngineError::OverBudget(spend.describe(limit)));
+        }
+        let started = Instant::now();
+        let uncharged = || {
+            (self.exec.fresh_tokens()).saturating_sub(self.charged_fresh.load(Ordering::Relaxed))
+        };
+        let stopped = || {
+            self.gate.check(ticket, op_id).is_err()
+                || spend.reached_with(uncharged(), started.elapsed()).is_some()
+        };
+        let out = work(&stopped);
+        let fresh = self.exec.fresh_tokens();
+        let before = self.charged_fresh.swap(fresh, Ordering::Relaxed);
+        spend.charge(fresh.saturating_sub(before), started.elapsed());
+        out
+    }
+
+    /// `Ok` when `e` is model work the spent budget stopped (a batch refused
+    /// before it started, a generation given up between decode steps) in a
+    /// query not cancelled: the questions left are unreached. `Err(e)`
+    /// otherwise.
+    fn spent_stop(&self, ticket: Ticket, op_id: &str, e: EngineError) -> Result<()> {
+        self.gate.check(ticket, op_id)?;
+        let stopped = matches!(
+            e,
+            EngineError::OverBudget(_) | EngineError::Model(aisql_models::ModelError::Stopped)
+        );
+        if stopped && self.budget_spent() {
+            Ok(())
+        } else {
+            Err(e)
+        }
+    }
+
+    /// `fitting` (indices of `requests`) cut into runs of about one forward
+    /// batch (`batch_tokens` of document tokens, each anchor counted once)
+    /// when the query has a budget: each run is answered before the next
+    /// starts, so a spent budget loses at most one run's answers. Without a
+    /// budget: one run.
+    fn budget_runs(
+        &self,
+        requests: &[AiRequest<'_>],
+        fitting: &[usize],
+        anchors: &[Arc<Vec<u32>>],
+        partners: &[Arc<Vec<u32>>],
+    ) -> Vec<Vec<usize>> {
+        if self.spend().is_none() {
+            return vec![fitting.to_vec()];
+        }
+        let mut runs = Vec::new();
+        let mut run = Vec::new();
+        let mut tokens = 0;
+        let mut seen: HashSet<&str> = HashSet::new();
+        for &i in fitting {
+            let mut cost = partners.get(i).map_or(0, |p| p.len());
+            if seen.insert(requests[i].anchor.id) {
+                cost += anchors[i].len();
+            }
+            if !run.is_empty() && tokens + cost > self.config.batch_tokens {
+                runs.push(std::mem::take(&mut run));
+                tokens = 0;
+            }
+            run.push(i);
+            tokens += cost;
+        }
+        if !run.is_empty() {
+            runs.push(run);
+        }
+        runs
     }
 
     /// Positions of the longest label continuation a classification scores after
@@ -515,12 +690,11 @@ impl<E: Executor> ScheduledBackend<E> {
         for wave in trie.pending(targets) {
             for chunk in chunk_by_tokens(&wave, self.config.batch_tokens, |&id| trie.edge(id).len())
             {
-                self.gate.check(ticket, op_id)?;
                 let items: Vec<(Option<&E::Kv>, &[u32])> = chunk
                     .iter()
                     .map(|&id| (trie.parent_kv(id), trie.edge(id)))
                     .collect();
-                let handles = self.exec.prefill(&items)?;
+                let handles = self.forward(ticket, op_id, |_| self.exec.prefill(&items))?;
                 for (&id, h) in chunk.iter().zip(handles) {
                     trie.set_kv(id, h);
                 }
@@ -529,19 +703,20 @@ impl<E: Executor> ScheduledBackend<E> {
         Ok(())
     }
 
-    /// The KV of `preamble + document` for each request's anchor, computed once.
+    /// The KV of `preamble + document` for each request's anchor (its token
+    /// ids in `tokens`), computed once.
+    #[allow(clippy::too_many_arguments)]
     fn anchor_prompts(
         &self,
         ticket: Ticket,
         state: &mut QueryState<E::Kv>,
         call: &AiCall,
         requests: &[AiRequest<'_>],
+        tokens: &[Arc<Vec<u32>>],
         suffix: &[u32],
         scored: bool,
     ) -> Result<Vec<(DocKey, NodeId)>> {
         let preamble = self.piece(&call.pieces.preamble)?;
-        let docs: Vec<&str> = requests.iter().map(|r| r.anchor.text).collect();
-        let tokens = self.docs(&call.tables[0], &docs)?;
         let budget_tokens = self.config.kv_budget_bytes / self.exec.kv_bytes_per_token().max(1);
         let label_tokens = self.longest_label(call)?;
         let cache = &mut state.cache;
@@ -550,7 +725,7 @@ impl<E: Executor> ScheduledBackend<E> {
             .max(preamble.len() + DROPPED_DOCUMENT_STUB_TOKENS);
         let mut leaves = Vec::with_capacity(requests.len());
         let mut keys = Vec::with_capacity(requests.len());
-        for (r, doc) in requests.iter().zip(&tokens) {
+        for (r, doc) in requests.iter().zip(tokens) {
             let len = preamble.len() + doc.len() + suffix.len();
             let scored_len = len + if scored { label_tokens } else { 0 };
             self.check_context(
@@ -650,7 +825,11 @@ impl<E: Executor> ScheduledBackend<E> {
                 // but the last position, whose hidden state is computed again.
                 let shorter = kv.prefix(kv.len() - 1)?;
                 let last = [suffix[suffix.len() - 1]];
-                let h = self.exec.prefill(&[(Some(&shorter), &last[..])])?.remove(0);
+                let h = self
+                    .forward(ticket, op_id, |_| {
+                        self.exec.prefill(&[(Some(&shorter), &last[..])])
+                    })?
+                    .remove(0);
                 trie.set_kv(node, h);
             }
         }
@@ -680,7 +859,6 @@ impl<E: Executor> ScheduledBackend<E> {
             for chunk in chunk_by_tokens(&wave, self.config.batch_tokens, |(k, n)| {
                 cache.suffixes[k].edge(*n).len()
             }) {
-                self.gate.check(ticket, op_id)?;
                 let items: Vec<(Option<&E::Kv>, &[u32])> = chunk
                     .iter()
                     .map(|(k, n)| {
@@ -688,7 +866,7 @@ impl<E: Executor> ScheduledBackend<E> {
                         (t.parent_kv(*n), t.edge(*n))
                     })
                     .collect();
-                let handles = self.exec.prefill(&items)?;
+                let handles = self.forward(ticket, op_id, |_| self.exec.prefill(&items))?;
                 let done: Vec<(DocKey, NodeId, E::Kv)> = chunk
                     .iter()
                     .cloned()
@@ -709,6 +887,10 @@ impl<E: Executor> ScheduledBackend<E> {
         self.gate.check(ticket, &call.op_id)?;
         if requests.is_empty() {
             return Ok(Vec::new());
+        }
+        // Once the budget is spent nothing more is asked, nor cached.
+        if self.budget_spent() {
+            return Ok(vec![Answer::Unreached; requests.len()]);
         }
         if !self.config.prefix_cache {
             return self.run_uncached(ticket, call, requests);
@@ -740,7 +922,12 @@ impl<E: Executor> ScheduledBackend<E> {
             .collect())
     }
 
-    /// Answers `requests` with the model, reusing and extending the cache.
+    /// Answers `requests` with the model, reusing and extending the cache. A
+    /// request whose prompt does not fit the model's context is answered
+    /// [`Answer::Failed`] ([`Self::overflowing`]), the others as usual. With a
+    /// budget they are asked in runs of about one forward batch
+    /// ([`Self::budget_runs`]); once it is spent the rest are
+    /// [`Answer::Unreached`].
     fn answer(
         &self,
         ticket: Ticket,
@@ -748,26 +935,103 @@ impl<E: Executor> ScheduledBackend<E> {
         call: &AiCall,
         requests: &[AiRequest<'_>],
     ) -> Result<Vec<Answer>> {
+        let anchor_texts: Vec<&str> = requests.iter().map(|r| r.anchor.text).collect();
+        let anchors = self.docs(&call.tables[0], &anchor_texts)?;
+        let partners = if call.pieces.pair {
+            let texts: Vec<&str> = requests
+                .iter()
+                .map(|r| r.partner.expect("pair requests have partners").text)
+                .collect();
+            self.docs(&call.tables[1], &texts)?
+        } else {
+            Vec::new()
+        };
+        let mut answers = self.overflowing(call, requests, &anchors, &partners)?;
+        let fitting: Vec<usize> = (0..requests.len())
+            .filter(|&i| answers[i].is_none())
+            .collect();
+        let mut spent = false;
+        for run in self.budget_runs(requests, &fitting, &anchors, &partners) {
+            spent = spent || self.budget_spent();
+            let got = if spent {
+                None
+            } else {
+                let pick = |all: &[Arc<Vec<u32>>]| -> Vec<Arc<Vec<u32>>> {
+                    if all.is_empty() {
+                        Vec::new()
+                    } else {
+                        run.iter().map(|&i| all[i].clone()).collect()
+                    }
+                };
+                let asked: Vec<AiRequest<'_>> = run.iter().map(|&i| requests[i]).collect();
+                match self.answer_fitting(
+                    ticket,
+                    state,
+                    call,
+                    &asked,
+                    &pick(&anchors),
+                    &pick(&partners),
+                ) {
+                    Ok(got) => Some(got),
+                    Err(e) => {
+                        self.spent_stop(ticket, &call.op_id, e)?;
+                        spent = true;
+                        None
+                    }
+                }
+            };
+            match got {
+                Some(got) => {
+                    for (&i, a) in run.iter().zip(got) {
+                        answers[i] = Some(a);
+                    }
+                }
+                None => {
+                    for &i in &run {
+                        answers[i] = Some(Answer::Unreached);
+                    }
+                }
+            }
+        }
+        Ok(answers
+            .into_iter()
+            .map(|a| a.expect("every request answered, failed or unreached"))
+            .collect())
+    }
+
+    /// [`Self::answer`] for requests that fit the context, with their
+    /// documents' token ids.
+    fn answer_fitting(
+        &self,
+        ticket: Ticket,
+        state: &mut QueryState<E::Kv>,
+        call: &AiCall,
+        requests: &[AiRequest<'_>],
+        anchors: &[Arc<Vec<u32>>],
+        partners: &[Arc<Vec<u32>>],
+    ) -> Result<Vec<Answer>> {
         let pieces = &call.pieces;
         if !pieces.pair {
             // One document: preamble + doc, then the tail as the question.
             let tail = self.piece(&pieces.tail)?;
-            let nodes = self.anchor_prompts(ticket, state, call, requests, &tail, true)?;
+            let nodes = self.anchor_prompts(ticket, state, call, requests, anchors, &tail, true)?;
             self.ask_one(ticket, &state.cache, call, &nodes, requests)
         } else {
             // Pairs: preamble + anchor + frame cached, partners packed as suffixes.
             // Each pair is asked once per query: the operators' memo
             // ([`crate::memo`]) answers repeats before they get here.
             let frame = self.piece(&pieces.frame)?;
-            let nodes = self.anchor_prompts(ticket, state, call, requests, &frame, false)?;
-            self.ask_pairs(ticket, &state.cache, call, &nodes, requests)
+            let nodes =
+                self.anchor_prompts(ticket, state, call, requests, anchors, &frame, false)?;
+            self.ask_pairs(ticket, &state.cache, call, &nodes, requests, partners)
         }
     }
 
     /// One-document questions whose whole prompt is the KV of `nodes` (one per request).
     /// A generating call is asked [`GENERATING_REQUESTS_PER_CALL`] requests at
-    /// a time, so that a stopped query (`--timeout-s`, an interrupt) waits for
-    /// at most one such group's decoding, not a whole batch's.
+    /// a time, so that a stopped query (`--timeout-s`, an interrupt, a spent
+    /// budget) waits for at most one such group's decoding, not a whole
+    /// batch's. Requests left when the budget ran out are [`Answer::Unreached`].
     fn ask_one(
         &self,
         ticket: Ticket,
@@ -781,17 +1045,24 @@ impl<E: Executor> ScheduledBackend<E> {
             .map(|(k, n)| (cache.suffixes[k].kv(*n), &[][..]))
             .collect();
         let labels = self.labels(call)?;
-        let stopped = || self.gate.check(ticket, &call.op_id).is_err();
-        if !call.kind.generates() {
-            return self.exec.answer(call, requests, &items, &labels, &stopped);
-        }
+        let group = if call.kind.generates() {
+            GENERATING_REQUESTS_PER_CALL
+        } else {
+            requests.len().max(1)
+        };
         let mut answers = Vec::with_capacity(requests.len());
-        for (items, requests) in items
-            .chunks(GENERATING_REQUESTS_PER_CALL)
-            .zip(requests.chunks(GENERATING_REQUESTS_PER_CALL))
-        {
-            self.gate.check(ticket, &call.op_id)?;
-            answers.extend(self.exec.answer(call, requests, items, &labels, &stopped)?);
+        for (items, group) in items.chunks(group).zip(requests.chunks(group)) {
+            let asked = self.forward(ticket, &call.op_id, |stopped| {
+                self.exec.answer(call, group, items, &labels, stopped)
+            });
+            match asked {
+                Ok(got) => answers.extend(got),
+                Err(e) => {
+                    self.spent_stop(ticket, &call.op_id, e)?;
+                    unreached_after(&mut answers, requests.len());
+                    break;
+                }
+            }
         }
         Ok(answers)
     }
@@ -816,7 +1087,8 @@ impl<E: Executor> ScheduledBackend<E> {
     }
 
     /// Pair questions: `label + partner + tail` packed after the KV of `nodes`
-    /// (`preamble + anchor + frame`, one per request).
+    /// (`preamble + anchor + frame`, one per request); `partners` are the
+    /// partner documents' token ids.
     fn ask_pairs(
         &self,
         ticket: Ticket,
@@ -824,15 +1096,11 @@ impl<E: Executor> ScheduledBackend<E> {
         call: &AiCall,
         nodes: &[(DocKey, NodeId)],
         requests: &[AiRequest<'_>],
+        partners: &[Arc<Vec<u32>>],
     ) -> Result<Vec<Answer>> {
         let pieces = &call.pieces;
         let label = self.piece(&pieces.label)?;
         let tail = self.piece(&pieces.tail)?;
-        let partner_docs: Vec<&str> = requests
-            .iter()
-            .map(|r| r.partner.expect("pair requests have partners").text)
-            .collect();
-        let partners = self.docs(&call.tables[1], &partner_docs)?;
         let suffixes: Vec<Vec<u32>> = partners
             .iter()
             .map(|p| [label.as_slice(), p.as_slice(), tail.as_slice()].concat())
@@ -867,6 +1135,7 @@ impl<E: Executor> ScheduledBackend<E> {
 
     /// Asks `requests` in chunks of at most `batch_tokens` suffix positions;
     /// `item(i)` is request `i`'s (prefix KV, suffix) and `tokens(i)` its suffix length.
+    /// Requests left when the budget ran out are [`Answer::Unreached`].
     fn ask_in_chunks<'a>(
         &self,
         ticket: Ticket,
@@ -881,18 +1150,26 @@ impl<E: Executor> ScheduledBackend<E> {
         let labels = self.labels(call)?;
         let order: Vec<usize> = (0..requests.len()).collect();
         let mut answers = Vec::with_capacity(requests.len());
-        let stopped = || self.gate.check(ticket, &call.op_id).is_err();
         let most = if call.kind.generates() {
             GENERATING_REQUESTS_PER_CALL
         } else {
             usize::MAX
         };
-        for chunk in chunk_by_tokens(&order, self.config.batch_tokens, |&i| tokens(i)) {
+        'chunks: for chunk in chunk_by_tokens(&order, self.config.batch_tokens, |&i| tokens(i)) {
             for group in chunk.chunks(most) {
-                self.gate.check(ticket, &call.op_id)?;
                 let items: Vec<(Option<&E::Kv>, &[u32])> = group.iter().map(|&i| item(i)).collect();
                 let reqs: Vec<AiRequest<'_>> = group.iter().map(|&i| requests[i]).collect();
-                answers.extend(self.exec.answer(call, &reqs, &items, &labels, &stopped)?);
+                let asked = self.forward(ticket, &call.op_id, |stopped| {
+                    self.exec.answer(call, &reqs, &items, &labels, stopped)
+                });
+                match asked {
+                    Ok(got) => answers.extend(got),
+                    Err(e) => {
+                        self.spent_stop(ticket, &call.op_id, e)?;
+                        unreached_after(&mut answers, requests.len());
+                        break 'chunks;
+                    }
+                }
             }
         }
         Ok(answers)
@@ -984,7 +1261,9 @@ impl<E: Executor> ScheduledBackend<E> {
         };
         let nodes = vec![(doc.clone(), node); requests.len()];
         let answers = if pieces.pair {
-            self.ask_pairs(ticket, &state.cache, call, &nodes, &requests)?
+            let texts: Vec<&str> = q.partners.iter().map(|(_, text)| text.as_str()).collect();
+            let partners = self.docs(&call.tables[1], &texts)?;
+            self.ask_pairs(ticket, &state.cache, call, &nodes, &requests, &partners)?
         } else {
             self.ask_one(ticket, &state.cache, call, &nodes, &requests)?
         };
@@ -1030,21 +1309,37 @@ impl<E: Executor> ScheduledBackend<E> {
             })
             .collect();
         let label_tokens = self.longest_label(call)?;
-        for (r, p) in requests.iter().zip(&prompts) {
-            self.check_context(
-                &call.op_id,
-                Excerpt(r.anchor.id),
-                &call.tables[0],
-                p.len() + label_tokens,
-            )?;
-        }
-        self.ask_in_chunks(
+        let mut answers: Vec<Option<Answer>> = requests
+            .iter()
+            .zip(&prompts)
+            .map(|(r, p)| {
+                self.context_overflow(
+                    &call.op_id,
+                    Excerpt(r.anchor.id),
+                    &call.tables[0],
+                    p.len() + label_tokens,
+                )
+                .map(|m| Answer::Failed(m.into()))
+            })
+            .collect();
+        let fitting: Vec<usize> = (0..requests.len())
+            .filter(|&i| answers[i].is_none())
+            .collect();
+        let asked: Vec<AiRequest<'_>> = fitting.iter().map(|&i| requests[i]).collect();
+        let got = self.ask_in_chunks(
             ticket,
             call,
-            requests,
-            |i| prompts[i].len(),
-            |i| (None, prompts[i].as_slice()),
-        )
+            &asked,
+            |j| prompts[fitting[j]].len(),
+            |j| (None, prompts[fitting[j]].as_slice()),
+        )?;
+        for (&i, a) in fitting.iter().zip(got) {
+            answers[i] = Some(a);
+        }
+        Ok(answers
+            .into_iter()
+            .map(|a| a.expect("every request answered or failed"))
+            .collect())
     }
 }
 
@@ -1153,6 +1448,14 @@ fn drop_doc<K: KvOps>(
     Ok((device, host))
 }
 
+/// Fills `answers` up to `want` with [`Answer::Unreached`]: the requests a
+/// spent budget stopped before.
+fn unreached_after(answers: &mut Vec<Answer>, want: usize) {
+    if answers.len() < want {
+        answers.resize(want, Answer::Unreached);
+    }
+}
+
 /// Splits `items` into consecutive chunks of at most `budget` tokens (at least one item each).
 fn chunk_by_tokens<T>(items: &[T], budget: usize, tokens: impl Fn(&T) -> usize) -> Vec<&[T]> {
     let mut out = Vec::new();
@@ -1218,6 +1521,7 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         // Stops the previous query's work and waits for it to leave (at most one
         // forward batch), so it cannot touch this query's state or counters.
         let _started = self.gate.next_query();
+        *self.spend.lock().expect("spend lock") = None;
         self.keep_tokens_of(operators);
         let mut state = self.state.lock().expect("scheduler lock");
         state.cache = Cache::new();
@@ -1242,6 +1546,12 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         } else {
             Lookahead::default()
         };
+    }
+
+    fn meter_query(&self, spend: Option<Arc<Spend>>) {
+        self.charged_fresh
+            .store(self.exec.fresh_tokens(), Ordering::Relaxed);
+        *self.spend.lock().expect("spend lock") = spend;
     }
 
     fn partners_collected(&self, call: &AiCall, partners: &[Doc<'_>]) {

@@ -33,6 +33,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use crate::ai_functions::{NaiveEvaluator, register_ai_functions};
 use crate::answers::{AnswerRecorder, AnswerTable};
 use crate::backend::{AiCall, InferenceBackend};
+use crate::coverage::QueryControls;
 use crate::error::{EngineError, Result, from_datafusion, without_panics};
 use crate::logical::{OperatorHint, QuailbConsumer, ai_nodes};
 use crate::memo::AnswerMemo;
@@ -62,6 +63,8 @@ pub struct SqlSession {
     recorder: Arc<AnswerRecorder>,
     /// The answers of the running query, shared by its AI operators.
     memo: Arc<Mutex<AnswerMemo>>,
+    /// The budget and row-error policy, and the running query's ledger.
+    controls: Arc<QueryControls>,
     context: Arc<Mutex<RewriteContext>>,
     options: QueryOptions,
     /// The memory pool of `--memory-limit`, bounding each query's heap too.
@@ -110,10 +113,12 @@ impl SqlSession {
     ) -> Result<Self> {
         let recorder = Arc::new(AnswerRecorder::default());
         let memo = Arc::new(Mutex::new(AnswerMemo::default()));
+        let controls = Arc::new(QueryControls::new(options.budget, options.on_row_error));
         let runtime = AiRuntime {
             backend: backend.clone(),
             recorder: recorder.clone(),
             memo: memo.clone(),
+            controls: controls.clone(),
             progress: options.progress,
         };
         let pool = Arc::new(HeapBoundedPool::new(options.memory_limit));
@@ -173,6 +178,7 @@ impl SqlSession {
             backend,
             recorder,
             memo,
+            controls,
             context,
             options,
             pool,
@@ -533,6 +539,7 @@ impl SqlSession {
         self.backend.start_query(&calls);
         // Ends the query however this returns, after its measurements are taken.
         let _ends = QueryEnd(self.backend.as_ref());
+        self.backend.meter_query(self.controls.start_query(&calls));
         self.recorder.take();
         self.memo
             .lock()
@@ -550,6 +557,9 @@ impl SqlSession {
         )
         .await?
         .map_err(from_datafusion)?;
+        self.controls.finish()?;
+        let mut measurements = self.backend.measurements();
+        measurements.extend(self.controls.report());
         let mut recorded = self.recorder.take();
         let answers = nodes
             .iter()
@@ -572,7 +582,7 @@ impl SqlSession {
             answers,
             calls,
             runtime_s: started.elapsed().as_secs_f64(),
-            measurements: self.backend.measurements(),
+            measurements,
         })
     }
 }
