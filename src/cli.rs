@@ -334,7 +334,7 @@ pub struct CostArgs {
     /// `aisql_engine::estimate::DEFAULT_GPU_HOURLY_RATE_USD`, $3.50); a benchmark records costs only
     /// when it is given.
     #[arg(long = "gpu-hourly-rate-usd", alias = "gpu-hour-usd", value_name = "PRICE",
-          value_parser = non_negative)]
+          value_parser = non_negative, allow_negative_numbers = true)]
     pub gpu_hourly_rate_usd: Option<f64>,
     /// Print the estimate (rows, input, minimum, fresh and decode tokens,
     /// seconds, dollars per AI operator and in total) instead of running the
@@ -348,14 +348,15 @@ pub struct CostArgs {
     pub estimate_sample: usize,
     /// Stop model work once the query has computed N fresh tokens (checked
     /// before every forward batch).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..),
+          allow_negative_numbers = true)]
     pub max_fresh_tokens: Option<u64>,
     /// Stop model work once the model has run S seconds in this query.
-    #[arg(long, value_name = "S", value_parser = positive)]
+    #[arg(long, value_name = "S", value_parser = positive, allow_negative_numbers = true)]
     pub max_model_seconds: Option<f64>,
     /// Stop model work once the model's time has cost D dollars at
     /// --gpu-hourly-rate-usd.
-    #[arg(long, value_name = "D", value_parser = positive)]
+    #[arg(long, value_name = "D", value_parser = positive, allow_negative_numbers = true)]
     pub max_cost_usd: Option<f64>,
     /// What a spent budget does: fail (the default) or partial (the rows
     /// completed so far, with each AI operator's coverage).
@@ -370,7 +371,7 @@ pub struct CostArgs {
     /// The largest fraction of an AI operator's rows that may fail before the
     /// query fails naming them; implies --on-row-error null (which alone
     /// allows any fraction). Not with --on-row-error fail.
-    #[arg(long, value_name = "R", value_parser = fraction)]
+    #[arg(long, value_name = "R", value_parser = fraction, allow_negative_numbers = true)]
     pub max_error_ratio: Option<f64>,
 }
 
@@ -406,11 +407,11 @@ fn non_negative(arg: &str) -> Result<f64, String> {
 
 /// A finite number > 0.
 fn positive(arg: &str) -> Result<f64, String> {
-    let v = non_negative(arg)?;
-    if v == 0.0 {
-        return Err(format!("must be a number > 0, got {arg}"));
+    match non_negative(arg) {
+        Ok(v) if v > 0.0 => Ok(v),
+        Err(e) if arg.trim().parse::<f64>().is_err() => Err(e),
+        _ => Err(format!("must be a finite number > 0, got {arg}")),
     }
-    Ok(v)
 }
 
 /// A fraction from 0 to 1.

@@ -275,7 +275,7 @@ fn report_budget(budget: Option<&serde_json::Value>) {
         .as_object()
         .into_iter()
         .flatten()
-        .map(|(k, v)| format!("{k} {v}"))
+        .map(|(k, v)| format!("{k} {}", figure(v)))
         .collect();
     eprintln!(
         "budget: spent {} fresh tokens, {:.3} s of model time, ${:.6} (limit: {})",
@@ -292,7 +292,7 @@ fn report_budget(budget: Option<&serde_json::Value>) {
         .into_iter()
         .flatten()
         .filter(|(_, v)| v.as_f64().is_some_and(|v| v > 0.0))
-        .map(|(k, v)| format!("{k} {v}"))
+        .map(|(k, v)| format!("{k} {}", figure(v)))
         .collect();
     eprintln!(
         "budget spent ({}{}): the result holds only the rows answered before it ran out",
@@ -331,5 +331,18 @@ fn report_row_errors(row_errors: Option<&serde_json::Value>) {
         for f in op["failures"].as_array().into_iter().flatten() {
             eprintln!("  {}", f["reason"].as_str().unwrap_or("?"));
         }
+    }
+}
+
+/// A budget figure as printed: whole numbers as they are, others to six
+/// decimals without trailing zeros (dollars of a few seconds are tiny).
+fn figure(v: &serde_json::Value) -> String {
+    match (v.as_u64(), v.as_f64()) {
+        (Some(n), _) => n.to_string(),
+        (None, Some(f)) => {
+            let s = format!("{f:.6}");
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        }
+        _ => v.to_string(),
     }
 }
