@@ -1,6 +1,7 @@
 //! The benchmark run lifecycle through the library: resuming a crashed run does
 //! nothing twice and loses nothing, a query over its timeout is recorded and the run
-//! goes on (or stops with fail-fast), and a crafted output is assessed `bad`.
+//! goes on (or stops with fail-fast), a row the model cannot answer is listed in
+//! run.json under `--on-row-error null`, and a crafted output is assessed `bad`.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -359,4 +360,80 @@ async fn a_resume_reruns_a_kept_query_whose_files_are_damaged() {
     let again = resumed.query("IMDB-1").unwrap().files.clone().unwrap();
     assert_eq!(again.sha256, files.sha256, "the rerun wrote the same files");
     assert!(dir.join(&joins[0].path).exists());
+}
+
+/// The oracle, but the first row it is asked about fails, as a prompt past
+/// the model's context does.
+struct OneBadRow {
+    oracle: OracleBackend,
+    bad: std::sync::Mutex<Option<String>>,
+}
+
+impl InferenceBackend for OneBadRow {
+    fn name(&self) -> &str {
+        "one-bad-row"
+    }
+    fn answer(
+        &self,
+        call: &AiCall,
+        requests: &[AiRequest<'_>],
+    ) -> aisql_engine::Result<Vec<Answer>> {
+        let mut answers = self.oracle.answer(call, requests)?;
+        let mut bad = self.bad.lock().unwrap();
+        let bad = bad.get_or_insert_with(|| requests[0].anchor.id.to_string());
+        for (a, r) in answers.iter_mut().zip(requests) {
+            if r.anchor.id == bad.as_str() {
+                *a = Answer::Failed(format!("{}: row {bad} is too long", call.op_id).into());
+            }
+        }
+        Ok(answers)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_row_is_listed_in_run_json_or_fails_its_query() {
+    let (tmp, dataset) = setup();
+    let backend = || {
+        Arc::new(OneBadRow {
+            oracle: OracleBackend::new(Arc::new(dataset.load_labels(None).unwrap())),
+            bad: Default::default(),
+        })
+    };
+    let dir = tmp.path().join("null");
+    let opts = BenchOptions {
+        on_row_error: aisql_engine::coverage::OnRowError::Null { max_ratio: 1.0 },
+        ..options(&dir, false, None, false)
+    };
+    let run = run_bench(&opts, &dataset, backend(), queries(&["IMDB-1"]))
+        .await
+        .unwrap();
+    let q = &run.queries[0];
+    assert_eq!(q.status, QueryStatus::Complete, "{:?}", q.error);
+    let errors = &q.measurements.as_ref().unwrap()["row_errors"];
+    let op = &errors["operators"][0];
+    assert_eq!(op["id"], "filter-1", "{errors}");
+    assert_eq!(op["rows_failed"], 1, "{errors}");
+    let reason = op["failures"][0]["reason"].as_str().unwrap();
+    assert!(reason.starts_with("filter-1: row ") && reason.ends_with(" is too long"));
+    // run.json on disk says the same.
+    let written = RunFile::read(&dir).unwrap();
+    assert_eq!(
+        written.queries[0].measurements.as_ref().unwrap()["row_errors"],
+        *errors
+    );
+
+    // Under the default policy the query fails naming the row; the run goes on.
+    let dir = tmp.path().join("fail");
+    let run = run_bench(
+        &options(&dir, false, None, false),
+        &dataset,
+        backend(),
+        queries(&["IMDB-1", "FEV-1"]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(run.queries[0].status, QueryStatus::Failed);
+    let error = run.queries[0].error.as_deref().unwrap();
+    assert!(error.contains("is too long"), "{error}");
+    assert_eq!(run.queries[1].status, QueryStatus::Complete);
 }
