@@ -294,6 +294,8 @@ impl Fixture {
             progress: false,
             batch_rows: 64,
             memory_limit: 1 << 30,
+            budget: None,
+            on_row_error: Default::default(),
         }
     }
 
