@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use aisql_engine::ai_functions::{AiArgs, AiFunction};
-use aisql_engine::backend::{AiCall, AiRequest, Answer, Doc, InferenceBackend};
+use aisql_engine::backend::{AiCall, AiRequest, Answer, Doc, InferenceBackend, require_answered};
 use aisql_engine::prompt::PromptFormat;
 use aisql_engine::scheduler::{
     ModelExecutor, ModelSpec, ScheduledBackend, SchedulerConfig, label_probabilities,
@@ -249,10 +249,17 @@ fn a_generating_call_past_the_context_names_its_row() {
     complete.max_tokens = 40_960;
     let docs = documents();
     b.start_query(std::slice::from_ref(&complete));
-    let e = b
-        .answer(&complete, &requests(&docs))
-        .unwrap_err()
-        .to_string();
+    // Every row is answered as failed, naming it: what the query does with
+    // it is the operator's policy (--on-row-error).
+    let answers = b.answer(&complete, &requests(&docs)).unwrap();
+    assert_eq!(answers.len(), docs.len());
+    for (a, (id, _)) in answers.iter().zip(&docs) {
+        let Answer::Failed(reason) = a else {
+            panic!("{id}: {a:?}");
+        };
+        assert!(reason.contains(&format!("row {id} ")), "{reason}");
+    }
+    let e = require_answered(answers).unwrap_err().to_string();
     assert!(
         e.contains("row d0") && e.contains("max_tokens") && e.contains("40960"),
         "{e}"
