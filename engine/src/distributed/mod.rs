@@ -241,6 +241,78 @@ mod tests {
         assert_eq!(sharded.context_positions(), local.context_positions());
     }
 
+    /// [`ByLength`], but a document longer than 40 bytes is a failed row.
+    struct LongFails(Arc<ByLength>);
+
+    impl InferenceBackend for LongFails {
+        fn name(&self) -> &str {
+            "model"
+        }
+        fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+            let mut answers = self.0.answer(call, requests)?;
+            for (a, r) in answers.iter_mut().zip(requests) {
+                if r.anchor.text.len() > 40 {
+                    *a = Answer::Failed(format!("row {} is too long", r.anchor.id).into());
+                }
+            }
+            Ok(answers)
+        }
+        fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {
+            self.0.measurements()
+        }
+    }
+
+    #[test]
+    fn remote_workers_spend_the_budget_between_calls_and_send_failed_rows_back() {
+        let served: Vec<Arc<ByLength>> = (0..2).map(|_| by_length()).collect();
+        let (_started, sharded) = sharded_over(
+            served
+                .iter()
+                .map(|b| Arc::new(LongFails(b.clone())) as Arc<dyn InferenceBackend>),
+        );
+        let texts: Vec<String> = (0..8).map(|i| "y".repeat(3 + i * 7)).collect();
+        let docs: Vec<AiRequest<'_>> = texts
+            .iter()
+            .map(|t| AiRequest {
+                anchor: Doc { id: t, text: t },
+                partner: None,
+            })
+            .collect();
+        let call = test_call(AiKind::Filter, "Is {0} even?", &[]);
+        let spend = Arc::new(crate::spend::Spend::new(crate::spend::BudgetLimits {
+            fresh_tokens: Some(12),
+            model_seconds: None,
+            cost_usd: None,
+            gpu_hourly_rate_usd: 3.5,
+        }));
+        sharded.start_query(std::slice::from_ref(&call));
+        sharded.meter_query(Some(spend.clone()));
+        // Under the limit: asked, and charged what the workers computed (one
+        // "fresh token" a question here). Rows over 40 bytes come back failed.
+        let first = sharded.answer(&call, &docs).unwrap();
+        for (a, t) in first.iter().zip(&texts) {
+            if t.len() > 40 {
+                assert_eq!(*a, Answer::Failed(format!("row {t} is too long").into()));
+            } else {
+                assert_eq!(a.as_bool(), Some(t.len() % 2 == 0), "{t}");
+            }
+        }
+        assert_eq!(spend.fresh_tokens(), 8);
+        assert_eq!(spend.reached(), None);
+        // Still under it: asked, and now past it.
+        assert_eq!(sharded.answer(&call, &docs).unwrap(), first);
+        assert_eq!(spend.fresh_tokens(), 16);
+        assert!(spend.reached().is_some());
+        // Spent: nothing more is sent to the workers.
+        let third = sharded.answer(&call, &docs).unwrap();
+        assert!(third.iter().all(|a| *a == Answer::Unreached), "{third:?}");
+        let asked: usize = served
+            .iter()
+            .map(|b| b.asked.load(std::sync::atomic::Ordering::Relaxed))
+            .sum();
+        assert_eq!(asked, 16);
+    }
+
     #[test]
     fn workers_of_another_dtype_or_address_are_refused_naming_them() {
         let wa = start_worker(by_length(), "f32");
