@@ -447,6 +447,52 @@ fn a_row_longer_than_the_context_is_null_and_the_others_keep_their_answers() {
 }
 
 #[test]
+fn an_ai_agg_group_with_a_row_no_prompt_holds_is_null_and_the_others_keep_theirs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let table = |name: &str, long: bool| {
+        let path = tmp.path().join(format!("{name}.csv"));
+        let mut text = String::from("id,grp,body\nd1,A,A warm film.\nd2,A,Too loud.\n");
+        if long {
+            text.push_str(&format!("d3,B,endless {}\n", "word ".repeat(45_000)));
+        }
+        text.push_str("d4,B,I loved the music.\nd5,C,The plot made no sense.\n");
+        std::fs::write(&path, text).unwrap();
+        format!("docs={}", path.display())
+    };
+    let (with_long, without) = (table("docs", true), table("short", false));
+    let query = "SELECT grp, ai_agg('Summarise the reviews.', body, 4) AS gist FROM docs \
+                 GROUP BY grp ORDER BY grp";
+    let e = run(&["sql", query, "--table", &with_long], 1).stderr;
+    assert!(
+        e.contains("ai_agg: a row of 225008 bytes (endless word"),
+        "{e}"
+    );
+    let nulls = run(
+        &[
+            "sql",
+            query,
+            "--table",
+            &with_long,
+            "--on-row-error",
+            "null",
+        ],
+        0,
+    );
+    let others = run(&["sql", query, "--table", &without], 0);
+    assert_eq!(nulls.rows.len(), 4, "{:?}", nulls.rows);
+    assert_eq!(nulls.rows[2], "B,");
+    // A and C are asked the same prompts either way.
+    for i in [1, 3] {
+        assert_eq!(nulls.rows[i], others.rows[i]);
+    }
+    assert!(
+        nulls.stderr.contains("agg-1: 1 of 3 rows failed"),
+        "{}",
+        nulls.stderr
+    );
+}
+
+#[test]
 fn bad_cost_flags_are_usage_errors_naming_the_flag() {
     let cases: &[(&[&str], &str)] = &[
         (&["--max-fresh-tokens", "0"], "--max-fresh-tokens"),

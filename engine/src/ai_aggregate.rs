@@ -99,7 +99,8 @@ impl AggCalls {
 }
 
 /// Packs `texts` in order into chunks of at most `capacity` bytes (rows joined
-/// by [`ROW_SEPARATOR`]). A text longer than `capacity` alone is an error.
+/// by [`ROW_SEPARATOR`]). A text longer than `capacity` alone is an error
+/// (its group fails).
 fn pack(texts: &[String], capacity: usize, what: &str) -> Result<Vec<String>> {
     let mut chunks: Vec<String> = Vec::new();
     let mut current = String::new();
@@ -129,9 +130,9 @@ fn pack(texts: &[String], capacity: usize, what: &str) -> Result<Vec<String>> {
 
 /// One answer per group: `ask` answers a round's requests of `call` (all
 /// groups' chunks at once, documents named by their text). A group without
-/// texts answers `None` (NULL); a group whose chunk the model could not answer
-/// ([`Answer::Failed`]) or did not reach ([`Answer::Unreached`]) stops there
-/// and answers that. Otherwise the answer is [`Answer::Text`]. `context` is
+/// texts answers `None` (NULL); a group with a text no prompt can hold, or
+/// whose chunk the model could not answer, is [`Answer::Failed`], and one the
+/// model did not reach (a spent budget) [`Answer::Unreached`]. Otherwise the answer is [`Answer::Text`]. `context` is
 /// the model's context in positions.
 pub fn reduce_groups(
     calls: &AggCalls,
@@ -169,23 +170,32 @@ pub fn reduce_groups(
         } else {
             "a partial answer"
         };
-        let chunked: Vec<Vec<String>> = pending
-            .iter()
-            .map(|(_, texts)| pack(texts, capacity, what))
-            .collect::<Result<_>>()?;
-        if round > 0
-            && let Some(((g, texts), _)) = pending
-                .iter()
-                .zip(&chunked)
-                .find(|((_, texts), chunks)| texts.len() > 1 && chunks.len() == texts.len())
-        {
-            return Err(EngineError::Inference(format!(
-                "{}: the {} partial answers of group {g} are too long to combine two in one \
-                 prompt; a smaller max_tokens leaves room",
-                call.op_id,
-                texts.len()
-            )));
+        // A group with a text that fits no prompt, or partial answers no two
+        // of which fit one, cannot be answered: it fails alone.
+        let mut chunked: Vec<Vec<String>> = Vec::with_capacity(pending.len());
+        let mut packed = Vec::with_capacity(pending.len());
+        for (g, texts) in std::mem::take(&mut pending) {
+            let chunks = pack(&texts, capacity, what).and_then(|chunks| {
+                if round > 0 && texts.len() > 1 && chunks.len() == texts.len() {
+                    return Err(EngineError::Inference(format!(
+                        "{}: the {} partial answers of group {g} are too long to combine two \
+                         in one prompt; a smaller max_tokens leaves room",
+                        call.op_id,
+                        texts.len()
+                    )));
+                }
+                Ok(chunks)
+            });
+            match chunks {
+                Ok(chunks) => {
+                    chunked.push(chunks);
+                    packed.push((g, texts));
+                }
+                Err(EngineError::Inference(why)) => out[g] = Some(Answer::Failed(why.into())),
+                Err(e) => return Err(e),
+            }
         }
+        pending = packed;
         let requests: Vec<AiRequest<'_>> = chunked
             .iter()
             .flatten()
@@ -453,11 +463,13 @@ mod tests {
         // More than one context's worth: several rounds, each fewer prompts.
         assert!(rounds.len() >= 2, "{rounds:?}");
         assert!(rounds.windows(2).all(|w| w[1] < w[0]), "{rounds:?}");
-        // A row that fits no prompt is named.
-        let e = reduce_groups(&calls, 300, &[vec!["y".repeat(400)]], |c, r| {
-            backend.answer(c, r)
-        })
-        .unwrap_err();
-        assert!(e.to_string().contains("400 bytes"), "{e}");
+        // A row that fits no prompt fails its group alone, named.
+        let groups = [vec!["y".repeat(400)], rows[..2].to_vec()];
+        let out = reduce_groups(&calls, 300, &groups, |c, r| backend.answer(c, r)).unwrap();
+        let Some(Answer::Failed(e)) = &out[0] else {
+            panic!("{:?}", out[0]);
+        };
+        assert!(e.contains("400 bytes"), "{e}");
+        assert!(matches!(out[1], Some(Answer::Text(_))), "{:?}", out[1]);
     }
 }
