@@ -457,17 +457,16 @@ impl ExecutionPlan for AiExec {
             reservation.try_grow(partners.get_array_memory_size())?;
             report_partners(&state, &partners)?;
             let reservation = Arc::new(reservation);
-            let matched = Arc::new(std::sync::Mutex::new(PartnerMarks::new(
+            let marks = Arc::new(std::sync::Mutex::new(PartnerMarks::new(
                 partners.num_rows(),
             )));
             let anchors = datafusion::physical_plan::execute_stream(anchor_plan, context)?;
-            let (tail_state, tail_partners, tail_matched) =
-                (state.clone(), partners.clone(), matched.clone());
+            let (tail_state, tail_partners, tail_marks) =
+                (state.clone(), partners.clone(), marks.clone());
             let anchor_schema = anchors.schema();
             let per_batch = anchors
                 .and_then(move |batch| {
-                    let (state, partners, matched) =
-                        (state.clone(), partners.clone(), matched.clone());
+                    let (state, partners, marks) = (state.clone(), partners.clone(), marks.clone());
                     let _held = reservation.clone();
                     blocking(move || {
                         join_batch(
@@ -475,7 +474,7 @@ impl ExecutionPlan for AiExec {
                             sides,
                             batch,
                             partners,
-                            &mut matched.lock().expect("matched lock"),
+                            &mut marks.lock().expect("partner marks lock"),
                         )
                     })
                 })
@@ -485,8 +484,8 @@ impl ExecutionPlan for AiExec {
                 .try_flatten();
             // Partner rows the join type keeps whether or not they matched.
             let tail = futures::stream::once(async move {
-                let matched = tail_matched.lock().expect("matched lock");
-                unmatched_partners(&tail_state, sides, anchor_schema, &tail_partners, &matched)
+                let marks = tail_marks.lock().expect("partner marks lock");
+                unmatched_partners(&tail_state, sides, anchor_schema, &tail_partners, &marks)
             })
             .try_filter(|b| futures::future::ready(b.num_rows() > 0));
             Ok::<_, DataFusionError>(per_batch.chain(tail))
