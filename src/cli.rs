@@ -554,6 +554,20 @@ pub enum ModelCommand {
     /// Continue a prompt with the model's greedy (most likely) tokens, until
     /// <|im_end|> or <|endoftext|> or --max-tokens.
     Generate(GenerateArgs),
+    /// Measure the model's throughput on its device and dtype (short prompts,
+    /// long prompts, decoding: about a minute) and keep the profile in aisql's
+    /// cache folder, where estimates (`--estimate`, EXPLAIN) find it.
+    Calibrate(CalibrateArgs),
+}
+
+/// `aisql model calibrate`.
+#[derive(Debug, Args)]
+pub struct CalibrateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// text: a summary; json: the profile as kept.
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: GenerateFormat,
 }
 
 /// `aisql model generate`.

@@ -42,6 +42,21 @@ pub fn scheduler_config(args: &BackendArgs) -> SchedulerConfig {
     }
 }
 
+/// The scheduling knobs of `args` for the simulated deployment the oracle
+/// stands for (`--simulate`, estimates): Qwen3-4B on an H200, unless
+/// `--kv-budget-mb`/`--kv-host-mb` say otherwise.
+pub fn simulated_config(args: &BackendArgs) -> SchedulerConfig {
+    let mut config = scheduler_config(args);
+    if args.kv_budget_mb.is_none() {
+        // Qwen3-4B on an H200 leaves about 100 GiB of its 141 GB for KV.
+        config.kv_budget_bytes = SIMULATED_KV_BUDGET_BYTES;
+    }
+    if args.kv_host_mb.is_none() {
+        config.host_kv_budget_bytes = SIMULATED_HOST_KV_BYTES;
+    }
+    config
+}
+
 /// `--dtype`: the weights dtype asked for, `None` for the device's default.
 pub fn dtype(args: &ModelArgs) -> anyhow::Result<Option<aisql_models::DType>> {
     Ok(match args.dtype.as_deref() {
@@ -162,15 +177,7 @@ pub fn build(
                 }
                 return Ok((Arc::new(OracleBackend::new(labels)), meta));
             }
-            let mut config = scheduler_config(args);
-            if args.kv_budget_mb.is_none() {
-                // The simulation stands for a GPU deployment: Qwen3-4B on an
-                // H200 leaves about 100 GiB of its 141 GB for KV.
-                config.kv_budget_bytes = SIMULATED_KV_BUDGET_BYTES;
-            }
-            if args.kv_host_mb.is_none() {
-                config.host_kv_budget_bytes = SIMULATED_HOST_KV_BYTES;
-            }
+            let config = simulated_config(args);
             meta.insert("simulation".into(), true.into());
             meta.insert("prefix_cache".into(), config.prefix_cache.into());
             meta.insert("lookahead".into(), config.lookahead.into());

@@ -4,6 +4,7 @@ mod backend;
 mod bench;
 mod data;
 mod deadline;
+mod estimate;
 mod model;
 mod paths;
 mod query;

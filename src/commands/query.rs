@@ -12,7 +12,10 @@ use aisql_engine::tables::{TablePaths, tables_in_dir};
 use aisql_engine::write_guard::{OutputKind, WriteGuard};
 use datafusion::arrow::compute::concat_batches;
 
+use std::collections::HashMap;
+
 use super::deadline::{self, Shared, timed_out};
+use super::estimate::estimator;
 use super::rows::PrintedRows;
 use crate::cli::{DataArgs, QueryArgs};
 
@@ -48,7 +51,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     let (tables, dataset) = resolve_tables(&args.data, &needed)?;
     check_outputs(&args, dataset.as_ref())?;
     clear_output_dir(&args)?;
-    let (backend, _meta) =
+    let (backend, meta) =
         super::backend::build(&args.backend, dataset.as_ref(), &query.templates())?;
     let options = QueryOptions {
         format,
@@ -60,6 +63,17 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     };
     let rt = super::runtime()?;
     let limit = args.limits.timeout_s;
+    if args.cost.estimate {
+        let estimator = estimator(&args.backend, &args.cost, &backend, &meta, HashMap::new())?;
+        let estimating = estimator.backend(backend)?;
+        let canceller: std::sync::Arc<dyn aisql_engine::backend::InferenceBackend> =
+            estimating.clone();
+        let running = canceller.clone();
+        deadline::run(rt, limit, &canceller, async move {
+            Ok(run_query(&query, &tables, running, &options).await?)
+        })?;
+        return super::estimate::print(&estimator.estimate(&estimating), args.rows.format);
+    }
     let canceller = backend.clone();
     let (Some(dir), None) = (&args.output_dir, &args.rows.output) else {
         // The rows are printed, and saved whole to --output: kept in memory.
@@ -212,7 +226,7 @@ fn run_general(args: &QueryArgs, not_quailb: &str) -> anyhow::Result<()> {
         model: args.backend.model_name(),
     };
     let rt = super::runtime()?;
-    let (session, planned, backend) = rt.block_on(async {
+    let (session, planned, backend, estimating) = rt.block_on(async {
         // Plan with a backend that asks nothing to learn the prompts (an oracle
         // loads only their labels), then run that plan with the backend they need.
         let planning = SqlSession::new(
@@ -236,14 +250,30 @@ fn run_general(args: &QueryArgs, not_quailb: &str) -> anyhow::Result<()> {
             .into_iter()
             .map(|n| n.spec.call.template)
             .collect();
-        let (backend, _meta) = super::backend::build(&args.backend, dataset.as_ref(), &templates)?;
+        let (backend, meta) = super::backend::build(&args.backend, dataset.as_ref(), &templates)?;
+        // An estimate runs the plan on the estimating backend over that one.
+        let estimating = if args.cost.estimate {
+            let estimator = estimator(&args.backend, &args.cost, &backend, &meta, HashMap::new())?;
+            let estimating = estimator.backend(backend.clone())?;
+            Some((estimator, estimating))
+        } else {
+            None
+        };
+        let backend: std::sync::Arc<dyn aisql_engine::backend::InferenceBackend> = match &estimating
+        {
+            Some((_, e)) => e.clone(),
+            None => backend,
+        };
         let session = SqlSession::new(backend.clone(), options, Evaluation::Operators)?;
         session.share_tables_from(&planning).await?;
-        Ok::<_, anyhow::Error>((session, planned, backend))
+        Ok::<_, anyhow::Error>((session, planned, backend, estimating))
     })?;
     let out = deadline::run(rt, args.limits.timeout_s, &backend, async move {
         Ok(session.run_plan(planned, std::time::Instant::now()).await?)
     })?;
+    if let Some((estimator, estimating)) = estimating {
+        return super::estimate::print(&estimator.estimate(&estimating), args.rows.format);
+    }
     let rows = out.rows()?;
     super::rows::emit(&rows, &args.rows, out.runtime_s)?;
     super::rows::report_work(&out.measurements);

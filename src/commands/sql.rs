@@ -14,6 +14,10 @@ use aisql_engine::sql::{Evaluation, SqlSession, WritePolicy, templates};
 use aisql_engine::write_guard::{OutputKind, WriteGuard};
 use anyhow::Context;
 
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::logical_expr::LogicalPlan;
+
+use super::estimate::estimator;
 use super::{UsageError, deadline};
 use crate::cli::SqlArgs;
 
@@ -100,10 +104,42 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     let wanted = templates(&sql)?;
     // Writing the plan asks nothing: no model to load (that took seconds, or
     // failed for a model not at hand), an oracle without labels in its place.
-    let backend: Arc<dyn InferenceBackend> = if args.to_substrait.is_some() {
-        Arc::new(OracleBackend::new(Default::default()))
+    let hints = args
+        .selectivity
+        .iter()
+        .map(|hint| selectivity_arg(hint, &wanted).map(|(t, f)| (t.to_string(), f)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let explain = plain_explain(&sql);
+    let estimate = args.cost.estimate || explain;
+    if estimate && args.to_substrait.is_some() {
+        return Err(UsageError(
+            "--to-substrait writes the plan without running it: it takes no --estimate or EXPLAIN"
+                .into(),
+        )
+        .into());
+    }
+    let (backend, estimating): (Arc<dyn InferenceBackend>, _) = if args.to_substrait.is_some() {
+        (Arc::new(OracleBackend::new(Default::default())), None)
     } else {
-        super::backend::build(&args.backend, dataset.as_ref(), &wanted)?.0
+        let (real, meta) = super::backend::build(&args.backend, dataset.as_ref(), &wanted)?;
+        if estimate {
+            // The query runs on the estimating backend, which asks the real one
+            // only about its sample.
+            let estimator = estimator(
+                &args.backend,
+                &args.cost,
+                &real,
+                &meta,
+                hints.iter().cloned().collect(),
+            )?;
+            let estimating = estimator.backend(real)?;
+            (
+                estimating.clone() as Arc<dyn InferenceBackend>,
+                Some((estimator, estimating)),
+            )
+        } else {
+            (real, None)
+        }
     };
     let session = SqlSession::new(backend.clone(), options, Evaluation::Operators)?;
     if args.lenient_csv {
@@ -113,9 +149,8 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         allow_writes: args.allow_writes,
         guard,
     });
-    for hint in &args.selectivity {
-        let (template, fraction) = selectivity_arg(hint, &wanted)?;
-        session.set_selectivity(template, fraction)?;
+    for (template, fraction) in &hints {
+        session.set_selectivity(template, *fraction)?;
     }
     // Reading the tables, planning and running, within --timeout-s.
     let to_substrait = args.to_substrait.clone();
@@ -144,10 +179,41 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
                 eprintln!("Substrait plan written to {}", path.display());
                 return Ok(None);
             }
-            Ok(Some(session.run(&sql).await?))
+            if !estimate {
+                return Ok(Some(session.run(&sql).await?));
+            }
+            // An estimate runs the query (EXPLAIN's statement) on the estimating
+            // backend; EXPLAIN's plan is printed first.
+            let plan = session.plan(&sql).await?;
+            let query = match &plan {
+                LogicalPlan::Explain(e) => {
+                    let out = session
+                        .run_plan(plan.clone(), std::time::Instant::now())
+                        .await?;
+                    println!("{}", pretty_format_batches(&out.batches)?);
+                    e.plan.as_ref().clone()
+                }
+                LogicalPlan::Dml(_)
+                | LogicalPlan::Copy(_)
+                | LogicalPlan::Ddl(_)
+                | LogicalPlan::Statement(_) => {
+                    return Err(UsageError(format!(
+                        "--estimate: {} changes data or the session; an estimate runs only queries \
+                         (SELECT, WITH, VALUES)",
+                        plan.display()
+                    ))
+                    .into());
+                }
+                _ => plan,
+            };
+            session.run_plan(query, std::time::Instant::now()).await?;
+            Ok(None)
         },
     )?;
     let Some(out) = out else {
+        if let Some((estimator, estimating)) = &estimating {
+            super::estimate::print(&estimator.estimate(estimating), args.rows.format)?;
+        }
         return Ok(());
     };
     let rows = out.rows()?;
@@ -183,6 +249,21 @@ fn inputs(args: &SqlArgs, tables: &[(String, PathBuf)], dataset: Option<&Dataset
     }
     super::paths::add_backend_files(&mut guard, &args.backend);
     guard
+}
+
+/// Whether `sql` is an `EXPLAIN` without `ANALYZE`: its plan and an estimate
+/// of its statement are printed, nothing is run.
+fn plain_explain(sql: &str) -> bool {
+    let words: Vec<String> = sql
+        .split_whitespace()
+        .take(4)
+        .map(|w| w.to_ascii_lowercase())
+        .collect();
+    words.first().is_some_and(|w| w == "explain")
+        && !words[1..]
+            .iter()
+            .take_while(|w| ["analyze", "verbose"].contains(&w.as_str()))
+            .any(|w| w == "analyze")
 }
 
 /// Whether a command-line argument is a SQL statement rather than a plan path

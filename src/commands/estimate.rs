@@ -1,0 +1,98 @@
+//! Estimates on the command line (`--estimate` of query, sql and bench, and
+//! `EXPLAIN` in `aisql sql`): the estimating backend over the backend the query
+//! would run on, the throughput profile it is priced with, and the printing.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use aisql_engine::backend::InferenceBackend;
+use aisql_engine::estimate::calibration::Calibration;
+use aisql_engine::estimate::{DEFAULT_GPU_HOURLY_RATE_USD, Estimate, EstimateConfig, Estimator};
+use aisql_engine::scheduler::{QWEN3_4B_KV_BYTES_PER_TOKEN, QWEN3_4B_MAX_POSITIONS};
+
+use super::backend::{meta_text, simulated_config};
+use crate::cli::{BackendArgs, BackendKind, CostArgs, RowFormat};
+
+/// The estimator of queries run with `real` (built from `args`, described by
+/// `meta`), with `hints` as selectivities by template.
+pub fn estimator(
+    args: &BackendArgs,
+    cost: &CostArgs,
+    real: &Arc<dyn InferenceBackend>,
+    meta: &serde_json::Map<String, serde_json::Value>,
+    hints: HashMap<String, f64>,
+) -> anyhow::Result<Estimator> {
+    // The oracle stands for the simulated deployment (as --simulate does);
+    // a model for itself: its KV budget, context and KV bytes per position.
+    let mut scheduler = simulated_config(args);
+    let (mut kv_bytes_per_token, mut max_positions) =
+        (QWEN3_4B_KV_BYTES_PER_TOKEN, QWEN3_4B_MAX_POSITIONS);
+    if args.backend == BackendKind::Model {
+        let m = real.measurements();
+        let u = |k: &str| {
+            m.get(k)
+                .or_else(|| meta.get(k))
+                .and_then(|v| v.as_u64())
+                .map(|v| v as usize)
+        };
+        if let Some(budget) = u("kv_budget_bytes") {
+            scheduler.kv_budget_bytes = budget;
+            if let Some(cap) = real.kv_capacity_tokens().filter(|&c| c > 0) {
+                kv_bytes_per_token = (budget / cap).max(1);
+            }
+        }
+        scheduler.host_kv_budget_bytes = u("kv_host_budget_bytes").unwrap_or(0);
+        max_positions = real.context_positions().unwrap_or(max_positions);
+    }
+    let (dtype, device) = profile_key(args, meta);
+    Ok(Estimator {
+        config: EstimateConfig {
+            scheduler,
+            kv_bytes_per_token,
+            max_positions,
+            sample: cost.estimate_sample,
+            hints,
+        },
+        profile: format!("{} {dtype} on {device}", args.model.name),
+        calibration: Calibration::load(&args.model.name, &dtype, &device)?,
+        gpu_hourly_rate_usd: cost
+            .gpu_hourly_rate_usd
+            .unwrap_or(DEFAULT_GPU_HOURLY_RATE_USD),
+    })
+}
+
+/// The dtype and device of the throughput profile an estimate is priced
+/// with: those the backend loaded (described by `meta`), else those the flags
+/// name (the oracle loads no model).
+pub fn profile_key(
+    args: &BackendArgs,
+    meta: &serde_json::Map<String, serde_json::Value>,
+) -> (String, String) {
+    let device = match meta_text(meta, "device") {
+        "" => match args.model.gpu.as_deref() {
+            Some([n, ..]) => format!("cuda:{n}"),
+            _ => "cpu".to_string(),
+        },
+        d => d.to_string(),
+    };
+    let dtype = match (meta_text(meta, "dtype"), args.model.dtype.as_deref()) {
+        ("", Some(d)) => d.to_string(),
+        ("", None) if device == "cpu" => "f32".to_string(),
+        ("", None) => "bf16".to_string(),
+        (d, _) => d.to_string(),
+    };
+    (dtype, device)
+}
+
+/// Prints `estimate`: one JSON object for `--format json`, else the table.
+pub fn print(estimate: &Estimate, format: RowFormat) -> anyhow::Result<()> {
+    match format {
+        RowFormat::Json => println!("{}", serde_json::to_string_pretty(&estimate.to_json())?),
+        RowFormat::Table => println!("{}", estimate.render()?),
+        RowFormat::Csv => {
+            use std::io::Write as _;
+            std::io::stdout().write_all(&super::rows::render(&estimate.to_batch()?, format)?)?;
+        }
+    }
+    Ok(())
+}
