@@ -71,6 +71,7 @@ fn options(dir: &Path, resume: bool, timeout: Option<Duration>, fail_fast: bool)
         progress: false,
         batch_rows: 256,
         memory_limit: aisql_engine::host_memory::default_memory_limit(),
+        estimator: None,
     }
 }
 

@@ -60,6 +60,10 @@ pub struct BenchOptions {
     pub batch_rows: usize,
     /// Bytes DataFusion's operators may hold per query.
     pub memory_limit: usize,
+    /// Estimates each query before it runs and records the estimate beside
+    /// the actual figures (a backend that computes tokens: a model, or the
+    /// simulation).
+    pub estimator: Option<aisql_engine::estimate::Estimator>,
 }
 
 /// Metadata a resume must share with the run it continues.
@@ -469,6 +473,19 @@ pub async fn run_bench(
             status: QueryStatus::Running,
             ..QueryRecord::pending(id, &rec.definition_hash)
         };
+        if let Some(estimator) = &opts.estimator {
+            bar.set_message(format!("{id} (estimate)"));
+            let estimate = async {
+                let estimating = estimator.backend(backend.clone())?;
+                estimator
+                    .estimate_query(estimating, plan, &tables, &query_options)
+                    .await
+            };
+            match estimate.await {
+                Ok(e) => rec.estimate = Some(e),
+                Err(e) => bar.println(format!("{id}: no estimate: {e}")),
+            }
+        }
         run.write(dir)?;
         bar.set_message(id.clone());
 

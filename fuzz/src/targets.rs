@@ -294,6 +294,7 @@ impl Fixture {
             progress: false,
             batch_rows: 64,
             memory_limit: 1 << 30,
+            estimator: None,
         }
     }
 

@@ -96,3 +96,49 @@ pub fn print(estimate: &Estimate, format: RowFormat) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Several queries' estimates as one table: a line per query and the total.
+pub fn render_queries(estimates: &[(String, Estimate)]) -> anyhow::Result<String> {
+    use aisql_engine::estimate::OperatorEstimate;
+    // Each query as one "operator" line of a combined estimate.
+    let lines: Vec<OperatorEstimate> = estimates
+        .iter()
+        .map(|(id, e)| OperatorEstimate {
+            id: id.clone(),
+            kind: "query".into(),
+            template: String::new(),
+            rows: e.operators.iter().map(|o| o.rows).sum(),
+            input_tokens: e.input_tokens,
+            minimum_tokens: e.minimum_tokens,
+            fresh_tokens: e.fresh_tokens,
+            decode_tokens: e.decode_tokens,
+            seconds: e.seconds,
+            usd: e.usd,
+            sampled: e.sample_questions,
+            selectivity: None,
+            selectivity_from: "-".into(),
+        })
+        .collect();
+    let sum = |f: &dyn Fn(&Estimate) -> u64| estimates.iter().map(|(_, e)| f(e)).sum::<u64>();
+    let total_of = |f: &dyn Fn(&Estimate) -> Option<f64>| {
+        estimates.iter().map(|(_, e)| f(e)).sum::<Option<f64>>()
+    };
+    let Some((_, first)) = estimates.first() else {
+        return Ok("no queries".into());
+    };
+    let combined = Estimate {
+        fresh_tokens: sum(&|e| e.fresh_tokens),
+        input_tokens: sum(&|e| e.input_tokens),
+        minimum_tokens: sum(&|e| e.minimum_tokens),
+        decode_tokens: sum(&|e| e.decode_tokens),
+        seconds: total_of(&|e| e.seconds),
+        usd: total_of(&|e| e.usd),
+        profile: first.profile.clone(),
+        calibrated: first.calibrated,
+        gpu_hourly_rate_usd: first.gpu_hourly_rate_usd,
+        sample_questions: sum(&|e| e.sample_questions),
+        sample_fresh_tokens: sum(&|e| e.sample_fresh_tokens),
+        operators: lines,
+    };
+    Ok(combined.render()?)
+}

@@ -68,11 +68,12 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         let estimating = estimator.backend(backend)?;
         let canceller: std::sync::Arc<dyn aisql_engine::backend::InferenceBackend> =
             estimating.clone();
-        let running = canceller.clone();
-        deadline::run(rt, limit, &canceller, async move {
-            Ok(run_query(&query, &tables, running, &options).await?)
+        let estimate = deadline::run(rt, limit, &canceller, async move {
+            Ok(estimator
+                .estimate_query(estimating, &query, &tables, &options)
+                .await?)
         })?;
-        return super::estimate::print(&estimator.estimate(&estimating), args.rows.format);
+        return super::estimate::print(&estimate, args.rows.format);
     }
     let canceller = backend.clone();
     let (Some(dir), None) = (&args.output_dir, &args.rows.output) else {

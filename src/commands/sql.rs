@@ -206,7 +206,10 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
                 }
                 _ => plan,
             };
-            session.run_plan(query, std::time::Instant::now()).await?;
+            let mut rows = aisql_engine::row_sink::CountedRows::default();
+            session
+                .run_plan_into(query, std::time::Instant::now(), &mut rows)
+                .await?;
             Ok(None)
         },
     )?;

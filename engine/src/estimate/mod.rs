@@ -70,6 +70,20 @@ impl Estimator {
         Ok(Arc::new(EstimatingBackend::new(real, &self.config)?))
     }
 
+    /// The estimate of the QUAIL-B `query` over `tables`, run on `backend`
+    /// (from [`Self::backend`]; cancel it to stop the estimate).
+    pub async fn estimate_query(
+        &self,
+        backend: Arc<EstimatingBackend>,
+        query: &crate::plan::QueryPlan,
+        tables: &crate::tables::TablePaths,
+        options: &crate::query::QueryOptions,
+    ) -> Result<Estimate> {
+        let mut rows = crate::row_sink::CountedRows::default();
+        crate::query::run_query_into(query, tables, backend.clone(), options, &mut rows).await?;
+        Ok(self.estimate(&backend))
+    }
+
     /// The figures of the query `backend` ran.
     pub fn estimate(&self, backend: &EstimatingBackend) -> Estimate {
         backend.estimate(
