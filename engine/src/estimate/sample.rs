@@ -95,15 +95,27 @@ impl SampledAnswers {
         self.state.lock().expect("sample lock").stats.clone()
     }
 
+    /// What tells `call`'s questions from another call's of the same operator
+    /// (an `ai_agg`'s rounds share its id): its kind, pieces and labels.
+    fn call_digest(call: &AiCall) -> u128 {
+        let text = serde_json::to_vec(&(
+            &call.op_id,
+            call.kind,
+            &call.pieces,
+            &call.labels,
+            &call.descriptions,
+            call.max_tokens,
+        ))
+        .expect("a call serialises");
+        twox_hash::XxHash3_128::oneshot_with_seed(ESTIMATE_SEED, &text)
+    }
+
     /// A question's hash under the seed: its identity and its place in the
     /// sample order.
-    fn question_hash(call: &AiCall, r: &AiRequest<'_>) -> u128 {
+    fn question_hash(call: u128, r: &AiRequest<'_>) -> u128 {
         let mut bytes = Vec::with_capacity(64);
-        for part in [
-            call.op_id.as_str(),
-            r.anchor.id,
-            r.partner.map_or("", |p| p.id),
-        ] {
+        bytes.extend_from_slice(&call.to_le_bytes());
+        for part in [r.anchor.id, r.partner.map_or("", |p| p.id)] {
             bytes.extend_from_slice(&(part.len() as u64).to_le_bytes());
             bytes.extend_from_slice(part.as_bytes());
         }
@@ -184,9 +196,10 @@ impl InferenceBackend for SampledAnswers {
     /// generating call is never sampled (its answers decide no row, and its
     /// decoding is bounded by `max_tokens`).
     fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+        let digest = Self::call_digest(call);
         let hashes: Vec<u128> = requests
             .iter()
-            .map(|r| Self::question_hash(call, r))
+            .map(|r| Self::question_hash(digest, r))
             .collect();
         let hint = self.hints.get(&call.template).copied();
         // The sample: unanswered candidates by rising hash, up to the quota.

@@ -7,6 +7,7 @@
 
 mod bounded_functions;
 pub(crate) mod consume;
+pub mod count_tokens;
 mod decorrelate;
 pub mod export;
 #[cfg(test)]
@@ -167,6 +168,9 @@ impl SqlSession {
             format: options.format,
         });
         register_ai_functions(&ctx, naive);
+        ctx.register_udf(datafusion::logical_expr::ScalarUDF::new_from_impl(
+            count_tokens::CountTokens::new(aisql_models::Tokenizer::vendored()?, options.format),
+        ));
         bounded_functions::register(&ctx, options.memory_limit);
         Ok(Self {
             ctx,
