@@ -366,10 +366,50 @@ pub struct CostArgs {
     /// row's AI value.
     #[arg(long, value_enum, default_value = "fail")]
     pub on_row_error: OnRowError,
+    /// How the AI operators' progress shows on stderr: auto (lines updated in
+    /// place with rows done of expected, fresh tokens, tokens/s and an ETA,
+    /// only when stderr is a terminal), json (one JSON line per second, for
+    /// programs) or off. The expected rows come from an estimate made first
+    /// (a model backend only).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub progress: ProgressArg,
     /// With --on-row-error null: the largest fraction of an AI operator's rows
     /// that may be NULL for an error before the query fails (default 1: any).
     #[arg(long, value_name = "R", value_parser = fraction)]
     pub max_error_ratio: Option<f64>,
+}
+
+/// `--progress`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProgressArg {
+    /// Lines on a terminal, nothing otherwise.
+    Auto,
+    /// One JSON line per second on stderr.
+    Json,
+    /// Nothing.
+    Off,
+}
+
+impl CostArgs {
+    /// How the AI operators' progress shows.
+    pub fn progress_mode(&self) -> aisql_engine::progress::ProgressMode {
+        use aisql_engine::progress::ProgressMode;
+        match self.progress {
+            ProgressArg::Auto => ProgressMode::Terminal,
+            ProgressArg::Json => ProgressMode::Json,
+            ProgressArg::Off => ProgressMode::Hidden,
+        }
+    }
+
+    /// Whether progress will be seen: JSON lines, or lines on a terminal.
+    pub fn progress_shown(&self) -> bool {
+        use std::io::IsTerminal as _;
+        match self.progress {
+            ProgressArg::Auto => std::io::stderr().is_terminal(),
+            ProgressArg::Json => true,
+            ProgressArg::Off => false,
+        }
+    }
 }
 
 /// `--on-budget`.

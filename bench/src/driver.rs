@@ -6,7 +6,6 @@
 //! that drives the engine.
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -54,8 +53,9 @@ pub struct BenchOptions {
     pub user_metadata: Metadata,
     /// Prompt layout the engine sends.
     pub format: PromptFormat,
-    /// Progress bars on stderr (drawn only on a terminal).
-    pub progress: bool,
+    /// Progress on stderr: the run bar with each query's AI operators under it
+    /// (drawn only on a terminal), JSON lines of the operators, or nothing.
+    pub progress: aisql_engine::progress::ProgressMode,
     /// Rows per batch streamed through the AI operators.
     pub batch_rows: usize,
     /// Bytes DataFusion's operators may hold per query.
@@ -431,8 +431,10 @@ pub async fn run_bench(
         let _ = stop_tx.send(true);
     });
 
-    let bar = if opts.progress {
-        ProgressBar::new(plans.len() as u64)
+    // The run bar, and each running query's AI operators under it.
+    let lines = indicatif::MultiProgress::new();
+    let bar = if opts.progress == aisql_engine::progress::ProgressMode::Terminal {
+        lines.add(ProgressBar::new(plans.len() as u64))
     } else {
         ProgressBar::hidden()
     };
@@ -445,7 +447,8 @@ pub async fn run_bench(
     let tables: TablePaths = dataset.tables.clone();
     let query_options = QueryOptions {
         format: opts.format,
-        progress: opts.progress && std::io::stderr().is_terminal(),
+        progress: opts.progress,
+        progress_parent: Some(lines.clone()),
         batch_rows: opts.batch_rows,
         memory_limit: opts.memory_limit,
         ..QueryOptions::default()
@@ -486,6 +489,12 @@ pub async fn run_bench(
                 Err(e) => bar.println(format!("{id}: no estimate: {e}")),
             }
         }
+        // The operators' progress lines count up to the estimate's questions.
+        let expected_rows = rec
+            .estimate
+            .as_ref()
+            .map(|e| e.operators.iter().map(|o| (o.id.clone(), o.rows)).collect())
+            .unwrap_or_default();
         run.write(dir)?;
         bar.set_message(id.clone());
 
@@ -498,7 +507,10 @@ pub async fn run_bench(
                 plan.clone(),
                 tables.clone(),
                 backend.clone(),
-                query_options.clone(),
+                QueryOptions {
+                    expected_rows,
+                    ..query_options.clone()
+                },
             );
             // Rows stream into the query's folder as they arrive: a result larger
             // than memory is never held.

@@ -185,7 +185,7 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
         plans: plans.describe(),
         user_metadata,
         format,
-        progress: true,
+        progress: args.cost.progress_mode(),
         batch_rows: args.backend.batch_rows,
         memory_limit: args.backend.memory_limit(),
         estimator,

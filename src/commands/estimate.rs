@@ -142,3 +142,19 @@ pub fn render_queries(estimates: &[(String, Estimate)]) -> anyhow::Result<String
     };
     Ok(combined.render()?)
 }
+
+/// Whether a query's progress lines want an estimate made first (their rows'
+/// totals and ETA): a model backend whose progress will be seen, when the
+/// query is not an estimate itself.
+pub fn progress_wants_estimate(args: &BackendArgs, cost: &CostArgs) -> bool {
+    args.backend == BackendKind::Model && cost.progress_shown() && !cost.estimate
+}
+
+/// The rows (questions) `estimate` expects of each AI operator, by id.
+pub fn expected_rows(estimate: &Estimate) -> HashMap<String, u64> {
+    estimate
+        .operators
+        .iter()
+        .map(|o| (o.id.clone(), o.rows))
+        .collect()
+}

@@ -55,7 +55,9 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         super::backend::build(&args.backend, dataset.as_ref(), &query.templates())?;
     let options = QueryOptions {
         format,
-        progress: true,
+        progress: args.cost.progress_mode(),
+        progress_parent: None,
+        expected_rows: Default::default(),
         batch_rows: args.backend.batch_rows,
         memory_limit: args.backend.memory_limit(),
         max_recursion: args.limits.max_recursion,
@@ -74,6 +76,27 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
                 .await?)
         })?;
         return super::estimate::print(&estimate, args.rows.format);
+    }
+    // Progress lines count up to an estimate's rows, made first for a model.
+    let mut options = options;
+    if super::estimate::progress_wants_estimate(&args.backend, &args.cost) {
+        let estimator = estimator(&args.backend, &args.cost, &backend, &meta, HashMap::new())?;
+        let estimate = rt.block_on(async {
+            let estimating = estimator.backend(backend.clone())?;
+            let quiet = QueryOptions {
+                progress: Default::default(),
+                ..options.clone()
+            };
+            Ok::<_, anyhow::Error>(
+                estimator
+                    .estimate_query(estimating, &query, &tables, &quiet)
+                    .await?,
+            )
+        });
+        match estimate {
+            Ok(e) => options.expected_rows = super::estimate::expected_rows(&e),
+            Err(e) => eprintln!("no estimate for the progress lines: {e:#}"),
+        }
     }
     let canceller = backend.clone();
     let (Some(dir), None) = (&args.output_dir, &args.rows.output) else {
@@ -220,7 +243,9 @@ fn run_general(args: &QueryArgs, not_quailb: &str) -> anyhow::Result<()> {
     clear_output_dir(args)?;
     let options = QueryOptions {
         format: args.backend.prompt_format.parse()?,
-        progress: true,
+        progress: args.cost.progress_mode(),
+        progress_parent: None,
+        expected_rows: Default::default(),
         batch_rows: args.backend.batch_rows,
         memory_limit: args.backend.memory_limit(),
         max_recursion: args.limits.max_recursion,

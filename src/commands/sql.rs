@@ -95,7 +95,9 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     let format = args.backend.prompt_format.parse()?;
     let options = QueryOptions {
         format,
-        progress: true,
+        progress: args.cost.progress_mode(),
+        progress_parent: None,
+        expected_rows: Default::default(),
         batch_rows: args.backend.batch_rows,
         memory_limit: args.backend.memory_limit(),
         max_recursion: args.limits.max_recursion,
@@ -118,10 +120,16 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         )
         .into());
     }
+    let mut progress_estimate = None;
     let (backend, estimating): (Arc<dyn InferenceBackend>, _) = if args.to_substrait.is_some() {
         (Arc::new(OracleBackend::new(Default::default())), None)
     } else {
         let (real, meta) = super::backend::build(&args.backend, dataset.as_ref(), &wanted)?;
+        if super::estimate::progress_wants_estimate(&args.backend, &args.cost) {
+            let hints = hints.iter().cloned().collect();
+            let estimator = estimator(&args.backend, &args.cost, &real, &meta, hints)?;
+            progress_estimate = Some((estimator, real.clone()));
+        }
         if estimate {
             // The query runs on the estimating backend, which asks the real one
             // only about its sample.
@@ -140,6 +148,10 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         } else {
             (real, None)
         }
+    };
+    let quiet_options = QueryOptions {
+        progress: Default::default(),
+        ..options.clone()
     };
     let session = SqlSession::new(backend.clone(), options, Evaluation::Operators)?;
     if args.lenient_csv {
@@ -179,38 +191,37 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
                 eprintln!("Substrait plan written to {}", path.display());
                 return Ok(None);
             }
-            if !estimate {
-                return Ok(Some(session.run(&sql).await?));
-            }
-            // An estimate runs the query (EXPLAIN's statement) on the estimating
-            // backend; EXPLAIN's plan is printed first.
-            let plan = session.plan(&sql).await?;
-            let query = match &plan {
-                LogicalPlan::Explain(e) => {
-                    let out = session
-                        .run_plan(plan.clone(), std::time::Instant::now())
-                        .await?;
-                    println!("{}", pretty_format_batches(&out.batches)?);
-                    e.plan.as_ref().clone()
-                }
-                LogicalPlan::Dml(_)
-                | LogicalPlan::Copy(_)
-                | LogicalPlan::Ddl(_)
-                | LogicalPlan::Statement(_) => {
-                    return Err(UsageError(format!(
-                        "--estimate: {} changes data or the session; an estimate runs only queries \
-                         (SELECT, WITH, VALUES)",
-                        plan.display()
-                    ))
+            if estimate {
+                // An estimate runs the query (EXPLAIN's statement) on the
+                // estimating backend; EXPLAIN's plan is printed first.
+                if !run_estimate(&session, &sql, true).await? {
+                    return Err(UsageError(
+                        "--estimate: the statement changes data or the session; an estimate \
+                         runs only queries (SELECT, WITH, VALUES)"
+                            .into(),
+                    )
                     .into());
                 }
-                _ => plan,
-            };
-            let mut rows = aisql_engine::row_sink::CountedRows::default();
-            session
-                .run_plan_into(query, std::time::Instant::now(), &mut rows)
-                .await?;
-            Ok(None)
+                return Ok(None);
+            }
+            if let Some((estimator, real)) = progress_estimate {
+                // The progress lines count up to an estimate's rows.
+                let estimating = estimator.backend(real)?;
+                let quiet =
+                    SqlSession::new(estimating.clone(), quiet_options, Evaluation::Operators)?;
+                quiet.share_tables_from(&session).await?;
+                for (template, fraction) in &hints {
+                    quiet.set_selectivity(template, *fraction)?;
+                }
+                match run_estimate(&quiet, &sql, false).await {
+                    Ok(true) => session.set_expected_rows(super::estimate::expected_rows(
+                        &estimator.estimate(&estimating),
+                    )),
+                    Ok(false) => {}
+                    Err(e) => eprintln!("no estimate for the progress lines: {e:#}"),
+                }
+            }
+            Ok(Some(session.run(&sql).await?))
         },
     )?;
     let Some(out) = out else {
@@ -252,6 +263,41 @@ fn inputs(args: &SqlArgs, tables: &[(String, PathBuf)], dataset: Option<&Dataset
     }
     super::paths::add_backend_files(&mut guard, &args.backend);
     guard
+}
+
+/// Runs the query `sql` on `session` (an estimating backend's), its rows
+/// counted and dropped; for an `EXPLAIN`, prints its plan first when
+/// `print_explain` and runs its statement. `false`, running nothing, for a
+/// statement that changes data or the session.
+async fn run_estimate(
+    session: &SqlSession,
+    sql: &str,
+    print_explain: bool,
+) -> anyhow::Result<bool> {
+    let plan = session.plan(sql).await?;
+    let query = match &plan {
+        LogicalPlan::Explain(e) => {
+            if print_explain {
+                let out = session
+                    .run_plan(plan.clone(), std::time::Instant::now())
+                    .await?;
+                println!("{}", pretty_format_batches(&out.batches)?);
+            }
+            e.plan.as_ref().clone()
+        }
+        LogicalPlan::Dml(_)
+        | LogicalPlan::Copy(_)
+        | LogicalPlan::Ddl(_)
+        | LogicalPlan::Statement(_) => {
+            return Ok(false);
+        }
+        _ => plan,
+    };
+    let mut rows = aisql_engine::row_sink::CountedRows::default();
+    session
+        .run_plan_into(query, std::time::Instant::now(), &mut rows)
+        .await?;
+    Ok(true)
 }
 
 /// Whether `sql` is an `EXPLAIN` without `ANALYZE`: its plan and an estimate

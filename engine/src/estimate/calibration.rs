@@ -202,8 +202,13 @@ fn document(seed: usize, words: usize) -> String {
         "moment",
         "audience",
     ];
+    // Words picked by a hash of (document, position): no two documents share
+    // an opening, so each is computed in full, as distinct rows are.
     (0..words)
-        .map(|i| WORDS[(i * 7 + seed * 13 + i / 5) % WORDS.len()])
+        .map(|i| {
+            let h = twox_hash::XxHash3_128::oneshot_with_seed(seed as u64, &i.to_le_bytes());
+            WORDS[(h % WORDS.len() as u128) as usize]
+        })
         .collect::<Vec<_>>()
         .join(" ")
 }

@@ -421,9 +421,18 @@ impl Estimate {
             v.push(total);
             Arc::new(UInt64Array::from(v))
         };
-        let opt = |f: &dyn Fn(&OperatorEstimate) -> Option<f64>, total: Option<f64>| -> ArrayRef {
+        // Seconds to the hundredth, dollars to the millionth: a table for eyes
+        // (the JSON keeps every digit).
+        let opt = |f: &dyn Fn(&OperatorEstimate) -> Option<f64>,
+                   total: Option<f64>,
+                   scale: f64|
+         -> ArrayRef {
             let mut v: Vec<Option<f64>> = self.operators.iter().map(f).collect();
             v.push(total);
+            let v: Vec<Option<f64>> = v
+                .into_iter()
+                .map(|x| x.map(|x| (x * scale).round() / scale))
+                .collect();
             Arc::new(Float64Array::from(v))
         };
         let mut selectivity: Vec<Option<String>> = self
@@ -449,8 +458,8 @@ impl Estimate {
                 "decode_tokens",
                 col(&|o| o.decode_tokens, self.decode_tokens),
             ),
-            ("seconds", opt(&|o| o.seconds, self.seconds)),
-            ("usd", opt(&|o| o.usd, self.usd)),
+            ("seconds", opt(&|o| o.seconds, self.seconds, 1e2)),
+            ("usd", opt(&|o| o.usd, self.usd, 1e6)),
             (
                 "selectivity",
                 Arc::new(StringArray::from(selectivity)) as ArrayRef,
