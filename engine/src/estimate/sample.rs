@@ -21,9 +21,9 @@ use crate::error::Result;
 pub const ESTIMATE_SEED: u64 = 0x5eed_e571_3a7e;
 
 /// A question is a candidate for the sample when its hash falls under this
-/// fraction: the sample is spread over the first batches' questions rather
-/// than taken from the first rows alone.
-const SAMPLE_FRACTION: f64 = 0.25;
+/// fraction: a large sample is spread over the first batches' questions
+/// rather than taken from the first batch alone.
+const SAMPLE_FRACTION: f64 = 0.5;
 
 /// What one operator's sample said so far.
 #[derive(Debug, Default, Clone)]
@@ -39,6 +39,10 @@ pub struct SampleStats {
     pub examples: Vec<Answer>,
     /// The fraction of TRUE used for unsampled decisions, when a hint gave it.
     pub hint: Option<f64>,
+    /// The TRUE owed to unsampled decisions so far (error diffusion): they
+    /// come out TRUE at the selectivity's exact rate, not by independent
+    /// draws, whose own noise would add to the sample's.
+    carry: Option<f64>,
 }
 
 impl SampleStats {
@@ -128,12 +132,23 @@ impl SampledAnswers {
     }
 
     /// The answer an unsampled question of `call` gets from the sample so far.
-    fn drawn(call: &AiCall, stats: &SampleStats, h: u128) -> Answer {
+    fn drawn(call: &AiCall, stats: &mut SampleStats, h: u128) -> Answer {
         // Low bits pick; the high bits decided whether it was a candidate.
         let u = (h as u64 >> 11) as f64 / (1u64 << 53) as f64;
         let pick = |n: usize| ((u * n as f64) as usize).min(n.saturating_sub(1));
         match call.kind {
-            AiKind::Filter | AiKind::Join => Answer::Bool(u < stats.selectivity()),
+            AiKind::Filter | AiKind::Join => {
+                let p = stats.selectivity();
+                // The first owed fraction is the question's own draw.
+                let owed = stats.carry.get_or_insert(u);
+                *owed += p;
+                Answer::Bool(if *owed >= 1.0 {
+                    *owed -= 1.0;
+                    true
+                } else {
+                    false
+                })
+            }
             AiKind::Classify => {
                 let n = call.labels.len().max(1);
                 // Each label's share of the sample, with half a question each.
@@ -250,7 +265,7 @@ impl InferenceBackend for SampledAnswers {
         }
         let mut state = self.state.lock().expect("sample lock");
         let State { given, stats } = &mut *state;
-        let stats = &stats[&call.op_id];
+        let stats = stats.get_mut(&call.op_id).expect("stats made above");
         Ok(hashes
             .iter()
             .map(|&h| {
