@@ -117,6 +117,7 @@ pub fn render_queries(estimates: &[(String, Estimate)]) -> anyhow::Result<String
             sampled: e.sample_questions,
             selectivity: None,
             selectivity_from: "-".into(),
+            selectivity_interval: None,
         })
         .collect();
     let sum = |f: &dyn Fn(&Estimate) -> u64| estimates.iter().map(|(_, e)| f(e)).sum::<u64>();

@@ -218,6 +218,7 @@ impl EstimatingBackend {
                     usd,
                     sampled: s.asked as u64,
                     selectivity: decides.then(|| s.selectivity()),
+                    selectivity_interval: decides.then(|| s.interval()).flatten(),
                     selectivity_from: if !decides {
                         "-"
                     } else if s.hint.is_some() {
@@ -375,6 +376,9 @@ pub struct OperatorEstimate {
     pub selectivity: Option<f64>,
     /// Where it came from: `sample`, `hint`, `default` (one half), `-`.
     pub selectivity_from: String,
+    /// The 95 % interval of a sampled selectivity: a small sample of a
+    /// selective filter leaves the rows after it uncertain.
+    pub selectivity_interval: Option<(f64, f64)>,
 }
 
 /// A query's estimate: totals and per AI operator.
@@ -439,8 +443,12 @@ impl Estimate {
             .operators
             .iter()
             .map(|o| {
-                o.selectivity
-                    .map(|s| format!("{s:.3} ({})", o.selectivity_from))
+                o.selectivity.map(|s| match o.selectivity_interval {
+                    Some((lo, hi)) => {
+                        format!("{s:.3} ({}, 95 %: {lo:.3}–{hi:.3})", o.selectivity_from)
+                    }
+                    None => format!("{s:.3} ({})", o.selectivity_from),
+                })
             })
             .collect();
         selectivity.push(None);

@@ -46,6 +46,20 @@ pub struct SampleStats {
 }
 
 impl SampleStats {
+    /// The 95 % Wilson interval of the TRUE fraction the sample measured
+    /// (`None` without a sample): how far the selectivity, and so the rows
+    /// reaching later operators, may be off.
+    pub fn interval(&self) -> Option<(f64, f64)> {
+        if self.hint.is_some() || self.asked == 0 {
+            return None;
+        }
+        let (n, z) = (self.asked as f64, 1.96f64);
+        let p = self.true_answers as f64 / n;
+        let centre = (p + z * z / (2.0 * n)) / (1.0 + z * z / n);
+        let half = z / (1.0 + z * z / n) * (p * (1.0 - p) / n + z * z / (4.0 * n * n)).sqrt();
+        Some(((centre - half).max(0.0), (centre + half).min(1.0)))
+    }
+
     /// The fraction of TRUE decisions unsampled questions get: the hint, else
     /// the sample's fraction with half a question of prior either way (a
     /// sample with no TRUE still lets a few rows through, as a rare predicate
