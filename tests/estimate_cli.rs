@@ -13,6 +13,14 @@ fn aisql() -> Command {
     Command::cargo_bin("aisql").unwrap()
 }
 
+/// Runs `c`, which must succeed, and reads its stdout as JSON.
+fn stdout_json(c: &mut Command) -> Value {
+    let out = c.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"))
+}
+
 fn generate(root: &Path, sf: f64) {
     aisql_bench::standin::generate(root, sf).unwrap();
 }
@@ -110,19 +118,13 @@ fn a_hint_replaces_the_sample() {
     let cache = tmp.path().join("cache");
     let query = "SELECT id FROM docs WHERE ai_filter('Is {0} about a phone?', body)";
     let run = |extra: &[&str]| -> Value {
-        let out = aisql()
-            .args(["sql", query, "--table", &docs_table(), "--model", "tiny"])
-            .args(["--estimate", "--format", "json"])
-            .args(extra)
-            .env("AISQL_CACHE_DIR", &cache)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+        stdout_json(
+            aisql()
+                .args(["sql", query, "--table", &docs_table(), "--model", "tiny"])
+                .args(["--estimate", "--format", "json"])
+                .args(extra)
+                .env("AISQL_CACHE_DIR", &cache),
+        )
     };
     let sampled = run(&[]);
     let op = &sampled["operators"][0];
@@ -146,17 +148,11 @@ fn a_hint_replaces_the_sample() {
 fn calibration_gives_seconds_and_dollars() {
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("cache");
-    let out = aisql()
-        .args(["model", "calibrate", "--model", "tiny", "--format", "json"])
-        .env("AISQL_CACHE_DIR", &cache)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let profile = stdout_json(
+        aisql()
+            .args(["model", "calibrate", "--model", "tiny", "--format", "json"])
+            .env("AISQL_CACHE_DIR", &cache),
     );
-    let profile: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(profile["model"], "tiny");
     assert_eq!(profile["device"], "cpu");
     assert!(
@@ -165,18 +161,12 @@ fn calibration_gives_seconds_and_dollars() {
     );
     assert!(cache.join("calibration/tiny-f32-cpu.json").is_file());
     let query = "SELECT id FROM docs WHERE ai_filter('Is {0} about a phone?', body)";
-    let out = aisql()
-        .args(["sql", query, "--table", &docs_table(), "--model", "tiny"])
-        .args(["--estimate", "--format", "json", "--gpu-hour-usd", "7.2"])
-        .env("AISQL_CACHE_DIR", &cache)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let e = stdout_json(
+        aisql()
+            .args(["sql", query, "--table", &docs_table(), "--model", "tiny"])
+            .args(["--estimate", "--format", "json", "--gpu-hour-usd", "7.2"])
+            .env("AISQL_CACHE_DIR", &cache),
     );
-    let e: Value = serde_json::from_slice(&out.stdout).unwrap();
     let seconds = e["seconds"].as_f64().unwrap();
     assert!(seconds > 0.0, "{e}");
     let usd = e["usd"].as_f64().unwrap();

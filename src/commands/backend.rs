@@ -74,16 +74,7 @@ pub fn dtype(args: &ModelArgs) -> anyhow::Result<Option<aisql_models::DType>> {
 pub fn load_model(
     args: &ModelArgs,
 ) -> anyhow::Result<(aisql_models::Qwen3, aisql_models::Tokenizer)> {
-    let gpu = match args.gpu.as_deref() {
-        None => None,
-        Some([n]) => Some(*n),
-        Some(_) => {
-            return Err(UsageError(
-                "--gpu: this command runs one model on one device; name one GPU".into(),
-            )
-            .into());
-        }
-    };
+    let gpu = one_gpu(args, "this command runs one model on one device")?;
     let dtype = dtype(args)?;
     let source = if args.name == "tiny" {
         eprintln!("{TINY_MODEL_NOTE}");
@@ -96,6 +87,16 @@ pub fn load_model(
     let device = aisql_models::device(gpu)?;
     aisql_models::load(&source, &device, dtype)
         .with_context(|| format!("loading model {:?}", args.name))
+}
+
+/// The one GPU `args` name (`None`: the CPU); several are a usage error
+/// saying `why` one.
+pub fn one_gpu(args: &ModelArgs, why: &str) -> anyhow::Result<Option<usize>> {
+    match args.gpu.as_deref() {
+        None => Ok(None),
+        Some([n]) => Ok(Some(*n)),
+        Some(_) => Err(UsageError(format!("--gpu: {why}; name one GPU")).into()),
+    }
 }
 
 /// The devices of `args`' workers: one per `--gpu` device, `--cpu-workers` CPU

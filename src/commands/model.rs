@@ -21,16 +21,7 @@ pub fn run(cmd: ModelCommand) -> anyhow::Result<()> {
 /// `aisql model calibrate`: the model's throughput profile, measured through
 /// the engine's scheduler and kept where estimates look for it.
 fn calibrate(args: &CalibrateArgs) -> anyhow::Result<()> {
-    let gpu = match args.model.gpu.as_deref() {
-        None => None,
-        Some([n]) => Some(*n),
-        Some(_) => {
-            return Err(UsageError(
-                "--gpu: a profile is of one model on one device; name one GPU".into(),
-            )
-            .into());
-        }
-    };
+    let gpu = super::backend::one_gpu(&args.model, "a profile is of one model on one device")?;
     if args.model.name == "tiny" {
         eprintln!("{}", super::backend::TINY_MODEL_NOTE);
     }
