@@ -239,6 +239,28 @@ fn explain_prints_the_plan_and_the_estimate_and_estimates_never_write() {
         .code(2)
         .stderr(predicates::str::contains("an estimate runs only queries"));
     assert!(!target.exists(), "an estimate wrote {}", target.display());
+    // Nor through EXPLAIN, which shows the plan without running it.
+    let explained = aisql()
+        .args([
+            "sql",
+            &format!(
+                "EXPLAIN COPY (SELECT id FROM docs) TO '{}'",
+                target.display()
+            ),
+            "--table",
+            &docs_table(),
+            "--model",
+            "tiny",
+            "--allow-writes",
+        ])
+        .env("AISQL_CACHE_DIR", &cache)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&explained.stderr);
+    assert!(explained.status.success(), "{stderr}");
+    assert!(stderr.contains("no estimate"), "{stderr}");
+    assert!(String::from_utf8_lossy(&explained.stdout).contains("CopyTo"));
+    assert!(!target.exists(), "EXPLAIN wrote {}", target.display());
 }
 
 #[test]

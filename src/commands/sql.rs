@@ -112,7 +112,8 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         .map(|hint| selectivity_arg(hint, &wanted).map(|(t, f)| (t.to_string(), f)))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let explain = plain_explain(&sql);
-    let estimate = args.cost.estimate || explain;
+    let explicit_estimate = args.cost.estimate;
+    let estimate = explicit_estimate || explain;
     if estimate && args.to_substrait.is_some() {
         return Err(UsageError(
             "--to-substrait writes the plan without running it: it takes no --estimate or EXPLAIN"
@@ -194,13 +195,17 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
             if estimate {
                 // An estimate runs the query (EXPLAIN's statement) on the
                 // estimating backend; EXPLAIN's plan is printed first.
-                if !run_estimate(&session, &sql, true).await? {
+                let estimated = run_estimate(&session, &sql, true).await?;
+                if !estimated && explicit_estimate {
                     return Err(UsageError(
                         "--estimate: the statement changes data or the session; an estimate \
                          runs only queries (SELECT, WITH, VALUES)"
                             .into(),
                     )
                     .into());
+                }
+                if !estimated {
+                    eprintln!("no estimate: the statement changes data or the session");
                 }
                 return Ok(None);
             }
@@ -275,24 +280,28 @@ async fn run_estimate(
     print_explain: bool,
 ) -> anyhow::Result<bool> {
     let plan = session.plan(sql).await?;
-    let query = match &plan {
-        LogicalPlan::Explain(e) => {
-            if print_explain {
-                let out = session
-                    .run_plan(plan.clone(), std::time::Instant::now())
-                    .await?;
-                println!("{}", pretty_format_batches(&out.batches)?);
-            }
-            e.plan.as_ref().clone()
-        }
-        LogicalPlan::Dml(_)
-        | LogicalPlan::Copy(_)
-        | LogicalPlan::Ddl(_)
-        | LogicalPlan::Statement(_) => {
-            return Ok(false);
-        }
-        _ => plan,
+    let explained = match &plan {
+        LogicalPlan::Explain(e) => Some(e.plan.as_ref().clone()),
+        _ => None,
     };
+    if print_explain && explained.is_some() {
+        // EXPLAIN only plans: its statement does not run here.
+        let out = session
+            .run_plan(plan.clone(), std::time::Instant::now())
+            .await?;
+        println!("{}", pretty_format_batches(&out.batches)?);
+    }
+    // An estimate writes nothing, whatever EXPLAIN wraps.
+    if matches!(
+        explained.as_ref().unwrap_or(&plan),
+        LogicalPlan::Dml(_)
+            | LogicalPlan::Copy(_)
+            | LogicalPlan::Ddl(_)
+            | LogicalPlan::Statement(_)
+    ) {
+        return Ok(false);
+    }
+    let query = explained.unwrap_or(plan);
     let mut rows = aisql_engine::row_sink::CountedRows::default();
     session
         .run_plan_into(query, std::time::Instant::now(), &mut rows)
