@@ -77,9 +77,10 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         })?;
         return super::estimate::print(&estimate, args.rows.format);
     }
-    // Progress lines count up to an estimate's rows, made first for a model.
+    // Progress lines count up to an estimate's rows, made first for a model
+    // (not under --timeout-s, which bounds the query alone).
     let mut options = options;
-    if super::estimate::progress_wants_estimate(&args.backend, &args.cost) {
+    if super::estimate::progress_wants_estimate(&args.backend, &args.cost) && limit.is_none() {
         let estimator = estimator(&args.backend, &args.cost, &backend, &meta, HashMap::new())?;
         let estimate = rt.block_on(async {
             let estimating = estimator.backend(backend.clone())?;
