@@ -368,11 +368,51 @@ pub struct CostArgs {
     /// filter or join drops it), listing the first failed rows.
     #[arg(long, value_enum, value_name = "fail|null")]
     pub on_row_error: Option<OnRowError>,
+    /// How the AI operators' progress shows on stderr: auto (lines updated in
+    /// place with rows done of expected, fresh tokens, tokens/s and an ETA,
+    /// only when stderr is a terminal), json (one JSON line per second, for
+    /// programs) or off. The expected rows come from an estimate made first
+    /// (a model backend only).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub progress: ProgressArg,
     /// The largest fraction of an AI operator's rows that may fail before the
     /// query fails naming them; implies --on-row-error null (which alone
     /// allows any fraction). Not with --on-row-error fail.
     #[arg(long, value_name = "R", value_parser = fraction, allow_negative_numbers = true)]
     pub max_error_ratio: Option<f64>,
+}
+
+/// `--progress`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProgressArg {
+    /// Lines on a terminal, nothing otherwise.
+    Auto,
+    /// One JSON line per second on stderr.
+    Json,
+    /// Nothing.
+    Off,
+}
+
+impl CostArgs {
+    /// How the AI operators' progress shows.
+    pub fn progress_mode(&self) -> aisql_engine::progress::ProgressMode {
+        use aisql_engine::progress::ProgressMode;
+        match self.progress {
+            ProgressArg::Auto => ProgressMode::Terminal,
+            ProgressArg::Json => ProgressMode::Json,
+            ProgressArg::Off => ProgressMode::Hidden,
+        }
+    }
+
+    /// Whether progress will be seen: JSON lines, or lines on a terminal.
+    pub fn progress_shown(&self) -> bool {
+        use std::io::IsTerminal as _;
+        match self.progress {
+            ProgressArg::Auto => std::io::stderr().is_terminal(),
+            ProgressArg::Json => true,
+            ProgressArg::Off => false,
+        }
+    }
 }
 
 /// `--on-budget`.
@@ -557,6 +597,20 @@ pub enum ModelCommand {
     /// Continue a prompt with the model's greedy (most likely) tokens, until
     /// <|im_end|> or <|endoftext|> or --max-tokens.
     Generate(GenerateArgs),
+    /// Measure the model's throughput on its device and dtype (short prompts,
+    /// long prompts, decoding: about a minute) and keep the profile in aisql's
+    /// cache folder, where estimates (`--estimate`, EXPLAIN) find it.
+    Calibrate(CalibrateArgs),
+}
+
+/// `aisql model calibrate`.
+#[derive(Debug, Args)]
+pub struct CalibrateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// text: a summary; json: the profile as kept.
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: GenerateFormat,
 }
 
 /// `aisql model generate`.

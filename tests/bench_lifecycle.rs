@@ -69,11 +69,12 @@ fn options(dir: &Path, resume: bool, timeout: Option<Duration>, fail_fast: bool)
         plans: PlanSource::Embedded.describe(),
         user_metadata: serde_json::Map::new(),
         format: Default::default(),
-        progress: false,
+        progress: aisql_engine::progress::ProgressMode::Hidden,
         batch_rows: 256,
         memory_limit: aisql_engine::host_memory::default_memory_limit(),
         budget: None,
         on_row_error: Default::default(),
+        estimator: None,
     }
 }
 

@@ -7,7 +7,6 @@
 //! that drives the engine.
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -57,8 +56,9 @@ pub struct BenchOptions {
     pub user_metadata: Metadata,
     /// Prompt layout the engine sends.
     pub format: PromptFormat,
-    /// Progress bars on stderr (drawn only on a terminal).
-    pub progress: bool,
+    /// Progress on stderr: the run bar with each query's AI operators under it
+    /// (drawn only on a terminal), JSON lines of the operators, or nothing.
+    pub progress: aisql_engine::progress::ProgressMode,
     /// Rows per batch streamed through the AI operators.
     pub batch_rows: usize,
     /// Bytes DataFusion's operators may hold per query.
@@ -69,6 +69,10 @@ pub struct BenchOptions {
     pub budget: Option<Budget>,
     /// What a row the model cannot answer does.
     pub on_row_error: OnRowError,
+    /// Estimates each query before it runs and records the estimate beside
+    /// the actual figures (a backend that computes tokens: a model, or the
+    /// simulation).
+    pub estimator: Option<aisql_engine::estimate::Estimator>,
 }
 
 /// Metadata a resume must share with the run it continues.
@@ -459,8 +463,10 @@ pub async fn run_bench(
         let _ = stop_tx.send(true);
     });
 
-    let bar = if opts.progress {
-        ProgressBar::new(plans.len() as u64)
+    // The run bar, and each running query's AI operators under it.
+    let lines = indicatif::MultiProgress::new();
+    let bar = if opts.progress == aisql_engine::progress::ProgressMode::Terminal {
+        lines.add(ProgressBar::new(plans.len() as u64))
     } else {
         ProgressBar::hidden()
     };
@@ -473,7 +479,8 @@ pub async fn run_bench(
     let tables: TablePaths = dataset.tables.clone();
     let query_options = QueryOptions {
         format: opts.format,
-        progress: opts.progress && std::io::stderr().is_terminal(),
+        progress: opts.progress,
+        progress_parent: Some(lines.clone()),
         batch_rows: opts.batch_rows,
         memory_limit: opts.memory_limit,
         budget: opts.budget,
@@ -503,6 +510,25 @@ pub async fn run_bench(
             status: QueryStatus::Running,
             ..QueryRecord::pending(id, &rec.definition_hash)
         };
+        if let Some(estimator) = &opts.estimator {
+            bar.set_message(format!("{id} (estimate)"));
+            let estimate = async {
+                let estimating = estimator.backend(backend.clone())?;
+                estimator
+                    .estimate_query(estimating, plan, &tables, &query_options)
+                    .await
+            };
+            match estimate.await {
+                Ok(e) => rec.estimate = Some(e),
+                Err(e) => bar.println(format!("{id}: no estimate: {e}")),
+            }
+        }
+        // The operators' progress lines count up to the estimate's questions.
+        let expected_rows = rec
+            .estimate
+            .as_ref()
+            .map(|e| e.operators.iter().map(|o| (o.id.clone(), o.rows)).collect())
+            .unwrap_or_default();
         run.write(dir)?;
         bar.set_message(id.clone());
 
@@ -515,7 +541,10 @@ pub async fn run_bench(
                 plan.clone(),
                 tables.clone(),
                 backend.clone(),
-                query_options.clone(),
+                QueryOptions {
+                    expected_rows,
+                    ..query_options.clone()
+                },
             );
             // Rows stream into the query's folder as they arrive: a result larger
             // than memory is never held.

@@ -213,6 +213,7 @@ pub fn report_markdown(run: &RunFile, charts: &[(String, String)]) -> String {
             num(peak),
         ));
     }
+    l.extend(estimates_section(run));
     l.extend(workers_section(run));
     if !charts.is_empty() {
         l.extend([String::new(), "## Charts".into(), String::new()]);
@@ -274,6 +275,51 @@ fn summaries_section(run: &RunFile) -> Vec<String> {
         l.push(format!(
             "| {} | {} | {} | {} | {} | {} |",
             q.id, s.rows, s.rows_hash, s.rows_before_disk_ran_low, s.free_bytes, s.reserve_bytes
+        ));
+    }
+    l
+}
+
+/// Each query's estimate beside what it did: fresh tokens and seconds, with
+/// the estimate's error (estimate − actual, in % of actual); nothing when no
+/// query was estimated.
+fn estimates_section(run: &RunFile) -> Vec<String> {
+    if run.queries.iter().all(|q| q.estimate.is_none()) {
+        return Vec::new();
+    }
+    let mut l = vec![
+        String::new(),
+        "## Estimates".into(),
+        String::new(),
+        "Each query was estimated before it ran (`--estimate`: the scheduler over a virtual KV, \
+         the answers of a seeded sample); seconds are estimated only with a throughput profile \
+         (`aisql model calibrate`). Error = (estimate − actual) / actual."
+            .into(),
+        String::new(),
+        "| Query | Estimated fresh tokens | Fresh tokens | Error (%) | Estimated seconds | Seconds | Error (%) |"
+            .into(),
+        "| --- | --- | --- | --- | --- | --- | --- |".into(),
+    ];
+    let error = |est: Option<f64>, actual: Option<f64>| match (est, actual) {
+        (Some(e), Some(a)) if a > 0.0 => num(Some(100.0 * (e - a) / a)),
+        _ => "unavailable".to_string(),
+    };
+    for q in &run.queries {
+        let Some(e) = &q.estimate else { continue };
+        let fresh = q
+            .measurements
+            .as_ref()
+            .and_then(|m| m.get("fresh_tokens"))
+            .and_then(serde_json::Value::as_u64);
+        l.push(format!(
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            q.id,
+            e.fresh_tokens,
+            int(fresh),
+            error(Some(e.fresh_tokens as f64), fresh.map(|f| f as f64)),
+            num(e.seconds),
+            num(q.runtime_s),
+            error(e.seconds, q.runtime_s),
         ));
     }
     l

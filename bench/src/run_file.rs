@@ -153,6 +153,10 @@ pub struct QueryRecord {
     pub assessment: Option<Assessment>,
     /// `"<Type>: <message>"`.
     pub error: Option<String>,
+    /// What the query was estimated to cost before it ran (`--estimate`'s
+    /// figures), beside the actual ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<aisql_engine::estimate::Estimate>,
 }
 
 impl QueryRecord {
@@ -168,6 +172,7 @@ impl QueryRecord {
             metrics: None,
             assessment: None,
             error: None,
+            estimate: None,
         }
     }
 }

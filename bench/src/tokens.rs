@@ -185,7 +185,11 @@ impl DocTokens {
             }
         }
         let cache = self.cache.lock().expect("token cache lock");
-        let m = &cache[doc];
+        // No entry when no id was ever asked of this table (an operator that
+        // asked nothing: every row dropped before it).
+        let Some(m) = cache.get(doc) else {
+            return Ok(DocMap::new());
+        };
         Ok(ids
             .iter()
             .map(|id| (id.to_string(), m[*id].clone()))

@@ -36,6 +36,7 @@ pub mod parquet_headers;
 pub mod parquet_read;
 pub mod physical;
 pub mod plan;
+pub mod progress;
 pub mod prompt;
 pub mod query;
 pub mod query_gate;

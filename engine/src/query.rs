@@ -27,8 +27,14 @@ use crate::tables::{TablePaths, batch_text_bytes, register_tables};
 pub struct QueryOptions {
     /// Prompt layout.
     pub format: PromptFormat,
-    /// Show progress bars on stderr.
-    pub progress: bool,
+    /// How the AI operators' progress shows on stderr.
+    pub progress: crate::progress::ProgressMode,
+    /// Terminal progress lines go under this parent's bars (the benchmark's
+    /// run bar).
+    pub progress_parent: Option<indicatif::MultiProgress>,
+    /// Questions each AI operator (by id) is expected to ask, from an
+    /// estimate: the totals of the progress lines.
+    pub expected_rows: std::collections::HashMap<String, u64>,
     /// Rows per batch streamed through the AI operators: a chain of operators
     /// handles one batch of documents at a time, so their KV stays cached.
     pub batch_rows: usize,
@@ -53,7 +59,9 @@ impl Default for QueryOptions {
     fn default() -> Self {
         Self {
             format: PromptFormat::default(),
-            progress: false,
+            progress: Default::default(),
+            progress_parent: None,
+            expected_rows: Default::default(),
             batch_rows: 256,
             memory_limit: crate::host_memory::default_memory_limit(),
             max_recursion: crate::sql::recursion::DEFAULT_MAX_RECURSION,

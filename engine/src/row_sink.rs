@@ -76,6 +76,20 @@ impl RowSink for MemoryRows {
     }
 }
 
+/// Rows counted and dropped: a run whose rows nobody reads (an estimate).
+#[derive(Debug, Default)]
+pub struct CountedRows {
+    /// Rows seen.
+    pub rows: u64,
+}
+
+impl RowSink for CountedRows {
+    fn push(&mut self, batch: RecordBatch) -> Result<()> {
+        self.rows += batch.num_rows() as u64;
+        Ok(())
+    }
+}
+
 /// The first `limit` rows kept (to print them), every row counted, and every
 /// batch handed on to `next` (a file written as the rows arrive): a result of
 /// any size is saved while only its head is held.

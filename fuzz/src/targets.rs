@@ -291,11 +291,12 @@ impl Fixture {
             plans: PlanSource::Embedded.describe(),
             user_metadata: Default::default(),
             format: PromptFormat::default(),
-            progress: false,
+            progress: aisql_engine::progress::ProgressMode::Hidden,
             batch_rows: 64,
             memory_limit: 1 << 30,
             budget: None,
             on_row_error: Default::default(),
+            estimator: None,
         }
     }
 

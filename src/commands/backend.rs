@@ -42,6 +42,21 @@ pub fn scheduler_config(args: &BackendArgs) -> SchedulerConfig {
     }
 }
 
+/// The scheduling knobs of `args` for the simulated deployment the oracle
+/// stands for (`--simulate`, estimates): Qwen3-4B on an H200, unless
+/// `--kv-budget-mb`/`--kv-host-mb` say otherwise.
+pub fn simulated_config(args: &BackendArgs) -> SchedulerConfig {
+    let mut config = scheduler_config(args);
+    if args.kv_budget_mb.is_none() {
+        // Qwen3-4B on an H200 leaves about 100 GiB of its 141 GB for KV.
+        config.kv_budget_bytes = SIMULATED_KV_BUDGET_BYTES;
+    }
+    if args.kv_host_mb.is_none() {
+        config.host_kv_budget_bytes = SIMULATED_HOST_KV_BYTES;
+    }
+    config
+}
+
 /// `--dtype`: the weights dtype asked for, `None` for the device's default.
 pub fn dtype(args: &ModelArgs) -> anyhow::Result<Option<aisql_models::DType>> {
     Ok(match args.dtype.as_deref() {
@@ -59,16 +74,7 @@ pub fn dtype(args: &ModelArgs) -> anyhow::Result<Option<aisql_models::DType>> {
 pub fn load_model(
     args: &ModelArgs,
 ) -> anyhow::Result<(aisql_models::Qwen3, aisql_models::Tokenizer)> {
-    let gpu = match args.gpu.as_deref() {
-        None => None,
-        Some([n]) => Some(*n),
-        Some(_) => {
-            return Err(UsageError(
-                "--gpu: this command runs one model on one device; name one GPU".into(),
-            )
-            .into());
-        }
-    };
+    let gpu = one_gpu(args, "this command runs one model on one device")?;
     let dtype = dtype(args)?;
     let source = if args.name == "tiny" {
         eprintln!("{TINY_MODEL_NOTE}");
@@ -81,6 +87,16 @@ pub fn load_model(
     let device = aisql_models::device(gpu)?;
     aisql_models::load(&source, &device, dtype)
         .with_context(|| format!("loading model {:?}", args.name))
+}
+
+/// The one GPU `args` name (`None`: the CPU); several are a usage error
+/// saying `why` one.
+pub fn one_gpu(args: &ModelArgs, why: &str) -> anyhow::Result<Option<usize>> {
+    match args.gpu.as_deref() {
+        None => Ok(None),
+        Some([n]) => Ok(Some(*n)),
+        Some(_) => Err(UsageError(format!("--gpu: {why}; name one GPU")).into()),
+    }
 }
 
 /// The devices of `args`' workers: one per `--gpu` device, `--cpu-workers` CPU
@@ -162,15 +178,7 @@ pub fn build(
                 }
                 return Ok((Arc::new(OracleBackend::new(labels)), meta));
             }
-            let mut config = scheduler_config(args);
-            if args.kv_budget_mb.is_none() {
-                // The simulation stands for a GPU deployment: Qwen3-4B on an
-                // H200 leaves about 100 GiB of its 141 GB for KV.
-                config.kv_budget_bytes = SIMULATED_KV_BUDGET_BYTES;
-            }
-            if args.kv_host_mb.is_none() {
-                config.host_kv_budget_bytes = SIMULATED_HOST_KV_BYTES;
-            }
+            let config = simulated_config(args);
             meta.insert("simulation".into(), true.into());
             meta.insert("prefix_cache".into(), config.prefix_cache.into());
             meta.insert("lookahead".into(), config.lookahead.into());

@@ -13,7 +13,7 @@ use aisql_bench::run_file::{QueryStatus, RunFile, RunStatus};
 use aisql_engine::write_guard::{OutputKind, WriteGuard};
 use anyhow::{Context, bail};
 
-use crate::cli::{BenchAction, BenchArgs, BenchRunArgs};
+use crate::cli::{BackendKind, BenchAction, BenchArgs, BenchRunArgs};
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.action {
@@ -151,6 +151,24 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
     let user_metadata = user_metadata(&args.metadata)?;
     let (backend, backend_metadata) =
         super::backend::build(&args.backend, Some(&dataset), &templates)?;
+    // Estimates where the backend computes tokens to compare them with (a
+    // model, or the simulation); `--estimate` alone runs nothing else.
+    let computes_tokens = args.backend.backend == BackendKind::Model || args.backend.simulate;
+    let estimator = (computes_tokens || args.cost.estimate)
+        .then(|| {
+            super::estimate::estimator(
+                &args.backend,
+                &args.cost,
+                &backend,
+                &backend_metadata,
+                Default::default(),
+            )
+        })
+        .transpose()?;
+    if args.cost.estimate {
+        let estimator = estimator.expect("made for --estimate");
+        return estimate_only(&estimator, &args, &dataset, backend, queries);
+    }
     let opts = BenchOptions {
         output_dir: output_dir.clone(),
         resume,
@@ -168,11 +186,12 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
         plans: plans.describe(),
         user_metadata,
         format,
-        progress: true,
+        progress: args.cost.progress_mode(),
         batch_rows: args.backend.batch_rows,
         memory_limit: args.backend.memory_limit(),
         budget: controls.budget,
         on_row_error: controls.on_row_error,
+        estimator,
     };
     let rt = super::runtime()?;
     let run = rt.block_on(run_bench(&opts, &dataset, backend, queries))?;
@@ -190,5 +209,34 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
             output_dir.display()
         );
     }
+    Ok(())
+}
+
+/// `aisql bench --estimate`: each query's estimate, one line each, and the
+/// total; nothing is run and no run folder is written.
+fn estimate_only(
+    estimator: &aisql_engine::estimate::Estimator,
+    args: &BenchRunArgs,
+    dataset: &Dataset,
+    backend: std::sync::Arc<dyn aisql_engine::backend::InferenceBackend>,
+    queries: Vec<(String, aisql_engine::plan::QueryPlan)>,
+) -> anyhow::Result<()> {
+    let options = aisql_engine::query::QueryOptions {
+        format: args.backend.prompt_format.parse()?,
+        batch_rows: args.backend.batch_rows,
+        memory_limit: args.backend.memory_limit(),
+        ..Default::default()
+    };
+    let rt = super::runtime()?;
+    let mut estimates = Vec::new();
+    for (id, plan) in &queries {
+        let estimating = estimator.backend(backend.clone())?;
+        let estimate = rt
+            .block_on(estimator.estimate_query(estimating, plan, &dataset.tables, &options))
+            .map_err(|e| anyhow::anyhow!("{id}: {e}"))?;
+        eprintln!("{id}: {} fresh tokens", estimate.fresh_tokens);
+        estimates.push((id.clone(), estimate));
+    }
+    println!("{}", super::estimate::render_queries(&estimates)?);
     Ok(())
 }

@@ -5,6 +5,7 @@ mod bench;
 mod budget;
 mod data;
 mod deadline;
+mod estimate;
 mod model;
 mod paths;
 mod query;

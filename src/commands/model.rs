@@ -1,9 +1,9 @@
-//! `aisql model tiny` and `aisql model generate`.
+//! `aisql model tiny`, `aisql model generate` and `aisql model calibrate`.
 
 use anyhow::Context;
 
 use super::UsageError;
-use crate::cli::{GenerateArgs, GenerateFormat, ModelCommand};
+use crate::cli::{CalibrateArgs, GenerateArgs, GenerateFormat, ModelCommand};
 
 pub fn run(cmd: ModelCommand) -> anyhow::Result<()> {
     match cmd {
@@ -14,7 +14,65 @@ pub fn run(cmd: ModelCommand) -> anyhow::Result<()> {
             Ok(())
         }
         ModelCommand::Generate(args) => generate(&args),
+        ModelCommand::Calibrate(args) => calibrate(&args),
     }
+}
+
+/// `aisql model calibrate`: the model's throughput profile, measured through
+/// the engine's scheduler and kept where estimates look for it.
+fn calibrate(args: &CalibrateArgs) -> anyhow::Result<()> {
+    let gpu = super::backend::one_gpu(&args.model, "a profile is of one model on one device")?;
+    if args.model.name == "tiny" {
+        eprintln!("{}", super::backend::TINY_MODEL_NOTE);
+    }
+    let spec = aisql_engine::scheduler::ModelSpec {
+        model: args.model.name.clone(),
+        gpu,
+        dtype: super::backend::dtype(&args.model)?,
+        scheduler: Default::default(),
+        kv_budget_from_device: true,
+        host_kv_from_memory: true,
+    };
+    let (backend, meta) = aisql_engine::scheduler::load_model_backend(&spec)
+        .with_context(|| format!("loading model {:?}", args.model.name))?;
+    let text = |k: &str| super::backend::meta_text(&meta, k).to_string();
+    let (dtype, device) = (text("dtype"), text("device"));
+    let bytes_per_token = {
+        use aisql_engine::scheduler::Executor as _;
+        backend.executor().kv_bytes_per_token()
+    };
+    eprintln!("measuring {} {dtype} on {device} …", args.model.name);
+    let profile = aisql_engine::estimate::calibration::measure(
+        backend.as_ref(),
+        bytes_per_token,
+        (&args.model.name, &dtype, &device),
+        aisql_bench::run_file::now_utc(),
+    )?;
+    let path = profile.save()?;
+    match args.format {
+        GenerateFormat::Json => println!("{}", serde_json::to_string_pretty(&profile)?),
+        GenerateFormat::Text => {
+            for w in &profile.workloads {
+                let tokens = w.fresh_tokens + w.decoded;
+                println!(
+                    "{:<14} {:>8} fresh tokens, {:>8} decoded, {:>7.3} s ({:.0} tokens/s)",
+                    w.name,
+                    w.fresh_tokens,
+                    w.decoded,
+                    w.seconds,
+                    tokens as f64 / w.seconds.max(1e-9)
+                );
+            }
+            println!(
+                "per fresh token {:.3e} s, per attended position {:.3e} s, per decoded token {:.3e} s",
+                profile.seconds_per_token,
+                profile.seconds_per_attended,
+                profile.seconds_per_decoded
+            );
+        }
+    }
+    eprintln!("profile kept in {}", path.display());
+    Ok(())
 }
 
 /// `aisql model generate`: greedy decoding of one prompt, stopping at the

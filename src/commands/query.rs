@@ -12,7 +12,10 @@ use aisql_engine::tables::{TablePaths, tables_in_dir};
 use aisql_engine::write_guard::{OutputKind, WriteGuard};
 use datafusion::arrow::compute::concat_batches;
 
+use std::collections::HashMap;
+
 use super::deadline::{self, Shared, timed_out};
+use super::estimate::estimator;
 use super::rows::PrintedRows;
 use crate::cli::{DataArgs, QueryArgs};
 
@@ -50,11 +53,13 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     let (tables, dataset) = resolve_tables(&args.data, &needed)?;
     check_outputs(&args, dataset.as_ref())?;
     clear_output_dir(&args)?;
-    let (backend, _meta) =
+    let (backend, meta) =
         super::backend::build(&args.backend, dataset.as_ref(), &query.templates())?;
     let options = QueryOptions {
         format,
-        progress: true,
+        progress: args.cost.progress_mode(),
+        progress_parent: None,
+        expected_rows: Default::default(),
         batch_rows: args.backend.batch_rows,
         memory_limit: args.backend.memory_limit(),
         max_recursion: args.limits.max_recursion,
@@ -64,6 +69,40 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     };
     let rt = super::runtime()?;
     let limit = args.limits.timeout_s;
+    if args.cost.estimate {
+        let estimator = estimator(&args.backend, &args.cost, &backend, &meta, HashMap::new())?;
+        let estimating = estimator.backend(backend)?;
+        let canceller: std::sync::Arc<dyn aisql_engine::backend::InferenceBackend> =
+            estimating.clone();
+        let estimate = deadline::run(rt, limit, &canceller, async move {
+            Ok(estimator
+                .estimate_query(estimating, &query, &tables, &options)
+                .await?)
+        })?;
+        return super::estimate::print(&estimate, args.rows.format);
+    }
+    // Progress lines count up to an estimate's rows, made first for a model
+    // (not under --timeout-s, which bounds the query alone).
+    let mut options = options;
+    if super::estimate::progress_wants_estimate(&args.backend, &args.cost) && limit.is_none() {
+        let estimator = estimator(&args.backend, &args.cost, &backend, &meta, HashMap::new())?;
+        let estimate = rt.block_on(async {
+            let estimating = estimator.backend(backend.clone())?;
+            let quiet = QueryOptions {
+                progress: Default::default(),
+                ..options.clone()
+            };
+            Ok::<_, anyhow::Error>(
+                estimator
+                    .estimate_query(estimating, &query, &tables, &quiet)
+                    .await?,
+            )
+        });
+        match estimate {
+            Ok(e) => options.expected_rows = super::estimate::expected_rows(&e),
+            Err(e) => eprintln!("no estimate for the progress lines: {e:#}"),
+        }
+    }
     let canceller = backend.clone();
     let (Some(dir), None) = (&args.output_dir, &args.rows.output) else {
         // The rows are printed, and saved whole to --output: kept in memory.
@@ -213,7 +252,9 @@ fn run_general(
     clear_output_dir(args)?;
     let options = QueryOptions {
         format: args.backend.prompt_format.parse()?,
-        progress: true,
+        progress: args.cost.progress_mode(),
+        progress_parent: None,
+        expected_rows: Default::default(),
         batch_rows: args.backend.batch_rows,
         memory_limit: args.backend.memory_limit(),
         max_recursion: args.limits.max_recursion,
@@ -222,7 +263,7 @@ fn run_general(
         on_row_error: controls.on_row_error,
     };
     let rt = super::runtime()?;
-    let (session, planned, backend) = rt.block_on(async {
+    let (session, planned, backend, estimating) = rt.block_on(async {
         // Plan with a backend that asks nothing to learn the prompts (an oracle
         // loads only their labels), then run that plan with the backend they need.
         let planning = SqlSession::new(
@@ -246,14 +287,30 @@ fn run_general(
             .into_iter()
             .map(|n| n.spec.call.template)
             .collect();
-        let (backend, _meta) = super::backend::build(&args.backend, dataset.as_ref(), &templates)?;
+        let (backend, meta) = super::backend::build(&args.backend, dataset.as_ref(), &templates)?;
+        // An estimate runs the plan on the estimating backend over that one.
+        let estimating = if args.cost.estimate {
+            let estimator = estimator(&args.backend, &args.cost, &backend, &meta, HashMap::new())?;
+            let estimating = estimator.backend(backend.clone())?;
+            Some((estimator, estimating))
+        } else {
+            None
+        };
+        let backend: std::sync::Arc<dyn aisql_engine::backend::InferenceBackend> = match &estimating
+        {
+            Some((_, e)) => e.clone(),
+            None => backend,
+        };
         let session = SqlSession::new(backend.clone(), options, Evaluation::Operators)?;
         session.share_tables_from(&planning).await?;
-        Ok::<_, anyhow::Error>((session, planned, backend))
+        Ok::<_, anyhow::Error>((session, planned, backend, estimating))
     })?;
     let out = deadline::run(rt, args.limits.timeout_s, &backend, async move {
         Ok(session.run_plan(planned, std::time::Instant::now()).await?)
     })?;
+    if let Some((estimator, estimating)) = estimating {
+        return super::estimate::print(&estimator.estimate(&estimating), args.rows.format);
+    }
     let rows = out.rows()?;
     super::rows::emit(&rows, &args.rows, out.runtime_s)?;
     super::rows::report_work(&out.measurements);

@@ -40,7 +40,7 @@ pub fn output_format(path: &Path) -> anyhow::Result<Option<RowFormat>> {
 }
 
 /// `batch` as CSV or JSON text.
-fn render(batch: &RecordBatch, format: RowFormat) -> anyhow::Result<Vec<u8>> {
+pub fn render(batch: &RecordBatch, format: RowFormat) -> anyhow::Result<Vec<u8>> {
     let mut out = Vec::new();
     match format {
         RowFormat::Table => {

@@ -14,6 +14,10 @@ use aisql_engine::sql::{Evaluation, SqlSession, WritePolicy, templates};
 use aisql_engine::write_guard::{OutputKind, WriteGuard};
 use anyhow::Context;
 
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::logical_expr::LogicalPlan;
+
+use super::estimate::estimator;
 use super::{UsageError, deadline};
 use crate::cli::SqlArgs;
 
@@ -93,7 +97,9 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     let format = args.backend.prompt_format.parse()?;
     let options = QueryOptions {
         format,
-        progress: true,
+        progress: args.cost.progress_mode(),
+        progress_parent: None,
+        expected_rows: Default::default(),
         batch_rows: args.backend.batch_rows,
         memory_limit: args.backend.memory_limit(),
         max_recursion: args.limits.max_recursion,
@@ -104,10 +110,53 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     let wanted = templates(&sql)?;
     // Writing the plan asks nothing: no model to load (that took seconds, or
     // failed for a model not at hand), an oracle without labels in its place.
-    let backend: Arc<dyn InferenceBackend> = if args.to_substrait.is_some() {
-        Arc::new(OracleBackend::new(Default::default()))
+    let hints = args
+        .selectivity
+        .iter()
+        .map(|hint| selectivity_arg(hint, &wanted).map(|(t, f)| (t.to_string(), f)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let explain = plain_explain(&sql);
+    let explicit_estimate = args.cost.estimate;
+    let estimate = explicit_estimate || explain;
+    if estimate && args.to_substrait.is_some() {
+        return Err(UsageError(
+            "--to-substrait writes the plan without running it: it takes no --estimate or EXPLAIN"
+                .into(),
+        )
+        .into());
+    }
+    let mut progress_estimate = None;
+    let (backend, estimating): (Arc<dyn InferenceBackend>, _) = if args.to_substrait.is_some() {
+        (Arc::new(OracleBackend::new(Default::default())), None)
     } else {
-        super::backend::build(&args.backend, dataset.as_ref(), &wanted)?.0
+        let (real, meta) = super::backend::build(&args.backend, dataset.as_ref(), &wanted)?;
+        if super::estimate::progress_wants_estimate(&args.backend, &args.cost) {
+            let hints = hints.iter().cloned().collect();
+            let estimator = estimator(&args.backend, &args.cost, &real, &meta, hints)?;
+            progress_estimate = Some((estimator, real.clone()));
+        }
+        if estimate {
+            // The query runs on the estimating backend, which asks the real one
+            // only about its sample.
+            let estimator = estimator(
+                &args.backend,
+                &args.cost,
+                &real,
+                &meta,
+                hints.iter().cloned().collect(),
+            )?;
+            let estimating = estimator.backend(real)?;
+            (
+                estimating.clone() as Arc<dyn InferenceBackend>,
+                Some((estimator, estimating)),
+            )
+        } else {
+            (real, None)
+        }
+    };
+    let quiet_options = QueryOptions {
+        progress: Default::default(),
+        ..options.clone()
     };
     let session = SqlSession::new(backend.clone(), options, Evaluation::Operators)?;
     if args.lenient_csv {
@@ -117,9 +166,8 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         allow_writes: args.allow_writes,
         guard,
     });
-    for hint in &args.selectivity {
-        let (template, fraction) = selectivity_arg(hint, &wanted)?;
-        session.set_selectivity(template, fraction)?;
+    for (template, fraction) in &hints {
+        session.set_selectivity(template, *fraction)?;
     }
     // Reading the tables, planning and running, within --timeout-s.
     let to_substrait = args.to_substrait.clone();
@@ -148,10 +196,47 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
                 eprintln!("Substrait plan written to {}", path.display());
                 return Ok(None);
             }
+            if estimate {
+                // An estimate runs the query (EXPLAIN's statement) on the
+                // estimating backend; EXPLAIN's plan is printed first.
+                let estimated = run_estimate(&session, &sql, true).await?;
+                if !estimated && explicit_estimate {
+                    return Err(UsageError(
+                        "--estimate: the statement changes data or the session; an estimate \
+                         runs only queries (SELECT, WITH, VALUES)"
+                            .into(),
+                    )
+                    .into());
+                }
+                if !estimated {
+                    eprintln!("no estimate: the statement changes data or the session");
+                }
+                return Ok(None);
+            }
+            if let Some((estimator, real)) = progress_estimate {
+                // The progress lines count up to an estimate's rows.
+                let estimating = estimator.backend(real)?;
+                let quiet =
+                    SqlSession::new(estimating.clone(), quiet_options, Evaluation::Operators)?;
+                quiet.share_tables_from(&session).await?;
+                for (template, fraction) in &hints {
+                    quiet.set_selectivity(template, *fraction)?;
+                }
+                match run_estimate(&quiet, &sql, false).await {
+                    Ok(true) => session.set_expected_rows(super::estimate::expected_rows(
+                        &estimator.estimate(&estimating),
+                    )),
+                    Ok(false) => {}
+                    Err(e) => eprintln!("no estimate for the progress lines: {e:#}"),
+                }
+            }
             Ok(Some(session.run(&sql).await?))
         },
     )?;
     let Some(out) = out else {
+        if let Some((estimator, estimating)) = &estimating {
+            super::estimate::print(&estimator.estimate(estimating), args.rows.format)?;
+        }
         return Ok(());
     };
     let rows = out.rows()?;
@@ -187,6 +272,60 @@ fn inputs(args: &SqlArgs, tables: &[(String, PathBuf)], dataset: Option<&Dataset
     }
     super::paths::add_backend_files(&mut guard, &args.backend);
     guard
+}
+
+/// Runs the query `sql` on `session` (an estimating backend's), its rows
+/// counted and dropped; for an `EXPLAIN`, prints its plan first when
+/// `print_explain` and runs its statement. `false`, running nothing, for a
+/// statement that changes data or the session.
+async fn run_estimate(
+    session: &SqlSession,
+    sql: &str,
+    print_explain: bool,
+) -> anyhow::Result<bool> {
+    let plan = session.plan(sql).await?;
+    let explained = match &plan {
+        LogicalPlan::Explain(e) => Some(e.plan.as_ref().clone()),
+        _ => None,
+    };
+    if print_explain && explained.is_some() {
+        // EXPLAIN only plans: its statement does not run here.
+        let out = session
+            .run_plan(plan.clone(), std::time::Instant::now())
+            .await?;
+        println!("{}", pretty_format_batches(&out.batches)?);
+    }
+    // An estimate writes nothing, whatever EXPLAIN wraps.
+    if matches!(
+        explained.as_ref().unwrap_or(&plan),
+        LogicalPlan::Dml(_)
+            | LogicalPlan::Copy(_)
+            | LogicalPlan::Ddl(_)
+            | LogicalPlan::Statement(_)
+    ) {
+        return Ok(false);
+    }
+    let query = explained.unwrap_or(plan);
+    let mut rows = aisql_engine::row_sink::CountedRows::default();
+    session
+        .run_plan_into(query, std::time::Instant::now(), &mut rows)
+        .await?;
+    Ok(true)
+}
+
+/// Whether `sql` is an `EXPLAIN` without `ANALYZE`: its plan and an estimate
+/// of its statement are printed, nothing is run.
+fn plain_explain(sql: &str) -> bool {
+    let words: Vec<String> = sql
+        .split_whitespace()
+        .take(4)
+        .map(|w| w.to_ascii_lowercase())
+        .collect();
+    words.first().is_some_and(|w| w == "explain")
+        && !words[1..]
+            .iter()
+            .take_while(|w| ["analyze", "verbose"].contains(&w.as_str()))
+            .any(|w| w == "analyze")
 }
 
 /// Whether a command-line argument is a SQL statement rather than a plan path

@@ -37,7 +37,6 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
-use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::ai_aggregate::{AggCalls, DEFAULT_CONTEXT_POSITIONS, reduce_groups};
 use crate::answers::{AnswerRecorder, AnswerTable, answer_array};
@@ -57,8 +56,6 @@ use join::{
 /// backend knows every document that batch still needs (it keeps their KV while
 /// it evicts); it splits the work into forward passes by tokens itself.
 const REQUESTS_PER_CALL: usize = usize::MAX;
-/// Operators with fewer prompts than this show no progress bar.
-const PROGRESS_MIN_PROMPTS: usize = 4096;
 
 /// Shared by every AI operator of one query.
 #[derive(Clone)]
@@ -72,8 +69,8 @@ pub struct AiRuntime {
     /// The budget and row-error policy, and the query's rows answered,
     /// failed and not reached per operator.
     pub controls: Arc<QueryControls>,
-    /// Show a progress bar on stderr for long operators.
-    pub progress: bool,
+    /// The query's live progress.
+    pub progress: Arc<crate::progress::Progress>,
 }
 
 impl fmt::Debug for AiRuntime {
@@ -567,37 +564,18 @@ fn id_strings(batch: &RecordBatch, index: usize) -> Result<StringArray> {
     Ok(col.as_string::<i32>().clone())
 }
 
-fn progress_bar(runtime: &AiRuntime, op_id: &str, total: usize) -> ProgressBar {
-    if !runtime.progress || total < PROGRESS_MIN_PROMPTS {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(total as u64);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{prefix:>12} [{bar:30}] {pos}/{len} prompts {per_sec} eta {eta}",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
-    );
-    bar.set_prefix(op_id.to_string());
-    bar
-}
-
 /// Answers to `requests`, asked in chunks, each checked against the call.
 fn answer_all(
     call: &AiCall,
     runtime: &AiRuntime,
     requests: &[AiRequest<'_>],
 ) -> Result<Vec<Answer>> {
-    let bar = progress_bar(runtime, &call.op_id, requests.len());
     let mut out = Vec::with_capacity(requests.len());
     for chunk in requests.chunks(REQUESTS_PER_CALL) {
         let answers = runtime.backend.answer(call, chunk)?;
         check_answers(call, "the backend", &answers, chunk.len())?;
         out.extend(answers);
-        bar.inc(chunk.len() as u64);
     }
-    bar.finish_and_clear();
     Ok(out)
 }
 
@@ -640,9 +618,15 @@ fn answer_call(
         let codes = answer_all(call, &state.runtime, &asked)?;
         timer.done();
         state.metrics.prompts.add(asked.len());
-        state
-            .metrics
-            .add_work(&work_before, &WorkSoFar::of(&state.runtime));
+        let work_after = WorkSoFar::of(&state.runtime);
+        state.metrics.add_work(&work_before, &work_after);
+        state.runtime.progress.advance(
+            &call.op_id,
+            asked.len() as u64,
+            work_after
+                .fresh_tokens
+                .saturating_sub(work_before.fresh_tokens),
+        );
         let mut memo = state.runtime.memo.lock().expect("memo lock");
         for (&i, c) in ask.iter().zip(codes) {
             memo.insert(keys[i], c);

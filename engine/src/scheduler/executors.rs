@@ -386,26 +386,77 @@ pub const QWEN3_4B_KV_BYTES_PER_TOKEN: usize = 147_456;
 /// as the model would.
 pub const QWEN3_4B_MAX_POSITIONS: usize = 40_960;
 
-/// The simulation: no forward passes; answers from labels; counts positions.
+/// The simulation: no forward passes; answers from another backend (the
+/// reference labels, or an estimate's sampled answers); counts positions.
 pub struct SimExecutor {
-    oracle: OracleBackend,
+    answers: Arc<dyn InferenceBackend>,
     bytes_per_token: usize,
+    max_positions: usize,
     fresh: std::sync::atomic::AtomicU64,
     labels: std::sync::atomic::AtomicU64,
     decoded: std::sync::atomic::AtomicU64,
+    /// Prompt positions of the questions answered, each in full (what the
+    /// model reads, computed or reused).
+    input: std::sync::atomic::AtomicU64,
+    /// Positions attended by the fresh prompt positions, and by the decoded
+    /// ones: what attention costs beyond the per-token work (a time estimate
+    /// charges it apart).
+    attended_prefill: std::sync::atomic::AtomicU64,
+    attended_decode: std::sync::atomic::AtomicU64,
 }
 
 impl SimExecutor {
     /// A simulation answering from `oracle`, charging `bytes_per_token` of KV
-    /// per cached position (the model it stands for).
+    /// per cached position (the model it stands for: Qwen3-4B's context).
     pub fn new(oracle: OracleBackend, bytes_per_token: usize) -> Self {
+        Self::answering(Arc::new(oracle), bytes_per_token, QWEN3_4B_MAX_POSITIONS)
+    }
+
+    /// A simulation of a model of `max_positions` whose answers come from
+    /// `answers`.
+    pub fn answering(
+        answers: Arc<dyn InferenceBackend>,
+        bytes_per_token: usize,
+        max_positions: usize,
+    ) -> Self {
         Self {
-            oracle,
+            answers,
             bytes_per_token,
+            max_positions,
             fresh: Default::default(),
             labels: Default::default(),
             decoded: Default::default(),
+            input: Default::default(),
+            attended_prefill: Default::default(),
+            attended_decode: Default::default(),
         }
+    }
+
+    /// Prompt positions of every question answered, each counted in full.
+    pub fn input_tokens(&self) -> u64 {
+        self.input.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Positions attended by fresh prompt positions (each position attends
+    /// to itself and all before it).
+    pub fn attended_prefill(&self) -> u64 {
+        self.attended_prefill
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Positions attended by decoded positions.
+    pub fn attended_decode(&self) -> u64 {
+        self.attended_decode
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Counts `t` fresh positions after `before` cached ones.
+    fn attend(&self, before: usize, t: usize) {
+        let (p, t) = (before as u64, t as u64);
+        self.attended_prefill.fetch_add(
+            t * p + t * (t + 1) / 2,
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 }
 
@@ -422,6 +473,7 @@ impl Executor for SimExecutor {
             .map(|(p, t)| {
                 self.fresh
                     .fetch_add(t.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                self.attend(p.map_or(0, |k| k.len), t.len());
                 VirtualKv::new(
                     p.map_or(0, |k| k.len) + t.len(),
                     t.len(),
@@ -448,6 +500,14 @@ impl Executor for SimExecutor {
         use std::sync::atomic::Ordering::Relaxed;
         let fed: usize = items.iter().map(|(_, t)| t.len()).sum();
         self.fresh.fetch_add(fed as u64, Relaxed);
+        let prompts: usize = items
+            .iter()
+            .map(|(p, t)| p.map_or(0, |k| k.len) + t.len())
+            .sum();
+        self.input.fetch_add(prompts as u64, Relaxed);
+        for (p, t) in items {
+            self.attend(p.map_or(0, |k| k.len), t.len());
+        }
         if call.kind.has_labels() {
             let label_fed: usize = labels.iter().map(|l| l.len().saturating_sub(1)).sum();
             self.labels
@@ -460,18 +520,29 @@ impl Executor for SimExecutor {
                 AiKind::Extract => (labels.iter().map(Vec::len).sum(), labels.len()),
                 _ => (0, 1),
             };
-            let decoded =
-                u64::from(call.max_tokens.saturating_sub(1)) * (texts * items.len()) as u64;
+            let steps = u64::from(call.max_tokens.saturating_sub(1));
+            let decoded = steps * (texts * items.len()) as u64;
             self.fresh
                 .fetch_add((questions * items.len()) as u64 + decoded, Relaxed);
             self.decoded.fetch_add(decoded, Relaxed);
+            // Each decoded position attends to its prompt and the positions
+            // decoded before it.
+            let per_text = steps * (steps + 1) / 2;
+            let attended: u64 = items
+                .iter()
+                .map(|(p, t)| {
+                    let prompt = (p.map_or(0, |k| k.len) + t.len()) as u64;
+                    (prompt * steps + per_text) * texts as u64
+                })
+                .sum();
+            self.attended_decode.fetch_add(attended, Relaxed);
             let empty = match call.kind {
                 AiKind::Extract => Answer::Fields(vec!["".into(); texts].into()),
                 _ => Answer::Text("".into()),
             };
             return Ok(vec![empty; requests.len()]);
         }
-        self.oracle.answer(call, requests)
+        self.answers.answer(call, requests)
     }
 
     fn fresh_tokens(&self) -> u64 {
@@ -491,7 +562,7 @@ impl Executor for SimExecutor {
     }
 
     fn max_positions(&self) -> usize {
-        QWEN3_4B_MAX_POSITIONS
+        self.max_positions
     }
 
     fn simulated_link_bytes_per_second(&self) -> Option<f64> {

@@ -216,7 +216,9 @@ pub struct ScheduledBackend<E: Executor> {
     exec: E,
     tokenizer: Tokenizer,
     config: SchedulerConfig,
-    tokens: Mutex<Tokens>,
+    /// Shared with another backend over the same tokenizer
+    /// ([`Self::sharing_tokens`]), which then tokenizes each document once.
+    tokens: Arc<Mutex<Tokens>>,
     state: Mutex<QueryState<E::Kv>>,
     gate: QueryGate,
     /// The running query's budget meter, if it has a budget.
@@ -229,11 +231,31 @@ pub struct ScheduledBackend<E: Executor> {
 impl<E: Executor> ScheduledBackend<E> {
     /// A backend over `exec`, tokenizing with `tokenizer`.
     pub fn new(exec: E, tokenizer: Tokenizer, config: SchedulerConfig) -> Self {
+        Self::with_tokens(exec, tokenizer, config, Arc::default())
+    }
+
+    /// A backend over `exec` that shares `other`'s token ids (and its
+    /// tokenizer): an estimate's two simulations of one query tokenize each
+    /// document once.
+    pub fn sharing_tokens<F: Executor>(
+        exec: E,
+        other: &ScheduledBackend<F>,
+        config: SchedulerConfig,
+    ) -> Self {
+        Self::with_tokens(exec, other.tokenizer.clone(), config, other.tokens.clone())
+    }
+
+    fn with_tokens(
+        exec: E,
+        tokenizer: Tokenizer,
+        config: SchedulerConfig,
+        tokens: Arc<Mutex<Tokens>>,
+    ) -> Self {
         Self {
             exec,
             tokenizer,
             config,
-            tokens: Mutex::new(Tokens::default()),
+            tokens,
             state: Mutex::new(QueryState {
                 cache: Cache::new(),
                 ops: Vec::new(),

@@ -7,6 +7,7 @@
 
 mod bounded_functions;
 pub(crate) mod consume;
+pub mod count_tokens;
 mod decorrelate;
 pub mod export;
 #[cfg(test)]
@@ -75,6 +76,11 @@ pub struct SqlSession {
     writes: Mutex<WritePolicy>,
     /// How strictly CSV tables are read.
     csv: Mutex<text_scan::CsvReading>,
+    /// The AI operators' live progress.
+    progress: Arc<crate::progress::Progress>,
+    /// Questions each AI operator is expected to ask (an estimate's), for
+    /// the progress lines' totals.
+    expected_rows: Mutex<std::collections::HashMap<String, u64>>,
 }
 
 /// What one statement returns.
@@ -114,12 +120,16 @@ impl SqlSession {
         let recorder = Arc::new(AnswerRecorder::default());
         let memo = Arc::new(Mutex::new(AnswerMemo::default()));
         let controls = Arc::new(QueryControls::new(options.budget, options.on_row_error));
+        let progress = Arc::new(crate::progress::Progress::new(
+            options.progress,
+            options.progress_parent.clone(),
+        ));
         let runtime = AiRuntime {
             backend: backend.clone(),
             recorder: recorder.clone(),
             memo: memo.clone(),
             controls: controls.clone(),
-            progress: options.progress,
+            progress: progress.clone(),
         };
         let pool = Arc::new(HeapBoundedPool::new(options.memory_limit));
         let runtime_env = RuntimeEnvBuilder::new()
@@ -172,6 +182,9 @@ impl SqlSession {
             format: options.format,
         });
         register_ai_functions(&ctx, naive);
+        ctx.register_udf(datafusion::logical_expr::ScalarUDF::new_from_impl(
+            count_tokens::CountTokens::new(aisql_models::Tokenizer::vendored()?, options.format),
+        ));
         bounded_functions::register(&ctx, options.memory_limit);
         Ok(Self {
             ctx,
@@ -180,12 +193,20 @@ impl SqlSession {
             memo,
             controls,
             context,
-            options,
             pool,
             first_batches: Mutex::default(),
             writes: Mutex::default(),
             csv: Mutex::default(),
+            expected_rows: Mutex::new(options.expected_rows.clone()),
+            progress,
+            options,
         })
+    }
+
+    /// Sets the questions each AI operator (by id) is expected to ask: the
+    /// totals of the progress lines of the queries to come.
+    pub fn set_expected_rows(&self, expected: std::collections::HashMap<String, u64>) {
+        *self.expected_rows.lock().expect("expected rows lock") = expected;
     }
 
     /// Sets which writing statements run (read-only by default).
@@ -537,8 +558,14 @@ impl SqlSession {
         let nodes = ai_nodes(&plan);
         let calls: Vec<AiCall> = nodes.iter().map(|n| n.spec.call.clone()).collect();
         self.backend.start_query(&calls);
+        self.progress.start_query(
+            self.expected_rows
+                .lock()
+                .expect("expected rows lock")
+                .clone(),
+        );
         // Ends the query however this returns, after its measurements are taken.
-        let _ends = QueryEnd(self.backend.as_ref());
+        let _ends = QueryEnd(self.backend.as_ref(), &self.progress);
         self.backend.meter_query(self.controls.start_query(&calls));
         self.recorder.take();
         self.memo
@@ -587,11 +614,12 @@ impl SqlSession {
     }
 }
 
-/// Tells the backend its query is over when dropped.
-struct QueryEnd<'a>(&'a dyn InferenceBackend);
+/// Tells the backend (and the progress lines) its query is over when dropped.
+struct QueryEnd<'a>(&'a dyn InferenceBackend, &'a crate::progress::Progress);
 
 impl Drop for QueryEnd<'_> {
     fn drop(&mut self) {
+        self.1.finish_query();
         self.0.end_query();
     }
 }

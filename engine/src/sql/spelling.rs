@@ -38,7 +38,8 @@ ai_classify(template, doc, [labels], [descriptions]), ai_score(template, doc), \
 ai_classify_scores(template, doc, [labels], [descriptions]), \
 ai_complete(template, doc [, max_tokens]), AI_FILTER(PROMPT(template, doc...)), \
 AI_COMPLETE(model, PROMPT(template, doc...)), AI.IF((text, column, text...)), \
-AI.SCORE((...)) and AI.GENERATE((...))";
+AI.SCORE((...)), AI.GENERATE((...)), ai_count_tokens(template, doc) or (text), \
+AI_COUNT_TOKENS('ai_filter', PROMPT(...)) and AI.COUNT_TOKENS((...))";
 
 /// What normalizing a statement found: where each AI call's template is, and
 /// the models its Snowflake `AI_COMPLETE` calls name (with their places), to be
@@ -249,6 +250,12 @@ fn normalize_expr(e: &mut Expr, found: &mut Spelled) -> Result<()> {
             "if" => Some(bigquery_prompt(f, "AI.IF", "ai_filter", 2)?),
             "score" => Some(bigquery_prompt(f, "AI.SCORE", "ai_score", 2)?),
             "generate" => Some(bigquery_prompt(f, "AI.GENERATE", "ai_complete", 2)?),
+            "count_tokens" => Some(bigquery_prompt(
+                f,
+                "AI.COUNT_TOKENS",
+                super::count_tokens::NAME,
+                2,
+            )?),
             _ => {
                 return Err(sql_error(format!(
                     "unknown AI function {spelled}{}; aisql reads {KNOWN}",
@@ -288,6 +295,7 @@ fn normalize_expr(e: &mut Expr, found: &mut Spelled) -> Result<()> {
             args.swap(0, 1);
             Some(call("ai_agg", f, args))
         }
+        [name] if name == super::count_tokens::NAME => snowflake_count_tokens(f, &spelled)?,
         [name] if name.starts_with("ai_") || name == "prompt" => {
             if name == "prompt" {
                 return Ok(()); // checked where its AI_FILTER is
@@ -365,6 +373,39 @@ fn fields_as_one_literal(f: &mut Function) {
         let json = serde_json::to_string(&strings).expect("strings serialise");
         *arg = literal(json);
     }
+}
+
+/// Snowflake's `AI_COUNT_TOKENS('ai_filter' [, 'model'], PROMPT(template,
+/// column...))` as `ai_count_tokens(template, column...)`, and
+/// `AI_COUNT_TOKENS('function' [, 'model'], text)` as `ai_count_tokens(text)`;
+/// `None` for aisql's own form (a template or a text first).
+fn snowflake_count_tokens(f: &Function, spelled: &str) -> Result<Option<Expr>> {
+    let args = positional(f, spelled)?;
+    let Some(function) = args
+        .first()
+        .and_then(string_literal)
+        .filter(|n| AiFunction::from_name(&n.to_ascii_lowercase()).is_some())
+    else {
+        return Ok(None);
+    };
+    let rest = match &args[1..] {
+        [model, rest @ ..] if string_literal(model).is_some() && !rest.is_empty() => rest,
+        rest => rest,
+    };
+    let is_prompt = |e: &Expr| matches!(e, Expr::Function(p) if name_parts(&p.name) == ["prompt"]);
+    Ok(Some(match rest {
+        [Expr::Function(p)] if is_prompt(&rest[0]) => {
+            call(super::count_tokens::NAME, f, positional(p, "PROMPT")?)
+        }
+        [text] => call(super::count_tokens::NAME, f, vec![text.clone()]),
+        _ => {
+            return Err(sql_error(format!(
+                "{spelled}('{function}', ...){}: Snowflake's form is AI_COUNT_TOKENS('function' \
+                 [, 'model'], text or PROMPT(template, column...))",
+                at(f)
+            )));
+        }
+    }))
 }
 
 /// BigQuery's `AI.IF((text, column, text, ...))` and its kin: the prompt

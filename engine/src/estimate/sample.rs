@@ -1,0 +1,390 @@
+//! The answers an estimate runs on: the backend that will run the query is
+//! asked only about a seeded sample of each AI operator's questions; every
+//! other question gets an answer drawn from what the sample said (or from a
+//! `--selectivity` hint), so that the rows reaching later operators follow the
+//! sample's selectivities without the model reading them.
+//!
+//! Which questions are sampled, and what an unsampled one is answered, depends
+//! only on the seed and the question (operator, document ids), never on the
+//! order batches arrive in: the estimate's two simulations (the fresh tokens
+//! under the real KV budget, and the minimum under an unlimited one) and the
+//! scheduler's look-ahead all see one answer per question.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::backend::{AiCall, AiKind, AiRequest, Answer, InferenceBackend};
+use crate::error::Result;
+
+/// The seed of an estimate's sample: one fixed value, so that two estimates of
+/// one query over one table ask the same rows.
+pub const ESTIMATE_SEED: u64 = 0x5eed_e571_3a7e;
+
+/// A question is a candidate for the sample when its hash falls under this
+/// fraction: a large sample is spread over the first batches' questions
+/// rather than taken from the first batch alone.
+const SAMPLE_FRACTION: f64 = 0.5;
+
+/// What one operator's sample said so far.
+#[derive(Debug, Default, Clone)]
+pub struct SampleStats {
+    /// Questions asked of the backend.
+    pub asked: usize,
+    /// Sampled questions the backend answered TRUE (decisions).
+    pub true_answers: usize,
+    /// Sampled answers per label index (classifications).
+    pub label_counts: Vec<usize>,
+    /// Sampled answers, kept to draw unsampled ones from (scores, label
+    /// probabilities).
+    pub examples: Vec<Answer>,
+    /// The fraction of TRUE used for unsampled decisions, when a hint gave it.
+    pub hint: Option<f64>,
+    /// The TRUE owed to unsampled decisions so far (error diffusion): they
+    /// come out TRUE at the selectivity's exact rate, not by independent
+    /// draws, whose own noise would add to the sample's.
+    carry: Option<f64>,
+}
+
+impl SampleStats {
+    /// The 95 % Wilson interval of the TRUE fraction the sample measured
+    /// (`None` without a sample): how far the selectivity, and so the rows
+    /// reaching later operators, may be off.
+    pub fn interval(&self) -> Option<(f64, f64)> {
+        if self.hint.is_some() || self.asked == 0 {
+            return None;
+        }
+        let (n, z) = (self.asked as f64, 1.96f64);
+        let p = self.true_answers as f64 / n;
+        let centre = (p + z * z / (2.0 * n)) / (1.0 + z * z / n);
+        let half = z / (1.0 + z * z / n) * (p * (1.0 - p) / n + z * z / (4.0 * n * n)).sqrt();
+        Some(((centre - half).max(0.0), (centre + half).min(1.0)))
+    }
+
+    /// The fraction of TRUE decisions unsampled questions get: the hint, else
+    /// the sample's fraction with half a question of prior either way (a
+    /// sample with no TRUE still lets a few rows through, as a rare predicate
+    /// does), else one half.
+    pub fn selectivity(&self) -> f64 {
+        if let Some(h) = self.hint {
+            return h;
+        }
+        (self.true_answers as f64 + 0.5) / (self.asked as f64 + 1.0)
+    }
+}
+
+/// The sampled backend: see the module docs.
+pub struct SampledAnswers {
+    real: Arc<dyn InferenceBackend>,
+    /// Questions per operator asked of `real`.
+    quota: usize,
+    /// Fractions of TRUE by prompt template (`--selectivity`): such an
+    /// operator asks nothing.
+    hints: HashMap<String, f64>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Answers given, by question: one answer per question for every caller.
+    given: HashMap<u128, Answer>,
+    /// Per operator id.
+    stats: HashMap<String, SampleStats>,
+}
+
+impl SampledAnswers {
+    /// Asks `real` at most `quota` questions per operator; `hints` give some
+    /// templates' fractions of TRUE instead.
+    pub fn new(real: Arc<dyn InferenceBackend>, quota: usize, hints: HashMap<String, f64>) -> Self {
+        Self {
+            real,
+            quota,
+            hints,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// The backend that answers the sample.
+    pub fn real(&self) -> &Arc<dyn InferenceBackend> {
+        &self.real
+    }
+
+    /// What each operator's sample said, by operator id.
+    pub fn stats(&self) -> HashMap<String, SampleStats> {
+        self.state.lock().expect("sample lock").stats.clone()
+    }
+
+    /// What tells `call`'s questions from another call's of the same operator
+    /// (an `ai_agg`'s rounds share its id): its kind, pieces and labels.
+    fn call_digest(call: &AiCall) -> u128 {
+        let text = serde_json::to_vec(&(
+            &call.op_id,
+            call.kind,
+            &call.pieces,
+            &call.labels,
+            &call.descriptions,
+            call.max_tokens,
+        ))
+        .expect("a call serialises");
+        twox_hash::XxHash3_128::oneshot_with_seed(ESTIMATE_SEED, &text)
+    }
+
+    /// A question's hash under the seed: its identity and its place in the
+    /// sample order.
+    fn question_hash(call: u128, r: &AiRequest<'_>) -> u128 {
+        let mut bytes = Vec::with_capacity(64);
+        bytes.extend_from_slice(&call.to_le_bytes());
+        for part in [r.anchor.id, r.partner.map_or("", |p| p.id)] {
+            bytes.extend_from_slice(&(part.len() as u64).to_le_bytes());
+            bytes.extend_from_slice(part.as_bytes());
+        }
+        twox_hash::XxHash3_128::oneshot_with_seed(ESTIMATE_SEED, &bytes)
+    }
+
+    /// A number in [0, 1) from a hash's high bits.
+    fn unit(h: u128) -> f64 {
+        (h >> 75) as f64 / (1u64 << 53) as f64
+    }
+
+    /// The answer an unsampled question of `call` gets from the sample so far.
+    fn drawn(call: &AiCall, stats: &mut SampleStats, h: u128) -> Answer {
+        // Low bits pick; the high bits decided whether it was a candidate.
+        let u = (h as u64 >> 11) as f64 / (1u64 << 53) as f64;
+        let pick = |n: usize| ((u * n as f64) as usize).min(n.saturating_sub(1));
+        match call.kind {
+            AiKind::Filter | AiKind::Join => {
+                let p = stats.selectivity();
+                // The first owed fraction is the question's own draw.
+                let owed = stats.carry.get_or_insert(u);
+                *owed += p;
+                Answer::Bool(if *owed >= 1.0 {
+                    *owed -= 1.0;
+                    true
+                } else {
+                    false
+                })
+            }
+            AiKind::Classify => {
+                let n = call.labels.len().max(1);
+                // Each label's share of the sample, with half a question each.
+                let total = stats.label_counts.iter().sum::<usize>() as f64 + 0.5 * n as f64;
+                let mut at = u * total;
+                for i in 0..n {
+                    at -= stats.label_counts.get(i).copied().unwrap_or(0) as f64 + 0.5;
+                    if at < 0.0 {
+                        return Answer::Label(i as u32);
+                    }
+                }
+                Answer::Label((n - 1) as u32)
+            }
+            AiKind::Score | AiKind::ClassifyScores if !stats.examples.is_empty() => {
+                stats.examples[pick(stats.examples.len())].clone()
+            }
+            AiKind::Score => Answer::Score(0.5),
+            AiKind::ClassifyScores => {
+                let n = call.labels.len().max(1);
+                Answer::LabelScores(vec![1.0 / n as f64; call.labels.len()].into())
+            }
+            AiKind::Complete => Answer::Text("".into()),
+            AiKind::Extract => Answer::Fields(vec!["".into(); call.labels.len()].into()),
+        }
+    }
+
+    /// Asks `real` the sampled questions; those it cannot answer (an oracle
+    /// without that row's label: the rows reaching an operator in an estimate
+    /// are not the query's) are left to the draw.
+    fn ask_real(&self, call: &AiCall, asked: &[AiRequest<'_>]) -> Vec<Option<Answer>> {
+        if let Ok(answers) = self.real.answer(call, asked)
+            && answers.len() == asked.len()
+            && answers.iter().all(|a| a.fits(call))
+        {
+            return answers.into_iter().map(Some).collect();
+        }
+        asked
+            .iter()
+            .map(|r| {
+                self.real
+                    .answer(call, std::slice::from_ref(r))
+                    .ok()
+                    .and_then(|mut a| a.pop())
+                    .filter(|a| a.fits(call))
+            })
+            .collect()
+    }
+}
+
+impl InferenceBackend for SampledAnswers {
+    fn name(&self) -> &str {
+        "estimate"
+    }
+
+    fn context_positions(&self) -> Option<usize> {
+        self.real.context_positions()
+    }
+
+    /// Sampled questions answered by the real backend, the others drawn; a
+    /// generating call is never sampled (its answers decide no row, and its
+    /// decoding is bounded by `max_tokens`).
+    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+        let digest = Self::call_digest(call);
+        let hashes: Vec<u128> = requests
+            .iter()
+            .map(|r| Self::question_hash(digest, r))
+            .collect();
+        let hint = self.hints.get(&call.template).copied();
+        // The sample: unanswered candidates by rising hash, up to the quota.
+        let sampled: Vec<usize> = {
+            let mut state = self.state.lock().expect("sample lock");
+            let stats = state.stats.entry(call.op_id.clone()).or_default();
+            stats.hint = hint;
+            let left = if hint.is_some() || call.kind.generates() {
+                0
+            } else {
+                self.quota.saturating_sub(stats.asked)
+            };
+            let mut candidates: Vec<usize> = (0..requests.len())
+                .filter(|&i| {
+                    Self::unit(hashes[i]) < SAMPLE_FRACTION && !state.given.contains_key(&hashes[i])
+                })
+                .collect();
+            candidates.sort_by_key(|&i| hashes[i]);
+            candidates.dedup_by_key(|i| hashes[*i]);
+            candidates.truncate(left);
+            candidates
+        };
+        if !sampled.is_empty() {
+            let asked: Vec<AiRequest<'_>> = sampled.iter().map(|&i| requests[i]).collect();
+            let answers = self.ask_real(call, &asked);
+            let mut state = self.state.lock().expect("sample lock");
+            let State { given, stats } = &mut *state;
+            let stats = stats.get_mut(&call.op_id).expect("stats made above");
+            for (&i, answer) in sampled.iter().zip(answers) {
+                let Some(answer) = answer else { continue };
+                stats.asked += 1;
+                match &answer {
+                    Answer::Bool(true) => stats.true_answers += 1,
+                    Answer::Label(l) => {
+                        let l = *l as usize;
+                        if stats.label_counts.len() <= l {
+                            stats.label_counts.resize(l + 1, 0);
+                        }
+                        stats.label_counts[l] += 1;
+                    }
+                    Answer::Score(_) | Answer::LabelScores(_) => {
+                        stats.examples.push(answer.clone())
+                    }
+                    _ => {}
+                }
+                given.insert(hashes[i], answer);
+            }
+        }
+        let mut state = self.state.lock().expect("sample lock");
+        let State { given, stats } = &mut *state;
+        let stats = stats.get_mut(&call.op_id).expect("stats made above");
+        Ok(hashes
+            .iter()
+            .map(|&h| {
+                given
+                    .entry(h)
+                    .or_insert_with(|| Self::drawn(call, stats, h))
+                    .clone()
+            })
+            .collect())
+    }
+
+    fn start_query(&self, operators: &[AiCall]) {
+        self.real.start_query(operators);
+    }
+
+    fn end_query(&self) {
+        self.real.end_query();
+    }
+
+    fn cancel(&self) {
+        self.real.cancel();
+    }
+
+    fn wait_stopped(&self) {
+        self.real.wait_stopped();
+    }
+
+    fn turn_order(&self) -> Option<String> {
+        self.real.turn_order()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{ContentHashBackend, Doc, test_call};
+
+    fn requests(ids: &[String]) -> Vec<AiRequest<'_>> {
+        ids.iter()
+            .map(|id| AiRequest {
+                anchor: Doc { id, text: id },
+                partner: None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn asks_at_most_the_quota_and_follows_the_sample() {
+        let real = Arc::new(ContentHashBackend::default());
+        let sampled = SampledAnswers::new(real.clone(), 40, HashMap::new());
+        let call = test_call(AiKind::Filter, "Is {0} kind?", &[]);
+        let ids: Vec<String> = (0..4000).map(|i| format!("row{i}")).collect();
+        let reqs = requests(&ids);
+        let mut answers = Vec::new();
+        for chunk in reqs.chunks(256) {
+            answers.extend(sampled.answer(&call, chunk).unwrap());
+        }
+        assert_eq!(real.prompts(), 40, "only the sample reaches the backend");
+        let stats = &sampled.stats()["op-1"];
+        assert_eq!(stats.asked, 40);
+        // The content hash says TRUE for about 45 %: the draws follow it.
+        let trues = answers.iter().filter(|a| **a == Answer::Bool(true)).count();
+        let fraction = trues as f64 / answers.len() as f64;
+        assert!(
+            (fraction - stats.selectivity()).abs() < 0.05,
+            "{fraction} vs sample {}",
+            stats.selectivity()
+        );
+        // One answer per question, whoever asks and in whatever order.
+        let mut again = Vec::new();
+        for chunk in reqs.chunks(100).rev() {
+            let mut a = sampled.answer(&call, chunk).unwrap();
+            a.reverse();
+            again.extend(a);
+        }
+        again.reverse();
+        assert_eq!(again, answers);
+        assert_eq!(real.prompts(), 40);
+    }
+
+    #[test]
+    fn a_hint_asks_nothing_and_sets_the_fraction() {
+        let real = Arc::new(ContentHashBackend::default());
+        let call = test_call(AiKind::Filter, "Is {0} kind?", &[]);
+        let hints = HashMap::from([(call.template.clone(), 0.1)]);
+        let sampled = SampledAnswers::new(real.clone(), 40, hints);
+        let ids: Vec<String> = (0..2000).map(|i| format!("row{i}")).collect();
+        let answers = sampled.answer(&call, &requests(&ids)).unwrap();
+        assert_eq!(real.prompts(), 0);
+        let trues = answers.iter().filter(|a| **a == Answer::Bool(true)).count();
+        assert!((150..250).contains(&trues), "{trues} of 2000 at 0.1");
+    }
+
+    #[test]
+    fn labels_follow_the_sample_and_generations_ask_nothing() {
+        let real = Arc::new(ContentHashBackend::default());
+        let sampled = SampledAnswers::new(real.clone(), 30, HashMap::new());
+        let call = test_call(AiKind::Classify, "Tone of {0}?", &["a", "b", "c"]);
+        let ids: Vec<String> = (0..900).map(|i| format!("row{i}")).collect();
+        let answers = sampled.answer(&call, &requests(&ids)).unwrap();
+        assert!(answers.iter().all(|a| a.fits(&call)));
+        assert_eq!(real.prompts(), 30);
+        let call = test_call(AiKind::Complete, "Summarise {0}", &[]);
+        let answers = sampled.answer(&call, &requests(&ids)).unwrap();
+        assert!(answers.iter().all(|a| *a == Answer::Text("".into())));
+        assert_eq!(real.prompts(), 30);
+    }
+}
