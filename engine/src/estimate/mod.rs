@@ -204,7 +204,8 @@ impl EstimatingBackend {
                 let (seconds, usd) = price(&t.work);
                 let call = t.call.as_ref().expect("a tally has its call");
                 let s = stats.get(id).cloned().unwrap_or_default();
-                let decides = call.kind.is_decision();
+                // An operator that asked nothing decided nothing.
+                let decides = call.kind.is_decision() && t.questions > 0;
                 OperatorEstimate {
                     id: id.clone(),
                     kind: call.kind.name().into(),
