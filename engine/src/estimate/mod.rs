@@ -142,7 +142,7 @@ pub struct EstimatingBackend {
     sampled: Arc<SampledAnswers>,
     sim: ScheduledBackend<SimExecutor>,
     minimum: ScheduledBackend<SimExecutor>,
-    /// Per operator id, in the order they were first asked.
+    /// Per operator id, in the order they run.
     tallies: Mutex<Vec<(String, Tally)>>,
 }
 
@@ -204,7 +204,8 @@ impl EstimatingBackend {
                 let (seconds, usd) = price(&t.work);
                 let call = t.call.as_ref().expect("a tally has its call");
                 let s = stats.get(id).cloned().unwrap_or_default();
-                let decides = call.kind.is_decision();
+                // An operator that asked nothing decided nothing.
+                let decides = call.kind.is_decision() && t.questions > 0;
                 OperatorEstimate {
                     id: id.clone(),
                     kind: call.kind.name().into(),
@@ -328,7 +329,18 @@ impl InferenceBackend for EstimatingBackend {
         self.sampled.start_query(operators);
         self.sim.start_query(operators);
         self.minimum.start_query(operators);
-        self.tallies.lock().expect("tallies lock").clear();
+        // Every operator is listed, in the order they run: one whose questions
+        // the query's memo answers (another operator asked them) asks nothing.
+        *self.tallies.lock().expect("tallies lock") = operators
+            .iter()
+            .map(|c| {
+                let tally = Tally {
+                    call: Some(c.clone()),
+                    ..Tally::default()
+                };
+                (c.op_id.clone(), tally)
+            })
+            .collect();
     }
 
     fn end_query(&self) {
@@ -406,7 +418,7 @@ pub struct Estimate {
     pub sample_questions: u64,
     /// Fresh tokens the backend computed for the sample.
     pub sample_fresh_tokens: u64,
-    /// Per AI operator, in the order they first asked.
+    /// Per AI operator, in the order they run.
     pub operators: Vec<OperatorEstimate>,
 }
 
