@@ -154,9 +154,20 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
             (real, None)
         }
     };
+    // An estimate (and the one made for the progress lines) computes nothing
+    // a budget could stop.
     let quiet_options = QueryOptions {
         progress: Default::default(),
+        budget: None,
         ..options.clone()
+    };
+    let options = if estimate {
+        QueryOptions {
+            budget: None,
+            ..options
+        }
+    } else {
+        options
     };
     let session = SqlSession::new(backend.clone(), options, Evaluation::Operators)?;
     if args.lenient_csv {

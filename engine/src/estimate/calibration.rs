@@ -230,9 +230,12 @@ fn calibration_call(kind: AiKind, op_id: &str, template: &str, max_tokens: u32) 
     })
 }
 
-/// The three workloads: `(call, documents)`.
-pub fn workloads() -> Result<Vec<(String, AiCall, Vec<(String, String)>)>> {
-    let docs = |n: usize, words: usize, from: usize| -> Vec<(String, String)> {
+/// Synthetic documents: (id, text).
+pub type Documents = Vec<(String, String)>;
+
+/// The three workloads: `(name, call, documents)`.
+pub fn workloads() -> Result<Vec<(String, AiCall, Documents)>> {
+    let docs = |n: usize, words: usize, from: usize| -> Documents {
         (0..n)
             .map(|i| (format!("doc{}", from + i), document(from + i, words)))
             .collect()

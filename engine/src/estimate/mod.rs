@@ -80,7 +80,12 @@ impl Estimator {
         options: &crate::query::QueryOptions,
     ) -> Result<Estimate> {
         let mut rows = crate::row_sink::CountedRows::default();
-        crate::query::run_query_into(query, tables, backend.clone(), options, &mut rows).await?;
+        // An estimate computes nothing a budget could stop.
+        let options = crate::query::QueryOptions {
+            budget: None,
+            ..options.clone()
+        };
+        crate::query::run_query_into(query, tables, backend.clone(), &options, &mut rows).await?;
         Ok(self.estimate(&backend))
     }
 

@@ -193,11 +193,15 @@ impl SampledAnswers {
     /// without that row's label: the rows reaching an operator in an estimate
     /// are not the query's) are left to the draw.
     fn ask_real(&self, call: &AiCall, asked: &[AiRequest<'_>]) -> Vec<Option<Answer>> {
+        // A failed or unreached row is no sample of what the model answers.
+        let usable = |a: &Answer| a.fits(call) && a.is_answer();
         if let Ok(answers) = self.real.answer(call, asked)
             && answers.len() == asked.len()
-            && answers.iter().all(|a| a.fits(call))
         {
-            return answers.into_iter().map(Some).collect();
+            return answers
+                .into_iter()
+                .map(|a| usable(&a).then_some(a))
+                .collect();
         }
         asked
             .iter()
@@ -206,7 +210,7 @@ impl SampledAnswers {
                     .answer(call, std::slice::from_ref(r))
                     .ok()
                     .and_then(|mut a| a.pop())
-                    .filter(|a| a.fits(call))
+                    .filter(usable)
             })
             .collect()
     }
