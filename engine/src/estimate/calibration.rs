@@ -4,11 +4,12 @@
 //! folder, `CACHE/calibration/`. An estimate turns its simulated work into
 //! seconds with it; without one it says "uncalibrated" and gives tokens only.
 //!
-//! The time model: `seconds = a·fresh + b·attended + c·decoded`, where
-//! `attended` counts, for each fresh position, the positions it attends to (so
-//! long documents cost more per token than short ones, as attention does).
-//! `a` and `b` come from two prefill workloads (short and long documents), `c`
-//! from a generating one.
+//! The time model: `seconds = a·fresh + b·attended + c·decoded + d·scored`,
+//! where `attended` counts, for each fresh position, the positions it attends
+//! to (so long documents cost more per token than short ones, as attention
+//! does), and `scored` the label tokens a classification reads from the full
+//! vocabulary. `a` and `b` come from two prefill workloads (short and long
+//! documents), `c` from a generating one, `d` from a classifying one.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -36,6 +37,9 @@ pub struct Calibration {
     pub seconds_per_attended: f64,
     /// Seconds per decoded position.
     pub seconds_per_decoded: f64,
+    /// Seconds per label token scored over the full vocabulary.
+    #[serde(default)]
+    pub seconds_per_scored: f64,
     /// The workloads it was fitted on.
     pub workloads: Vec<Workload>,
 }
@@ -51,6 +55,9 @@ pub struct Workload {
     pub attended: u64,
     /// Positions decoded.
     pub decoded: u64,
+    /// Label tokens scored over the full vocabulary.
+    #[serde(default)]
+    pub scored: u64,
     /// Wall-clock seconds.
     pub seconds: f64,
 }
@@ -64,6 +71,8 @@ pub struct Work {
     pub attended: u64,
     /// Decoded positions.
     pub decoded: u64,
+    /// Label tokens scored over the full vocabulary.
+    pub scored: u64,
 }
 
 impl Calibration {
@@ -72,6 +81,7 @@ impl Calibration {
         self.seconds_per_token * work.prefill_tokens as f64
             + self.seconds_per_attended * work.attended as f64
             + self.seconds_per_decoded * work.decoded as f64
+            + self.seconds_per_scored * work.scored as f64
     }
 
     /// Where the profile of `model` in `dtype` on `device` is kept.
@@ -119,6 +129,7 @@ impl Calibration {
             c.seconds_per_token,
             c.seconds_per_attended,
             c.seconds_per_decoded,
+            c.seconds_per_scored,
         ]
         .iter()
         .all(|s| s.is_finite() && *s >= 0.0);
@@ -141,15 +152,14 @@ impl Calibration {
         Ok(path)
     }
 
-    /// Fits `a`, `b` and `c` to the workloads: the two prefill workloads give
-    /// `a` and `b` (a negative solution, from timing noise, falls back to one
-    /// cost per token), the decoding one gives `c` net of its prefill.
+    /// Fits `a`, `b`, `c` and `d` to the workloads: the two prefill workloads
+    /// give `a` and `b` (a negative solution, from timing noise, falls back to
+    /// one cost per token), the decoding one gives `c` and the classifying one
+    /// `d`, each net of its prefill.
     pub fn fit(
         (model, dtype, device): (&str, &str, &str),
         measured_at: String,
-        short: Workload,
-        long: Workload,
-        decoding: Workload,
+        [short, long, decoding, classifying]: [Workload; 4],
     ) -> Result<Self> {
         let (f1, a1, t1) = (
             short.fresh_tokens as f64,
@@ -162,13 +172,17 @@ impl Calibration {
             .then(|| ((t1 * a2 - t2 * a1) / det, (f1 * t2 - f2 * t1) / det))
             .filter(|&(a, b)| a > 0.0 && b >= 0.0);
         let (a, b) = solved.unwrap_or(((t1 + t2) / (f1 + f2).max(1.0), 0.0));
-        let prefill = a * decoding.fresh_tokens as f64 + b * decoding.attended as f64;
-        let c = ((decoding.seconds - prefill) / decoding.decoded.max(1) as f64).max(0.0);
-        if decoding.decoded == 0 {
+        let prefill = |w: &Workload| a * w.fresh_tokens as f64 + b * w.attended as f64;
+        if decoding.decoded == 0 || classifying.scored == 0 {
             return Err(EngineError::Inference(
-                "calibration: the decoding workload decoded nothing".into(),
+                "calibration: the decoding workload decoded nothing, or the classifying one \
+                 scored no label"
+                    .into(),
             ));
         }
+        let c = ((decoding.seconds - prefill(&decoding)) / decoding.decoded as f64).max(0.0);
+        let d =
+            ((classifying.seconds - prefill(&classifying)) / classifying.scored as f64).max(0.0);
         Ok(Self {
             model: model.into(),
             dtype: dtype.into(),
@@ -177,10 +191,27 @@ impl Calibration {
             seconds_per_token: a,
             seconds_per_attended: b,
             seconds_per_decoded: c,
-            workloads: vec![short, long, decoding],
+            seconds_per_scored: d,
+            workloads: vec![short, long, decoding, classifying],
         })
     }
 }
+
+/// Labels of several tokens each, as a classification's often are.
+const CALIBRATION_LABELS: [&str; 12] = [
+    "romantic comedy",
+    "science fiction",
+    "documentary film",
+    "psychological thriller",
+    "historical drama",
+    "animated feature",
+    "musical theatre",
+    "crime mystery",
+    "war epic",
+    "coming of age story",
+    "supernatural horror",
+    "sports biography",
+];
 
 /// A deterministic document of about `words` words (each one or two tokens).
 fn document(seed: usize, words: usize) -> String {
@@ -214,8 +245,23 @@ fn document(seed: usize, words: usize) -> String {
 }
 
 /// A calibration call of `kind` over the synthetic `calibration` table.
-fn calibration_call(kind: AiKind, op_id: &str, template: &str, max_tokens: u32) -> Result<AiCall> {
-    let pieces = call_pieces(PromptFormat::default(), kind, template, false, &[], &[])?;
+fn calibration_call(
+    kind: AiKind,
+    op_id: &str,
+    template: &str,
+    max_tokens: u32,
+    labels: &[&str],
+) -> Result<AiCall> {
+    let labels: Vec<String> = labels.iter().map(|l| l.to_string()).collect();
+    let descriptions = vec![String::new(); labels.len()];
+    let pieces = call_pieces(
+        PromptFormat::default(),
+        kind,
+        template,
+        false,
+        &labels,
+        &descriptions,
+    )?;
     Ok(AiCall {
         op_id: op_id.into(),
         kind,
@@ -223,9 +269,9 @@ fn calibration_call(kind: AiKind, op_id: &str, template: &str, max_tokens: u32) 
         tables: vec!["calibration".into()],
         columns: vec!["text".into()],
         pieces,
-        labels: Vec::new(),
+        labels,
         max_tokens,
-        descriptions: Vec::new(),
+        descriptions,
         relations: Vec::new(),
     })
 }
@@ -233,7 +279,7 @@ fn calibration_call(kind: AiKind, op_id: &str, template: &str, max_tokens: u32) 
 /// Synthetic documents: (id, text).
 pub type Documents = Vec<(String, String)>;
 
-/// The three workloads: `(name, call, documents)`.
+/// The four workloads: `(name, call, documents)`.
 pub fn workloads() -> Result<Vec<(String, AiCall, Documents)>> {
     let docs = |n: usize, words: usize, from: usize| -> Documents {
         (0..n)
@@ -243,18 +289,47 @@ pub fn workloads() -> Result<Vec<(String, AiCall, Documents)>> {
     Ok(vec![
         (
             "short prompts".into(),
-            calibration_call(AiKind::Filter, "calibrate-short", "Is {0} about a film?", 0)?,
+            calibration_call(
+                AiKind::Filter,
+                "calibrate-short",
+                "Is {0} about a film?",
+                0,
+                &[],
+            )?,
             docs(96, 150, 0),
         ),
         (
             "long prompts".into(),
-            calibration_call(AiKind::Filter, "calibrate-long", "Is {0} about a film?", 0)?,
+            calibration_call(
+                AiKind::Filter,
+                "calibrate-long",
+                "Is {0} about a film?",
+                0,
+                &[],
+            )?,
             docs(6, 2400, 1000),
         ),
         (
             "decoding".into(),
-            calibration_call(AiKind::Complete, "calibrate-decode", "Summarise {0}", 48)?,
+            calibration_call(
+                AiKind::Complete,
+                "calibrate-decode",
+                "Summarise {0}",
+                48,
+                &[],
+            )?,
             docs(16, 80, 2000),
+        ),
+        (
+            "label scoring".into(),
+            calibration_call(
+                AiKind::Classify,
+                "calibrate-classify",
+                "Which genre is {0}?",
+                0,
+                &CALIBRATION_LABELS,
+            )?,
+            docs(24, 80, 3000),
         ),
     ])
 }
@@ -301,13 +376,14 @@ pub fn measure(
             fresh_tokens: exec.fresh_tokens() - exec.decode_tokens(),
             attended: exec.attended_prefill(),
             decoded,
+            scored: exec.scored_positions(),
             seconds,
         });
     }
-    let [short, long, decoding]: [Workload; 3] = measured
+    let workloads: [Workload; 4] = measured
         .try_into()
-        .map_err(|_| EngineError::Inference("calibration: three workloads expected".into()))?;
-    Calibration::fit(key, measured_at, short, long, decoding)
+        .map_err(|_| EngineError::Inference("calibration: four workloads expected".into()))?;
+    Calibration::fit(key, measured_at, workloads)
 }
 
 /// Runs `call` over `docs` on `backend` as one query; its wall-clock seconds.
@@ -342,28 +418,41 @@ mod tests {
             fresh_tokens: fresh,
             attended,
             decoded,
+            scored: 0,
             seconds,
         }
     }
 
     #[test]
     fn fit_recovers_the_costs_of_a_linear_model() {
-        let (a, b, c) = (2e-5, 3e-9, 4e-3);
-        let t = |f: u64, at: u64, d: u64| a * f as f64 + b * at as f64 + c * d as f64;
-        let short = w("short", 20_000, 2_000_000, 0, t(20_000, 2_000_000, 0));
-        let long = w("long", 15_000, 20_000_000, 0, t(15_000, 20_000_000, 0));
-        let dec = w("decode", 2_000, 200_000, 700, t(2_000, 200_000, 700));
-        let cal =
-            Calibration::fit(("tiny", "f32", "cpu"), String::new(), short, long, dec).unwrap();
+        let (a, b, c, d) = (2e-5, 3e-9, 4e-3, 5e-4);
+        let t = |f: u64, at: u64, dec: u64, sc: u64| {
+            a * f as f64 + b * at as f64 + c * dec as f64 + d * sc as f64
+        };
+        let short = w("short", 20_000, 2_000_000, 0, t(20_000, 2_000_000, 0, 0));
+        let long = w("long", 15_000, 20_000_000, 0, t(15_000, 20_000_000, 0, 0));
+        let dec = w("decode", 2_000, 200_000, 700, t(2_000, 200_000, 700, 0));
+        let classify = Workload {
+            scored: 900,
+            ..w("classify", 3_000, 300_000, 0, t(3_000, 300_000, 0, 900))
+        };
+        let cal = Calibration::fit(
+            ("tiny", "f32", "cpu"),
+            String::new(),
+            [short, long, dec, classify],
+        )
+        .unwrap();
         assert!((cal.seconds_per_token - a).abs() / a < 1e-9);
         assert!((cal.seconds_per_attended - b).abs() / b < 1e-6);
         assert!((cal.seconds_per_decoded - c).abs() / c < 1e-6);
+        assert!((cal.seconds_per_scored - d).abs() / d < 1e-6);
         let work = Work {
             prefill_tokens: 1000,
             attended: 10_000,
             decoded: 10,
+            scored: 40,
         };
-        assert!((cal.seconds(&work) - t(1000, 10_000, 10)).abs() < 1e-12);
+        assert!((cal.seconds(&work) - t(1000, 10_000, 10, 40)).abs() < 1e-12);
     }
 
     #[test]
@@ -372,8 +461,16 @@ mod tests {
         let short = w("short", 10_000, 1_000_000, 0, 1.0);
         let long = w("long", 10_000, 10_000_000, 0, 0.5);
         let dec = w("decode", 100, 1000, 100, 1.0);
-        let cal =
-            Calibration::fit(("m", "bf16", "cuda:0"), String::new(), short, long, dec).unwrap();
+        let classify = Workload {
+            scored: 100,
+            ..w("classify", 100, 1000, 0, 1.0)
+        };
+        let cal = Calibration::fit(
+            ("m", "bf16", "cuda:0"),
+            String::new(),
+            [short, long, dec, classify],
+        )
+        .unwrap();
         assert_eq!(cal.seconds_per_attended, 0.0);
         assert!((cal.seconds_per_token - 1.5 / 20_000.0).abs() < 1e-12);
     }

@@ -107,6 +107,7 @@ struct Counts {
     input: u64,
     attended_prefill: u64,
     attended_decode: u64,
+    scored: u64,
 }
 
 impl Counts {
@@ -119,6 +120,7 @@ impl Counts {
             input: e.input_tokens(),
             attended_prefill: e.attended_prefill(),
             attended_decode: e.attended_decode(),
+            scored: e.scored_positions(),
         }
     }
 
@@ -129,6 +131,7 @@ impl Counts {
             input: self.input - before.input,
             attended_prefill: self.attended_prefill - before.attended_prefill,
             attended_decode: self.attended_decode - before.attended_decode,
+            scored: self.scored - before.scored,
         }
     }
 }
@@ -199,6 +202,7 @@ impl EstimatingBackend {
                     prefill_tokens: work.fresh - work.decoded,
                     attended: work.attended_prefill,
                     decoded: work.decoded,
+                    scored: work.scored,
                 })
             });
             (seconds, seconds.map(|s| s / 3600.0 * gpu_hourly_rate_usd))
@@ -275,6 +279,7 @@ impl EstimatingBackend {
         t.work.input += work.input;
         t.work.attended_prefill += work.attended_prefill;
         t.work.attended_decode += work.attended_decode;
+        t.work.scored += work.scored;
         t.minimum += minimum;
     }
 }

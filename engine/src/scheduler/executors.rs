@@ -403,6 +403,9 @@ pub struct SimExecutor {
     /// charges it apart).
     attended_prefill: std::sync::atomic::AtomicU64,
     attended_decode: std::sync::atomic::AtomicU64,
+    /// Label tokens whose log-probability a classification reads, each from
+    /// the full vocabulary (a filter reads a restricted head).
+    scored: std::sync::atomic::AtomicU64,
 }
 
 impl SimExecutor {
@@ -429,6 +432,7 @@ impl SimExecutor {
             input: Default::default(),
             attended_prefill: Default::default(),
             attended_decode: Default::default(),
+            scored: Default::default(),
         }
     }
 
@@ -448,6 +452,11 @@ impl SimExecutor {
     pub fn attended_decode(&self) -> u64 {
         self.attended_decode
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Label tokens scored over the full vocabulary.
+    pub fn scored_positions(&self) -> u64 {
+        self.scored.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Counts `t` fresh positions after `before` cached ones.
@@ -512,6 +521,9 @@ impl Executor for SimExecutor {
             let label_fed: usize = labels.iter().map(|l| l.len().saturating_sub(1)).sum();
             self.labels
                 .fetch_add((label_fed * items.len()) as u64, Relaxed);
+            let label_tokens: usize = labels.iter().map(Vec::len).sum();
+            self.scored
+                .fetch_add((label_tokens * items.len()) as u64, Relaxed);
         }
         if call.kind.generates() {
             // An extraction prefills each field's question after the document
