@@ -13,8 +13,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::backend::{AiCall, AiKind, AiRequest, Answer, InferenceBackend};
-use crate::error::Result;
+use crate::backend::{AiCall, AiKind, AiRequest, Answer, InferenceBackend, check_answers};
+use crate::error::{EngineError, Result};
 
 /// The seed of an estimate's sample: one fixed value, so that two estimates of
 /// one query over one table ask the same rows.
@@ -189,30 +189,31 @@ impl SampledAnswers {
         }
     }
 
-    /// Asks `real` the sampled questions; those it cannot answer (an oracle
-    /// without that row's label: the rows reaching an operator in an estimate
-    /// are not the query's) are left to the draw.
-    fn ask_real(&self, call: &AiCall, asked: &[AiRequest<'_>]) -> Vec<Option<Answer>> {
-        // A failed or unreached row is no sample of what the model answers.
-        let usable = |a: &Answer| a.fits(call) && a.is_answer();
-        if let Ok(answers) = self.real.answer(call, asked)
-            && answers.len() == asked.len()
-        {
-            return answers
-                .into_iter()
-                .map(|a| usable(&a).then_some(a))
-                .collect();
+    /// Asks `real` the sampled questions. Those an oracle has no label for
+    /// (the rows reaching an operator in an estimate are not quite the
+    /// query's) and those the model could not answer (a failed row) are left
+    /// to the draw; any other error is the estimate's.
+    fn ask_real(&self, call: &AiCall, asked: &[AiRequest<'_>]) -> Result<Vec<Option<Answer>>> {
+        let usable = |a: Answer| (a.fits(call) && a.is_answer()).then_some(a);
+        match self.real.answer(call, asked) {
+            Ok(answers) => {
+                check_answers(call, self.real.name(), &answers, asked.len())?;
+                Ok(answers.into_iter().map(usable).collect())
+            }
+            Err(EngineError::Labels(_)) => asked
+                .iter()
+                .map(|r| match self.real.answer(call, std::slice::from_ref(r)) {
+                    Ok(mut a) if a.len() == 1 => Ok(a.pop().and_then(usable)),
+                    Ok(a) => {
+                        check_answers(call, self.real.name(), &a, 1)?;
+                        Ok(None)
+                    }
+                    Err(EngineError::Labels(_)) => Ok(None),
+                    Err(e) => Err(e),
+                })
+                .collect(),
+            Err(e) => Err(e),
         }
-        asked
-            .iter()
-            .map(|r| {
-                self.real
-                    .answer(call, std::slice::from_ref(r))
-                    .ok()
-                    .and_then(|mut a| a.pop())
-                    .filter(usable)
-            })
-            .collect()
     }
 }
 
@@ -257,7 +258,7 @@ impl InferenceBackend for SampledAnswers {
         };
         if !sampled.is_empty() {
             let asked: Vec<AiRequest<'_>> = sampled.iter().map(|&i| requests[i]).collect();
-            let answers = self.ask_real(call, &asked);
+            let answers = self.ask_real(call, &asked)?;
             let mut state = self.state.lock().expect("sample lock");
             let State { given, stats } = &mut *state;
             let stats = stats.get_mut(&call.op_id).expect("stats made above");
@@ -362,6 +363,31 @@ mod tests {
         again.reverse();
         assert_eq!(again, answers);
         assert_eq!(real.prompts(), 40);
+    }
+
+    #[test]
+    fn rows_without_labels_are_drawn_and_a_model_error_is_the_estimates() {
+        let call = test_call(AiKind::Filter, "Is {0} kind?", &[]);
+        let ids: Vec<String> = (0..200).map(|i| format!("row{i}")).collect();
+        // An oracle with no labels: nothing sampled, every answer drawn.
+        let oracle = Arc::new(crate::backend::OracleBackend::new(Default::default()));
+        let sampled = SampledAnswers::new(oracle, 20, HashMap::new());
+        let answers = sampled.answer(&call, &requests(&ids)).unwrap();
+        assert_eq!(answers.len(), 200);
+        assert_eq!(sampled.stats()["op-1"].asked, 0);
+        // A model that fails fails the estimate, never a silent draw.
+        struct Broken;
+        impl InferenceBackend for Broken {
+            fn name(&self) -> &str {
+                "broken"
+            }
+            fn answer(&self, _: &AiCall, _: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+                Err(EngineError::Inference("the model crashed".into()))
+            }
+        }
+        let sampled = SampledAnswers::new(Arc::new(Broken), 20, HashMap::new());
+        let err = sampled.answer(&call, &requests(&ids)).unwrap_err();
+        assert!(err.to_string().contains("the model crashed"), "{err}");
     }
 
     #[test]
