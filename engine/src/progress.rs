@@ -146,6 +146,14 @@ impl Progress {
         *self.ticker.lock().expect("ticker lock") = ticker;
     }
 
+    /// Operator `op` starts asking the model: its line (and its clock, which
+    /// tokens/s and the ETA are measured by) starts now, if not already.
+    pub fn begin(&self, op: &str) {
+        if self.mode != ProgressMode::Hidden {
+            self.line(&mut self.board.lock().expect("progress lock"), op);
+        }
+    }
+
     /// `rows` more questions of operator `op` done, `fresh_tokens` more
     /// computed.
     pub fn advance(&self, op: &str, rows: u64, fresh_tokens: u64) {
@@ -153,36 +161,7 @@ impl Progress {
             return;
         }
         let mut board = self.board.lock().expect("progress lock");
-        let expected = board.expected.get(op).copied();
-        let i = match board.operators.iter().position(|o| o.id == op) {
-            Some(i) => i,
-            None => {
-                let bar = (self.mode == ProgressMode::Terminal).then(|| {
-                    let bar = self.lines.add(match expected {
-                        Some(n) => ProgressBar::new(n),
-                        None => ProgressBar::no_length(),
-                    });
-                    bar.set_style(
-                        ProgressStyle::with_template(
-                            "{prefix:>12} [{bar:30}] {pos}/{len} rows {msg} eta {eta}",
-                        )
-                        .expect("valid template")
-                        .progress_chars("=> "),
-                    );
-                    bar.set_prefix(op.to_string());
-                    bar
-                });
-                board.operators.push(OperatorLine {
-                    id: op.to_string(),
-                    rows_done: 0,
-                    rows_expected: expected,
-                    fresh_tokens: 0,
-                    started: Instant::now(),
-                    bar,
-                });
-                board.operators.len() - 1
-            }
-        };
+        let i = self.line(&mut board, op);
         let line = &mut board.operators[i];
         line.rows_done += rows;
         line.fresh_tokens += fresh_tokens;
@@ -198,6 +177,39 @@ impl Progress {
                 line.tokens_per_s()
             ));
         }
+    }
+
+    /// The index of `op`'s line on `board`, made (with its terminal bar)
+    /// when it has none yet.
+    fn line(&self, board: &mut Board, op: &str) -> usize {
+        let expected = board.expected.get(op).copied();
+        if let Some(i) = board.operators.iter().position(|o| o.id == op) {
+            return i;
+        }
+        let bar = (self.mode == ProgressMode::Terminal).then(|| {
+            let bar = self.lines.add(match expected {
+                Some(n) => ProgressBar::new(n),
+                None => ProgressBar::no_length(),
+            });
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{prefix:>12} [{bar:30}] {pos}/{len} rows {msg} eta {eta}",
+                )
+                .expect("valid template")
+                .progress_chars("=> "),
+            );
+            bar.set_prefix(op.to_string());
+            bar
+        });
+        board.operators.push(OperatorLine {
+            id: op.to_string(),
+            rows_done: 0,
+            rows_expected: expected,
+            fresh_tokens: 0,
+            started: Instant::now(),
+            bar,
+        });
+        board.operators.len() - 1
     }
 
     /// The query is over: terminal lines cleared, the JSON ticker stopped and
@@ -238,4 +250,36 @@ fn write_json(board: &Board, done: bool) {
     });
     let mut err = std::io::stderr().lock();
     let _ = writeln!(err, "{line}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_and_eta_run_from_when_the_operator_began_asking() {
+        // Terminal lines draw nothing when stderr is not a terminal (tests).
+        let progress = Progress::new(ProgressMode::Terminal, None);
+        progress.start_query(HashMap::from([("filter-1".to_string(), 100)]));
+        progress.begin("filter-1");
+        std::thread::sleep(Duration::from_millis(50));
+        progress.advance("filter-1", 50, 1000);
+        {
+            let board = progress.board.lock().unwrap();
+            let line = &board.operators[0];
+            assert_eq!((line.rows_done, line.rows_expected), (50, Some(100)));
+            // 1000 tokens in at least 50 ms: at most 20k tokens/s.
+            assert!(line.tokens_per_s() <= 20_000.0, "{}", line.tokens_per_s());
+            let eta = line.eta_s().unwrap();
+            assert!(eta >= 0.04, "half done after 50 ms: {eta}");
+        }
+        // More rows than estimated: the total follows.
+        progress.advance("filter-1", 80, 0);
+        assert_eq!(
+            progress.board.lock().unwrap().operators[0].eta_s(),
+            Some(0.0)
+        );
+        progress.finish_query();
+        assert!(progress.board.lock().unwrap().operators[0].bar.is_none());
+    }
 }

@@ -613,6 +613,7 @@ fn answer_call(
         }
         ask.sort_by_key(|&i| first[requests[i].anchor.id]);
         let asked: Vec<AiRequest<'_>> = ask.iter().map(|&i| requests[i]).collect();
+        state.runtime.progress.begin(&call.op_id);
         let work_before = WorkSoFar::of(&state.runtime);
         let timer = state.metrics.model_time.timer();
         let codes = answer_all(call, &state.runtime, &asked)?;
