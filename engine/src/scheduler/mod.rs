@@ -740,7 +740,6 @@ impl<E: Executor> ScheduledBackend<E> {
     ) -> Result<Vec<(DocKey, NodeId)>> {
         let preamble = self.piece(&call.pieces.preamble)?;
         let budget_tokens = self.config.kv_budget_bytes / self.exec.kv_bytes_per_token().max(1);
-        let label_tokens = self.longest_label(call)?;
         let cache = &mut state.cache;
         cache.stub_depth = cache
             .stub_depth
@@ -748,14 +747,9 @@ impl<E: Executor> ScheduledBackend<E> {
         let mut leaves = Vec::with_capacity(requests.len());
         let mut keys = Vec::with_capacity(requests.len());
         for (r, doc) in requests.iter().zip(tokens) {
+            // Past the model's context the request was answered Failed before
+            // it got here ([`Self::overflowing`]).
             let len = preamble.len() + doc.len() + suffix.len();
-            let scored_len = len + if scored { label_tokens } else { 0 };
-            self.check_context(
-                &call.op_id,
-                Excerpt(r.anchor.id),
-                &call.tables[0],
-                scored_len,
-            )?;
             if len > budget_tokens {
                 return Err(EngineError::Inference(format!(
                     "{}: document {} of {} needs {len} positions of KV, over the KV budget of {budget_tokens} ({} MiB)",
