@@ -7,13 +7,13 @@ use std::sync::Arc;
 use aisql_bench::layout::Dataset;
 use aisql_bench::resolve::resolve;
 use aisql_engine::backend::{InferenceBackend, OracleBackend};
+use aisql_engine::estimate::estimate_options;
 use aisql_engine::output::check_output_folder;
 use aisql_engine::query::QueryOptions;
 use aisql_engine::sql::text_scan::CsvReading;
 use aisql_engine::sql::{Evaluation, SqlSession, WritePolicy, templates};
 use aisql_engine::write_guard::{OutputKind, WriteGuard};
 use anyhow::Context;
-
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::logical_expr::LogicalPlan;
 
@@ -154,18 +154,14 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
             (real, None)
         }
     };
-    // An estimate (and the one made for the progress lines) computes nothing
-    // a budget could stop.
+    // An estimate (and the one made for the progress lines) runs without the
+    // query's budget.
     let quiet_options = QueryOptions {
         progress: Default::default(),
-        budget: None,
-        ..options.clone()
+        ..estimate_options(&options)
     };
     let options = if estimate {
-        QueryOptions {
-            budget: None,
-            ..options
-        }
+        estimate_options(&options)
     } else {
         options
     };

@@ -80,11 +80,7 @@ impl Estimator {
         options: &crate::query::QueryOptions,
     ) -> Result<Estimate> {
         let mut rows = crate::row_sink::CountedRows::default();
-        // An estimate computes nothing a budget could stop.
-        let options = crate::query::QueryOptions {
-            budget: None,
-            ..options.clone()
-        };
+        let options = estimate_options(options);
         crate::query::run_query_into(query, tables, backend.clone(), &options, &mut rows).await?;
         Ok(self.estimate(&backend))
     }
@@ -96,6 +92,15 @@ impl Estimator {
             self.calibration.as_ref(),
             self.gpu_hourly_rate_usd,
         )
+    }
+}
+
+/// The options a query's estimate runs with: the query's, without its
+/// budget (an estimate computes nothing a budget could stop).
+pub fn estimate_options(options: &crate::query::QueryOptions) -> crate::query::QueryOptions {
+    crate::query::QueryOptions {
+        budget: None,
+        ..options.clone()
     }
 }
 
@@ -122,6 +127,15 @@ impl Counts {
             attended_decode: e.attended_decode(),
             scored: e.scored_positions(),
         }
+    }
+
+    fn add(&mut self, more: Self) {
+        self.fresh += more.fresh;
+        self.decoded += more.decoded;
+        self.input += more.input;
+        self.attended_prefill += more.attended_prefill;
+        self.attended_decode += more.attended_decode;
+        self.scored += more.scored;
     }
 
     fn since(self, before: Self) -> Self {
@@ -274,12 +288,7 @@ impl EstimatingBackend {
         let t = &mut tallies[at].1;
         t.call.get_or_insert_with(|| call.clone());
         t.questions += questions as u64;
-        t.work.fresh += work.fresh;
-        t.work.decoded += work.decoded;
-        t.work.input += work.input;
-        t.work.attended_prefill += work.attended_prefill;
-        t.work.attended_decode += work.attended_decode;
-        t.work.scored += work.scored;
+        t.work.add(work);
         t.minimum += minimum;
     }
 }
