@@ -513,26 +513,8 @@ pub struct SqlArgs {
     /// Read the statement from FILE.
     #[arg(short = 'f', long = "file", value_name = "FILE")]
     pub file: Option<PathBuf>,
-    /// A table: NAME=PATH, a .parquet, .csv or .json (JSON lines) file or a folder
-    /// of them. Repeatable.
-    #[arg(long = "table", value_name = "NAME=PATH")]
-    pub tables: Vec<String>,
-    /// Read malformed CSV tables as DataFusion's reader does: a row's missing
-    /// fields are nulls, a quote left open runs to the end of the file. Without
-    /// it such a file is an error naming its line.
-    #[arg(long)]
-    pub lenient_csv: bool,
-    /// QUAIL-B data root whose tables (reviews, aspects, reports, terms, claims,
-    /// evidence, citation_contexts, citation_passages, agent_traces) are registered
-    /// too. Without it and without --table: aisql's cache, else the stand-in corpus.
-    #[arg(long, env = "AISQL_ROOT")]
-    pub root: Option<PathBuf>,
-    /// Scale factor of the QUAIL-B corpus.
-    #[arg(long, default_value_t = 0.1)]
-    pub sf: f64,
-    /// Reference collection id (default: the corpus's active collection).
-    #[arg(long)]
-    pub collection: Option<String>,
+    #[command(flatten)]
+    pub data: TableArgs,
     #[command(flatten)]
     pub backend: BackendArgs,
     #[command(flatten)]
@@ -553,6 +535,47 @@ pub struct SqlArgs {
     /// Repeatable.
     #[arg(long = "selectivity", value_name = "TEXT=FRACTION")]
     pub selectivity: Vec<String>,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    #[command(flatten)]
+    pub cost: CostArgs,
+}
+
+/// Where a SQL session's tables come from: `aisql sql`, `aisql serve` and the
+/// Python package.
+#[derive(Debug, Clone, Args)]
+pub struct TableArgs {
+    /// A table: NAME=PATH, a .parquet, .csv or .json (JSON lines) file or a folder
+    /// of them. Repeatable.
+    #[arg(long = "table", value_name = "NAME=PATH")]
+    pub tables: Vec<String>,
+    /// Read malformed CSV tables as DataFusion's reader does: a row's missing
+    /// fields are nulls, a quote left open runs to the end of the file. Without
+    /// it such a file is an error naming its line.
+    #[arg(long)]
+    pub lenient_csv: bool,
+    /// QUAIL-B data root whose tables (reviews, aspects, reports, terms, claims,
+    /// evidence, citation_contexts, citation_passages, agent_traces) are registered
+    /// too. Without it and without --table: aisql's cache, else the stand-in corpus.
+    #[arg(long, env = "AISQL_ROOT")]
+    pub root: Option<PathBuf>,
+    /// Scale factor of the QUAIL-B corpus.
+    #[arg(long, default_value_t = 0.1)]
+    pub sf: f64,
+    /// Reference collection id (default: the corpus's active collection).
+    #[arg(long)]
+    pub collection: Option<String>,
+}
+
+/// What a long-lived SQL session opens: its tables, its model and backend, and
+/// each statement's limits and budget (`aisql serve`, the shell, the Python
+/// package's `connect`).
+#[derive(Debug, Clone, Args)]
+pub struct ConnectArgs {
+    #[command(flatten)]
+    pub data: TableArgs,
+    #[command(flatten)]
+    pub backend: BackendArgs,
     #[command(flatten)]
     pub limits: LimitArgs,
     #[command(flatten)]

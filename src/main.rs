@@ -1,11 +1,9 @@
 //! The `aisql` command line: thin — parse arguments, run the command, map the
 //! outcome to an exit code (0 success, 1 error, 2 usage error).
 
-mod cli;
-mod commands;
-
 use std::process::ExitCode;
 
+use aisql::{cli, commands};
 use clap::Parser;
 
 /// Every allocation is counted, so a query's memory bound sees the heap its

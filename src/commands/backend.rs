@@ -141,11 +141,12 @@ fn over_workers(
 }
 
 /// The backend for `args` and metadata describing it. `templates` are the prompt
-/// templates the queries use (the oracle loads only their label sets).
+/// templates the queries use (the oracle loads only their label sets; `None`:
+/// any query may come, every label set is loaded).
 pub fn build(
     args: &BackendArgs,
     dataset: Option<&Dataset>,
-    templates: &[String],
+    templates: Option<&[String]>,
 ) -> anyhow::Result<(
     Arc<dyn InferenceBackend>,
     serde_json::Map<String, serde_json::Value>,
@@ -167,9 +168,11 @@ pub fn build(
                     "--backend oracle needs reference labels: use a QUAIL-B data root (--root), not --tables"
                 );
             };
-            let labels = dataset
-                .shared_labels(templates)
-                .context("loading reference labels")?;
+            let labels = match templates {
+                Some(templates) => dataset.shared_labels(templates),
+                None => dataset.load_labels(None).map(Arc::new),
+            }
+            .context("loading reference labels")?;
             if !args.simulate {
                 if devices.len() > 1 {
                     bail!(

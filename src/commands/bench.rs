@@ -150,7 +150,7 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
     let format = args.backend.prompt_format.parse()?;
     let user_metadata = user_metadata(&args.metadata)?;
     let (backend, backend_metadata) =
-        super::backend::build(&args.backend, Some(&dataset), &templates)?;
+        super::backend::build(&args.backend, Some(&dataset), Some(&templates))?;
     // Estimates where the backend computes tokens to compare them with (a
     // model, or the simulation); `--estimate` alone runs nothing else.
     let computes_tokens = args.backend.backend == BackendKind::Model || args.backend.simulate;

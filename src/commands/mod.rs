@@ -3,6 +3,7 @@
 mod backend;
 mod bench;
 mod budget;
+pub mod connect;
 mod data;
 mod deadline;
 mod estimate;

@@ -54,7 +54,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     check_outputs(&args, dataset.as_ref())?;
     clear_output_dir(&args)?;
     let (backend, meta) =
-        super::backend::build(&args.backend, dataset.as_ref(), &query.templates())?;
+        super::backend::build(&args.backend, dataset.as_ref(), Some(&query.templates()))?;
     let options = QueryOptions {
         format,
         progress: args.cost.progress_mode(),
@@ -287,7 +287,8 @@ fn run_general(
             .into_iter()
             .map(|n| n.spec.call.template)
             .collect();
-        let (backend, meta) = super::backend::build(&args.backend, dataset.as_ref(), &templates)?;
+        let (backend, meta) =
+            super::backend::build(&args.backend, dataset.as_ref(), Some(&templates))?;
         // An estimate runs the plan on the estimating backend over that one.
         let estimating = if args.cost.estimate {
             let estimator = estimator(&args.backend, &args.cost, &backend, &meta, HashMap::new())?;

@@ -1,35 +1,23 @@
 //! `aisql sql`: SQL with AI functions over `--table` files and/or a QUAIL-B
 //! dataset, printed and saved like `aisql query`'s rows.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use aisql_bench::layout::Dataset;
 use aisql_bench::resolve::resolve;
 use aisql_engine::backend::{InferenceBackend, OracleBackend};
 use aisql_engine::estimate::estimate_options;
 use aisql_engine::output::check_output_folder;
 use aisql_engine::query::QueryOptions;
-use aisql_engine::sql::text_scan::CsvReading;
 use aisql_engine::sql::{Evaluation, SqlSession, WritePolicy, templates};
 use aisql_engine::write_guard::{OutputKind, WriteGuard};
 use anyhow::Context;
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::logical_expr::LogicalPlan;
 
+use super::connect::Sources;
 use super::estimate::estimator;
 use super::{UsageError, deadline};
 use crate::cli::SqlArgs;
-
-/// `NAME=PATH`.
-fn table_arg(arg: &str) -> anyhow::Result<(String, PathBuf)> {
-    match arg.split_once('=') {
-        Some((name, path)) if !name.trim().is_empty() && !path.is_empty() => {
-            Ok((name.trim().to_string(), PathBuf::from(path)))
-        }
-        _ => Err(UsageError(format!("--table {arg}: expected NAME=PATH")).into()),
-    }
-}
 
 /// `TEXT=FRACTION`: the one prompt template of `templates` containing TEXT.
 fn selectivity_arg<'t>(arg: &str, templates: &'t [String]) -> anyhow::Result<(&'t str, f64)> {
@@ -68,22 +56,8 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
             .with_context(|| format!("reading the SQL file {}", f.display()))?,
         (None, None) => return Err(UsageError("give a SQL statement or -f FILE".into()).into()),
     };
-    let tables = args
-        .tables
-        .iter()
-        .map(|t| table_arg(t))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    // A dataset when named, or when no table is given (the usual look-up order).
-    let dataset: Option<Dataset> = if args.root.is_some() || tables.is_empty() {
-        Some(resolve(
-            args.root.as_deref(),
-            args.sf,
-            args.collection.as_deref(),
-        )?)
-    } else {
-        None
-    };
-    let guard = inputs(&args, &tables, dataset.as_ref());
+    let sources = Sources::from_args(&args.data)?;
+    let guard = inputs(&args, &sources);
     if let Some(out) = &args.rows.output {
         guard.check(out, "--output", OutputKind::File)?;
         check_output_folder(out, "--output")?;
@@ -129,7 +103,8 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     let (backend, estimating): (Arc<dyn InferenceBackend>, _) = if args.to_substrait.is_some() {
         (Arc::new(OracleBackend::new(Default::default())), None)
     } else {
-        let (real, meta) = super::backend::build(&args.backend, dataset.as_ref(), &wanted)?;
+        let (real, meta) =
+            super::backend::build(&args.backend, sources.dataset.as_ref(), Some(&wanted))?;
         if super::estimate::progress_wants_estimate(&args.backend, &args.cost) {
             let hints = hints.iter().cloned().collect();
             let estimator = estimator(&args.backend, &args.cost, &real, &meta, hints)?;
@@ -166,9 +141,6 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         options
     };
     let session = SqlSession::new(backend.clone(), options, Evaluation::Operators)?;
-    if args.lenient_csv {
-        session.set_csv_reading(CsvReading::Lenient);
-    }
     session.set_write_policy(WritePolicy {
         allow_writes: args.allow_writes,
         guard,
@@ -183,15 +155,7 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         args.limits.timeout_s,
         &backend,
         async move {
-            if let Some(dataset) = &dataset {
-                let mut dataset_tables = dataset.require_all_tables()?;
-                // --table replaces the dataset's table of that name.
-                dataset_tables.retain(|name, _| !tables.iter().any(|(n, _)| n == name));
-                session.register_dataset(&dataset_tables).await?;
-            }
-            for (name, path) in &tables {
-                session.register(name, path).await?;
-            }
+            sources.register(&session).await?;
             if let Some(path) = &to_substrait {
                 let plan = session.to_substrait(&sql).await?;
                 let bytes = if path.extension().is_some_and(|e| e == "json") {
@@ -266,17 +230,12 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
 
 /// What `aisql sql` reads: the SQL file, each `--table` path, the dataset's
 /// root and the model.
-fn inputs(args: &SqlArgs, tables: &[(String, PathBuf)], dataset: Option<&Dataset>) -> WriteGuard {
+fn inputs(args: &SqlArgs, sources: &Sources) -> WriteGuard {
     let mut guard = WriteGuard::new();
     if let Some(file) = &args.file {
         guard.add(file, "the SQL file");
     }
-    for (name, path) in tables {
-        guard.add(path, format!("the --table {name}"));
-    }
-    if let Some(dataset) = dataset {
-        super::paths::add_dataset(&mut guard, dataset);
-    }
+    sources.add_inputs(&mut guard);
     super::paths::add_backend_files(&mut guard, &args.backend);
     guard
 }

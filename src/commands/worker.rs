@@ -96,7 +96,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         _ => None,
     };
     exposure_check(listen, token.is_some(), tls.is_some(), args.insecure)?;
-    let (backend, meta) = super::backend::build(b, None, &[])?;
+    let (backend, meta) = super::backend::build(b, None, Some(&[]))?;
     let dtype = meta_text(&meta, "dtype").to_string();
     let device = meta_text(&meta, "device").to_string();
     // Prompts arrive rendered: the coordinator names the format.

@@ -1,0 +1,236 @@
+//! Opening SQL sessions over the tables and the model a command names — one
+//! rule for `aisql sql`, its shell, `aisql serve` and the Python package — and
+//! running statements on a long-lived [`Connection`]: one at a time on the
+//! one model, each stopped with its model work when it is dropped.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aisql_bench::layout::Dataset;
+use aisql_bench::resolve::resolve;
+use aisql_engine::backend::InferenceBackend;
+use aisql_engine::query::QueryOptions;
+use aisql_engine::sql::text_scan::CsvReading;
+use aisql_engine::sql::{Evaluation, SqlOutput, SqlSession, WritePolicy};
+use aisql_engine::write_guard::WriteGuard;
+use datafusion::logical_expr::LogicalPlan;
+
+use super::UsageError;
+use crate::cli::{ConnectArgs, TableArgs};
+
+/// `NAME=PATH`.
+pub fn table_arg(arg: &str) -> anyhow::Result<(String, PathBuf)> {
+    match arg.split_once('=') {
+        Some((name, path)) if !name.trim().is_empty() && !path.is_empty() => {
+            Ok((name.trim().to_string(), PathBuf::from(path)))
+        }
+        _ => Err(UsageError(format!("--table {arg}: expected NAME=PATH")).into()),
+    }
+}
+
+/// The tables a command names and the QUAIL-B dataset it reads, if any.
+pub struct Sources {
+    /// `--table NAME=PATH`, in order.
+    pub tables: Vec<(String, PathBuf)>,
+    /// The dataset, when `--root` names one or no table is given (the usual
+    /// look-up order).
+    pub dataset: Option<Dataset>,
+    lenient_csv: bool,
+}
+
+impl Sources {
+    /// The sources `args` name: usage errors before any table is read.
+    pub fn from_args(args: &TableArgs) -> anyhow::Result<Self> {
+        let tables = args
+            .tables
+            .iter()
+            .map(|t| table_arg(t))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let dataset = if args.root.is_some() || tables.is_empty() {
+            Some(resolve(
+                args.root.as_deref(),
+                args.sf,
+                args.collection.as_deref(),
+            )?)
+        } else {
+            None
+        };
+        Ok(Self {
+            tables,
+            dataset,
+            lenient_csv: args.lenient_csv,
+        })
+    }
+
+    /// Adds what these sources read to `guard`: each table's path and the
+    /// dataset's root.
+    pub fn add_inputs(&self, guard: &mut WriteGuard) {
+        for (name, path) in &self.tables {
+            guard.add(path, format!("the --table {name}"));
+        }
+        if let Some(dataset) = &self.dataset {
+            super::paths::add_dataset(guard, dataset);
+        }
+    }
+
+    /// Registers the tables in `session`; a `--table` replaces the dataset's
+    /// table of that name.
+    pub async fn register(&self, session: &SqlSession) -> anyhow::Result<()> {
+        if self.lenient_csv {
+            session.set_csv_reading(CsvReading::Lenient);
+        }
+        if let Some(dataset) = &self.dataset {
+            let mut dataset_tables = dataset.require_all_tables()?;
+            dataset_tables.retain(|name, _| !self.tables.iter().any(|(n, _)| n == name));
+            session.register_dataset(&dataset_tables).await?;
+        }
+        for (name, path) in &self.tables {
+            session.register(name, path).await?;
+        }
+        Ok(())
+    }
+}
+
+/// One model and one set of tables that many statements, from one or many
+/// sessions, run on. The model answers one statement at a time: the others
+/// wait their turn, so no two queries' questions are ever mixed up.
+pub struct Connection {
+    backend: Arc<dyn InferenceBackend>,
+    /// The session the tables were registered in; others share them.
+    base: SqlSession,
+    options: QueryOptions,
+    policy: WritePolicy,
+    timeout: Option<Duration>,
+    /// Held by the statement the model is answering.
+    turn: tokio::sync::Mutex<()>,
+}
+
+impl Connection {
+    /// Opens the tables and loads the model `args` name. Statements may write
+    /// (under the one write rule) only when `allow_writes`.
+    pub async fn open(args: &ConnectArgs, allow_writes: bool) -> anyhow::Result<Self> {
+        let controls = super::budget::controls(&args.cost, &args.backend)?;
+        let sources = Sources::from_args(&args.data)?;
+        let mut guard = WriteGuard::new();
+        sources.add_inputs(&mut guard);
+        super::paths::add_backend_files(&mut guard, &args.backend);
+        super::paths::check_answer_cache(&guard, &args.backend)?;
+        let options = QueryOptions {
+            format: args.backend.prompt_format.parse()?,
+            progress: args.cost.progress_mode(),
+            progress_parent: None,
+            expected_rows: Default::default(),
+            batch_rows: args.backend.batch_rows,
+            memory_limit: args.backend.memory_limit(),
+            max_recursion: args.limits.max_recursion,
+            model: args.backend.model_name(),
+            budget: controls.budget,
+            on_row_error: controls.on_row_error,
+        };
+        // Any statement may come: the oracle loads every label set.
+        let (backend, _meta) =
+            super::backend::build(&args.backend, sources.dataset.as_ref(), None)?;
+        let policy = WritePolicy {
+            allow_writes,
+            guard,
+        };
+        let base = SqlSession::new(backend.clone(), options.clone(), Evaluation::Operators)?;
+        base.set_write_policy(policy.clone());
+        sources.register(&base).await?;
+        Ok(Self {
+            backend,
+            base,
+            options,
+            policy,
+            timeout: args.limits.timeout_s,
+            turn: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// The model's backend.
+    pub fn backend(&self) -> &Arc<dyn InferenceBackend> {
+        &self.backend
+    }
+
+    /// The session the tables were registered in.
+    pub fn session(&self) -> &SqlSession {
+        &self.base
+    }
+
+    /// A new session over the same tables and model, with a catalog of its
+    /// own (a view one session creates is not another's).
+    pub async fn new_session(&self) -> anyhow::Result<SqlSession> {
+        let session = SqlSession::new(
+            self.backend.clone(),
+            self.options.clone(),
+            Evaluation::Operators,
+        )?;
+        session.set_write_policy(self.policy.clone());
+        session.share_tables_from(&self.base).await?;
+        Ok(session)
+    }
+
+    /// Runs `sql` on `session` when the model is free. Dropping the returned
+    /// future (a cancel, Ctrl-C) stops the statement: DataFusion at once, the
+    /// model after its forward batch in flight. Past `--timeout-s` it stops
+    /// the same way and fails naming the limit.
+    pub async fn run(&self, session: &SqlSession, sql: &str) -> anyhow::Result<SqlOutput> {
+        let started = Instant::now();
+        self.in_turn(async { session.run(sql).await }, started)
+            .await
+    }
+
+    /// Runs a plan `session` made (with its parameters bound), as [`Self::run`].
+    pub async fn run_plan(
+        &self,
+        session: &SqlSession,
+        plan: LogicalPlan,
+    ) -> anyhow::Result<SqlOutput> {
+        let started = Instant::now();
+        self.in_turn(async { session.run_plan(plan, started).await }, started)
+            .await
+    }
+
+    async fn in_turn(
+        &self,
+        work: impl Future<Output = aisql_engine::Result<SqlOutput>>,
+        started: Instant,
+    ) -> anyhow::Result<SqlOutput> {
+        let _turn = self.turn.lock().await;
+        let mut stop = StopOnDrop {
+            backend: &self.backend,
+            finished: false,
+        };
+        let out = match self.timeout {
+            None => work.await,
+            Some(limit) => {
+                let left = limit.saturating_sub(started.elapsed());
+                tokio::time::timeout(left, work).await.map_err(|_| {
+                    anyhow::anyhow!(
+                        "the statement ran past --timeout-s {} and was stopped",
+                        limit.as_secs_f64()
+                    )
+                })?
+            }
+        };
+        stop.finished = true;
+        Ok(out?)
+    }
+}
+
+/// Tells the backend to stop when a statement ends before its last row (its
+/// future dropped, or its time up): the model stops after the forward batch
+/// in flight, and the next statement starts once that batch has left.
+struct StopOnDrop<'a> {
+    backend: &'a Arc<dyn InferenceBackend>,
+    finished: bool,
+}
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.backend.cancel();
+        }
+    }
+}
