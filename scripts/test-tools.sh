@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the tools the tests check aisql against that nobody here wrote, from
 # PyPI into one virtual environment: substrait-validator (every plan that
-# `aisql sql --to-substrait` writes must pass it) and numpy (the independent
+# `aisql sql --to-substrait` writes must pass it), numpy (the independent
 # Qwen3 forward of tests/reference/qwen3_numpy.py that `aisql model generate`
-# must agree with). The tests find the environment at $AISQL_TEST_VENV, by
+# must agree with) and psycopg (a PostgreSQL client for `aisql serve`; the
+# other, psql, is Debian's postgresql-client, which .ci/run installs). The tests find the environment at $AISQL_TEST_VENV, by
 # default ~/.cache/aisql-test-venv; .ci/run calls this script. Needs python3
 # (3.11 or later, for numpy 2.4) with venv (Debian: python3-venv).
 set -euo pipefail
@@ -14,5 +15,6 @@ if [ ! -x "$venv/bin/python" ]; then
         exit 1
     }
 fi
-"$venv/bin/pip" install --quiet --disable-pip-version-check substrait-validator==0.1.4 numpy==2.4.6
-echo "test-tools: $venv ($("$venv/bin/python" -c 'import numpy, substrait_validator as v; print("substrait-validator", v.version(), "numpy", numpy.__version__)'))"
+"$venv/bin/pip" install --quiet --disable-pip-version-check substrait-validator==0.1.4 numpy==2.4.6 \
+    "psycopg[binary]==3.3.9"
+echo "test-tools: $venv ($("$venv/bin/python" -c 'import numpy, psycopg, substrait_validator as v; print("substrait-validator", v.version(), "numpy", numpy.__version__, "psycopg", psycopg.__version__)'))"

@@ -51,6 +51,40 @@ pub enum Command {
     /// Serve one model on one device to coordinators (`--workers ADDR,...` of
     /// query, sql and bench) until interrupted.
     Worker(WorkerArgs),
+    /// Serve SQL with AI functions over the PostgreSQL wire protocol (psql,
+    /// psycopg, JDBC, BI tools), read-only, until interrupted.
+    Serve(ServeArgs),
+}
+
+/// `aisql serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on, IP:PORT (port 0: any free port; the port taken is
+    /// printed). Without it: 127.0.0.1:5433. Only a loopback address may go
+    /// without a password.
+    #[arg(long, value_name = "IP:PORT")]
+    pub listen: Option<String>,
+    /// File holding the password every client must give (SCRAM-SHA-256; any
+    /// user and database name). Without it: AISQL_PASSWORD, if set. Required
+    /// on a non-loopback address.
+    #[arg(long, value_name = "FILE")]
+    pub password_file: Option<PathBuf>,
+    /// PEM certificate chain to serve TLS with (with --tls-key).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Serve a non-loopback address without TLS (the password is never sent,
+    /// but queries and rows cross the network readable).
+    #[arg(long)]
+    pub insecure: bool,
+    /// Connections served at once; more are refused until one closes.
+    #[arg(long, value_name = "N", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    pub max_connections: usize,
+    #[command(flatten)]
+    pub connect: ConnectArgs,
 }
 
 /// `aisql worker`.

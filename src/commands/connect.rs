@@ -14,10 +14,15 @@ use aisql_engine::query::QueryOptions;
 use aisql_engine::sql::text_scan::CsvReading;
 use aisql_engine::sql::{Evaluation, SqlOutput, SqlSession, WritePolicy};
 use aisql_engine::write_guard::WriteGuard;
+use datafusion::common::ParamValues;
 use datafusion::logical_expr::LogicalPlan;
 
 use super::UsageError;
 use crate::cli::{ConnectArgs, TableArgs};
+
+/// What a refused write tells the user of `aisql sql` and its shell.
+pub const HOW_TO_ALLOW_WRITES: &str =
+    "run it with --allow-writes to let statements write or change the session";
 
 /// `NAME=PATH`.
 pub fn table_arg(arg: &str) -> anyhow::Result<(String, PathBuf)> {
@@ -108,8 +113,22 @@ pub struct Connection {
 
 impl Connection {
     /// Opens the tables and loads the model `args` name. Statements may write
-    /// (under the one write rule) only when `allow_writes`.
+    /// (under the one write rule) only when `allow_writes`; a refused one says
+    /// [`HOW_TO_ALLOW_WRITES`].
     pub async fn open(args: &ConnectArgs, allow_writes: bool) -> anyhow::Result<Self> {
+        Self::open_with(args, allow_writes, Some(HOW_TO_ALLOW_WRITES)).await
+    }
+
+    /// Opens a connection whose statements never write (`aisql serve`).
+    pub async fn open_read_only(args: &ConnectArgs) -> anyhow::Result<Self> {
+        Self::open_with(args, false, None).await
+    }
+
+    async fn open_with(
+        args: &ConnectArgs,
+        allow_writes: bool,
+        how_to_allow: Option<&str>,
+    ) -> anyhow::Result<Self> {
         let controls = super::budget::controls(&args.cost, &args.backend)?;
         let sources = Sources::from_args(&args.data)?;
         let mut guard = WriteGuard::new();
@@ -134,6 +153,7 @@ impl Connection {
         let policy = WritePolicy {
             allow_writes,
             guard,
+            how_to_allow: how_to_allow.map(str::to_string),
         };
         let base = SqlSession::new(backend.clone(), options.clone(), Evaluation::Operators)?;
         base.set_write_policy(policy.clone());
@@ -181,7 +201,7 @@ impl Connection {
             .await
     }
 
-    /// Runs a plan `session` made (with its parameters bound), as [`Self::run`].
+    /// Runs a plan `session` made, as [`Self::run`].
     pub async fn run_plan(
         &self,
         session: &SqlSession,
@@ -190,6 +210,22 @@ impl Connection {
         let started = Instant::now();
         self.in_turn(async { session.run_plan(plan, started).await }, started)
             .await
+    }
+
+    /// Runs `sql` with its placeholders (`$1`, ...) bound to `params`, as
+    /// [`Self::run`].
+    pub async fn run_with_params(
+        &self,
+        session: &SqlSession,
+        sql: &str,
+        params: ParamValues,
+    ) -> anyhow::Result<SqlOutput> {
+        let started = Instant::now();
+        let work = async {
+            let plan = session.plan_with_params(sql, Some(params)).await?;
+            session.run_plan(plan, started).await
+        };
+        self.in_turn(work, started).await
     }
 
     async fn in_turn(

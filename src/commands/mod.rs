@@ -11,6 +11,7 @@ mod model;
 mod paths;
 mod query;
 mod rows;
+mod serve;
 mod sql;
 mod worker;
 
@@ -47,6 +48,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Model(cmd) => model::run(cmd),
         Command::Bench(args) => bench::run(args),
         Command::Worker(args) => worker::run(args),
+        Command::Serve(args) => serve::run(args),
     }
 }
 

@@ -144,6 +144,7 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     session.set_write_policy(WritePolicy {
         allow_writes: args.allow_writes,
         guard,
+        how_to_allow: Some(super::connect::HOW_TO_ALLOW_WRITES.into()),
     });
     for (template, fraction) in &hints {
         session.set_selectivity(template, *fraction)?;

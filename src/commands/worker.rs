@@ -126,29 +126,32 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
     })
 }
 
+/// `text` (from `from`, for the error) as IP:PORT; `localhost:PORT` is
+/// 127.0.0.1:PORT.
+pub fn parse_listen(text: &str, from: &str) -> anyhow::Result<SocketAddr> {
+    let text = text.trim();
+    let text = match text.strip_prefix("localhost:") {
+        Some(port) => format!("127.0.0.1:{port}"),
+        None => text.to_string(),
+    };
+    text.parse().map_err(|_| {
+        UsageError(format!(
+            "{from} {text:?} is not IP:PORT (e.g. 127.0.0.1:7878)"
+        ))
+        .into()
+    })
+}
+
 /// The listen address: `--listen` as given (any address), else
 /// `AISQL_WORKER_LISTEN` if it is a loopback address, else the default.
 fn listen_address(flag: Option<&str>, env: Option<String>) -> anyhow::Result<SocketAddr> {
-    let parse = |text: &str, from: &str| -> anyhow::Result<SocketAddr> {
-        let text = text.trim();
-        let text = match text.strip_prefix("localhost:") {
-            Some(port) => format!("127.0.0.1:{port}"),
-            None => text.to_string(),
-        };
-        text.parse().map_err(|_| {
-            UsageError(format!(
-                "{from} {text:?} is not IP:PORT (e.g. 127.0.0.1:7878)"
-            ))
-            .into()
-        })
-    };
     if let Some(flag) = flag {
-        return parse(flag, "--listen");
+        return parse_listen(flag, "--listen");
     }
     let Some(env) = env.filter(|e| !e.trim().is_empty()) else {
-        return parse(DEFAULT_LISTEN, "the default");
+        return parse_listen(DEFAULT_LISTEN, "the default");
     };
-    let addr = parse(&env, LISTEN_ENV)?;
+    let addr = parse_listen(&env, LISTEN_ENV)?;
     if !addr.ip().is_loopback() {
         bail!(UsageError(format!(
             "{LISTEN_ENV}={env} is not a loopback address: a worker answers anyone who reaches it, so only --listen {addr} on the command line opens it to a network"
@@ -181,7 +184,7 @@ fn exposure_check(
 }
 
 /// Completes on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

@@ -26,6 +26,7 @@ use std::time::Instant;
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::ParamValues;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::LogicalPlan;
@@ -430,6 +431,29 @@ impl SqlSession {
     /// Plans one statement: spellings normalized, DataFusion's SQL planner, then
     /// the analyzer (with the AI rewrite) and optimizer.
     pub async fn plan(&self, sql: &str) -> Result<LogicalPlan> {
+        self.plan_with_params(sql, None).await
+    }
+
+    /// Plans one statement whose placeholders (`$1`, `$2`, ...) take `params`,
+    /// bound before the analyzer so the AI rewrite and the optimizer see values.
+    pub async fn plan_with_params(
+        &self,
+        sql: &str,
+        params: Option<ParamValues>,
+    ) -> Result<LogicalPlan> {
+        let plan = self.prepare(sql).await?;
+        let plan = match params {
+            Some(params) => plan.with_param_values(params).map_err(sql_error)?,
+            None => plan,
+        };
+        self.ctx.state().optimize(&plan).map_err(sql_error)
+    }
+
+    /// One statement planned but not yet analyzed or optimized, its
+    /// placeholders unbound: what a client preparing it learns its parameter
+    /// and result types from. Spellings are normalized and writes checked, as
+    /// for [`Self::plan`]; running it takes [`Self::plan_with_params`].
+    pub async fn prepare(&self, sql: &str) -> Result<LogicalPlan> {
         let state = self.ctx.state();
         let mut statement = parse_one(sql, &state)?;
         let spelled = spelling::normalize(&mut statement)?;
@@ -440,7 +464,7 @@ impl SqlSession {
             .await
             .map_err(sql_error)?;
         self.check_writes(&plan)?;
-        state.optimize(&plan).map_err(sql_error)
+        Ok(plan)
     }
 
     /// Plans a Substrait plan from any producer: DataFusion's consumer resolves

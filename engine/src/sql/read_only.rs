@@ -20,6 +20,10 @@ pub struct WritePolicy {
     pub allow_writes: bool,
     /// The command's inputs, which no `COPY` may write over or into.
     pub guard: crate::write_guard::WriteGuard,
+    /// How the user lets statements write (`aisql sql`'s `--allow-writes`),
+    /// said when one is refused; `None` where nothing can (a plan file, a
+    /// server).
+    pub how_to_allow: Option<String>,
 }
 
 /// Refuses a plan that writes or changes state where `policy` does not allow
@@ -28,9 +32,12 @@ pub(super) fn check_writes(plan: &LogicalPlan, policy: &WritePolicy) -> Result<(
     use datafusion::common::tree_node::TreeNodeRecursion;
     use datafusion::logical_expr::DdlStatement;
     let read_only = |what: String| {
-        EngineError::WriteRefused(format!(
-            "{what}: aisql's SQL is read-only; run it with --allow-writes to let statements write or change the session"
-        ))
+        EngineError::WriteRefused(match &policy.how_to_allow {
+            Some(how) => format!("{what}: aisql's SQL is read-only; {how}"),
+            None => format!(
+                "{what}: aisql's SQL is read-only here: no statement may write or change the session"
+            ),
+        })
     };
     let mut refused = None;
     plan.apply_with_subqueries(|p| {
