@@ -311,3 +311,59 @@ with psycopg.connect(dsn) as con:
     print(f"after the cancel: the next AI query answered in {time.monotonic() - cancelled_at:.2f} s")
 print("all checks passed")
 "#;
+
+#[test]
+fn tls_is_served_when_asked_and_a_network_address_needs_a_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let made = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"])
+        .args(["-subj", "/CN=localhost", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl (Debian: apt-get install openssl)");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let docs = docs_csv(dir.path(), 5, 4);
+    let table = format!("docs={}", docs.display());
+    let server = Server::start(
+        &[
+            "--table",
+            &table,
+            "--backend",
+            "model",
+            "--model",
+            "tiny",
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let out = Command::new("psql")
+        .arg(format!(
+            "host=127.0.0.1 port={} user=u dbname=d sslmode=require",
+            server.port
+        ))
+        .args(["-X", "-c", "\\conninfo", "-c", "SELECT count(*) FROM docs"])
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    assert!(text.contains("SSL connection"), "{text}");
+
+    for (listen, wanted) in [("0.0.0.0:0", "needs a password"), ("0.0.0.0:0", "needs TLS")] {
+        let mut cmd = Command::cargo_bin("aisql").unwrap();
+        cmd.args(["serve", "--listen", listen, "--table", &table]);
+        if wanted == "needs TLS" {
+            cmd.env("AISQL_PASSWORD", "pw");
+        } else {
+            cmd.env_remove("AISQL_PASSWORD");
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(wanted) && err.contains("0.0.0.0"), "{err}");
+    }
+}
