@@ -11,6 +11,7 @@ mod model;
 mod paths;
 mod query;
 mod rows;
+mod shell;
 mod sql;
 mod worker;
 
