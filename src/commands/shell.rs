@@ -184,7 +184,8 @@ impl Shell {
             }
         });
         match outcome {
-            None => eprintln!("cancelled"),
+            // On a line of its own, after the terminal's ^C and any progress line.
+            None => eprintln!("\ncancelled"),
             Some(Err(e)) => eprintln!("error: {e:#}"),
             Some(Ok(out)) => {
                 if let Err(e) = super::sql::print_output(&out, &self.rows) {
