@@ -541,8 +541,9 @@ impl RowOutputArgs {
 /// `aisql sql`.
 #[derive(Debug, Args)]
 pub struct SqlArgs {
-    /// The SQL statement.
-    #[arg(conflicts_with = "file", required_unless_present = "file")]
+    /// The SQL statement. Without it and without -f, on a terminal: a shell
+    /// (statements end with ';', \? lists its commands).
+    #[arg(conflicts_with = "file")]
     pub query: Option<String>,
     /// Read the statement from FILE.
     #[arg(short = 'f', long = "file", value_name = "FILE")]

@@ -12,6 +12,7 @@ mod paths;
 mod query;
 mod rows;
 mod serve;
+mod shell;
 mod sql;
 mod worker;
 

@@ -8,7 +8,7 @@ use aisql_engine::backend::{InferenceBackend, OracleBackend};
 use aisql_engine::estimate::estimate_options;
 use aisql_engine::output::check_output_folder;
 use aisql_engine::query::QueryOptions;
-use aisql_engine::sql::{Evaluation, SqlSession, WritePolicy, templates};
+use aisql_engine::sql::{Evaluation, SqlOutput, SqlSession, WritePolicy, templates};
 use aisql_engine::write_guard::{OutputKind, WriteGuard};
 use anyhow::Context;
 use datafusion::arrow::util::pretty::pretty_format_batches;
@@ -17,7 +17,7 @@ use datafusion::logical_expr::LogicalPlan;
 use super::connect::Sources;
 use super::estimate::estimator;
 use super::{UsageError, deadline};
-use crate::cli::SqlArgs;
+use crate::cli::{RowOutputArgs, SqlArgs};
 
 /// `TEXT=FRACTION`: the one prompt template of `templates` containing TEXT.
 fn selectivity_arg<'t>(arg: &str, templates: &'t [String]) -> anyhow::Result<(&'t str, f64)> {
@@ -54,6 +54,7 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         (Some(q), _) => q.clone(),
         (None, Some(f)) => aisql_engine::input_file::read_to_string(f)
             .with_context(|| format!("reading the SQL file {}", f.display()))?,
+        (None, None) if super::shell::on_terminal() => return super::shell::run(args),
         (None, None) => return Err(UsageError("give a SQL statement or -f FILE".into()).into()),
     };
     let sources = Sources::from_args(&args.data)?;
@@ -211,8 +212,13 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     };
-    let rows = out.rows()?;
-    super::rows::emit(&rows, &args.rows, out.runtime_s)?;
+    print_output(&out, &args.rows)
+}
+
+/// Prints a statement's rows as `rows` says and, on stderr, the model work it
+/// took (the shell prints each of its statements the same way).
+pub(super) fn print_output(out: &SqlOutput, rows: &RowOutputArgs) -> anyhow::Result<()> {
+    super::rows::emit(&out.rows()?, rows, out.runtime_s)?;
     super::rows::report_work(&out.measurements);
     let asked: usize = out.answers.iter().map(|a| a.len()).sum();
     if !out.calls.is_empty() {
