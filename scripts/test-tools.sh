@@ -3,7 +3,8 @@
 # PyPI into one virtual environment: substrait-validator (every plan that
 # `aisql sql --to-substrait` writes must pass it) and numpy (the independent
 # Qwen3 forward of tests/reference/qwen3_numpy.py that `aisql model generate`
-# must agree with). The tests find the environment at $AISQL_TEST_VENV, by
+# must agree with), and maturin, pytest, pandas and pyarrow (tests/python_package.rs
+# builds the Python package in python/ with maturin and runs its pytest suite). The tests find the environment at $AISQL_TEST_VENV, by
 # default ~/.cache/aisql-test-venv; .ci/run calls this script. Needs python3
 # (3.11 or later, for numpy 2.4) with venv (Debian: python3-venv).
 set -euo pipefail
@@ -14,5 +15,6 @@ if [ ! -x "$venv/bin/python" ]; then
         exit 1
     }
 fi
-"$venv/bin/pip" install --quiet --disable-pip-version-check substrait-validator==0.1.4 numpy==2.4.6
-echo "test-tools: $venv ($("$venv/bin/python" -c 'import numpy, substrait_validator as v; print("substrait-validator", v.version(), "numpy", numpy.__version__)'))"
+"$venv/bin/pip" install --quiet --disable-pip-version-check substrait-validator==0.1.4 numpy==2.4.6 \
+    maturin==1.16.0 pytest==9.2.0 pandas==3.1.1 pyarrow==26.0.1
+echo "test-tools: $venv ($("$venv/bin/python" -c 'import numpy, pandas, pyarrow, pytest, substrait_validator as v; print("substrait-validator", v.version(), "numpy", numpy.__version__, "pandas", pandas.__version__, "pyarrow", pyarrow.__version__, "pytest", pytest.__version__)'))"
