@@ -12,7 +12,9 @@ use aisql::cli::ConnectArgs;
 use aisql::commands::connect::Connection as EngineConnection;
 use aisql_engine::sql::SqlOutput;
 use clap::Parser as _;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::display::array_value_to_string;
 use datafusion::datasource::MemTable;
@@ -238,6 +240,7 @@ impl Connection {
             })?,
             TableSource::Arrow(table) => {
                 let (batches, schema) = table.into_inner();
+                let (schema, batches) = utf8_strings(schema, batches).map_err(engine_error)?;
                 let mem = MemTable::try_new(schema, vec![batches]).map_err(engine_error)?;
                 let ctx = conn.session().context();
                 ctx.deregister_table(name.as_str()).map_err(engine_error)?;
@@ -247,6 +250,44 @@ impl Connection {
             }
         }
     }
+}
+
+/// The table with its `LargeUtf8` columns as `Utf8`: pandas' strings come
+/// through pyarrow as `large_string`, and the AI functions read `Utf8` (only
+/// those columns are copied).
+fn utf8_strings(
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+) -> Result<(SchemaRef, Vec<RecordBatch>), ArrowError> {
+    let large = |f: &Field| f.data_type() == &DataType::LargeUtf8;
+    if !schema.fields().iter().any(|f| large(f)) {
+        return Ok((schema, batches));
+    }
+    let fields = schema.fields().iter().map(|f| {
+        let f = f.as_ref().clone();
+        if large(&f) {
+            f.with_data_type(DataType::Utf8)
+        } else {
+            f
+        }
+    });
+    let utf8 = Arc::new(Schema::new_with_metadata(
+        fields.collect::<Vec<_>>(),
+        schema.metadata().clone(),
+    ));
+    let batches = batches
+        .into_iter()
+        .map(|batch| {
+            let columns = batch
+                .columns()
+                .iter()
+                .zip(utf8.fields())
+                .map(|(c, f)| cast(c, f.data_type()))
+                .collect::<Result<Vec<_>, _>>()?;
+            RecordBatch::try_new(utf8.clone(), columns)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((utf8, batches))
 }
 
 /// Opens a connection: `model` (`tiny`, a folder or a Hugging Face id),
