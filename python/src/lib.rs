@@ -97,9 +97,15 @@ struct ConnectFlags {
     connect: ConnectArgs,
 }
 
-/// `--flag` for `key`, with the value(s) `value` gives: `True` is a bare flag,
-/// `False` and `None` no flag, a list or tuple one flag per item.
+/// `--flag=value` for `key` (the value joined to its flag, so a value that
+/// starts with `-` is never read as a flag): `True` is a bare flag, `False` and
+/// `None` no flag, a list or tuple one flag per item.
 fn push_flag(args: &mut Vec<String>, key: &str, value: &Bound<'_, PyAny>) -> PyResult<()> {
+    if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(PyTypeError::new_err(format!(
+            "connect() got an unexpected keyword argument {key:?}"
+        )));
+    }
     let flag = format!("--{}", key.replace('_', "-"));
     if value.is_none() {
         return Ok(());
@@ -114,13 +120,11 @@ fn push_flag(args: &mut Vec<String>, key: &str, value: &Bound<'_, PyAny>) -> PyR
         || value.is_instance_of::<pyo3::types::PyTuple>()
     {
         for item in value.try_iter()? {
-            args.push(flag.clone());
-            args.push(item?.str()?.to_string());
+            args.push(format!("{flag}={}", value_text(&item?)?));
         }
         return Ok(());
     }
-    args.push(flag);
-    args.push(value_text(value)?);
+    args.push(format!("{flag}={}", value_text(value)?));
     Ok(())
 }
 
@@ -138,9 +142,9 @@ fn value_text(value: &Bound<'_, PyAny>) -> PyResult<String> {
 fn device_flags(device: &str) -> PyResult<Vec<String>> {
     match device.trim() {
         "cpu" => Ok(vec![]),
-        "cuda" => Ok(vec!["--gpu".into(), "0".into()]),
+        "cuda" => Ok(vec!["--gpu=0".into()]),
         d => match d.strip_prefix("cuda:").map(|n| n.parse::<usize>()) {
-            Some(Ok(n)) => Ok(vec!["--gpu".into(), n.to_string()]),
+            Some(Ok(n)) => Ok(vec![format!("--gpu={n}")]),
             _ => Err(PyValueError::new_err(format!(
                 "device={device:?}: expected \"cpu\", \"cuda\" or \"cuda:N\""
             ))),
@@ -326,10 +330,7 @@ fn connect(
     for (name, data) in tables.iter().flat_map(|t| t.iter()) {
         let name: String = name.extract()?;
         match TableSource::extract(&name, &data)? {
-            TableSource::Path(path) => {
-                args.push("--table".into());
-                args.push(format!("{name}={}", path.display()));
-            }
+            TableSource::Path(path) => args.push(format!("--table={name}={}", path.display())),
             arrow => in_memory.push((name, arrow)),
         }
     }
@@ -369,7 +370,12 @@ fn flag_error(e: clap::Error, args: &[String]) -> PyErr {
             Some(ContextValue::String(s)) => s.clone(),
             _ => args.join(" "),
         };
-        let key = flag.trim_start_matches('-').replace('-', "_");
+        let name = flag
+            .trim_start_matches('-')
+            .split('=')
+            .next()
+            .unwrap_or_default();
+        let key = name.replace('-', "_");
         return PyTypeError::new_err(format!(
             "connect() got an unexpected keyword argument '{key}'"
         ));

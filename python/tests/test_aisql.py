@@ -139,6 +139,9 @@ def test_bad_keywords_and_values_raise():
         aisql.connect(model="tiny", no_such_option=1)
     with pytest.raises(ValueError, match="soon"):
         aisql.connect(model="tiny", timeout_s="soon")
+    # A value is never read as a flag.
+    with pytest.raises(aisql.Error, match="--allow-writes"):
+        aisql.connect(model="--allow-writes")
     with pytest.raises(ValueError, match="cuda:N"):
         aisql.connect(model="tiny", device="tpu")
     with pytest.raises(TypeError, match="expected a path"):
