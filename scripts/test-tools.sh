@@ -4,8 +4,9 @@
 # `aisql sql --to-substrait` writes must pass it) and numpy (the independent
 # Qwen3 forward of tests/reference/qwen3_numpy.py that `aisql model generate`
 # must agree with), and maturin, pytest, pandas and pyarrow (tests/python_package.rs
-# builds the Python package in python/ with maturin and runs its pytest suite). The tests find the environment at $AISQL_TEST_VENV, by
-# default ~/.cache/aisql-test-venv; .ci/run calls this script. Needs python3
+# builds the Python package in python/ with maturin and runs its pytest suite).
+# The tests find the environment at $AISQL_TEST_VENV, by default
+# ~/.cache/aisql-test-venv; .ci/run calls this script. Needs python3
 # (3.11 or later, for numpy 2.4) with venv (Debian: python3-venv).
 set -euo pipefail
 venv="${AISQL_TEST_VENV:-$HOME/.cache/aisql-test-venv}"
