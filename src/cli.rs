@@ -600,6 +600,11 @@ pub struct TableArgs {
     /// Reference collection id (default: the corpus's active collection).
     #[arg(long)]
     pub collection: Option<String>,
+    /// Whether no --table and no --root means the dataset aisql finds (the
+    /// command line) or no dataset (the Python package, whose tables usually
+    /// come later, from `register`).
+    #[arg(skip = true)]
+    pub default_dataset: bool,
 }
 
 /// What a long-lived SQL session opens: its tables, its model and backend, and

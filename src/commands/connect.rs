@@ -39,7 +39,7 @@ pub struct Sources {
     /// `--table NAME=PATH`, in order.
     pub tables: Vec<(String, PathBuf)>,
     /// The dataset, when `--root` names one or no table is given (the usual
-    /// look-up order).
+    /// look-up order; not for the Python package, see `default_dataset`).
     pub dataset: Option<Dataset>,
     lenient_csv: bool,
 }
@@ -52,7 +52,7 @@ impl Sources {
             .iter()
             .map(|t| table_arg(t))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let dataset = if args.root.is_some() || tables.is_empty() {
+        let dataset = if args.root.is_some() || (tables.is_empty() && args.default_dataset) {
             Some(resolve(
                 args.root.as_deref(),
                 args.sf,
