@@ -234,13 +234,7 @@ impl Connection {
         let name = name.to_string();
         match source {
             TableSource::Path(path) => run_interruptible(py, async move {
-                let session = conn.session();
-                session
-                    .context()
-                    .deregister_table(name.as_str())
-                    .map_err(engine_error)?;
-                session.register(&name, &path).await.map_err(engine_error)?;
-                Ok(())
+                conn.register(&name, &path).await.map_err(engine_error)
             })?,
             TableSource::Arrow(table) => {
                 let (batches, schema) = table.into_inner();

@@ -134,6 +134,15 @@ def test_statements_are_read_only_unless_allowed(frame):
     assert writer.sql("SELECT count(*) AS n FROM v").to_arrow().to_pylist() == [{"n": 3}]
 
 
+def test_no_statement_writes_over_a_registered_path(parquet):
+    writer = aisql.connect(model="tiny", allow_writes=True)
+    writer.register("docs", parquet)
+    before = parquet.read_bytes()
+    with pytest.raises(aisql.Error, match="docs"):
+        writer.execute(f"COPY (SELECT 1 AS x) TO '{parquet}'")
+    assert parquet.read_bytes() == before
+
+
 def test_bad_keywords_and_values_raise():
     with pytest.raises(TypeError, match="no_such_option"):
         aisql.connect(model="tiny", no_such_option=1)

@@ -105,7 +105,8 @@ pub struct Connection {
     /// The session the tables were registered in; others share them.
     base: SqlSession,
     options: QueryOptions,
-    policy: WritePolicy,
+    /// Where statements may write: tables registered later join its inputs.
+    policy: std::sync::Mutex<WritePolicy>,
     timeout: Option<Duration>,
     /// Held by the statement the model is answering.
     turn: tokio::sync::Mutex<()>,
@@ -162,7 +163,7 @@ impl Connection {
             backend,
             base,
             options,
-            policy,
+            policy: std::sync::Mutex::new(policy),
             timeout: args.limits.timeout_s,
             turn: tokio::sync::Mutex::new(()),
         })
@@ -186,9 +187,33 @@ impl Connection {
             self.options.clone(),
             Evaluation::Operators,
         )?;
-        session.set_write_policy(self.policy.clone());
+        session.set_write_policy(self.write_policy()?);
         session.share_tables_from(&self.base).await?;
         Ok(session)
+    }
+
+    /// Registers the file or folder `path` as table `name` of the
+    /// connection's session, replacing a table of that name; like every
+    /// input, no statement may write over or into it.
+    pub async fn register(&self, name: &str, path: &std::path::Path) -> anyhow::Result<()> {
+        let mut policy = self.write_policy()?;
+        policy.guard.add(path, format!("the table {name}"));
+        self.base.set_write_policy(policy.clone());
+        *self
+            .policy
+            .lock()
+            .map_err(|_| anyhow::anyhow!("the write policy was poisoned by a panic"))? = policy;
+        self.base.context().deregister_table(name)?;
+        self.base.register(name, path).await?;
+        Ok(())
+    }
+
+    fn write_policy(&self) -> anyhow::Result<WritePolicy> {
+        Ok(self
+            .policy
+            .lock()
+            .map_err(|_| anyhow::anyhow!("the write policy was poisoned by a panic"))?
+            .clone())
     }
 
     /// Runs `sql` on `session` when the model is free. Dropping the returned
