@@ -18,7 +18,31 @@ use datafusion::common::ParamValues;
 use datafusion::logical_expr::LogicalPlan;
 
 use super::UsageError;
-use crate::cli::{ConnectArgs, TableArgs};
+use super::budget::Controls;
+use crate::cli::{BackendArgs, ConnectArgs, CostArgs, LimitArgs, TableArgs};
+
+/// The options every statement of `aisql query`, `aisql sql` and a
+/// connection runs with: prompt format, batch rows, memory and recursion
+/// limits, the model's name, progress lines, budget and row-error policy.
+pub fn query_options(
+    backend: &BackendArgs,
+    cost: &CostArgs,
+    limits: &LimitArgs,
+    controls: Controls,
+) -> anyhow::Result<QueryOptions> {
+    Ok(QueryOptions {
+        format: backend.prompt_format.parse()?,
+        progress: cost.progress_mode(),
+        progress_parent: None,
+        expected_rows: Default::default(),
+        batch_rows: backend.batch_rows,
+        memory_limit: backend.memory_limit(),
+        max_recursion: limits.max_recursion,
+        model: backend.model_name(),
+        budget: controls.budget,
+        on_row_error: controls.on_row_error,
+    })
+}
 
 /// What a refused write tells the user of `aisql sql` and its shell.
 pub const HOW_TO_ALLOW_WRITES: &str =
@@ -136,18 +160,7 @@ impl Connection {
         sources.add_inputs(&mut guard);
         super::paths::add_backend_files(&mut guard, &args.backend);
         super::paths::check_answer_cache(&guard, &args.backend)?;
-        let options = QueryOptions {
-            format: args.backend.prompt_format.parse()?,
-            progress: args.cost.progress_mode(),
-            progress_parent: None,
-            expected_rows: Default::default(),
-            batch_rows: args.backend.batch_rows,
-            memory_limit: args.backend.memory_limit(),
-            max_recursion: args.limits.max_recursion,
-            model: args.backend.model_name(),
-            budget: controls.budget,
-            on_row_error: controls.on_row_error,
-        };
+        let options = query_options(&args.backend, &args.cost, &args.limits, controls)?;
         // Any statement may come: the oracle loads every label set.
         let (backend, _meta) =
             super::backend::build(&args.backend, sources.dataset.as_ref(), None)?;

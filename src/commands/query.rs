@@ -48,25 +48,13 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         }
         Err(e) => return Err(e.into()),
     };
-    let format = args.backend.prompt_format.parse()?;
+    let options = super::connect::query_options(&args.backend, &args.cost, &args.limits, controls)?;
     let needed: Vec<&str> = query.relations.iter().map(|r| r.table.as_str()).collect();
     let (tables, dataset) = resolve_tables(&args.data, &needed)?;
     check_outputs(&args, dataset.as_ref())?;
     clear_output_dir(&args)?;
     let (backend, meta) =
         super::backend::build(&args.backend, dataset.as_ref(), Some(&query.templates()))?;
-    let options = QueryOptions {
-        format,
-        progress: args.cost.progress_mode(),
-        progress_parent: None,
-        expected_rows: Default::default(),
-        batch_rows: args.backend.batch_rows,
-        memory_limit: args.backend.memory_limit(),
-        max_recursion: args.limits.max_recursion,
-        model: args.backend.model_name(),
-        budget: controls.budget,
-        on_row_error: controls.on_row_error,
-    };
     let rt = super::runtime()?;
     let limit = args.limits.timeout_s;
     if args.cost.estimate {
@@ -250,18 +238,7 @@ fn run_general(
     };
     check_outputs(args, dataset.as_ref())?;
     clear_output_dir(args)?;
-    let options = QueryOptions {
-        format: args.backend.prompt_format.parse()?,
-        progress: args.cost.progress_mode(),
-        progress_parent: None,
-        expected_rows: Default::default(),
-        batch_rows: args.backend.batch_rows,
-        memory_limit: args.backend.memory_limit(),
-        max_recursion: args.limits.max_recursion,
-        model: args.backend.model_name(),
-        budget: controls.budget,
-        on_row_error: controls.on_row_error,
-    };
+    let options = super::connect::query_options(&args.backend, &args.cost, &args.limits, controls)?;
     let rt = super::runtime()?;
     let (session, planned, backend, estimating) = rt.block_on(async {
         // Plan with a backend that asks nothing to learn the prompts (an oracle

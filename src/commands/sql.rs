@@ -69,19 +69,7 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         check_output_folder(out, "--to-substrait")?;
     }
     super::paths::check_answer_cache(&guard, &args.backend)?;
-    let format = args.backend.prompt_format.parse()?;
-    let options = QueryOptions {
-        format,
-        progress: args.cost.progress_mode(),
-        progress_parent: None,
-        expected_rows: Default::default(),
-        batch_rows: args.backend.batch_rows,
-        memory_limit: args.backend.memory_limit(),
-        max_recursion: args.limits.max_recursion,
-        model: args.backend.model_name(),
-        budget: controls.budget,
-        on_row_error: controls.on_row_error,
-    };
+    let options = super::connect::query_options(&args.backend, &args.cost, &args.limits, controls)?;
     let wanted = templates(&sql)?;
     // Writing the plan asks nothing: no model to load (that took seconds, or
     // failed for a model not at hand), an oracle without labels in its place.
