@@ -178,7 +178,9 @@ mod tests {
         let key = dir.path().join("key.pem");
         std::fs::write(&cert, "not a certificate").unwrap();
         std::fs::write(&key, "not a key").unwrap();
-        let err = tls_acceptor(&cert, &key).unwrap_err();
+        let Err(err) = tls_acceptor(&cert, &key) else {
+            panic!("a certificate that is not PEM was accepted");
+        };
         assert!(err.downcast_ref::<UsageError>().is_some());
         assert!(err.to_string().contains("cert.pem"), "{err}");
     }
