@@ -376,3 +376,14 @@ fn tls_is_served_when_asked_and_a_network_address_needs_a_password() {
         assert!(err.contains(wanted) && err.contains("0.0.0.0"), "{err}");
     }
 }
+
+#[test]
+fn a_flag_for_one_statement_is_a_usage_error() {
+    let out = Command::cargo_bin("aisql")
+        .unwrap()
+        .args(["serve", "--estimate", "--table", "t=nowhere.csv"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--estimate"));
+}

@@ -154,6 +154,14 @@ impl Connection {
         allow_writes: bool,
         how_to_allow: Option<&str>,
     ) -> anyhow::Result<Self> {
+        if args.cost.estimate {
+            return Err(UsageError(
+                "--estimate estimates one statement without running it: give it to aisql sql \
+                 or aisql query with that statement"
+                    .into(),
+            )
+            .into());
+        }
         let controls = super::budget::controls(&args.cost, &args.backend)?;
         let sources = Sources::from_args(&args.data)?;
         let mut guard = WriteGuard::new();
