@@ -217,13 +217,14 @@ impl Connection {
     /// connection's session, replacing a table of that name; like every
     /// input, no statement may write over or into it.
     pub async fn register(&self, name: &str, path: &std::path::Path) -> anyhow::Result<()> {
-        let mut policy = self.write_policy()?;
-        policy.guard.add(path, format!("the table {name}"));
-        self.base.set_write_policy(policy.clone());
-        *self
-            .policy
-            .lock()
-            .map_err(|_| anyhow::anyhow!("the write policy was poisoned by a panic"))? = policy;
+        {
+            let mut policy = self
+                .policy
+                .lock()
+                .map_err(|_| anyhow::anyhow!("the write policy was poisoned by a panic"))?;
+            policy.guard.add(path, format!("the table {name}"));
+            self.base.set_write_policy(policy.clone());
+        }
         self.base.context().deregister_table(name)?;
         self.base.register(name, path).await?;
         Ok(())

@@ -25,6 +25,28 @@ const LISTEN_ENV: &str = "AISQL_WORKER_LISTEN";
 /// coordinator), when no token file is given.
 pub const TOKEN_ENV: &str = "AISQL_WORKER_TOKEN";
 
+/// A secret's text: from `file` (named by `flag` in errors), else from the
+/// environment variable `env_name` (its value `env`), else none; with where it
+/// came from, for the caller's own checks. An unreadable file is a usage
+/// error naming it.
+pub fn read_secret(
+    file: Option<&Path>,
+    flag: &str,
+    env: Option<String>,
+    env_name: &str,
+) -> anyhow::Result<Option<(String, String)>> {
+    Ok(match (file, env) {
+        (Some(file), _) => {
+            let text = std::fs::read_to_string(file).map_err(|e| {
+                UsageError(format!("{flag} {}: cannot read it ({e})", file.display()))
+            })?;
+            Some((text, format!("{flag} {}", file.display())))
+        }
+        (None, Some(env)) => Some((env, env_name.to_string())),
+        (None, None) => None,
+    })
+}
+
 /// The shared worker token: from `file` (named by `flag` in errors), else from
 /// [`TOKEN_ENV`] (`env`), else none. Surrounding whitespace is dropped; an
 /// unreadable or empty file, or a token of other than printable ASCII (it
@@ -34,15 +56,8 @@ pub fn worker_token(
     flag: &str,
     env: Option<String>,
 ) -> anyhow::Result<Option<String>> {
-    let (text, from) = match (file, env) {
-        (Some(file), _) => {
-            let text = std::fs::read_to_string(file).map_err(|e| {
-                UsageError(format!("{flag} {}: cannot read it ({e})", file.display()))
-            })?;
-            (text, format!("{flag} {}", file.display()))
-        }
-        (None, Some(env)) => (env, TOKEN_ENV.to_string()),
-        (None, None) => return Ok(None),
+    let Some((text, from)) = read_secret(file, flag, env, TOKEN_ENV)? else {
+        return Ok(None);
     };
     let token = text.trim();
     if token.is_empty() {

@@ -27,18 +27,10 @@ pub const PASSWORD_ENV: &str = "AISQL_PASSWORD";
 /// A line end after it is dropped; an unreadable or empty file or variable is
 /// a usage error naming where it came from.
 pub fn password(file: Option<&Path>, env: Option<String>) -> anyhow::Result<Option<String>> {
-    let (text, from) = match (file, env) {
-        (Some(file), _) => {
-            let text = std::fs::read_to_string(file).map_err(|e| {
-                UsageError(format!(
-                    "--password-file {}: cannot read it ({e})",
-                    file.display()
-                ))
-            })?;
-            (text, format!("--password-file {}", file.display()))
-        }
-        (None, Some(env)) => (env, PASSWORD_ENV.to_string()),
-        (None, None) => return Ok(None),
+    let Some((text, from)) =
+        super::super::worker::read_secret(file, "--password-file", env, PASSWORD_ENV)?
+    else {
+        return Ok(None);
     };
     let password = text.trim_end_matches(['\r', '\n']);
     if password.is_empty() {
