@@ -206,6 +206,8 @@ if [[ $NEED_LLAMA == 1 ]]; then
       `${i.build_type} binary, gpu ${i.gpu}, cpuMathCores ${i.cpu_math_cores}, CPU backend ${cpu}`);
     console.log(`llama.cpp system info: ${i.system_info.trim()}`);' "$LLAMA_INFO")
   FACTS+=("${LLAMA_FACTS[@]}")
+  if [[ $LLAMA_BATCH -gt 0 ]]; then LB="$LLAMA_BATCH"; else LB="min(P*S, 4096)"; fi
+  FACTS+=("llama.cpp settings: gpu false, gpuLayers 0, batchSize $LB (n_batch = n_ubatch), context per sequence P+64 rounded up to 256, flash attention auto, KV cache f16, no logits (evaluateWithoutGeneratingNewTokens)")
 fi
 printf '%s\n' "${FACTS[@]}"
 echo

@@ -102,7 +102,8 @@ async function loadLlama(mod, maxThreads) {
     skipDownload: true,
     usePrebuiltBinaries: true,
     progressLogs: false,
-    logLevel: mod.LlamaLogLevel.warn,
+    // $LLAMA_COMPARE_LOG=info shows llama.cpp's context set-up (n_ctx, n_batch, n_ubatch, flash_attn).
+    logLevel: mod.LlamaLogLevel[process.env.LLAMA_COMPARE_LOG || "warn"] ?? mod.LlamaLogLevel.warn,
     logger: stderrLogger,
     maxThreads,
   });
