@@ -162,8 +162,9 @@ pub struct DataArgs {
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
     /// Model: `tiny` (deterministic tiny Qwen3, generated on first use), a local
-    /// directory (config.json, *.safetensors[, tokenizer.json]) or a Hugging Face id
-    /// found in the local HF cache (e.g. Qwen/Qwen3-4B).
+    /// directory (config.json, *.safetensors[, tokenizer.json]), a GGUF file (or a
+    /// folder holding one), or a Hugging Face id found in the local HF cache (e.g.
+    /// Qwen/Qwen3-4B, or Qwen/Qwen3-4B-GGUF:Q8_0 for that repository's Q8_0 file).
     #[arg(
         id = "model",
         long = "model",
@@ -181,7 +182,9 @@ pub struct ModelArgs {
     /// devices.
     #[arg(long, value_name = "N[,N...]", value_delimiter = ',', num_args = 1)]
     pub gpu: Option<Vec<usize>>,
-    /// Weights dtype: f32, bf16 or f16 (default: f32 on CPU, bf16 on GPU).
+    /// Weights format: f32, bf16 or f16, or q8_0 / q4k to quantize safetensors
+    /// weights at load (CPU; embeddings and norms stay f32). Default: f32 on CPU,
+    /// bf16 on GPU; a GGUF model keeps its file's formats.
     #[arg(long)]
     pub dtype: Option<String>,
 }
@@ -657,6 +660,40 @@ pub enum ModelCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Write a Qwen3 of a released model's shape with seeded random weights
+    /// (config.json, model.safetensors in f32, tokenizer.json): for throughput
+    /// comparisons at real sizes without a download.
+    Random {
+        /// The shape: qwen3-0.6b (28 layers, hidden 1024) or tiny.
+        #[arg(long, value_enum)]
+        shape: RandomShape,
+        /// Output folder; must not exist or be empty.
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed of the random weights.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+    /// Write a safetensors model as a GGUF file that llama.cpp (and aisql) load:
+    /// its shape and tokenizer as metadata, its weights in --type.
+    Gguf {
+        /// The safetensors model: `tiny`, a local folder or a Hugging Face id in
+        /// the local cache.
+        #[arg(long, value_name = "MODEL")]
+        model: String,
+        /// The GGUF file to write (ending in .gguf); must not exist.
+        #[arg(long)]
+        out: PathBuf,
+        /// f32, f16, q8_0 or q4_k_m (llama.cpp's Q4_K_M mix: Q4_K, and Q6_K for
+        /// the output head and some attn_v / ffn_down).
+        #[arg(long = "type", value_name = "TYPE")]
+        file_type: String,
+    },
+    /// Time the model's prefill (prompt processing) on its device: SEQUENCES
+    /// prompts of PROMPT_TOKENS distinct tokens in one packed forward, after one
+    /// warm-up forward; prints tokens/s and CPU seconds per round. Threads: set
+    /// RAYON_NUM_THREADS.
+    Bench(ModelBenchArgs),
     /// Continue a prompt with the model's greedy (most likely) tokens, until
     /// <|im_end|> or <|endoftext|> or --max-tokens.
     Generate(GenerateArgs),
@@ -664,6 +701,39 @@ pub enum ModelCommand {
     /// long prompts, decoding: about a minute) and keep the profile in aisql's
     /// cache folder, where estimates (`--estimate`, EXPLAIN) find it.
     Calibrate(CalibrateArgs),
+}
+
+/// The shapes `aisql model random` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RandomShape {
+    /// Qwen3-0.6B: 28 layers, hidden 1024, 16 query / 8 KV heads of 128,
+    /// intermediate 3072, tied embeddings.
+    #[value(name = "qwen3-0.6b")]
+    Qwen3_0_6b,
+    /// The tiny test model (2 layers, hidden 64).
+    Tiny,
+}
+
+/// `aisql model bench`.
+#[derive(Debug, Args)]
+pub struct ModelBenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Tokens in each prompt.
+    #[arg(long, value_name = "N", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    pub prompt_tokens: usize,
+    /// Prompts packed into one forward.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u64).range(1..=4096).map(|n| n as usize))]
+    pub sequences: usize,
+    /// Measured forwards.
+    #[arg(long, value_name = "N", default_value_t = 3,
+          value_parser = clap::value_parser!(u64).range(1..=1000).map(|n| n as usize))]
+    pub rounds: usize,
+    /// text: a line per round and the median; json: one JSON object per round.
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: GenerateFormat,
 }
 
 /// `aisql model calibrate`.

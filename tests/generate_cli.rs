@@ -1,7 +1,9 @@
 //! `aisql model generate` held to an independent Qwen3: the numpy forward of
 //! `tests/reference/qwen3_numpy.py` (float64, no cache, no code shared with aisql
 //! or candle) must pick the same greedy tokens for the same model and prompt
-//! token ids. Also the command's text output and usage errors.
+//! token ids. Also the command's text output and usage errors, and the model
+//! commands around GGUF files: `model gguf` writes one, `--model F.gguf` runs it
+//! in `model generate` and `sql`, `model bench` times prefill.
 
 mod common;
 
@@ -166,4 +168,136 @@ fn text_output_and_usage_errors() {
     );
     usage(&["--prompt", ""], "--prompt is empty");
     usage(&["--prompt", "hi", "--format", "xml"], "--format");
+}
+
+/// `aisql model gguf` then the GGUF as `--model`: an f32 GGUF generates and answers
+/// exactly as its safetensors twin; a Q8_0 GGUF and `--dtype q8_0` run; the
+/// writing command refuses to write over a file or without a .gguf name.
+#[test]
+fn gguf_files_are_written_and_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny");
+    aisql()
+        .args(["model", "tiny", "--seed", "3", "--out"])
+        .arg(&dir)
+        .assert()
+        .success();
+    let write = |kind: &str, name: &str| {
+        let out = tmp.path().join(name);
+        aisql()
+            .args(["model", "gguf", "--type", kind, "--model"])
+            .arg(&dir)
+            .arg("--out")
+            .arg(&out)
+            .assert()
+            .success();
+        out
+    };
+    let f32_file = write("f32", "tiny-f32.gguf");
+    let q8_file = write("q8_0", "tiny-q8.gguf");
+    for prompt in PROMPTS {
+        assert_eq!(
+            ids(&generate(&f32_file, prompt)["token_ids"]),
+            ids(&generate(&dir, prompt)["token_ids"]),
+            "{prompt}"
+        );
+    }
+    assert_eq!(generate(&q8_file, PROMPTS[1])["prompt_token_ids"], generate(&dir, PROMPTS[1])["prompt_token_ids"]);
+
+    let docs = tmp.path().join("docs.csv");
+    std::fs::write(
+        &docs,
+        "id,body\n1,A warm and funny film.\n2,Dull.\n3,I loved every minute.\n4,Never again.\n",
+    )
+    .unwrap();
+    let sql = |model: &Path, dtype: Option<&str>| -> String {
+        let mut c = aisql();
+        c.args(["sql", "--format", "csv", "--table"])
+            .arg(format!("docs={}", docs.display()))
+            .arg("--model")
+            .arg(model);
+        if let Some(d) = dtype {
+            c.args(["--dtype", d]);
+        }
+        let out = c
+            .arg("SELECT id, ai_filter('Is the review {0} positive?', body) AS yes FROM docs ORDER BY id")
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        String::from_utf8(out).unwrap()
+    };
+    let reference = sql(&dir, None);
+    assert_eq!(reference.lines().count(), 5, "{reference}");
+    assert_eq!(sql(&f32_file, None), reference);
+    assert_eq!(sql(&q8_file, None).lines().count(), 5);
+    assert_eq!(sql(&dir, Some("q8_0")).lines().count(), 5);
+
+    // Bad requests: an existing file, a name without .gguf, an unknown type, a
+    // --dtype other than f32 for a GGUF.
+    let refused = |args: &[&str], out: &Path, code: i32, says: &str| {
+        let o = aisql()
+            .args(["model", "gguf", "--model"])
+            .arg(&dir)
+            .args(args)
+            .arg("--out")
+            .arg(out)
+            .assert()
+            .code(code)
+            .get_output()
+            .stderr
+            .clone();
+        let stderr = String::from_utf8_lossy(&o);
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    };
+    let before = std::fs::read(&q8_file).unwrap();
+    refused(&["--type", "f16"], &q8_file, 1, "exists");
+    assert_eq!(std::fs::read(&q8_file).unwrap(), before);
+    refused(&["--type", "f16"], &tmp.path().join("model.bin"), 2, "*.gguf");
+    refused(&["--type", "q3"], &tmp.path().join("x.gguf"), 2, "q4_k_m");
+    let o = aisql()
+        .args(["model", "generate", "--prompt", "hi", "--dtype", "bf16", "--model"])
+        .arg(&q8_file)
+        .assert()
+        .failure()
+        .get_output()
+        .stderr
+        .clone();
+    assert!(String::from_utf8_lossy(&o).contains("--dtype bf16 with a GGUF model"));
+}
+
+/// `aisql model bench --format json`: one object per round, tokens = prompts ×
+/// their length, CPU seconds measured.
+#[test]
+fn model_bench_reports_each_round() {
+    let tmp = tempfile::tempdir().unwrap();
+    aisql()
+        .args(["model", "tiny", "--seed", "3", "--out"])
+        .arg(tmp.path())
+        .assert()
+        .success();
+    let out = aisql()
+        .args([
+            "model", "bench", "--prompt-tokens", "40", "--sequences", "3", "--rounds", "2",
+            "--format", "json", "--dtype", "q8_0", "--model",
+        ])
+        .arg(tmp.path())
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let rounds: Vec<Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rounds.len(), 2);
+    for r in &rounds {
+        assert_eq!(r["tokens"], 120);
+        assert_eq!(r["weights"], "q8_0");
+        assert!(r["tokens_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["cpu_s"].as_f64().is_some(), "{r}");
+    }
 }

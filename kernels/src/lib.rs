@@ -1,5 +1,6 @@
 //! Compute kernels used by the aisql models: attention of many suffixes over one
-//! shared prefix KV and the restricted TRUE/FALSE output head. CPU versions are
+//! shared prefix KV, the restricted TRUE/FALSE output head, a decoder layer's
+//! elementwise steps spread over the CPU's threads, and Q8_0 matmuls on AMX. CPU versions are
 //! always built; CUDA versions live behind the `cuda` feature.
 //!
 //! Every kernel has a candle-`Tensor` entry point that picks the fast CPU path for
@@ -11,6 +12,7 @@
 
 pub mod attention;
 pub(crate) mod cpu;
+pub mod elementwise;
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(test)]
@@ -19,6 +21,7 @@ mod error;
 pub mod grouped;
 pub mod head;
 mod launch;
+pub mod q8;
 #[cfg(test)]
 mod testutil;
 

@@ -14,7 +14,9 @@
 use std::time::Instant;
 
 use aisql_kernels::{CudaKernels, set_cuda_kernels};
-use aisql_models::{AnswerIds, Config, Continuation, DType, Device, KvHandle, Qwen3, tiny};
+use aisql_models::{
+    AnswerIds, Config, Continuation, DType, Device, KvHandle, Precision, Qwen3, tiny,
+};
 use serde_json::{Value, json};
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -128,7 +130,7 @@ fn eq_run(m: &Qwen3) -> Res<EqOut> {
 fn equivalence(args: &Args, gpu: &Device) -> Res<Value> {
     let dir = std::env::temp_dir().join(format!("aisql-gpu-check-{}", std::process::id()));
     tiny::write_tiny_model(&dir, 7)?;
-    let reference = eq_run(&Qwen3::load(&dir, &Device::Cpu, Some(DType::F32))?)?;
+    let reference = eq_run(&Qwen3::load(&dir, &Device::Cpu, Some(Precision::F32))?)?;
     let targets: Vec<(&str, Device, DType, CudaKernels)> = if args.cpu {
         vec![(
             "cpu-bf16-generic-path",
@@ -158,7 +160,7 @@ fn equivalence(args: &Args, gpu: &Device) -> Res<Value> {
     for (name, dev, dt, mode) in targets {
         set_cuda_kernels(mode);
         let t0 = Instant::now();
-        let r = eq_run(&Qwen3::load(&dir, &dev, Some(dt))?)?;
+        let r = eq_run(&Qwen3::load(&dir, &dev, Precision::from_dtype(dt))?)?;
         let d8 = max_abs_diff(&reference.logits8, &r.logits8);
         let dfull = max_abs_diff(&reference.full, &r.full);
         let identical = reference.decisions == r.decisions;

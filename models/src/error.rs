@@ -81,6 +81,16 @@ pub enum ModelError {
         message: String,
     },
 
+    /// A GGUF file is unreadable, truncated, of another architecture, or holds a
+    /// tensor this crate cannot use; the message names the tensor or key.
+    #[error("GGUF file {path}: {message}")]
+    Gguf {
+        /// The GGUF file.
+        path: PathBuf,
+        /// What is wrong, naming the tensor or metadata key.
+        message: String,
+    },
+
     /// A weight the architecture needs is absent from every weights file.
     #[error("missing tensor {name} in the model weights")]
     MissingTensor {

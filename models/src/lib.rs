@@ -12,7 +12,9 @@
 
 mod error;
 pub mod generate;
+pub mod gguf;
 pub mod kv;
+pub mod precision;
 pub mod qwen3;
 pub mod score;
 pub mod source;
@@ -24,22 +26,29 @@ pub mod tokenizer;
 pub use error::{ModelError, Result};
 pub use generate::{FinishReason, GenerateRequest, Generation};
 pub use kv::KvHandle;
+pub use precision::Precision;
 pub use qwen3::{Config, Qwen3};
 pub use score::{ClassifyRequest, Continuation, Decision};
-pub use source::{ModelFiles, default_dtype, device, device_free_memory};
+pub use source::{ModelFiles, default_dtype, default_precision, device, device_free_memory};
 pub use tokenizer::{AnswerIds, Tokenizer};
 
 pub use candle_core::{DType, Device};
 
-/// Loads a model and its tokenizer from `source`: a local directory, or a Hugging
-/// Face model id read from the local HF cache. The tokenizer is the model's own
-/// `tokenizer.json` when shipped, otherwise the vendored Qwen3 one.
-pub fn load(source: &str, device: &Device, dtype: Option<DType>) -> Result<(Qwen3, Tokenizer)> {
+/// Loads a model and its tokenizer from `source`: a local directory or GGUF file,
+/// or a Hugging Face model id (`org/name`, or `org/name:QUANT` for a GGUF) read
+/// from the local HF cache. The tokenizer is a GGUF's own (from its metadata), the
+/// model's `tokenizer.json` when shipped, otherwise the vendored Qwen3 one.
+pub fn load(
+    source: &str,
+    device: &Device,
+    precision: Option<Precision>,
+) -> Result<(Qwen3, Tokenizer)> {
     let files = ModelFiles::resolve(source)?;
-    let model = Qwen3::from_files(&files, device, dtype)?;
-    let tokenizer = match &files.tokenizer {
-        Some(path) => Tokenizer::from_file(path)?,
-        None => Tokenizer::vendored()?,
+    let model = Qwen3::from_files(&files, device, precision)?;
+    let tokenizer = match (&files.tokenizer, files.gguf_file()) {
+        (_, Some(file)) => gguf::tokenizer::from_gguf(&gguf::GgufFile::open(file)?)?,
+        (Some(path), None) => Tokenizer::from_file(path)?,
+        (None, None) => Tokenizer::vendored()?,
     };
     Ok((model, tokenizer))
 }

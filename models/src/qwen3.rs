@@ -10,12 +10,18 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+
+use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::Activation;
 use serde::{Deserialize, Serialize};
 
+use crate::gguf::GgufFile;
 use crate::kv::{KvHandle, LayerKv, Segment};
-use crate::source::{ModelFiles, Weights, default_dtype};
+use crate::precision::{Precision, block_format_for, block_format_name};
+use crate::source::{ModelFiles, Weights, default_precision};
 use crate::{ModelError, Result};
 
 /// The `config.json` keys a Qwen3 checkpoint needs. Shape keys are required; the rest
@@ -133,13 +139,23 @@ impl Config {
 /// `y = x Wᵀ (+ b)` with the Hugging Face `(out, in)` weight layout.
 #[derive(Debug, Clone)]
 struct Linear {
-    weight: Tensor,
+    weight: LinearWeight,
     bias: Option<Tensor>,
+}
+
+/// A projection's weight: float in the compute dtype, or in a GGUF block format
+/// (candle's quantized matmul: activations quantized per row, integer dot products).
+#[derive(Debug, Clone)]
+enum LinearWeight {
+    Float(Tensor),
+    Quantized(QMatMul),
+    /// Q8_0 re-laid for the CPU's AMX tile units (where it has them).
+    Q8Amx(std::sync::Arc<aisql_kernels::q8::Q8Matrix>),
 }
 
 impl Linear {
     fn load(w: &Loader, name: &str, out_dim: usize, in_dim: usize, bias: bool) -> Result<Self> {
-        let weight = w.get(&format!("{name}.weight"), &[out_dim, in_dim])?;
+        let weight = w.linear_weight(&format!("{name}.weight"), &[out_dim, in_dim])?;
         let bias = if bias {
             Some(w.get(&format!("{name}.bias"), &[out_dim])?)
         } else {
@@ -151,7 +167,12 @@ impl Linear {
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let y = x.matmul(&self.weight.t()?)?;
+        let y = match &self.weight {
+            LinearWeight::Float(w) => x.matmul(&w.t()?)?,
+            LinearWeight::Quantized(q) => q.forward(&x.contiguous()?)?,
+            LinearWeight::Q8Amx(w) => aisql_kernels::q8::q8_linear(x, w)
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?,
+        };
         match &self.bias {
             Some(b) => y.broadcast_add(b),
             None => Ok(y),
@@ -181,25 +202,92 @@ impl Module for RmsNorm {
     }
 }
 
-/// Weight access bound to one checkpoint (or to seeded random weights made on the
-/// device itself, see [`Qwen3::random`]), dtype and device.
+/// Where a model's weights come from.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    /// Safetensors files.
+    Safetensors(&'a Weights),
+    /// A GGUF file: projections keep their stored block format.
+    Gguf(&'a GgufFile),
+    /// Seeded random weights made on the device itself, see [`Qwen3::random`].
+    Random,
+}
+
+/// Weight access bound to one source, precision and device.
 struct Loader<'a> {
-    weights: Option<&'a Weights>,
+    source: Source<'a>,
     cfg: &'a Config,
+    precision: Precision,
     dtype: DType,
     device: &'a Device,
+    /// The block formats the projections ended up in (fallbacks included), for
+    /// [`Qwen3::weights_name`].
+    formats: Mutex<BTreeSet<String>>,
 }
 
 impl Loader<'_> {
+    /// A float weight in the compute dtype (embeddings, norms, biases, head).
     fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        match self.weights {
-            Some(w) => w.get(name, shape, self.dtype, self.device),
+        self.get_as(name, shape, self.dtype)
+    }
+
+    fn get_as(&self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        match self.source {
+            Source::Safetensors(w) => w.get(name, shape, dtype, self.device),
+            Source::Gguf(g) => Ok(g.float(name, shape, self.device)?.to_dtype(dtype)?),
             // Random weights: norms 1, everything else N(0, 0.02²), drawn on the device
             // (curand on CUDA) in f32 and converted, so no host copy of the weights.
-            None if name.ends_with("norm.weight") => {
-                Ok(Tensor::ones(shape, self.dtype, self.device)?)
+            Source::Random if name.ends_with("norm.weight") => {
+                Ok(Tensor::ones(shape, dtype, self.device)?)
             }
-            None => Ok(Tensor::randn(0f32, 0.02f32, shape, self.device)?.to_dtype(self.dtype)?),
+            Source::Random => {
+                Ok(Tensor::randn(0f32, 0.02f32, shape, self.device)?.to_dtype(dtype)?)
+            }
+        }
+    }
+
+    /// A projection weight `(out, in)`: as stored in a GGUF, quantized at load under
+    /// a quantized precision, else float.
+    fn linear_weight(&self, name: &str, shape: &[usize]) -> Result<LinearWeight> {
+        let quantized = |q: QTensor| -> Result<LinearWeight> {
+            self.formats
+                .lock()
+                .expect("formats lock")
+                .insert(block_format_name(q.dtype()));
+            let (n, k) = (shape[0], shape[1]);
+            if q.dtype() == candle_core::quantized::GgmlDType::Q8_0
+                && self.device.is_cpu()
+                && n.is_multiple_of(16)
+                && aisql_kernels::q8::amx_available()
+            {
+                let tiles = aisql_kernels::q8::Q8Matrix::from_q8_0(&q.data()?, n, k)?;
+                return Ok(LinearWeight::Q8Amx(std::sync::Arc::new(tiles)));
+            }
+            Ok(LinearWeight::Quantized(QMatMul::from_qtensor(q)?))
+        };
+        if let Source::Gguf(g) = self.source {
+            let q = g.qtensor(name, shape, self.device)?;
+            if q.dtype().block_size() > 1 {
+                return quantized(q);
+            }
+            self.formats
+                .lock()
+                .expect("formats lock")
+                .insert(block_format_name(q.dtype()));
+            return Ok(LinearWeight::Float(self.get(name, shape)?));
+        }
+        match self.precision.quantized() {
+            Some(wanted) => match block_format_for(wanted, shape[1]) {
+                Some(format) => {
+                    let t = self.get_as(name, shape, DType::F32)?;
+                    quantized(QTensor::quantize(&t, format)?)
+                }
+                None => {
+                    self.formats.lock().expect("formats lock").insert("f32".into());
+                    Ok(LinearWeight::Float(self.get(name, shape)?))
+                }
+            },
+            None => Ok(LinearWeight::Float(self.get(name, shape)?)),
         }
     }
 }
@@ -272,10 +360,14 @@ impl Mlp {
     }
 }
 
-impl Module for Mlp {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let gate = x.apply(&self.gate_proj)?.apply(&self.act)?;
-        (gate * x.apply(&self.up_proj)?)?.apply(&self.down_proj)
+impl Mlp {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (gate, up) = (x.apply(&self.gate_proj)?, x.apply(&self.up_proj)?);
+        let h = match self.act {
+            Activation::Silu => aisql_kernels::elementwise::swiglu(&gate, &up)?,
+            act => (gate.apply(&act)? * up)?,
+        };
+        Ok(h.apply(&self.down_proj)?)
     }
 }
 
@@ -414,6 +506,8 @@ pub struct Qwen3 {
     rotary: Rotary,
     device: Device,
     dtype: DType,
+    /// What the projection weights are held in (`f32`, `q8_0`, `gguf:q4k+q6k`, …).
+    weights_name: String,
     uid: u64,
     next_kv_id: AtomicU64,
     fresh_tokens: AtomicU64,
@@ -432,21 +526,39 @@ impl std::fmt::Debug for Qwen3 {
 }
 
 impl Qwen3 {
-    /// Loads a local model directory (`config.json` + safetensors) on `device`, in
-    /// `dtype` or the device default (f32 on CPU, bf16 on GPU).
-    pub fn load(dir: impl AsRef<Path>, device: &Device, dtype: Option<DType>) -> Result<Self> {
-        Self::from_files(&ModelFiles::from_dir(dir)?, device, dtype)
+    /// Loads a local model (a directory with `config.json` + safetensors, or a GGUF
+    /// file) on `device`, in `precision` or the device default (f32 on CPU, bf16 on GPU).
+    pub fn load(dir: impl AsRef<Path>, device: &Device, precision: Option<Precision>) -> Result<Self> {
+        Self::from_files(&ModelFiles::from_dir(dir)?, device, precision)
     }
 
-    /// Loads from resolved [`ModelFiles`] (a directory or the HF cache).
-    pub fn from_files(files: &ModelFiles, device: &Device, dtype: Option<DType>) -> Result<Self> {
-        let cfg = Config::from_file(&files.config)?;
+    /// Loads from resolved [`ModelFiles`] (a directory, a GGUF file or the HF cache).
+    /// A GGUF model's projections keep the file's block formats; `precision` may
+    /// then only be `f32`, the compute dtype.
+    pub fn from_files(
+        files: &ModelFiles,
+        device: &Device,
+        precision: Option<Precision>,
+    ) -> Result<Self> {
+        if let Some(path) = files.gguf_file() {
+            if let Some(p) = precision.filter(|&p| p != Precision::F32) {
+                return Err(ModelError::Unsupported(format!(
+                    "--dtype {p} with a GGUF model: its weights are stored quantized in {}; \
+                     --dtype applies to safetensors models",
+                    path.display()
+                )));
+            }
+            let file = GgufFile::open(path)?;
+            return Self::new(file.config()?, Source::Gguf(&file), device, Precision::F32);
+        }
+        let config = files.config.as_ref().expect("safetensors models have a config");
+        let cfg = Config::from_file(config)?;
         let weights = Weights::open(&files.weights)?;
         Self::new(
             cfg,
-            Some(&weights),
+            Source::Safetensors(&weights),
             device,
-            dtype.unwrap_or_else(|| default_dtype(device)),
+            precision.unwrap_or_else(|| default_precision(device)),
         )
     }
 
@@ -456,26 +568,37 @@ impl Qwen3 {
     /// random stream is the device's (`Device::set_seed(seed)` is called first on a
     /// GPU), so the same seed gives the same weights on one GPU kind; candle's CPU
     /// generator cannot be seeded, so CPU weights are not reproducible.
-    pub fn random(cfg: Config, device: &Device, dtype: Option<DType>, seed: u64) -> Result<Self> {
+    pub fn random(
+        cfg: Config,
+        device: &Device,
+        precision: Option<Precision>,
+        seed: u64,
+    ) -> Result<Self> {
         if !device.is_cpu() {
             device.set_seed(seed)?;
         }
-        let dtype = dtype.unwrap_or_else(|| default_dtype(device));
-        Self::new(cfg, None, device, dtype)
+        let precision = precision.unwrap_or_else(|| default_precision(device));
+        Self::new(cfg, Source::Random, device, precision)
     }
 
-    fn new(cfg: Config, weights: Option<&Weights>, device: &Device, dtype: DType) -> Result<Self> {
+    fn new(cfg: Config, source: Source, device: &Device, precision: Precision) -> Result<Self> {
         cfg.validate()?;
-        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
-            return Err(ModelError::Unsupported(format!(
-                "dtype {dtype:?} (use f32, bf16 or f16)"
-            )));
+        let quantized = precision.quantized().is_some() || matches!(source, Source::Gguf(_));
+        if quantized && !device.is_cpu() {
+            return Err(ModelError::Unsupported(
+                "quantized weights (GGUF, --dtype q8_0 or q4k) run on the CPU in this build; \
+                 on a GPU use bf16 or f16"
+                    .into(),
+            ));
         }
+        let dtype = precision.compute_dtype();
         let w = Loader {
-            weights,
+            source,
             cfg: &cfg,
+            precision,
             dtype,
             device,
+            formats: Mutex::new(BTreeSet::new()),
         };
         let (v, h) = (cfg.vocab_size, cfg.hidden_size);
         let embed_tokens = w.get("model.embed_tokens.weight", &[v, h])?;
@@ -490,7 +613,15 @@ impl Qwen3 {
         } else {
             w.get("lm_head.weight", &[v, h])?
         };
+        let formats = w.formats.into_inner().expect("formats lock");
+        let formats = formats.into_iter().collect::<Vec<_>>().join("+");
+        let weights_name = match source {
+            Source::Gguf(_) => format!("gguf:{formats}"),
+            _ if formats.is_empty() => precision.name().to_string(),
+            _ => formats,
+        };
         Ok(Self {
+            weights_name,
             rotary: Rotary::new(&cfg),
             cfg,
             embed_tokens,
@@ -517,9 +648,17 @@ impl Qwen3 {
         &self.device
     }
 
-    /// The compute dtype.
+    /// The compute dtype (f32 for quantized weights).
     pub fn dtype(&self) -> DType {
         self.dtype
+    }
+
+    /// What the projection weights are held in: `f32`, `bf16` or `f16`; the block
+    /// formats used when quantized at load (`q8_0`, `q4k+q5_0`, …); `gguf:` and the
+    /// file's formats for a GGUF model. Part of a model's identity in run records,
+    /// answer caches and calibration profiles.
+    pub fn weights_name(&self) -> &str {
+        &self.weights_name
     }
 
     /// Positions computed by every forward pass so far (fresh tokens: cached prefix
@@ -645,12 +784,11 @@ impl Qwen3 {
                 .collect();
             let h = layer.input_layernorm.forward(&x)?;
             let (h, (k, v)) = layer.self_attn.forward(&h, &rope, &kseqs)?;
-            x = (x + h)?;
+            x = aisql_kernels::elementwise::add(&x, &h)?;
             let h = layer
-                .post_attention_layernorm
-                .forward(&x)?
-                .apply(&layer.mlp)?;
-            x = (x + h)?;
+                .mlp
+                .forward(&layer.post_attention_layernorm.forward(&x)?)?;
+            x = aisql_kernels::elementwise::add(&x, &h)?;
             if keep_kv {
                 for (i, (s, &start)) in seqs.iter().zip(&starts).enumerate() {
                     // Copy out each sequence's slice so a cached segment does not pin

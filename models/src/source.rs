@@ -11,21 +11,43 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::{ModelError, Result};
 
-/// The files of one model: `config.json`, the weights, and `tokenizer.json` if shipped.
+/// The files of one model: `config.json`, the weights, and `tokenizer.json` if
+/// shipped; or one GGUF file, whose metadata holds the config and the tokenizer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelFiles {
-    /// `config.json`.
-    pub config: PathBuf,
-    /// The safetensors files (one, or every shard named by the index).
+    /// `config.json`; `None` for a GGUF model.
+    pub config: Option<PathBuf>,
+    /// The safetensors files (one, or every shard named by the index), or the GGUF file.
     pub weights: Vec<PathBuf>,
     /// `tokenizer.json`, when the model ships one.
     pub tokenizer: Option<PathBuf>,
 }
 
 impl ModelFiles {
-    /// The files of a local model directory. Errors name the missing path.
+    /// One GGUF file.
+    pub fn gguf(file: PathBuf) -> Self {
+        Self {
+            config: None,
+            weights: vec![file],
+            tokenizer: None,
+        }
+    }
+
+    /// The GGUF file of a GGUF model, `None` for safetensors.
+    pub fn gguf_file(&self) -> Option<&Path> {
+        match (&self.config, self.weights.as_slice()) {
+            (None, [file]) => Some(file),
+            _ => None,
+        }
+    }
+
+    /// The files of a local model: a directory (config.json and safetensors, or one
+    /// `.gguf` file) or a `.gguf` file. Errors name the missing path.
     pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
+        if dir.is_file() && dir.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+            return Ok(Self::gguf(dir.to_path_buf()));
+        }
         if !dir.is_dir() {
             return Err(ModelError::MissingPath {
                 what: "model directory",
@@ -34,11 +56,26 @@ impl ModelFiles {
         }
         let config = dir.join("config.json");
         if !config.is_file() {
-            return Err(ModelError::MissingPath {
-                what: "config.json",
-                path: config,
-            });
+            let ggufs = gguf_files_in(dir)?;
+            return match ggufs.as_slice() {
+                [one] => Ok(Self::gguf(one.clone())),
+                [] => Err(ModelError::MissingPath {
+                    what: "config.json (or one .gguf file)",
+                    path: config,
+                }),
+                many => Err(ModelError::InvalidInput(format!(
+                    "{} holds {} GGUF files ({}); name one: --model {}",
+                    dir.display(),
+                    many.len(),
+                    many.iter()
+                        .filter_map(|p| p.file_name()?.to_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    many[0].display()
+                ))),
+            };
         }
+        let config = Some(config);
         let single = dir.join("model.safetensors");
         let index = dir.join("model.safetensors.index.json");
         let weights = if single.is_file() {
@@ -84,9 +121,10 @@ impl ModelFiles {
             file: file.to_string(),
             cache_dir: cache_dir.clone(),
         };
-        let config = repo
-            .get("config.json")
-            .ok_or_else(|| missing("config.json"))?;
+        let config = Some(
+            repo.get("config.json")
+                .ok_or_else(|| missing("config.json"))?,
+        );
         let weights = if let Some(single) = repo.get("model.safetensors") {
             vec![single]
         } else {
@@ -105,20 +143,77 @@ impl ModelFiles {
         })
     }
 
-    /// A local directory when `source` is an existing path, otherwise a Hugging Face
-    /// model id (`org/name`) looked up in the local HF cache.
-    pub fn resolve(source: &str) -> Result<Self> {
-        let path = Path::new(source);
-        if path.exists()
-            || source.starts_with('.')
-            || source.starts_with('/')
-            || source.split('/').count() != 2
-        {
-            Self::from_dir(path)
-        } else {
-            Self::from_hub_cache(source)
+    /// The GGUF file of Hugging Face repository `model_id` whose name holds `quant`
+    /// (`Q8_0` finds `Qwen3-4B-Q8_0.gguf`), from the local HF cache.
+    pub fn gguf_from_hub_cache(model_id: &str, quant: &str) -> Result<Self> {
+        Self::gguf_from_hub_cache_at(hf_hub::Cache::from_env(), model_id, quant)
+    }
+
+    /// [`Self::gguf_from_hub_cache`] with an explicit cache.
+    pub fn gguf_from_hub_cache_at(cache: hf_hub::Cache, model_id: &str, quant: &str) -> Result<Self> {
+        let cache_dir = cache.path().clone();
+        let missing = || ModelError::NotInHubCache {
+            model_id: model_id.to_string(),
+            file: format!("*{quant}*.gguf"),
+            cache_dir: cache_dir.clone(),
+        };
+        // The cache layout: models--ORG--NAME/refs/main names the snapshot folder.
+        let repo = cache_dir.join(format!("models--{}", model_id.replace('/', "--")));
+        let rev = std::fs::read_to_string(repo.join("refs/main")).map_err(|_| missing())?;
+        let snapshot = repo.join("snapshots").join(rev.trim());
+        let wanted = quant.to_ascii_lowercase();
+        let matches: Vec<PathBuf> = gguf_files_in(&snapshot)
+            .map_err(|_| missing())?
+            .into_iter()
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.to_ascii_lowercase().contains(&wanted))
+            })
+            .collect();
+        match matches.as_slice() {
+            [one] => Ok(Self::gguf(one.clone())),
+            [] => Err(missing()),
+            many => Err(ModelError::InvalidInput(format!(
+                "{model_id}:{quant} matches {} GGUF files in the cache ({}); name the file",
+                many.len(),
+                many.iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
         }
     }
+
+    /// A local path (directory or `.gguf` file) when `source` exists, otherwise a
+    /// Hugging Face model id (`org/name`) looked up in the local HF cache, or
+    /// `org/name:QUANT` for the GGUF file of that quantization in a GGUF repository.
+    pub fn resolve(source: &str) -> Result<Self> {
+        let path = Path::new(source);
+        if path.exists() || source.starts_with('.') || source.starts_with('/') {
+            return Self::from_dir(path);
+        }
+        match source.split_once(':') {
+            Some((id, quant)) if id.split('/').count() == 2 && !quant.is_empty() => {
+                Self::gguf_from_hub_cache(id, quant)
+            }
+            _ if source.split('/').count() == 2 => Self::from_hub_cache(source),
+            _ => Self::from_dir(path),
+        }
+    }
+}
+
+/// The `.gguf` files directly in `dir`, sorted.
+fn gguf_files_in(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| ModelError::io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) && p.is_file()
+        })
+        .collect();
+    out.sort();
+    Ok(out)
 }
 
 /// Shard file names listed in a `model.safetensors.index.json`, deduplicated, sorted.
@@ -244,6 +339,11 @@ pub fn default_dtype(device: &Device) -> DType {
     }
 }
 
+/// [`default_dtype`] as a [`Precision`](crate::Precision).
+pub fn default_precision(device: &Device) -> crate::Precision {
+    crate::Precision::from_dtype(default_dtype(device)).expect("f32 or bf16")
+}
+
 /// The device for `cuda_ordinal`: CPU for `None`, GPU `n` for `Some(n)` (an error in
 /// a build without the `cuda` feature).
 pub fn device(cuda_ordinal: Option<usize>) -> Result<Device> {
@@ -315,7 +415,7 @@ mod tests {
         let files =
             ModelFiles::from_hub_cache_at(hf_hub::Cache::new(tmp.path().to_path_buf()), "org/m")
                 .unwrap();
-        assert_eq!(files.config, snap.join("config.json"));
+        assert_eq!(files.config, Some(snap.join("config.json")));
         assert_eq!(files.weights, vec![snap.join("model.safetensors")]);
         assert_eq!(files.tokenizer, None);
     }

@@ -41,6 +41,20 @@ pub fn tiny_config() -> Config {
     }
 }
 
+/// The shape of Qwen3-0.6B (28 layers, hidden 1024, 16 query / 8 KV heads of 128,
+/// intermediate 3072, tied embeddings), for throughput measurements at a real size.
+pub fn qwen3_0_6b_config() -> Config {
+    Config {
+        hidden_size: 1024,
+        intermediate_size: 3072,
+        num_hidden_layers: 28,
+        num_attention_heads: 16,
+        num_key_value_heads: 8,
+        head_dim: 128,
+        ..tiny_config()
+    }
+}
+
 /// The `config.json` Hugging Face writes for `cfg` (all keys candle-transformers'
 /// `qwen3::Config` also requires).
 pub fn hf_config_json(cfg: &Config) -> serde_json::Value {

@@ -86,6 +86,12 @@ impl Tokenizer {
         Ok(Self::new(inner))
     }
 
+    /// Parses the text of a `tokenizer.json`.
+    pub fn from_json(bytes: &[u8]) -> Result<Self> {
+        let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(tok_err)?;
+        Ok(Self::new(inner))
+    }
+
     /// `dir/tokenizer.json` when present, otherwise the vendored Qwen3 tokenizer.
     pub fn for_model_dir(dir: impl AsRef<Path>) -> Result<Self> {
         let path = dir.as_ref().join("tokenizer.json");

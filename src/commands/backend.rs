@@ -57,15 +57,15 @@ pub fn simulated_config(args: &BackendArgs) -> SchedulerConfig {
     config
 }
 
-/// `--dtype`: the weights dtype asked for, `None` for the device's default.
-pub fn dtype(args: &ModelArgs) -> anyhow::Result<Option<aisql_models::DType>> {
-    Ok(match args.dtype.as_deref() {
-        None => None,
-        Some("f32") => Some(aisql_models::DType::F32),
-        Some("bf16") => Some(aisql_models::DType::BF16),
-        Some("f16") => Some(aisql_models::DType::F16),
-        Some(other) => bail!("unknown --dtype {other:?} (f32, bf16 or f16)"),
-    })
+/// `--dtype`: the weights format asked for, `None` for the device's default.
+pub fn dtype(args: &ModelArgs) -> anyhow::Result<Option<aisql_models::Precision>> {
+    args.dtype
+        .as_deref()
+        .map(|d| {
+            d.parse()
+                .map_err(|_| anyhow::anyhow!("unknown --dtype {d:?} ({})", aisql_models::Precision::CHOICES))
+        })
+        .transpose()
 }
 
 /// The model and tokenizer `args` name, loaded on the one device they name: the

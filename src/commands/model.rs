@@ -1,9 +1,13 @@
-//! `aisql model tiny`, `aisql model generate` and `aisql model calibrate`.
+//! `aisql model tiny|random|gguf|bench|generate|calibrate`.
+
+use std::path::Path;
 
 use anyhow::Context;
 
 use super::UsageError;
-use crate::cli::{CalibrateArgs, GenerateArgs, GenerateFormat, ModelCommand};
+use crate::cli::{
+    CalibrateArgs, GenerateArgs, GenerateFormat, ModelBenchArgs, ModelCommand, RandomShape,
+};
 
 pub fn run(cmd: ModelCommand) -> anyhow::Result<()> {
     match cmd {
@@ -13,9 +17,187 @@ pub fn run(cmd: ModelCommand) -> anyhow::Result<()> {
             println!("tiny Qwen3 (seed {seed}) written to {}", out.display());
             Ok(())
         }
+        ModelCommand::Random { shape, out, seed } => random(shape, &out, seed),
+        ModelCommand::Gguf {
+            model,
+            out,
+            file_type,
+        } => gguf(&model, &out, &file_type),
+        ModelCommand::Bench(args) => bench(&args),
         ModelCommand::Generate(args) => generate(&args),
         ModelCommand::Calibrate(args) => calibrate(&args),
     }
+}
+
+/// `aisql model random`: a random model of a released shape, into a new folder.
+fn random(shape: RandomShape, out: &Path, seed: u64) -> anyhow::Result<()> {
+    let occupied = out.exists()
+        && std::fs::read_dir(out).map_or(true, |mut entries| entries.next().is_some());
+    if occupied {
+        return Err(UsageError(format!(
+            "--out {}: exists and is not an empty folder; aisql does not write over files",
+            out.display()
+        ))
+        .into());
+    }
+    let (name, cfg) = match shape {
+        RandomShape::Qwen3_0_6b => ("qwen3-0.6b", aisql_models::tiny::qwen3_0_6b_config()),
+        RandomShape::Tiny => ("tiny", aisql_models::tiny::tiny_config()),
+    };
+    aisql_models::tiny::write_model(out, &cfg, seed)
+        .with_context(|| format!("writing the random model to {}", out.display()))?;
+    println!("random Qwen3 of shape {name} (seed {seed}) written to {}", out.display());
+    Ok(())
+}
+
+/// `aisql model gguf`: a safetensors model written as a GGUF file.
+fn gguf(model: &str, out: &Path, file_type: &str) -> anyhow::Result<()> {
+    let file_type: aisql_models::gguf::write::FileType = file_type.parse().map_err(|_| {
+        UsageError(format!(
+            "--type {file_type:?}: use {}",
+            aisql_models::gguf::write::FileType::CHOICES
+        ))
+    })?;
+    if !out
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
+        return Err(UsageError(format!(
+            "--out {}: name the file *.gguf, so that --model finds it as a GGUF model",
+            out.display()
+        ))
+        .into());
+    }
+    let source = if model == "tiny" {
+        aisql_engine::scheduler::tiny_model_dir()?
+            .display()
+            .to_string()
+    } else {
+        model.to_string()
+    };
+    let files = aisql_models::ModelFiles::resolve(&source)
+        .with_context(|| format!("finding model {model:?}"))?;
+    let written = aisql_models::gguf::write::write_gguf(&files, out, file_type)
+        .with_context(|| format!("writing {}", out.display()))?;
+    println!(
+        "{} tensors, {:.1} MB, written to {}",
+        written.tensors,
+        written.bytes as f64 / 1e6,
+        out.display()
+    );
+    Ok(())
+}
+
+/// `aisql model bench`: the model's prefill speed over packed prompts of
+/// distinct pseudo-random tokens.
+fn bench(args: &ModelBenchArgs) -> anyhow::Result<()> {
+    let (model, _) = super::backend::load_model(&args.model)?;
+    let context = model.config().max_position_embeddings;
+    if args.prompt_tokens > context {
+        return Err(UsageError(format!(
+            "--prompt-tokens {}: the model's context holds {context} positions",
+            args.prompt_tokens
+        ))
+        .into());
+    }
+    let vocab = model.config().vocab_size as u64;
+    // Ids in [1000, 100000) where the vocabulary allows, distinct per prompt and
+    // round so no prefix is shared and nothing is cached.
+    let prompts = |round: u64| -> Vec<Vec<u32>> {
+        (0..args.sequences as u64)
+            .map(|s| {
+                (0..args.prompt_tokens as u64)
+                    .map(|i| {
+                        let x = (round * 1_000_003 + s * 7919 + i)
+                            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                            >> 20;
+                        (1000.min(vocab - 1) + x % vocab.saturating_sub(1000).clamp(1, 99_000)) as u32
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let forward = |tokens: &[Vec<u32>]| -> anyhow::Result<()> {
+        let items: Vec<aisql_models::Continuation> = tokens
+            .iter()
+            .map(|t| aisql_models::Continuation::new(None, t))
+            .collect();
+        model.prefill_batch(&items)?;
+        Ok(())
+    };
+    forward(&prompts(0))?;
+    let threads = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let tokens = args.prompt_tokens * args.sequences;
+    let mut rates = Vec::with_capacity(args.rounds);
+    for round in 1..=args.rounds {
+        let input = prompts(round as u64);
+        let (cpu0, t0) = (process_cpu_seconds(), std::time::Instant::now());
+        forward(&input)?;
+        let wall = t0.elapsed().as_secs_f64();
+        let cpu = process_cpu_seconds().zip(cpu0).map(|(b, a)| b - a);
+        let rate = tokens as f64 / wall;
+        rates.push(rate);
+        match args.format {
+            GenerateFormat::Json => println!(
+                "{}",
+                serde_json::json!({
+                    "model": args.model.name,
+                    "weights": model.weights_name(),
+                    "device": if model.device().is_cpu() { "cpu" } else { "cuda" },
+                    "threads": threads,
+                    "prompt_tokens": args.prompt_tokens,
+                    "sequences": args.sequences,
+                    "tokens": tokens,
+                    "wall_s": wall,
+                    "cpu_s": cpu,
+                    "tokens_per_s": rate,
+                    "cpu_s_per_token": cpu.map(|c| c / tokens as f64),
+                })
+            ),
+            GenerateFormat::Text => println!(
+                "round {round}: {tokens} tokens in {wall:.3} s, {rate:.1} tokens/s{}",
+                cpu.map_or(String::new(), |c| format!(
+                    ", {c:.3} CPU s ({:.2} cores busy)",
+                    c / wall
+                ))
+            ),
+        }
+    }
+    if args.format == GenerateFormat::Text {
+        rates.sort_by(f64::total_cmp);
+        println!(
+            "{} {} on {} threads, {} × {} tokens: median {:.1} tokens/s",
+            args.model.name,
+            model.weights_name(),
+            threads,
+            args.sequences,
+            args.prompt_tokens,
+            rates[rates.len() / 2]
+        );
+    }
+    Ok(())
+}
+
+/// CPU seconds (user + system) this process has used, where the platform says.
+fn process_cpu_seconds() -> Option<f64> {
+    #[cfg(unix)]
+    {
+        let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+        // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is always valid.
+        let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
+        if rc != 0 {
+            return None;
+        }
+        // SAFETY: initialised by the successful call above.
+        let u = unsafe { usage.assume_init() };
+        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+        Some(secs(u.ru_utime) + secs(u.ru_stime))
+    }
+    #[cfg(not(unix))]
+    None
 }
 
 /// `aisql model calibrate`: the model's throughput profile, measured through

@@ -19,8 +19,8 @@ pub struct ModelSpec {
     pub model: String,
     /// CUDA device, `None` for the CPU.
     pub gpu: Option<usize>,
-    /// Weights dtype (default: f32 on CPU, bf16 on GPU).
-    pub dtype: Option<aisql_models::DType>,
+    /// Weights format (default: f32 on CPU, bf16 on GPU); a GGUF model's own.
+    pub dtype: Option<aisql_models::Precision>,
     /// Scheduling knobs.
     pub scheduler: SchedulerConfig,
     /// The KV budget was not chosen by the user: on a GPU, replace it by
@@ -52,9 +52,13 @@ pub fn model_input_paths(model: &str) -> Vec<std::path::PathBuf> {
     match aisql_models::ModelFiles::resolve(model) {
         Ok(files) => {
             let mut paths: Vec<std::path::PathBuf> = files.weights.clone();
-            paths.push(files.config.clone());
+            paths.extend(files.config.clone());
             paths.extend(files.tokenizer.clone());
-            paths.extend(files.config.parent().map(std::path::Path::to_path_buf));
+            paths.extend(
+                files.weights[0]
+                    .parent()
+                    .map(std::path::Path::to_path_buf),
+            );
             paths
         }
         Err(_) => Vec::new(),
@@ -141,10 +145,7 @@ pub fn load_model_backend(
         }
         .into(),
     );
-    meta.insert(
-        "dtype".into(),
-        format!("{:?}", model.dtype()).to_lowercase().into(),
-    );
+    meta.insert("dtype".into(), model.weights_name().into());
     meta.insert("prefix_cache".into(), scheduler.prefix_cache.into());
     meta.insert("kv_budget_bytes".into(), scheduler.kv_budget_bytes.into());
     meta.insert(
@@ -189,9 +190,11 @@ pub fn answer_identity(
     for path in &files.weights {
         weights.update(file_hash(path)?.as_bytes());
     }
-    let tokenizer_sha256 = match &files.tokenizer {
-        Some(path) => file_hash(path)?,
-        None => aisql_models::tokenizer::VENDORED_SHA256.to_string(),
+    let tokenizer_sha256 = match (&files.tokenizer, files.gguf_file()) {
+        // A GGUF carries its tokenizer: the file's hash covers it.
+        (_, Some(gguf)) => file_hash(gguf)?,
+        (Some(path), None) => file_hash(path)?,
+        (None, None) => aisql_models::tokenizer::VENDORED_SHA256.to_string(),
     };
     Ok(crate::answer_cache::AnswerIdentity {
         model: model.to_string(),

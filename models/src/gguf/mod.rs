@@ -1,0 +1,545 @@
+//! GGUF files (llama.cpp's format): reading a Qwen3 from one, its shape from the
+//! metadata ([`GgufFile::config`]), its tokenizer ([`tokenizer`]), its tensors by
+//! their Hugging Face names; and writing one ([`write`]).
+//!
+//! The header is parsed here rather than by candle's reader so that every problem
+//! (a truncated file, a tensor past the end, an unsupported block type, a shape the
+//! metadata contradicts) is an error naming the file and the tensor or key, and so
+//! that counts read from the file never size an allocation before they are checked
+//! against the bytes that are actually there.
+
+#[cfg(test)]
+mod roundtrip;
+pub mod tokenizer;
+pub mod write;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::gguf_file::Value;
+use candle_core::quantized::{GgmlDType, QTensor, ggml_file::qtensor_from_ggml};
+use candle_core::{Device, Tensor};
+
+use crate::qwen3::Config;
+use crate::{ModelError, Result};
+
+const MAGIC: u32 = 0x4655_4747; // "GGUF", little-endian
+/// Default alignment of the tensor data (`general.alignment` overrides it).
+const DEFAULT_ALIGNMENT: u64 = 32;
+
+/// One tensor's place in the file.
+#[derive(Debug, Clone)]
+struct TensorInfo {
+    dtype: GgmlDType,
+    /// Candle order: outermost first (GGUF stores the innermost dimension first).
+    dims: Vec<usize>,
+    /// Byte range in the file.
+    start: usize,
+    len: usize,
+}
+
+/// An open GGUF file: metadata and tensor directory parsed and checked, data mapped.
+pub struct GgufFile {
+    path: PathBuf,
+    map: memmap2::Mmap,
+    metadata: HashMap<String, Value>,
+    tensors: HashMap<String, TensorInfo>,
+}
+
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("path", &self.path)
+            .field("tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
+/// GGML type ids that are not block formats candle computes with, by name, so the
+/// error can say which one a file holds.
+fn unsupported_type_name(id: u32) -> Option<&'static str> {
+    Some(match id {
+        16 => "IQ2_XXS",
+        17 => "IQ2_XS",
+        18 => "IQ3_XXS",
+        19 => "IQ1_S",
+        20 => "IQ4_NL",
+        21 => "IQ3_S",
+        22 => "IQ2_S",
+        23 => "IQ4_XS",
+        24 => "I8",
+        25 => "I16",
+        26 => "I32",
+        27 => "I64",
+        28 => "F64",
+        29 => "IQ1_M",
+        34 => "TQ1_0",
+        35 => "TQ2_0",
+        39 => "MXFP4",
+        _ => return None,
+    })
+}
+
+/// The block formats this crate reads, by GGML type id.
+fn ggml_type(id: u32) -> Option<GgmlDType> {
+    Some(match id {
+        0 => GgmlDType::F32,
+        1 => GgmlDType::F16,
+        2 => GgmlDType::Q4_0,
+        3 => GgmlDType::Q4_1,
+        6 => GgmlDType::Q5_0,
+        7 => GgmlDType::Q5_1,
+        8 => GgmlDType::Q8_0,
+        10 => GgmlDType::Q2K,
+        11 => GgmlDType::Q3K,
+        12 => GgmlDType::Q4K,
+        13 => GgmlDType::Q5K,
+        14 => GgmlDType::Q6K,
+        30 => GgmlDType::BF16,
+        _ => return None,
+    })
+}
+
+/// Bounds-checked little-endian reads over the mapped file.
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize, what: &str) -> std::result::Result<&'a [u8], String> {
+        match self.pos.checked_add(n).filter(|&end| end <= self.bytes.len()) {
+            Some(end) => {
+                let s = &self.bytes[self.pos..end];
+                self.pos = end;
+                Ok(s)
+            }
+            None => Err(format!(
+                "truncated: {what} at byte {} needs {n} bytes, the file has {}",
+                self.pos,
+                self.bytes.len()
+            )),
+        }
+    }
+    fn u8(&mut self, what: &str) -> std::result::Result<u8, String> {
+        Ok(self.take(1, what)?[0])
+    }
+    fn u32(&mut self, what: &str) -> std::result::Result<u32, String> {
+        Ok(u32::from_le_bytes(
+            self.take(4, what)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn u64(&mut self, what: &str) -> std::result::Result<u64, String> {
+        Ok(u64::from_le_bytes(
+            self.take(8, what)?.try_into().expect("8 bytes"),
+        ))
+    }
+    /// A count that sizes something read next: at most one item per remaining byte.
+    fn count(&mut self, what: &str) -> std::result::Result<usize, String> {
+        let n = self.u64(what)?;
+        let left = (self.bytes.len() - self.pos) as u64;
+        if n > left {
+            return Err(format!(
+                "{what} is {n}, more than the {left} bytes left in the file"
+            ));
+        }
+        Ok(n as usize)
+    }
+    fn string(&mut self, what: &str) -> std::result::Result<String, String> {
+        let n = self.count(what)?;
+        let bytes = self.take(n, what)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| format!("{what} is not UTF-8"))
+    }
+    fn value(&mut self, type_id: u32, what: &str, depth: u32) -> std::result::Result<Value, String> {
+        let b = |c: &mut Self, n| c.take(n, what).map(|s| s.to_vec());
+        Ok(match type_id {
+            0 => Value::U8(self.u8(what)?),
+            1 => Value::I8(self.u8(what)? as i8),
+            2 => Value::U16(u16::from_le_bytes(b(self, 2)?.try_into().expect("2"))),
+            3 => Value::I16(i16::from_le_bytes(b(self, 2)?.try_into().expect("2"))),
+            4 => Value::U32(self.u32(what)?),
+            5 => Value::I32(self.u32(what)? as i32),
+            6 => Value::F32(f32::from_bits(self.u32(what)?)),
+            7 => Value::Bool(self.u8(what)? != 0),
+            8 => Value::String(self.string(what)?),
+            9 => {
+                if depth > 2 {
+                    return Err(format!("{what}: arrays nested deeper than 2"));
+                }
+                let item_type = self.u32(what)?;
+                let n = self.count(what)?;
+                let mut items = Vec::with_capacity(n.min(1 << 20));
+                for _ in 0..n {
+                    items.push(self.value(item_type, what, depth + 1)?);
+                }
+                Value::Array(items)
+            }
+            10 => Value::U64(self.u64(what)?),
+            11 => Value::I64(self.u64(what)? as i64),
+            12 => Value::F64(f64::from_bits(self.u64(what)?)),
+            other => return Err(format!("{what} has unknown value type {other}")),
+        })
+    }
+}
+
+impl GgufFile {
+    /// Opens and checks `path`: magic, version, metadata, and that every tensor has
+    /// a block type this crate reads and lies wholly inside the file.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let file = std::fs::File::open(&path).map_err(|e| ModelError::io(&path, e))?;
+        // SAFETY: read-only mapping; as with every mmap-based loader the file must not
+        // be truncated while the model loads. Tensors are copied out when loaded.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ModelError::io(&path, e))?;
+        let bad = |message: String| ModelError::Gguf {
+            path: path.clone(),
+            message,
+        };
+        let (metadata, tensors) = parse(&map).map_err(bad)?;
+        Ok(Self {
+            path,
+            map,
+            metadata,
+            tensors,
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn err(&self, message: impl Into<String>) -> ModelError {
+        ModelError::Gguf {
+            path: self.path.clone(),
+            message: message.into(),
+        }
+    }
+
+    /// A metadata value.
+    pub fn metadata(&self, key: &str) -> Option<&Value> {
+        self.metadata.get(key)
+    }
+
+    fn required(&self, key: &str) -> Result<&Value> {
+        self.metadata
+            .get(key)
+            .ok_or_else(|| self.err(format!("metadata key {key} is missing")))
+    }
+
+    fn usize_key(&self, key: &str) -> Result<usize> {
+        let v = self.required(key)?;
+        as_u64(v)
+            .map(|n| n as usize)
+            .ok_or_else(|| self.err(format!("metadata key {key} is {v:?}, not an integer")))
+    }
+
+    fn f64_key(&self, key: &str) -> Result<Option<f64>> {
+        match self.metadata.get(key) {
+            None => Ok(None),
+            Some(Value::F32(x)) => Ok(Some(f64::from(*x))),
+            Some(Value::F64(x)) => Ok(Some(*x)),
+            Some(v) => Err(self.err(format!("metadata key {key} is {v:?}, not a number"))),
+        }
+    }
+
+    /// A string metadata value, `None` when absent.
+    pub(crate) fn str_key(&self, key: &str) -> Result<Option<&str>> {
+        match self.metadata.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(self.err(format!("metadata key {key} is {v:?}, not a string"))),
+        }
+    }
+
+    /// The Qwen3 configuration the metadata describes. Another architecture, RoPE
+    /// scaling, or keys that contradict each other are errors naming the key.
+    pub fn config(&self) -> Result<Config> {
+        let arch = self
+            .str_key("general.architecture")?
+            .ok_or_else(|| self.err("metadata key general.architecture is missing"))?;
+        if arch != "qwen3" {
+            return Err(self.err(format!(
+                "general.architecture is {arch:?}; aisql runs qwen3 models"
+            )));
+        }
+        let key = |k: &str| format!("qwen3.{k}");
+        if let Some(kind) = self.str_key(&key("rope.scaling.type"))?
+            && kind != "none"
+        {
+            return Err(self.err(format!(
+                "qwen3.rope.scaling.type is {kind:?}; aisql runs unscaled RoPE"
+            )));
+        }
+        let hidden = self.usize_key(&key("embedding_length"))?;
+        let heads = self.usize_key(&key("attention.head_count"))?;
+        let head_dim = match self.metadata.get(&key("attention.key_length")) {
+            Some(_) => self.usize_key(&key("attention.key_length"))?,
+            None if heads > 0 => hidden / heads,
+            None => 0,
+        };
+        if let Some(v) = self.metadata.get(&key("attention.value_length"))
+            && as_u64(v) != Some(head_dim as u64)
+        {
+            return Err(self.err(format!(
+                "qwen3.attention.value_length {v:?} differs from key_length {head_dim}"
+            )));
+        }
+        let embed = self.info("token_embd.weight")?;
+        let vocab = match embed.dims.as_slice() {
+            [v, h] if *h == hidden => *v,
+            dims => {
+                return Err(self.err(format!(
+                    "tensor token_embd.weight has shape {dims:?}, expected [vocab, {hidden}] \
+                     (qwen3.embedding_length)"
+                )));
+            }
+        };
+        let cfg = Config {
+            vocab_size: vocab,
+            hidden_size: hidden,
+            intermediate_size: self.usize_key(&key("feed_forward_length"))?,
+            num_hidden_layers: self.usize_key(&key("block_count"))?,
+            num_attention_heads: heads,
+            num_key_value_heads: self.usize_key(&key("attention.head_count_kv"))?,
+            head_dim,
+            rope_theta: self.f64_key(&key("rope.freq_base"))?.unwrap_or(10_000.0),
+            rms_norm_eps: self
+                .f64_key(&key("attention.layer_norm_rms_epsilon"))?
+                .unwrap_or(1e-6),
+            tie_word_embeddings: !self.tensors.contains_key("output.weight"),
+            attention_bias: self.tensors.contains_key("blk.0.attn_q.bias"),
+            hidden_act: candle_nn::Activation::Silu,
+            use_sliding_window: false,
+            rope_scaling: None,
+            max_position_embeddings: match self.metadata.get(&key("context_length")) {
+                Some(_) => self.usize_key(&key("context_length"))?,
+                None => 32_768,
+            },
+        };
+        cfg.validate()
+            .map_err(|e| self.err(format!("its qwen3.* metadata: {e}")))?;
+        Ok(cfg)
+    }
+
+    fn info(&self, gguf_name: &str) -> Result<&TensorInfo> {
+        self.tensors
+            .get(gguf_name)
+            .ok_or_else(|| self.err(format!("tensor {gguf_name} is missing")))
+    }
+
+    /// Whether the file holds the tensor Hugging Face calls `hf_name`.
+    pub fn has(&self, hf_name: &str) -> bool {
+        gguf_name(hf_name).is_some_and(|n| self.tensors.contains_key(&n))
+    }
+
+    /// The tensor Hugging Face calls `hf_name`, checked to have `shape`, in its
+    /// stored block format on `device`.
+    pub fn qtensor(&self, hf_name: &str, shape: &[usize], device: &Device) -> Result<QTensor> {
+        let name = gguf_name(hf_name)
+            .ok_or_else(|| self.err(format!("no GGUF name for tensor {hf_name}")))?;
+        let info = self.info(&name)?;
+        if info.dims != shape {
+            return Err(self.err(format!(
+                "tensor {name} has shape {:?}, but the metadata implies {shape:?}",
+                info.dims
+            )));
+        }
+        let bytes = &self.map[info.start..info.start + info.len];
+        qtensor_from_ggml(info.dtype, bytes, info.dims.clone(), device)
+            .map_err(|e| self.err(format!("tensor {name}: {e}")))
+    }
+
+    /// [`Self::qtensor`] as float values (dequantized), checked to be finite.
+    pub fn float(&self, hf_name: &str, shape: &[usize], device: &Device) -> Result<Tensor> {
+        let q = self.qtensor(hf_name, shape, &Device::Cpu)?;
+        let t = q.dequantize(&Device::Cpu)?;
+        let values = t.flatten_all()?.to_vec1::<f32>()?;
+        if let Some(i) = values.iter().position(|x| !x.is_finite()) {
+            return Err(self.err(format!(
+                "tensor {}: element {i} is {} (weights must be finite)",
+                gguf_name(hf_name).unwrap_or_default(),
+                values[i]
+            )));
+        }
+        Ok(t.to_device(device)?)
+    }
+}
+
+fn as_u64(v: &Value) -> Option<u64> {
+    match *v {
+        Value::U8(x) => Some(x.into()),
+        Value::U16(x) => Some(x.into()),
+        Value::U32(x) => Some(x.into()),
+        Value::U64(x) => Some(x),
+        Value::I8(x) => u64::try_from(x).ok(),
+        Value::I16(x) => u64::try_from(x).ok(),
+        Value::I32(x) => u64::try_from(x).ok(),
+        Value::I64(x) => u64::try_from(x).ok(),
+        _ => None,
+    }
+}
+
+type Parsed = (HashMap<String, Value>, HashMap<String, TensorInfo>);
+
+fn parse(bytes: &[u8]) -> std::result::Result<Parsed, String> {
+    let mut c = Cursor { bytes, pos: 0 };
+    let magic = c.u32("the magic number")?;
+    if magic != MAGIC {
+        return Err(format!("not a GGUF file (magic {magic:#010x})"));
+    }
+    let version = c.u32("the version")?;
+    if !(2..=3).contains(&version) {
+        return Err(format!("GGUF version {version}; aisql reads versions 2 and 3"));
+    }
+    let n_tensors = c.count("the tensor count")?;
+    let n_kv = c.count("the metadata count")?;
+    let mut metadata = HashMap::new();
+    for i in 0..n_kv {
+        let key = c.string(&format!("metadata key #{i}"))?;
+        let type_id = c.u32(&format!("the type of metadata key {key}"))?;
+        let value = c.value(type_id, &format!("metadata key {key}"), 0)?;
+        metadata.insert(key, value);
+    }
+    let mut raw = Vec::with_capacity(n_tensors.min(1 << 16));
+    for i in 0..n_tensors {
+        let name = c.string(&format!("the name of tensor #{i}"))?;
+        let what = format!("tensor {name}");
+        let n_dims = c.u32(&what)? as usize;
+        if !(1..=4).contains(&n_dims) {
+            return Err(format!("{what} has {n_dims} dimensions (1 to 4 allowed)"));
+        }
+        let mut dims = (0..n_dims)
+            .map(|_| c.u64(&what).map(|d| d as usize))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        dims.reverse();
+        let type_id = c.u32(&what)?;
+        let dtype = match ggml_type(type_id) {
+            Some(t) => t,
+            None => {
+                let name_of = unsupported_type_name(type_id)
+                    .map_or_else(|| format!("unknown type {type_id}"), |n| format!("{n} (type {type_id})"));
+                return Err(format!(
+                    "{what} is stored as {name_of}, which aisql does not read \
+                     (it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K to Q6_K)"
+                ));
+            }
+        };
+        let offset = c.u64(&what)?;
+        raw.push((name, dtype, dims, offset));
+    }
+    let alignment = match metadata.get("general.alignment") {
+        None => DEFAULT_ALIGNMENT,
+        Some(v) => match as_u64(v) {
+            Some(a) if a.is_power_of_two() => a,
+            _ => return Err(format!("general.alignment is {v:?}, not a power of two")),
+        },
+    };
+    let data_start = (c.pos as u64).div_ceil(alignment) * alignment;
+    let mut tensors = HashMap::with_capacity(raw.len());
+    for (name, dtype, dims, offset) in raw {
+        let elems = dims
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| format!("tensor {name} has shape {dims:?}, too large"))?;
+        let (block, type_size) = (dtype.block_size(), dtype.type_size());
+        let row = *dims.last().expect("at least one dimension");
+        if !row.is_multiple_of(block) {
+            return Err(format!(
+                "tensor {name} has rows of {row} values, not a multiple of {dtype:?}'s block of {block}"
+            ));
+        }
+        let len = elems / block * type_size;
+        let start = data_start
+            .checked_add(offset)
+            .filter(|s| s.checked_add(len as u64).is_some_and(|e| e <= bytes.len() as u64))
+            .ok_or_else(|| {
+                format!(
+                    "truncated: tensor {name} ({dtype:?}, shape {dims:?}) needs bytes {}..{} \
+                     but the file has {}",
+                    data_start.saturating_add(offset),
+                    data_start.saturating_add(offset).saturating_add(len as u64),
+                    bytes.len()
+                )
+            })?;
+        if tensors
+            .insert(
+                name.clone(),
+                TensorInfo {
+                    dtype,
+                    dims,
+                    start: start as usize,
+                    len,
+                },
+            )
+            .is_some()
+        {
+            return Err(format!("tensor {name} is listed twice"));
+        }
+    }
+    Ok((metadata, tensors))
+}
+
+/// The GGUF (llama.cpp) name of the Hugging Face tensor `hf`, for the tensors of a
+/// Qwen3.
+pub fn gguf_name(hf: &str) -> Option<String> {
+    match hf {
+        "model.embed_tokens.weight" => return Some("token_embd.weight".into()),
+        "model.norm.weight" => return Some("output_norm.weight".into()),
+        "lm_head.weight" => return Some("output.weight".into()),
+        _ => {}
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    layer.parse::<usize>().ok()?;
+    let (module, kind) = rest.rsplit_once('.')?;
+    let part = match module {
+        "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" => "ffn_norm",
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" => "attn_output",
+        "self_attn.q_norm" => "attn_q_norm",
+        "self_attn.k_norm" => "attn_k_norm",
+        "mlp.gate_proj" => "ffn_gate",
+        "mlp.up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
+        _ => return None,
+    };
+    Some(format!("blk.{layer}.{part}.{kind}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_map_to_llama_cpp_names() {
+        assert_eq!(
+            gguf_name("model.layers.12.self_attn.k_norm.weight").as_deref(),
+            Some("blk.12.attn_k_norm.weight")
+        );
+        assert_eq!(
+            gguf_name("model.layers.0.mlp.down_proj.weight").as_deref(),
+            Some("blk.0.ffn_down.weight")
+        );
+        assert_eq!(gguf_name("model.embed_tokens.weight").as_deref(), Some("token_embd.weight"));
+        assert_eq!(gguf_name("model.layers.x.mlp.down_proj.weight"), None);
+        assert_eq!(gguf_name("vision.patch.weight"), None);
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        for bytes in [
+            &b""[..],
+            b"GGUF",
+            b"GGUF\x03\x00\x00\x00",
+            b"XXXX\x03\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00",
+            // version 3, one tensor, 2^60 metadata entries
+            b"GGUF\x03\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x10",
+        ] {
+            assert!(parse(bytes).is_err());
+        }
+    }
+}
