@@ -82,7 +82,7 @@ mod tests {
 
     fn values(n: usize, seed: f32) -> Tensor {
         let v: Vec<f32> = (0..n)
-            .map(|i| ((i as f32 * 0.731 + seed).sin() * 12.0))
+            .map(|i| (i as f32 * 0.731 + seed).sin() * 12.0)
             .collect();
         Tensor::from_vec(v, (n / 64, 64), &Device::Cpu).unwrap()
     }

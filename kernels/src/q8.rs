@@ -28,6 +28,10 @@ const TILE_N: usize = 16;
 const TILE_M: usize = 16;
 /// Bytes of one Q8_0 block as GGUF and candle store it: f16 scale, 32 × i8.
 const BLOCK_BYTES: usize = 2 + BLOCK;
+/// 32-row tiles per task.
+const M_CHUNK: usize = 8;
+/// Column-tile pairs per task.
+const N_GROUP: usize = 4;
 
 /// One 32-value block of 16 output columns, as an AMX B tile plus its scales.
 #[repr(C, align(64))]
@@ -139,12 +143,20 @@ impl Q8Matrix {
         let m_pad = m.div_ceil(2 * TILE_M) * 2 * TILE_M;
         let (aq, ad) = quantize_rows(x, m, m_pad, self.k);
         let (m_blocks, n_pairs) = (m_pad / (2 * TILE_M), (self.n / TILE_N).div_ceil(2));
+        // A task is up to 8 row tiles × 4 column pairs (256 rows, 128 columns): its
+        // weight tiles (4 × k/32 × 1.1 KiB) stay in L2 while each 32-row stripe of
+        // activations is used four times from L1.
+        let (m_chunks, n_groups) = (m_blocks.div_ceil(M_CHUNK), n_pairs.div_ceil(N_GROUP));
         let y_ptr = SendPtr(y.as_mut_ptr());
-        (0..m_blocks * n_pairs).into_par_iter().for_each(|task| {
-            let (mb, np) = (task / n_pairs, task % n_pairs);
-            // SAFETY: AMX is available (checked above); each task writes only its own
-            // 32 × 32 output tile of `y`, rows below `m`.
-            unsafe { amx::tile_32x32(self, &aq, &ad, m, mb, np, y_ptr) };
+        (0..m_chunks * n_groups).into_par_iter().for_each(|task| {
+            let (mc, ng) = (task / n_groups, task % n_groups);
+            for mb in mc * M_CHUNK..((mc + 1) * M_CHUNK).min(m_blocks) {
+                for np in ng * N_GROUP..((ng + 1) * N_GROUP).min(n_pairs) {
+                    // SAFETY: AMX is available (checked above); each call writes only
+                    // its own 32 × 32 output tile of `y`, rows below `m`.
+                    unsafe { amx::tile_32x32(self, &aq, &ad, m, mb, np, y_ptr) };
+                }
+            }
         });
         Ok(y)
     }
@@ -190,7 +202,8 @@ fn quantize_rows(x: &[f32], m: usize, m_pad: usize, k: usize) -> (Vec<i8>, Vec<f
         .zip(x.par_chunks(k))
         .for_each(|((q, d), x)| {
             for ((q, d), x) in q.chunks_exact_mut(BLOCK).zip(d).zip(x.chunks_exact(BLOCK)) {
-                *d = quantize_block(x, q);
+                // SAFETY: AVX-512 is part of what `amx_available` checked.
+                *d = unsafe { amx::quantize_block_avx512(x, q) };
             }
         });
     (aq, ad)
@@ -283,6 +296,30 @@ mod amx {
         false
     }
 
+    /// [`quantize_block`] in AVX-512: the same operations in the same order (max of
+    /// |x|, `d = amax / 127`, `x · (1 / d)` rounded to nearest even), so the same bytes.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F; `x` and `q` hold 32 values.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn quantize_block_avx512(x: &[f32], q: &mut [i8]) -> f32 {
+        debug_assert!(x.len() == BLOCK && q.len() == BLOCK);
+        // SAFETY: 32 values are readable from x and writable to q.
+        unsafe {
+            let lo = _mm512_loadu_ps(x.as_ptr());
+            let hi = _mm512_loadu_ps(x.as_ptr().add(16));
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+            let d = amax / 127.0;
+            let id = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+            // Current rounding mode: round to nearest even, as round_ties_even.
+            let qlo = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(lo, id)));
+            let qhi = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(hi, id)));
+            _mm_storeu_si128(q.as_mut_ptr() as *mut __m128i, qlo);
+            _mm_storeu_si128(q.as_mut_ptr().add(16) as *mut __m128i, qhi);
+            d
+        }
+    }
+
     /// The tile palette: tmm0–3 C (16 × 16 i32), tmm4–5 A (16 rows × 32 i8),
     /// tmm6–7 B (8 rows × 64 i8).
     #[repr(C, align(64))]
@@ -311,6 +348,43 @@ mod amx {
         c
     };
 
+    /// `acc[r][col] += C[r][col] · dw[col] · da[r·kb]` for one block's four C tiles
+    /// (rows `0..rows`; `da` starts at the first row's scale of this block).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F; `da` holds `(rows - 1)·kb + 1` values.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn scale_block(
+        acc: &mut [f32; 1024],
+        c: &[i32; 1024],
+        dw: [&[f32; TILE_N]; 2],
+        da: &[f32],
+        kb: usize,
+        rows: usize,
+    ) {
+        // SAFETY: every access is inside `acc`, `c`, `dw` and `da` (checked above).
+        unsafe {
+            let dw = [_mm512_loadu_ps(dw[0].as_ptr()), _mm512_loadu_ps(dw[1].as_ptr())];
+            for r in 0..rows {
+                let da = _mm512_set1_ps(*da.get_unchecked(r * kb));
+                let (half, ri) = (r / TILE_M, r % TILE_M);
+                for (nt, dw) in dw.iter().enumerate() {
+                    let ci = _mm512_loadu_si512(
+                        c.as_ptr().add((half * 2 + nt) * 256 + ri * 16) as *const _,
+                    );
+                    let at = acc.as_mut_ptr().add(r * 32 + nt * 16);
+                    let sum = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(ci),
+                        _mm512_mul_ps(*dw, da),
+                        _mm512_loadu_ps(at),
+                    );
+                    _mm512_storeu_ps(at, sum);
+                }
+            }
+        }
+    }
+
     /// The 32 × 32 output tile (`mb`, `np`): rows `32·mb ..`, columns `32·np ..`
     /// (16 of them when the matrix has an odd number of column tiles and this is
     /// the last pair).
@@ -335,17 +409,20 @@ mod amx {
         let cols = if 2 * np + 1 < n_tiles { 32 } else { 16 };
         let m0 = mb * 2 * TILE_M;
         let rows = (m - m0.min(m)).min(2 * TILE_M);
-        let mut c = [0i32; 4 * 256];
+        // Two C scratch areas: block b's tiles are stored while block b-1's are
+        // scaled into `acc`, so the scaling never waits on the tile stores just issued.
+        let mut c = [[0i32; 4 * 256]; 2];
         let mut acc = [0f32; 32 * 32];
+        let tiles = |t: usize, b: usize| &w.tiles[t * kb + b];
         // SAFETY (whole block): the caller guarantees AMX; every tile load reads
-        // inside `aq` (padded rows) or a `Tile`; stores go to `c` (4 KiB).
+        // inside `aq` (padded rows) or a `Tile`; stores go to `c` (2 × 4 KiB).
         unsafe {
             core::arch::asm!("ldtilecfg [{cfg}]", cfg = in(reg) &CONFIG, options(nostack));
             for b in 0..kb {
                 let a0 = aq.as_ptr().add(m0 * k + b * BLOCK);
                 let a1 = a0.add(TILE_M * k);
-                let b0 = w.tiles[t0 * kb + b].qs.as_ptr();
-                let b1 = w.tiles[t1 * kb + b].qs.as_ptr();
+                let b0 = tiles(t0, b).qs.as_ptr();
+                let b1 = tiles(t1, b).qs.as_ptr();
                 core::arch::asm!(
                     "tilezero tmm0",
                     "tilezero tmm1",
@@ -367,33 +444,20 @@ mod amx {
                     a1 = in(reg) a1,
                     b0 = in(reg) b0,
                     b1 = in(reg) b1,
-                    c = in(reg) c.as_mut_ptr(),
+                    c = in(reg) c[b % 2].as_mut_ptr(),
                     sa = in(reg) k,
                     sb = in(reg) 64usize,
                     sc = in(reg) 64usize,
                     options(nostack)
                 );
-                let dw = [
-                    _mm512_loadu_ps(w.tiles[t0 * kb + b].d.as_ptr()),
-                    _mm512_loadu_ps(w.tiles[t1 * kb + b].d.as_ptr()),
-                ];
-                for r in 0..rows {
-                    let da = _mm512_set1_ps(*ad.get_unchecked((m0 + r) * kb + b));
-                    let (half, ri) = (r / TILE_M, r % TILE_M);
-                    for (nt, dw) in dw.iter().enumerate() {
-                        let ci = _mm512_loadu_si512(
-                            c.as_ptr().add((half * 2 + nt) * 256 + ri * 16) as *const _,
-                        );
-                        let at = acc.as_mut_ptr().add(r * 32 + nt * 16);
-                        let sum = _mm512_fmadd_ps(
-                            _mm512_cvtepi32_ps(ci),
-                            _mm512_mul_ps(*dw, da),
-                            _mm512_loadu_ps(at),
-                        );
-                        _mm512_storeu_ps(at, sum);
-                    }
+                if b > 0 {
+                    let dw = [&tiles(t0, b - 1).d, &tiles(t1, b - 1).d];
+                    let da = &ad[m0 * kb + b - 1..];
+                    scale_block(&mut acc, &c[(b - 1) % 2], dw, da, kb, rows);
                 }
             }
+            let dw = [&tiles(t0, kb - 1).d, &tiles(t1, kb - 1).d];
+            scale_block(&mut acc, &c[(kb - 1) % 2], dw, &ad[m0 * kb + kb - 1..], kb, rows);
             core::arch::asm!("tilerelease", options(nostack));
             for r in 0..rows {
                 std::ptr::copy_nonoverlapping(
@@ -412,6 +476,10 @@ mod amx {
 
     pub(super) fn detect() -> bool {
         false
+    }
+
+    pub(super) unsafe fn quantize_block_avx512(x: &[f32], q: &mut [i8]) -> f32 {
+        quantize_block(x, q)
     }
 
     pub(super) unsafe fn tile_32x32(
@@ -493,6 +561,21 @@ mod tests {
         assert!(Q8Matrix::from_q8_0(&bytes, 32, 48).is_err());
         assert!(Q8Matrix::from_q8_0(&bytes[1..], 32, 64).is_err());
         assert!(w.matmul(&[0.0; 10], 1).is_err());
+    }
+
+    #[test]
+    fn vector_quantization_gives_the_scalar_bytes() {
+        if !amx_available() {
+            return;
+        }
+        let x = input(64, 32);
+        for block in x.chunks_exact(BLOCK).chain([&[0f32; 32][..]]) {
+            let (mut a, mut b) = ([0i8; 32], [0i8; 32]);
+            let da = quantize_block(block, &mut a);
+            // SAFETY: AMX implies AVX-512F.
+            let db = unsafe { amx::quantize_block_avx512(block, &mut b) };
+            assert_eq!((da, a), (db, b));
+        }
     }
 
     #[test]

@@ -928,7 +928,7 @@ mod tests {
 
     #[test]
     fn loads_in_half_precision() {
-        let model = Qwen3::load(tiny_dir(), &Device::Cpu, Some(DType::BF16)).unwrap();
+        let model = Qwen3::load(tiny_dir(), &Device::Cpu, Some(Precision::Bf16)).unwrap();
         assert_eq!(model.dtype(), DType::BF16);
         let h = model.prefill(None, &[1, 2, 3]).unwrap();
         let logits = model

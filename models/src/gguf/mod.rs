@@ -140,7 +140,7 @@ impl<'a> Cursor<'a> {
         let left = (self.bytes.len() - self.pos) as u64;
         if n > left {
             return Err(format!(
-                "{what} is {n}, more than the {left} bytes left in the file"
+                "truncated or corrupt: {what} is {n}, more than the {left} bytes left in the file"
             ));
         }
         Ok(n as usize)
@@ -237,7 +237,9 @@ impl GgufFile {
     fn f64_key(&self, key: &str) -> Result<Option<f64>> {
         match self.metadata.get(key) {
             None => Ok(None),
-            Some(Value::F32(x)) => Ok(Some(f64::from(*x))),
+            // The shortest decimal that reads back as this f32 (1e-6, not
+            // 9.99999997e-7): what the writer meant, as a config.json would hold it.
+            Some(Value::F32(x)) => Ok(Some(x.to_string().parse().unwrap_or(f64::from(*x)))),
             Some(Value::F64(x)) => Ok(Some(*x)),
             Some(v) => Err(self.err(format!("metadata key {key} is {v:?}, not a number"))),
         }
