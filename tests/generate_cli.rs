@@ -26,6 +26,15 @@ fn aisql() -> Command {
     Command::cargo_bin("aisql").unwrap()
 }
 
+/// `aisql model tiny --seed 3 --out DIR`.
+fn write_tiny(dir: &Path) {
+    aisql()
+        .args(["model", "tiny", "--seed", "3", "--out"])
+        .arg(dir)
+        .assert()
+        .success();
+}
+
 /// `aisql model generate --format json` on the model in `dir`.
 fn generate(dir: &Path, prompt: &str) -> Value {
     let out = aisql()
@@ -103,11 +112,7 @@ fn check_against_numpy(dir: &Path) {
 #[test]
 fn tiny_model_generation_equals_numpy_reference() {
     let tmp = tempfile::tempdir().unwrap();
-    aisql()
-        .args(["model", "tiny", "--seed", "3", "--out"])
-        .arg(tmp.path())
-        .assert()
-        .success();
+    write_tiny(tmp.path());
     check_against_numpy(tmp.path());
 }
 
@@ -177,11 +182,7 @@ fn text_output_and_usage_errors() {
 fn gguf_files_are_written_and_run() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("tiny");
-    aisql()
-        .args(["model", "tiny", "--seed", "3", "--out"])
-        .arg(&dir)
-        .assert()
-        .success();
+    write_tiny(&dir);
     let write = |kind: &str, name: &str| {
         let out = tmp.path().join(name);
         aisql()
@@ -202,7 +203,10 @@ fn gguf_files_are_written_and_run() {
             "{prompt}"
         );
     }
-    assert_eq!(generate(&q8_file, PROMPTS[1])["prompt_token_ids"], generate(&dir, PROMPTS[1])["prompt_token_ids"]);
+    assert_eq!(
+        generate(&q8_file, PROMPTS[1])["prompt_token_ids"],
+        generate(&dir, PROMPTS[1])["prompt_token_ids"]
+    );
 
     let docs = tmp.path().join("docs.csv");
     std::fs::write(
@@ -254,10 +258,17 @@ fn gguf_files_are_written_and_run() {
     let before = std::fs::read(&q8_file).unwrap();
     refused(&["--type", "f16"], &q8_file, 1, "exists");
     assert_eq!(std::fs::read(&q8_file).unwrap(), before);
-    refused(&["--type", "f16"], &tmp.path().join("model.bin"), 2, "*.gguf");
+    refused(
+        &["--type", "f16"],
+        &tmp.path().join("model.bin"),
+        2,
+        "*.gguf",
+    );
     refused(&["--type", "q3"], &tmp.path().join("x.gguf"), 2, "q4_k_m");
     let o = aisql()
-        .args(["model", "generate", "--prompt", "hi", "--dtype", "bf16", "--model"])
+        .args([
+            "model", "generate", "--prompt", "hi", "--dtype", "bf16", "--model",
+        ])
         .arg(&q8_file)
         .assert()
         .failure()
@@ -272,15 +283,22 @@ fn gguf_files_are_written_and_run() {
 #[test]
 fn model_bench_reports_each_round() {
     let tmp = tempfile::tempdir().unwrap();
-    aisql()
-        .args(["model", "tiny", "--seed", "3", "--out"])
-        .arg(tmp.path())
-        .assert()
-        .success();
+    write_tiny(tmp.path());
     let out = aisql()
         .args([
-            "model", "bench", "--prompt-tokens", "40", "--sequences", "3", "--rounds", "2",
-            "--format", "json", "--dtype", "q8_0", "--model",
+            "model",
+            "bench",
+            "--prompt-tokens",
+            "40",
+            "--sequences",
+            "3",
+            "--rounds",
+            "2",
+            "--format",
+            "json",
+            "--dtype",
+            "q8_0",
+            "--model",
         ])
         .arg(tmp.path())
         .assert()

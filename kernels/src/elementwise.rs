@@ -107,13 +107,19 @@ mod tests {
         let got = swiglu(&g, &u).unwrap();
         assert!(max_rel_diff(&got, &want) < 1e-5);
         // Extremes: no NaN, and silu's limits.
-        let x = Tensor::new(&[-200f32, -88.0, -1e-30, 0.0, 1e-30, 88.0, 200.0], &Device::Cpu)
-            .unwrap();
+        let x = Tensor::new(
+            &[-200f32, -88.0, -1e-30, 0.0, 1e-30, 88.0, 200.0],
+            &Device::Cpu,
+        )
+        .unwrap();
         let ones = x.ones_like().unwrap();
         let got = swiglu(&x, &ones).unwrap().to_vec1::<f32>().unwrap();
         assert!(got.iter().all(|v| v.is_finite()), "{got:?}");
         assert_eq!(got[3], 0.0);
-        assert!((got[6] - 200.0).abs() < 1e-4 && got[0].abs() < 1e-30, "{got:?}");
+        assert!(
+            (got[6] - 200.0).abs() < 1e-4 && got[0].abs() < 1e-30,
+            "{got:?}"
+        );
     }
 
     #[test]
@@ -124,7 +130,10 @@ mod tests {
             add(&a, &b).unwrap().to_vec2::<f32>().unwrap(),
             (&a + &b).unwrap().to_vec2::<f32>().unwrap()
         );
-        let (ah, bh) = (a.to_dtype(DType::BF16).unwrap(), b.to_dtype(DType::BF16).unwrap());
+        let (ah, bh) = (
+            a.to_dtype(DType::BF16).unwrap(),
+            b.to_dtype(DType::BF16).unwrap(),
+        );
         assert_eq!(add(&ah, &bh).unwrap().dtype(), DType::BF16);
         assert!(swiglu(&ah, &bh).is_ok());
         // A strided view takes candle's path and gives the same values.

@@ -12,11 +12,11 @@
 
 pub mod attention;
 pub(crate) mod cpu;
-pub mod elementwise;
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(test)]
 mod cuda_tests;
+pub mod elementwise;
 mod error;
 pub mod grouped;
 pub mod head;

@@ -1,21 +1,24 @@
-//! `y = x Wᵀ` for Q8_0 weights on the CPU's AMX-INT8 tile units (Intel Sapphire
-//! Rapids and later), the prefill GEMM of a Q8_0 model.
+//! `y = x Wᵀ` for Q8_0 weights on the CPU's AMX tile units (Intel Sapphire Rapids
+//! and later), the prefill GEMM of a Q8_0 model.
 //!
 //! Q8_0 keeps 32 signed bytes per block with one f16 scale. At load the weights are
-//! re-laid as AMX B tiles ([`Q8Matrix`]): per 16 output columns and 32-value block,
-//! 8 rows of 64 bytes (4 consecutive k values of each of the 16 columns, the VNNI
-//! pairing `tdpbssd` reads) and the 16 scales as f32. Activations are quantized
-//! the same way, per row and 32-value block (absmax / 127, round to nearest), so
-//! each block's product is exact in i32 and is scaled once by
-//! `d_weight[col] · d_act[row]` into an f32 accumulator. One task computes a
-//! 32 × 32 output tile over all of k with four C tiles, so two A and two B tile
-//! loads feed four `tdpbssd`.
+//! re-laid as AMX-BF16 B tiles ([`Q8Matrix`]): per 16 output columns and 32-value
+//! block, 16 rows of 64 bytes (2 consecutive k values of each of the 16 columns,
+//! the pairing `tdpbf16ps` reads), each weight its byte as a bfloat16 (exact: 8
+//! mantissa bits hold any |q| ≤ 127), and the 16 scales as f32. Activations are
+//! rounded to bfloat16 (relative error 2⁻⁹ per value, where llama.cpp's Q8_0
+//! activations lose up to 1/254 of their block's largest value), each block's
+//! products are exact in f32 and summed by the tile unit, and the block is scaled
+//! once by each column's `d` into an f32 accumulator. One task computes 32 × 32
+//! outputs over all of k with four C tiles, so two A and two B tile loads feed four
+//! `tdpbf16ps`; two C scratch areas let block b−1 be scaled while block b's tiles
+//! are stored.
 //!
 //! Used only where [`amx_available`] says so; elsewhere the model keeps candle's
 //! quantized matmul (AVX-512 VNNI, AVX2 or portable). [`matmul_reference`] is the
 //! same arithmetic in plain Rust, for tests.
 
-use half::f16;
+use half::{bf16, f16};
 use rayon::prelude::*;
 
 use crate::{KernelError, Result};
@@ -37,8 +40,8 @@ const N_GROUP: usize = 4;
 #[repr(C, align(64))]
 #[derive(Clone)]
 struct Tile {
-    /// `qs[kr * 64 + col * 4 + j]` = weight `(col, 4·kr + j)` of the block.
-    qs: [i8; BLOCK * TILE_N],
+    /// `qs[kr * 32 + col * 2 + j]` = bf16 bits of weight `(col, 2·kr + j)`.
+    qs: [u16; BLOCK * TILE_N],
     /// Each column's block scale.
     d: [f32; TILE_N],
 }
@@ -96,7 +99,8 @@ impl Q8Matrix {
                     let block = &bytes[at..at + BLOCK_BYTES];
                     tile.d[col] = f16::from_le_bytes([block[0], block[1]]).to_f32();
                     for (i, &q) in block[2..].iter().enumerate() {
-                        tile.qs[(i / 4) * 64 + col * 4 + i % 4] = q as i8;
+                        let w = bf16::from_f32(f32::from(q as i8));
+                        tile.qs[(i / 2) * 32 + col * 2 + i % 2] = w.to_bits();
                     }
                 }
                 tiles.push(tile);
@@ -116,10 +120,11 @@ impl Q8Matrix {
     }
 
     /// Weight `(col, i)` and its block scale, for the reference.
-    fn weight(&self, col: usize, i: usize) -> (i8, f32) {
+    fn weight(&self, col: usize, i: usize) -> (f32, f32) {
         let tile = &self.tiles[(col / TILE_N) * (self.k / BLOCK) + i / BLOCK];
         let (c, j) = (col % TILE_N, i % BLOCK);
-        (tile.qs[(j / 4) * 64 + c * 4 + j % 4], tile.d[c])
+        let q = bf16::from_bits(tile.qs[(j / 2) * 32 + c * 2 + j % 2]);
+        (q.to_f32(), tile.d[c])
     }
 
     /// `x Wᵀ` for `x` of `m` rows of `k` values (row-major), on AMX. Call only where
@@ -133,7 +138,7 @@ impl Q8Matrix {
             )));
         }
         if !amx_available() {
-            return Err(bad("this CPU (or OS) does not offer AMX-INT8".into()));
+            return Err(bad("this CPU (or OS) does not offer AMX-BF16".into()));
         }
         let mut y = vec![0f32; m * self.n];
         if m == 0 {
@@ -141,11 +146,11 @@ impl Q8Matrix {
         }
         // Rows padded to whole 32-row tiles with zeros, so tile loads stay inside.
         let m_pad = m.div_ceil(2 * TILE_M) * 2 * TILE_M;
-        let (aq, ad) = quantize_rows(x, m, m_pad, self.k);
+        let a = to_bf16_rows(x, m_pad, self.k);
         let (m_blocks, n_pairs) = (m_pad / (2 * TILE_M), (self.n / TILE_N).div_ceil(2));
         // A task is up to 8 row tiles × 4 column pairs (256 rows, 128 columns): its
-        // weight tiles (4 × k/32 × 1.1 KiB) stay in L2 while each 32-row stripe of
-        // activations is used four times from L1.
+        // weight tiles (4 × k/32 × 2.1 KiB) stay in L2 while each 32-row stripe of
+        // activations is used four times.
         let (m_chunks, n_groups) = (m_blocks.div_ceil(M_CHUNK), n_pairs.div_ceil(N_GROUP));
         let y_ptr = SendPtr(y.as_mut_ptr());
         (0..m_chunks * n_groups).into_par_iter().for_each(|task| {
@@ -154,7 +159,7 @@ impl Q8Matrix {
                 for np in ng * N_GROUP..((ng + 1) * N_GROUP).min(n_pairs) {
                     // SAFETY: AMX is available (checked above); each call writes only
                     // its own 32 × 32 output tile of `y`, rows below `m`.
-                    unsafe { amx::tile_32x32(self, &aq, &ad, m, mb, np, y_ptr) };
+                    unsafe { amx::tile_32x32(self, &a, m, mb, np, y_ptr) };
                 }
             }
         });
@@ -190,63 +195,51 @@ struct SendPtr(*mut f32);
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 
-/// Quantizes `m` rows of `x` per 32-value block: i8 values (`m_pad` rows, the
-/// padding zero) and per-block scales `[m][k / 32]`.
-fn quantize_rows(x: &[f32], m: usize, m_pad: usize, k: usize) -> (Vec<i8>, Vec<f32>) {
-    let kb = k / BLOCK;
-    let mut aq = vec![0i8; m_pad * k];
-    let mut ad = vec![0f32; m * kb];
-    aq[..m * k]
-        .par_chunks_mut(k)
-        .zip(ad.par_chunks_mut(kb))
-        .zip(x.par_chunks(k))
-        .for_each(|((q, d), x)| {
-            for ((q, d), x) in q.chunks_exact_mut(BLOCK).zip(d).zip(x.chunks_exact(BLOCK)) {
-                // SAFETY: AVX-512 is part of what `amx_available` checked.
-                *d = unsafe { amx::quantize_block_avx512(x, q) };
+/// The rows of `x` as bfloat16 bits (round to nearest even), padded with zero rows
+/// to `m_pad`.
+fn to_bf16_rows(x: &[f32], m_pad: usize, k: usize) -> Vec<u16> {
+    let mut a = vec![0u16; m_pad * k];
+    a[..x.len()]
+        .par_chunks_mut(1 << 14)
+        .zip(x.par_chunks(1 << 14))
+        .for_each(|(a, x)| {
+            for (a, &v) in a.iter_mut().zip(x) {
+                *a = bf16_bits(v);
             }
         });
-    (aq, ad)
+    a
 }
 
-/// One block: `q = round(x / d)` with `d = max|x| / 127`; returns `d`.
-#[inline]
-fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
-    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let d = amax / 127.0;
-    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-    for (q, &v) in q.iter_mut().zip(x) {
-        *q = (v * id).round_ties_even() as i8;
-    }
-    d
+/// `v` rounded to the nearest bfloat16, ties to even (as `half::bf16::from_f32`
+/// for finite values), branch-free so it vectorises.
+#[inline(always)]
+fn bf16_bits(v: f32) -> u16 {
+    let b = v.to_bits();
+    let round = 0x7fff + ((b >> 16) & 1);
+    (b.wrapping_add(round) >> 16) as u16
 }
 
-/// The arithmetic of [`Q8Matrix::matmul`] in plain Rust: each block's integer dot
-/// product scaled by both scales, summed in f64.
+/// The arithmetic of [`Q8Matrix::matmul`] in plain Rust: activations rounded to
+/// bfloat16, each block's products summed exactly (f64) and scaled by its `d`.
 pub fn matmul_reference(w: &Q8Matrix, x: &[f32], m: usize) -> Vec<f32> {
     let (n, k) = (w.n, w.k);
     let mut y = vec![0f32; m * n];
-    let mut q = vec![0i8; BLOCK];
     for r in 0..m {
-        let row = &x[r * k..(r + 1) * k];
-        let blocks: Vec<(Vec<i8>, f32)> = row
-            .chunks_exact(BLOCK)
-            .map(|b| {
-                let d = quantize_block(b, &mut q);
-                (q.clone(), d)
-            })
+        let row: Vec<f64> = x[r * k..(r + 1) * k]
+            .iter()
+            .map(|&v| f64::from(bf16::from_bits(bf16_bits(v)).to_f32()))
             .collect();
         for col in 0..n {
             let mut acc = 0f64;
-            for (b, (qa, da)) in blocks.iter().enumerate() {
-                let mut dot = 0i32;
-                let mut dw = 0f32;
-                for (j, &a) in qa.iter().enumerate() {
-                    let (wq, d) = w.weight(col, b * BLOCK + j);
-                    dot += i32::from(a) * i32::from(wq);
-                    dw = d;
+            for b in 0..k / BLOCK {
+                let mut dot = 0f64;
+                let mut d = 0f32;
+                for j in 0..BLOCK {
+                    let (q, dw) = w.weight(col, b * BLOCK + j);
+                    dot += row[b * BLOCK + j] * f64::from(q);
+                    d = dw;
                 }
-                acc += f64::from(dot) * f64::from(dw) * f64::from(*da);
+                acc += dot * f64::from(d);
             }
             y[r * n + col] = acc as f32;
         }
@@ -254,8 +247,9 @@ pub fn matmul_reference(w: &Q8Matrix, x: &[f32], m: usize) -> Vec<f32> {
     y
 }
 
-/// Whether this CPU has AMX-INT8 and the OS let this process use the tile state
-/// (Linux: `arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA)`). Asked once.
+/// Whether this CPU has AMX-BF16 and the OS let this process use the tile state
+/// (Linux: `arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA)`). Asked once;
+/// `AISQL_NO_AMX=1` says no (to measure or test the other path).
 pub fn amx_available() -> bool {
     use std::sync::OnceLock;
     static OK: OnceLock<bool> = OnceLock::new();
@@ -276,10 +270,10 @@ mod amx {
         if !std::arch::is_x86_feature_detected!("avx512f") {
             return false;
         }
-        // CPUID.(EAX=7, ECX=0):EDX bit 24 AMX-TILE, bit 25 AMX-INT8.
-        // CPUID leaf 7 exists on every CPU with AVX-512.
+        // CPUID.(EAX=7, ECX=0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE (leaf 7
+        // exists on every CPU with AVX-512).
         let edx = __cpuid_count(7, 0).edx;
-        if edx & (1 << 24) == 0 || edx & (1 << 25) == 0 {
+        if edx & (1 << 22) == 0 || edx & (1 << 24) == 0 {
             return false;
         }
         #[cfg(target_os = "linux")]
@@ -288,7 +282,11 @@ mod amx {
             const XFEATURE_XTILEDATA: libc::c_long = 18;
             // SAFETY: a plain syscall asking for a permission; no memory is passed.
             let rc = unsafe {
-                libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
+                libc::syscall(
+                    libc::SYS_arch_prctl,
+                    ARCH_REQ_XCOMP_PERM,
+                    XFEATURE_XTILEDATA,
+                )
             };
             rc == 0
         }
@@ -296,32 +294,8 @@ mod amx {
         false
     }
 
-    /// [`quantize_block`] in AVX-512: the same operations in the same order (max of
-    /// |x|, `d = amax / 127`, `x · (1 / d)` rounded to nearest even), so the same bytes.
-    ///
-    /// # Safety
-    /// The CPU must have AVX-512F; `x` and `q` hold 32 values.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn quantize_block_avx512(x: &[f32], q: &mut [i8]) -> f32 {
-        debug_assert!(x.len() == BLOCK && q.len() == BLOCK);
-        // SAFETY: 32 values are readable from x and writable to q.
-        unsafe {
-            let lo = _mm512_loadu_ps(x.as_ptr());
-            let hi = _mm512_loadu_ps(x.as_ptr().add(16));
-            let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
-            let d = amax / 127.0;
-            let id = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
-            // Current rounding mode: round to nearest even, as round_ties_even.
-            let qlo = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(lo, id)));
-            let qhi = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(hi, id)));
-            _mm_storeu_si128(q.as_mut_ptr() as *mut __m128i, qlo);
-            _mm_storeu_si128(q.as_mut_ptr().add(16) as *mut __m128i, qhi);
-            d
-        }
-    }
-
-    /// The tile palette: tmm0–3 C (16 × 16 i32), tmm4–5 A (16 rows × 32 i8),
-    /// tmm6–7 B (8 rows × 64 i8).
+    /// The tile palette: tmm0–3 C (16 × 16 f32), tmm4–5 A (16 rows × 32 bf16),
+    /// tmm6–7 B (16 rows × 16 column pairs of bf16): every tile 16 rows of 64 bytes.
     #[repr(C, align(64))]
     struct TileConfig {
         palette: u8,
@@ -341,63 +315,55 @@ mod amx {
         };
         let mut t = 0;
         while t < 8 {
-            c.colsb[t] = if t == 4 || t == 5 { 32 } else { 64 };
-            c.rows[t] = if t >= 6 { 8 } else { 16 };
+            c.colsb[t] = 64;
+            c.rows[t] = 16;
             t += 1;
         }
         c
     };
 
-    /// `acc[r][col] += C[r][col] · dw[col] · da[r·kb]` for one block's four C tiles
-    /// (rows `0..rows`; `da` starts at the first row's scale of this block).
+    /// `acc[r][col] += C[r][col] · dw[col]` for one block's four C tiles (rows
+    /// `0..rows`).
     ///
     /// # Safety
-    /// The CPU must have AVX-512F; `da` holds `(rows - 1)·kb + 1` values.
+    /// The CPU must have AVX-512F.
     #[target_feature(enable = "avx512f")]
     #[inline]
     unsafe fn scale_block(
         acc: &mut [f32; 1024],
-        c: &[i32; 1024],
+        c: &[f32; 1024],
         dw: [&[f32; TILE_N]; 2],
-        da: &[f32],
-        kb: usize,
         rows: usize,
     ) {
-        // SAFETY: every access is inside `acc`, `c`, `dw` and `da` (checked above).
+        let rows = rows.min(2 * TILE_M);
+        // SAFETY: every access is inside `acc`, `c` and `dw` (rows ≤ 32).
         unsafe {
-            let dw = [_mm512_loadu_ps(dw[0].as_ptr()), _mm512_loadu_ps(dw[1].as_ptr())];
+            let dw = [
+                _mm512_loadu_ps(dw[0].as_ptr()),
+                _mm512_loadu_ps(dw[1].as_ptr()),
+            ];
             for r in 0..rows {
-                let da = _mm512_set1_ps(*da.get_unchecked(r * kb));
                 let (half, ri) = (r / TILE_M, r % TILE_M);
                 for (nt, dw) in dw.iter().enumerate() {
-                    let ci = _mm512_loadu_si512(
-                        c.as_ptr().add((half * 2 + nt) * 256 + ri * 16) as *const _,
-                    );
+                    let ci = _mm512_loadu_ps(c.as_ptr().add((half * 2 + nt) * 256 + ri * 16));
                     let at = acc.as_mut_ptr().add(r * 32 + nt * 16);
-                    let sum = _mm512_fmadd_ps(
-                        _mm512_cvtepi32_ps(ci),
-                        _mm512_mul_ps(*dw, da),
-                        _mm512_loadu_ps(at),
-                    );
-                    _mm512_storeu_ps(at, sum);
+                    _mm512_storeu_ps(at, _mm512_fmadd_ps(ci, *dw, _mm512_loadu_ps(at)));
                 }
             }
         }
     }
 
-    /// The 32 × 32 output tile (`mb`, `np`): rows `32·mb ..`, columns `32·np ..`
-    /// (16 of them when the matrix has an odd number of column tiles and this is
-    /// the last pair).
+    /// The 32 × 32 outputs (`mb`, `np`): rows `32·mb ..`, columns `32·np ..` (16 of
+    /// them when the matrix has an odd number of column tiles and this is the last
+    /// pair).
     ///
     /// # Safety
-    /// AMX must be available; `aq` holds whole 32-row tiles; no other task writes
-    /// this tile of `y`.
+    /// AMX must be available; `a` holds whole 32-row tiles of bf16; no other task
+    /// writes these outputs of `y`.
     #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn tile_32x32(
         w: &Q8Matrix,
-        aq: &[i8],
-        ad: &[f32],
+        a: &[u16],
         m: usize,
         mb: usize,
         np: usize,
@@ -409,20 +375,16 @@ mod amx {
         let cols = if 2 * np + 1 < n_tiles { 32 } else { 16 };
         let m0 = mb * 2 * TILE_M;
         let rows = (m - m0.min(m)).min(2 * TILE_M);
-        // Two C scratch areas: block b's tiles are stored while block b-1's are
-        // scaled into `acc`, so the scaling never waits on the tile stores just issued.
-        let mut c = [[0i32; 4 * 256]; 2];
+        let mut c = [[0f32; 4 * 256]; 2];
         let mut acc = [0f32; 32 * 32];
-        let tiles = |t: usize, b: usize| &w.tiles[t * kb + b];
+        let tile = |t: usize, b: usize| &w.tiles[t * kb + b];
         // SAFETY (whole block): the caller guarantees AMX; every tile load reads
-        // inside `aq` (padded rows) or a `Tile`; stores go to `c` (2 × 4 KiB).
+        // inside `a` (padded rows) or a `Tile`; stores go to `c` (2 × 4 KiB).
         unsafe {
             core::arch::asm!("ldtilecfg [{cfg}]", cfg = in(reg) &CONFIG, options(nostack));
             for b in 0..kb {
-                let a0 = aq.as_ptr().add(m0 * k + b * BLOCK);
+                let a0 = a.as_ptr().add(m0 * k + b * BLOCK);
                 let a1 = a0.add(TILE_M * k);
-                let b0 = tiles(t0, b).qs.as_ptr();
-                let b1 = tiles(t1, b).qs.as_ptr();
                 core::arch::asm!(
                     "tilezero tmm0",
                     "tilezero tmm1",
@@ -430,34 +392,33 @@ mod amx {
                     "tilezero tmm3",
                     "tileloadd tmm4, [{a0} + {sa}*1]",
                     "tileloadd tmm6, [{b0} + {sb}*1]",
-                    "tdpbssd tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
                     "tileloadd tmm7, [{b1} + {sb}*1]",
-                    "tdpbssd tmm1, tmm4, tmm7",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
                     "tileloadd tmm5, [{a1} + {sa}*1]",
-                    "tdpbssd tmm2, tmm5, tmm6",
-                    "tdpbssd tmm3, tmm5, tmm7",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
                     "tilestored [{c} + {sc}*1], tmm0",
                     "tilestored [{c} + {sc}*1 + 1024], tmm1",
                     "tilestored [{c} + {sc}*1 + 2048], tmm2",
                     "tilestored [{c} + {sc}*1 + 3072], tmm3",
                     a0 = in(reg) a0,
                     a1 = in(reg) a1,
-                    b0 = in(reg) b0,
-                    b1 = in(reg) b1,
+                    b0 = in(reg) tile(t0, b).qs.as_ptr(),
+                    b1 = in(reg) tile(t1, b).qs.as_ptr(),
                     c = in(reg) c[b % 2].as_mut_ptr(),
-                    sa = in(reg) k,
+                    sa = in(reg) 2 * k,
                     sb = in(reg) 64usize,
                     sc = in(reg) 64usize,
                     options(nostack)
                 );
                 if b > 0 {
-                    let dw = [&tiles(t0, b - 1).d, &tiles(t1, b - 1).d];
-                    let da = &ad[m0 * kb + b - 1..];
-                    scale_block(&mut acc, &c[(b - 1) % 2], dw, da, kb, rows);
+                    let dw = [&tile(t0, b - 1).d, &tile(t1, b - 1).d];
+                    scale_block(&mut acc, &c[(b - 1) % 2], dw, rows);
                 }
             }
-            let dw = [&tiles(t0, kb - 1).d, &tiles(t1, kb - 1).d];
-            scale_block(&mut acc, &c[(kb - 1) % 2], dw, &ad[m0 * kb + kb - 1..], kb, rows);
+            let dw = [&tile(t0, kb - 1).d, &tile(t1, kb - 1).d];
+            scale_block(&mut acc, &c[(kb - 1) % 2], dw, rows);
             core::arch::asm!("tilerelease", options(nostack));
             for r in 0..rows {
                 std::ptr::copy_nonoverlapping(
@@ -478,14 +439,9 @@ mod amx {
         false
     }
 
-    pub(super) unsafe fn quantize_block_avx512(x: &[f32], q: &mut [i8]) -> f32 {
-        quantize_block(x, q)
-    }
-
     pub(super) unsafe fn tile_32x32(
         _: &Q8Matrix,
-        _: &[i8],
-        _: &[f32],
+        _: &[u16],
         _: usize,
         _: usize,
         _: usize,
@@ -526,7 +482,7 @@ mod tests {
     #[test]
     fn amx_matches_the_reference_on_ragged_shapes() {
         if !amx_available() {
-            eprintln!("no AMX-INT8 on this machine: the AMX kernel is not exercised");
+            eprintln!("no AMX-BF16 on this machine: the AMX kernel is not exercised");
             return;
         }
         // m: one row (decode), a partial tile, several tiles; n: odd tile count.
@@ -553,7 +509,7 @@ mod tests {
             for i in [0, 5, 31, 32, 63] {
                 let block = &bytes[(col * 2 + i / 32) * BLOCK_BYTES..][..BLOCK_BYTES];
                 let (q, d) = w.weight(col, i);
-                assert_eq!(q, block[2 + i % 32] as i8);
+                assert_eq!(q, f32::from(block[2 + i % 32] as i8));
                 assert_eq!(d, f16::from_le_bytes([block[0], block[1]]).to_f32());
             }
         }
@@ -564,30 +520,12 @@ mod tests {
     }
 
     #[test]
-    fn vector_quantization_gives_the_scalar_bytes() {
-        if !amx_available() {
-            return;
+    fn bf16_rounding_is_half_crates() {
+        for v in input(4, 512)
+            .into_iter()
+            .chain([0.0, -0.0, 1.0, 1.0039062, 1.0117188, -3.5e-20, 3.0e38])
+        {
+            assert_eq!(bf16_bits(v), bf16::from_f32(v).to_bits(), "{v}");
         }
-        let x = input(64, 32);
-        for block in x.chunks_exact(BLOCK).chain([&[0f32; 32][..]]) {
-            let (mut a, mut b) = ([0i8; 32], [0i8; 32]);
-            let da = quantize_block(block, &mut a);
-            // SAFETY: AMX implies AVX-512F.
-            let db = unsafe { amx::quantize_block_avx512(block, &mut b) };
-            assert_eq!((da, a), (db, b));
-        }
-    }
-
-    #[test]
-    fn quantizing_a_block_rounds_to_nearest() {
-        let x: Vec<f32> = (0..32).map(|i| i as f32 - 15.5).collect();
-        let mut q = [0i8; 32];
-        let d = quantize_block(&x, &mut q);
-        assert!((d - 15.5 / 127.0).abs() < 1e-7);
-        assert_eq!((q[0], q[31]), (-127, 127));
-        assert_eq!(q[16], 4); // 0.5 / (15.5 / 127) = 4.097
-        let mut z = [1i8; 32];
-        assert_eq!(quantize_block(&[0.0; 32], &mut z), 0.0);
-        assert_eq!(z, [0; 32]);
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 
-use aisql_models::{Config, Device, GenerateRequest, Qwen3, tiny};
+use aisql_models::{Device, GenerateRequest, Qwen3, tiny};
 
 const PROMPT: usize = 128;
 const NEW_TOKENS: usize = 32;
@@ -23,19 +23,6 @@ fn tokens(n: usize, seed: u32) -> Vec<u32> {
 
 /// Qwen3-0.6B's shape (its `config.json`): 28 layers, hidden 1024, 16 query and 8
 /// KV heads of 128, intermediate 3072, tied embeddings.
-fn qwen3_06b() -> Config {
-    Config {
-        hidden_size: 1024,
-        intermediate_size: 3072,
-        num_hidden_layers: 28,
-        num_attention_heads: 16,
-        num_key_value_heads: 8,
-        head_dim: 128,
-        tie_word_embeddings: true,
-        ..tiny::tiny_config()
-    }
-}
-
 /// Decodes `NEW_TOKENS` tokens for each batch size; every sequence continues the
 /// shared prompt with one token of its own, so the sequences differ.
 fn decode(c: &mut Criterion, name: &str, model: &Qwen3) {
@@ -66,7 +53,7 @@ fn bench(c: &mut Criterion) {
     let model = Qwen3::load(dir.path(), &Device::Cpu, None).unwrap();
     decode(c, "tiny_decode", &model);
     if std::env::var("AISQL_BENCH_06B").as_deref() != Ok("0") {
-        let model = Qwen3::random(qwen3_06b(), &Device::Cpu, None, 0).unwrap();
+        let model = Qwen3::random(tiny::qwen3_0_6b_config(), &Device::Cpu, None, 0).unwrap();
         decode(c, "qwen3_0.6b_shape_decode", &model);
     }
 }

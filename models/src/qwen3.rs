@@ -94,6 +94,48 @@ impl Config {
         Ok(cfg)
     }
 
+    /// Every weight of a Qwen3 of this shape, Hugging Face name and shape, in
+    /// checkpoint order: the embedding; per layer its input norm, q/k/v/o
+    /// projections (and their biases), q/k norms, post-attention norm, gate/up/down
+    /// projections; the final norm; the head when not tied.
+    pub fn weight_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        let (h, d, i, v) = (
+            self.hidden_size,
+            self.head_dim,
+            self.intermediate_size,
+            self.vocab_size,
+        );
+        let (qd, kvd) = (self.num_attention_heads * d, self.num_key_value_heads * d);
+        let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, h])];
+        for l in 0..self.num_hidden_layers {
+            let p = format!("model.layers.{l}");
+            let mut push = |name: &str, shape: Vec<usize>| out.push((format!("{p}.{name}"), shape));
+            push("input_layernorm.weight", vec![h]);
+            for (name, rows, cols) in [
+                ("q_proj", qd, h),
+                ("k_proj", kvd, h),
+                ("v_proj", kvd, h),
+                ("o_proj", h, qd),
+            ] {
+                push(&format!("self_attn.{name}.weight"), vec![rows, cols]);
+                if self.attention_bias {
+                    push(&format!("self_attn.{name}.bias"), vec![rows]);
+                }
+            }
+            push("self_attn.q_norm.weight", vec![d]);
+            push("self_attn.k_norm.weight", vec![d]);
+            push("post_attention_layernorm.weight", vec![h]);
+            push("mlp.gate_proj.weight", vec![i, h]);
+            push("mlp.up_proj.weight", vec![i, h]);
+            push("mlp.down_proj.weight", vec![h, i]);
+        }
+        out.push(("model.norm.weight".to_string(), vec![h]));
+        if !self.tie_word_embeddings {
+            out.push(("lm_head.weight".to_string(), vec![v, h]));
+        }
+        out
+    }
+
     /// Rejects configs this implementation would compute wrongly.
     pub fn validate(&self) -> Result<()> {
         let u = |m: String| Err(ModelError::Unsupported(m));
@@ -283,7 +325,10 @@ impl Loader<'_> {
                     quantized(QTensor::quantize(&t, format)?)
                 }
                 None => {
-                    self.formats.lock().expect("formats lock").insert("f32".into());
+                    self.formats
+                        .lock()
+                        .expect("formats lock")
+                        .insert("f32".into());
                     Ok(LinearWeight::Float(self.get(name, shape)?))
                 }
             },
@@ -528,7 +573,11 @@ impl std::fmt::Debug for Qwen3 {
 impl Qwen3 {
     /// Loads a local model (a directory with `config.json` + safetensors, or a GGUF
     /// file) on `device`, in `precision` or the device default (f32 on CPU, bf16 on GPU).
-    pub fn load(dir: impl AsRef<Path>, device: &Device, precision: Option<Precision>) -> Result<Self> {
+    pub fn load(
+        dir: impl AsRef<Path>,
+        device: &Device,
+        precision: Option<Precision>,
+    ) -> Result<Self> {
         Self::from_files(&ModelFiles::from_dir(dir)?, device, precision)
     }
 
@@ -551,7 +600,10 @@ impl Qwen3 {
             let file = GgufFile::open(path)?;
             return Self::new(file.config()?, Source::Gguf(&file), device, Precision::F32);
         }
-        let config = files.config.as_ref().expect("safetensors models have a config");
+        let config = files
+            .config
+            .as_ref()
+            .expect("safetensors models have a config");
         let cfg = Config::from_file(config)?;
         let weights = Weights::open(&files.weights)?;
         Self::new(

@@ -45,7 +45,11 @@ impl ModelFiles {
     /// `.gguf` file) or a `.gguf` file. Errors name the missing path.
     pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
-        if dir.is_file() && dir.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+        if dir.is_file()
+            && dir
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+        {
             return Ok(Self::gguf(dir.to_path_buf()));
         }
         if !dir.is_dir() {
@@ -150,7 +154,11 @@ impl ModelFiles {
     }
 
     /// [`Self::gguf_from_hub_cache`] with an explicit cache.
-    pub fn gguf_from_hub_cache_at(cache: hf_hub::Cache, model_id: &str, quant: &str) -> Result<Self> {
+    pub fn gguf_from_hub_cache_at(
+        cache: hf_hub::Cache,
+        model_id: &str,
+        quant: &str,
+    ) -> Result<Self> {
         let cache_dir = cache.path().clone();
         let missing = || ModelError::NotInHubCache {
             model_id: model_id.to_string(),
@@ -209,7 +217,9 @@ fn gguf_files_in(dir: &Path) -> Result<Vec<PathBuf>> {
         .map_err(|e| ModelError::io(dir, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) && p.is_file()
+            p.extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+                && p.is_file()
         })
         .collect();
     out.sort();

@@ -89,62 +89,31 @@ pub fn hf_config_json(cfg: &Config) -> serde_json::Value {
 }
 
 /// Seeded random f32 weights for `cfg`, keyed by Hugging Face tensor name. Norm
-/// weights are 1; everything else is uniform with the stds above.
+/// weights are 1, biases 0; every matrix is uniform with the stds above, drawn in
+/// checkpoint order ([`Config::weight_shapes`]), so the seed alone fixes them.
 pub fn random_weights(cfg: &Config, seed: u64) -> Result<HashMap<String, Tensor>> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut out = HashMap::new();
-    let (h, d, i, v) = (
-        cfg.hidden_size,
-        cfg.head_dim,
-        cfg.intermediate_size,
-        cfg.vocab_size,
-    );
-    let (qd, kvd) = (cfg.num_attention_heads * d, cfg.num_key_value_heads * d);
-    let mut rand = |name: String, shape: &[usize], std: f32| -> Result<()> {
-        // Uniform on ±std·√3 has standard deviation `std`.
-        let a = std * 3f32.sqrt();
-        let n = shape.iter().product();
-        let data: Vec<f32> = (0..n).map(|_| rng.random_range(-a..a)).collect();
-        out.insert(name, Tensor::from_vec(data, shape, &Device::Cpu)?);
-        Ok(())
-    };
-    // Insertion order is fixed, so the random stream (and the file) depends on the seed only.
-    rand("model.embed_tokens.weight".into(), &[v, h], EMBED_STD)?;
-    for l in 0..cfg.num_hidden_layers {
-        let p = format!("model.layers.{l}");
-        for (name, shape) in [
-            ("self_attn.q_proj", [qd, h]),
-            ("self_attn.k_proj", [kvd, h]),
-            ("self_attn.v_proj", [kvd, h]),
-            ("self_attn.o_proj", [h, qd]),
-            ("mlp.gate_proj", [i, h]),
-            ("mlp.up_proj", [i, h]),
-            ("mlp.down_proj", [h, i]),
-        ] {
-            rand(format!("{p}.{name}.weight"), &shape, PROJ_STD)?;
-        }
+    for (name, shape) in cfg.weight_shapes() {
+        let t = match shape.as_slice() {
+            [_, _] => {
+                let std = match name.as_str() {
+                    "model.embed_tokens.weight" | "lm_head.weight" => EMBED_STD,
+                    _ => PROJ_STD,
+                };
+                // Uniform on ±std·√3 has standard deviation `std`.
+                let a = std * 3f32.sqrt();
+                let n = shape.iter().product();
+                let data: Vec<f32> = (0..n).map(|_| rng.random_range(-a..a)).collect();
+                Tensor::from_vec(data, shape.as_slice(), &Device::Cpu)?
+            }
+            _ if name.ends_with(".bias") => {
+                Tensor::zeros(shape.as_slice(), candle_core::DType::F32, &Device::Cpu)?
+            }
+            _ => Tensor::ones(shape.as_slice(), candle_core::DType::F32, &Device::Cpu)?,
+        };
+        out.insert(name, t);
     }
-    if !cfg.tie_word_embeddings {
-        rand("lm_head.weight".into(), &[v, h], EMBED_STD)?;
-    }
-    for l in 0..cfg.num_hidden_layers {
-        let p = format!("model.layers.{l}");
-        for (name, dim) in [
-            ("self_attn.q_norm", d),
-            ("self_attn.k_norm", d),
-            ("input_layernorm", h),
-            ("post_attention_layernorm", h),
-        ] {
-            out.insert(
-                format!("{p}.{name}.weight"),
-                Tensor::ones(dim, candle_core::DType::F32, &Device::Cpu)?,
-            );
-        }
-    }
-    out.insert(
-        "model.norm.weight".into(),
-        Tensor::ones(h, candle_core::DType::F32, &Device::Cpu)?,
-    );
     Ok(out)
 }
 

@@ -62,8 +62,12 @@ pub fn dtype(args: &ModelArgs) -> anyhow::Result<Option<aisql_models::Precision>
     args.dtype
         .as_deref()
         .map(|d| {
-            d.parse()
-                .map_err(|_| anyhow::anyhow!("unknown --dtype {d:?} ({})", aisql_models::Precision::CHOICES))
+            d.parse().map_err(|_| {
+                anyhow::anyhow!(
+                    "unknown --dtype {d:?} ({})",
+                    aisql_models::Precision::CHOICES
+                )
+            })
         })
         .transpose()
 }

@@ -31,8 +31,8 @@ pub fn run(cmd: ModelCommand) -> anyhow::Result<()> {
 
 /// `aisql model random`: a random model of a released shape, into a new folder.
 fn random(shape: RandomShape, out: &Path, seed: u64) -> anyhow::Result<()> {
-    let occupied = out.exists()
-        && std::fs::read_dir(out).map_or(true, |mut entries| entries.next().is_some());
+    let occupied =
+        out.exists() && std::fs::read_dir(out).map_or(true, |mut entries| entries.next().is_some());
     if occupied {
         return Err(UsageError(format!(
             "--out {}: exists and is not an empty folder; aisql does not write over files",
@@ -46,7 +46,10 @@ fn random(shape: RandomShape, out: &Path, seed: u64) -> anyhow::Result<()> {
     };
     aisql_models::tiny::write_model(out, &cfg, seed)
         .with_context(|| format!("writing the random model to {}", out.display()))?;
-    println!("random Qwen3 of shape {name} (seed {seed}) written to {}", out.display());
+    println!(
+        "random Qwen3 of shape {name} (seed {seed}) written to {}",
+        out.display()
+    );
     Ok(())
 }
 
@@ -111,7 +114,8 @@ fn bench(args: &ModelBenchArgs) -> anyhow::Result<()> {
                         let x = (round * 1_000_003 + s * 7919 + i)
                             .wrapping_mul(0x9E37_79B9_7F4A_7C15)
                             >> 20;
-                        (1000.min(vocab - 1) + x % vocab.saturating_sub(1000).clamp(1, 99_000)) as u32
+                        (1000.min(vocab - 1) + x % vocab.saturating_sub(1000).clamp(1, 99_000))
+                            as u32
                     })
                     .collect()
             })

@@ -54,11 +54,7 @@ pub fn model_input_paths(model: &str) -> Vec<std::path::PathBuf> {
             let mut paths: Vec<std::path::PathBuf> = files.weights.clone();
             paths.extend(files.config.clone());
             paths.extend(files.tokenizer.clone());
-            paths.extend(
-                files.weights[0]
-                    .parent()
-                    .map(std::path::Path::to_path_buf),
-            );
+            paths.extend(files.weights[0].parent().map(std::path::Path::to_path_buf));
             paths
         }
         Err(_) => Vec::new(),

@@ -108,7 +108,11 @@ struct Cursor<'a> {
 
 impl<'a> Cursor<'a> {
     fn take(&mut self, n: usize, what: &str) -> std::result::Result<&'a [u8], String> {
-        match self.pos.checked_add(n).filter(|&end| end <= self.bytes.len()) {
+        match self
+            .pos
+            .checked_add(n)
+            .filter(|&end| end <= self.bytes.len())
+        {
             Some(end) => {
                 let s = &self.bytes[self.pos..end];
                 self.pos = end;
@@ -150,7 +154,12 @@ impl<'a> Cursor<'a> {
         let bytes = self.take(n, what)?;
         String::from_utf8(bytes.to_vec()).map_err(|_| format!("{what} is not UTF-8"))
     }
-    fn value(&mut self, type_id: u32, what: &str, depth: u32) -> std::result::Result<Value, String> {
+    fn value(
+        &mut self,
+        type_id: u32,
+        what: &str,
+        depth: u32,
+    ) -> std::result::Result<Value, String> {
         let b = |c: &mut Self, n| c.take(n, what).map(|s| s.to_vec());
         Ok(match type_id {
             0 => Value::U8(self.u8(what)?),
@@ -392,7 +401,9 @@ fn parse(bytes: &[u8]) -> std::result::Result<Parsed, String> {
     }
     let version = c.u32("the version")?;
     if !(2..=3).contains(&version) {
-        return Err(format!("GGUF version {version}; aisql reads versions 2 and 3"));
+        return Err(format!(
+            "GGUF version {version}; aisql reads versions 2 and 3"
+        ));
     }
     let n_tensors = c.count("the tensor count")?;
     let n_kv = c.count("the metadata count")?;
@@ -419,8 +430,10 @@ fn parse(bytes: &[u8]) -> std::result::Result<Parsed, String> {
         let dtype = match ggml_type(type_id) {
             Some(t) => t,
             None => {
-                let name_of = unsupported_type_name(type_id)
-                    .map_or_else(|| format!("unknown type {type_id}"), |n| format!("{n} (type {type_id})"));
+                let name_of = unsupported_type_name(type_id).map_or_else(
+                    || format!("unknown type {type_id}"),
+                    |n| format!("{n} (type {type_id})"),
+                );
                 return Err(format!(
                     "{what} is stored as {name_of}, which aisql does not read \
                      (it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K to Q6_K)"
@@ -454,7 +467,10 @@ fn parse(bytes: &[u8]) -> std::result::Result<Parsed, String> {
         let len = elems / block * type_size;
         let start = data_start
             .checked_add(offset)
-            .filter(|s| s.checked_add(len as u64).is_some_and(|e| e <= bytes.len() as u64))
+            .filter(|s| {
+                s.checked_add(len as u64)
+                    .is_some_and(|e| e <= bytes.len() as u64)
+            })
             .ok_or_else(|| {
                 format!(
                     "truncated: tensor {name} ({dtype:?}, shape {dims:?}) needs bytes {}..{} \
@@ -526,7 +542,10 @@ mod tests {
             gguf_name("model.layers.0.mlp.down_proj.weight").as_deref(),
             Some("blk.0.ffn_down.weight")
         );
-        assert_eq!(gguf_name("model.embed_tokens.weight").as_deref(), Some("token_embd.weight"));
+        assert_eq!(
+            gguf_name("model.embed_tokens.weight").as_deref(),
+            Some("token_embd.weight")
+        );
         assert_eq!(gguf_name("model.layers.x.mlp.down_proj.weight"), None);
         assert_eq!(gguf_name("vision.patch.weight"), None);
     }

@@ -37,7 +37,9 @@ fn logits(model: &Qwen3, prefix_tokens: &[u32], items: &[Vec<u32>]) -> Vec<Vec<f
         .iter()
         .map(|t| Continuation::new(Some(&prefix), t))
         .collect();
-    model.next_token_logits(&conts, &[11, 22, 33, 4444, 55_555]).unwrap()
+    model
+        .next_token_logits(&conts, &[11, 22, 33, 4444, 55_555])
+        .unwrap()
 }
 
 fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
@@ -81,7 +83,11 @@ fn the_tokenizer_survives_the_trip() {
         "<|im_start|>user\nWhy <think>so</think>?<|im_end|>\n",
         "naïve café — 東京 🙂 1234567 ' s 've\r\n\n  x",
     ] {
-        assert_eq!(ours.encode(text).unwrap(), vendored.encode(text).unwrap(), "{text}");
+        assert_eq!(
+            ours.encode(text).unwrap(),
+            vendored.encode(text).unwrap(),
+            "{text}"
+        );
         assert_eq!(
             ours.encode_document(text).unwrap(),
             vendored.encode_document(text).unwrap(),
@@ -92,15 +98,39 @@ fn the_tokenizer_survives_the_trip() {
     assert_eq!(ours.stop_ids(), vendored.stop_ids());
     // And through the public loader, which reads the tokenizer from the file.
     let (_, tok) = crate::load(file.to_str().unwrap(), &Device::Cpu, None).unwrap();
-    assert_eq!(tok.encode("TRUE or FALSE").unwrap(), vendored.encode("TRUE or FALSE").unwrap());
+    assert_eq!(
+        tok.encode("TRUE or FALSE").unwrap(),
+        vendored.encode("TRUE or FALSE").unwrap()
+    );
 }
 
 /// `n` review-like questions in QUAIL-B's shape (document, question, answer cue).
 fn review_prompts(n: usize) -> Vec<Vec<u32>> {
     const WORDS: [&str; 24] = [
-        "film", "acting", "plot", "boring", "brilliant", "the", "was", "not", "a", "score",
-        "ending", "slow", "funny", "cast", "loved", "hated", "scenes", "story", "and", "but",
-        "director", "again", "never", "perfect",
+        "film",
+        "acting",
+        "plot",
+        "boring",
+        "brilliant",
+        "the",
+        "was",
+        "not",
+        "a",
+        "score",
+        "ending",
+        "slow",
+        "funny",
+        "cast",
+        "loved",
+        "hated",
+        "scenes",
+        "story",
+        "and",
+        "but",
+        "director",
+        "again",
+        "never",
+        "perfect",
     ];
     let tok = Tokenizer::vendored().unwrap();
     let prompts: Vec<Vec<u32>> = (0..n)
@@ -154,11 +184,11 @@ fn q8_0_decides_as_f32_quantized_at_load_and_from_gguf() {
     eprintln!("q8_0 agrees with f32 on {agree}/{counted} prompts ({ties} near-ties left out)");
     assert!(agree as f64 >= 0.99 * counted as f64, "{agree}/{counted}");
     // The GGUF holds Q8_0 embeddings too (dequantized at load), where quantizing at
-    // load keeps them f32: one more Q8_0 error on every input, so a looser bound.
-    // The tiny model's margins are small (those flipped here are about ±0.01).
+    // load keeps them f32: one more Q8_0 error on every input. The tiny model's
+    // margins are small (those flipped here are about ±0.01).
     let (agree, counted, _) = agreement(&f32_model, &gguf, 400);
     eprintln!("GGUF q8_0 agrees with f32 on {agree}/{counted} prompts");
-    assert!(agree as f64 >= 0.98 * counted as f64, "{agree}/{counted}");
+    assert!(agree as f64 >= 0.99 * counted as f64, "{agree}/{counted}");
 }
 
 #[test]
@@ -216,7 +246,10 @@ fn broken_files_are_errors_naming_file_and_tensor() {
     // Truncated: the last tensors end past the end of the file.
     std::fs::write(path("cut.gguf"), &bytes[..bytes.len() * 3 / 5]).unwrap();
     let e = load_error(&path("cut.gguf"));
-    assert!(e.contains("cut.gguf") && e.contains("truncated") && e.contains("tensor "), "{e}");
+    assert!(
+        e.contains("cut.gguf") && e.contains("truncated") && e.contains("tensor "),
+        "{e}"
+    );
     // Cut inside the header.
     std::fs::write(path("head.gguf"), &bytes[..200]).unwrap();
     let e = load_error(&path("head.gguf"));
@@ -236,7 +269,10 @@ fn broken_files_are_errors_naming_file_and_tensor() {
         }
     });
     let e = load_error(&path("llama.gguf"));
-    assert!(e.contains("llama.gguf") && e.contains("\"llama\"") && e.contains("qwen3"), "{e}");
+    assert!(
+        e.contains("llama.gguf") && e.contains("\"llama\"") && e.contains("qwen3"),
+        "{e}"
+    );
 
     // A missing key.
     rewrite(&good, &path("nokey.gguf"), |meta, _| {
@@ -270,7 +306,10 @@ fn broken_files_are_errors_naming_file_and_tensor() {
     retyped[type_at..type_at + 4].copy_from_slice(&23u32.to_le_bytes());
     std::fs::write(path("iq.gguf"), &retyped).unwrap();
     let e = load_error(&path("iq.gguf"));
-    assert!(e.contains("blk.0.ffn_up.weight") && e.contains("IQ4_XS"), "{e}");
+    assert!(
+        e.contains("blk.0.ffn_up.weight") && e.contains("IQ4_XS"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -278,8 +317,12 @@ fn a_gguf_refuses_another_dtype_and_writing_over_a_file() {
     let (_tmp, file) = gguf_of(tiny_dir(), FileType::F32);
     let e = Qwen3::load(&file, &Device::Cpu, Some(Precision::Bf16)).unwrap_err();
     assert!(e.to_string().contains("--dtype bf16"), "{e}");
-    let e = write_gguf(&ModelFiles::from_dir(tiny_dir()).unwrap(), &file, FileType::F16)
-        .unwrap_err();
+    let e = write_gguf(
+        &ModelFiles::from_dir(tiny_dir()).unwrap(),
+        &file,
+        FileType::F16,
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("exists"), "{e}");
     // A folder with two GGUF files asks which one.
     let two = tempfile::tempdir().unwrap();
@@ -307,8 +350,12 @@ fn hub_gguf_is_found_by_its_quantization() {
     }
     let cache = || hf_hub::Cache::new(tmp.path().to_path_buf());
     let files = ModelFiles::gguf_from_hub_cache_at(cache(), "Qwen/Qwen3-4B-GGUF", "q8_0").unwrap();
-    assert_eq!(files.gguf_file(), Some(snap.join("Qwen3-4B-Q8_0.gguf").as_path()));
-    let e = ModelFiles::gguf_from_hub_cache_at(cache(), "Qwen/Qwen3-4B-GGUF", "Q5_K_M").unwrap_err();
+    assert_eq!(
+        files.gguf_file(),
+        Some(snap.join("Qwen3-4B-Q8_0.gguf").as_path())
+    );
+    let e =
+        ModelFiles::gguf_from_hub_cache_at(cache(), "Qwen/Qwen3-4B-GGUF", "Q5_K_M").unwrap_err();
     assert!(matches!(e, ModelError::NotInHubCache { .. }), "{e}");
     assert!(e.to_string().contains("Q5_K_M"), "{e}");
 }

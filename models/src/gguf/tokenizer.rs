@@ -92,7 +92,9 @@ pub fn from_gguf(file: &GgufFile) -> Result<Tokenizer> {
         .enumerate()
         .map(|(i, m)| match m.split_once(' ') {
             Some((a, b)) => Ok(json!([a, b])),
-            None => Err(bad(format!("tokenizer.ggml.merges[{i}] {m:?} is not \"A B\""))),
+            None => Err(bad(format!(
+                "tokenizer.ggml.merges[{i}] {m:?} is not \"A B\""
+            ))),
         })
         .collect::<Result<_>>()?;
     let mut doc: serde_json::Value = serde_json::from_slice(&vendored_tokenizer_json()?)
@@ -116,9 +118,11 @@ pub(crate) fn metadata(tokenizer_json: &[u8], vocab_size: usize) -> Result<Vec<(
     }
     let mut tokens: Vec<Option<(String, i32)>> = vec![None; vocab_size];
     let mut place = |id: u64, text: &str, kind: i32| -> Result<()> {
-        let slot = tokens
-            .get_mut(id as usize)
-            .ok_or_else(|| bad(format!("token {text:?} has id {id}, past the vocabulary of {vocab_size}")))?;
+        let slot = tokens.get_mut(id as usize).ok_or_else(|| {
+            bad(format!(
+                "token {text:?} has id {id}, past the vocabulary of {vocab_size}"
+            ))
+        })?;
         *slot = Some((text.to_string(), kind));
         Ok(())
     };
@@ -126,7 +130,9 @@ pub(crate) fn metadata(tokenizer_json: &[u8], vocab_size: usize) -> Result<Vec<(
         .as_object()
         .ok_or_else(|| bad("model.vocab is not an object".into()))?;
     for (text, id) in vocab {
-        let id = id.as_u64().ok_or_else(|| bad(format!("token {text:?} has no id")))?;
+        let id = id
+            .as_u64()
+            .ok_or_else(|| bad(format!("token {text:?} has no id")))?;
         place(id, text, NORMAL)?;
     }
     for t in doc["added_tokens"].as_array().into_iter().flatten() {
@@ -171,12 +177,21 @@ pub(crate) fn metadata(tokenizer_json: &[u8], vocab_size: usize) -> Result<Vec<(
             .map(|id| Value::U32(id as u32))
     };
     let mut out = vec![
-        ("tokenizer.ggml.model".to_string(), Value::String("gpt2".into())),
-        ("tokenizer.ggml.pre".to_string(), Value::String("qwen2".into())),
+        (
+            "tokenizer.ggml.model".to_string(),
+            Value::String("gpt2".into()),
+        ),
+        (
+            "tokenizer.ggml.pre".to_string(),
+            Value::String("qwen2".into()),
+        ),
         ("tokenizer.ggml.tokens".to_string(), Value::Array(texts)),
         ("tokenizer.ggml.token_type".to_string(), Value::Array(kinds)),
         ("tokenizer.ggml.merges".to_string(), Value::Array(merges)),
-        ("tokenizer.ggml.add_bos_token".to_string(), Value::Bool(false)),
+        (
+            "tokenizer.ggml.add_bos_token".to_string(),
+            Value::Bool(false),
+        ),
     ];
     for (key, text) in [
         ("tokenizer.ggml.eos_token_id", "<|im_end|>"),

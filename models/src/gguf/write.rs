@@ -46,8 +46,9 @@ impl FileType {
     /// The block format of the 2-D weight `gguf_name` in layer `layer` of `layers`.
     fn weight_type(self, gguf_name: &str, layer: Option<usize>, layers: usize) -> GgmlDType {
         // llama.cpp's `use_more_bits`: these layers' attn_v and ffn_down get Q6_K.
-        let more_bits =
-            |i: usize| i < layers / 8 || i >= 7 * layers / 8 || (i >= layers / 8 && (i - layers / 8) % 3 == 2);
+        let more_bits = |i: usize| {
+            i < layers / 8 || i >= 7 * layers / 8 || (i >= layers / 8 && (i - layers / 8) % 3 == 2)
+        };
         match self {
             Self::F32 => GgmlDType::F32,
             Self::F16 => GgmlDType::F16,
@@ -55,7 +56,8 @@ impl FileType {
             Self::Q4KM => {
                 let head = gguf_name == "output.weight";
                 let boosted = layer.is_some_and(more_bits)
-                    && (gguf_name.ends_with("attn_v.weight") || gguf_name.ends_with("ffn_down.weight"));
+                    && (gguf_name.ends_with("attn_v.weight")
+                        || gguf_name.ends_with("ffn_down.weight"));
                 if head || boosted {
                     GgmlDType::Q6K
                 } else {
@@ -118,14 +120,21 @@ pub fn write_gguf(files: &ModelFiles, out: &Path, file_type: FileType) -> Result
     metadata.extend(super::tokenizer::metadata(&tokenizer_json, cfg.vocab_size)?);
 
     let mut tensors: Vec<(String, QTensor)> = Vec::new();
-    for (hf, shape, layer) in tensor_list(&cfg) {
+    for (hf, shape) in cfg.weight_shapes() {
+        let layer = hf
+            .strip_prefix("model.layers.")
+            .and_then(|rest| rest.split('.').next()?.parse::<usize>().ok());
         let gguf = super::gguf_name(&hf).expect("every Qwen3 tensor has a GGUF name");
         let t = weights.get(&hf, &shape, DType::F32, &Device::Cpu)?;
         let tied_head = hf == "model.embed_tokens.weight" && cfg.tie_word_embeddings;
         let kind = match shape.len() {
             1 => GgmlDType::F32,
             _ => {
-                let name = if tied_head { "output.weight" } else { gguf.as_str() };
+                let name = if tied_head {
+                    "output.weight"
+                } else {
+                    gguf.as_str()
+                };
                 let wanted = file_type.weight_type(name, layer, cfg.num_hidden_layers);
                 block_format_for(wanted, shape[1]).unwrap_or(GgmlDType::F16)
             }
@@ -133,10 +142,15 @@ pub fn write_gguf(files: &ModelFiles, out: &Path, file_type: FileType) -> Result
         tensors.push((gguf, QTensor::quantize(&t, kind)?));
     }
 
-    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let parent = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let tmp = parent.join(format!(
         ".{}.{}.partial",
-        out.file_name().and_then(|n| n.to_str()).unwrap_or("model.gguf"),
+        out.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("model.gguf"),
         std::process::id()
     ));
     let result = (|| -> Result<u64> {
@@ -145,7 +159,9 @@ pub fn write_gguf(files: &ModelFiles, out: &Path, file_type: FileType) -> Result
         let meta: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
         let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
         candle_core::quantized::gguf_file::write(&mut w, &meta, &ts)?;
-        let file = w.into_inner().map_err(|e| ModelError::io(&tmp, e.into_error()))?;
+        let file = w
+            .into_inner()
+            .map_err(|e| ModelError::io(&tmp, e.into_error()))?;
         file.sync_all().map_err(|e| ModelError::io(&tmp, e))?;
         let bytes = file.metadata().map_err(|e| ModelError::io(&tmp, e))?.len();
         // Refuse to replace a file that appeared meanwhile.
@@ -167,46 +183,6 @@ pub fn write_gguf(files: &ModelFiles, out: &Path, file_type: FileType) -> Result
     })
 }
 
-/// Every tensor of a Qwen3 of shape `cfg`: Hugging Face name, shape, layer.
-fn tensor_list(cfg: &Config) -> Vec<(String, Vec<usize>, Option<usize>)> {
-    let (h, d, i, v) = (
-        cfg.hidden_size,
-        cfg.head_dim,
-        cfg.intermediate_size,
-        cfg.vocab_size,
-    );
-    let (qd, kvd) = (cfg.num_attention_heads * d, cfg.num_key_value_heads * d);
-    let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, h], None)];
-    for l in 0..cfg.num_hidden_layers {
-        let p = format!("model.layers.{l}");
-        for (name, shape) in [
-            ("input_layernorm.weight", vec![h]),
-            ("self_attn.q_proj.weight", vec![qd, h]),
-            ("self_attn.k_proj.weight", vec![kvd, h]),
-            ("self_attn.v_proj.weight", vec![kvd, h]),
-            ("self_attn.o_proj.weight", vec![h, qd]),
-            ("self_attn.q_norm.weight", vec![d]),
-            ("self_attn.k_norm.weight", vec![d]),
-            ("post_attention_layernorm.weight", vec![h]),
-            ("mlp.gate_proj.weight", vec![i, h]),
-            ("mlp.up_proj.weight", vec![i, h]),
-            ("mlp.down_proj.weight", vec![h, i]),
-        ] {
-            out.push((format!("{p}.{name}"), shape, Some(l)));
-        }
-        if cfg.attention_bias {
-            for (name, n) in [("q_proj", qd), ("k_proj", kvd), ("v_proj", kvd), ("o_proj", h)] {
-                out.push((format!("{p}.self_attn.{name}.bias"), vec![n], Some(l)));
-            }
-        }
-    }
-    out.push(("model.norm.weight".to_string(), vec![h], None));
-    if !cfg.tie_word_embeddings {
-        out.push(("lm_head.weight".to_string(), vec![v, h], None));
-    }
-    out
-}
-
 /// The `general.*` and `qwen3.*` metadata of a model of shape `cfg`.
 fn config_metadata(cfg: &Config, file_type: FileType) -> Vec<(String, Value)> {
     let u = |n: usize| Value::U32(n as u32);
@@ -216,14 +192,26 @@ fn config_metadata(cfg: &Config, file_type: FileType) -> Vec<(String, Value)> {
         ("general.file_type".into(), Value::U32(file_type.number())),
         ("general.quantization_version".into(), Value::U32(2)),
         ("qwen3.block_count".into(), u(cfg.num_hidden_layers)),
-        ("qwen3.context_length".into(), u(cfg.max_position_embeddings)),
+        (
+            "qwen3.context_length".into(),
+            u(cfg.max_position_embeddings),
+        ),
         ("qwen3.embedding_length".into(), u(cfg.hidden_size)),
         ("qwen3.feed_forward_length".into(), u(cfg.intermediate_size)),
-        ("qwen3.attention.head_count".into(), u(cfg.num_attention_heads)),
-        ("qwen3.attention.head_count_kv".into(), u(cfg.num_key_value_heads)),
+        (
+            "qwen3.attention.head_count".into(),
+            u(cfg.num_attention_heads),
+        ),
+        (
+            "qwen3.attention.head_count_kv".into(),
+            u(cfg.num_key_value_heads),
+        ),
         ("qwen3.attention.key_length".into(), u(cfg.head_dim)),
         ("qwen3.attention.value_length".into(), u(cfg.head_dim)),
-        ("qwen3.rope.freq_base".into(), Value::F32(cfg.rope_theta as f32)),
+        (
+            "qwen3.rope.freq_base".into(),
+            Value::F32(cfg.rope_theta as f32),
+        ),
         (
             "qwen3.attention.layer_norm_rms_epsilon".into(),
             Value::F32(cfg.rms_norm_eps as f32),
