@@ -46,9 +46,8 @@ impl FileType {
     /// The block format of the 2-D weight `gguf_name` in layer `layer` of `layers`.
     fn weight_type(self, gguf_name: &str, layer: Option<usize>, layers: usize) -> GgmlDType {
         // llama.cpp's `use_more_bits`: these layers' attn_v and ffn_down get Q6_K.
-        let more_bits = |i: usize| {
-            i < layers / 8 || i >= 7 * layers / 8 || (i >= layers / 8 && (i - layers / 8) % 3 == 2)
-        };
+        let more_bits =
+            |i: usize| i < layers / 8 || i >= 7 * layers / 8 || (i - layers / 8) % 3 == 2;
         match self {
             Self::F32 => GgmlDType::F32,
             Self::F16 => GgmlDType::F16,
