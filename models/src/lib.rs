@@ -44,11 +44,16 @@ pub fn load(
     precision: Option<Precision>,
 ) -> Result<(Qwen3, Tokenizer)> {
     let files = ModelFiles::resolve(source)?;
+    if let Some(path) = files.gguf_file() {
+        // One parse of the header serves the model and the tokenizer.
+        let file = gguf::GgufFile::open(path)?;
+        let model = Qwen3::from_gguf(&file, device, precision)?;
+        return Ok((model, gguf::tokenizer::from_gguf(&file)?));
+    }
     let model = Qwen3::from_files(&files, device, precision)?;
-    let tokenizer = match (&files.tokenizer, files.gguf_file()) {
-        (_, Some(file)) => gguf::tokenizer::from_gguf(&gguf::GgufFile::open(file)?)?,
-        (Some(path), None) => Tokenizer::from_file(path)?,
-        (None, None) => Tokenizer::vendored()?,
+    let tokenizer = match &files.tokenizer {
+        Some(path) => Tokenizer::from_file(path)?,
+        None => Tokenizer::vendored()?,
     };
     Ok((model, tokenizer))
 }

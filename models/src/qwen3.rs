@@ -10,8 +10,8 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use std::cell::RefCell;
 use std::collections::BTreeSet;
-use std::sync::Mutex;
 
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
@@ -264,7 +264,7 @@ struct Loader<'a> {
     device: &'a Device,
     /// The block formats the projections ended up in (fallbacks included), for
     /// [`Qwen3::weights_name`].
-    formats: Mutex<BTreeSet<String>>,
+    formats: RefCell<BTreeSet<String>>,
 }
 
 impl Loader<'_> {
@@ -288,14 +288,16 @@ impl Loader<'_> {
         }
     }
 
+    /// Records that a projection is held in `format`.
+    fn held_in(&self, format: String) {
+        self.formats.borrow_mut().insert(format);
+    }
+
     /// A projection weight `(out, in)`: as stored in a GGUF, quantized at load under
     /// a quantized precision, else float.
     fn linear_weight(&self, name: &str, shape: &[usize]) -> Result<LinearWeight> {
         let quantized = |q: QTensor| -> Result<LinearWeight> {
-            self.formats
-                .lock()
-                .expect("formats lock")
-                .insert(block_format_name(q.dtype()));
+            self.held_in(block_format_name(q.dtype()));
             let (n, k) = (shape[0], shape[1]);
             if q.dtype() == candle_core::quantized::GgmlDType::Q8_0
                 && self.device.is_cpu()
@@ -308,15 +310,17 @@ impl Loader<'_> {
             Ok(LinearWeight::Quantized(QMatMul::from_qtensor(q)?))
         };
         if let Source::Gguf(g) = self.source {
-            let q = g.qtensor(name, shape, self.device)?;
-            if q.dtype().block_size() > 1 {
-                return quantized(q);
-            }
-            self.formats
-                .lock()
-                .expect("formats lock")
-                .insert(block_format_name(q.dtype()));
-            return Ok(LinearWeight::Float(self.get(name, shape)?));
+            // The header says the format, so the tensor's data is read once.
+            return match g.stored_type(name) {
+                Some(t) if t.block_size() > 1 => quantized(g.qtensor(name, shape, self.device)?),
+                stored => {
+                    // A missing tensor is named by `get`.
+                    if let Some(t) = stored {
+                        self.held_in(block_format_name(t));
+                    }
+                    Ok(LinearWeight::Float(self.get(name, shape)?))
+                }
+            };
         }
         match self.precision.quantized() {
             Some(wanted) => match block_format_for(wanted, shape[1]) {
@@ -325,10 +329,7 @@ impl Loader<'_> {
                     quantized(QTensor::quantize(&t, format)?)
                 }
                 None => {
-                    self.formats
-                        .lock()
-                        .expect("formats lock")
-                        .insert("f32".into());
+                    self.held_in("f32".into());
                     Ok(LinearWeight::Float(self.get(name, shape)?))
                 }
             },
@@ -590,15 +591,7 @@ impl Qwen3 {
         precision: Option<Precision>,
     ) -> Result<Self> {
         if let Some(path) = files.gguf_file() {
-            if let Some(p) = precision.filter(|&p| p != Precision::F32) {
-                return Err(ModelError::Unsupported(format!(
-                    "--dtype {p} with a GGUF model: its weights are stored quantized in {}; \
-                     --dtype applies to safetensors models",
-                    path.display()
-                )));
-            }
-            let file = GgufFile::open(path)?;
-            return Self::new(file.config()?, Source::Gguf(&file), device, Precision::F32);
+            return Self::from_gguf(&GgufFile::open(path)?, device, precision);
         }
         let config = files
             .config
@@ -612,6 +605,23 @@ impl Qwen3 {
             device,
             precision.unwrap_or_else(|| default_precision(device)),
         )
+    }
+
+    /// Loads the model of an open GGUF file, its projections in the file's block
+    /// formats; `precision` may only be `f32`, the compute dtype.
+    pub fn from_gguf(
+        file: &GgufFile,
+        device: &Device,
+        precision: Option<Precision>,
+    ) -> Result<Self> {
+        if let Some(p) = precision.filter(|&p| p != Precision::F32) {
+            return Err(ModelError::Unsupported(format!(
+                "--dtype {p} with a GGUF model: its weights are stored quantized in {}; \
+                 --dtype applies to safetensors models",
+                file.path().display()
+            )));
+        }
+        Self::new(file.config()?, Source::Gguf(file), device, Precision::F32)
     }
 
     /// A model of shape `cfg` with seeded random weights generated directly on
@@ -650,7 +660,7 @@ impl Qwen3 {
             precision,
             dtype,
             device,
-            formats: Mutex::new(BTreeSet::new()),
+            formats: RefCell::new(BTreeSet::new()),
         };
         let (v, h) = (cfg.vocab_size, cfg.hidden_size);
         let embed_tokens = w.get("model.embed_tokens.weight", &[v, h])?;
@@ -665,7 +675,7 @@ impl Qwen3 {
         } else {
             w.get("lm_head.weight", &[v, h])?
         };
-        let formats = w.formats.into_inner().expect("formats lock");
+        let formats = w.formats.into_inner();
         let formats = formats.into_iter().collect::<Vec<_>>().join("+");
         let weights_name = match source {
             Source::Gguf(_) => format!("gguf:{formats}"),

@@ -328,15 +328,21 @@ impl Weights {
                 message: format!("{name}: {e}"),
             })?;
         // Checked on the CPU copy, before it goes to the device.
-        let values = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-        if let Some(i) = values.iter().position(|x| !x.is_finite()) {
-            return Err(bad(format!(
-                "element {i} is {} (weights must be finite)",
-                values[i]
-            )));
+        if let Some(why) = non_finite(&t)? {
+            return Err(bad(why));
         }
         Ok(t.to_dtype(dtype)?.to_device(device)?)
     }
+}
+
+/// Why the weight `t` is unusable when one of its values is not finite (the
+/// first such element and its value), `None` when all are.
+pub(crate) fn non_finite(t: &Tensor) -> Result<Option<String>> {
+    let values = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    Ok(values
+        .iter()
+        .position(|x| !x.is_finite())
+        .map(|i| format!("element {i} is {} (weights must be finite)", values[i])))
 }
 
 /// The default compute dtype for a device: f32 on CPU (bf16 matmuls there are about

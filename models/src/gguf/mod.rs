@@ -339,9 +339,11 @@ impl GgufFile {
             .ok_or_else(|| self.err(format!("tensor {gguf_name} is missing")))
     }
 
-    /// Whether the file holds the tensor Hugging Face calls `hf_name`.
-    pub fn has(&self, hf_name: &str) -> bool {
-        gguf_name(hf_name).is_some_and(|n| self.tensors.contains_key(&n))
+    /// The block format the tensor Hugging Face calls `hf_name` is stored in, from
+    /// the header (no data read); `None` when the file lacks it.
+    pub fn stored_type(&self, hf_name: &str) -> Option<GgmlDType> {
+        let name = gguf_name(hf_name)?;
+        self.tensors.get(&name).map(|info| info.dtype)
     }
 
     /// The tensor Hugging Face calls `hf_name`, checked to have `shape`, in its
@@ -363,15 +365,12 @@ impl GgufFile {
 
     /// [`Self::qtensor`] as float values (dequantized), checked to be finite.
     pub fn float(&self, hf_name: &str, shape: &[usize], device: &Device) -> Result<Tensor> {
-        let q = self.qtensor(hf_name, shape, &Device::Cpu)?;
-        let t = q.dequantize(&Device::Cpu)?;
-        let values = t.flatten_all()?.to_vec1::<f32>()?;
-        if let Some(i) = values.iter().position(|x| !x.is_finite()) {
-            return Err(self.err(format!(
-                "tensor {}: element {i} is {} (weights must be finite)",
-                gguf_name(hf_name).unwrap_or_default(),
-                values[i]
-            )));
+        let t = self
+            .qtensor(hf_name, shape, &Device::Cpu)?
+            .dequantize(&Device::Cpu)?;
+        if let Some(why) = crate::source::non_finite(&t)? {
+            let name = gguf_name(hf_name).unwrap_or_default();
+            return Err(self.err(format!("tensor {name}: {why}")));
         }
         Ok(t.to_device(device)?)
     }
