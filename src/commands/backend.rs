@@ -80,14 +80,10 @@ pub fn load_model(
 ) -> anyhow::Result<(aisql_models::Qwen3, aisql_models::Tokenizer)> {
     let gpu = one_gpu(args, "this command runs one model on one device")?;
     let dtype = dtype(args)?;
-    let source = if args.name == "tiny" {
+    if args.name == "tiny" {
         eprintln!("{TINY_MODEL_NOTE}");
-        aisql_engine::scheduler::tiny_model_dir()?
-            .display()
-            .to_string()
-    } else {
-        args.name.clone()
-    };
+    }
+    let source = aisql_engine::scheduler::model_source(&args.name)?;
     let device = aisql_models::device(gpu)?;
     aisql_models::load(&source, &device, dtype)
         .with_context(|| format!("loading model {:?}", args.name))

@@ -71,13 +71,7 @@ fn gguf(model: &str, out: &Path, file_type: &str) -> anyhow::Result<()> {
         ))
         .into());
     }
-    let source = if model == "tiny" {
-        aisql_engine::scheduler::tiny_model_dir()?
-            .display()
-            .to_string()
-    } else {
-        model.to_string()
-    };
+    let source = aisql_engine::scheduler::model_source(model)?;
     let files = aisql_models::ModelFiles::resolve(&source)
         .with_context(|| format!("finding model {model:?}"))?;
     let written = aisql_models::gguf::write::write_gguf(&files, out, file_type)

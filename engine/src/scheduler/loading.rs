@@ -98,7 +98,7 @@ pub fn tiny_model_dir() -> Result<std::path::PathBuf> {
 
 /// Where the model named `model` is read from: the generated tiny model's folder
 /// for `tiny`, else `model` itself (a directory or a Hugging Face id).
-fn model_source(model: &str) -> Result<String> {
+pub fn model_source(model: &str) -> Result<String> {
     Ok(if model == "tiny" {
         tiny_model_dir()?.display().to_string()
     } else {
