@@ -11,10 +11,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aisql_engine::backend::OracleBackend;
-use aisql_engine::labels::{LabelSet, LabelStore};
-use aisql_engine::plan::QueryPlan;
-use aisql_engine::query::QueryOptions;
+use aisql_bench::quailb::labels::{LabelSet, LabelStore};
+use aisql_bench::quailb::oracle::OracleBackend;
+use aisql_bench::quailb::plan::QueryPlan;
+use aisql_engine::options::QueryOptions;
 use assert_cmd::Command;
 use common::*;
 use predicates::prelude::*;
@@ -128,7 +128,7 @@ fn missing_or_malformed_tables_are_named() {
         let ids: ArrayRef = Arc::new(StringArray::from(ids.clone()));
         let body: ArrayRef = Arc::new(StringArray::from(vec!["text"; ids.len()]));
         let batch = RecordBatch::try_from_iter([("id", ids), ("body", body)]).unwrap();
-        aisql_engine::output::write_parquet(&reviews, &batch).unwrap();
+        aisql_engine::files::write_parquet(&reviews, &batch).unwrap();
     };
     write(vec![]);
     query_fails(&plan, &tables, "table reviews");
@@ -268,7 +268,7 @@ async fn a_label_missing_from_the_collection_names_predicate_and_id() {
         .filter(|id| *id != "rv3")
     {
         let b = old.get_bool(id, None).unwrap();
-        set.insert(id, None, aisql_engine::labels::LabelValue::Bool(b))
+        set.insert(id, None, aisql_bench::quailb::labels::LabelValue::Bool(b))
             .unwrap();
     }
     let mut broken = LabelStore::new("gt_broken", "none");

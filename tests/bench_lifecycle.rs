@@ -11,9 +11,10 @@ use std::time::Duration;
 use aisql_bench::driver::{BenchOptions, rescore, run_bench};
 use aisql_bench::layout::Dataset;
 use aisql_bench::plans::PlanSource;
+use aisql_bench::quailb::oracle::OracleBackend;
 use aisql_bench::run_file::{QueryStatus, RunFile, RunStatus};
 use aisql_bench::scoring::{Reason, Verdict};
-use aisql_engine::backend::{AiCall, AiRequest, Answer, InferenceBackend, OracleBackend};
+use aisql_engine::backend::{AiCall, AiRequest, Answer, InferenceBackend};
 
 /// The oracle, counting queries started and sleeping once in its first answer when asked.
 struct TestBackend {
@@ -88,7 +89,7 @@ fn setup() -> (tempfile::TempDir, Dataset) {
     (tmp, dataset)
 }
 
-fn queries(ids: &[&str]) -> Vec<(String, aisql_engine::plan::QueryPlan)> {
+fn queries(ids: &[&str]) -> Vec<(String, aisql_bench::quailb::plan::QueryPlan)> {
     let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
     PlanSource::Embedded.select(Some(&ids)).unwrap()
 }
@@ -182,8 +183,8 @@ async fn resume_after_a_crash_does_nothing_twice_and_loses_nothing() {
     assert_eq!(resumed.metadata["resumed"], 1);
 
     // A crafted output: IMDB-1 returns nothing → bad, EMPTY_RESULT after `report`.
-    let rows = aisql_engine::output::read_parquet(&dir.join("IMDB-1/rows.parquet")).unwrap();
-    aisql_engine::output::write_parquet(&dir.join("IMDB-1/rows.parquet"), &rows.slice(0, 0))
+    let rows = aisql_engine::files::read_parquet(&dir.join("IMDB-1/rows.parquet")).unwrap();
+    aisql_engine::files::write_parquet(&dir.join("IMDB-1/rows.parquet"), &rows.slice(0, 0))
         .unwrap();
     // Not what the run wrote: refused, naming the file.
     let e = rescore(&dir, &dataset).unwrap_err().to_string();
@@ -250,7 +251,7 @@ async fn a_query_over_its_timeout_is_recorded_and_the_run_goes_on() {
     let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(report.contains("## Errors") && report.contains("- IMDB-1: TimeoutError"));
     assert!(report.contains("Status: failed"));
-    let m = aisql_engine::output::read_parquet(&dir.join("measurements.parquet")).unwrap();
+    let m = aisql_engine::files::read_parquet(&dir.join("measurements.parquet")).unwrap();
     assert_eq!(m.num_rows(), 2);
 
     // With fail-fast the run stops at the timeout; the rest stay pending.

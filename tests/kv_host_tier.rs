@@ -11,9 +11,11 @@ mod common;
 
 use std::sync::Arc;
 
-use aisql_engine::labels::LabelStore;
-use aisql_engine::plan::QueryPlan;
-use aisql_engine::query::{QueryOptions, QueryOutput};
+use aisql_bench::quailb::labels::LabelStore;
+use aisql_bench::quailb::oracle::OracleBackend;
+use aisql_bench::quailb::plan::QueryPlan;
+use aisql_bench::quailb::query::QueryOutput;
+use aisql_engine::options::QueryOptions;
 use aisql_engine::scheduler::{SchedulerConfig, simulation_backend};
 use common::*;
 
@@ -62,7 +64,12 @@ impl<'a> Simulation<'a> {
             host_kv_budget_bytes: host,
             batch_tokens: 512,
         };
-        let backend = simulation_backend(self.store.clone(), config, BYTES_PER_TOKEN).unwrap();
+        let backend = simulation_backend(
+            Arc::new(OracleBackend::new(self.store.clone())),
+            config,
+            BYTES_PER_TOKEN,
+        )
+        .unwrap();
         collect_query(plan, &self.corpus.paths(), backend, &self.options)
             .await
             .unwrap()
@@ -266,7 +273,7 @@ async fn a_query_keeps_only_the_token_ids_of_the_tables_it_reads() {
     let plans = load_plans(&ids);
     let sim = Simulation::new(&corpus, &plans, 8);
     let backend = simulation_backend(
-        sim.store.clone(),
+        Arc::new(OracleBackend::new(sim.store.clone())),
         SchedulerConfig::default(),
         BYTES_PER_TOKEN,
     )

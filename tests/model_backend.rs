@@ -13,12 +13,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 use aisql_bench::layout::Dataset;
+use aisql_bench::quailb::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo};
+use aisql_bench::quailb::oracle::OracleBackend;
+use aisql_bench::quailb::plan::{Operator, QueryPlan};
+use aisql_bench::quailb::query::{QueryOutput, run_query};
 use aisql_engine::answers::AnswerTable;
 use aisql_engine::backend::{AiKind, InferenceBackend};
-use aisql_engine::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo};
-use aisql_engine::plan::{Operator, QueryPlan};
-use aisql_engine::prompt::{PromptFormat, operator_pieces};
-use aisql_engine::query::{QueryOptions, QueryOutput, run_query};
+use aisql_engine::options::QueryOptions;
+use aisql_engine::prompt::PromptFormat;
 use aisql_engine::scheduler::{
     Executor, ModelSpec, SchedulerConfig, load_model_backend, simulation_backend,
 };
@@ -46,7 +48,7 @@ fn config(prefix_cache: bool) -> SchedulerConfig {
 
 /// Document texts of a table: id -> text of `column`.
 fn texts(path: &Path, column: &str) -> HashMap<String, String> {
-    let batch = aisql_engine::output::read_parquet(path).unwrap();
+    let batch = aisql_engine::files::read_parquet(path).unwrap();
     let ids = batch
         .column_by_name("id")
         .unwrap()
@@ -106,7 +108,7 @@ fn input_and_minimum(q: &QueryPlan, out: &QueryOutput, tokens: &mut Tokens<'_>) 
     let mut groups: BTreeMap<(Subject, Vec<u32>), (usize, BTreeSet<Subject>)> = BTreeMap::new();
     for table in &out.answers {
         let op = q.operator(&table.op_id).unwrap();
-        let pieces = operator_pieces(PromptFormat::RawV1, op).unwrap().unwrap();
+        let pieces = op.prompt_pieces(PromptFormat::RawV1).unwrap().unwrap();
         let (pre, frame, label, tail) = (
             enc(&pieces.preamble),
             enc(&pieces.frame),
@@ -302,8 +304,12 @@ async fn cached_equals_uncached_and_fresh_tokens_meet_the_minimum() {
 
         // The simulation, fed the model's answers, schedules the same work.
         let store = Arc::new(labels_from_answers(&q, &[&c]));
-        let sim = simulation_backend(store, config(true), cached.executor().kv_bytes_per_token())
-            .unwrap();
+        let sim = simulation_backend(
+            Arc::new(OracleBackend::new(store)),
+            config(true),
+            cached.executor().kv_bytes_per_token(),
+        )
+        .unwrap();
         let (_, s) = run_query(
             &q,
             &dataset.tables,

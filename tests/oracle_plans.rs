@@ -7,8 +7,9 @@ mod common;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use aisql_engine::backend::{AiKind, OracleBackend};
-use aisql_engine::query::QueryOptions;
+use aisql_bench::quailb::oracle::OracleBackend;
+use aisql_engine::backend::AiKind;
+use aisql_engine::options::QueryOptions;
 use common::*;
 
 #[tokio::test]

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use aisql_engine::backend::{AiCall, AiRequest, Answer, InferenceBackend};
-use aisql_engine::query::QueryOptions;
+use aisql_engine::options::QueryOptions;
 use assert_cmd::Command;
 use common::{Fails, collect_query};
 use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray};
@@ -137,9 +137,10 @@ fn a_million_entry_in_list_is_read_and_refused_naming_an_option() {
         (0..1_000_000)
             .map(|i| serde_json::json!({"literal": {"string": format!("no-such-label-{i}")}})),
     );
-    let decoded = aisql_engine::plan::decode_plan(plan.to_string().as_bytes(), true).unwrap();
+    let decoded =
+        aisql_engine::sql::plan_file::decode_plan(plan.to_string().as_bytes(), true).unwrap();
     let big = dir.path().join("IMDB-13-million.substrait");
-    std::fs::write(&big, aisql_engine::plan::encode_plan(&decoded)).unwrap();
+    std::fs::write(&big, aisql_engine::sql::plan_file::encode_plan(&decoded)).unwrap();
     let t0 = Instant::now();
     let err = aisql().arg("explain").arg(&big).fails();
     eprintln!(

@@ -15,11 +15,12 @@ mod common;
 
 use std::sync::Arc;
 
+use aisql_bench::quailb::oracle::OracleBackend;
+use aisql_bench::quailb::plan::QueryPlan;
 use aisql_engine::answer_cache::AnswerIdentity;
 use aisql_engine::backend::InferenceBackend;
 use aisql_engine::distributed::{LoopbackWorker, ServedModel, connect_workers};
-use aisql_engine::plan::QueryPlan;
-use aisql_engine::query::QueryOptions;
+use aisql_engine::options::QueryOptions;
 use aisql_engine::scheduler::{SchedulerConfig, simulation_backend};
 use aisql_engine::shard::ShardedBackend;
 use common::*;
@@ -76,7 +77,7 @@ async fn all_43_plans_on_three_simulated_workers_in_process_and_over_the_wire_ma
     let simulated = || -> Vec<Arc<dyn InferenceBackend>> {
         (0..WORKERS)
             .map(|_| {
-                simulation_backend(store.clone(), unbounded(), 1024).unwrap()
+                simulation_backend(oracle(&store), unbounded(), 1024).unwrap()
                     as Arc<dyn InferenceBackend>
             })
             .collect()
@@ -85,7 +86,7 @@ async fn all_43_plans_on_three_simulated_workers_in_process_and_over_the_wire_ma
     let (_servers, remote) = over_the_wire(simulated()).await;
     let (mut one_total, mut sharded_total) = (0u64, 0u64);
     for (id, plan) in ids.iter().zip(&plans) {
-        let one = simulation_backend(store.clone(), unbounded(), 1024).unwrap();
+        let one = simulation_backend(oracle(&store), unbounded(), 1024).unwrap();
         let single = collect_query(plan, &corpus.paths(), one, &options)
             .await
             .unwrap_or_else(|e| panic!("{id}: {e}"));
@@ -208,14 +209,14 @@ fn two_coordinators_at_once_on_one_worker_each_answer_as_their_own_process() {
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (server, _) = rt.block_on(over_the_wire(vec![
-        simulation_backend(store.clone(), unbounded(), 1024).unwrap(),
+        simulation_backend(oracle(&store), unbounded(), 1024).unwrap(),
     ]));
     let addr = server[0].addr().to_string();
     let want: Vec<Collected> = ids
         .iter()
         .zip(&plans)
         .map(|(id, plan)| {
-            let one = simulation_backend(store.clone(), unbounded(), 1024).unwrap();
+            let one = simulation_backend(oracle(&store), unbounded(), 1024).unwrap();
             rt.block_on(collect_query(plan, &corpus.paths(), one, &options))
                 .unwrap_or_else(|e| panic!("{id}: {e}"))
         })
@@ -288,4 +289,11 @@ async fn over_the_wire(
     })
     .await
     .unwrap()
+}
+
+/// The oracle over `store`, as a backend to simulate with.
+fn oracle(
+    store: &Arc<aisql_bench::quailb::labels::LabelStore>,
+) -> Arc<dyn aisql_engine::backend::InferenceBackend> {
+    Arc::new(OracleBackend::new(store.clone()))
 }

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use aisql_engine::backend::ContentHashBackend as ContentBackend;
-use aisql_engine::query::QueryOptions;
+use aisql_engine::options::QueryOptions;
 use aisql_engine::sql::{Evaluation, SqlSession};
 use datafusion::arrow::array::RecordBatch;
 
@@ -102,9 +102,9 @@ fn lines(batches: &[RecordBatch]) -> Vec<String> {
 /// `sql` written as Substrait (binary), decoded and run again.
 async fn roundtrip(session: &SqlSession, sql: &str) -> aisql_engine::Result<Vec<RecordBatch>> {
     let plan = session.to_substrait(sql).await?;
-    let bytes = aisql_engine::plan::encode_plan(&plan);
-    let plan =
-        aisql_engine::plan::decode_plan(&bytes, false).map_err(aisql_engine::EngineError::Sql)?;
+    let bytes = aisql_engine::sql::plan_file::encode_plan(&plan);
+    let plan = aisql_engine::sql::plan_file::decode_plan(&bytes, false)
+        .map_err(aisql_engine::EngineError::Sql)?;
     let planned = session.plan_substrait(&plan).await?;
     Ok(session
         .run_plan(planned, std::time::Instant::now())

@@ -8,9 +8,10 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
+use aisql_bench::quailb::oracle::OracleBackend;
 use aisql_engine::answers::AnswerTable;
 use aisql_engine::backend::InferenceBackend;
-use aisql_engine::query::QueryOptions;
+use aisql_engine::options::QueryOptions;
 use aisql_engine::scheduler::{SchedulerConfig, simulation_backend};
 use aisql_engine::sql::{Evaluation, SqlSession};
 use common::*;
@@ -73,7 +74,8 @@ async fn sql_spellings_of_quailb_queries_match_their_plans() {
             host_kv_budget_bytes: 0,
             batch_tokens: 512,
         };
-        let backend = simulation_backend(store.clone(), config, 1024).unwrap();
+        let backend =
+            simulation_backend(Arc::new(OracleBackend::new(store.clone())), config, 1024).unwrap();
         let options = QueryOptions {
             batch_rows: 16,
             ..Default::default()

@@ -12,12 +12,12 @@ use std::sync::Arc;
 
 use aisql_bench::corpus::Corpus;
 use aisql_bench::plans::PlanSource;
+use aisql_bench::quailb::plan::QueryPlan;
 use aisql_bench::reference::Reference;
 use aisql_bench::scoring::{
     Interner, Tuples, compare_rows, compare_saved_rows, label_columns, reference_rows,
 };
-use aisql_engine::output::write_parquet;
-use aisql_engine::plan::QueryPlan;
+use aisql_engine::files::write_parquet;
 use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use aisql_engine::backend::ContentHashBackend;
-use aisql_engine::query::QueryOptions;
+use aisql_engine::options::QueryOptions;
 use aisql_engine::sql::{Evaluation, SqlSession, row_lines};
 
 fn dir() -> PathBuf {
@@ -51,7 +51,7 @@ async fn ibis_plans_return_the_rows_of_the_same_sql() {
     let s = session().await;
     for (file, sql) in cases {
         let path = dir().join("substrait").join(file);
-        let plan = aisql_engine::plan::read_plan_file(&path).unwrap();
+        let plan = aisql_engine::sql::plan_file::read_plan_file(&path).unwrap();
         let planned = s
             .plan_substrait(&plan)
             .await
@@ -87,7 +87,8 @@ async fn ibis_plans_return_the_rows_of_the_same_sql() {
         .parse::<usize>()
         .unwrap();
     let plan =
-        aisql_engine::plan::read_plan_file(&dir().join("substrait/ibis-filter.json")).unwrap();
+        aisql_engine::sql::plan_file::read_plan_file(&dir().join("substrait/ibis-filter.json"))
+            .unwrap();
     let out = s
         .run_plan(
             s.plan_substrait(&plan).await.unwrap(),

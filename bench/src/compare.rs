@@ -102,7 +102,7 @@ fn predicates(
     qa: &QueryRecord,
     dir_b: &Path,
     qb: &QueryRecord,
-    labels: &aisql_engine::labels::LabelStore,
+    labels: &crate::quailb::labels::LabelStore,
     templates: &HashMap<String, String>,
 ) -> Result<Vec<PredicateComparison>> {
     let (Some(fa), Some(fb)) = (&qa.files, &qb.files) else {

@@ -11,14 +11,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::quailb::output::{OutputFiles, ROWS_FILE, ROWS_SUMMARY_FILE, write_answer_outputs};
+use crate::quailb::plan::QueryPlan;
+use crate::quailb::query::{QueryOutput, output_schema, run_query_into};
 use aisql_engine::backend::InferenceBackend;
 use aisql_engine::coverage::OnRowError;
-use aisql_engine::output::{
-    OutputFiles, ROWS_FILE, ROWS_SUMMARY_FILE, is_temp_name, write_answer_outputs,
-};
-use aisql_engine::plan::QueryPlan;
+use aisql_engine::files::is_temp_name;
+use aisql_engine::options::QueryOptions;
 use aisql_engine::prompt::PromptFormat;
-use aisql_engine::query::{QueryOptions, QueryOutput, output_schema, run_query_into};
 use aisql_engine::row_sink::{ParquetRows, SavedRows};
 use aisql_engine::spend::Budget;
 use aisql_engine::tables::TablePaths;
@@ -514,9 +514,14 @@ pub async fn run_bench(
             bar.set_message(format!("{id} (estimate)"));
             let estimate = async {
                 let estimating = estimator.backend(backend.clone())?;
-                estimator
-                    .estimate_query(estimating, plan, &tables, &query_options)
-                    .await
+                crate::quailb::query::estimate_query(
+                    estimator,
+                    estimating,
+                    plan,
+                    &tables,
+                    &query_options,
+                )
+                .await
             };
             match estimate.await {
                 Ok(e) => rec.estimate = Some(e),

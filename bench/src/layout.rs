@@ -22,9 +22,9 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 
+use crate::quailb::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo};
 use aisql_engine::backend::AiKind;
 use aisql_engine::cache_dir::cache_dir;
-use aisql_engine::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo};
 use aisql_engine::parquet_read::{ParquetReadError, footer_rows, read_batches};
 use aisql_engine::tables::TablePaths;
 use datafusion::arrow::array::{Array, AsArray};

@@ -9,6 +9,7 @@ pub mod layout;
 #[cfg(test)]
 mod layout_tests;
 pub mod plans;
+pub mod quailb;
 pub mod reference;
 pub mod report;
 pub mod resolve;

@@ -7,7 +7,8 @@
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
-use aisql_engine::plan::{QueryPlan, decode_plan};
+use crate::quailb::plan::QueryPlan;
+use aisql_engine::sql::plan_file::decode_plan;
 
 use crate::error::{BenchError, Result};
 

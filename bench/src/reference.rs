@@ -8,8 +8,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use aisql_engine::labels::{LabelSet, LabelStore};
-use aisql_engine::plan::{Operator, QueryPlan};
+use crate::quailb::labels::{LabelSet, LabelStore};
+use crate::quailb::plan::{Operator, QueryPlan};
 use aisql_engine::row_digest::row_hash;
 use datafusion::arrow::array::{Array, ArrayRef, DictionaryArray, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::Int32Type;

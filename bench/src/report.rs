@@ -483,10 +483,7 @@ pub fn measurements_batch(run: &RunFile) -> Result<RecordBatch> {
 
 /// Writes report.md, measurements.parquet and the charts into the run folder.
 pub fn write_reports(dir: &Path, run: &RunFile) -> Result<()> {
-    aisql_engine::output::write_parquet(
-        &dir.join(MEASUREMENTS_PARQUET),
-        &measurements_batch(run)?,
-    )?;
+    aisql_engine::files::write_parquet(&dir.join(MEASUREMENTS_PARQUET), &measurements_batch(run)?)?;
     let charts = crate::charts::write_charts(dir, run).unwrap_or_else(|e| {
         log::warn!("charts not written: {e:#}");
         Vec::new()

@@ -4,8 +4,9 @@
 
 use std::path::Path;
 
-use aisql_engine::output::OutputFiles;
-use aisql_engine::plan::{QueryPlan, decode_plan};
+use crate::quailb::output::OutputFiles;
+use crate::quailb::plan::QueryPlan;
+use aisql_engine::sql::plan_file::decode_plan;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{BenchError, Result};
@@ -250,9 +251,9 @@ impl RunFile {
     }
 }
 
-/// Writes `bytes` to `path` atomically ([`aisql_engine::output::write_file_atomic`]).
+/// Writes `bytes` to `path` atomically ([`aisql_engine::files::write_file_atomic`]).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    Ok(aisql_engine::output::write_file_atomic(path, bytes)?)
+    Ok(aisql_engine::files::write_file_atomic(path, bytes)?)
 }
 
 /// The plan a query of a run was run with (its saved `plan.substrait`).

@@ -7,12 +7,13 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::quailb::labels::{LabelSet, LabelStore};
+use crate::quailb::output::{OutputFiles, ROWS_SUMMARY_FILE};
+use crate::quailb::plan::{Operator, QueryPlan};
 use aisql_engine::answers::AnswerTable;
 use aisql_engine::backend::AiKind;
-use aisql_engine::labels::{LabelSet, LabelStore};
-use aisql_engine::output::{OutputFiles, ROWS_SUMMARY_FILE, read_parquet};
+use aisql_engine::files::read_parquet;
 use aisql_engine::parquet_read::stream_dictionary_parts;
-use aisql_engine::plan::{Operator, QueryPlan};
 use aisql_engine::row_digest::RowsSummary;
 use datafusion::arrow::array::{Array, RecordBatch, StringArray};
 use serde::{Deserialize, Serialize};
@@ -1192,7 +1193,7 @@ mod tests {
 
     #[test]
     fn binary_agreement_counts_and_missing_label_is_an_error() {
-        use aisql_engine::labels::{LabelValue, PredicateInfo};
+        use crate::quailb::labels::{LabelValue, PredicateInfo};
         let info = PredicateInfo {
             key: "k".into(),
             kind: AiKind::Filter,

@@ -6,9 +6,9 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use crate::quailb::plan::{Operator, QueryPlan};
 use aisql_engine::answers::AnswerTable;
-use aisql_engine::plan::{Operator, QueryPlan};
-use aisql_engine::prompt::{PromptFormat, operator_pieces};
+use aisql_engine::prompt::PromptFormat;
 use aisql_models::tokenizer::Tokenizer;
 use serde_json::json;
 
@@ -45,7 +45,7 @@ pub struct OpPieces {
 pub fn plan_pieces(plan: &QueryPlan, tok: &Tokenizer) -> Result<Vec<OpPieces>> {
     let mut out = Vec::new();
     for op in &plan.operators {
-        let Some(p) = operator_pieces(PromptFormat::RawV1, op)? else {
+        let Some(p) = op.prompt_pieces(PromptFormat::RawV1)? else {
             continue;
         };
         let (kind, alias, partner) = match op {
@@ -495,7 +495,7 @@ mod tests {
             )
             .unwrap();
             let p = dir.path().join(format!("{table}.parquet"));
-            aisql_engine::output::write_parquet(&p, &batch).unwrap();
+            aisql_engine::files::write_parquet(&p, &batch).unwrap();
             (table.to_string(), p)
         };
         let paths: std::collections::BTreeMap<_, _> = [

@@ -39,8 +39,9 @@ use crate::backend::{
 use crate::error::{EngineError, Result};
 use crate::prompt::{PromptFormat, call_pieces, check_placeholders, extract_questions};
 
-/// URN under which QUAIL-B plans declare the AI functions.
-pub use crate::plan::AI_URN;
+/// URN under which QUAIL-B plans, and aisql's Substrait for the functions they
+/// use, declare the AI functions.
+pub const AI_URN: &str = "extension:org.fsdatalab.quail_b:functions_ai";
 
 /// Default `max_tokens` of a generating call.
 pub const DEFAULT_MAX_TOKENS: u32 = 256;

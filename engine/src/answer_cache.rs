@@ -343,7 +343,7 @@ impl AnswerCache {
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                crate::output::write_file_atomic(&identity_path, want.as_bytes())?;
+                crate::files::write_file_atomic(&identity_path, want.as_bytes())?;
             }
             Err(e) => return Err(EngineError::io(&identity_path, e)),
         }

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use datafusion::arrow::datatypes::{DataType, Field, Fields};
 
 use crate::error::{EngineError, Result};
-use crate::labels::LabelStore;
 use crate::prompt::PromptPieces;
 use crate::spend::Spend;
 
@@ -414,69 +413,6 @@ pub fn require_answered(answers: Vec<Answer>) -> Result<Vec<Answer>> {
     }
 }
 
-/// Answers every question from the reference labels of a collection: the
-/// relational half of the engine can be proved exact before any model runs.
-#[derive(Debug, Clone)]
-pub struct OracleBackend {
-    labels: Arc<LabelStore>,
-}
-
-impl OracleBackend {
-    /// An oracle over `labels`.
-    pub fn new(labels: Arc<LabelStore>) -> Self {
-        Self { labels }
-    }
-}
-
-impl InferenceBackend for OracleBackend {
-    fn name(&self) -> &str {
-        "oracle"
-    }
-
-    /// Decisions and labels from the reference labels; a score is the
-    /// reference decision's certainty (1 or 0) and label probabilities put all
-    /// mass on the reference label. No label set holds generated text.
-    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
-        if call.kind.generates() {
-            return Err(EngineError::Labels(format!(
-                "{}: the oracle has no answers for generated text ({}); run it with \
-                 --simulate to count its tokens, or with a model",
-                call.op_id,
-                call.kind.name()
-            )));
-        }
-        let set = self.labels.require_template(&call.template, &call.op_id)?;
-        requests
-            .iter()
-            .map(|r| {
-                let partner = r.partner.map(|p| p.id);
-                if !call.kind.has_labels() {
-                    let b = set.require_bool(r.anchor.id, partner)?;
-                    return Ok(match call.kind {
-                        AiKind::Score => Answer::Score(if b { 1.0 } else { 0.0 }),
-                        _ => Answer::Bool(b),
-                    });
-                }
-                let label = set.require_label(r.anchor.id, partner)?;
-                let i = call.labels.iter().position(|l| l == label).ok_or_else(|| {
-                    EngineError::Labels(format!(
-                        "{}: reference label {label:?} is not among the plan's labels",
-                        call.op_id
-                    ))
-                })?;
-                Ok(match call.kind {
-                    AiKind::ClassifyScores => Answer::LabelScores(
-                        (0..call.labels.len())
-                            .map(|j| if j == i { 1.0 } else { 0.0 })
-                            .collect(),
-                    ),
-                    _ => Answer::Label(i as u32),
-                })
-            })
-            .collect()
-    }
-}
-
 /// Answers from a hash of the prompt's template and document texts: about 45 %
 /// TRUE, one label per prompt, always the same for the same prompt. Not a model:
 /// the reference of differential tests and fuzzing, where two ways of running
@@ -608,5 +544,26 @@ pub(crate) fn test_call(kind: AiKind, template: &str, labels: &[&str]) -> AiCall
         max_tokens: if kind.generates() { 16 } else { 0 },
         descriptions: Vec::new(),
         relations: Vec::new(),
+    }
+}
+
+/// A backend with no answers: every question is a [`EngineError::Labels`]
+/// error, as an oracle without reference labels gives. For tests that plan,
+/// or run queries that ask nothing.
+#[cfg(test)]
+#[derive(Debug, Default)]
+pub(crate) struct NoAnswers;
+
+#[cfg(test)]
+impl InferenceBackend for NoAnswers {
+    fn name(&self) -> &str {
+        "no-answers"
+    }
+
+    fn answer(&self, call: &AiCall, _requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+        Err(EngineError::Labels(format!(
+            "{}: no reference answers for {:?}",
+            call.op_id, call.template
+        )))
     }
 }

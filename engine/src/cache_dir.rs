@@ -70,7 +70,7 @@ pub fn seal(base: &Path, files: &[PathBuf], seal: &Path) -> Result<()> {
         let hash = sha256_of(&path).map_err(|e| EngineError::io(&path, e))?;
         text.push_str(&format!("{hash}  {}\n", rel.display()));
     }
-    crate::output::write_file_atomic(seal, text.as_bytes())
+    crate::files::write_file_atomic(seal, text.as_bytes())
 }
 
 /// Every file under `dir` (but its seal and temporary files), relative to `dir`.
@@ -83,7 +83,7 @@ pub fn files_of(dir: &Path) -> Result<Vec<PathBuf>> {
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
             if path.is_dir() {
                 stack.push(path);
-            } else if name != SEAL_FILE && !crate::output::is_temp_name(name) {
+            } else if name != SEAL_FILE && !crate::files::is_temp_name(name) {
                 out.push(path.strip_prefix(dir).expect("under dir").to_path_buf());
             }
         }

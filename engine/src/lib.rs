@@ -2,13 +2,13 @@
 //! DataFusion, the AI calls answered in batches by an inference backend.
 //!
 //! Flow: [`sql`] plans SQL (three spellings) and Substrait from any producer;
-//! [`logical`] holds the AI extension nodes and the QUAIL-B consumer, and the
-//! AI rewrite ([`sql::rewrite`]) makes every `ai_filter`, `ai_join` and
-//! `ai_classify` call a [`logical::AiNode`]; [`physical`] lowers them to
+//! the AI rewrite ([`sql::rewrite`]) makes every `ai_filter`, `ai_join`,
+//! `ai_classify`, … call a [`logical::AiNode`]; [`physical`] lowers them to
 //! operators that render prompts ([`prompt`]) and ask a
-//! [`backend::InferenceBackend`] in batches; [`plan`] derives the benchmark's
-//! view of a QUAIL-B plan from DataFusion's plan, and [`query`] runs one with
-//! its per-operator answer tables ([`answers`]).
+//! [`backend::InferenceBackend`] in batches ([`scheduler`] for a model), their
+//! answers recorded per operator ([`answers`]). The benchmark's rules (QUAIL-B
+//! plan files, their view, label sets, the per-query output layout) live in
+//! the `aisql-bench` crate, which drives this one like any other caller.
 
 pub mod ai_aggregate;
 pub mod ai_functions;
@@ -22,23 +22,20 @@ pub mod coverage;
 pub mod distributed;
 mod error;
 pub mod estimate;
-pub mod explain;
+pub mod files;
 pub mod host_memory;
 pub mod input_file;
 pub mod kv_cache;
-pub mod labels;
 pub mod logical;
 pub mod memo;
 pub mod memory_guard;
-pub mod output;
+pub mod options;
 pub mod panic_hook;
 pub mod parquet_headers;
 pub mod parquet_read;
 pub mod physical;
-pub mod plan;
 pub mod progress;
 pub mod prompt;
-pub mod query;
 pub mod query_gate;
 pub mod row_digest;
 pub mod row_sink;

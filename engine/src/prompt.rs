@@ -15,7 +15,6 @@ use std::str::FromStr;
 
 use crate::backend::AiKind;
 use crate::error::{EngineError, Result};
-use crate::plan::Operator;
 
 /// Instruction of filters and joins (raw-v1).
 pub const TASK_INSTRUCTION: &str = "Evaluate TRUE or FALSE for the following question: ";
@@ -322,29 +321,6 @@ pub fn call_pieces(
             tail: EXTRACT_SEPARATOR.to_string(),
             pair: false,
         },
-    })
-}
-
-/// Pieces of an AI operator's prompts (None for IN-lists).
-pub fn operator_pieces(format: PromptFormat, op: &Operator) -> Result<Option<PromptPieces>> {
-    Ok(match op {
-        Operator::Filter { template, .. } => Some(filter_pieces(format, template)?),
-        Operator::Join { template, .. } => Some(join_pieces(format, template)),
-        Operator::Classify {
-            template,
-            labels,
-            descriptions,
-            partner: None,
-            ..
-        } => Some(classify_pieces(format, template, labels, descriptions)?),
-        Operator::Classify {
-            template,
-            labels,
-            descriptions,
-            partner: Some(_),
-            ..
-        } => Some(pair_classify_pieces(format, template, labels, descriptions)),
-        Operator::InList { .. } => None,
     })
 }
 

@@ -79,7 +79,7 @@ impl RowsDigest {
 }
 
 /// What is kept of a result whose file would not fit the disk: written as
-/// JSON next to where the file would have been ([`crate::output::summary_path`]).
+/// JSON next to where the file would have been ([`crate::files::summary_path`]).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RowsSummary {
     /// Why this file is here, for a reader who expected the rows.

@@ -22,7 +22,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use futures::StreamExt;
 
 use crate::error::{EngineError, Result};
-use crate::output::{parquet_properties, publish, summary_path, temp_path, write_file_atomic};
+use crate::files::{parquet_properties, publish, summary_path, temp_path, write_file_atomic};
 use crate::row_digest::{RowsDigest, RowsSummary};
 
 /// Takes a query's result rows, one batch at a time, in the order they arrive.
@@ -268,7 +268,7 @@ impl ParquetRows {
             std::fs::create_dir_all(dir).map_err(|e| EngineError::io(dir, e))?;
         }
         let tmp = temp_path(path);
-        let file = File::create(&tmp).map_err(|e| crate::output::temp_error(path, &tmp, e))?;
+        let file = File::create(&tmp).map_err(|e| crate::files::temp_error(path, &tmp, e))?;
         let failed =
             |e: &dyn std::fmt::Display| EngineError::Data(format!("{}: {e}", path.display()));
         let mut writer = ArrowWriter::try_new(file, schema.clone(), Some(parquet_properties()))
@@ -491,7 +491,7 @@ mod tests {
         sink.push(batch(&["c"])).unwrap();
         assert!(!path.exists(), "no rows.parquet before finish");
         assert_eq!(sink.finish().unwrap(), SavedRows::File(3));
-        let back = crate::output::read_parquet(&path).unwrap();
+        let back = crate::files::read_parquet(&path).unwrap();
         assert_eq!(back.num_rows(), 3);
         assert_eq!(back.schema().field(0).name(), "r");
         assert!(!temp_path(&path).exists());
@@ -509,7 +509,7 @@ mod tests {
         let kept: Vec<usize> = head.iter().map(RecordBatch::num_rows).collect();
         assert_eq!((kept, total), (vec![2, 1], 5));
         assert_eq!(parquet.finish().unwrap(), SavedRows::File(5));
-        assert_eq!(crate::output::read_parquet(&path).unwrap().num_rows(), 5);
+        assert_eq!(crate::files::read_parquet(&path).unwrap().num_rows(), 5);
     }
 
     #[test]

@@ -13,12 +13,9 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
-use datafusion::datasource::MemTable;
-use datafusion::prelude::SessionContext;
 
 use crate::error::{EngineError, Result};
 use crate::parquet_read::{ParquetReadError, read_batches};
-use crate::plan::QueryPlan;
 
 /// Reads one Parquet table, requiring `columns` to exist, be strings and hold no
 /// nulls, and the table to have rows. `text_columns` are served as `Utf8View`
@@ -176,45 +173,4 @@ pub fn ai_batches(
     }
     slices.push(batch.slice(start, batch.num_rows() - start));
     slices
-}
-
-/// Reads every table `query` scans and registers it with `ctx`, served in batches
-/// of at most `batch_rows` rows and about `batch_text_bytes` bytes of document
-/// text (the unit AI operators stream). Returns per table its row count and the
-/// rows of its first batch when it has several.
-pub fn register_tables(
-    ctx: &SessionContext,
-    query: &QueryPlan,
-    paths: &TablePaths,
-    batch_rows: usize,
-    batch_text_bytes: usize,
-) -> Result<BTreeMap<String, (usize, Option<usize>)>> {
-    let mut out = BTreeMap::new();
-    for table in query.tables() {
-        let path = paths.get(&table).ok_or_else(|| {
-            EngineError::Data(format!(
-                "table {table} is needed by the plan but no file was given for it (known: {:?})",
-                paths.keys().collect::<Vec<_>>()
-            ))
-        })?;
-        let mut columns: Vec<String> = Vec::new();
-        let mut text_columns: Vec<String> = Vec::new();
-        for r in query.relations.iter().filter(|r| r.table == table) {
-            if !text_columns.contains(&r.text_column) {
-                text_columns.push(r.text_column.clone());
-            }
-            for c in &r.columns {
-                if !columns.contains(c) {
-                    columns.push(c.clone());
-                }
-            }
-        }
-        let batch = read_table(&table, path, &columns, &text_columns)?;
-        let slices = ai_batches(&batch, &text_columns, batch_rows, batch_text_bytes);
-        let first = (slices.len() > 1).then(|| slices[0].num_rows());
-        out.insert(table.clone(), (batch.num_rows(), first));
-        let mem = MemTable::try_new(batch.schema(), vec![slices])?;
-        ctx.register_table(table.as_str(), Arc::new(mem))?;
-    }
-    Ok(out)
 }

@@ -13,16 +13,19 @@ use std::sync::Arc;
 use aisql_bench::driver::{BenchOptions, run_bench};
 use aisql_bench::layout::Dataset;
 use aisql_bench::plans::PlanSource;
+use aisql_bench::quailb::explain::explain;
+use aisql_bench::quailb::oracle::OracleBackend;
+use aisql_bench::quailb::plan::QueryPlan;
+use aisql_bench::quailb::query::run_query;
 use aisql_engine::answer_cache::AnswerIdentity;
-use aisql_engine::backend::{ContentHashBackend, OracleBackend};
+use aisql_engine::backend::ContentHashBackend;
 use aisql_engine::distributed::{
     GuardedMethod, ServedModel, WireDoc, WireRequests, WorkerMessage, WorkerReply, WorkerTask,
     WorkerTaskCodec, WorkerTaskExec, answer, check_request, decode_task,
 };
-use aisql_engine::explain::explain;
-use aisql_engine::plan::{QueryPlan, decode_plan, encode_plan};
+use aisql_engine::options::QueryOptions;
 use aisql_engine::prompt::{PromptFormat, classify_pieces, filter_pieces, join_pieces};
-use aisql_engine::query::{QueryOptions, run_query};
+use aisql_engine::sql::plan_file::{decode_plan, encode_plan};
 use aisql_engine::sql::{Evaluation, SqlSession};
 use aisql_engine::tables::read_table;
 use aisql_models::Tokenizer;

@@ -3,8 +3,9 @@
 use std::sync::Arc;
 
 use aisql_bench::layout::Dataset;
+use aisql_bench::quailb::oracle::OracleBackend;
 use aisql_engine::answer_cache::{AnswerCache, AnswerIdentity, CachedBackend, KEY_FILE, RecordKey};
-use aisql_engine::backend::{InferenceBackend, OracleBackend};
+use aisql_engine::backend::InferenceBackend;
 use aisql_engine::distributed::{ConnectOptions, connect_workers_with};
 use aisql_engine::prompt::PromptFormat;
 use aisql_engine::scheduler::{
@@ -199,8 +200,12 @@ pub fn build(
             let workers = devices
                 .iter()
                 .map(|_| {
-                    simulation_backend(labels.clone(), config.clone(), QWEN3_4B_KV_BYTES_PER_TOKEN)
-                        .map(|b| b as Arc<dyn InferenceBackend>)
+                    simulation_backend(
+                        Arc::new(OracleBackend::new(labels.clone())),
+                        config.clone(),
+                        QWEN3_4B_KV_BYTES_PER_TOKEN,
+                    )
+                    .map(|b| b as Arc<dyn InferenceBackend>)
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let backend = over_workers(workers, &mut meta)?;

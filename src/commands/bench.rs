@@ -47,7 +47,7 @@ fn compare(a: &Path, b: &Path, root: Option<&Path>, json: Option<&Path>) -> anyh
     guard.add(a, "the compared run").add(b, "the compared run");
     if let Some(path) = json {
         guard.check(path, "--json", OutputKind::File)?;
-        aisql_engine::output::check_output_folder(path, "--json")?;
+        aisql_engine::files::check_output_folder(path, "--json")?;
     }
     let dataset = run_dataset(a, root)?;
     super::paths::add_dataset(&mut guard, &dataset);
@@ -57,7 +57,7 @@ fn compare(a: &Path, b: &Path, root: Option<&Path>, json: Option<&Path>) -> anyh
     let c = compare_runs(a, b, &dataset)?;
     print!("{}", comparison_markdown(&c));
     if let Some(path) = json {
-        aisql_engine::output::write_file_atomic(
+        aisql_engine::files::write_file_atomic(
             path,
             (serde_json::to_string_pretty(&c)? + "\n").as_bytes(),
         )
@@ -219,9 +219,9 @@ fn estimate_only(
     args: &BenchRunArgs,
     dataset: &Dataset,
     backend: std::sync::Arc<dyn aisql_engine::backend::InferenceBackend>,
-    queries: Vec<(String, aisql_engine::plan::QueryPlan)>,
+    queries: Vec<(String, aisql_bench::quailb::plan::QueryPlan)>,
 ) -> anyhow::Result<()> {
-    let options = aisql_engine::query::QueryOptions {
+    let options = aisql_engine::options::QueryOptions {
         format: args.backend.prompt_format.parse()?,
         batch_rows: args.backend.batch_rows,
         memory_limit: args.backend.memory_limit(),
@@ -232,7 +232,13 @@ fn estimate_only(
     for (id, plan) in &queries {
         let estimating = estimator.backend(backend.clone())?;
         let estimate = rt
-            .block_on(estimator.estimate_query(estimating, plan, &dataset.tables, &options))
+            .block_on(aisql_bench::quailb::query::estimate_query(
+                &estimator,
+                estimating,
+                plan,
+                &dataset.tables,
+                &options,
+            ))
             .map_err(|e| anyhow::anyhow!("{id}: {e}"))?;
         eprintln!("{id}: {} fresh tokens", estimate.fresh_tokens);
         estimates.push((id.clone(), estimate));

@@ -33,7 +33,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             let source = aisql_bench::plans::PlanSource::choose(plans.dir.as_deref());
             match aisql_bench::plans::open_plan(&plan, &source) {
                 Ok(query) => {
-                    print!("{}", aisql_engine::explain::explain(&query));
+                    print!("{}", aisql_bench::quailb::explain::explain(&query));
                     Ok(())
                 }
                 // Any other plan: DataFusion's plans of it, as for SQL.

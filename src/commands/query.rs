@@ -4,9 +4,10 @@ use std::path::Path;
 
 use aisql_bench::layout::Dataset;
 use aisql_bench::plans::{PlanSource, open_plan};
+use aisql_bench::quailb::output::ROWS_FILE;
+use aisql_bench::quailb::query::{estimate_query, output_schema, run_query, run_query_into};
 use aisql_bench::resolve::resolve;
-use aisql_engine::output::ROWS_FILE;
-use aisql_engine::query::{QueryOptions, output_schema, run_query, run_query_into};
+use aisql_engine::options::QueryOptions;
 use aisql_engine::row_sink::{HeadRows, ParquetRows, RowSink, SavedRows};
 use aisql_engine::tables::{TablePaths, tables_in_dir};
 use aisql_engine::write_guard::{OutputKind, WriteGuard};
@@ -63,9 +64,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         let canceller: std::sync::Arc<dyn aisql_engine::backend::InferenceBackend> =
             estimating.clone();
         let estimate = deadline::run(rt, limit, &canceller, async move {
-            Ok(estimator
-                .estimate_query(estimating, &query, &tables, &options)
-                .await?)
+            Ok(estimate_query(&estimator, estimating, &query, &tables, &options).await?)
         })?;
         return super::estimate::print(&estimate, args.rows.format);
     }
@@ -81,9 +80,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
                 ..options.clone()
             };
             Ok::<_, anyhow::Error>(
-                estimator
-                    .estimate_query(estimating, &query, &tables, &quiet)
-                    .await?,
+                estimate_query(&estimator, estimating, &query, &tables, &quiet).await?,
             )
         });
         match estimate {
@@ -103,7 +100,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         super::rows::emit(&rows, &args.rows, out.runtime_s)?;
         super::rows::report_work(&out.measurements);
         if let Some(dir) = &args.output_dir {
-            aisql_engine::output::write_query_outputs(dir, "", &query, &rows, &out)?;
+            aisql_bench::quailb::output::write_query_outputs(dir, "", &query, &rows, &out)?;
             eprintln!("outputs written to {}", dir.display());
         }
         return Ok(());
@@ -151,7 +148,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         eprintln!("{}", summary.note);
     }
     super::rows::report_work(&out.measurements);
-    aisql_engine::output::write_answer_outputs(dir, "", &query, &out)?;
+    aisql_bench::quailb::output::write_answer_outputs(dir, "", &query, &out)?;
     eprintln!("outputs written to {}", dir.display());
     Ok(())
 }
@@ -193,7 +190,7 @@ fn check_outputs(args: &QueryArgs, dataset: Option<&Dataset>) -> anyhow::Result<
     }
     if let Some(file) = &args.rows.output {
         guard.check(file, "--output", OutputKind::File)?;
-        aisql_engine::output::check_output_folder(file, "--output")?;
+        aisql_engine::files::check_output_folder(file, "--output")?;
     }
     super::paths::check_answer_cache(&guard, &args.backend)?;
     Ok(())
@@ -203,7 +200,7 @@ fn check_outputs(args: &QueryArgs, dataset: Option<&Dataset>) -> anyhow::Result<
 /// would pass for this query's), saying so.
 fn clear_output_dir(args: &QueryArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.output_dir {
-        let removed = aisql_engine::output::clear_query_outputs(dir)?;
+        let removed = aisql_bench::quailb::output::clear_query_outputs(dir)?;
         if !removed.is_empty() {
             eprintln!(
                 "removed an earlier query's outputs from {}: {}",
@@ -224,7 +221,7 @@ fn run_general(
 ) -> anyhow::Result<()> {
     use aisql_engine::sql::{Evaluation, SqlSession};
     use anyhow::Context;
-    let plan = aisql_engine::plan::read_plan_file(std::path::Path::new(&args.plan))?;
+    let plan = aisql_engine::sql::plan_file::read_plan_file(std::path::Path::new(&args.plan))?;
     let (tables, dataset) = match &args.data.tables {
         Some(dir) => (tables_in_dir(dir)?, None),
         None => {
@@ -244,7 +241,9 @@ fn run_general(
         // Plan with a backend that asks nothing to learn the prompts (an oracle
         // loads only their labels), then run that plan with the backend they need.
         let planning = SqlSession::new(
-            std::sync::Arc::new(aisql_engine::backend::OracleBackend::new(Default::default())),
+            std::sync::Arc::new(aisql_bench::quailb::oracle::OracleBackend::new(
+                Default::default(),
+            )),
             options.clone(),
             Evaluation::Operators,
         )?;
@@ -294,9 +293,9 @@ fn run_general(
     super::rows::report_work(&out.measurements);
     if let Some(dir) = &args.output_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        aisql_engine::output::write_parquet(&dir.join(ROWS_FILE), &rows)?;
-        let plan_bytes = aisql_engine::plan::encode_plan(&plan);
-        aisql_engine::output::write_layout(dir, "", &plan_bytes, &out.answers)?;
+        aisql_engine::files::write_parquet(&dir.join(ROWS_FILE), &rows)?;
+        let plan_bytes = aisql_engine::sql::plan_file::encode_plan(&plan);
+        aisql_bench::quailb::output::write_layout(dir, "", &plan_bytes, &out.answers)?;
         eprintln!("outputs written to {}", dir.display());
     }
     Ok(())

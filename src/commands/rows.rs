@@ -10,7 +10,7 @@ use std::io::{BufWriter, Stdout, Write};
 use std::path::Path;
 use std::sync::Arc;
 
-use aisql_engine::output::{write_file_atomic, write_parquet};
+use aisql_engine::files::{write_file_atomic, write_parquet};
 use aisql_engine::row_sink::RowSink;
 use datafusion::arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
 use datafusion::arrow::compute::cast;
@@ -227,7 +227,7 @@ fn save(rows: &RecordBatch, path: &Path) -> anyhow::Result<()> {
         Some(format) => render(rows, format).and_then(|bytes| Ok(write_file_atomic(path, &bytes)?)),
     };
     if written.is_err() {
-        let _ = std::fs::remove_file(aisql_engine::output::temp_path(path));
+        let _ = std::fs::remove_file(aisql_engine::files::temp_path(path));
     }
     written
 }

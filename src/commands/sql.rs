@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
+use aisql_bench::quailb::oracle::OracleBackend;
 use aisql_bench::resolve::resolve;
-use aisql_engine::backend::{InferenceBackend, OracleBackend};
+use aisql_engine::backend::InferenceBackend;
 use aisql_engine::estimate::estimate_options;
-use aisql_engine::output::check_output_folder;
-use aisql_engine::query::QueryOptions;
+use aisql_engine::files::check_output_folder;
+use aisql_engine::options::QueryOptions;
 use aisql_engine::sql::{Evaluation, SqlOutput, SqlSession, WritePolicy, templates};
 use aisql_engine::write_guard::{OutputKind, WriteGuard};
 use anyhow::Context;
@@ -153,7 +154,7 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
                 } else {
                     aisql_engine::sql::export::encode(&plan)
                 };
-                aisql_engine::output::write_file_atomic(path, &bytes)?;
+                aisql_engine::files::write_file_atomic(path, &bytes)?;
                 eprintln!("Substrait plan written to {}", path.display());
                 return Ok(None);
             }
@@ -301,8 +302,9 @@ pub fn looks_like_sql(arg: &str) -> bool {
 /// A session over the QUAIL-B tables that asks no model (for EXPLAIN).
 async fn explain_session(root: Option<&std::path::Path>, sf: f64) -> anyhow::Result<SqlSession> {
     let dataset = resolve(root, sf, None)?;
-    let backend =
-        std::sync::Arc::new(aisql_engine::backend::OracleBackend::new(Default::default()));
+    let backend = std::sync::Arc::new(aisql_bench::quailb::oracle::OracleBackend::new(
+        Default::default(),
+    ));
     let session = SqlSession::new(backend, QueryOptions::default(), Evaluation::Operators)?;
     session
         .register_dataset(&dataset.require_all_tables()?)
@@ -318,7 +320,7 @@ pub fn explain_substrait(
     root: Option<&std::path::Path>,
     sf: f64,
 ) -> anyhow::Result<()> {
-    let plan = aisql_engine::plan::read_plan_file(std::path::Path::new(path))?;
+    let plan = aisql_engine::sql::plan_file::read_plan_file(std::path::Path::new(path))?;
     super::runtime()?.block_on(async {
         let session = explain_session(root, sf).await?;
         let planned = session

@@ -11,9 +11,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use aisql_bench::quailb::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo};
+use aisql_bench::quailb::plan::{Operator, QueryPlan};
 use aisql_engine::backend::AiKind;
-use aisql_engine::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo};
-use aisql_engine::plan::{Operator, QueryPlan};
 use datafusion::arrow::array::{
     ArrayRef, Int32Array, ListBuilder, RecordBatch, StringArray, StringBuilder,
 };
@@ -636,29 +636,29 @@ pub fn result_rows(batch: &RecordBatch) -> Vec<Vec<String>> {
 }
 
 /// A query's rows kept in memory with the rest of its output (what
-/// [`aisql_engine::query::run_query`] returns), read through as the output.
+/// [`aisql_bench::quailb::query::run_query`] returns), read through as the output.
 #[derive(Debug)]
 pub struct Collected {
     /// The result rows in one batch.
     pub rows: RecordBatch,
     /// Answers, measurements and the like.
-    pub out: aisql_engine::query::QueryOutput,
+    pub out: aisql_bench::quailb::query::QueryOutput,
 }
 
 impl std::ops::Deref for Collected {
-    type Target = aisql_engine::query::QueryOutput;
+    type Target = aisql_bench::quailb::query::QueryOutput;
     fn deref(&self) -> &Self::Target {
         &self.out
     }
 }
 
-/// [`aisql_engine::query::run_query`], its rows and output together.
+/// [`aisql_bench::quailb::query::run_query`], its rows and output together.
 pub async fn collect_query(
     query: &QueryPlan,
     paths: &aisql_engine::tables::TablePaths,
     backend: Arc<dyn aisql_engine::backend::InferenceBackend>,
-    options: &aisql_engine::query::QueryOptions,
+    options: &aisql_engine::options::QueryOptions,
 ) -> aisql_engine::Result<Collected> {
-    let (rows, out) = aisql_engine::query::run_query(query, paths, backend, options).await?;
+    let (rows, out) = aisql_bench::quailb::query::run_query(query, paths, backend, options).await?;
     Ok(Collected { rows, out })
 }

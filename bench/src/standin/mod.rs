@@ -87,8 +87,8 @@ pub struct PredDef {
 
 impl PredDef {
     /// The engine's view of this predicate.
-    pub fn info(&self) -> aisql_engine::labels::PredicateInfo {
-        aisql_engine::labels::PredicateInfo {
+    pub fn info(&self) -> crate::quailb::labels::PredicateInfo {
+        crate::quailb::labels::PredicateInfo {
             key: self.key.into(),
             kind: self.kind,
             template: self.template.into(),

@@ -148,7 +148,7 @@ impl Calibration {
         let dir = path.parent().expect("a calibration file has a folder");
         std::fs::create_dir_all(dir).map_err(|e| EngineError::io(dir, e))?;
         let text = serde_json::to_vec_pretty(self).expect("a profile serialises");
-        crate::output::write_file_atomic(&path, &text)?;
+        crate::files::write_file_atomic(&path, &text)?;
         Ok(path)
     }
 

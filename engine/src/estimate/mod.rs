@@ -70,21 +70,6 @@ impl Estimator {
         Ok(Arc::new(EstimatingBackend::new(real, &self.config)?))
     }
 
-    /// The estimate of the QUAIL-B `query` over `tables`, run on `backend`
-    /// (from [`Self::backend`]; cancel it to stop the estimate).
-    pub async fn estimate_query(
-        &self,
-        backend: Arc<EstimatingBackend>,
-        query: &crate::plan::QueryPlan,
-        tables: &crate::tables::TablePaths,
-        options: &crate::query::QueryOptions,
-    ) -> Result<Estimate> {
-        let mut rows = crate::row_sink::CountedRows::default();
-        let options = estimate_options(options);
-        crate::query::run_query_into(query, tables, backend.clone(), &options, &mut rows).await?;
-        Ok(self.estimate(&backend))
-    }
-
     /// The figures of the query `backend` ran.
     pub fn estimate(&self, backend: &EstimatingBackend) -> Estimate {
         backend.estimate(
@@ -97,8 +82,8 @@ impl Estimator {
 
 /// The options a query's estimate runs with: the query's, without its
 /// budget (an estimate computes nothing a budget could stop).
-pub fn estimate_options(options: &crate::query::QueryOptions) -> crate::query::QueryOptions {
-    crate::query::QueryOptions {
+pub fn estimate_options(options: &crate::options::QueryOptions) -> crate::options::QueryOptions {
+    crate::options::QueryOptions {
         budget: None,
         ..options.clone()
     }

@@ -370,7 +370,7 @@ mod tests {
         let call = test_call(AiKind::Filter, "Is {0} kind?", &[]);
         let ids: Vec<String> = (0..200).map(|i| format!("row{i}")).collect();
         // An oracle with no labels: nothing sampled, every answer drawn.
-        let oracle = Arc::new(crate::backend::OracleBackend::new(Default::default()));
+        let oracle = Arc::new(crate::backend::NoAnswers);
         let sampled = SampledAnswers::new(oracle, 20, HashMap::new());
         let answers = sampled.answer(&call, &requests(&ids)).unwrap();
         assert_eq!(answers.len(), 200);

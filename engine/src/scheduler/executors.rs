@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use aisql_models::{ClassifyRequest, Continuation, GenerateRequest, KvHandle, Qwen3, Tokenizer};
 
-use crate::backend::{AiCall, AiKind, AiRequest, Answer, InferenceBackend, OracleBackend};
+use crate::backend::{AiCall, AiKind, AiRequest, Answer, InferenceBackend};
 use crate::error::Result;
 use crate::kv_cache::KvOps;
 use crate::prompt::Excerpt;
@@ -409,10 +409,11 @@ pub struct SimExecutor {
 }
 
 impl SimExecutor {
-    /// A simulation answering from `oracle`, charging `bytes_per_token` of KV
-    /// per cached position (the model it stands for: Qwen3-4B's context).
-    pub fn new(oracle: OracleBackend, bytes_per_token: usize) -> Self {
-        Self::answering(Arc::new(oracle), bytes_per_token, QWEN3_4B_MAX_POSITIONS)
+    /// A simulation answering from `answers` (the benchmark's oracle, say),
+    /// charging `bytes_per_token` of KV per cached position (the model it
+    /// stands for: Qwen3-4B's context).
+    pub fn new(answers: Arc<dyn InferenceBackend>, bytes_per_token: usize) -> Self {
+        Self::answering(answers, bytes_per_token, QWEN3_4B_MAX_POSITIONS)
     }
 
     /// A simulation of a model of `max_positions` whose answers come from

@@ -1,5 +1,5 @@
 //! Loading a model (tiny, a local directory or the Hugging Face cache) into a
-//! scheduled backend, and the simulation backend over labels.
+//! scheduled backend, and the simulation backend.
 
 use std::sync::Arc;
 
@@ -9,7 +9,7 @@ use super::{
     ModelExecutor, ScheduledBackend, SchedulerConfig, SimExecutor, default_host_kv_budget_bytes,
     gpu_kv_budget_bytes,
 };
-use crate::backend::OracleBackend;
+use crate::backend::InferenceBackend;
 use crate::error::{EngineError, Result};
 
 /// Which model to load and how to schedule it.
@@ -202,14 +202,15 @@ pub fn answer_identity(
 }
 
 /// The simulation backend: the model backend's scheduler over a virtual KV cache
-/// of `kv_bytes_per_token` per position, answering from `labels`.
+/// of `kv_bytes_per_token` per position, answering from `answers` (the
+/// benchmark's oracle over reference labels, say).
 pub fn simulation_backend(
-    labels: Arc<crate::labels::LabelStore>,
+    answers: Arc<dyn InferenceBackend>,
     config: SchedulerConfig,
     kv_bytes_per_token: usize,
 ) -> Result<Arc<ScheduledBackend<SimExecutor>>> {
     Ok(Arc::new(ScheduledBackend::new(
-        SimExecutor::new(OracleBackend::new(labels), kv_bytes_per_token),
+        SimExecutor::new(answers, kv_bytes_per_token),
         Tokenizer::vendored()?,
         config,
     )))

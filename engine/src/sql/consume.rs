@@ -570,8 +570,8 @@ mod tests {
     use datafusion_substrait::substrait::proto::Plan;
     use serde_json::{Value, json};
 
-    use crate::backend::OracleBackend;
-    use crate::query::QueryOptions;
+    use crate::backend::NoAnswers;
+    use crate::options::QueryOptions;
     use crate::sql::{Evaluation, SqlSession, row_lines};
 
     /// `t(k, name, r)`: k = 0..9, name = "name{k}", r = k % 3; `u(r, label)`:
@@ -587,7 +587,7 @@ mod tests {
         let u = dir.path().join("u.csv");
         std::fs::write(&u, "r,label\n0,zero\n1,one\n2,two\n").unwrap();
         let s = SqlSession::new(
-            Arc::new(OracleBackend::new(Default::default())),
+            Arc::new(NoAnswers),
             QueryOptions::default(),
             Evaluation::Operators,
         )
@@ -1015,32 +1015,5 @@ mod tests {
             super::foreign_type_variations(&theirs),
             ["unsigned (anchor 1)"]
         );
-    }
-
-    /// QUAIL-B plans take the same checks (their consumer is another).
-    #[tokio::test]
-    async fn a_quailb_plan_with_an_emit_outside_its_relation_is_an_error() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../bench/quailb/plans/IMDB-3.json");
-        let mut plan = crate::plan::read_plan_file(&path).unwrap();
-        let (s, _dir) = session().await;
-        assert!(s.analyze_quailb(&plan, true).await.is_ok());
-        let Some(datafusion_substrait::substrait::proto::plan_rel::RelType::Root(root)) =
-            plan.relations[0].rel_type.as_mut()
-        else {
-            panic!("IMDB-3 has a root")
-        };
-        let Some(datafusion_substrait::substrait::proto::rel::RelType::Project(project)) =
-            root.input.as_mut().unwrap().rel_type.as_mut()
-        else {
-            panic!("IMDB-3's root is a projection")
-        };
-        let Some(super::EmitKind::Emit(emit)) = project.common.as_mut().unwrap().emit_kind.as_mut()
-        else {
-            panic!("IMDB-3's projection emits")
-        };
-        emit.output_mapping[0] = 99;
-        let e = s.analyze_quailb(&plan, true).await.unwrap_err().to_string();
-        assert!(e.contains("emit names field 99"), "{e}");
     }
 }

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Evaluation, MAX_PARSE_NESTING, SqlSession, row_lines};
-use crate::backend::OracleBackend;
+use crate::backend::NoAnswers;
 use crate::error::Result;
-use crate::query::QueryOptions;
+use crate::options::QueryOptions;
 
 /// Runs `sql` in a fresh session allowing `max_recursion` iterations, on a
 /// thread with the deep stack the command line plans on; returns its rows.
@@ -24,7 +24,7 @@ fn run(sql: &str, max_recursion: usize) -> Result<Vec<String>> {
                 .expect("runtime");
             rt.block_on(async {
                 let session = SqlSession::new(
-                    Arc::new(OracleBackend::new(Default::default())),
+                    Arc::new(NoAnswers),
                     QueryOptions {
                         max_recursion,
                         ..Default::default()
@@ -116,7 +116,7 @@ fn arithmetic_in_range_is_unchanged() {
             .unwrap();
         rt.block_on(async {
             let session = SqlSession::new(
-                Arc::new(OracleBackend::new(Default::default())),
+                Arc::new(NoAnswers),
                 QueryOptions::default(),
                 Evaluation::Operators,
             )

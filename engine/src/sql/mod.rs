@@ -6,13 +6,14 @@
 //! limits, outer/semi/anti joins, subqueries, CTEs, unions, `CASE`.
 
 mod bounded_functions;
-pub(crate) mod consume;
+pub mod consume;
 pub mod count_tokens;
 mod decorrelate;
 pub mod export;
 #[cfg(test)]
 mod limits_tests;
 pub mod overflow;
+pub mod plan_file;
 mod read_filters;
 mod read_only;
 pub mod recursion;
@@ -27,21 +28,22 @@ use std::time::Instant;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::ParamValues;
-use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::{SessionState, SessionStateBuilder};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_substrait::logical_plan::consumer::SubstraitConsumer;
 
 use crate::ai_functions::{NaiveEvaluator, register_ai_functions};
 use crate::answers::{AnswerRecorder, AnswerTable};
 use crate::backend::{AiCall, InferenceBackend};
 use crate::coverage::QueryControls;
 use crate::error::{EngineError, Result, from_datafusion, without_panics};
-use crate::logical::{OperatorHint, QuailbConsumer, ai_nodes};
+use crate::logical::ai_nodes;
 use crate::memo::AnswerMemo;
 use crate::memory_guard::HeapBoundedPool;
+use crate::options::QueryOptions;
 use crate::physical::{AiQueryPlanner, AiRuntime};
-use crate::query::QueryOptions;
 use crate::row_sink::{MemoryRows, RowSink};
 
 use decorrelate::AiDecorrelate;
@@ -345,34 +347,28 @@ impl SqlSession {
         };
     }
 
-    /// Consumes a QUAIL-B plan ([`QuailbConsumer`]) and runs the analyzer, whose
-    /// AI rewrite makes the AI calls AI nodes. With `declared_tables` the tables
-    /// are the empty ones the reads declare (planning without data); otherwise
-    /// they must be registered. Returns the analyzed plan and the operator id
-    /// hints of the Substrait relations, in post-order.
-    pub async fn analyze_quailb(
+    /// Consumes a Substrait plan with a producer's own `consumer` (QUAIL-B's
+    /// lives with the benchmark), made over `state` (this session's
+    /// [`SessionContext::state`]), and runs the analyzer, whose AI rewrite makes
+    /// the AI calls AI nodes. Read-only whatever the session allows.
+    pub async fn analyze_substrait_with(
         &self,
+        state: &SessionState,
+        consumer: &impl SubstraitConsumer,
         plan: &datafusion_substrait::substrait::proto::Plan,
-        declared_tables: bool,
-    ) -> Result<(LogicalPlan, Vec<OperatorHint>)> {
-        let state = self.ctx.state();
-        let consumer = QuailbConsumer::new(&state, plan, declared_tables).map_err(plan_error)?;
-        let consumed = without_panics(
-            consume::consume_plan(&consumer, plan),
-            crate::query::consume_panic,
-        )
-        .await?
-        .map_err(plan_error)?;
+    ) -> Result<LogicalPlan> {
+        let consumed = without_panics(consume::consume_plan(consumer, plan), consume_panic)
+            .await?
+            .map_err(plan_error)?;
         let consumed = read_filters::apply_read_filters(consumed)?;
         check_writes(&consumed, &WritePolicy::default())?;
-        let analyzed = state
+        state
             .analyzer()
             .execute_and_check(consumed, state.config_options(), |_, _| {})
-            .map_err(plan_error)?;
-        Ok((analyzed, consumer.hints()))
+            .map_err(plan_error)
     }
 
-    /// Runs the optimizer over an analyzed plan (from [`Self::analyze_quailb`]).
+    /// Runs the optimizer over an analyzed plan (from [`Self::analyze_substrait_with`]).
     pub fn optimize_analyzed(&self, plan: LogicalPlan) -> Result<LogicalPlan> {
         let state = self.ctx.state();
         state
@@ -474,12 +470,9 @@ impl SqlSession {
         plan: &datafusion_substrait::substrait::proto::Plan,
     ) -> Result<LogicalPlan> {
         let state = self.ctx.state();
-        let consumed = without_panics(
-            consume::general_plan(&state, plan),
-            crate::query::consume_panic,
-        )
-        .await?
-        .map_err(sql_error)?;
+        let consumed = without_panics(consume::general_plan(&state, plan), consume_panic)
+            .await?
+            .map_err(sql_error)?;
         let consumed = read_filters::apply_read_filters(consumed)?;
         // A plan file is read-only whatever the session allows.
         check_writes(&consumed, &WritePolicy::default())?;
@@ -487,7 +480,7 @@ impl SqlSession {
     }
 
     /// The plan of one statement as Substrait ([`export`]), AI calls as QUAIL-B
-    /// extension functions (URN [`crate::plan::AI_URN`]), before the AI rewrite:
+    /// extension functions (URN [`crate::ai_functions::AI_URN`]), before the AI rewrite:
     /// any engine that knows the functions can run it.
     pub async fn to_substrait(
         &self,
@@ -771,7 +764,14 @@ pub fn templates(sql: &str) -> Result<Vec<String>> {
 
 /// A plan DataFusion could not consume or analyze: an invalid plan.
 /// The message is the innermost error's, without the analyzer rule's name.
-fn plan_error(e: datafusion::error::DataFusionError) -> EngineError {
+/// The error of a Substrait consumer that panicked.
+fn consume_panic(message: &str) -> EngineError {
+    EngineError::InvalidPlan(format!("DataFusion could not consume the plan: {message}"))
+}
+
+/// A plan's error as the engine reports it: DataFusion's planning and
+/// Substrait errors are invalid plans, named by their root cause.
+pub fn plan_error(e: datafusion::error::DataFusionError) -> EngineError {
     use datafusion::error::DataFusionError;
     match from_datafusion(e) {
         EngineError::DataFusion(e) => EngineError::InvalidPlan(match e.find_root() {

@@ -43,8 +43,8 @@ mod tests {
     use datafusion_substrait::substrait::proto::rel::RelType;
     use datafusion_substrait::substrait::proto::{Plan, Rel, plan_rel};
 
-    use crate::backend::OracleBackend;
-    use crate::query::QueryOptions;
+    use crate::backend::NoAnswers;
+    use crate::options::QueryOptions;
     use crate::sql::{Evaluation, SqlSession, row_lines};
 
     async fn session() -> (SqlSession, tempfile::TempDir) {
@@ -56,7 +56,7 @@ mod tests {
         }
         std::fs::write(&csv, text).unwrap();
         let s = SqlSession::new(
-            Arc::new(OracleBackend::new(Default::default())),
+            Arc::new(NoAnswers),
             QueryOptions::default(),
             Evaluation::Operators,
         )

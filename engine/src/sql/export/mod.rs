@@ -237,7 +237,7 @@ mod tests {
         assert_eq!(
             declared,
             [
-                ("ai_filter".to_string(), crate::plan::AI_URN),
+                ("ai_filter".to_string(), crate::ai_functions::AI_URN),
                 (
                     "and".to_string(),
                     "extension:io.substrait:functions_boolean"

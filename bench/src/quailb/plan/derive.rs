@@ -3,7 +3,7 @@
 //! prompts and documents are the nodes' own) and the IN-list filters, the
 //! selected columns from the projections on top, and the operator tree that
 //! `explain` draws. One walk, root to scans. A plan of another shape is a
-//! [`crate::EngineError::NotQuailb`] (it may run as a general query); a plan of
+//! [`aisql_engine::EngineError::NotQuailb`] (it may run as a general query); a plan of
 //! QUAIL-B's shape that breaks one of its rules (SPEC §A) is invalid.
 
 use std::collections::HashMap;
@@ -12,9 +12,11 @@ use datafusion::common::{Column, ScalarValue};
 use datafusion::logical_expr::expr::InList;
 use datafusion::logical_expr::{Expr, LogicalPlan};
 
-use crate::backend::AiKind;
-use crate::error::Result;
-use crate::logical::{AiNode, AiShape, OperatorHint};
+use aisql_engine::Result;
+use aisql_engine::backend::AiKind;
+use aisql_engine::logical::{AiNode, AiShape};
+
+use crate::quailb::consumer::OperatorHint;
 
 use super::{Operator, PlanTree, Relation, Selected, invalid, not_quailb};
 
@@ -289,7 +291,7 @@ impl Deriver {
         else {
             return Err(not_quailb(format!(
                 "filter condition {} is neither ai_filter nor an IN-list on a label column",
-                crate::prompt::shorten(&predicate.to_string(), 96)
+                aisql_engine::prompt::shorten(&predicate.to_string(), 96)
             )));
         };
         self.in_lists += 1;

@@ -3,8 +3,8 @@
 
 use std::fmt::Write;
 
-use crate::plan::{Operator, PlanTree, QueryPlan};
-use crate::prompt::shorten;
+use crate::quailb::plan::{Operator, PlanTree, QueryPlan};
+use aisql_engine::prompt::shorten;
 
 /// Widest prompt excerpt shown.
 const PROMPT_WIDTH: usize = 72;

@@ -4,7 +4,7 @@
 //! SPEC §A).
 //!
 //! The Substrait plan is read once, by DataFusion's consumer
-//! ([`crate::logical::QuailbConsumer`]), and taken through the same AI rewrite
+//! ([`crate::quailb::consumer::QuailbConsumer`]), and taken through the same AI rewrite
 //! that runs it; the view is derived from that plan ([`derive`]), over empty
 //! tables of the columns the reads declare, so it needs no data. Operator ids,
 //! prompts and documents are the AI nodes' own. Extension functions are
@@ -15,16 +15,17 @@ mod derive;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
+use aisql_engine::backend::AiKind;
+use aisql_engine::prompt::{PromptFormat, PromptPieces, call_pieces};
 use datafusion_substrait::substrait::proto::{Plan, extensions, plan_rel, rel};
-use prost::Message;
 use serde_json::json;
 
-use crate::error::{EngineError, Result};
+use aisql_engine::{EngineError, Result};
 
 /// The Substrait version QUAIL-B plans are written with.
 pub const SUBSTRAIT_VERSION: (u32, u32, u32) = (0, 103, 0);
 /// URN of the AI functions.
-pub const AI_URN: &str = "extension:org.fsdatalab.quail_b:functions_ai";
+pub use aisql_engine::ai_functions::AI_URN;
 /// URN of `equal`.
 pub const COMPARISON_URN: &str = "extension:io.substrait:functions_comparison";
 /// URN of `and`.
@@ -116,6 +117,31 @@ impl Operator {
             Operator::InList { .. } => None,
         }
     }
+
+    /// The pieces of this operator's prompts in `format` (None for IN-lists):
+    /// the prompts an AI operator of the same kind renders.
+    pub fn prompt_pieces(&self, format: PromptFormat) -> Result<Option<PromptPieces>> {
+        let (kind, pair, template, labels, descriptions): (_, _, _, &[String], &[String]) =
+            match self {
+                Operator::Filter { template, .. } => (AiKind::Filter, false, template, &[], &[]),
+                Operator::Join { template, .. } => (AiKind::Join, true, template, &[], &[]),
+                Operator::Classify {
+                    template,
+                    labels,
+                    descriptions,
+                    partner,
+                    ..
+                } => (
+                    AiKind::Classify,
+                    partner.is_some(),
+                    template,
+                    labels,
+                    descriptions,
+                ),
+                Operator::InList { .. } => return Ok(None),
+            };
+        call_pieces(format, kind, template, pair, labels, descriptions).map(Some)
+    }
 }
 
 /// A selected output column.
@@ -158,44 +184,20 @@ pub enum PlanTree {
 /// DataFusion's analyzed plan of `plan` over the tables its reads declare, and
 /// the view derived from it.
 fn derive_view(plan: &Plan, root_names: &[String]) -> Result<derive::Derived> {
-    use crate::sql::{Evaluation, SqlSession};
+    use aisql_engine::sql::{Evaluation, SqlSession};
     // Planning asks no model: any backend will do.
-    let backend = std::sync::Arc::new(crate::backend::OracleBackend::new(Default::default()));
+    let backend =
+        std::sync::Arc::new(crate::quailb::oracle::OracleBackend::new(Default::default()));
     let session = SqlSession::new(
         backend,
-        crate::query::QueryOptions::default(),
+        aisql_engine::options::QueryOptions::default(),
         Evaluation::Operators,
     )?;
-    let (analyzed, hints) = futures::executor::block_on(session.analyze_quailb(plan, true))?;
+    let (analyzed, hints) =
+        futures::executor::block_on(crate::quailb::consumer::analyze(&session, plan, true))?;
     // The root's own projection is the last relation consumed.
     let below_root = hints.split_last().map_or(&[][..], |(_, rest)| rest);
     derive::derive(&analyzed, below_root, root_names)
-}
-
-/// Reads a plan file, a regular file ([`crate::input_file`]): `.json` as
-/// Substrait ProtoJSON, `.substrait`/`.pb` (or anything else) as binary protobuf.
-pub fn read_plan_file(path: &Path) -> Result<Plan> {
-    let bytes = crate::input_file::read(path).map_err(|e| EngineError::io(path, e))?;
-    let is_json = path.extension().is_some_and(|e| e == "json");
-    decode_plan(&bytes, is_json).map_err(|message| EngineError::PlanFile {
-        path: path.display().to_string(),
-        message,
-    })
-}
-
-/// Decodes plan bytes as ProtoJSON (`json = true`) or binary protobuf.
-pub fn decode_plan(bytes: &[u8], json: bool) -> std::result::Result<Plan, String> {
-    if json {
-        let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
-        serde_json::from_str::<Plan>(text).map_err(|e| format!("malformed Substrait JSON: {e}"))
-    } else {
-        Plan::decode(bytes).map_err(|e| format!("malformed Substrait protobuf: {e}"))
-    }
-}
-
-/// Serializes a plan as binary protobuf (the `plan.substrait` output file).
-pub fn encode_plan(plan: &Plan) -> Vec<u8> {
-    plan.encode_to_vec()
 }
 
 /// A plan of QUAIL-B's own shape that breaks one of its rules (SPEC §A).
@@ -262,7 +264,7 @@ fn classify_function(f: &Function) -> Result<FunctionKind> {
 impl QueryPlan {
     /// Reads and validates a plan file.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let plan = read_plan_file(path)?;
+        let plan = aisql_engine::sql::plan_file::read_plan_file(path)?;
         let path = path.display().to_string();
         Self::from_substrait(plan).map_err(|e| match e {
             EngineError::InvalidPlan(message) => EngineError::PlanFile { path, message },
@@ -519,13 +521,14 @@ impl QueryPlan {
         if prompt_format != "raw-v1" {
             def["prompt_format"] = json!(prompt_format);
         }
-        crate::canonical::sha256_hex(&def)
+        aisql_engine::canonical::sha256_hex(&def)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use aisql_engine::sql::plan_file::{decode_plan, encode_plan, read_plan_file};
     use std::path::PathBuf;
 
     pub(crate) fn plans_dir() -> PathBuf {

@@ -11,66 +11,17 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::logical_expr::LogicalPlanBuilder;
 
-use crate::answers::AnswerTable;
-use crate::backend::{AiKind, InferenceBackend};
-use crate::coverage::OnRowError;
-use crate::error::{EngineError, Result, from_datafusion};
-use crate::plan::{Operator, QueryPlan};
-use crate::prompt::PromptFormat;
-use crate::row_sink::{MemoryRows, RowSink};
-use crate::spend::Budget;
-use crate::sql::{Evaluation, SqlSession};
-use crate::tables::{TablePaths, batch_text_bytes, register_tables};
-
-/// How a query runs.
-#[derive(Debug, Clone)]
-pub struct QueryOptions {
-    /// Prompt layout.
-    pub format: PromptFormat,
-    /// How the AI operators' progress shows on stderr.
-    pub progress: crate::progress::ProgressMode,
-    /// Terminal progress lines go under this parent's bars (the benchmark's
-    /// run bar).
-    pub progress_parent: Option<indicatif::MultiProgress>,
-    /// Questions each AI operator (by id) is expected to ask, from an
-    /// estimate: the totals of the progress lines.
-    pub expected_rows: std::collections::HashMap<String, u64>,
-    /// Rows per batch streamed through the AI operators: a chain of operators
-    /// handles one batch of documents at a time, so their KV stays cached.
-    pub batch_rows: usize,
-    /// Bytes DataFusion's operators may hold (its memory pool): the AI joins'
-    /// partner sides, hash tables, sorts and the result rows. Past it a query
-    /// fails with an error naming the operators holding the most.
-    pub memory_limit: usize,
-    /// Iterations a recursive CTE may run; past them the query fails naming it.
-    pub max_recursion: usize,
-    /// The model the backend answers with, as the user named it (`--model`):
-    /// a Snowflake `AI_COMPLETE(model, ...)` must name this one. `None`: no
-    /// model is named (any such call is refused).
-    pub model: Option<String>,
-    /// What each query may spend on the model, and what spending it does
-    /// ([`crate::spend`]); `None`: no limit.
-    pub budget: Option<Budget>,
-    /// What a row the model cannot answer does ([`crate::coverage`]).
-    pub on_row_error: OnRowError,
-}
-
-impl Default for QueryOptions {
-    fn default() -> Self {
-        Self {
-            format: PromptFormat::default(),
-            progress: Default::default(),
-            progress_parent: None,
-            expected_rows: Default::default(),
-            batch_rows: 256,
-            memory_limit: crate::host_memory::default_memory_limit(),
-            max_recursion: crate::sql::recursion::DEFAULT_MAX_RECURSION,
-            model: None,
-            budget: None,
-            on_row_error: OnRowError::Fail,
-        }
-    }
-}
+use crate::quailb::plan::{Operator, QueryPlan};
+use aisql_engine::answers::AnswerTable;
+use aisql_engine::backend::{AiKind, InferenceBackend};
+use aisql_engine::estimate::{Estimate, EstimatingBackend, Estimator, estimate_options};
+use aisql_engine::options::QueryOptions;
+use aisql_engine::row_sink::{MemoryRows, RowSink};
+use aisql_engine::sql::{Evaluation, SqlSession};
+use aisql_engine::tables::{TablePaths, ai_batches, batch_text_bytes, read_table};
+use aisql_engine::{EngineError, Result, from_datafusion};
+use datafusion::datasource::MemTable;
+use datafusion::prelude::SessionContext;
 
 /// What a query returns besides its rows (SPEC §D.1): the rows went to the
 /// [`RowSink`] it ran with.
@@ -142,7 +93,7 @@ pub async fn run_query_into(
     }
 
     let started = Instant::now();
-    let (plan, _) = session.analyze_quailb(&query.substrait, false).await?;
+    let (plan, _) = crate::quailb::consumer::analyze(&session, &query.substrait, false).await?;
     // Scan rows have unique ids, so rows that keep every relation's id are
     // distinct already; only a projection dropping a relation needs DISTINCT.
     let all_ids = query.relations.iter().all(|r| {
@@ -225,9 +176,60 @@ pub async fn run_query_into(
     })
 }
 
-/// The error of a Substrait consumer that panicked.
-pub(crate) fn consume_panic(message: &str) -> EngineError {
-    EngineError::InvalidPlan(format!("DataFusion could not consume the plan: {message}"))
+/// Reads every table `query` scans and registers it with `ctx`, served in batches
+/// of at most `batch_rows` rows and about `batch_text_bytes` bytes of document
+/// text (the unit AI operators stream). Returns per table its row count and the
+/// rows of its first batch when it has several.
+pub fn register_tables(
+    ctx: &SessionContext,
+    query: &QueryPlan,
+    paths: &TablePaths,
+    batch_rows: usize,
+    batch_text_bytes: usize,
+) -> Result<BTreeMap<String, (usize, Option<usize>)>> {
+    let mut out = BTreeMap::new();
+    for table in query.tables() {
+        let path = paths.get(&table).ok_or_else(|| {
+            EngineError::Data(format!(
+                "table {table} is needed by the plan but no file was given for it (known: {:?})",
+                paths.keys().collect::<Vec<_>>()
+            ))
+        })?;
+        let mut columns: Vec<String> = Vec::new();
+        let mut text_columns: Vec<String> = Vec::new();
+        for r in query.relations.iter().filter(|r| r.table == table) {
+            if !text_columns.contains(&r.text_column) {
+                text_columns.push(r.text_column.clone());
+            }
+            for c in &r.columns {
+                if !columns.contains(c) {
+                    columns.push(c.clone());
+                }
+            }
+        }
+        let batch = read_table(&table, path, &columns, &text_columns)?;
+        let slices = ai_batches(&batch, &text_columns, batch_rows, batch_text_bytes);
+        let first = (slices.len() > 1).then(|| slices[0].num_rows());
+        out.insert(table.clone(), (batch.num_rows(), first));
+        let mem = MemTable::try_new(batch.schema(), vec![slices])?;
+        ctx.register_table(table.as_str(), Arc::new(mem))?;
+    }
+    Ok(out)
+}
+
+/// The estimate of `query` over `tables`, run on `backend` (from
+/// [`Estimator::backend`]; cancel it to stop the estimate).
+pub async fn estimate_query(
+    estimator: &Estimator,
+    backend: Arc<EstimatingBackend>,
+    query: &QueryPlan,
+    tables: &TablePaths,
+    options: &QueryOptions,
+) -> Result<Estimate> {
+    let mut rows = aisql_engine::row_sink::CountedRows::default();
+    let options = estimate_options(options);
+    run_query_into(query, tables, backend.clone(), &options, &mut rows).await?;
+    Ok(estimator.estimate(&backend))
 }
 
 /// Gives result batches the output names of the plan before `sink` sees them.

@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::AiKind;
-use crate::error::{EngineError, Result};
+use aisql_engine::backend::AiKind;
+use aisql_engine::{EngineError, Result};
 
 /// A predicate as a label-set manifest describes it (SPEC §C.1).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -180,8 +180,8 @@ impl LabelSet {
     fn missing(&self, left_id: &str, right_id: Option<&str>) -> EngineError {
         EngineError::MissingLabel {
             predicate: self.info.key.clone(),
-            left_id: crate::prompt::Excerpt(left_id).to_string(),
-            right_id: right_id.map(|id| crate::prompt::Excerpt(id).to_string()),
+            left_id: aisql_engine::prompt::Excerpt(left_id).to_string(),
+            right_id: right_id.map(|id| aisql_engine::prompt::Excerpt(id).to_string()),
         }
     }
 }
@@ -231,7 +231,7 @@ impl LabelStore {
             EngineError::Labels(format!(
                 "collection {} has no label set for the template of {operator} ({})",
                 self.collection_id,
-                crate::prompt::shorten(template, 60)
+                aisql_engine::prompt::shorten(template, 60)
             ))
         })
     }

@@ -3,20 +3,19 @@
 //! `classifications-<i>.parquet` (zstd), `i` = position among operators of that
 //! kind in post-order.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use aisql_engine::files::{write_file_atomic, write_parquet};
 use datafusion::arrow::array::RecordBatch;
-use datafusion::parquet::arrow::ArrowWriter;
-use datafusion::parquet::basic::{Compression, ZstdLevel};
-use datafusion::parquet::file::properties::WriterProperties;
 use serde::Serialize;
 
-use crate::answers::AnswerTable;
-use crate::backend::AiKind;
-use crate::error::{EngineError, Result};
-use crate::plan::{QueryPlan, encode_plan};
-use crate::query::QueryOutput;
+use aisql_engine::answers::AnswerTable;
+use aisql_engine::backend::AiKind;
+use aisql_engine::sql::plan_file::encode_plan;
+use aisql_engine::{EngineError, Result};
+
+use crate::quailb::plan::QueryPlan;
+use crate::quailb::query::QueryOutput;
 
 /// One answer-table file: operator id and path relative to the run folder.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -36,7 +35,7 @@ pub struct OutputFiles {
     pub rows: String,
     /// What that summary says, when the rows were kept as one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rows_summary: Option<crate::row_digest::RowsSummary>,
+    pub rows_summary: Option<aisql_engine::row_digest::RowsSummary>,
     /// Filter answer tables (`[]` when the query has no filter).
     #[serde(default)]
     pub filters: Vec<KeyedFile>,
@@ -89,120 +88,13 @@ impl OutputFiles {
     }
 }
 
-/// The temporary name an output file is written under before its rename:
-/// `.<name>.tmp` in the same folder (so the rename never crosses file systems).
-pub fn temp_path(path: &Path) -> PathBuf {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    path.with_file_name(format!(".{name}.tmp"))
-}
-
-/// True for a name [`temp_path`] gives: what an interrupted atomic write leaves.
-pub fn is_temp_name(name: &str) -> bool {
-    name.starts_with('.') && name.ends_with(".tmp")
-}
-
-/// Refuses the output file `path` (`flag` names it: `--output`) when the folder
-/// it would go in does not exist or is not a folder. Checked before any work:
-/// the write itself would fail only at the end.
-pub fn check_output_folder(path: &Path, flag: &str) -> Result<()> {
-    match folder_problem(path) {
-        Some(message) => Err(EngineError::Output {
-            what: format!("{flag} {}", path.display()),
-            message,
-        }),
-        None => Ok(()),
-    }
-}
-
-/// Why the folder of the output file `path` cannot take it, if it cannot.
-fn folder_problem(path: &Path) -> Option<String> {
-    let folder = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    match std::fs::metadata(folder) {
-        Ok(meta) if meta.is_dir() => None,
-        Ok(_) => Some(format!("{} is not a folder", folder.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Some(format!("folder {} does not exist", folder.display()))
-        }
-        Err(e) => Some(format!("folder {}: {e}", folder.display())),
-    }
-}
-
-/// The error of creating `tmp`, the temporary file of output `path`: the
-/// missing folder when that is why, naming the user's path, not the temporary
-/// name; else the error on `tmp`.
-pub fn temp_error(path: &Path, tmp: &Path, e: std::io::Error) -> EngineError {
-    match folder_problem(path) {
-        Some(message) => EngineError::Output {
-            what: path.display().to_string(),
-            message,
-        },
-        None => EngineError::io(tmp, e),
-    }
-}
-
-/// Writes `bytes` to `path` through [`temp_path`] and a rename, so a reader, or a
-/// crash mid-write, never sees a half-written file.
-pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = temp_path(path);
-    std::fs::write(&tmp, bytes).map_err(|e| temp_error(path, &tmp, e))?;
-    publish(&tmp, path)
-}
-
-/// Fault injection for crash tests: milliseconds to wait between writing a
-/// temporary file and renaming it into place, so that a test can kill aisql while
-/// an output file is half-done. Unset in normal use.
-pub const SLOW_PUBLISH_ENV: &str = "AISQL_FAULT_SLOW_PUBLISH_MS";
-
-/// Renames the finished temporary file `tmp` to `path`: the one step that makes
-/// an output file appear, whole.
-pub fn publish(tmp: &Path, path: &Path) -> Result<()> {
-    if let Some(ms) = std::env::var(SLOW_PUBLISH_ENV)
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        std::thread::sleep(std::time::Duration::from_millis(ms));
-    }
-    std::fs::rename(tmp, path).map_err(|e| EngineError::io(path, e))
-}
-
-/// How every output Parquet file is written: zstd level 3.
-pub fn parquet_properties() -> WriterProperties {
-    WriterProperties::builder()
-        .set_compression(Compression::ZSTD(
-            ZstdLevel::try_new(3).expect("valid zstd level"),
-        ))
-        .build()
-}
-
-/// Writes `batch` as a zstd Parquet file, atomically (temp file then rename).
-pub fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
-    let tmp = temp_path(path);
-    let file = File::create(&tmp).map_err(|e| temp_error(path, &tmp, e))?;
-    let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(parquet_properties()))
-        .map_err(|e| EngineError::Data(format!("{}: {e}", path.display())))?;
-    writer
-        .write(batch)
-        .and_then(|_| writer.close().map(|_| ()))
-        .map_err(|e| EngineError::Data(format!("{}: {e}", path.display())))?;
-    publish(&tmp, path)
-}
-
 /// The name of the result rows file in a query's folder, written while the
-/// query runs (see [`crate::row_sink::ParquetRows`]).
+/// query runs (see [`aisql_engine::row_sink::ParquetRows`]).
 pub const ROWS_FILE: &str = "rows.parquet";
 
 /// What a query's folder holds instead of [`ROWS_FILE`] when the rows would
-/// not fit the disk (see [`crate::row_digest::RowsSummary`]).
+/// not fit the disk (see [`aisql_engine::row_digest::RowsSummary`]).
 pub const ROWS_SUMMARY_FILE: &str = "rows.summary.json";
-
-/// Where the summary of a result file goes when the file would not fit the
-/// disk: `rows.parquet` -> `rows.summary.json`.
-pub fn summary_path(rows_path: &Path) -> PathBuf {
-    rows_path.with_extension("summary.json")
-}
 
 /// True for a file name of the per-query layout: what an earlier query may
 /// have left in a folder this one writes into.
@@ -337,18 +229,6 @@ pub fn write_layout(
         }
     }
     Ok(files)
-}
-
-/// Reads a Parquet file written by [`write_parquet`] (or the harness) back.
-pub fn read_parquet(path: &Path) -> Result<RecordBatch> {
-    use crate::parquet_read::{ParquetReadError, read_batches};
-    let (schema, batches) = read_batches(path, 8192).map_err(|e| match e {
-        ParquetReadError::Io(e) => EngineError::io(path, e),
-        ParquetReadError::Corrupt(e) => EngineError::Data(format!("{}: {e}", path.display())),
-    })?;
-    Ok(datafusion::arrow::compute::concat_batches(
-        &schema, &batches,
-    )?)
 }
 
 /// The output folder of a query inside a run folder.
