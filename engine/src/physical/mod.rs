@@ -1272,7 +1272,7 @@ mod tests {
     fn metric(node: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
         node.metrics()
             .unwrap()
-            .sum_by_name(name)
+            .sum(|m| m.value().name() == name)
             .map_or(0, |v| v.as_usize())
     }
 
@@ -1340,19 +1340,31 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_limit_above_stops_asking_once_it_has_its_rows() {
+        // A projection passes the LIMIT down to its input (one row out per
+        // row in): the scan stops at four rows, in batches of three and one,
+        // and only those four are asked.
         let backend = Arc::new(Counting::default());
         let ops = session(backend.clone(), Evaluation::Operators);
         let rows = ops.run(&format!("{CLASSIFY} LIMIT 4")).await.unwrap().batches;
         assert_eq!(row_lines(&rows).unwrap().len(), 4);
-        // Four rows are in the first two batches of three: two of the four
-        // batches are asked, one backend call each.
         assert_eq!(backend.calls(), 2);
-        assert_eq!(backend.answers.prompts(), 2 * DOCS_BATCH);
-        // Without the LIMIT, all four.
+        assert_eq!(backend.answers.prompts(), 4);
+        // A filter cannot know how many rows it keeps: it reads its input a
+        // batch at a time and stops once the LIMIT has its row.
+        let all = row_lines(&ops.run(FILTER).await.unwrap().batches).unwrap();
+        let first: usize = all[0].parse().unwrap();
         let backend = Arc::new(Counting::default());
         let ops = session(backend.clone(), Evaluation::Operators);
-        ops.run(CLASSIFY).await.unwrap();
-        assert_eq!(backend.calls(), REVIEWS.len().div_ceil(DOCS_BATCH));
+        let rows = ops.run(&format!("{FILTER} LIMIT 1")).await.unwrap().batches;
+        assert_eq!(row_lines(&rows).unwrap(), [first.to_string()]);
+        let batches = REVIEWS.len().div_ceil(DOCS_BATCH);
+        assert!(first / DOCS_BATCH + 1 < batches, "kept row {first}");
+        assert_eq!(backend.calls(), first / DOCS_BATCH + 1);
+        // Without a LIMIT, every batch.
+        let backend = Arc::new(Counting::default());
+        let ops = session(backend.clone(), Evaluation::Operators);
+        ops.run(FILTER).await.unwrap();
+        assert_eq!(backend.calls(), batches);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1394,16 +1406,27 @@ mod tests {
             "SELECT t.id, d.id FROM topics t JOIN docs d \
              ON ai_join('Does the review {1} discuss the aspect {0}?', t.description, d.body)",
         ] {
-            let sql = sql.replace("FROM docs", "FROM empty_docs");
+            let sql = sql
+                .replace("FROM docs", "FROM empty_docs")
+                .replace("JOIN docs", "JOIN empty_docs");
             let backend = Arc::new(Counting::default());
             let ops = session(backend.clone(), Evaluation::Operators);
             let plan = physical(&ops, &sql).await;
             let node = ai_node(&plan).unwrap();
             let batches = run_node(&ops, &node).await;
-            assert!(batches.iter().all(|b| b.num_rows() == 0), "{sql}");
+            let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+            if sql == AGGREGATE.replace("FROM docs", "FROM empty_docs") {
+                // An aggregate without GROUP BY has one group, of no rows:
+                // one row out, its answer NULL, nothing asked.
+                assert_eq!(rows, 1, "{sql}");
+                let batch = batches.iter().find(|b| b.num_rows() == 1).unwrap();
+                assert!(batch.column(batch.num_columns() - 1).is_null(0), "{sql}");
+            } else {
+                assert_eq!(rows, 0, "{sql}");
+            }
             assert!(batches.iter().all(|b| b.schema() == node.schema()), "{sql}");
             assert_eq!(backend.calls(), 0, "{sql}");
-            assert_eq!(metric(&node, "output_rows"), 0, "{sql}");
+            assert_eq!(metric(&node, "output_rows"), rows, "{sql}");
         }
     }
 
