@@ -1111,7 +1111,8 @@ mod tests {
     use crate::query::QueryOptions;
     use crate::sql::{Evaluation, SqlSession, row_lines};
 
-    const FILTER: &str = "SELECT id FROM docs WHERE ai_filter('Is the review {0} about food?', body)";
+    const FILTER: &str =
+        "SELECT id FROM docs WHERE ai_filter('Is the review {0} about food?', body)";
     const CLASSIFY: &str = "SELECT id, ai_classify('Which topic fits {0}?', body, \
                             ['price', 'quality', 'service'], ['', '', '']) AS topic FROM docs";
     const SCORE: &str = "SELECT id, ai_score('Is the review {0} positive?', body) AS s FROM docs";
@@ -1291,10 +1292,7 @@ mod tests {
             let plan = physical(&ops, sql).await;
             assert_eq!(format!("{:?}", ai_exec(&plan).spec.shape), shape, "{sql}");
             let got = ops.run(sql).await.unwrap().batches;
-            let naive = session(
-                Arc::new(ContentHashBackend::default()),
-                Evaluation::Naive,
-            );
+            let naive = session(Arc::new(ContentHashBackend::default()), Evaluation::Naive);
             let want = naive.run(sql).await.unwrap().batches;
             assert_eq!(sorted_lines(&got), sorted_lines(&want), "{sql}");
             assert!(!row_lines(&got).unwrap().is_empty(), "{sql}");
@@ -1304,7 +1302,10 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_filter_keeps_some_rows_and_one_input_keeps_its_order() {
-        let ops = session(Arc::new(ContentHashBackend::default()), Evaluation::Operators);
+        let ops = session(
+            Arc::new(ContentHashBackend::default()),
+            Evaluation::Operators,
+        );
         let kept = row_lines(&ops.run(FILTER).await.unwrap().batches).unwrap();
         assert!(
             !kept.is_empty() && kept.len() < REVIEWS.len(),
@@ -1326,12 +1327,18 @@ mod tests {
     async fn a_sort_above_stays_above() {
         // `maintains_input_order` is false: the sort is not pushed below the
         // operator, so the model is asked about the input's batches.
-        let ops = session(Arc::new(ContentHashBackend::default()), Evaluation::Operators);
+        let ops = session(
+            Arc::new(ContentHashBackend::default()),
+            Evaluation::Operators,
+        );
         let plan = physical(&ops, &format!("{CLASSIFY} ORDER BY id DESC")).await;
         let text = datafusion::physical_plan::displayable(plan.as_ref())
             .indent(false)
             .to_string();
-        let at = |what: &str| text.find(what).unwrap_or_else(|| panic!("{what} in {text}"));
+        let at = |what: &str| {
+            text.find(what)
+                .unwrap_or_else(|| panic!("{what} in {text}"))
+        };
         assert!(at("SortExec") < at("AiExec"), "{text}");
         assert_eq!(ai_exec(&plan).maintains_input_order(), vec![false]);
         let join = physical(&ops, JOIN).await;
@@ -1345,7 +1352,11 @@ mod tests {
         // and only those four are asked.
         let backend = Arc::new(Counting::default());
         let ops = session(backend.clone(), Evaluation::Operators);
-        let rows = ops.run(&format!("{CLASSIFY} LIMIT 4")).await.unwrap().batches;
+        let rows = ops
+            .run(&format!("{CLASSIFY} LIMIT 4"))
+            .await
+            .unwrap()
+            .batches;
         assert_eq!(row_lines(&rows).unwrap().len(), 4);
         assert_eq!(backend.calls(), 2);
         assert_eq!(backend.answers.prompts(), 4);
@@ -1433,7 +1444,10 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn metrics_count_every_emitted_row_batch_and_byte() {
         for sql in [FILTER, CLASSIFY, AGGREGATE, JOIN, LEFT_JOIN] {
-            let ops = session(Arc::new(ContentHashBackend::default()), Evaluation::Operators);
+            let ops = session(
+                Arc::new(ContentHashBackend::default()),
+                Evaluation::Operators,
+            );
             let plan = physical(&ops, sql).await;
             let node = ai_node(&plan).unwrap();
             let batches = run_node(&ops, &node).await;
@@ -1459,7 +1473,10 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn display_honours_the_format() {
-        let ops = session(Arc::new(ContentHashBackend::default()), Evaluation::Operators);
+        let ops = session(
+            Arc::new(ContentHashBackend::default()),
+            Evaluation::Operators,
+        );
         let plan = physical(&ops, CLASSIFY).await;
         let ai = ai_exec(&plan);
         let line = format!(
