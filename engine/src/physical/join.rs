@@ -663,9 +663,6 @@ impl Iterator for JoinOutput {
                 marks,
             )
         };
-        if let Ok(out) = &out {
-            self.state.metrics.baseline.record_output(out.num_rows());
-        }
         Some(out)
     }
 }
@@ -772,7 +769,6 @@ pub(super) fn unmatched_partners(
             marks,
         )?
     };
-    state.metrics.baseline.record_output(out.num_rows());
     Ok(out)
 }
 
