@@ -9,7 +9,7 @@ use std::sync::Arc;
 use object_store::ObjectStore;
 
 use crate::layout::*;
-use crate::standin::{self, generate, predicates};
+use aisql_standin::{self as standin, generate, predicates};
 
 const SF: f64 = 0.001;
 

@@ -8,11 +8,13 @@ pub mod error;
 pub mod layout;
 #[cfg(test)]
 mod layout_tests;
+pub mod metrics;
 pub mod plans;
 pub mod reference;
 pub mod report;
 pub mod resolve;
 pub mod run_file;
 pub mod scoring;
-pub mod standin;
+#[cfg(test)]
+mod standin_measure;
 pub mod tokens;
