@@ -9,7 +9,7 @@ use aisql_engine::plan::{QueryPlan, decode_plan};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{BenchError, Result};
-use crate::metrics::{Accuracy, Assessment, QueryMetrics, QueryStatus};
+use crate::metrics::{Assessment, QueryMetrics, QueryStatus};
 
 /// The run.json schema version written.
 pub const SCHEMA_VERSION: u32 = 2;

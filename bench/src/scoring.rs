@@ -15,7 +15,6 @@ use aisql_engine::parquet_read::stream_dictionary_parts;
 use aisql_engine::plan::{Operator, QueryPlan};
 use aisql_engine::row_digest::RowsSummary;
 use datafusion::arrow::array::{Array, RecordBatch, StringArray};
-use serde::{Deserialize, Serialize};
 
 use aisql_models::tokenizer::Tokenizer;
 
