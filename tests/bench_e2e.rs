@@ -20,7 +20,7 @@ fn aisql() -> Command {
 }
 
 fn generate(root: &Path, sf: f64) {
-    aisql_bench::standin::generate(root, sf).unwrap();
+    aisql_standin::generate(root, sf).unwrap();
 }
 
 fn read_json(path: &Path) -> Value {

@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use aisql_bench::driver::{BenchOptions, rescore, run_bench};
 use aisql_bench::layout::Dataset;
+use aisql_bench::metrics::QueryStatus;
+use aisql_bench::metrics::{Reason, Verdict};
 use aisql_bench::plans::PlanSource;
 use aisql_bench::quailb::oracle::OracleBackend;
-use aisql_bench::run_file::{QueryStatus, RunFile, RunStatus};
-use aisql_bench::scoring::{Reason, Verdict};
+use aisql_bench::run_file::{RunFile, RunStatus};
 use aisql_engine::backend::{AiCall, AiRequest, Answer, InferenceBackend};
 
 /// The oracle, counting queries started and sleeping once in its first answer when asked.
@@ -82,7 +83,7 @@ fn options(dir: &Path, resume: bool, timeout: Option<Duration>, fail_fast: bool)
 fn setup() -> (tempfile::TempDir, Dataset) {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("quailb");
-    aisql_bench::standin::generate(&root, 0.002).unwrap();
+    aisql_standin::generate(&root, 0.002).unwrap();
     let dataset = Dataset::open(&root, 0.002, None).unwrap();
     // Opening checks manifests only; the runs below read every table.
     dataset.require_all_tables().unwrap();
@@ -304,7 +305,7 @@ async fn a_resume_with_another_model_dtype_or_dataset_is_refused() {
     }
     // Another dataset (another scale factor, so another corpus).
     let other_root = tmp.path().join("other");
-    aisql_bench::standin::generate(&other_root, 0.001).unwrap();
+    aisql_standin::generate(&other_root, 0.001).unwrap();
     let other = Dataset::open(&other_root, 0.001, None).unwrap();
     let mut o = with("tiny", "f32");
     o.resume = true;

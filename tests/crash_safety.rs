@@ -96,7 +96,7 @@ fn walk_names(dir: &Path) -> Vec<String> {
 fn sigkill_at_ten_moments_then_resume_gives_the_uninterrupted_result() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("quailb");
-    aisql_bench::standin::generate(&root, 0.002).unwrap();
+    aisql_standin::generate(&root, 0.002).unwrap();
     let cache = tmp.path().join("cache");
 
     // A first run generates the tiny model into the cache, so the timed reference

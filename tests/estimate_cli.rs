@@ -22,7 +22,7 @@ fn stdout_json(c: &mut Command) -> Value {
 }
 
 fn generate(root: &Path, sf: f64) {
-    aisql_bench::standin::generate(root, sf).unwrap();
+    aisql_standin::generate(root, sf).unwrap();
 }
 
 fn docs_table() -> String {

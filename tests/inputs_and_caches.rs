@@ -69,7 +69,7 @@ fn runs_over_read_only_inputs_leave_them_unchanged() {
     let tmp = tempfile::tempdir().unwrap();
     let inputs = tmp.path().join("inputs");
     let root = inputs.join("quailb");
-    aisql_bench::standin::generate(&root, SF.parse().unwrap()).unwrap();
+    aisql_standin::generate(&root, SF.parse().unwrap()).unwrap();
     let model = inputs.join("model");
     aisql()
         .arg("model")

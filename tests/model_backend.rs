@@ -244,7 +244,7 @@ fn same_answers(a: &[AnswerTable], b: &[AnswerTable], what: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cached_equals_uncached_and_fresh_tokens_meet_the_minimum() {
     let dir = tempfile::tempdir().unwrap();
-    aisql_bench::standin::generate(dir.path(), SF).unwrap();
+    aisql_standin::generate(dir.path(), SF).unwrap();
     let dataset = Dataset::open(dir.path(), SF, None).unwrap();
     let tok = Tokenizer::vendored().unwrap();
     let mut tokens = Tokens {
@@ -340,7 +340,7 @@ async fn cached_equals_uncached_and_fresh_tokens_meet_the_minimum() {
 #[tokio::test]
 async fn a_document_larger_than_the_kv_budget_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    aisql_bench::standin::generate(dir.path(), SF).unwrap();
+    aisql_standin::generate(dir.path(), SF).unwrap();
     let dataset = Dataset::open(dir.path(), SF, None).unwrap();
     let spec = ModelSpec {
         model: "tiny".into(),

@@ -54,7 +54,7 @@ fn run_ok(c: &mut Command) -> String {
 fn a_killed_query_reruns_asking_the_model_only_what_was_missing() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("quailb");
-    aisql_bench::standin::generate(&root, 0.01).unwrap();
+    aisql_standin::generate(&root, 0.01).unwrap();
     let cache = tmp.path().join("cache");
     let answers = tmp.path().join("answers");
 
@@ -112,7 +112,7 @@ fn a_killed_query_reruns_asking_the_model_only_what_was_missing() {
 fn bad_uses_of_the_answer_cache_are_refused_by_name() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("quailb");
-    aisql_bench::standin::generate(&root, 0.01).unwrap();
+    aisql_standin::generate(&root, 0.01).unwrap();
     let cache = tmp.path().join("cache");
     let rows = tmp.path().join("rows.csv");
 
@@ -138,7 +138,7 @@ fn bad_uses_of_the_answer_cache_are_refused_by_name() {
 fn output_dir_streams_every_row_while_printing_the_limit() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("quailb");
-    aisql_bench::standin::generate(&root, 0.01).unwrap();
+    aisql_standin::generate(&root, 0.01).unwrap();
     let cache = tmp.path().join("cache");
     let run = |extra: &[&str]| {
         let out = Command::new(assert_cmd::cargo::cargo_bin("aisql"))
@@ -217,7 +217,7 @@ fn output_dir_streams_every_row_while_printing_the_limit() {
 fn a_query_past_its_timeout_keeps_the_rows_it_streamed_whole() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("quailb");
-    aisql_bench::standin::generate(&root, 0.01).unwrap();
+    aisql_standin::generate(&root, 0.01).unwrap();
     let dir = tmp.path().join("out");
     let started = Instant::now();
     let out = Command::new(assert_cmd::cargo::cargo_bin("aisql"))

@@ -93,7 +93,7 @@ struct Setup {
 fn setup() -> Setup {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("quailb");
-    aisql_bench::standin::generate(&root, 0.01).unwrap();
+    aisql_standin::generate(&root, 0.01).unwrap();
     Setup {
         root,
         cache: tmp.path().join("cache"),

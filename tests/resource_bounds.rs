@@ -26,7 +26,7 @@ fn aisql() -> Command {
 
 fn standin(dir: &Path) -> PathBuf {
     let root = dir.join("quailb");
-    aisql_bench::standin::generate(&root, SF.parse().unwrap()).unwrap();
+    aisql_standin::generate(&root, SF.parse().unwrap()).unwrap();
     root
 }
 

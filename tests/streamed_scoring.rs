@@ -114,7 +114,7 @@ fn variants(plan: &QueryPlan, rows: &[Vec<String>]) -> Vec<(&'static str, Vec<Ve
 fn streamed_scoring_equals_the_materialised_comparison_on_all_43_plans() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("quailb");
-    aisql_bench::standin::generate(&root, 0.01).unwrap();
+    aisql_standin::generate(&root, 0.01).unwrap();
     let dataset = aisql_bench::resolve::resolve(Some(&root), 0.01, None).unwrap();
     let plans = PlanSource::Embedded.select(None).unwrap();
     assert_eq!(plans.len(), 43);

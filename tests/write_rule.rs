@@ -227,7 +227,7 @@ fn sql_is_read_only_unless_writes_are_allowed() {
 fn a_data_root_plan_file_and_model_folder_are_never_written() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("quailb");
-    aisql_bench::standin::generate(&root, 0.002).unwrap();
+    aisql_standin::generate(&root, 0.002).unwrap();
     let model = tmp.path().join("model");
     aisql()
         .args(["model", "tiny", "--out"])

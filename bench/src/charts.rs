@@ -6,7 +6,8 @@ use std::path::Path;
 use plotters::prelude::*;
 
 use crate::error::{BenchError, Result};
-use crate::run_file::{QueryStatus, RunFile};
+use crate::metrics::QueryStatus;
+use crate::run_file::RunFile;
 
 /// Bars of one series: name, value per query, colour.
 type Series<'a> = (&'a str, Vec<Option<f64>>, RGBColor);
@@ -102,7 +103,7 @@ pub fn write_charts(dir: &Path, run: &RunFile) -> Result<Vec<(String, String)>> 
         return Ok(Vec::new());
     }
     let labels: Vec<String> = done.iter().map(|q| q.id.clone()).collect();
-    let m = |f: &dyn Fn(&crate::run_file::QueryMetrics) -> Option<f64>| -> Vec<Option<f64>> {
+    let m = |f: &dyn Fn(&crate::metrics::QueryMetrics) -> Option<f64>| -> Vec<Option<f64>> {
         done.iter()
             .map(|q| q.metrics.as_ref().and_then(f))
             .collect()
@@ -154,7 +155,7 @@ pub fn write_charts(dir: &Path, run: &RunFile) -> Result<Vec<(String, String)>> 
             (
                 "documents/second",
                 m(&|x| match x.throughput {
-                    crate::run_file::Throughput::Documents(v) => v,
+                    crate::metrics::Throughput::Documents(v) => v,
                     _ => None,
                 }),
                 RGBColor(0x94, 0x67, 0xbd),
@@ -162,7 +163,7 @@ pub fn write_charts(dir: &Path, run: &RunFile) -> Result<Vec<(String, String)>> 
             (
                 "document pairs/second",
                 m(&|x| match x.throughput {
-                    crate::run_file::Throughput::Pairs(v) => v,
+                    crate::metrics::Throughput::Pairs(v) => v,
                     _ => None,
                 }),
                 RGBColor(0xff, 0x7f, 0x0e),

@@ -12,8 +12,9 @@ use serde::Serialize;
 use crate::driver::verify_run_files;
 use crate::error::{BenchError, Result};
 use crate::layout::Dataset;
+use crate::metrics::QueryStatus;
 use crate::report::g6;
-use crate::run_file::{QueryRecord, QueryStatus, RunFile, read_saved_plan};
+use crate::run_file::{QueryRecord, RunFile, read_saved_plan};
 use crate::scoring::SavedQuery;
 
 /// Exact two-sided McNemar p-value for `b` and `c` discordant pairs:
@@ -94,7 +95,7 @@ fn delta_i(a: Option<u64>, b: Option<u64>) -> Option<i64> {
 }
 
 fn delta_f(a: Option<f64>, b: Option<f64>) -> Option<f64> {
-    Some(crate::scoring::r6(b? - a?))
+    Some(crate::metrics::r6(b? - a?))
 }
 
 fn predicates(
@@ -204,7 +205,7 @@ pub fn compare_runs(a: &Path, b: &Path, dataset: &Dataset) -> Result<RunComparis
         let ok = |q: &QueryRecord| q.status == QueryStatus::Complete;
         let (ma, mb) = (ma.filter(|_| ok(qa)), mb.filter(|_| ok(qb)));
         let runtime_ratio = match (qa.runtime_s, qb.runtime_s) {
-            (Some(x), Some(y)) if x > 0.0 => Some(crate::scoring::r6(y / x)),
+            (Some(x), Some(y)) if x > 0.0 => Some(crate::metrics::r6(y / x)),
             _ => None,
         };
         queries.push(QueryComparison {

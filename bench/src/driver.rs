@@ -5,6 +5,12 @@
 //! consistent run.json. Writing
 //! outputs, tokenizing and scoring run on blocking threads, never on the runtime
 //! that drives the engine.
+//!
+//! [`run_bench`] is a loop over three parts: [`open_run`] starts a run folder or
+//! resumes the run in it (checks that it is the same data and settings, re-verifies
+//! kept outputs); [`QueryRunner`] runs one query to an [`Outcome`] (estimate, engine,
+//! timeout, Ctrl-C); [`Recorder`] records it (outputs saved and hashed, scoring,
+//! run.json after every change, peak RSS, and the reports at the end).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,9 +32,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::error::{BenchError, Result};
 use crate::layout::{Dataset, sha256_file};
+use crate::metrics::QueryStatus;
 use crate::run_file::{
-    QUAIL_B_VERSION, QueryRecord, QueryStatus, RunFile, RunStatus, SCHEMA_VERSION, now_utc,
-    read_saved_plan,
+    QUAIL_B_VERSION, QueryRecord, RunFile, RunStatus, SCHEMA_VERSION, now_utc, read_saved_plan,
 };
 use crate::scoring::Scorer;
 
@@ -167,11 +173,17 @@ pub fn default_output_dir() -> PathBuf {
     PathBuf::from("benchmark_results").join(chrono::Utc::now().format("%Y%m%dT%H%M%SZ").to_string())
 }
 
+/// What running one query came to ([`QueryRunner::run`]), for [`Recorder::record`].
 enum Outcome {
+    /// The engine finished: its output and the rows it saved.
     Done(Box<(QueryOutput, SavedRows)>),
+    /// The engine failed (`EngineError: …`, `PanicError: …`).
     Failed(String),
+    /// `--timeout-s` passed first.
     Timeout(String),
+    /// The query spent its budget under `--on-budget fail`.
     OverBudget(String),
+    /// Ctrl-C or SIGTERM came first.
     Interrupted,
 }
 
@@ -332,6 +344,10 @@ fn final_status(run: &RunFile) -> RunStatus {
 /// Runs `queries` and writes the run folder. Returns the final run.json; the run's
 /// status is `complete` only when every query is complete. `opts.metadata` is
 /// recorded as given (the caller describes the run); a resumed run adds `resumed`.
+///
+/// The loop over three parts: [`open_run`] (a new run folder, or the run it
+/// resumes), [`QueryRunner`] (one query to an [`Outcome`]: estimate, engine,
+/// timeout, Ctrl-C) and [`Recorder`] (saving, scoring, run.json, peak RSS, reports).
 pub async fn run_bench(
     opts: &BenchOptions,
     dataset: &Dataset,
@@ -341,119 +357,9 @@ pub async fn run_bench(
     let dir = &opts.output_dir;
     // A disk reserve that cannot be read fails the run now, not each query.
     aisql_engine::row_sink::disk_reserve()?;
-    let format_name = opts.format.name();
-    let mut metadata = run_metadata(opts, backend.as_ref());
-
-    let (mut run, plans) = if opts.resume {
-        let mut run = RunFile::read(dir)?;
-        if run.corpus_id != dataset.corpus_id || run.collection_id != dataset.collection_id {
-            return Err(run_error(
-                dir,
-                format!(
-                    "the run used corpus {} (sf {}, collection {}), this dataset is {} (sf {}, collection {}); resume with the run's data",
-                    run.corpus_id,
-                    run.scale_factor,
-                    run.collection_id.as_deref().unwrap_or("none"),
-                    dataset.corpus_id,
-                    dataset.scale_factor,
-                    dataset.collection_id.as_deref().unwrap_or("none")
-                ),
-            ));
-        }
-        // A run whose queries were answered by another backend, model, dtype or
-        // prompt layout would mix results that are not comparable.
-        for key in RESUME_MUST_MATCH {
-            let (was, now) = (run.metadata.get(key), metadata.get(key));
-            if was != now {
-                let show =
-                    |v: Option<&serde_json::Value>| v.map_or("none".to_string(), |v| v.to_string());
-                return Err(run_error(
-                    dir,
-                    format!(
-                        "the run used {key} {}, this resume has {key} {}; resume with the run's settings or start a new run",
-                        show(was),
-                        show(now)
-                    ),
-                ));
-            }
-        }
-        let by_id: BTreeMap<String, QueryPlan> = queries.into_iter().collect();
-        let mut plans = Vec::new();
-        for rec in &mut run.queries {
-            let plan = by_id.get(&rec.id).cloned().ok_or_else(|| {
-                run_error(
-                    dir,
-                    format!(
-                        "{} is in the run but was not among the plans loaded",
-                        rec.id
-                    ),
-                )
-            })?;
-            let hash = plan.definition_hash(format_name);
-            if hash != rec.definition_hash {
-                *rec = QueryRecord::pending(&rec.id, &hash);
-            }
-            // Kept outputs are re-verified; a damaged one means running the query again.
-            if let Some(files) = &rec.files
-                && let Some(why) = damaged(dir, files)
-            {
-                eprintln!("{}: {why}; running the query again", rec.id);
-                *rec = QueryRecord::pending(&rec.id, &hash);
-            }
-            plans.push((rec.id.clone(), plan));
-        }
-        let resumed = run
-            .metadata
-            .get("resumed")
-            .and_then(|v| v.as_u64())
-            .unwrap_or(0)
-            + 1;
-        metadata.insert("resumed".into(), resumed.into());
-        run.metadata = metadata;
-        run.status = RunStatus::Running;
-        run.finished_at = None;
-        (run, plans)
-    } else {
-        if dir.exists() && !is_empty_dir(dir) {
-            return Err(run_error(
-                dir,
-                format!(
-                    "the output folder exists and is not empty; choose a new --output-dir or continue it with --resume {}",
-                    dir.display()
-                ),
-            ));
-        }
-        std::fs::create_dir_all(dir).map_err(|e| BenchError::Io {
-            path: dir.clone(),
-            message: e.to_string(),
-        })?;
-        let run = RunFile {
-            schema_version: SCHEMA_VERSION,
-            quail_b_version: QUAIL_B_VERSION.into(),
-            scale_factor: dataset.scale_factor,
-            corpus_id: dataset.corpus_id.clone(),
-            collection_id: dataset.collection_id.clone(),
-            reference_model: dataset.reference_model.clone(),
-            metadata,
-            gpu_count: opts.gpu_count,
-            gpu_hourly_rate_usd: opts.gpu_hourly_rate_usd,
-            started_at: now_utc(),
-            finished_at: None,
-            status: RunStatus::Running,
-            queries: queries
-                .iter()
-                .map(|(id, p)| QueryRecord::pending(id, &p.definition_hash(format_name)))
-                .collect(),
-        };
-        (run, queries)
-    };
-    run.write(dir)?;
-
-    let scorer = {
-        let (dataset, templates) = (dataset.clone(), templates_of(plans.iter().map(|(_, p)| p)));
-        Arc::new(blocking(move || Scorer::new(&dataset, &templates)).await?)
-    };
-    let (gpu_count, rate) = (run.gpu_count, run.gpu_hourly_rate_usd);
+    let metadata = run_metadata(opts, backend.as_ref());
+    let (mut run, plans) = open_run(opts, dataset, metadata, queries)?;
+    let recorder = Recorder::new(dir, dataset, &run, &plans).await?;
 
     // Ctrl-C or SIGTERM sets a flag the loop watches (the first signal; a second
     // one ends the process as usual).
@@ -465,8 +371,52 @@ pub async fn run_bench(
 
     // The run bar, and each running query's AI operators under it.
     let lines = indicatif::MultiProgress::new();
+    let bar = run_bar(opts, &lines, plans.len());
+    let runner = QueryRunner::new(opts, dataset, backend, &lines);
+    let mut interrupted = false;
+    for (id, plan) in &plans {
+        if recorder.keep(&mut run, id, plan, &bar).await? {
+            bar.inc(1);
+            continue;
+        }
+        let rec = run.query_mut(id).expect("record of every planned query");
+        let query_options = runner.start(rec, id, plan, &bar).await;
+        run.write(dir)?;
+        bar.set_message(id.clone());
+        let peak = PeakRss::reset();
+        let outcome = runner.run(id, plan, query_options, &mut stop_rx).await;
+        interrupted = matches!(outcome, Outcome::Interrupted);
+        let done = recorder
+            .record(&mut run, id, plan, outcome, peak, &bar)
+            .await?;
+        bar.inc(1);
+        if interrupted || *stop_rx.borrow() {
+            interrupted = true;
+            break;
+        }
+        if !done && opts.fail_fast {
+            break;
+        }
+    }
+    bar.finish_and_clear();
+    signal_task.abort();
+    let run = recorder.finish(run).await?;
+    if interrupted {
+        return Err(run_error(
+            dir,
+            format!(
+                "interrupted; run.json is consistent, continue with --resume {}",
+                dir.display()
+            ),
+        ));
+    }
+    Ok(run)
+}
+
+/// The run bar (drawn only on a terminal): one step per query.
+fn run_bar(opts: &BenchOptions, lines: &indicatif::MultiProgress, queries: usize) -> ProgressBar {
     let bar = if opts.progress == aisql_engine::progress::ProgressMode::Terminal {
-        lines.add(ProgressBar::new(plans.len() as u64))
+        lines.add(ProgressBar::new(queries as u64))
     } else {
         ProgressBar::hidden()
     };
@@ -476,50 +426,214 @@ pub async fn run_bench(
             .progress_chars("=> "),
     );
     bar.set_prefix("bench");
-    let tables: TablePaths = dataset.tables.clone();
-    let query_options = QueryOptions {
-        format: opts.format,
-        progress: opts.progress,
-        progress_parent: Some(lines.clone()),
-        batch_rows: opts.batch_rows,
-        memory_limit: opts.memory_limit,
-        budget: opts.budget,
-        on_row_error: opts.on_row_error,
-        ..QueryOptions::default()
+    bar
+}
+
+// ---------------------------------------------------------------- opening a run
+
+/// Opens the run of `opts`: a new run folder with every query pending, or (with
+/// `opts.resume`) the run in it, checked to be of the same data and settings, its
+/// queries whose plan changed or whose saved files are damaged set back to pending.
+/// Writes run.json (status `running`) and returns it with the plans in run order.
+/// `metadata` is this invocation's ([`run_metadata`]).
+fn open_run(
+    opts: &BenchOptions,
+    dataset: &Dataset,
+    metadata: Metadata,
+    queries: Vec<(String, QueryPlan)>,
+) -> Result<(RunFile, Vec<(String, QueryPlan)>)> {
+    let dir = &opts.output_dir;
+    let (run, plans) = if opts.resume {
+        resume_run(dir, dataset, metadata, queries, opts.format.name())?
+    } else {
+        new_run(opts, dataset, metadata, queries)?
     };
-    let mut interrupted = false;
-    for (id, plan) in &plans {
-        let rec = run.query_mut(id).expect("record of every planned query");
-        // Complete: nothing to do. Saved (or scoring failed) with files: score again only.
-        match rec.status {
-            QueryStatus::Complete => {
-                bar.inc(1);
-                continue;
-            }
-            QueryStatus::Saved | QueryStatus::ScoringFailed if rec.files.is_some() => {
-                bar.set_message(format!("{id} (scoring)"));
-                let scored = score_blocking(&scorer, dir, plan, rec.clone(), gpu_count, rate);
-                *run.query_mut(id).expect("record") = scored.await?;
-                run.write(dir)?;
-                bar.inc(1);
-                continue;
-            }
-            _ => {}
+    run.write(dir)?;
+    Ok((run, plans))
+}
+
+/// The run in `dir`, to be continued with `queries` under `metadata`.
+fn resume_run(
+    dir: &Path,
+    dataset: &Dataset,
+    mut metadata: Metadata,
+    queries: Vec<(String, QueryPlan)>,
+    format_name: &str,
+) -> Result<(RunFile, Vec<(String, QueryPlan)>)> {
+    let mut run = RunFile::read(dir)?;
+    if run.corpus_id != dataset.corpus_id || run.collection_id != dataset.collection_id {
+        return Err(run_error(
+            dir,
+            format!(
+                "the run used corpus {} (sf {}, collection {}), this dataset is {} (sf {}, collection {}); resume with the run's data",
+                run.corpus_id,
+                run.scale_factor,
+                run.collection_id.as_deref().unwrap_or("none"),
+                dataset.corpus_id,
+                dataset.scale_factor,
+                dataset.collection_id.as_deref().unwrap_or("none")
+            ),
+        ));
+    }
+    // A run whose queries were answered by another backend, model, dtype or
+    // prompt layout would mix results that are not comparable.
+    for key in RESUME_MUST_MATCH {
+        let (was, now) = (run.metadata.get(key), metadata.get(key));
+        if was != now {
+            let show =
+                |v: Option<&serde_json::Value>| v.map_or("none".to_string(), |v| v.to_string());
+            return Err(run_error(
+                dir,
+                format!(
+                    "the run used {key} {}, this resume has {key} {}; resume with the run's settings or start a new run",
+                    show(was),
+                    show(now)
+                ),
+            ));
         }
+    }
+    let by_id: BTreeMap<String, QueryPlan> = queries.into_iter().collect();
+    let mut plans = Vec::new();
+    for rec in &mut run.queries {
+        let plan = by_id.get(&rec.id).cloned().ok_or_else(|| {
+            run_error(
+                dir,
+                format!(
+                    "{} is in the run but was not among the plans loaded",
+                    rec.id
+                ),
+            )
+        })?;
+        let hash = plan.definition_hash(format_name);
+        if hash != rec.definition_hash {
+            *rec = QueryRecord::pending(&rec.id, &hash);
+        }
+        // Kept outputs are re-verified; a damaged one means running the query again.
+        if let Some(files) = &rec.files
+            && let Some(why) = damaged(dir, files)
+        {
+            eprintln!("{}: {why}; running the query again", rec.id);
+            *rec = QueryRecord::pending(&rec.id, &hash);
+        }
+        plans.push((rec.id.clone(), plan));
+    }
+    let resumed = run
+        .metadata
+        .get("resumed")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(0)
+        + 1;
+    metadata.insert("resumed".into(), resumed.into());
+    run.metadata = metadata;
+    run.status = RunStatus::Running;
+    run.finished_at = None;
+    Ok((run, plans))
+}
+
+/// A new run of `queries` in `opts.output_dir`, which must not hold another.
+fn new_run(
+    opts: &BenchOptions,
+    dataset: &Dataset,
+    metadata: Metadata,
+    queries: Vec<(String, QueryPlan)>,
+) -> Result<(RunFile, Vec<(String, QueryPlan)>)> {
+    let dir = &opts.output_dir;
+    let format_name = opts.format.name();
+    if dir.exists() && !is_empty_dir(dir) {
+        return Err(run_error(
+            dir,
+            format!(
+                "the output folder exists and is not empty; choose a new --output-dir or continue it with --resume {}",
+                dir.display()
+            ),
+        ));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| BenchError::Io {
+        path: dir.clone(),
+        message: e.to_string(),
+    })?;
+    let run = RunFile {
+        schema_version: SCHEMA_VERSION,
+        quail_b_version: QUAIL_B_VERSION.into(),
+        scale_factor: dataset.scale_factor,
+        corpus_id: dataset.corpus_id.clone(),
+        collection_id: dataset.collection_id.clone(),
+        reference_model: dataset.reference_model.clone(),
+        metadata,
+        gpu_count: opts.gpu_count,
+        gpu_hourly_rate_usd: opts.gpu_hourly_rate_usd,
+        started_at: now_utc(),
+        finished_at: None,
+        status: RunStatus::Running,
+        queries: queries
+            .iter()
+            .map(|(id, p)| QueryRecord::pending(id, &p.definition_hash(format_name)))
+            .collect(),
+    };
+    Ok((run, queries))
+}
+
+// ---------------------------------------------------------------- running a query
+
+/// Runs one query of a run through the engine to an [`Outcome`]: its estimate
+/// first (with `opts.estimator`), then the engine on a task of its own, its rows
+/// streamed into the query's folder, raced against `--timeout-s` and Ctrl-C.
+struct QueryRunner<'a> {
+    opts: &'a BenchOptions,
+    backend: Arc<dyn InferenceBackend>,
+    tables: TablePaths,
+    /// The options every query runs with (its expected rows come from its estimate).
+    query_options: QueryOptions,
+}
+
+impl<'a> QueryRunner<'a> {
+    fn new(
+        opts: &'a BenchOptions,
+        dataset: &Dataset,
+        backend: Arc<dyn InferenceBackend>,
+        lines: &indicatif::MultiProgress,
+    ) -> Self {
+        let query_options = QueryOptions {
+            format: opts.format,
+            progress: opts.progress,
+            progress_parent: Some(lines.clone()),
+            batch_rows: opts.batch_rows,
+            memory_limit: opts.memory_limit,
+            budget: opts.budget,
+            on_row_error: opts.on_row_error,
+            ..QueryOptions::default()
+        };
+        QueryRunner {
+            opts,
+            backend,
+            tables: dataset.tables.clone(),
+            query_options,
+        }
+    }
+
+    /// Sets `rec` running (a fresh record) with its estimate, and returns the
+    /// options the query runs with.
+    async fn start(
+        &self,
+        rec: &mut QueryRecord,
+        id: &str,
+        plan: &QueryPlan,
+        bar: &ProgressBar,
+    ) -> QueryOptions {
         *rec = QueryRecord {
             status: QueryStatus::Running,
             ..QueryRecord::pending(id, &rec.definition_hash)
         };
-        if let Some(estimator) = &opts.estimator {
+        if let Some(estimator) = &self.opts.estimator {
             bar.set_message(format!("{id} (estimate)"));
             let estimate = async {
-                let estimating = estimator.backend(backend.clone())?;
+                let estimating = estimator.backend(self.backend.clone())?;
                 crate::quailb::query::estimate_query(
                     estimator,
                     estimating,
                     plan,
-                    &tables,
-                    &query_options,
+                    &self.tables,
+                    &self.query_options,
                 )
                 .await
             };
@@ -534,26 +648,27 @@ pub async fn run_bench(
             .as_ref()
             .map(|e| e.operators.iter().map(|o| (o.id.clone(), o.rows)).collect())
             .unwrap_or_default();
-        run.write(dir)?;
-        bar.set_message(id.clone());
+        QueryOptions {
+            expected_rows,
+            ..self.query_options.clone()
+        }
+    }
 
-        // The query's own peak (its run, saving and scoring), not the run's:
-        // what earlier queries freed goes back to the host first.
-        aisql_engine::host_memory::release_free_memory();
-        let peak_known = aisql_engine::host_memory::reset_peak_rss();
+    /// Runs query `id` with options `o` until it ends, times out, or `stop` is set.
+    async fn run(
+        &self,
+        id: &str,
+        plan: &QueryPlan,
+        o: QueryOptions,
+        stop: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Outcome {
+        let opts = self.opts;
+        let backend = &self.backend;
         let handle = {
-            let (plan, tables, backend, o) = (
-                plan.clone(),
-                tables.clone(),
-                backend.clone(),
-                QueryOptions {
-                    expected_rows,
-                    ..query_options.clone()
-                },
-            );
+            let (plan, tables, backend) = (plan.clone(), self.tables.clone(), backend.clone());
             // Rows stream into the query's folder as they arrive: a result larger
             // than memory is never held.
-            let rows_path = dir.join(id).join(ROWS_FILE);
+            let rows_path = opts.output_dir.join(id).join(ROWS_FILE);
             tokio::spawn(async move {
                 let mut rows = ParquetRows::create(&rows_path, output_schema(&plan))?;
                 let out = run_query_into(&plan, &tables, backend, &o, &mut rows).await?;
@@ -568,7 +683,7 @@ pub async fn run_bench(
                 None => std::future::pending().await,
             }
         };
-        let outcome = tokio::select! {
+        tokio::select! {
             r = handle => match r {
                 Ok(Ok(out)) => Outcome::Done(Box::new(out)),
                 Ok(Err(e @ aisql_engine::EngineError::OverBudget(_))) => {
@@ -592,12 +707,108 @@ pub async fn run_bench(
                     deadline.elapsed().as_secs_f64()
                 ))
             }
-            _ = stop_rx.wait_for(|s| *s) => {
+            _ = stop.wait_for(|s| *s) => {
                 backend.cancel();
                 abort.abort();
                 Outcome::Interrupted
             }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- recording it
+
+/// The peak RSS of one query (its run, saving and scoring), not the run's: reset
+/// before the query starts, read when its outcome is recorded.
+struct PeakRss {
+    known: bool,
+}
+
+impl PeakRss {
+    /// Starts a query's peak: what earlier queries freed goes back to the host first.
+    fn reset() -> Self {
+        aisql_engine::host_memory::release_free_memory();
+        PeakRss {
+            known: aisql_engine::host_memory::reset_peak_rss(),
+        }
+    }
+
+    /// The peak since [`PeakRss::reset`], when the platform tracks it.
+    fn bytes(&self) -> Option<u64> {
+        if self.known {
+            aisql_engine::host_memory::peak_rss_bytes()
+        } else {
+            None
+        }
+    }
+}
+
+/// Records what became of each query in the run folder: its outputs saved and
+/// hashed, scored, its peak RSS, run.json rewritten after every change; at the
+/// end the run's status and the reports.
+struct Recorder<'a> {
+    dir: &'a Path,
+    scorer: Arc<Scorer>,
+    gpu_count: u32,
+    rate: Option<f64>,
+}
+
+impl<'a> Recorder<'a> {
+    /// A recorder for `run` in `dir`: the scorer loads the labels of `plans`.
+    async fn new(
+        dir: &'a Path,
+        dataset: &Dataset,
+        run: &RunFile,
+        plans: &[(String, QueryPlan)],
+    ) -> Result<Self> {
+        let scorer = {
+            let (dataset, templates) =
+                (dataset.clone(), templates_of(plans.iter().map(|(_, p)| p)));
+            Arc::new(blocking(move || Scorer::new(&dataset, &templates)).await?)
         };
+        Ok(Recorder {
+            dir,
+            scorer,
+            gpu_count: run.gpu_count,
+            rate: run.gpu_hourly_rate_usd,
+        })
+    }
+
+    /// A query an earlier run got far enough: true when it needs no run, that is
+    /// complete, or saved (or scoring failed) with files, scored again here.
+    async fn keep(
+        &self,
+        run: &mut RunFile,
+        id: &str,
+        plan: &QueryPlan,
+        bar: &ProgressBar,
+    ) -> Result<bool> {
+        let rec = run.query_mut(id).expect("record of every planned query");
+        match rec.status {
+            QueryStatus::Complete => Ok(true),
+            QueryStatus::Saved | QueryStatus::ScoringFailed if rec.files.is_some() => {
+                bar.set_message(format!("{id} (scoring)"));
+                *rec = self.score(plan, rec.clone()).await?;
+                run.write(self.dir)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Records `outcome` of query `id`: a finished query's outputs are saved (run.json
+    /// says `saved`) and scored; any other outcome is its status and error. Then its
+    /// `peak` RSS; run.json is written. True when the query is complete.
+    async fn record(
+        &self,
+        run: &mut RunFile,
+        id: &str,
+        plan: &QueryPlan,
+        outcome: Outcome,
+        peak: PeakRss,
+        bar: &ProgressBar,
+    ) -> Result<bool> {
+        let dir = self.dir;
         let rec = run.query_mut(id).expect("record");
         match outcome {
             Outcome::Done(done) => {
@@ -607,13 +818,13 @@ pub async fn run_bench(
                 if let SavedRows::Summary(summary) = &saved {
                     bar.println(format!("{id}: {}", summary.note));
                 }
-                match save_blocking(&scorer, dir, id, plan, out, saved).await {
+                match save_blocking(&self.scorer, dir, id, plan, out, saved).await {
                     Ok(files) => {
                         rec.files = Some(files);
                         rec.status = QueryStatus::Saved;
                         let saved = rec.clone();
                         run.write(dir)?;
-                        let scored = score_blocking(&scorer, dir, plan, saved, gpu_count, rate);
+                        let scored = self.score(plan, saved);
                         *run.query_mut(id).expect("record") = scored.await?;
                     }
                     Err(e) => {
@@ -640,11 +851,9 @@ pub async fn run_bench(
                     "Interrupted: the run was interrupted (Ctrl-C or SIGTERM) while this query ran"
                         .into(),
                 );
-                interrupted = true;
             }
         }
-        if peak_known
-            && let Some(peak) = aisql_engine::host_memory::peak_rss_bytes()
+        if let Some(peak) = peak.bytes()
             && let Some(m) = run.query_mut(id).expect("record").measurements.as_mut()
         {
             m.insert("peak_rss_bytes".into(), peak.into());
@@ -655,38 +864,26 @@ pub async fn run_bench(
             bar.println(format!("{id}: {}: {e}", rec.status.as_str()));
         }
         run.write(dir)?;
-        bar.inc(1);
-        if interrupted || *stop_rx.borrow() {
-            interrupted = true;
-            break;
-        }
-        if !done && opts.fail_fast {
-            break;
-        }
+        Ok(done)
     }
-    bar.finish_and_clear();
-    signal_task.abort();
-    run.status = final_status(&run);
-    run.finished_at = Some(now_utc());
-    run.write(dir)?;
-    let run = {
-        let dir = dir.clone();
+
+    /// Scores `rec` on a blocking thread and returns it scored.
+    async fn score(&self, plan: &QueryPlan, rec: QueryRecord) -> Result<QueryRecord> {
+        score_blocking(&self.scorer, self.dir, plan, rec, self.gpu_count, self.rate).await
+    }
+
+    /// Ends the run: its final status, `finished_at`, run.json and the reports.
+    async fn finish(self, mut run: RunFile) -> Result<RunFile> {
+        run.status = final_status(&run);
+        run.finished_at = Some(now_utc());
+        run.write(self.dir)?;
+        let dir = self.dir.to_path_buf();
         blocking(move || {
             crate::report::write_reports(&dir, &run)?;
             Ok(run)
         })
-        .await?
-    };
-    if interrupted {
-        return Err(run_error(
-            dir,
-            format!(
-                "interrupted; run.json is consistent, continue with --resume {}",
-                dir.display()
-            ),
-        ));
+        .await
     }
-    Ok(run)
 }
 
 /// Rescores the saved outputs of a run without running a model (`aisql bench report`),
@@ -754,4 +951,239 @@ pub fn rescore(dir: &Path, dataset: &Dataset) -> Result<RunFile> {
     run.write(dir)?;
     crate::report::write_reports(dir, &run)?;
     Ok(run)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::quailb::oracle::OracleBackend;
+
+    use super::*;
+    use crate::plans::PlanSource;
+
+    const SF: f64 = 0.001;
+
+    /// A stand-in dataset under `root` (the oracle answers from its labels, fast).
+    fn dataset(root: &Path) -> Dataset {
+        aisql_standin::generate(root, SF).unwrap();
+        Dataset::open(root, SF, None).unwrap()
+    }
+
+    fn options(dir: &Path, resume: bool) -> BenchOptions {
+        BenchOptions {
+            output_dir: dir.to_path_buf(),
+            resume,
+            timeout: None,
+            fail_fast: false,
+            gpu_count: 1,
+            gpu_hourly_rate_usd: None,
+            backend_metadata: Metadata::new(),
+            plans: PlanSource::Embedded.describe(),
+            user_metadata: Metadata::new(),
+            format: Default::default(),
+            progress: aisql_engine::progress::ProgressMode::Hidden,
+            batch_rows: 256,
+            memory_limit: aisql_engine::host_memory::default_memory_limit(),
+            budget: None,
+            on_row_error: Default::default(),
+            estimator: None,
+        }
+    }
+
+    fn queries(ids: &[&str]) -> Vec<(String, QueryPlan)> {
+        let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+        PlanSource::Embedded.select(Some(&ids)).unwrap()
+    }
+
+    fn metadata(backend: &str) -> Metadata {
+        Metadata::from_iter([("backend".to_string(), backend.into())])
+    }
+
+    fn statuses(run: &RunFile) -> Vec<QueryStatus> {
+        run.queries.iter().map(|q| q.status).collect()
+    }
+
+    #[test]
+    fn a_new_run_has_every_query_pending_and_needs_an_unused_folder() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ds = dataset(&tmp.path().join("quailb"));
+        let dir = tmp.path().join("run");
+        let ids = ["IMDB-1", "FEV-10"];
+        let (run, plans) = open_run(
+            &options(&dir, false),
+            &ds,
+            metadata("oracle"),
+            queries(&ids),
+        )
+        .unwrap();
+        assert_eq!(run.status, RunStatus::Running);
+        assert_eq!(run.corpus_id, ds.corpus_id);
+        assert_eq!(statuses(&run), [QueryStatus::Pending; 2]);
+        let planned: Vec<&str> = plans.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(planned, ids);
+        // run.json is written before any query runs.
+        assert_eq!(RunFile::read(&dir).unwrap(), run);
+
+        let e = open_run(
+            &options(&dir, false),
+            &ds,
+            metadata("oracle"),
+            queries(&ids),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("not empty") && e.contains("--resume"), "{e}");
+    }
+
+    #[test]
+    fn resume_is_refused_for_other_settings_or_data_and_redoes_changed_plans() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ds = dataset(&tmp.path().join("quailb"));
+        let dir = tmp.path().join("run");
+        let ids = ["IMDB-1", "FEV-10"];
+        open_run(
+            &options(&dir, false),
+            &ds,
+            metadata("oracle"),
+            queries(&ids),
+        )
+        .unwrap();
+        let resume = options(&dir, true);
+
+        // Another backend: results that are not comparable.
+        let e = open_run(&resume, &ds, metadata("model"), queries(&ids))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(r#"the run used backend "oracle", this resume has backend "model""#),
+            "{e}"
+        );
+        // Another corpus.
+        let mut other = ds.clone();
+        other.corpus_id = "c_0123456789abcdef0123456789abcdef".into();
+        let e = open_run(&resume, &other, metadata("oracle"), queries(&ids))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("resume with the run's data"), "{e}");
+        // A query of the run whose plan was not loaded.
+        let e = open_run(&resume, &ds, metadata("oracle"), queries(&["IMDB-1"]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("FEV-10 is in the run but was not among the plans"),
+            "{e}"
+        );
+        // Refusals leave the run as it was.
+        assert!(
+            !RunFile::read(&dir)
+                .unwrap()
+                .metadata
+                .contains_key("resumed")
+        );
+
+        // A record whose plan changed since is run again.
+        let mut run = RunFile::read(&dir).unwrap();
+        let rec = run.query_mut("FEV-10").unwrap();
+        rec.definition_hash = "an older plan".into();
+        rec.status = QueryStatus::Failed;
+        rec.error = Some("EngineError: earlier".into());
+        run.status = RunStatus::Failed;
+        run.write(&dir).unwrap();
+        let (run, plans) = open_run(&resume, &ds, metadata("oracle"), queries(&ids)).unwrap();
+        assert_eq!(run.status, RunStatus::Running);
+        assert_eq!(run.metadata["resumed"], 1);
+        let fev = run.query("FEV-10").unwrap();
+        assert_eq!(fev.status, QueryStatus::Pending);
+        assert_eq!(fev.error, None);
+        assert_eq!(
+            fev.definition_hash,
+            plans[1].1.definition_hash(resume.format.name())
+        );
+        assert_eq!(RunFile::read(&dir).unwrap(), run);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_outcome_is_recorded_in_run_json() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ds = dataset(&tmp.path().join("quailb"));
+        let dir = tmp.path().join("run");
+        let ids = ["IMDB-1", "IMDB-2", "FEV-10", "BIO-3"];
+        let opts = options(&dir, false);
+        let (mut run, plans) = open_run(&opts, &ds, metadata("oracle"), queries(&ids)).unwrap();
+        let recorder = Recorder::new(&dir, &ds, &run, &plans).await.unwrap();
+        let bar = ProgressBar::hidden();
+        let outcomes = [
+            Outcome::Failed("EngineError: no".into()),
+            Outcome::Timeout("TimeoutError: late".into()),
+            Outcome::OverBudget("BudgetError: spent".into()),
+            Outcome::Interrupted,
+        ];
+        for ((id, plan), outcome) in plans.iter().zip(outcomes) {
+            let peak = PeakRss { known: false };
+            let done = recorder
+                .record(&mut run, id, plan, outcome, peak, &bar)
+                .await
+                .unwrap();
+            assert!(!done, "{id}");
+            // Written at once: a crash after this keeps the outcome.
+            assert_eq!(RunFile::read(&dir).unwrap(), run);
+        }
+        use QueryStatus::*;
+        assert_eq!(statuses(&run), [Failed, Timeout, OverBudget, Failed]);
+        let errors: Vec<&str> = run
+            .queries
+            .iter()
+            .flat_map(|q| q.error.as_deref())
+            .collect();
+        assert_eq!(
+            errors[..3],
+            [
+                "EngineError: no",
+                "TimeoutError: late",
+                "BudgetError: spent"
+            ]
+        );
+        assert!(errors[3].starts_with("Interrupted:"), "{}", errors[3]);
+
+        let run = recorder.finish(run).await.unwrap();
+        assert_eq!(run.status, RunStatus::Failed);
+        assert!(run.finished_at.is_some());
+        assert_eq!(RunFile::read(&dir).unwrap(), run);
+        assert!(dir.join(crate::report::REPORT_MD).is_file());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_query_the_oracle_answers_is_saved_scored_and_kept_on_resume() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ds = dataset(&tmp.path().join("quailb"));
+        let dir = tmp.path().join("run");
+        let labels = Arc::new(ds.load_labels(None).unwrap());
+        let oracle: Arc<dyn InferenceBackend> = Arc::new(OracleBackend::new(labels));
+        let ids = ["IMDB-1"];
+        let run = run_bench(&options(&dir, false), &ds, oracle.clone(), queries(&ids))
+            .await
+            .unwrap();
+        assert_eq!(run.status, RunStatus::Complete);
+        let rec = run.query("IMDB-1").unwrap();
+        assert_eq!(rec.status, QueryStatus::Complete);
+        assert!(rec.metrics.is_some() && rec.runtime_s.is_some());
+        let files = rec.files.as_ref().unwrap();
+        assert_eq!(damaged(&dir, files), None);
+
+        // Resumed, the complete query is kept as it is, not run again.
+        let (mut resumed, plans) = open_run(
+            &options(&dir, true),
+            &ds,
+            run.metadata.clone(),
+            queries(&ids),
+        )
+        .unwrap();
+        let recorder = Recorder::new(&dir, &ds, &resumed, &plans).await.unwrap();
+        let (id, plan) = &plans[0];
+        let kept = recorder
+            .keep(&mut resumed, id, plan, &ProgressBar::hidden())
+            .await
+            .unwrap();
+        assert!(kept);
+        assert_eq!(resumed.query(id), run.query(id));
+    }
 }

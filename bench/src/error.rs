@@ -166,3 +166,17 @@ pub enum BenchError {
     #[error(transparent)]
     Engine(#[from] aisql_engine::EngineError),
 }
+
+/// The generator's errors, under the variants of the same text they had when it
+/// was part of this crate.
+impl From<aisql_standin::StandinError> for BenchError {
+    fn from(e: aisql_standin::StandinError) -> Self {
+        use aisql_standin::StandinError as S;
+        match e {
+            S::Io { path, message } => BenchError::Io { path, message },
+            S::ScaleFactor(m) => BenchError::ScaleFactor(m),
+            S::Generate(m) => BenchError::Generate(m),
+            S::Engine(e) => BenchError::Engine(e),
+        }
+    }
+}

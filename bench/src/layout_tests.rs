@@ -9,7 +9,7 @@ use std::sync::Arc;
 use object_store::ObjectStore;
 
 use crate::layout::*;
-use crate::standin::{self, generate, predicates};
+use aisql_standin::{self as standin, generate, predicates};
 
 const SF: f64 = 0.001;
 
@@ -17,6 +17,13 @@ fn small_root() -> (tempfile::TempDir, standin::GenerateSummary) {
     let d = tempfile::tempdir().unwrap();
     let s = generate(d.path(), SF).unwrap();
     (d, s)
+}
+
+/// Moved from the generator's tests, which cannot see the published table.
+#[test]
+fn standin_ids_are_never_published_ids() {
+    let (_d, s) = small_root();
+    assert!(!PUBLISHED.iter().any(|p| p.corpus_id == s.corpus_id));
 }
 
 fn copy_dir(from: &Path, to: &Path) {

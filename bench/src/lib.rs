@@ -8,6 +8,7 @@ pub mod error;
 pub mod layout;
 #[cfg(test)]
 mod layout_tests;
+pub mod metrics;
 pub mod plans;
 pub mod quailb;
 pub mod reference;
@@ -15,5 +16,6 @@ pub mod report;
 pub mod resolve;
 pub mod run_file;
 pub mod scoring;
-pub mod standin;
+#[cfg(test)]
+mod standin_measure;
 pub mod tokens;

@@ -17,7 +17,7 @@ use rayon::prelude::*;
 
 use crate::corpus::Corpus;
 use crate::error::{BenchError, Result};
-use crate::scoring::{Assessment, OutputAccuracy, Reason, judged};
+use crate::metrics::{Assessment, OutputAccuracy, Reason, judged};
 
 fn err(msg: impl Into<String>) -> BenchError {
     BenchError::Scoring(msg.into())

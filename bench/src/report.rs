@@ -10,7 +10,8 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 
 use crate::error::Result;
-use crate::run_file::{QueryMetrics, QueryRecord, QueryStatus, RunFile, write_atomic};
+use crate::metrics::{QueryMetrics, QueryStatus};
+use crate::run_file::{QueryRecord, RunFile, write_atomic};
 
 /// File name of the report.
 pub const REPORT_MD: &str = "report.md";
@@ -146,8 +147,8 @@ pub fn report_markdown(run: &RunFile, charts: &[(String, String)]) -> String {
         let (verdict, reasons) = match &q.assessment {
             Some(a) => (
                 match a.verdict {
-                    crate::scoring::Verdict::Good => "good",
-                    crate::scoring::Verdict::Bad => "bad",
+                    crate::metrics::Verdict::Good => "good",
+                    crate::metrics::Verdict::Bad => "bad",
                 },
                 a.reasons
                     .iter()

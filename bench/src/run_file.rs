@@ -10,7 +10,7 @@ use aisql_engine::sql::plan_file::decode_plan;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{BenchError, Result};
-use crate::scoring::{Accuracy, Assessment};
+use crate::metrics::{Assessment, QueryMetrics, QueryStatus};
 
 /// The run.json schema version written.
 pub const SCHEMA_VERSION: u32 = 2;
@@ -29,107 +29,6 @@ pub enum RunStatus {
     Complete,
     /// The run ended with at least one query not complete, or was interrupted.
     Failed,
-}
-
-/// State of one query.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum QueryStatus {
-    /// Not started.
-    Pending,
-    /// The engine is running it.
-    Running,
-    /// Outputs are saved; scoring comes next.
-    Saved,
-    /// Saved and scored.
-    Complete,
-    /// The engine failed (or the run was interrupted during it).
-    Failed,
-    /// Outputs are saved but scoring failed.
-    ScoringFailed,
-    /// The engine exceeded `--timeout-s`.
-    Timeout,
-    /// The query spent its budget (`--max-fresh-tokens`, `--max-model-seconds`,
-    /// `--max-cost-usd`) before it was done, under `--on-budget fail`.
-    OverBudget,
-}
-
-impl QueryStatus {
-    /// The status as written in run.json.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            QueryStatus::Pending => "pending",
-            QueryStatus::Running => "running",
-            QueryStatus::Saved => "saved",
-            QueryStatus::Complete => "complete",
-            QueryStatus::Failed => "failed",
-            QueryStatus::ScoringFailed => "scoring_failed",
-            QueryStatus::Timeout => "timeout",
-            QueryStatus::OverBudget => "over_budget",
-        }
-    }
-}
-
-/// Throughput of a query: documents per second without joins, pairs per second with.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub enum Throughput {
-    /// Σ input rows / runtime.
-    #[serde(rename = "documents_per_second")]
-    Documents(Option<f64>),
-    /// Evaluated document pairs / runtime.
-    #[serde(rename = "document_pairs_per_second")]
-    Pairs(Option<f64>),
-}
-
-impl Throughput {
-    /// The value, if known.
-    pub fn value(self) -> Option<f64> {
-        match self {
-            Throughput::Documents(v) | Throughput::Pairs(v) => v,
-        }
-    }
-
-    /// The unit as the report names it.
-    pub fn unit(self) -> &'static str {
-        match self {
-            Throughput::Documents(_) => "documents/second",
-            Throughput::Pairs(_) => "document pairs/second",
-        }
-    }
-}
-
-/// Metrics of a scored query (SPEC §D.2, §D.4, §D.5). Unknown values are `null`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct QueryMetrics {
-    /// Query execution seconds.
-    pub runtime_s: f64,
-    /// Rows of each alias's table.
-    pub input_rows: std::collections::BTreeMap<String, u64>,
-    /// Output and predicate agreement with the reference.
-    pub accuracy: Accuracy,
-    /// runtime × GPUs × hourly rate.
-    pub cost_usd: Option<f64>,
-    /// Full prompt lengths (KV hits included).
-    pub input_tokens: Option<u64>,
-    /// Engine-reported positions run through the model.
-    pub fresh_tokens: Option<u64>,
-    /// Positions an unlimited prefix cache must compute.
-    pub minimum_tokens: Option<u64>,
-    /// fresh − minimum.
-    pub regret_tokens: Option<i64>,
-    /// True when the minimum was rescaled to engine-reported input tokens.
-    pub regret_approximate: bool,
-    /// Σ rows of the join answer tables (join queries).
-    pub evaluated_document_pairs: Option<u64>,
-    /// Input tokens / runtime.
-    pub input_tokens_per_second: Option<f64>,
-    /// Cost per million input tokens.
-    pub cost_usd_per_million_input_tokens: Option<f64>,
-    /// 100 × regret / fresh.
-    pub kv_regret_percent: Option<f64>,
-    /// Documents or pairs per second.
-    #[serde(flatten)]
-    pub throughput: Throughput,
 }
 
 /// One query of a run.

@@ -14,6 +14,7 @@ use serde_json::json;
 
 use crate::corpus::Corpus;
 use crate::error::{BenchError, Result};
+use crate::metrics::{TokenMetrics, r6};
 
 /// Tokenizer name recorded in `prompt_pieces.json`.
 pub const TOKENIZER_NAME: &str = "Qwen/Qwen3-32B";
@@ -366,23 +367,6 @@ pub fn trie_size_flat(seqs: &mut [&[u32]]) -> u64 {
     total
 }
 
-/// Token metrics after applying the engine's measurements (SPEC §D.4).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TokenMetrics {
-    /// Input tokens.
-    pub input_tokens: Option<u64>,
-    /// Fresh tokens (engine-reported).
-    pub fresh_tokens: Option<u64>,
-    /// Minimum tokens.
-    pub minimum_tokens: Option<u64>,
-    /// fresh − minimum.
-    pub regret_tokens: Option<i64>,
-    /// Minimum rescaled to reported input tokens.
-    pub regret_approximate: bool,
-    /// 100 × regret / fresh.
-    pub kv_regret_percent: Option<f64>,
-}
-
 /// An engine measurement as a count (`fresh_tokens`, `input_tokens`), if reported.
 pub(crate) fn measured(m: &serde_json::Map<String, serde_json::Value>, key: &str) -> Option<u64> {
     m.get(key).and_then(|v| v.as_u64())
@@ -431,7 +415,7 @@ pub fn token_metrics(
         _ => None,
     };
     let kv_regret_percent = match (regret, fresh) {
-        (Some(r), Some(f)) if f > 0 => Some(crate::scoring::r6(100.0 * r as f64 / f as f64)),
+        (Some(r), Some(f)) if f > 0 => Some(r6(100.0 * r as f64 / f as f64)),
         _ => None,
     };
     Ok(TokenMetrics {

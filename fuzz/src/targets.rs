@@ -196,7 +196,7 @@ impl Fixture {
     pub fn new() -> Result<Fixture, String> {
         let tmp = tempfile::tempdir().map_err(err)?;
         let root = tmp.path().join("quailb");
-        aisql_bench::standin::generate(&root, FIXTURE_SF).map_err(err)?;
+        aisql_standin::generate(&root, FIXTURE_SF).map_err(err)?;
         let dataset = Dataset::open(&root, FIXTURE_SF, None).map_err(err)?;
         let labels = dataset.load_labels(None).map_err(err)?;
         let oracle = Arc::new(OracleBackend::new(Arc::new(labels)));
@@ -641,7 +641,7 @@ impl Fixture {
                     ));
                 }
             }
-            let _ = aisql_bench::standin::stale_reason(&ds);
+            let _ = aisql_bench::resolve::stale_reason(&ds);
             if let Err(e) = ds.require_all_tables() {
                 return Ok(kind(&e));
             }

@@ -7,9 +7,10 @@ use aisql_bench::driver::{
     BenchOptions, Metadata, default_output_dir, rescore, run_bench, templates_of,
 };
 use aisql_bench::layout::Dataset;
+use aisql_bench::metrics::QueryStatus;
 use aisql_bench::plans::PlanSource;
 use aisql_bench::resolve::resolve;
-use aisql_bench::run_file::{QueryStatus, RunFile, RunStatus};
+use aisql_bench::run_file::{RunFile, RunStatus};
 use aisql_engine::write_guard::{OutputKind, WriteGuard};
 use anyhow::{Context, bail};
 
@@ -79,7 +80,7 @@ fn summarize(dir: &Path, run: &RunFile) {
         .filter(|q| {
             q.assessment
                 .as_ref()
-                .is_some_and(|a| a.verdict == aisql_bench::scoring::Verdict::Good)
+                .is_some_and(|a| a.verdict == aisql_bench::metrics::Verdict::Good)
         })
         .count();
     println!(

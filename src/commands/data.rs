@@ -1,7 +1,6 @@
 //! `aisql data generate|fetch`.
 
 use aisql_bench::layout;
-use aisql_bench::standin;
 use anyhow::Context;
 
 use crate::cli::DataCommand;
@@ -10,7 +9,7 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
     match cmd {
         DataCommand::Generate { sf, root } => {
             let root = root.unwrap_or_else(layout::standin_root);
-            let summary = standin::generate(&root, sf)
+            let summary = aisql_standin::generate(&root, sf)
                 .with_context(|| format!("generating the stand-in corpus at sf {sf}"))?;
             println!(
                 "corpus {} collection {} (sf {})",

@@ -15,32 +15,7 @@ use serde::{Deserialize, Serialize};
 use aisql_engine::backend::AiKind;
 use aisql_engine::{EngineError, Result};
 
-/// A predicate as a label-set manifest describes it (SPEC §C.1).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PredicateInfo {
-    /// Predicate key, e.g. `quailb.imdb.review.mentions_positive_aspect`.
-    pub key: String,
-    /// Filter, join or classify.
-    pub kind: AiKind,
-    /// The prompt template exactly as written in the plans.
-    pub template: String,
-    /// Table of the `{0}` document.
-    pub left_table: String,
-    /// Text column of the `{0}` document.
-    pub left_column: String,
-    /// Table of the `{1}` document (joins, joined-row classifications).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub right_table: Option<String>,
-    /// Text column of the `{1}` document.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub right_column: Option<String>,
-    /// Classification labels in tie-break order (empty for filters and joins).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub labels: Vec<String>,
-    /// One description per label ("" = none).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub descriptions: Vec<String>,
-}
+pub use aisql_standin::manifest::PredicateInfo;
 
 /// One reference answer.
 #[derive(Debug, Clone, PartialEq, Eq)]

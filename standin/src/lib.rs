@@ -1,6 +1,6 @@
 //! Deterministic stand-in QUAIL-B corpus, written in the published layout (SPEC §C.1).
 //!
-//! The published tables and labels cannot be fetched on every machine, so this module
+//! The published tables and labels cannot be fetched on every machine, so this crate
 //! generates, from `DATA_SEED = 20260818` alone, a corpus with the same nine tables,
 //! columns, types, id formats and — at sf 0.1, 0.5 and 1.0 — the same row counts as
 //! SPEC §C, with realistic document lengths (Qwen3 tokens) and text that reads like its
@@ -19,8 +19,13 @@
 //!   hashes are SHA-256 over canonical JSON ([`aisql_engine::canonical`]), never equal
 //!   to the published ids; manifests carry `"standin": true` and the generator version.
 //!
-//! Entry points: [`generate`], [`planned_rows`]; [`stale_reason`] tells whether a
-//! cached stand-in is what this generator writes (the ids it would compute).
+//! Entry points: [`generate`], [`planned_rows`]; the ids it computes ([`corpus_id`],
+//! [`label_set_id`], [`collection_id`]) and the seal ([`seal_path`]) let
+//! `aisql_bench::resolve::stale_reason` tell whether a cached stand-in is what this
+//! generator writes. The layout's file formats it writes are [`manifest`]'s.
+
+pub mod error;
+pub mod manifest;
 
 mod agent;
 mod biodex;
@@ -39,7 +44,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use aisql_engine::backend::AiKind;
-use aisql_engine::cache_dir::{SEAL_FILE, check_seal, files_of, seal};
+use aisql_engine::cache_dir::{SEAL_FILE, files_of, seal};
 use aisql_engine::canonical;
 use datafusion::arrow::array::{ArrayRef, Int32Builder, ListBuilder, RecordBatch, StringBuilder};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -50,8 +55,8 @@ use rayon::prelude::*;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::error::{BenchError, Result};
-use crate::layout::{self, CollectionManifest, CorpusManifest, Dataset, TABLES, TableEntry};
+pub use crate::error::{Result, StandinError};
+use crate::manifest::{CollectionManifest, CollectionSummary, CorpusManifest, TABLES, TableEntry};
 
 pub use rng::DATA_SEED;
 
@@ -87,8 +92,8 @@ pub struct PredDef {
 
 impl PredDef {
     /// The engine's view of this predicate.
-    pub fn info(&self) -> crate::quailb::labels::PredicateInfo {
-        crate::quailb::labels::PredicateInfo {
+    pub fn info(&self) -> crate::manifest::PredicateInfo {
+        crate::manifest::PredicateInfo {
             key: self.key.into(),
             kind: self.kind,
             template: self.template.into(),
@@ -166,7 +171,7 @@ struct Counts {
 
 fn check_sf(sf: f64) -> Result<()> {
     if !(sf.is_finite() && sf > 0.0 && sf <= 10.0) {
-        return Err(BenchError::ScaleFactor(format!(
+        return Err(StandinError::ScaleFactor(format!(
             "stand-in scale factor must be in (0, 10], got {sf}"
         )));
     }
@@ -302,11 +307,8 @@ struct TableSink {
     started: Instant,
 }
 
-fn io_err(path: &Path, e: impl std::fmt::Display) -> BenchError {
-    BenchError::Io {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    }
+fn io_err(path: &Path, e: impl std::fmt::Display) -> StandinError {
+    StandinError::io(path, e)
 }
 
 impl TableSink {
@@ -403,7 +405,7 @@ impl TableSink {
         let bytes = fs::metadata(&self.path)
             .map_err(|e| io_err(&self.path, e))?
             .len();
-        let file_sha256 = layout::sha256_file(&self.path)?;
+        let file_sha256 = manifest::sha256_file(&self.path)?;
         Ok((
             TableEntry {
                 rows: self.rows,
@@ -695,7 +697,7 @@ fn gen_lepard(
 
 fn gen_agent(dir: &Path, n: usize, truth: &mut Truth) -> Result<(TableEntry, TableSummary)> {
     let tok = aisql_models::tokenizer::Tokenizer::vendored()
-        .map_err(|e| BenchError::Generate(format!("tokenizer: {e}")))?;
+        .map_err(|e| StandinError::Generate(format!("tokenizer: {e}")))?;
     let count = move |s: &str| count_tokens(&tok, s);
     let mut sink = TableSink::new(dir, "agent_traces")?;
     let mut ids = Vec::with_capacity(n);
@@ -864,61 +866,8 @@ pub fn collection_id(corpus_id: &str, label_sets: &BTreeMap<String, String>) -> 
     )
 }
 
-/// Why the stand-in `ds` is not what this generator would write for its scale factor
-/// (`None` when it is): not a stand-in, another generator version, or ids that are
-/// not the hashes this generator computes from the manifests (e.g. a cache written
-/// before the ids were canonical), or files that no longer match the seal written
-/// when it was generated (hashing every file of the corpus and its label sets).
-pub fn stale_reason(ds: &Dataset) -> Option<String> {
-    let m = &ds.manifest;
-    if !ds.standin {
-        return Some(format!("corpus {} is not a stand-in", ds.corpus_id));
-    }
-    let generator = m.extra.get("generator").and_then(|g| g.as_str());
-    if generator != Some(GENERATOR_VERSION) {
-        return Some(format!(
-            "made by generator {}, not {GENERATOR_VERSION}",
-            generator.unwrap_or("aisql-standin-v1")
-        ));
-    }
-    if m.tables.keys().map(String::as_str).ne(sorted_tables()) {
-        return Some(format!(
-            "its manifest lists tables {:?}",
-            m.tables.keys().collect::<Vec<_>>()
-        ));
-    }
-    let want = corpus_id(m.scale_factor, &m.tables);
-    if want != ds.corpus_id {
-        return Some(format!(
-            "corpus id {} is not the hash of its manifest ({want})",
-            ds.corpus_id
-        ));
-    }
-    let Some(coll) = &ds.collection_id else {
-        return Some("it has no complete collection".into());
-    };
-    let sets: BTreeMap<String, String> = predicates()
-        .iter()
-        .map(|p| (p.key.to_string(), label_set_id(&ds.corpus_id, p)))
-        .collect();
-    if sets != ds.label_sets {
-        return Some(format!(
-            "collection {coll} does not map the predicates to this generator's label sets"
-        ));
-    }
-    let want = collection_id(&ds.corpus_id, &sets);
-    if &want != coll {
-        return Some(format!(
-            "collection id {coll} is not the hash of its label sets ({want})"
-        ));
-    }
-    // Its files as generated: a truncated or edited cache entry is rebuilt.
-    let root = ds.source.root();
-    check_seal(root, &seal_path(root, &ds.corpus_id)).err()
-}
-
 /// Where the seal of stand-in corpus `corpus_id` lives (inside its folder).
-fn seal_path(root: &Path, corpus_id: &str) -> PathBuf {
+pub fn seal_path(root: &Path, corpus_id: &str) -> PathBuf {
     root.join("corpora").join(corpus_id).join(SEAL_FILE)
 }
 
@@ -949,7 +898,8 @@ fn seal_standin(
     Ok(seal(root, &files, &seal_path(root, corpus_id))?)
 }
 
-fn sorted_tables() -> impl Iterator<Item = &'static str> {
+/// The table names in sorted order (a stand-in manifest lists exactly these).
+pub fn sorted_tables() -> impl Iterator<Item = &'static str> {
     let mut t = TABLES;
     t.sort_unstable();
     t.into_iter()
@@ -1133,7 +1083,7 @@ pub fn generate_with(root: &Path, sf: f64, opts: &GenerateOptions) -> Result<Gen
                     scale_factor: sf,
                     status: "complete".into(),
                     label_sets: map,
-                    summary: layout::CollectionSummary {
+                    summary: CollectionSummary {
                         model: STANDIN_MODEL.into(),
                     },
                     standin: true,
@@ -1280,7 +1230,6 @@ mod tests {
             "{at:?}"
         );
         assert!(s.corpus_id.starts_with("c_") && s.corpus_id.len() == 34);
-        assert!(!layout::PUBLISHED.iter().any(|p| p.corpus_id == s.corpus_id));
         // The generated aspects table's ordered-rows hash, computed outside the project:
         // python3 -c 'import json,hashlib; A=["the acting","the plot","the directing","the cinematography","the soundtrack","the pacing","the ending","the dialogue","the special effects","the character development","the screenplay","the editing"]; print(hashlib.sha256("".join(hashlib.sha256(json.dumps({"id":"as%d"%i,"aspect":a},sort_keys=True,separators=(",",":"),ensure_ascii=False).encode()).hexdigest()+"\n" for i,a in enumerate(A)).encode()).hexdigest())'
         let m: CorpusManifest =
@@ -1399,7 +1348,8 @@ mod tests {
         let s2 = generate(d.path(), 0.001).unwrap();
         assert_eq!(s2.corpus_id, s.corpus_id);
         assert!(!old.exists());
-        crate::layout::Dataset::open(d.path(), 0.001, None).unwrap();
+        let corpora: Vec<_> = fs::read_dir(d.path().join("corpora")).unwrap().collect();
+        assert_eq!(corpora.len(), 1, "only the regenerated corpus is left");
     }
 
     #[test]
@@ -1564,146 +1514,5 @@ mod tests {
         within(&mut fails, "agent_traces median", med, 8880.0);
         within(&mut fails, "agent_traces p90", p90, 17988.0);
         assert!(fails.is_empty(), "{fails:?}");
-    }
-}
-
-/// Measurement run (not part of the normal suite):
-/// `AISQL_STANDIN_SF=1.0 AISQL_STANDIN_DIR=/tmp/x cargo test -p aisql-bench --release -- --ignored --nocapture measure_generation`.
-#[cfg(test)]
-mod measure {
-    use super::*;
-    use datafusion::arrow::array::{Array, AsArray};
-    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-
-    #[test]
-    #[ignore]
-    fn measure_generation() {
-        let sf: f64 = std::env::var("AISQL_STANDIN_SF")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0.1);
-        let tmp = tempfile::tempdir().unwrap();
-        let root = std::env::var_os("AISQL_STANDIN_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| tmp.path().to_path_buf());
-        let s = generate(&root, sf).unwrap();
-        eprintln!(
-            "sf {sf}: corpus {} collection {} total {:.1} s",
-            s.corpus_id, s.collection_id, s.seconds
-        );
-        let mut table_bytes = 0;
-        for (t, x) in &s.tables {
-            table_bytes += x.bytes;
-            eprintln!(
-                "  {t:18} rows {:7} bytes {:11} seconds {:6.1}",
-                x.rows, x.bytes, x.seconds
-            );
-        }
-        eprintln!(
-            "  tables {} bytes; labels {} rows, {} bytes, {:.1} s",
-            table_bytes,
-            s.label_rows.values().sum::<u64>(),
-            s.label_bytes,
-            s.label_seconds
-        );
-        let tok = aisql_models::tokenizer::Tokenizer::vendored().unwrap();
-        let cdir = root.join("corpora").join(&s.corpus_id);
-        for (t, col) in [
-            ("reviews", "body"),
-            ("reports", "report"),
-            ("terms", "term"),
-            ("claims", "claim"),
-            ("evidence", "text"),
-            ("citation_contexts", "destination_context"),
-            ("citation_passages", "passage_text"),
-            ("agent_traces", "token_count"),
-        ] {
-            let f = File::open(cdir.join(format!("{t}.parquet"))).unwrap();
-            let mut lens: Vec<usize> = Vec::new();
-            for b in ParquetRecordBatchReaderBuilder::try_new(f)
-                .unwrap()
-                .build()
-                .unwrap()
-            {
-                let b = b.unwrap();
-                let c = b.column_by_name(col).unwrap();
-                if t == "agent_traces" {
-                    let a = c.as_primitive::<datafusion::arrow::datatypes::Int32Type>();
-                    lens.extend((0..a.len()).map(|i| a.value(i) as usize));
-                } else {
-                    let a = c.as_string::<i32>();
-                    let texts: Vec<&str> = (0..a.len()).map(|i| a.value(i)).collect();
-                    lens.extend(tok.encode_batch(&texts).unwrap().iter().map(Vec::len));
-                }
-            }
-            lens.sort_unstable();
-            let n = lens.len();
-            let q = |p: f64| lens[((n as f64 - 1.0) * p).round() as usize];
-            eprintln!(
-                "  tokens {t:18} mean {:8.1} median {:6} p90 {:6} p95 {:6} max {:6}",
-                lens.iter().sum::<usize>() as f64 / n as f64,
-                q(0.5),
-                q(0.9),
-                q(0.95),
-                q(1.0)
-            );
-        }
-        // Label rates.
-        let ds = crate::layout::Dataset::open(&root, sf, None).unwrap();
-        let store = ds.load_labels(None).unwrap();
-        for p in predicates() {
-            let set = store.for_template(p.template).unwrap();
-            let rows = &ds.table_rows;
-            let mut trues = 0usize;
-            let mut total = 0usize;
-            if p.kind != AiKind::Classify {
-                let ls = &ds.tables;
-                let _ = ls;
-                let left: Vec<String> = read_ids(&ds.tables[p.left.0]);
-                let right: Option<Vec<String>> = p.right.map(|r| read_ids(&ds.tables[r.0]));
-                for l in &left {
-                    match &right {
-                        None => {
-                            total += 1;
-                            trues += set.get_bool(l, None).unwrap() as usize;
-                        }
-                        Some(rs) => {
-                            for r in rs {
-                                total += 1;
-                                trues += set.get_bool(l, Some(r)).unwrap() as usize;
-                            }
-                        }
-                    }
-                }
-                eprintln!(
-                    "  {:24} {:9} labels, TRUE rate {:.4}",
-                    p.name,
-                    total,
-                    trues as f64 / total as f64
-                );
-            } else {
-                eprintln!(
-                    "  {:24} {:9} labels (rows {})",
-                    p.name,
-                    set.len(),
-                    rows[p.left.0]
-                );
-            }
-        }
-    }
-
-    fn read_ids(path: &Path) -> Vec<String> {
-        let f = File::open(path).unwrap();
-        let mut out = Vec::new();
-        for b in ParquetRecordBatchReaderBuilder::try_new(f)
-            .unwrap()
-            .build()
-            .unwrap()
-        {
-            let b = b.unwrap();
-            let a = b.column_by_name("id").unwrap().as_string::<i32>();
-            out.extend((0..a.len()).map(|i| a.value(i).to_string()));
-        }
-        out
     }
 }

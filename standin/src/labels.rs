@@ -14,8 +14,8 @@ use datafusion::parquet::file::properties::WriterProperties;
 use rayon::prelude::*;
 
 use super::{PredDef, Truth, agent, biodex, fever, imdb, lepard};
-use crate::error::{BenchError, Result};
-use crate::layout::{LabelSetManifest, labels_predicate_dir};
+use crate::error::{Result, StandinError};
+use crate::manifest::{LabelSetManifest, labels_predicate_dir};
 
 /// Rows per Parquet row group / per part file.
 const ROW_GROUP: usize = 1 << 20;
@@ -112,11 +112,8 @@ struct Writer {
     rows: u64,
 }
 
-fn err(path: &Path, e: impl std::fmt::Display) -> BenchError {
-    BenchError::Io {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    }
+fn err(path: &Path, e: impl std::fmt::Display) -> StandinError {
+    StandinError::io(path, e)
 }
 
 impl Writer {
