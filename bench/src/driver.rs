@@ -642,7 +642,7 @@ pub async fn run_bench(
             && let Some(peak) = aisql_engine::host_memory::peak_rss_bytes()
             && let Some(m) = run.query_mut(id).expect("record").measurements.as_mut()
         {
-            m.insert("peak_rss_bytes".into(), peak.into());
+            m.peak_rss_bytes = Some(aisql_engine::work::Max(peak));
         }
         let rec = run.query(id).expect("record");
         let done = rec.status == QueryStatus::Complete;

@@ -14,6 +14,7 @@ use aisql_engine::output::{OutputFiles, ROWS_SUMMARY_FILE, read_parquet};
 use aisql_engine::parquet_read::stream_dictionary_parts;
 use aisql_engine::plan::{Operator, QueryPlan};
 use aisql_engine::row_digest::RowsSummary;
+use aisql_engine::work::Work;
 use datafusion::arrow::array::{Array, RecordBatch, StringArray};
 use serde::{Deserialize, Serialize};
 
@@ -24,7 +25,7 @@ use crate::error::{BenchError, Result};
 use crate::layout::Dataset;
 use crate::reference::Reference;
 use crate::run_file::{QueryMetrics, QueryRecord, QueryStatus, Throughput, write_atomic};
-use crate::tokens::{DocTokens, measured, piece_counts, pieces_json, plan_pieces, token_metrics};
+use crate::tokens::{DocTokens, piece_counts, pieces_json, plan_pieces, token_metrics};
 
 fn err(msg: impl Into<String>) -> BenchError {
     BenchError::Scoring(msg.into())
@@ -970,7 +971,7 @@ impl Scorer {
         run_dir: &Path,
         id: &str,
         plan: &QueryPlan,
-        measurements: &serde_json::Map<String, serde_json::Value>,
+        measurements: &Work,
     ) -> Result<Option<String>> {
         if !has_fresh_tokens(measurements) {
             return Ok(None);
@@ -998,7 +999,7 @@ impl Scorer {
         let runtime_s = rec
             .runtime_s
             .ok_or_else(|| err(format!("{}: the query has no runtime", rec.id)))?;
-        let empty = serde_json::Map::new();
+        let empty = Work::default();
         let measurements = rec.measurements.as_ref().unwrap_or(&empty);
         let answers = load_answers(run_dir, files)?;
         let (accuracy, assessment) = score_accuracy(
@@ -1040,11 +1041,7 @@ impl Scorer {
                 .iter()
                 .map(|o| answers_of(&answers, o.id()).map(|t| t.len() as u64))
                 .sum::<Option<u64>>()
-                .or_else(|| {
-                    measurements
-                        .get("evaluated_document_pairs")
-                        .and_then(|v| v.as_u64())
-                })
+                .or_else(|| measurements.evaluated_document_pairs.map(|s| s.0))
         };
         let throughput = if joins.is_empty() {
             Throughput::Documents(per_s(input_rows.values().sum::<u64>() as f64))
@@ -1104,8 +1101,8 @@ impl Scorer {
     }
 }
 
-fn has_fresh_tokens(measurements: &serde_json::Map<String, serde_json::Value>) -> bool {
-    measured(measurements, "fresh_tokens").is_some()
+fn has_fresh_tokens(measurements: &Work) -> bool {
+    measurements.fresh_tokens.is_some()
 }
 
 #[cfg(test)]
