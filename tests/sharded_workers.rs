@@ -116,7 +116,12 @@ async fn all_43_plans_on_three_simulated_workers_in_process_and_over_the_wire_ma
             fresh(&single)
         );
         let documents: usize = spread.table_rows.values().sum();
-        let questions: u64 = spread.measurements.workers.as_ref().unwrap().0
+        let questions: u64 = spread
+            .measurements
+            .workers
+            .as_ref()
+            .unwrap()
+            .0
             .iter()
             .map(|w| w.questions)
             .sum();

@@ -385,10 +385,7 @@ pub struct TokenMetrics {
 }
 
 /// Combines piece counts with the engine's `fresh_tokens` / `input_tokens`.
-pub fn token_metrics(
-    counts: Option<PieceCounts>,
-    measurements: &Work,
-) -> Result<TokenMetrics> {
+pub fn token_metrics(counts: Option<PieceCounts>, measurements: &Work) -> Result<TokenMetrics> {
     let fresh = measurements.fresh_tokens.map(|s| s.0);
     // SPEC §D.3: prompt pieces go with the engine's fresh tokens. Without them the
     // harness has no pieces: input tokens are the engine's own (or unknown), and the

@@ -17,7 +17,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::backend::{AiCall, Answer};
 use crate::error::{EngineError, Result};

@@ -54,8 +54,8 @@ mod tests {
         test_call,
     };
     use crate::error::Result;
-    use crate::work::{Sum, Work};
     use crate::shard::ShardedBackend;
+    use crate::work::{Sum, Work};
 
     /// The by-length rule's answer: TRUE when anchor and partner lengths sum
     /// to an even number.

@@ -256,6 +256,7 @@ impl WorkSoFar {
         let m = runtime.backend.measurements();
         let workers = m
             .workers
+            .as_ref()
             .map(|ws| {
                 ws.0.iter()
                     .map(|w| WorkerWork {

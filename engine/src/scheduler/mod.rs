@@ -1594,9 +1594,7 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
             fresh_tokens: Some(Sum(self.exec.fresh_tokens() - state.fresh_start)),
             label_tokens: Some(Sum(self.exec.label_tokens() - state.label_start)),
             decode_tokens: Some(Sum(self.exec.decode_tokens() - state.decode_start)),
-            decode_seconds: Some(Sum(
-                self.exec.decode_seconds() - state.decode_seconds_start
-            )),
+            decode_seconds: Some(Sum(self.exec.decode_seconds() - state.decode_seconds_start)),
             prefix_cache: Some(Config(self.config.prefix_cache)),
             kv_peak_bytes: Some(Max(state.peak_bytes.max(state.cache.bytes()) as u64)),
             kv_evictions: Some(Sum(state.evictions)),
