@@ -412,7 +412,14 @@ async fn a_failed_row_is_listed_in_run_json_or_fails_its_query() {
         .unwrap();
     let q = &run.queries[0];
     assert_eq!(q.status, QueryStatus::Complete, "{:?}", q.error);
-    let errors = &q.measurements.as_ref().unwrap()["row_errors"];
+    let errors = &q
+        .measurements
+        .as_ref()
+        .unwrap()
+        .row_errors
+        .as_ref()
+        .unwrap()
+        .0;
     let op = &errors["operators"][0];
     assert_eq!(op["id"], "filter-1", "{errors}");
     assert_eq!(op["rows_failed"], 1, "{errors}");
@@ -421,7 +428,14 @@ async fn a_failed_row_is_listed_in_run_json_or_fails_its_query() {
     // run.json on disk says the same.
     let written = RunFile::read(&dir).unwrap();
     assert_eq!(
-        written.queries[0].measurements.as_ref().unwrap()["row_errors"],
+        written.queries[0]
+            .measurements
+            .as_ref()
+            .unwrap()
+            .row_errors
+            .as_ref()
+            .unwrap()
+            .0,
         *errors
     );
 

@@ -23,7 +23,7 @@ use common::*;
 const BYTES_PER_TOKEN: usize = 1024;
 
 fn count(out: &QueryOutput, key: &str) -> u64 {
-    out.measurements[key].as_u64().unwrap()
+    out.measurements.to_json()[key].as_u64().unwrap()
 }
 
 /// Queries of one tiny corpus run in simulation.
@@ -122,7 +122,7 @@ async fn a_host_tier_or_lookahead_keeps_imdb_9_and_10_at_the_minimum_under_small
             assert!(count(&with, "restored_tokens") > 0, "{id} at {device} B");
             // Moving KV is charged at the simulated host link, both ways.
             let moved = count(&with, "kv_offloaded_bytes") + count(&with, "kv_restored_bytes");
-            let seconds = with.measurements["kv_transfer_seconds"].as_f64().unwrap();
+            let seconds = with.measurements.kv_transfer_seconds.unwrap().0;
             assert!(moved > 0, "{id}");
             assert!(
                 (seconds - moved as f64 / aisql_engine::scheduler::SIMULATED_LINK_BYTES_PER_SECOND)
@@ -249,7 +249,7 @@ async fn the_model_restores_offloaded_kv_and_answers_the_same() {
     let tiered = run(peak / 8, usize::MAX / 2).await;
     assert!(count(&tiered, "restored_tokens") > 0);
     // The model's moves really happen: their time is the query's, not simulated.
-    assert!(!tiered.measurements.contains_key("kv_transfer_seconds"));
+    assert!(tiered.measurements.kv_transfer_seconds.is_none());
     assert_eq!(
         count(&tiered, "fresh_tokens"),
         count(&unbounded, "fresh_tokens")

@@ -168,7 +168,7 @@ fn input_and_minimum(q: &QueryPlan, out: &QueryOutput, tokens: &mut Tokens<'_>) 
 }
 
 fn fresh(out: &QueryOutput) -> usize {
-    out.measurements["fresh_tokens"].as_u64().unwrap() as usize
+    out.measurements.fresh() as usize
 }
 
 /// A label store holding exactly the answers of `out` (so an oracle repeats them).

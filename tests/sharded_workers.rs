@@ -50,15 +50,17 @@ fn same_answers(id: &str, a: &Collected, b: &Collected) {
 }
 
 fn fresh(c: &Collected) -> u64 {
-    c.measurements["fresh_tokens"].as_u64().unwrap()
+    c.measurements.fresh_tokens.unwrap().0
 }
 
 fn fresh_per_worker(c: &Collected) -> Vec<u64> {
-    c.measurements["workers"]
-        .as_array()
+    c.measurements
+        .workers
+        .as_ref()
         .unwrap()
+        .0
         .iter()
-        .map(|w| w["fresh_tokens"].as_u64().unwrap())
+        .map(|w| w.fresh_tokens.unwrap())
         .collect()
 }
 
@@ -115,11 +117,14 @@ async fn all_43_plans_on_three_simulated_workers_in_process_and_over_the_wire_ma
             fresh(&single)
         );
         let documents: usize = spread.table_rows.values().sum();
-        let questions: u64 = spread.measurements["workers"]
-            .as_array()
+        let questions: u64 = spread
+            .measurements
+            .workers
+            .as_ref()
             .unwrap()
+            .0
             .iter()
-            .map(|w| w["questions"].as_u64().unwrap())
+            .map(|w| w.questions)
             .sum();
         if questions as usize > 2 * WORKERS {
             let busy = per_worker.iter().filter(|&&f| f > 0).count();

@@ -123,8 +123,7 @@ async fn sql_spellings_of_quailb_queries_match_their_plans() {
                 );
             }
             assert_eq!(
-                got.measurements.get("fresh_tokens"),
-                want.measurements.get("fresh_tokens"),
+                got.measurements.fresh_tokens, want.measurements.fresh_tokens,
                 "{id}: fresh tokens (KV budget {kv_budget_bytes} bytes)"
             );
         }

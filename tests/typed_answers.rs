@@ -207,11 +207,11 @@ fn generation_over_shared_document_kv_gives_the_uncached_texts() {
         let b = backend(prefix_cache);
         b.start_query(&[complete.clone(), extract.clone()]);
         let texts = b.answer(&complete, &reqs).unwrap();
-        let fresh_complete = b.measurements()["fresh_tokens"].as_u64().unwrap();
+        let fresh_complete = b.measurements().fresh();
         let fields = b.answer(&extract, &reqs).unwrap();
         let m = b.measurements();
-        let fresh_extract = m["fresh_tokens"].as_u64().unwrap() - fresh_complete;
-        let decoded = m["decode_tokens"].as_u64().unwrap();
+        let fresh_extract = m.fresh() - fresh_complete;
+        let decoded = m.decoded();
         runs.push((texts, fields, fresh_extract, decoded));
     }
     let (cached, uncached) = (&runs[0], &runs[1]);

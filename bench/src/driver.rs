@@ -856,7 +856,7 @@ impl<'a> Recorder<'a> {
         if let Some(peak) = peak.bytes()
             && let Some(m) = run.query_mut(id).expect("record").measurements.as_mut()
         {
-            m.insert("peak_rss_bytes".into(), peak.into());
+            m.peak_rss_bytes = Some(aisql_engine::work::Max(peak));
         }
         let rec = run.query(id).expect("record");
         let done = rec.status == QueryStatus::Complete;

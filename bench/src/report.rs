@@ -187,15 +187,13 @@ pub fn report_markdown(run: &RunFile, charts: &[(String, String)]) -> String {
                     .join(", ")
             },
         );
-        let measured = |key: &str| {
-            q.measurements
-                .as_ref()
-                .and_then(|x| x.get(key).and_then(serde_json::Value::as_u64))
-        };
-        let restored = m.and(measured("restored_tokens"));
-        let speculative = m.and(measured("speculative_tokens"));
-        let unused = m.and(measured("speculative_unused"));
-        let peak = measured("peak_rss_bytes").map(|b| b as f64 / (1u64 << 30) as f64);
+        let work = q.measurements.as_ref();
+        let restored = m.and(work.and_then(|w| w.restored_tokens).map(|s| s.0));
+        let speculative = m.and(work.and_then(|w| w.speculative_tokens).map(|s| s.0));
+        let unused = m.and(work.and_then(|w| w.speculative_unused).map(|s| s.0));
+        let peak = work
+            .and_then(|w| w.peak_rss_bytes)
+            .map(|b| b.0 as f64 / (1u64 << 30) as f64);
         l.push(format!(
             "| {} | {rows} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             q.id,
@@ -310,8 +308,8 @@ fn estimates_section(run: &RunFile) -> Vec<String> {
         let fresh = q
             .measurements
             .as_ref()
-            .and_then(|m| m.get("fresh_tokens"))
-            .and_then(serde_json::Value::as_u64);
+            .and_then(|m| m.fresh_tokens)
+            .map(|s| s.0);
         l.push(format!(
             "| {} | {} | {} | {} | {} | {} | {} |",
             q.id,
@@ -333,14 +331,13 @@ fn workers_section(run: &RunFile) -> Vec<String> {
         .filter_map(|q| {
             let m = q.measurements.as_ref()?;
             let fresh = m
-                .get("workers")?
-                .as_array()?
+                .workers
+                .as_ref()?
+                .0
                 .iter()
-                .map(|w| w.get("fresh_tokens").and_then(serde_json::Value::as_u64))
+                .map(|w| w.fresh_tokens)
                 .collect::<Option<Vec<u64>>>()?;
-            let balance = m
-                .get("worker_fresh_max_over_mean")
-                .and_then(serde_json::Value::as_f64);
+            let balance = m.worker_fresh_max_over_mean.map(|b| b.0);
             Some((q.id.as_str(), fresh, balance))
         })
         .collect();

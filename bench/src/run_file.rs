@@ -45,7 +45,7 @@ pub struct QueryRecord {
     /// Query execution seconds.
     pub runtime_s: Option<f64>,
     /// Engine measurements.
-    pub measurements: Option<serde_json::Map<String, serde_json::Value>>,
+    pub measurements: Option<aisql_engine::work::Work>,
     /// Scores and token metrics.
     pub metrics: Option<QueryMetrics>,
     /// `good` / `bad` with reasons.

@@ -15,6 +15,7 @@ use aisql_engine::backend::AiKind;
 use aisql_engine::files::read_parquet;
 use aisql_engine::parquet_read::stream_dictionary_parts;
 use aisql_engine::row_digest::RowsSummary;
+use aisql_engine::work::Work;
 use datafusion::arrow::array::{Array, RecordBatch, StringArray};
 
 use aisql_models::tokenizer::Tokenizer;
@@ -28,7 +29,7 @@ use crate::metrics::{
 };
 use crate::reference::Reference;
 use crate::run_file::{QueryRecord, write_atomic};
-use crate::tokens::{DocTokens, measured, piece_counts, pieces_json, plan_pieces, token_metrics};
+use crate::tokens::{DocTokens, piece_counts, pieces_json, plan_pieces, token_metrics};
 
 fn err(msg: impl Into<String>) -> BenchError {
     BenchError::Scoring(msg.into())
@@ -681,7 +682,7 @@ impl Scorer {
         run_dir: &Path,
         id: &str,
         plan: &QueryPlan,
-        measurements: &serde_json::Map<String, serde_json::Value>,
+        measurements: &Work,
     ) -> Result<Option<String>> {
         if !has_fresh_tokens(measurements) {
             return Ok(None);
@@ -709,7 +710,7 @@ impl Scorer {
         let runtime_s = rec
             .runtime_s
             .ok_or_else(|| err(format!("{}: the query has no runtime", rec.id)))?;
-        let empty = serde_json::Map::new();
+        let empty = Work::default();
         let measurements = rec.measurements.as_ref().unwrap_or(&empty);
         let answers = load_answers(run_dir, files)?;
         let (accuracy, assessment) = score_accuracy(
@@ -751,11 +752,7 @@ impl Scorer {
                 .iter()
                 .map(|o| answers_of(&answers, o.id()).map(|t| t.len() as u64))
                 .sum::<Option<u64>>()
-                .or_else(|| {
-                    measurements
-                        .get("evaluated_document_pairs")
-                        .and_then(|v| v.as_u64())
-                })
+                .or_else(|| measurements.evaluated_document_pairs.map(|s| s.0))
         };
         let throughput = if joins.is_empty() {
             Throughput::Documents(per_s(input_rows.values().sum::<u64>() as f64))
@@ -815,8 +812,8 @@ impl Scorer {
     }
 }
 
-fn has_fresh_tokens(measurements: &serde_json::Map<String, serde_json::Value>) -> bool {
-    measured(measurements, "fresh_tokens").is_some()
+fn has_fresh_tokens(measurements: &Work) -> bool {
+    measurements.fresh_tokens.is_some()
 }
 
 #[cfg(test)]

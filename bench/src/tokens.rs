@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use crate::quailb::plan::{Operator, QueryPlan};
 use aisql_engine::answers::AnswerTable;
 use aisql_engine::prompt::PromptFormat;
+use aisql_engine::work::Work;
 use aisql_models::tokenizer::Tokenizer;
 use serde_json::json;
 
@@ -367,22 +368,14 @@ pub fn trie_size_flat(seqs: &mut [&[u32]]) -> u64 {
     total
 }
 
-/// An engine measurement as a count (`fresh_tokens`, `input_tokens`), if reported.
-pub(crate) fn measured(m: &serde_json::Map<String, serde_json::Value>, key: &str) -> Option<u64> {
-    m.get(key).and_then(|v| v.as_u64())
-}
-
 /// Combines piece counts with the engine's `fresh_tokens` / `input_tokens`.
-pub fn token_metrics(
-    counts: Option<PieceCounts>,
-    measurements: &serde_json::Map<String, serde_json::Value>,
-) -> Result<TokenMetrics> {
-    let fresh = measured(measurements, "fresh_tokens");
+pub fn token_metrics(counts: Option<PieceCounts>, measurements: &Work) -> Result<TokenMetrics> {
+    let fresh = measurements.fresh_tokens.map(|s| s.0);
     // SPEC §D.3: prompt pieces go with the engine's fresh tokens. Without them the
     // harness has no pieces: input tokens are the engine's own (or unknown), and the
     // minimum and the regret are unavailable, not numbers.
     let counts = counts.filter(|_| fresh.is_some());
-    let reported_input = measured(measurements, "input_tokens");
+    let reported_input = measurements.input_tokens.map(|s| s.0);
     let mut approximate = false;
     let (input, minimum) = match (counts, reported_input) {
         (Some(c), Some(reported)) => {
@@ -400,7 +393,7 @@ pub fn token_metrics(
     // Questions the persistent answer cache answered were not computed in this
     // run, so its fresh tokens may be below the minimum of a run from scratch:
     // regret is not defined.
-    let from_cache = measured(measurements, "answer_cache_reused").is_some_and(|n| n > 0);
+    let from_cache = measurements.answer_cache_reused.is_some_and(|n| n.0 > 0);
     let regret = match (fresh, minimum) {
         _ if from_cache => None,
         (Some(f), Some(m)) if approximate => Some((f as i64 - m as i64).max(0)),
@@ -562,12 +555,15 @@ mod tests {
 
     #[test]
     fn regret_from_measurements() {
+        let work = |m: &serde_json::Map<String, serde_json::Value>| -> Work {
+            serde_json::from_value(m.clone().into()).unwrap()
+        };
         let counts = Some(PieceCounts {
             input_tokens: 200,
             minimum_tokens: 80,
         });
         let mut m = serde_json::Map::new();
-        let t = token_metrics(counts, &m).unwrap();
+        let t = token_metrics(counts, &work(&m)).unwrap();
         // No fresh tokens (an oracle run): no prompt pieces, so input, minimum and
         // regret are unavailable, as the QUAIL-B harness reports them.
         assert_eq!(
@@ -576,21 +572,21 @@ mod tests {
         );
         assert_eq!((t.input_tokens, t.minimum_tokens), (None, None));
         m.insert("input_tokens".into(), json!(300));
-        let t = token_metrics(counts, &m).unwrap();
+        let t = token_metrics(counts, &work(&m)).unwrap();
         assert_eq!((t.input_tokens, t.minimum_tokens), (Some(300), None));
         m.remove("input_tokens");
         m.insert("fresh_tokens".into(), json!(100));
-        let t = token_metrics(counts, &m).unwrap();
+        let t = token_metrics(counts, &work(&m)).unwrap();
         assert_eq!(
             (t.regret_tokens, t.kv_regret_percent),
             (Some(20), Some(20.0))
         );
         m.insert("fresh_tokens".into(), json!(50));
-        assert!(token_metrics(counts, &m).is_err());
+        assert!(token_metrics(counts, &work(&m)).is_err());
         // Below the minimum because the answer cache answered some questions: the
         // regret is undefined, not an error.
         m.insert("answer_cache_reused".into(), json!(7));
-        let t = token_metrics(counts, &m).unwrap();
+        let t = token_metrics(counts, &work(&m)).unwrap();
         assert_eq!(
             (
                 t.fresh_tokens,
@@ -601,10 +597,10 @@ mod tests {
             (Some(50), Some(80), None, None)
         );
         m.insert("answer_cache_reused".into(), json!(0));
-        assert!(token_metrics(counts, &m).is_err());
+        assert!(token_metrics(counts, &work(&m)).is_err());
         m.remove("answer_cache_reused");
         m.insert("input_tokens".into(), json!(100));
-        let t = token_metrics(counts, &m).unwrap();
+        let t = token_metrics(counts, &work(&m)).unwrap();
         assert_eq!(
             (t.input_tokens, t.minimum_tokens, t.regret_tokens),
             (Some(100), Some(40), Some(10))

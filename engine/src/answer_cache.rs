@@ -36,6 +36,7 @@ use sha2::{Digest, Sha256};
 
 use crate::backend::{AiCall, AiKind, AiRequest, Answer, Doc, InferenceBackend, check_answers};
 use crate::error::{EngineError, Result};
+use crate::work::{Sum, Work};
 
 /// Bytes of a question hash: 128 bits, so that a collision among billions of
 /// questions has a probability far below that of a disk error.
@@ -567,16 +568,10 @@ impl InferenceBackend for CachedBackend {
             .collect())
     }
 
-    fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {
+    fn measurements(&self) -> Work {
         let mut m = self.inner.measurements();
-        m.insert(
-            "answer_cache_reused".into(),
-            self.reused.load(Ordering::Relaxed).into(),
-        );
-        m.insert(
-            "answer_cache_asked".into(),
-            self.asked.load(Ordering::Relaxed).into(),
-        );
+        m.answer_cache_reused = Some(Sum(self.reused.load(Ordering::Relaxed)));
+        m.answer_cache_asked = Some(Sum(self.asked.load(Ordering::Relaxed)));
         m
     }
 
@@ -760,8 +755,8 @@ mod tests {
         assert_eq!(cached.answer(&filter, &requests).unwrap(), truth);
         assert_eq!(second.asked.load(Ordering::Relaxed), 20);
         let m = cached.measurements();
-        assert_eq!(m["answer_cache_reused"], 20);
-        assert_eq!(m["answer_cache_asked"], 20);
+        assert_eq!(m.answer_cache_reused, Some(Sum(20)));
+        assert_eq!(m.answer_cache_asked, Some(Sum(20)));
         drop(cached);
 
         // Another dtype is another identity: nothing reused.

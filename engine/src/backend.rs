@@ -270,9 +270,10 @@ pub trait InferenceBackend: Send + Sync {
     fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>>;
 
     /// Engine measurements for the query so far (e.g. `fresh_tokens`), reset by
-    /// [`InferenceBackend::start_query`]. Keys follow SPEC §D.1.
-    fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {
-        serde_json::Map::new()
+    /// [`InferenceBackend::start_query`]. Keys follow SPEC §D.1; a backend that
+    /// measures nothing reports none.
+    fn measurements(&self) -> crate::work::Work {
+        crate::work::Work::default()
     }
 
     /// How many positions of KV the backend can hold, if it caches KV: input

@@ -17,11 +17,12 @@
 
 use std::sync::{Arc, Mutex};
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::backend::{AiCall, Answer};
 use crate::error::{EngineError, Result};
 use crate::spend::{Budget, OnBudget, Spend};
+use crate::work::{Config, Work};
 
 /// What a row the model cannot answer does.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -213,9 +214,9 @@ impl QueryControls {
 
     /// The query's `budget` object (with a budget) and `row_errors` object
     /// (under `--on-row-error null`) for its measurements.
-    pub fn report(&self) -> Map<String, Value> {
+    pub fn report(&self) -> Work {
         let ledger = self.ledger();
-        let mut m = Map::new();
+        let mut m = Work::default();
         if let (Some(budget), Some(spend)) = (&self.budget, &ledger.spend) {
             let mut b = spend.report();
             b.insert(
@@ -240,7 +241,7 @@ impl QueryControls {
                     })
                     .collect(),
             );
-            m.insert("budget".into(), b.into());
+            m.budget = Some(Config(b.into()));
         }
         if let OnRowError::Null { max_ratio } = self.on_row_error {
             let operators: Vec<Value> = ledger
@@ -257,14 +258,11 @@ impl QueryControls {
                     })
                 })
                 .collect();
-            m.insert(
-                "row_errors".into(),
-                json!({
-                    "on_row_error": "null",
-                    "max_error_ratio": max_ratio,
-                    "operators": operators,
-                }),
-            );
+            m.row_errors = Some(Config(json!({
+                "on_row_error": "null",
+                "max_error_ratio": max_ratio,
+                "operators": operators,
+            })));
         }
         m
     }
@@ -351,8 +349,8 @@ mod tests {
         );
         // One of two rows is not more than half of them.
         lenient.finish().unwrap();
-        let report = lenient.report();
-        let op = &report["row_errors"]["operators"][0];
+        let report = lenient.report().row_errors.unwrap().0;
+        let op = &report["operators"][0];
         assert_eq!(
             (op["rows"].as_u64(), op["rows_failed"].as_u64()),
             (Some(2), Some(1))
@@ -403,7 +401,7 @@ mod tests {
                 unreached: 1
             }
         );
-        let b = &partial.report()["budget"];
+        let b = &partial.report().budget.unwrap().0;
         assert_eq!(b["exhausted"], true);
         assert_eq!(b["on_budget"], "partial");
         assert_eq!(b["operators"][0]["answered_rows"], 2);

@@ -44,6 +44,7 @@ pub mod shard;
 pub mod spend;
 pub mod sql;
 pub mod tables;
+pub mod work;
 pub mod write_guard;
 
 pub use error::{EngineError, Result, from_datafusion};

@@ -38,6 +38,7 @@ use std::time::Instant;
 use crate::backend::{AiCall, AiRequest, Answer, Doc, InferenceBackend, check_answers};
 use crate::error::{EngineError, Result};
 use crate::memo::DocKey;
+use crate::work::{Config, Max, Work, WorkerShare};
 
 /// Prefix hashes are taken every this many bytes of a document.
 const PREFIX_BLOCK_BYTES: usize = 512;
@@ -50,15 +51,6 @@ const SPLIT_WORK_OVER_DOCUMENT: u64 = 16;
 /// ... and when they are at least this many per worker: fewer are balanced by
 /// placing whole documents.
 const SPLIT_MIN_PAIRS_PER_WORKER: usize = 32;
-
-/// Measurement keys that describe a worker's configuration, the same on every
-/// worker: reported once, not summed.
-const CONFIG_KEYS: [&str; 4] = [
-    "kv_budget_bytes",
-    "kv_host_budget_bytes",
-    "batch_tokens",
-    "prefix_cache",
-];
 
 /// How the documents placed so far go on after one block-aligned prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -344,28 +336,6 @@ impl ShardedBackend {
     }
 }
 
-/// Adds a worker's measurement into the total: counts summed, peaks the largest,
-/// configuration kept from the first worker.
-fn merge(total: &mut serde_json::Map<String, serde_json::Value>, key: &str, v: &serde_json::Value) {
-    use serde_json::Value;
-    let Some(have) = total.get(key) else {
-        total.insert(key.to_string(), v.clone());
-        return;
-    };
-    if CONFIG_KEYS.contains(&key) {
-        return;
-    }
-    let merged = match (have, v) {
-        (Value::Number(a), Value::Number(b)) => match (a.as_u64(), b.as_u64()) {
-            (Some(a), Some(b)) if key.contains("peak") => Value::from(a.max(b)),
-            (Some(a), Some(b)) => Value::from(a + b),
-            _ => Value::from(a.as_f64().unwrap_or(0.0) + b.as_f64().unwrap_or(0.0)),
-        },
-        _ => return,
-    };
-    total.insert(key.to_string(), merged);
-}
-
 impl InferenceBackend for ShardedBackend {
     fn name(&self) -> &str {
         self.workers[0].backend.name()
@@ -375,30 +345,28 @@ impl InferenceBackend for ShardedBackend {
         self.answer_split(call, requests)
     }
 
-    fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {
-        let mut total = serde_json::Map::new();
-        let mut per_worker = Vec::new();
+    fn measurements(&self) -> Work {
+        let mut total = Work::default();
+        let mut shares = Vec::new();
         let mut fresh = Vec::new();
         for w in &self.workers {
             let m = w.backend.measurements();
-            for (k, v) in &m {
-                merge(&mut total, k, v);
-            }
-            let fresh_tokens = m.get("fresh_tokens").and_then(|v| v.as_u64());
+            total.merge(&m);
+            let fresh_tokens = m.fresh_tokens.map(|s| s.0);
             fresh.extend(fresh_tokens);
-            per_worker.push(serde_json::json!({
-                "fresh_tokens": fresh_tokens,
-                "questions": w.questions.load(Ordering::Relaxed),
-                "busy_s": w.busy_nanos.load(Ordering::Relaxed) as f64 / 1e9,
-                "kv_peak_bytes": m.get("kv_peak_bytes"),
-            }));
+            shares.push(WorkerShare {
+                fresh_tokens,
+                questions: w.questions.load(Ordering::Relaxed),
+                busy_s: w.busy_nanos.load(Ordering::Relaxed) as f64 / 1e9,
+                kv_peak_bytes: m.kv_peak_bytes.map(|p| p.0),
+            });
         }
-        total.insert("workers".into(), per_worker.into());
+        total.workers = Some(Config(shares));
         let sum: u64 = fresh.iter().sum();
         if fresh.len() == self.workers.len() && sum > 0 {
             let mean = sum as f64 / fresh.len() as f64;
             let max = *fresh.iter().max().expect("workers") as f64;
-            total.insert("worker_fresh_max_over_mean".into(), (max / mean).into());
+            total.worker_fresh_max_over_mean = Some(Max(max / mean));
         }
         total
     }
@@ -481,6 +449,7 @@ impl InferenceBackend for ShardedBackend {
 mod tests {
     use super::*;
     use crate::backend::{AiKind, AskTyped, ContentHashBackend, test_call};
+    use crate::work::Sum;
     use std::sync::Arc;
 
     fn key(id: &str) -> DocKey {
@@ -739,12 +708,7 @@ mod tests {
         }
         assert_eq!(owner.len(), 30);
         let m = sharded.measurements();
-        let questions: u64 = m["workers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|w| w["questions"].as_u64().unwrap())
-            .sum();
+        let questions: u64 = m.workers.unwrap().0.iter().map(|w| w.questions).sum();
         assert_eq!(questions, 30 + 120);
     }
 
@@ -826,18 +790,42 @@ mod tests {
         assert!(ShardedBackend::try_new(Vec::new()).is_err());
     }
 
+    /// Reports the same work whatever it is asked.
+    struct Measured(Work);
+
+    impl InferenceBackend for Measured {
+        fn name(&self) -> &str {
+            "measured"
+        }
+        fn answer(&self, _: &AiCall, _: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+            Err(EngineError::Inference("not asked".into()))
+        }
+        fn measurements(&self) -> Work {
+            self.0.clone()
+        }
+    }
+
     #[test]
     fn measurements_sum_counts_and_keep_peaks_and_configuration() {
-        let mut total = serde_json::Map::new();
-        for (fresh, peak) in [(10u64, 5u64), (30, 9)] {
-            merge(&mut total, "fresh_tokens", &fresh.into());
-            merge(&mut total, "kv_peak_bytes", &peak.into());
-            merge(&mut total, "kv_budget_bytes", &100u64.into());
-            merge(&mut total, "kv_transfer_seconds", &0.5f64.into());
-        }
+        let worker = |fresh: u64, peak: u64| {
+            Arc::new(Measured(Work {
+                fresh_tokens: Some(Sum(fresh)),
+                kv_peak_bytes: Some(Max(peak)),
+                kv_budget_bytes: Some(Config(100)),
+                kv_transfer_seconds: Some(Sum(0.5)),
+                ..Work::default()
+            })) as Arc<dyn InferenceBackend>
+        };
+        let sharded = ShardedBackend::try_new(vec![worker(10, 5), worker(30, 9)]).unwrap();
+        let total = serde_json::Value::Object(sharded.measurements().to_json());
         assert_eq!(total["fresh_tokens"], 40);
         assert_eq!(total["kv_peak_bytes"], 9);
         assert_eq!(total["kv_budget_bytes"], 100);
         assert_eq!(total["kv_transfer_seconds"], 1.0);
+        assert_eq!(total["worker_fresh_max_over_mean"], 1.5);
+        let shares = total["workers"].as_array().unwrap();
+        assert_eq!(shares[1]["fresh_tokens"], 30);
+        assert_eq!(shares[1]["kv_peak_bytes"], 9);
+        assert_eq!(shares[1]["questions"], 0);
     }
 }

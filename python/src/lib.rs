@@ -390,7 +390,7 @@ struct Output {
     batches: Vec<RecordBatch>,
     runtime_s: f64,
     ai_operators: usize,
-    measurements: serde_json::Map<String, serde_json::Value>,
+    measurements: aisql_engine::work::Work,
 }
 
 impl From<SqlOutput> for Output {
@@ -490,7 +490,7 @@ impl Relation {
     #[getter]
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let out = self.output(py)?;
-        let mut all = out.measurements.clone();
+        let mut all = out.measurements.to_json();
         let rows: usize = out.batches.iter().map(RecordBatch::num_rows).sum();
         all.insert("rows".into(), rows.into());
         all.insert("seconds".into(), out.runtime_s.into());

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use aisql_engine::files::{write_file_atomic, write_parquet};
 use aisql_engine::row_sink::RowSink;
+use aisql_engine::work::{Sum, Work};
 use datafusion::arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -235,20 +236,16 @@ fn save(rows: &RecordBatch, path: &Path) -> anyhow::Result<()> {
 /// The model work of a finished query on stderr: fresh tokens, what the
 /// answer cache answered and what it asked of the model, the budget and each
 /// AI operator's coverage, and the rows the model could not answer.
-pub fn report_work(measurements: &serde_json::Map<String, serde_json::Value>) {
-    report_budget(measurements.get("budget"));
-    report_row_errors(measurements.get("row_errors"));
-    if let Some(fresh) = measurements.get("fresh_tokens") {
+pub fn report_work(work: &Work) {
+    report_budget(work.budget.as_ref().map(|b| &b.0));
+    report_row_errors(work.row_errors.as_ref().map(|r| &r.0));
+    if let Some(Sum(fresh)) = work.fresh_tokens {
         eprintln!("fresh tokens: {fresh} (positions computed by the model)");
     }
-    if let Some(decoded) = measurements
-        .get("decode_tokens")
-        .and_then(|v| v.as_u64())
-        .filter(|&d| d > 0)
-    {
-        let per_s = measurements
-            .get("decode_seconds")
-            .and_then(|v| v.as_f64())
+    if let Some(decoded) = work.decode_tokens.map(|d| d.0).filter(|&d| d > 0) {
+        let per_s = work
+            .decode_seconds
+            .map(|s| s.0)
             .filter(|&s| s > 0.0)
             .map(|s| format!(", {:.0} tokens/s", decoded as f64 / s))
             .unwrap_or_default();
@@ -256,10 +253,9 @@ pub fn report_work(measurements: &serde_json::Map<String, serde_json::Value>) {
             "decode tokens: {decoded} (generated positions, part of the fresh tokens{per_s})"
         );
     }
-    if let (Some(reused), Some(asked)) = (
-        measurements.get("answer_cache_reused"),
-        measurements.get("answer_cache_asked"),
-    ) {
+    if let (Some(Sum(reused)), Some(Sum(asked))) =
+        (work.answer_cache_reused, work.answer_cache_asked)
+    {
         eprintln!("answer cache: {reused} answers reused, {asked} questions asked of the model");
     }
 }

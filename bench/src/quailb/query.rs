@@ -34,7 +34,7 @@ pub struct QueryOutput {
     /// Seconds of query execution (consumption, planning, execution, model work).
     pub runtime_s: f64,
     /// Engine measurements (fresh tokens and the like).
-    pub measurements: serde_json::Map<String, serde_json::Value>,
+    pub measurements: aisql_engine::work::Work,
     /// Rows per physical table read.
     pub table_rows: BTreeMap<String, usize>,
 }

@@ -55,6 +55,7 @@ mod tests {
     };
     use crate::error::Result;
     use crate::shard::ShardedBackend;
+    use crate::work::{Sum, Work};
 
     /// The by-length rule's answer: TRUE when anchor and partner lengths sum
     /// to an even number.
@@ -99,11 +100,12 @@ mod tests {
             }
             Ok(answers_by_length(call, requests))
         }
-        fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {
-            let mut m = serde_json::Map::new();
+        fn measurements(&self) -> Work {
             let asked = self.asked.load(std::sync::atomic::Ordering::Relaxed);
-            m.insert("fresh_tokens".into(), asked.into());
-            m
+            Work {
+                fresh_tokens: Some(Sum(asked as u64)),
+                ..Work::default()
+            }
         }
     }
 
@@ -199,8 +201,8 @@ mod tests {
         assert_eq!(asked.iter().sum::<usize>(), pairs.len(), "{asked:?}");
         assert!(asked.iter().filter(|&&n| n > 0).count() >= 2, "{asked:?}");
         let m = sharded.measurements();
-        assert_eq!(m["fresh_tokens"], serde_json::json!(pairs.len()));
-        assert_eq!(m["workers"].as_array().map(Vec::len), Some(3));
+        assert_eq!(m.fresh(), pairs.len() as u64);
+        assert_eq!(m.workers.map(|w| w.0.len()), Some(3));
     }
 
     #[test]
@@ -257,7 +259,7 @@ mod tests {
             }
             Ok(answers)
         }
-        fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {
+        fn measurements(&self) -> Work {
             self.0.measurements()
         }
     }

@@ -65,6 +65,7 @@ use super::task::{REPLY_COLUMN, WorkerTaskExec, reply_schema};
 use crate::backend::{AiCall, AiRequest, Answer, Doc, InferenceBackend, check_answers};
 use crate::error::{EngineError, Result};
 use crate::spend::Spend;
+use crate::work::Work;
 
 /// How long a worker may take to answer hello before it counts as unreachable.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(20);
@@ -571,11 +572,7 @@ impl InferenceBackend for RemoteWorker {
             other => return Err(unexpected(&self.url, "answer", &other)),
         };
         if let Some(spend) = spend {
-            let fresh = self
-                .measurements()
-                .get("fresh_tokens")
-                .and_then(|v| v.as_u64())
-                .unwrap_or(0);
+            let fresh = self.measurements().fresh();
             let before = self.charged_fresh.swap(fresh, Ordering::Relaxed);
             spend.charge(fresh.saturating_sub(before), started.elapsed());
         }
@@ -588,7 +585,7 @@ impl InferenceBackend for RemoteWorker {
         *self.spend.lock().unwrap_or_else(|e| e.into_inner()) = spend;
     }
 
-    fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {
+    fn measurements(&self) -> Work {
         if !self.reachable() {
             // The worker's counters are those of whichever query it serves.
             return Default::default();

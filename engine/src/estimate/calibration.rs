@@ -365,9 +365,7 @@ pub fn measure(
         let exec = sim.executor();
         let decoded = if call.kind.generates() {
             // What the model decoded: a text may end before `max_tokens`.
-            real.get("decode_tokens")
-                .and_then(|v| v.as_u64())
-                .unwrap_or(0)
+            real.decoded()
         } else {
             0
         };

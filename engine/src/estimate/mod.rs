@@ -244,7 +244,6 @@ impl EstimatingBackend {
         let total = Counts::of(&self.sim);
         let (seconds, usd) = price(&total);
         let real = self.sampled.real().measurements();
-        let u = |k: &str| real.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
         Estimate {
             fresh_tokens: total.fresh,
             input_tokens: total.input,
@@ -256,7 +255,7 @@ impl EstimatingBackend {
             calibrated: calibration.is_some(),
             gpu_hourly_rate_usd,
             sample_questions: stats.values().map(|s| s.asked as u64).sum(),
-            sample_fresh_tokens: u("fresh_tokens"),
+            sample_fresh_tokens: real.fresh(),
             operators,
         }
     }
@@ -294,7 +293,7 @@ impl InferenceBackend for EstimatingBackend {
         Ok(answers)
     }
 
-    fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {
+    fn measurements(&self) -> crate::work::Work {
         self.sim.measurements()
     }
 

@@ -258,25 +258,23 @@ struct WorkSoFar {
 impl WorkSoFar {
     fn of(runtime: &AiRuntime) -> Self {
         let m = runtime.backend.measurements();
-        let u = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
         let workers = m
-            .get("workers")
-            .and_then(|w| w.as_array())
+            .workers
+            .as_ref()
             .map(|ws| {
-                ws.iter()
+                ws.0.iter()
                     .map(|w| WorkerWork {
-                        fresh_tokens: u(w, "fresh_tokens"),
-                        questions: u(w, "questions"),
-                        busy_nanos: (w.get("busy_s").and_then(|x| x.as_f64()).unwrap_or(0.0) * 1e9)
-                            as u64,
-                        kv_peak_bytes: u(w, "kv_peak_bytes"),
+                        fresh_tokens: w.fresh_tokens.unwrap_or(0),
+                        questions: w.questions,
+                        busy_nanos: (w.busy_s * 1e9) as u64,
+                        kv_peak_bytes: w.kv_peak_bytes.unwrap_or(0),
                     })
                     .collect()
             })
             .unwrap_or_default();
         Self {
-            fresh_tokens: m.get("fresh_tokens").and_then(|v| v.as_u64()).unwrap_or(0),
-            decode_tokens: m.get("decode_tokens").and_then(|v| v.as_u64()).unwrap_or(0),
+            fresh_tokens: m.fresh(),
+            decode_tokens: m.decoded(),
             workers,
         }
     }
@@ -1108,7 +1106,7 @@ mod tests {
 
     use super::*;
     use crate::backend::ContentHashBackend;
-    use crate::query::QueryOptions;
+    use crate::options::QueryOptions;
     use crate::sql::{Evaluation, SqlSession, row_lines};
 
     const FILTER: &str =

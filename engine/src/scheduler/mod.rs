@@ -76,6 +76,7 @@ use crate::memo::DocKey;
 use crate::prompt::{Excerpt, label_continuations};
 use crate::query_gate::{QueryGate, Ticket};
 use crate::spend::Spend;
+use crate::work::{Config, Max, Sum, Work};
 use lookahead::{AheadQuestion, Lookahead, MAX_PARTNERS_AHEAD};
 
 /// A document dropped from both tiers keeps the KV of its first positions after
@@ -1582,54 +1583,37 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         state.lookahead.partners_collected(call, owned);
     }
 
-    fn measurements(&self) -> serde_json::Map<String, serde_json::Value> {
+    fn measurements(&self) -> Work {
         let state = self.state.lock().expect("scheduler lock");
-        let mut m = serde_json::Map::new();
-        m.insert(
-            "fresh_tokens".into(),
-            (self.exec.fresh_tokens() - state.fresh_start).into(),
-        );
-        m.insert(
-            "label_tokens".into(),
-            (self.exec.label_tokens() - state.label_start).into(),
-        );
-        m.insert(
-            "decode_tokens".into(),
-            (self.exec.decode_tokens() - state.decode_start).into(),
-        );
-        m.insert(
-            "decode_seconds".into(),
-            (self.exec.decode_seconds() - state.decode_seconds_start).into(),
-        );
-        m.insert("prefix_cache".into(), self.config.prefix_cache.into());
-        m.insert(
-            "kv_peak_bytes".into(),
-            state.peak_bytes.max(state.cache.bytes()).into(),
-        );
-        m.insert("kv_evictions".into(), state.evictions.into());
-        m.insert(
-            "kv_host_budget_bytes".into(),
-            self.config.host_kv_budget_bytes.into(),
-        );
-        m.insert(
-            "kv_host_peak_bytes".into(),
-            state.host_peak_bytes.max(state.cache.host_bytes()).into(),
-        );
-        m.insert("kv_offloads".into(), state.offloads.into());
-        m.insert("restored_tokens".into(), state.restored_tokens.into());
         let ahead = &state.lookahead;
-        m.insert("speculative_tokens".into(), ahead.tokens.into());
-        m.insert("speculative_questions".into(), ahead.questions.into());
-        m.insert("speculative_unused".into(), ahead.unused().into());
-        m.insert("kv_restored_bytes".into(), state.restored_bytes.into());
-        m.insert("kv_offloaded_bytes".into(), state.offloaded_bytes.into());
-        if let Some(link) = self.exec.simulated_link_bytes_per_second() {
+        let transfer = self.exec.simulated_link_bytes_per_second().map(|link| {
             let moved = (state.offloaded_bytes + state.restored_bytes) as f64;
-            m.insert("kv_transfer_seconds".into(), (moved / link).into());
+            Sum(moved / link)
+        });
+        Work {
+            fresh_tokens: Some(Sum(self.exec.fresh_tokens() - state.fresh_start)),
+            label_tokens: Some(Sum(self.exec.label_tokens() - state.label_start)),
+            decode_tokens: Some(Sum(self.exec.decode_tokens() - state.decode_start)),
+            decode_seconds: Some(Sum(self.exec.decode_seconds() - state.decode_seconds_start)),
+            prefix_cache: Some(Config(self.config.prefix_cache)),
+            kv_peak_bytes: Some(Max(state.peak_bytes.max(state.cache.bytes()) as u64)),
+            kv_evictions: Some(Sum(state.evictions)),
+            kv_host_budget_bytes: Some(Config(self.config.host_kv_budget_bytes as u64)),
+            kv_host_peak_bytes: Some(Max(
+                state.host_peak_bytes.max(state.cache.host_bytes()) as u64
+            )),
+            kv_offloads: Some(Sum(state.offloads)),
+            restored_tokens: Some(Sum(state.restored_tokens)),
+            speculative_tokens: Some(Sum(ahead.tokens)),
+            speculative_questions: Some(Sum(ahead.questions)),
+            speculative_unused: Some(Sum(ahead.unused() as u64)),
+            kv_restored_bytes: Some(Sum(state.restored_bytes)),
+            kv_offloaded_bytes: Some(Sum(state.offloaded_bytes)),
+            kv_transfer_seconds: transfer,
+            kv_budget_bytes: Some(Config(self.config.kv_budget_bytes as u64)),
+            batch_tokens: Some(Config(self.config.batch_tokens as u64)),
+            ..Work::default()
         }
-        m.insert("kv_budget_bytes".into(), self.config.kv_budget_bytes.into());
-        m.insert("batch_tokens".into(), self.config.batch_tokens.into());
-        m
     }
 }
 
@@ -1680,7 +1664,7 @@ mod tests {
             .iter()
             .map(|a| a.as_bool().unwrap())
             .collect();
-        let fresh = backend.measurements()["fresh_tokens"].as_u64().unwrap() as usize;
+        let fresh = backend.measurements().fresh() as usize;
         (answers, fresh)
     }
 

@@ -100,7 +100,7 @@ pub struct SqlOutput {
     /// Seconds from planning to the last row.
     pub runtime_s: f64,
     /// Engine measurements (fresh tokens and the like).
-    pub measurements: serde_json::Map<String, serde_json::Value>,
+    pub measurements: crate::work::Work,
 }
 
 impl SqlOutput {
@@ -603,7 +603,7 @@ impl SqlSession {
         .map_err(from_datafusion)?;
         self.controls.finish()?;
         let mut measurements = self.backend.measurements();
-        measurements.extend(self.controls.report());
+        measurements.merge(&self.controls.report());
         let mut recorded = self.recorder.take();
         let answers = nodes
             .iter()
