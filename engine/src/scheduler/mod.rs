@@ -1385,10 +1385,10 @@ mod tests {
         backend.start_query(std::slice::from_ref(&call));
         let docs = long_docs(4);
         let asked = requests(&docs);
-        let first = backend.answer(&call, &asked).unwrap();
+        let first = InferenceBackend::answer(&backend, &call, &asked).unwrap();
         let fresh = measured(&backend, "fresh_tokens");
         assert!(fresh > 4 * 120);
-        assert_eq!(backend.answer(&call, &asked).unwrap(), first);
+        assert_eq!(InferenceBackend::answer(&backend, &call, &asked).unwrap(), first);
         assert_eq!(measured(&backend, "fresh_tokens"), fresh);
         // The answers are the answering backend's: caching changes no answer.
         let direct = crate::backend::ContentHashBackend::default();
@@ -1436,8 +1436,8 @@ mod tests {
         second.tables = vec!["u".into()];
         backend.start_query(&[first.clone(), second.clone()]);
         let docs = long_docs(2);
-        backend.answer(&first, &requests(&docs)).unwrap();
-        backend.answer(&second, &requests(&docs[..1])).unwrap();
+        InferenceBackend::answer(&backend, &first, &requests(&docs)).unwrap();
+        InferenceBackend::answer(&backend, &second, &requests(&docs[..1])).unwrap();
         let state = backend.state.lock().unwrap();
         let tables: HashSet<&str> = state.tiers.doc_nodes.keys().map(|k| k.table.as_str()).collect();
         assert_eq!(tables, HashSet::from(["u"]));
