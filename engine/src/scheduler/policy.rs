@@ -95,7 +95,10 @@ mod tests {
         lru.docs_used(&[doc("c")]);
         lru.docs_used(&[doc("a")]);
         assert_eq!(lru.victims(&HashSet::new()), [doc("b"), doc("c"), doc("a")]);
-        assert_eq!(lru.victims(&HashSet::from([doc("c")])), [doc("b"), doc("a")]);
+        assert_eq!(
+            lru.victims(&HashSet::from([doc("c")])),
+            [doc("b"), doc("a")]
+        );
         lru.doc_dropped(&doc("b"));
         assert_eq!(lru.victims(&HashSet::new()), [doc("c"), doc("a")]);
         // Nodes share the clock: a later sequence ranks its path higher.

@@ -372,8 +372,7 @@ impl<K: KvOps, P: EvictionPolicy> KvTiers<K, P> {
         users: &HashMap<NodeId, usize>,
     ) -> Option<NodeId> {
         let &node = self.doc_nodes.get(k)?;
-        (!keep_nodes.contains(&node) && users.get(&node).copied().unwrap_or(0) <= 1)
-            .then_some(node)
+        (!keep_nodes.contains(&node) && users.get(&node).copied().unwrap_or(0) <= 1).then_some(node)
     }
 
     /// The document-trie nodes whose KV leaves the device with document `k`
@@ -561,7 +560,10 @@ mod tests {
         used_in_turn(&mut tiers, &["a", "b", "c"]);
         let mut told = Told::default();
         tiers.make_room(&keep(&["c"]), &mut told).unwrap();
-        assert_eq!((resident(&tiers, "a"), resident(&tiers, "b")), (Some(false), Some(false)));
+        assert_eq!(
+            (resident(&tiers, "a"), resident(&tiers, "b")),
+            (Some(false), Some(false))
+        );
         assert_eq!((tiers.bytes(), tiers.host_bytes()), (4, 8));
         assert!(told.dropped.is_empty());
         // The host tier is full: its oldest document goes to admit c.
@@ -592,15 +594,23 @@ mod tests {
         let b = tiers.insert_doc(doc("b"), &[1, 2, 3, 6, 7]).unwrap();
         fill(&mut tiers, &[a, b]);
         tiers.docs_used(&[doc("a"), doc("b")]);
-        tiers.make_room(&HashSet::new(), &mut Told::default()).unwrap();
+        tiers
+            .make_room(&HashSet::new(), &mut Told::default())
+            .unwrap();
         // Both on the host, the shared start [1, 2, 3] with the last to go.
         assert_eq!((tiers.bytes(), tiers.host_bytes()), (0, 7));
         let restored = tiers.docs.restore_path(b).unwrap();
         tiers.count_restored(restored);
         assert_eq!(restored, 3 + 2);
-        assert_eq!((resident(&tiers, "b"), resident(&tiers, "a")), (Some(true), Some(false)));
+        assert_eq!(
+            (resident(&tiers, "b"), resident(&tiers, "a")),
+            (Some(true), Some(false))
+        );
         let c = tiers.counters();
-        assert_eq!((c.restored_tokens, c.restored_bytes), (5, 5 * BYTES_PER_TOKEN as u64));
+        assert_eq!(
+            (c.restored_tokens, c.restored_bytes),
+            (5, 5 * BYTES_PER_TOKEN as u64)
+        );
     }
 
     #[test]

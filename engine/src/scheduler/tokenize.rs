@@ -151,6 +151,9 @@ mod tests {
         assert_eq!(cache.tables(), ["imdb", "movies"]);
         cache.keep_tables(&HashSet::from(["movies"]));
         assert_eq!(shared.tables(), ["movies"]);
-        assert!(Arc::ptr_eq(&cache.piece("Yes").unwrap(), &shared.piece("Yes").unwrap()));
+        assert!(Arc::ptr_eq(
+            &cache.piece("Yes").unwrap(),
+            &shared.piece("Yes").unwrap()
+        ));
     }
 }
