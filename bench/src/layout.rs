@@ -22,7 +22,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::quailb::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo};
+use crate::quailb::labels::{LabelSet, LabelStore, LabelValue};
 use aisql_engine::backend::AiKind;
 use aisql_engine::cache_dir::cache_dir;
 use aisql_engine::parquet_read::{ParquetReadError, footer_rows, read_batches};

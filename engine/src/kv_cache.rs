@@ -11,7 +11,10 @@
 //! split point gets a *view* of the longer KV (see [`KvOps::prefix`]).
 //!
 //! The trie is generic over the KV type so the same scheduling code drives the
-//! real model and the simulation's virtual cache.
+//! real model and the simulation's virtual cache. It keeps no clock: which
+//! leaves go first is the caller's eviction policy
+//! ([`crate::scheduler`]'s `KvTiers`), handed in as a rank per node, so one
+//! place holds recency for documents and their shared starts alike.
 
 use std::collections::HashMap;
 
@@ -61,7 +64,6 @@ struct Node<K> {
     kv: Option<K>,
     /// The KV is a view of a longer sequence: no output at its last position.
     view: bool,
-    last_used: u64,
     alive: bool,
 }
 
@@ -73,7 +75,6 @@ pub struct PrefixTrie<K> {
     root_len: usize,
     nodes: Vec<Node<K>>,
     free: Vec<NodeId>,
-    tick: u64,
 }
 
 impl<K: KvOps> PrefixTrie<K> {
@@ -88,11 +89,9 @@ impl<K: KvOps> PrefixTrie<K> {
                 children: HashMap::new(),
                 kv: root_kv,
                 view: false,
-                last_used: 0,
                 alive: true,
             }],
             free: Vec::new(),
-            tick: 0,
         }
     }
 
@@ -111,13 +110,11 @@ impl<K: KvOps> PrefixTrie<K> {
 
     /// Adds `seq` (structure only) and returns its node. Splits an edge where
     /// `seq` leaves it, giving the split point a view of the edge's KV if any.
+    /// The nodes the sequence passes are [`Self::path`] of the node returned.
     pub fn insert(&mut self, seq: &[u32]) -> crate::Result<NodeId> {
-        self.tick += 1;
-        let tick = self.tick;
         let mut node = 0;
         let mut pos = 0;
         loop {
-            self.nodes[node].last_used = tick;
             if pos == seq.len() {
                 return Ok(node);
             }
@@ -129,7 +126,6 @@ impl<K: KvOps> PrefixTrie<K> {
                     children: HashMap::new(),
                     kv: None,
                     view: false,
-                    last_used: tick,
                     alive: true,
                 });
                 self.nodes[node].children.insert(seq[pos], leaf);
@@ -161,7 +157,6 @@ impl<K: KvOps> PrefixTrie<K> {
                 children: HashMap::from([(tail[0], child)]),
                 view: kv.is_some(),
                 kv,
-                last_used: tick,
                 alive: true,
             });
             self.nodes[node].children.insert(seq[pos], split);
@@ -204,6 +199,18 @@ impl<K: KvOps> PrefixTrie<K> {
             by_level[level].push(id);
         }
         by_level
+    }
+
+    /// The nodes from `id` up to the root, both included: what a sequence
+    /// ending at `id` uses (every node an [`Self::insert`] of it passes).
+    pub fn path(&self, id: NodeId) -> Vec<NodeId> {
+        let mut path = vec![id];
+        let mut n = id;
+        while n != 0 {
+            n = self.nodes[n].parent;
+            path.push(n);
+        }
+        path
     }
 
     /// KV of a node's parent (must exist).
@@ -340,25 +347,37 @@ impl<K: KvOps> PrefixTrie<K> {
             && n.children.values().all(|&c| self.nodes[c].kv.is_none())
     }
 
-    /// Drops the KV of the least recently used leaves until at most `target`
-    /// device bytes are held or nothing more can go; `keep` vetoes nodes still
-    /// needed, and KV in host memory stays (dropping it frees no device bytes).
+    /// Drops the KV of leaves, lowest `rank` first (ties by node id), until at
+    /// most `target` device bytes are held or nothing more can go; `keep`
+    /// vetoes nodes still needed, and KV in host memory stays (dropping it
+    /// frees no device bytes). A parent left a leaf joins the candidates.
     /// Returns the removed nodes.
-    pub fn evict_lru(&mut self, target: usize, keep: &dyn Fn(NodeId) -> bool) -> Vec<NodeId> {
-        self.evict_lru_in(true, target, keep)
+    pub fn evict_leaves(
+        &mut self,
+        target: usize,
+        keep: &dyn Fn(NodeId) -> bool,
+        rank: &dyn Fn(NodeId) -> u64,
+    ) -> Vec<NodeId> {
+        self.evict_leaves_in(true, target, keep, rank)
     }
 
-    /// Like [`Self::evict_lru`] for the host tier: drops the least recently
-    /// used leaves held in host memory until at most `target` host bytes are held.
-    pub fn evict_lru_host(&mut self, target: usize, keep: &dyn Fn(NodeId) -> bool) -> Vec<NodeId> {
-        self.evict_lru_in(false, target, keep)
+    /// Like [`Self::evict_leaves`] for the host tier: drops leaves held in
+    /// host memory until at most `target` host bytes are held.
+    pub fn evict_host_leaves(
+        &mut self,
+        target: usize,
+        keep: &dyn Fn(NodeId) -> bool,
+        rank: &dyn Fn(NodeId) -> u64,
+    ) -> Vec<NodeId> {
+        self.evict_leaves_in(false, target, keep, rank)
     }
 
-    fn evict_lru_in(
+    fn evict_leaves_in(
         &mut self,
         device: bool,
         target: usize,
         keep: &dyn Fn(NodeId) -> bool,
+        rank: &dyn Fn(NodeId) -> u64,
     ) -> Vec<NodeId> {
         use std::cmp::Reverse;
         use std::collections::BinaryHeap;
@@ -376,7 +395,7 @@ impl<K: KvOps> PrefixTrie<K> {
         };
         let mut heap: BinaryHeap<Reverse<(u64, NodeId)>> = (1..self.nodes.len())
             .filter(|&i| self.is_evictable_leaf(i) && in_tier(self, i) && !keep(i))
-            .map(|i| Reverse((self.nodes[i].last_used, i)))
+            .map(|i| Reverse((rank(i), i)))
             .collect();
         let mut removed = Vec::new();
         while held > target {
@@ -390,7 +409,7 @@ impl<K: KvOps> PrefixTrie<K> {
             held -= self.nodes[v].kv.as_ref().map_or(0, tier_bytes);
             self.remove_subtree(v, &mut removed);
             if self.is_evictable_leaf(parent) && in_tier(self, parent) && !keep(parent) {
-                heap.push(Reverse((self.nodes[parent].last_used, parent)));
+                heap.push(Reverse((rank(parent), parent)));
             }
         }
         removed
@@ -655,13 +674,16 @@ mod tests {
     }
 
     #[test]
-    fn eviction_drops_least_recently_used_leaves_first() {
+    fn eviction_drops_the_lowest_ranked_leaves_first() {
         let mut t = PrefixTrie::new(None);
         let a = t.insert(&[1, 2, 3]).unwrap();
         let b = t.insert(&[4, 5, 6, 7]).unwrap();
         fill(&mut t, &[a, b]);
-        t.insert(&[1, 2, 3]).unwrap(); // touch a
-        let removed = t.evict_lru(3, &|_| false);
+        // The caller's policy ranks b below a (a used since, say).
+        let touched = t.insert(&[1, 2, 3]).unwrap();
+        assert_eq!(t.path(touched), vec![a, 0]);
+        let rank = |n: NodeId| if n == a { 2 } else { 1 };
+        let removed = t.evict_leaves(3, &|_| false, &rank);
         assert_eq!(removed, vec![b]);
         assert!(t.kv(a).is_some());
         assert_eq!(t.cached_nodes(), 1);

@@ -10,8 +10,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 use aisql_engine::backend::AiKind;
 use aisql_engine::{EngineError, Result};
 

@@ -322,7 +322,7 @@ pub struct VirtualKv {
 }
 
 impl VirtualKv {
-    fn new(len: usize, segment: usize, bytes_per_token: usize, resident: bool) -> Self {
+    pub(super) fn new(len: usize, segment: usize, bytes_per_token: usize, resident: bool) -> Self {
         Self {
             len,
             segment,

@@ -43,7 +43,9 @@
 //! the model's context is answered [`Answer::Failed`], naming it; the other
 //! rows of its batch are answered as usual.
 //!
-//! The module's jobs, one file each: scheduling (here), the executors that
+//! The module's jobs, one file each: scheduling (here), tokenizing
+//! ([`tokenize`]), the KV tiers and what leaves them ([`tiers`], in the order
+//! of a [`policy`]), questions asked ahead ([`lookahead`]), the executors that
 //! compute KV ([`executors`]), the KV budget ([`budget`]) and model loading
 //! ([`loading`]).
 
@@ -51,6 +53,9 @@ mod budget;
 mod executors;
 mod loading;
 mod lookahead;
+mod policy;
+mod tiers;
+mod tokenize;
 
 pub use budget::{default_host_kv_budget_bytes, default_kv_budget_bytes, gpu_kv_budget_bytes};
 pub use executors::{
@@ -78,6 +83,8 @@ use crate::query_gate::{QueryGate, Ticket};
 use crate::spend::Spend;
 use crate::work::{Config, Max, Sum, Work};
 use lookahead::{AheadQuestion, Lookahead, MAX_PARTNERS_AHEAD};
+use tiers::{BeforeDrop, KvTiers};
+use tokenize::TokenCache;
 
 /// A document dropped from both tiers keeps the KV of its first positions after
 /// the preamble: documents still to come that open the same way reuse them
@@ -121,93 +128,16 @@ impl Default for SchedulerConfig {
     }
 }
 
-/// SHA-256 of a document's text.
-type TextDigest = [u8; 32];
-
-/// The SHA-256 of each text, each distinct one hashed once: a batch repeats a
-/// join anchor for every partner, and the same string (one address and length,
-/// both borrowed for the whole call) holds the same bytes.
-fn text_digests(texts: &[&str]) -> Vec<TextDigest> {
-    use sha2::Digest as _;
-    let mut seen: HashMap<(usize, usize), TextDigest> = HashMap::new();
-    texts
-        .iter()
-        .map(|t| {
-            *seen
-                .entry((t.as_ptr() as usize, t.len()))
-                .or_insert_with(|| sha2::Sha256::digest(t.as_bytes()).into())
-        })
-        .collect()
-}
-
-/// Token ids kept across queries.
-#[derive(Default)]
-struct Tokens {
-    /// Documents' token ids by the SHA-256 of their text, each with the table it
-    /// was last read from. Keyed by content, not by id: ids repeat across
-    /// datasets (`rv0` in every IMDB collection), and a worker or session that
-    /// serves another dataset must never reuse the tokens of the first.
-    docs: HashMap<TextDigest, (Arc<str>, Arc<Vec<u32>>)>,
-    pieces: HashMap<String, Arc<Vec<u32>>>,
-}
-
-struct Cache<K> {
-    docs: PrefixTrie<K>,
-    doc_nodes: HashMap<DocKey, NodeId>,
-    suffixes: HashMap<DocKey, PrefixTrie<K>>,
-    /// Per document, the call that last used it (eviction order).
-    last_used: HashMap<DocKey, u64>,
-    calls: u64,
-    /// A dropped document keeps its KV up to this depth (preamble and first
-    /// tokens): documents to come that start the same way reuse it.
-    stub_depth: usize,
-}
-
-impl<K: KvOps> Cache<K> {
-    fn new() -> Self {
-        Self {
-            docs: PrefixTrie::new(None),
-            doc_nodes: HashMap::new(),
-            suffixes: HashMap::new(),
-            last_used: HashMap::new(),
-            calls: 0,
-            stub_depth: 0,
-        }
-    }
-
-    /// Device bytes of KV held.
-    fn bytes(&self) -> usize {
-        self.docs.bytes() + self.suffixes.values().map(PrefixTrie::bytes).sum::<usize>()
-    }
-
-    /// Host bytes of KV held (offloaded).
-    fn host_bytes(&self) -> usize {
-        self.docs.host_bytes()
-            + self
-                .suffixes
-                .values()
-                .map(PrefixTrie::host_bytes)
-                .sum::<usize>()
-    }
-}
-
 struct QueryState<K> {
-    cache: Cache<K>,
+    /// The KV held and what leaves it (with the counters of the tiers).
+    tiers: KvTiers<K>,
     /// Per AI operator in post-order: (op id, anchor table).
     ops: Vec<(String, String)>,
     fresh_start: u64,
     label_start: u64,
     decode_start: u64,
     decode_seconds_start: f64,
-    peak_bytes: usize,
-    evictions: u64,
     current_op: Option<String>,
-    /// Host tier: peak bytes, documents moved there, positions brought back.
-    host_peak_bytes: usize,
-    offloads: u64,
-    restored_tokens: u64,
-    restored_bytes: u64,
-    offloaded_bytes: u64,
     /// Questions of later operators asked ahead.
     lookahead: Lookahead,
 }
@@ -215,11 +145,10 @@ struct QueryState<K> {
 /// The model backend: plan-aware scheduling over an [`Executor`].
 pub struct ScheduledBackend<E: Executor> {
     exec: E,
-    tokenizer: Tokenizer,
     config: SchedulerConfig,
     /// Shared with another backend over the same tokenizer
     /// ([`Self::sharing_tokens`]), which then tokenizes each document once.
-    tokens: Arc<Mutex<Tokens>>,
+    tokens: TokenCache,
     state: Mutex<QueryState<E::Kv>>,
     gate: QueryGate,
     /// The running query's budget meter, if it has a budget.
@@ -232,7 +161,7 @@ pub struct ScheduledBackend<E: Executor> {
 impl<E: Executor> ScheduledBackend<E> {
     /// A backend over `exec`, tokenizing with `tokenizer`.
     pub fn new(exec: E, tokenizer: Tokenizer, config: SchedulerConfig) -> Self {
-        Self::with_tokens(exec, tokenizer, config, Arc::default())
+        Self::with_tokens(exec, config, TokenCache::new(tokenizer))
     }
 
     /// A backend over `exec` that shares `other`'s token ids (and its
@@ -243,35 +172,23 @@ impl<E: Executor> ScheduledBackend<E> {
         other: &ScheduledBackend<F>,
         config: SchedulerConfig,
     ) -> Self {
-        Self::with_tokens(exec, other.tokenizer.clone(), config, other.tokens.clone())
+        Self::with_tokens(exec, config, other.tokens.clone())
     }
 
-    fn with_tokens(
-        exec: E,
-        tokenizer: Tokenizer,
-        config: SchedulerConfig,
-        tokens: Arc<Mutex<Tokens>>,
-    ) -> Self {
+    fn with_tokens(exec: E, config: SchedulerConfig, tokens: TokenCache) -> Self {
+        let tiers = Self::empty_tiers(&exec, &config);
         Self {
             exec,
-            tokenizer,
             config,
             tokens,
             state: Mutex::new(QueryState {
-                cache: Cache::new(),
+                tiers,
                 ops: Vec::new(),
                 fresh_start: 0,
                 label_start: 0,
                 decode_start: 0,
                 decode_seconds_start: 0.0,
-                peak_bytes: 0,
-                evictions: 0,
                 current_op: None,
-                host_peak_bytes: 0,
-                offloads: 0,
-                restored_tokens: 0,
-                restored_bytes: 0,
-                offloaded_bytes: 0,
                 lookahead: Lookahead::default(),
             }),
             gate: QueryGate::default(),
@@ -285,14 +202,17 @@ impl<E: Executor> ScheduledBackend<E> {
         &self.exec
     }
 
+    /// A query's empty KV tiers, within the configured budgets.
+    fn empty_tiers(exec: &E, config: &SchedulerConfig) -> KvTiers<E::Kv> {
+        KvTiers::new(
+            config.kv_budget_bytes,
+            config.host_kv_budget_bytes,
+            exec.kv_bytes_per_token(),
+        )
+    }
+
     fn piece(&self, text: &str) -> Result<Arc<Vec<u32>>> {
-        let mut t = self.tokens.lock().expect("tokens lock");
-        if let Some(ids) = t.pieces.get(text) {
-            return Ok(ids.clone());
-        }
-        let ids = Arc::new(self.tokenizer.encode(text)?);
-        t.pieces.insert(text.to_string(), ids.clone());
-        Ok(ids)
+        self.tokens.piece(text)
     }
 
     /// Refuses a prompt of `len` positions (label continuations included) that is
@@ -500,54 +420,18 @@ impl<E: Executor> ScheduledBackend<E> {
             .iter()
             .flat_map(|c| c.tables.iter().map(String::as_str))
             .collect();
-        let mut t = self.tokens.lock().expect("tokens lock");
-        t.docs.retain(|_, (table, _)| read.contains(table.as_ref()));
-        t.docs.shrink_to_fit();
+        self.tokens.keep_tables(&read);
     }
 
     /// The tables whose documents' token ids are held, sorted.
     pub fn tokenized_tables(&self) -> Vec<String> {
-        let t = self.tokens.lock().expect("tokens lock");
-        let tables: std::collections::BTreeSet<&str> =
-            t.docs.values().map(|(table, _)| table.as_ref()).collect();
-        tables.into_iter().map(str::to_string).collect()
+        self.tokens.tables()
     }
 
     /// Token ids of documents of `table` by their texts, each distinct text
     /// tokenized once.
     fn docs(&self, table: &str, texts: &[&str]) -> Result<Vec<Arc<Vec<u32>>>> {
-        let digests = text_digests(texts);
-        let missing: Vec<(TextDigest, &str)> = {
-            let t = self.tokens.lock().expect("tokens lock");
-            let mut seen = HashSet::new();
-            digests
-                .iter()
-                .zip(texts)
-                .filter(|(d, _)| !t.docs.contains_key(*d) && seen.insert(**d))
-                .map(|(d, text)| (*d, *text))
-                .collect()
-        };
-        let table: Arc<str> = Arc::from(table);
-        if !missing.is_empty() {
-            let texts: Vec<&str> = missing.iter().map(|(_, text)| *text).collect();
-            let encoded = self.tokenizer.encode_documents(&texts)?;
-            let mut t = self.tokens.lock().expect("tokens lock");
-            for ((digest, _), ids) in missing.iter().zip(encoded) {
-                t.docs.insert(*digest, (table.clone(), Arc::new(ids)));
-            }
-        }
-        let mut t = self.tokens.lock().expect("tokens lock");
-        Ok(digests
-            .iter()
-            .map(|d| {
-                let entry = t.docs.get_mut(d).expect("tokenized above");
-                // The table that reads it now keeps it past this query.
-                if *entry.0 != *table {
-                    entry.0 = table.clone();
-                }
-                entry.1.clone()
-            })
-            .collect())
+        self.tokens.docs(table, texts)
     }
 
     /// Called at each operator's first batch: drops documents of tables that no
@@ -563,141 +447,8 @@ impl<E: Executor> ScheduledBackend<E> {
             return Ok(());
         };
         let needed: HashSet<String> = state.ops[pos..].iter().map(|(_, t)| t.clone()).collect();
-        let gone: Vec<DocKey> = state
-            .cache
-            .doc_nodes
-            .keys()
-            .filter(|k| !needed.contains(&k.table))
-            .cloned()
-            .collect();
-        if gone.is_empty() {
-            return Ok(());
-        }
-        let mut users = node_users(&state.cache);
-        for k in &gone {
-            drop_doc(&mut state.cache, k, &HashSet::new(), &mut users, 0)?;
-            state.lookahead.forget(k);
-        }
-        Ok(())
-    }
-
-    /// Keeps the cache within the budget. Documents of the current call are
-    /// kept; among the others, the least recently used leave the device first,
-    /// each with its question trie: to host memory while the host tier has room
-    /// (making room by dropping its own least recently used documents), dropped
-    /// otherwise. A document is asked its later operators' questions before it
-    /// is dropped ([`Self::ask_ahead`]). Then shared prefixes no document holds
-    /// any more go.
-    fn enforce_budget(
-        &self,
-        ticket: Ticket,
-        state: &mut QueryState<E::Kv>,
-        keep: &HashSet<DocKey>,
-    ) -> Result<()> {
-        let mut held = state.cache.bytes();
-        state.peak_bytes = state.peak_bytes.max(held);
-        let budget = self.config.kv_budget_bytes;
-        if held <= budget {
-            return Ok(());
-        }
-        let host_budget = self.config.host_kv_budget_bytes;
-        let mut host_held = state.cache.host_bytes();
-        let cache = &state.cache;
-        let mut victims: Vec<(u64, DocKey)> = cache
-            .last_used
-            .iter()
-            .filter(|(k, _)| !keep.contains(*k))
-            .map(|(k, &t)| (t, k.clone()))
-            .collect();
-        victims.sort_unstable();
-        let keep_nodes: HashSet<NodeId> = keep
-            .iter()
-            .filter_map(|k| cache.doc_nodes.get(k).copied())
-            .collect();
-        let mut users = node_users(cache);
-        // Offloaded documents, oldest first: the host tier's own eviction order.
-        let mut on_host: std::collections::VecDeque<DocKey> = victims
-            .iter()
-            .filter(|(_, k)| doc_bytes(cache, k, &keep_nodes, &users).0 == 0)
-            .map(|(_, k)| k.clone())
-            .collect();
-        // Asks a document ahead, then drops it from both tiers.
-        let drop = |state: &mut QueryState<E::Kv>,
-                    k: &DocKey,
-                    users: &mut HashMap<NodeId, usize>,
-                    held: &mut usize,
-                    host_held: &mut usize|
-         -> Result<()> {
-            let (added, freed) = self.ask_ahead(ticket, state, k)?;
-            *held += added;
-            *host_held -= freed;
-            let depth = state.cache.stub_depth;
-            let (d, h) = drop_doc(&mut state.cache, k, &keep_nodes, users, depth)?;
-            state.lookahead.forget(k);
-            *held -= d;
-            *host_held -= h;
-            state.evictions += 1;
-            Ok(())
-        };
-        for (_, k) in &victims {
-            if held <= budget {
-                break;
-            }
-            let (device, host) = doc_bytes(&state.cache, k, &keep_nodes, &users);
-            if device == 0 {
-                continue; // on the host already
-            }
-            if host_budget > 0 && device + host <= host_budget {
-                while host_held + device > host_budget {
-                    let Some(old) = on_host.pop_front() else {
-                        break;
-                    };
-                    drop(state, &old, &mut users, &mut held, &mut host_held)?;
-                }
-                if host_held + device <= host_budget {
-                    let cache = &state.cache;
-                    if let Some(t) = cache.suffixes.get(k) {
-                        t.offload_all()?;
-                    }
-                    for n in doc_path(cache, k, &keep_nodes, &users) {
-                        cache.docs.offload(n)?;
-                    }
-                    held -= device;
-                    host_held += device;
-                    state.offloads += 1;
-                    state.offloaded_bytes += device as u64;
-                    on_host.push_back(k.clone());
-                    state.host_peak_bytes = state.host_peak_bytes.max(host_held);
-                    continue;
-                }
-            }
-            drop(state, k, &mut users, &mut held, &mut host_held)?;
-        }
-        if held > budget {
-            let cache = &mut state.cache;
-            let removed: HashSet<NodeId> = cache
-                .docs
-                .evict_lru(budget.saturating_sub(held - cache.docs.bytes()), &|n| {
-                    keep_nodes.contains(&n)
-                })
-                .into_iter()
-                .collect();
-            state.evictions += removed.len() as u64;
-            cache.doc_nodes.retain(|_, n| !removed.contains(n));
-            let docs = &cache.doc_nodes;
-            cache.suffixes.retain(|k, _| docs.contains_key(k));
-        }
-        // Stubs of dropped documents left in host memory give way in turn.
-        if host_held > host_budget {
-            let cache = &mut state.cache;
-            let removed: HashSet<NodeId> = cache
-                .docs
-                .evict_lru_host(host_budget, &|n| keep_nodes.contains(&n))
-                .into_iter()
-                .collect();
-            cache.doc_nodes.retain(|_, n| !removed.contains(n));
-            let docs = &cache.doc_nodes;
-            cache.suffixes.retain(|k, _| docs.contains_key(k));
+        for k in state.tiers.drop_tables_but(&needed)? {
+            state.lookahead.forget(&k);
         }
         Ok(())
     }
@@ -732,7 +483,7 @@ impl<E: Executor> ScheduledBackend<E> {
     fn anchor_prompts(
         &self,
         ticket: Ticket,
-        state: &mut QueryState<E::Kv>,
+        tiers: &mut KvTiers<E::Kv>,
         call: &AiCall,
         requests: &[AiRequest<'_>],
         tokens: &[Arc<Vec<u32>>],
@@ -741,10 +492,7 @@ impl<E: Executor> ScheduledBackend<E> {
     ) -> Result<Vec<(DocKey, NodeId)>> {
         let preamble = self.piece(&call.pieces.preamble)?;
         let budget_tokens = self.config.kv_budget_bytes / self.exec.kv_bytes_per_token().max(1);
-        let cache = &mut state.cache;
-        cache.stub_depth = cache
-            .stub_depth
-            .max(preamble.len() + DROPPED_DOCUMENT_STUB_TOKENS);
+        tiers.keep_stubs_of(preamble.len() + DROPPED_DOCUMENT_STUB_TOKENS);
         let mut leaves = Vec::with_capacity(requests.len());
         let mut keys = Vec::with_capacity(requests.len());
         for (r, doc) in requests.iter().zip(tokens) {
@@ -763,24 +511,19 @@ impl<E: Executor> ScheduledBackend<E> {
             let mut seq = Vec::with_capacity(preamble.len() + doc.len());
             seq.extend_from_slice(&preamble);
             seq.extend_from_slice(doc);
-            let leaf = cache.docs.insert(&seq)?;
             let key = DocKey::new(&call.tables[0], &call.columns[0], r.anchor.id);
-            cache.doc_nodes.insert(key.clone(), leaf);
-            leaves.push(leaf);
+            leaves.push(tiers.insert_doc(key.clone(), &seq)?);
             keys.push(key);
         }
-        cache.calls += 1;
-        for k in &keys {
-            cache.last_used.insert(k.clone(), cache.calls);
-        }
+        tiers.docs_used(&keys);
         // KV moved to the host comes back by copy, never recomputed.
         let mut restored = 0;
         for &leaf in &leaves {
-            restored += cache.docs.restore_path(leaf)?;
+            restored += tiers.docs.restore_path(leaf)?;
         }
-        self.materialize(ticket, &call.op_id, &mut cache.docs, &leaves)?;
-        self.count_restored(state, restored);
-        let targets = self.question_nodes(ticket, state, &call.op_id, &keys, suffix, scored)?;
+        self.materialize(ticket, &call.op_id, &mut tiers.docs, &leaves)?;
+        tiers.count_restored(restored);
+        let targets = self.question_nodes(ticket, tiers, &call.op_id, &keys, suffix, scored)?;
         Ok(keys
             .into_iter()
             .map(|k| {
@@ -790,34 +533,28 @@ impl<E: Executor> ScheduledBackend<E> {
             .collect())
     }
 
-    fn count_restored(&self, state: &mut QueryState<E::Kv>, positions: usize) {
-        state.restored_tokens += positions as u64;
-        state.restored_bytes += (positions * self.exec.kv_bytes_per_token()) as u64;
-    }
-
     /// The KV of `suffix` after each document of `keys` (whose own KV is held):
     /// a node of the document's question trie, computed once per document.
     fn question_nodes(
         &self,
         ticket: Ticket,
-        state: &mut QueryState<E::Kv>,
+        tiers: &mut KvTiers<E::Kv>,
         op_id: &str,
         keys: &[DocKey],
         suffix: &[u32],
         scored: bool,
     ) -> Result<HashMap<DocKey, NodeId>> {
-        let cache = &mut state.cache;
         // Question tries: rooted at each document's KV; the suffix computed once per document.
         let mut targets: HashMap<DocKey, NodeId> = HashMap::new();
         for key in keys {
             if targets.contains_key(key) {
                 continue;
             }
-            let doc_kv = cache
+            let doc_kv = tiers
                 .doc_nodes
                 .get(key)
-                .and_then(|&n| cache.docs.kv(n).cloned());
-            let trie = cache
+                .and_then(|&n| tiers.docs.kv(n).cloned());
+            let trie = tiers
                 .suffixes
                 .entry(key.clone())
                 .or_insert_with(|| PrefixTrie::new(doc_kv));
@@ -826,16 +563,15 @@ impl<E: Executor> ScheduledBackend<E> {
         }
         let mut restored = 0;
         for (key, &node) in &targets {
-            restored += cache.suffixes[key].restore_path(node)?;
+            restored += tiers.suffixes[key].restore_path(node)?;
         }
-        self.count_restored(state, restored);
-        let cache = &mut state.cache;
+        tiers.count_restored(restored);
         // Compute all questions in waves across documents: gather pending items.
-        self.materialize_suffixes(ticket, op_id, cache, &targets)?;
+        self.materialize_suffixes(ticket, op_id, &mut tiers.suffixes, &targets)?;
         // A scored question ending on a view (its exact text is a prefix of
         // another question) needs its last position computed again.
         for (key, &node) in targets.iter().filter(|_| scored) {
-            let trie = cache.suffixes.get_mut(key).expect("trie exists");
+            let trie = tiers.suffixes.get_mut(key).expect("trie exists");
             if node != 0 && trie.is_view(node) {
                 let kv = trie.kv(node).expect("view has kv").clone();
                 // The view covers the document and the question: all of it
@@ -859,12 +595,12 @@ impl<E: Executor> ScheduledBackend<E> {
         &self,
         ticket: Ticket,
         op_id: &str,
-        cache: &mut Cache<E::Kv>,
+        suffixes: &mut HashMap<DocKey, PrefixTrie<E::Kv>>,
         targets: &HashMap<DocKey, NodeId>,
     ) -> Result<()> {
         let mut waves: Vec<Vec<(DocKey, NodeId)>> = Vec::new();
         for (key, &node) in targets {
-            let trie = &cache.suffixes[key];
+            let trie = &suffixes[key];
             for (level, wave) in trie.pending(&[node]).into_iter().enumerate() {
                 if waves.len() <= level {
                     waves.resize(level + 1, Vec::new());
@@ -874,12 +610,12 @@ impl<E: Executor> ScheduledBackend<E> {
         }
         for wave in waves {
             for chunk in chunk_by_tokens(&wave, self.config.batch_tokens, |(k, n)| {
-                cache.suffixes[k].edge(*n).len()
+                suffixes[k].edge(*n).len()
             }) {
                 let items: Vec<(Option<&E::Kv>, &[u32])> = chunk
                     .iter()
                     .map(|(k, n)| {
-                        let t = &cache.suffixes[k];
+                        let t = &suffixes[k];
                         (t.parent_kv(*n), t.edge(*n))
                     })
                     .collect();
@@ -891,7 +627,7 @@ impl<E: Executor> ScheduledBackend<E> {
                     .map(|((k, n), h)| (k, n, h))
                     .collect();
                 for (k, n, h) in done {
-                    cache.suffixes.get_mut(&k).expect("trie").set_kv(n, h);
+                    suffixes.get_mut(&k).expect("trie").set_kv(n, h);
                 }
             }
         }
@@ -912,8 +648,9 @@ impl<E: Executor> ScheduledBackend<E> {
         if !self.config.prefix_cache {
             return self.run_uncached(ticket, call, requests);
         }
-        let mut state = self.state.lock().expect("scheduler lock");
-        self.enter_operator(&mut state, &call.op_id)?;
+        let mut guard = self.state.lock().expect("scheduler lock");
+        let state = &mut *guard;
+        self.enter_operator(state, &call.op_id)?;
         let keep: Vec<DocKey> = requests
             .iter()
             .map(|r| DocKey::new(&call.tables[0], &call.columns[0], r.anchor.id))
@@ -926,13 +663,21 @@ impl<E: Executor> ScheduledBackend<E> {
             .collect();
         if !todo.is_empty() {
             let asked: Vec<AiRequest<'_>> = todo.iter().map(|&i| requests[i]).collect();
-            let got = self.answer(ticket, &mut state, call, &asked)?;
+            let got = self.answer(ticket, &mut state.tiers, call, &asked)?;
             for (&i, a) in todo.iter().zip(got) {
                 answers[i] = Some(a);
             }
         }
+        // The tiers choose what leaves; a document leaving for good is first
+        // asked its later operators' questions ([`AskAhead`]).
         let keep: HashSet<DocKey> = keep.into_iter().collect();
-        self.enforce_budget(ticket, &mut state, &keep)?;
+        let mut ahead = AskAhead {
+            backend: self,
+            ticket,
+            lookahead: &mut state.lookahead,
+            questions: Vec::new(),
+        };
+        state.tiers.make_room(&keep, &mut ahead)?;
         Ok(answers
             .into_iter()
             .map(|a| a.expect("every request answered"))
@@ -948,7 +693,7 @@ impl<E: Executor> ScheduledBackend<E> {
     fn answer(
         &self,
         ticket: Ticket,
-        state: &mut QueryState<E::Kv>,
+        tiers: &mut KvTiers<E::Kv>,
         call: &AiCall,
         requests: &[AiRequest<'_>],
     ) -> Result<Vec<Answer>> {
@@ -983,7 +728,7 @@ impl<E: Executor> ScheduledBackend<E> {
                 let asked: Vec<AiRequest<'_>> = run.iter().map(|&i| requests[i]).collect();
                 match self.answer_fitting(
                     ticket,
-                    state,
+                    tiers,
                     call,
                     &asked,
                     &pick(&anchors),
@@ -1021,7 +766,7 @@ impl<E: Executor> ScheduledBackend<E> {
     fn answer_fitting(
         &self,
         ticket: Ticket,
-        state: &mut QueryState<E::Kv>,
+        tiers: &mut KvTiers<E::Kv>,
         call: &AiCall,
         requests: &[AiRequest<'_>],
         anchors: &[Arc<Vec<u32>>],
@@ -1031,16 +776,16 @@ impl<E: Executor> ScheduledBackend<E> {
         if !pieces.pair {
             // One document: preamble + doc, then the tail as the question.
             let tail = self.piece(&pieces.tail)?;
-            let nodes = self.anchor_prompts(ticket, state, call, requests, anchors, &tail, true)?;
-            self.ask_one(ticket, &state.cache, call, &nodes, requests)
+            let nodes = self.anchor_prompts(ticket, tiers, call, requests, anchors, &tail, true)?;
+            self.ask_one(ticket, tiers, call, &nodes, requests)
         } else {
             // Pairs: preamble + anchor + frame cached, partners packed as suffixes.
             // Each pair is asked once per query: the operators' memo
             // ([`crate::memo`]) answers repeats before they get here.
             let frame = self.piece(&pieces.frame)?;
             let nodes =
-                self.anchor_prompts(ticket, state, call, requests, anchors, &frame, false)?;
-            self.ask_pairs(ticket, &state.cache, call, &nodes, requests, partners)
+                self.anchor_prompts(ticket, tiers, call, requests, anchors, &frame, false)?;
+            self.ask_pairs(ticket, tiers, call, &nodes, requests, partners)
         }
     }
 
@@ -1052,14 +797,14 @@ impl<E: Executor> ScheduledBackend<E> {
     fn ask_one(
         &self,
         ticket: Ticket,
-        cache: &Cache<E::Kv>,
+        tiers: &KvTiers<E::Kv>,
         call: &AiCall,
         nodes: &[(DocKey, NodeId)],
         requests: &[AiRequest<'_>],
     ) -> Result<Vec<Answer>> {
         let items: Vec<(Option<&E::Kv>, &[u32])> = nodes
             .iter()
-            .map(|(k, n)| (cache.suffixes[k].kv(*n), &[][..]))
+            .map(|(k, n)| (tiers.suffixes[k].kv(*n), &[][..]))
             .collect();
         let labels = self.labels(call)?;
         let group = if call.kind.generates() {
@@ -1109,7 +854,7 @@ impl<E: Executor> ScheduledBackend<E> {
     fn ask_pairs(
         &self,
         ticket: Ticket,
-        cache: &Cache<E::Kv>,
+        tiers: &KvTiers<E::Kv>,
         call: &AiCall,
         nodes: &[(DocKey, NodeId)],
         requests: &[AiRequest<'_>],
@@ -1125,7 +870,7 @@ impl<E: Executor> ScheduledBackend<E> {
         let label_tokens = self.longest_label(call)?;
         for (j, r) in requests.iter().enumerate() {
             let (k, n) = &nodes[j];
-            let anchor_len = cache.suffixes[k].kv(*n).map_or(0, |kv| kv.len());
+            let anchor_len = tiers.suffixes[k].kv(*n).map_or(0, |kv| kv.len());
             let len = anchor_len + suffixes[j].len() + label_tokens;
             self.check_context(
                 &call.op_id,
@@ -1145,7 +890,7 @@ impl<E: Executor> ScheduledBackend<E> {
             |j| suffixes[j].len(),
             |j| {
                 let (k, n) = &nodes[j];
-                (cache.suffixes[k].kv(*n), suffixes[j].as_slice())
+                (tiers.suffixes[k].kv(*n), suffixes[j].as_slice())
             },
         )
     }
@@ -1192,58 +937,13 @@ impl<E: Executor> ScheduledBackend<E> {
         Ok(answers)
     }
 
-    /// Before `doc`'s KV is dropped: asks it the questions later operators will
-    /// ask ([`Lookahead`]) and keeps the answers for them. KV on the host comes
-    /// back to do so (restored, counted). Returns the (device bytes added, host
-    /// bytes freed) that the caller's accounting must follow.
-    fn ask_ahead(
-        &self,
-        ticket: Ticket,
-        state: &mut QueryState<E::Kv>,
-        doc: &DocKey,
-    ) -> Result<(usize, usize)> {
-        let questions = state.lookahead.questions_for(doc);
-        let Some(&leaf) = state
-            .cache
-            .doc_nodes
-            .get(doc)
-            .filter(|_| !questions.is_empty())
-        else {
-            return Ok((0, 0));
-        };
-        let per_token = self.exec.kv_bytes_per_token();
-        let fresh = self.exec.fresh_tokens();
-        let trie_bytes = |state: &QueryState<E::Kv>| {
-            state
-                .cache
-                .suffixes
-                .get(doc)
-                .map_or((0, 0), |t| (t.bytes(), t.host_bytes()))
-        };
-        let (device_before, host_before) = trie_bytes(state);
-        let restored = state.cache.docs.restore_path(leaf)?;
-        self.count_restored(state, restored);
-        for q in questions {
-            if self.ask_ahead_one(ticket, state, doc, &q).is_err() {
-                // Cancelled: stop. Otherwise the operator asks in its turn,
-                // where a failure is reported with its row.
-                self.gate.check(ticket, &q.call.op_id)?;
-                state.lookahead.disable(&q.call.op_id);
-            }
-        }
-        state.lookahead.tokens += self.exec.fresh_tokens() - fresh;
-        let (device_after, host_after) = trie_bytes(state);
-        let moved = restored * per_token;
-        Ok((
-            (moved + device_after).saturating_sub(device_before),
-            (moved + host_before).saturating_sub(host_after),
-        ))
-    }
-
+    /// Asks `doc` (its KV held) one later operator's questions and keeps the
+    /// answers for it.
     fn ask_ahead_one(
         &self,
         ticket: Ticket,
-        state: &mut QueryState<E::Kv>,
+        tiers: &mut KvTiers<E::Kv>,
+        lookahead: &mut Lookahead,
         doc: &DocKey,
         q: &AheadQuestion,
     ) -> Result<()> {
@@ -1256,7 +956,7 @@ impl<E: Executor> ScheduledBackend<E> {
         })?;
         let one = std::slice::from_ref(doc);
         let node =
-            self.question_nodes(ticket, state, &call.op_id, one, &suffix, !pieces.pair)?[doc];
+            self.question_nodes(ticket, tiers, &call.op_id, one, &suffix, !pieces.pair)?[doc];
         // The document's text is in its KV; executors read the ids.
         let anchor = Doc {
             id: &doc.id,
@@ -1280,11 +980,11 @@ impl<E: Executor> ScheduledBackend<E> {
         let answers = if pieces.pair {
             let texts: Vec<&str> = q.partners.iter().map(|(_, text)| text.as_str()).collect();
             let partners = self.docs(&call.tables[1], &texts)?;
-            self.ask_pairs(ticket, &state.cache, call, &nodes, &requests, &partners)?
+            self.ask_pairs(ticket, tiers, call, &nodes, &requests, &partners)?
         } else {
-            self.ask_one(ticket, &state.cache, call, &nodes, &requests)?
+            self.ask_one(ticket, tiers, call, &nodes, &requests)?
         };
-        state.lookahead.store(call, &requests, answers);
+        lookahead.store(call, &requests, answers);
         Ok(())
     }
 
@@ -1360,109 +1060,44 @@ impl<E: Executor> ScheduledBackend<E> {
     }
 }
 
-/// Device and host bytes a document holds alone: its question trie, and its
-/// own KV unless a kept document or another key shares that node; on the
-/// device, also the start of its KV that only it uses ([`doc_path`]).
-fn doc_bytes<K: KvOps>(
-    cache: &Cache<K>,
-    k: &DocKey,
-    keep_nodes: &HashSet<NodeId>,
-    users: &HashMap<NodeId, usize>,
-) -> (usize, usize) {
-    let (mut device, mut host) = cache
-        .suffixes
-        .get(k)
-        .map_or((0, 0), |t| (t.bytes(), t.host_bytes()));
-    device += doc_path(cache, k, keep_nodes, users)
-        .into_iter()
-        .filter_map(|n| cache.docs.kv(n))
-        .map(KvOps::bytes)
-        .sum::<usize>();
-    if let Some(kv) = sole_node(cache, k, keep_nodes, users).and_then(|n| cache.docs.kv(n)) {
-        host += kv.host_bytes();
+/// What the scheduler does with a document the tiers are about to drop: asks
+/// it the questions later operators will ask ([`Lookahead`]) and keeps the
+/// answers for them.
+struct AskAhead<'a, E: Executor> {
+    backend: &'a ScheduledBackend<E>,
+    ticket: Ticket,
+    lookahead: &'a mut Lookahead,
+    /// The questions [`BeforeDrop::wants`] found, asked by [`BeforeDrop::ask`].
+    questions: Vec<AheadQuestion>,
+}
+
+impl<E: Executor> BeforeDrop<E::Kv> for AskAhead<'_, E> {
+    fn wants(&mut self, doc: &DocKey) -> bool {
+        self.questions = self.lookahead.questions_for(doc);
+        !self.questions.is_empty()
     }
-    (device, host)
-}
 
-/// Document `k`'s trie node when the document holds it alone: no kept
-/// document and no other key shares it.
-fn sole_node<K: KvOps>(
-    cache: &Cache<K>,
-    k: &DocKey,
-    keep_nodes: &HashSet<NodeId>,
-    users: &HashMap<NodeId, usize>,
-) -> Option<NodeId> {
-    let &node = cache.doc_nodes.get(k)?;
-    (!keep_nodes.contains(&node) && users.get(&node).copied().unwrap_or(0) <= 1).then_some(node)
-}
-
-/// The document-trie nodes whose KV leaves the device with document `k`
-/// ([`PrefixTrie::device_path`]): its node and the ancestors on the device no
-/// other document there needs. None while a kept document or another key
-/// shares its node.
-fn doc_path<K: KvOps>(
-    cache: &Cache<K>,
-    k: &DocKey,
-    keep_nodes: &HashSet<NodeId>,
-    users: &HashMap<NodeId, usize>,
-) -> Vec<NodeId> {
-    let Some(node) = sole_node(cache, k, keep_nodes, users) else {
-        return Vec::new();
-    };
-    cache
-        .docs
-        .device_path(node, &|n| n != node && is_owned(n, keep_nodes, users))
-}
-
-/// Whether a document-trie node is some document's own: a kept one's, or any key's.
-fn is_owned(n: NodeId, keep_nodes: &HashSet<NodeId>, users: &HashMap<NodeId, usize>) -> bool {
-    keep_nodes.contains(&n) || users.get(&n).is_some_and(|&u| u > 0)
-}
-
-/// How many document keys use each node (documents with one text share one),
-/// counted once rather than searched for per document.
-fn node_users<K: KvOps>(cache: &Cache<K>) -> HashMap<NodeId, usize> {
-    let mut users: HashMap<NodeId, usize> = HashMap::new();
-    for &n in cache.doc_nodes.values() {
-        *users.entry(n).or_default() += 1;
-    }
-    users
-}
-
-/// Drops a document's KV from both tiers but its first `keep_depth` positions,
-/// which documents not seen yet may share ([`Cache::stub_depth`]); returns the
-/// (device, host) bytes freed.
-fn drop_doc<K: KvOps>(
-    cache: &mut Cache<K>,
-    k: &DocKey,
-    keep_nodes: &HashSet<NodeId>,
-    users: &mut HashMap<NodeId, usize>,
-    keep_depth: usize,
-) -> Result<(usize, usize)> {
-    let (mut device, mut host) = (0, 0);
-    cache.last_used.remove(k);
-    if let Some(t) = cache.suffixes.remove(k) {
-        device += t.bytes();
-        host += t.host_bytes();
-    }
-    if let Some(node) = cache.doc_nodes.remove(k) {
-        // Another document with the same text may still use the node.
-        let left = users.get_mut(&node).map_or(0, |n| {
-            *n -= 1;
-            *n
-        });
-        let shared = keep_nodes.contains(&node) || left > 0;
-        if !shared {
-            // The start it shared with dropped documents goes too (down to the stub).
-            let users = &*users;
-            let (d, h) = cache
-                .docs
-                .truncate_chain(node, keep_depth, &|n| is_owned(n, keep_nodes, users))?;
-            device += d;
-            host += h;
+    fn ask(&mut self, tiers: &mut KvTiers<E::Kv>, doc: &DocKey) -> Result<()> {
+        let exec = &self.backend.exec;
+        let fresh = exec.fresh_tokens();
+        for q in std::mem::take(&mut self.questions) {
+            let asked = self
+                .backend
+                .ask_ahead_one(self.ticket, tiers, self.lookahead, doc, &q);
+            if asked.is_err() {
+                // Cancelled: stop. Otherwise the operator asks in its turn,
+                // where a failure is reported with its row.
+                self.backend.gate.check(self.ticket, &q.call.op_id)?;
+                self.lookahead.disable(&q.call.op_id);
+            }
         }
+        self.lookahead.tokens += exec.fresh_tokens() - fresh;
+        Ok(())
     }
-    Ok((device, host))
+
+    fn dropped(&mut self, doc: &DocKey) {
+        self.lookahead.forget(doc);
+    }
 }
 
 /// Fills `answers` up to `want` with [`Answer::Unreached`]: the requests a
@@ -1541,7 +1176,8 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         *self.spend.lock().expect("spend lock") = None;
         self.keep_tokens_of(operators);
         let mut state = self.state.lock().expect("scheduler lock");
-        state.cache = Cache::new();
+        // The tiers hold the KV and count what leaves it: new ones, new counts.
+        state.tiers = Self::empty_tiers(&self.exec, &self.config);
         state.ops = operators
             .iter()
             .map(|c| (c.op_id.clone(), c.tables[0].clone()))
@@ -1550,14 +1186,7 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         state.label_start = self.exec.label_tokens();
         state.decode_start = self.exec.decode_tokens();
         state.decode_seconds_start = self.exec.decode_seconds();
-        state.peak_bytes = 0;
-        state.evictions = 0;
         state.current_op = None;
-        state.host_peak_bytes = 0;
-        state.offloads = 0;
-        state.restored_tokens = 0;
-        state.restored_bytes = 0;
-        state.offloaded_bytes = 0;
         state.lookahead = if self.config.lookahead {
             Lookahead::new(operators)
         } else {
@@ -1586,8 +1215,9 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
     fn measurements(&self) -> Work {
         let state = self.state.lock().expect("scheduler lock");
         let ahead = &state.lookahead;
+        let kv = state.tiers.counters();
         let transfer = self.exec.simulated_link_bytes_per_second().map(|link| {
-            let moved = (state.offloaded_bytes + state.restored_bytes) as f64;
+            let moved = (kv.offloaded_bytes + kv.restored_bytes) as f64;
             Sum(moved / link)
         });
         Work {
@@ -1596,19 +1226,17 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
             decode_tokens: Some(Sum(self.exec.decode_tokens() - state.decode_start)),
             decode_seconds: Some(Sum(self.exec.decode_seconds() - state.decode_seconds_start)),
             prefix_cache: Some(Config(self.config.prefix_cache)),
-            kv_peak_bytes: Some(Max(state.peak_bytes.max(state.cache.bytes()) as u64)),
-            kv_evictions: Some(Sum(state.evictions)),
+            kv_peak_bytes: Some(Max(kv.peak_bytes as u64)),
+            kv_evictions: Some(Sum(kv.evictions)),
             kv_host_budget_bytes: Some(Config(self.config.host_kv_budget_bytes as u64)),
-            kv_host_peak_bytes: Some(Max(
-                state.host_peak_bytes.max(state.cache.host_bytes()) as u64
-            )),
-            kv_offloads: Some(Sum(state.offloads)),
-            restored_tokens: Some(Sum(state.restored_tokens)),
+            kv_host_peak_bytes: Some(Max(kv.host_peak_bytes as u64)),
+            kv_offloads: Some(Sum(kv.offloads)),
+            restored_tokens: Some(Sum(kv.restored_tokens)),
             speculative_tokens: Some(Sum(ahead.tokens)),
             speculative_questions: Some(Sum(ahead.questions)),
             speculative_unused: Some(Sum(ahead.unused() as u64)),
-            kv_restored_bytes: Some(Sum(state.restored_bytes)),
-            kv_offloaded_bytes: Some(Sum(state.offloaded_bytes)),
+            kv_restored_bytes: Some(Sum(kv.restored_bytes)),
+            kv_offloaded_bytes: Some(Sum(kv.offloaded_bytes)),
             kv_transfer_seconds: transfer,
             kv_budget_bytes: Some(Config(self.config.kv_budget_bytes as u64)),
             batch_tokens: Some(Config(self.config.batch_tokens as u64)),
@@ -1680,5 +1308,160 @@ mod tests {
         assert_eq!(ask(reused.as_ref(), &second), alone);
         // And back: the first dataset's texts are still told apart.
         assert_eq!(ask(reused.as_ref(), &first), before);
+    }
+
+    /// A simulation answering from prompt hashes, one byte of KV per position.
+    fn simulation(
+        kv_budget_bytes: usize,
+        host_kv_budget_bytes: usize,
+    ) -> ScheduledBackend<SimExecutor> {
+        let answers: Arc<dyn InferenceBackend> =
+            Arc::new(crate::backend::ContentHashBackend::default());
+        ScheduledBackend::new(
+            SimExecutor::answering(answers, 1, QWEN3_4B_MAX_POSITIONS),
+            Tokenizer::vendored().unwrap(),
+            SchedulerConfig {
+                kv_budget_bytes,
+                host_kv_budget_bytes,
+                ..SchedulerConfig::default()
+            },
+        )
+    }
+
+    /// Long documents (past the stub a dropped document keeps), all different.
+    fn long_docs(n: usize) -> Vec<(String, String)> {
+        (0..n)
+            .map(|i| {
+                let words: Vec<String> = (0..120).map(|w| format!("w{}", w * 7 + i)).collect();
+                (format!("rv{i}"), words.join(" "))
+            })
+            .collect()
+    }
+
+    fn requests(docs: &[(String, String)]) -> Vec<AiRequest<'_>> {
+        docs.iter()
+            .map(|(id, text)| AiRequest {
+                anchor: Doc { id, text },
+                partner: None,
+            })
+            .collect()
+    }
+
+    fn measured(backend: &dyn InferenceBackend, key: &str) -> u64 {
+        backend.measurements().to_json()[key].as_u64().unwrap()
+    }
+
+    /// Asks `call` about each document in a call of its own, twice over;
+    /// returns the answers.
+    fn ask_each_twice(
+        backend: &dyn InferenceBackend,
+        call: &AiCall,
+        docs: &[(String, String)],
+    ) -> Vec<Answer> {
+        let all = requests(docs);
+        let mut answers = Vec::new();
+        for _ in 0..2 {
+            for r in &all {
+                answers.extend(backend.answer(call, std::slice::from_ref(r)).unwrap());
+            }
+        }
+        answers
+    }
+
+    #[test]
+    fn a_document_asked_again_reuses_its_kv() {
+        let backend = simulation(1 << 30, 0);
+        let call = test_call(AiKind::Filter, "Is the review {0} positive?", &[]);
+        backend.start_query(std::slice::from_ref(&call));
+        let docs = long_docs(4);
+        let asked = requests(&docs);
+        let first = InferenceBackend::answer(&backend, &call, &asked).unwrap();
+        let fresh = measured(&backend, "fresh_tokens");
+        assert!(fresh > 4 * 120);
+        assert_eq!(
+            InferenceBackend::answer(&backend, &call, &asked).unwrap(),
+            first
+        );
+        assert_eq!(measured(&backend, "fresh_tokens"), fresh);
+        // The answers are the answering backend's: caching changes no answer.
+        let direct = crate::backend::ContentHashBackend::default();
+        assert_eq!(first, direct.answer(&call, &asked).unwrap());
+    }
+
+    #[test]
+    fn a_small_budget_evicts_or_offloads_and_changes_no_answer() {
+        let call = test_call(AiKind::Filter, "Is the review {0} positive?", &[]);
+        let docs = long_docs(6);
+        let run = |device: usize, host: usize| {
+            let backend = simulation(device, host);
+            backend.start_query(std::slice::from_ref(&call));
+            let answers = ask_each_twice(&backend, &call, &docs);
+            let counts = [
+                "kv_evictions",
+                "kv_offloads",
+                "restored_tokens",
+                "fresh_tokens",
+            ]
+            .map(|k| measured(&backend, k));
+            (answers, counts, backend)
+        };
+        let (roomy, [evicted, offloaded, _, fresh], _) = run(1 << 30, 0);
+        assert_eq!((evicted, offloaded), (0, 0));
+        // Room for about two documents (483 positions each with the question):
+        // the second pass computes them again.
+        let (tight, [evicted, offloaded, restored, tight_fresh], backend) = run(1000, 0);
+        assert_eq!(tight, roomy);
+        assert!(evicted > 0 && offloaded == 0 && restored == 0);
+        assert!(tight_fresh > fresh);
+        assert!(measured(&backend, "kv_peak_bytes") > 1000);
+        // A host tier for all of them: moved, then copied back, never recomputed.
+        let (hosted, [evicted, offloaded, restored, hosted_fresh], backend) = run(1000, 1 << 20);
+        assert_eq!(hosted, roomy);
+        assert!(evicted == 0 && offloaded > 0 && restored > 0);
+        assert_eq!(hosted_fresh, fresh);
+        // A new query starts from nothing, counters included.
+        backend.start_query(std::slice::from_ref(&call));
+        for key in [
+            "kv_offloads",
+            "restored_tokens",
+            "fresh_tokens",
+            "kv_peak_bytes",
+        ] {
+            assert_eq!(measured(&backend, key), 0, "{key}");
+        }
+    }
+
+    #[test]
+    fn documents_of_tables_no_later_operator_reads_are_dropped() {
+        let backend = simulation(1 << 30, 0);
+        let first = test_call(AiKind::Filter, "Is the review {0} positive?", &[]);
+        let mut second = test_call(AiKind::Filter, "Is the plot {0} dull?", &[]);
+        second.op_id = "op-2".into();
+        second.tables = vec!["u".into()];
+        backend.start_query(&[first.clone(), second.clone()]);
+        let docs = long_docs(2);
+        InferenceBackend::answer(&backend, &first, &requests(&docs)).unwrap();
+        InferenceBackend::answer(&backend, &second, &requests(&docs[..1])).unwrap();
+        let state = backend.state.lock().unwrap();
+        let tables: HashSet<&str> = state
+            .tiers
+            .doc_nodes
+            .keys()
+            .map(|k| k.table.as_str())
+            .collect();
+        assert_eq!(tables, HashSet::from(["u"]));
+    }
+
+    #[test]
+    fn batches_are_cut_at_the_token_budget_and_an_oversize_item_goes_alone() {
+        let sizes = [3, 4, 10, 2, 2, 1];
+        let chunks = chunk_by_tokens(&sizes, 8, |&t| t);
+        assert_eq!(chunks, [&[3, 4][..], &[10], &[2, 2, 1]]);
+        let mut answers = vec![Answer::Bool(true)];
+        unreached_after(&mut answers, 3);
+        assert_eq!(
+            answers,
+            [Answer::Bool(true), Answer::Unreached, Answer::Unreached]
+        );
     }
 }
