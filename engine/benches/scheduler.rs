@@ -51,8 +51,8 @@ impl InferenceBackend for PatternAnswers {
             .map(|r| {
                 let i = number(r.anchor.id);
                 Answer::Bool(match (k, r.partner) {
-                    (_, Some(p)) => (i + number(p.id)) % 4 == 0,
-                    (Some(k), None) => (i + k) % 3 != 0,
+                    (_, Some(p)) => (i + number(p.id)).is_multiple_of(4),
+                    (Some(k), None) => !(i + k).is_multiple_of(3),
                     (None, None) => false,
                 })
             })

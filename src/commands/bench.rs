@@ -234,7 +234,7 @@ fn estimate_only(
         let estimating = estimator.backend(backend.clone())?;
         let estimate = rt
             .block_on(aisql_bench::quailb::query::estimate_query(
-                &estimator,
+                estimator,
                 estimating,
                 plan,
                 &dataset.tables,

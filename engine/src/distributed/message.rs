@@ -170,7 +170,7 @@ pub enum WorkerReply {
     /// To [`WorkerMessage::Answer`]: typed answers, in request order.
     Answered(Vec<Answer>),
     /// To [`WorkerMessage::Measurements`].
-    Measurements(crate::work::Work),
+    Measurements(Box<crate::work::Work>),
     /// The worker's backend failed; its error, as text.
     Failed(String),
 }

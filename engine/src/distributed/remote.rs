@@ -591,7 +591,7 @@ impl InferenceBackend for RemoteWorker {
             return Default::default();
         }
         match self.call(WorkerMessage::Measurements) {
-            Ok(WorkerReply::Measurements(m)) => m,
+            Ok(WorkerReply::Measurements(m)) => *m,
             Ok(other) => {
                 log::warn!("{}", unexpected(&self.url, "measurements", &other));
                 Default::default()

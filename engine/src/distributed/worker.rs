@@ -336,7 +336,9 @@ fn answer_in_turn(backend: &dyn InferenceBackend, message: WorkerMessage) -> Res
             check_call(&call, Some(&requests))?;
             backend.answer(&call, &requests).map(WorkerReply::Answered)
         }
-        WorkerMessage::Measurements => Ok(WorkerReply::Measurements(backend.measurements())),
+        WorkerMessage::Measurements => {
+            Ok(WorkerReply::Measurements(Box::new(backend.measurements())))
+        }
         WorkerMessage::WaitStopped => {
             backend.wait_stopped();
             Ok(WorkerReply::Done)

@@ -1143,11 +1143,14 @@ mod tests {
     struct Counting {
         answers: ContentHashBackend,
         calls: AtomicUsize,
-        gate: Option<(
-            std::sync::Mutex<mpsc::Sender<()>>,
-            std::sync::Mutex<mpsc::Receiver<()>>,
-        )>,
+        gate: Option<Gate>,
     }
+
+    /// Where a call says it started, and what it waits on.
+    type Gate = (
+        std::sync::Mutex<mpsc::Sender<()>>,
+        std::sync::Mutex<mpsc::Receiver<()>>,
+    );
 
     impl Counting {
         fn calls(&self) -> usize {
