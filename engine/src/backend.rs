@@ -548,6 +548,17 @@ pub(crate) fn test_call(kind: AiKind, template: &str, labels: &[&str]) -> AiCall
     }
 }
 
+/// One request per `(id, text)` document, no partner: the batch a test asks.
+#[cfg(test)]
+pub(crate) fn test_requests(docs: &[(String, String)]) -> Vec<AiRequest<'_>> {
+    docs.iter()
+        .map(|(id, text)| AiRequest {
+            anchor: Doc { id, text },
+            partner: None,
+        })
+        .collect()
+}
+
 /// A backend with no answers: every question is a [`EngineError::Labels`]
 /// error, as an oracle without reference labels gives. For tests that plan,
 /// or run queries that ask nothing.

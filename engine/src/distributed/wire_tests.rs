@@ -20,7 +20,7 @@ use super::worker::answer;
 use super::*;
 use crate::answer_cache::AnswerIdentity;
 use crate::backend::{
-    AiCall, AiKind, AiRequest, Answer, AskTyped, Doc, InferenceBackend, test_call,
+    AiCall, AiKind, AiRequest, Answer, AskTyped, InferenceBackend, test_call, test_requests,
 };
 use crate::error::{EngineError, Result};
 
@@ -83,15 +83,6 @@ fn texts(n: usize, salt: usize) -> Vec<(String, String)> {
         .collect()
 }
 
-fn requests(docs: &[(String, String)]) -> Vec<AiRequest<'_>> {
-    docs.iter()
-        .map(|(id, text)| AiRequest {
-            anchor: Doc { id, text },
-            partner: None,
-        })
-        .collect()
-}
-
 fn by_length(docs: &[(String, String)]) -> Vec<bool> {
     docs.iter().map(|(_, t)| t.len() % 2 == 0).collect()
 }
@@ -123,7 +114,7 @@ fn two_coordinators_queries_take_turns_and_cancel_only_their_own() {
         Default::default(),
     ));
     let docs = texts(4, 0);
-    let wire = WireRequests::new(&requests(&docs));
+    let wire = WireRequests::new(&test_requests(&docs));
     let decide = |q, op: &str| {
         answer(
             &served,
@@ -205,7 +196,7 @@ fn a_silent_query_loses_the_worker_after_the_idle_timeout() {
     );
     assert!(started.elapsed() >= Duration::from_millis(150));
     let docs = texts(2, 1);
-    let wire = WireRequests::new(&requests(&docs));
+    let wire = WireRequests::new(&test_requests(&docs));
     let late = answer(&served, task(1, WorkerMessage::Answer(filter("a"), wire)));
     assert!(failed(&late).contains("not the query"));
 }
@@ -279,7 +270,7 @@ fn two_coordinators_at_once_on_one_worker_each_get_their_own_answers() {
                 for batch in 0..4 {
                     let docs = texts(5 + batch, salt + batch);
                     let got = worker
-                        .decide(&filter(&op), &requests(&docs))
+                        .decide(&filter(&op), &test_requests(&docs))
                         .map_err(|e| e.to_string())?;
                     if got != by_length(&docs) {
                         return Err(format!("{op}: wrong answers"));
@@ -320,7 +311,7 @@ fn a_worker_with_a_token_refuses_calls_without_it() {
     worker.start_query(&[filter("a")]);
     let docs = texts(3, 2);
     assert_eq!(
-        worker.decide(&filter("a"), &requests(&docs)).unwrap(),
+        worker.decide(&filter("a"), &test_requests(&docs)).unwrap(),
         by_length(&docs)
     );
 }
@@ -432,7 +423,7 @@ fn file_scans_and_sinks_sent_to_a_worker_are_refused_reading_and_writing_nothing
     worker.start_query(&[filter("a")]);
     let docs = texts(2, 3);
     assert_eq!(
-        worker.decide(&filter("a"), &requests(&docs)).unwrap(),
+        worker.decide(&filter("a"), &test_requests(&docs)).unwrap(),
         by_length(&docs)
     );
 }
@@ -575,7 +566,7 @@ fn crafted_requests_are_refused_before_the_service_and_the_worker_keeps_serving(
     worker.start_query(&[filter("a")]);
     let docs = texts(2, 4);
     assert_eq!(
-        worker.decide(&filter("a"), &requests(&docs)).unwrap(),
+        worker.decide(&filter("a"), &test_requests(&docs)).unwrap(),
         by_length(&docs)
     );
 }
@@ -658,13 +649,13 @@ fn worker_decoding_never_panics_on_random_or_mutated_bytes() {
     let seeds: Vec<Vec<u8>> = vec![
         encode(&task(
             7,
-            WorkerMessage::Answer(filter("a"), WireRequests::new(&requests(&docs))),
+            WorkerMessage::Answer(filter("a"), WireRequests::new(&test_requests(&docs))),
         )),
         encode(&task(
             7,
             WorkerMessage::Answer(
                 test_call(AiKind::Classify, "Which is {0}?", &["x", "y"]),
-                WireRequests::new(&requests(&docs)),
+                WireRequests::new(&test_requests(&docs)),
             ),
         )),
         encode(&task(7, WorkerMessage::StartQuery(vec![filter("a")]))),
@@ -763,7 +754,7 @@ fn a_tls_worker_is_reached_over_https_with_its_ca_and_token_only() {
     worker.start_query(&[filter("a")]);
     let docs = texts(4, 6);
     assert_eq!(
-        worker.decide(&filter("a"), &requests(&docs)).unwrap(),
+        worker.decide(&filter("a"), &test_requests(&docs)).unwrap(),
         by_length(&docs)
     );
     let err = with(&https, Some("t0ken"), None).err().unwrap().to_string();
@@ -804,7 +795,7 @@ fn coordinators_listing_shared_workers_in_other_orders_do_not_wait_on_each_other
                 sharded.start_query(&[filter(&op)]);
                 let docs = texts(6, round);
                 let got = sharded
-                    .decide(&filter(&op), &requests(&docs))
+                    .decide(&filter(&op), &test_requests(&docs))
                     .map_err(|e| e.to_string())?;
                 if got != by_length(&docs) {
                     return Err(format!("{op}: wrong answers"));
@@ -901,7 +892,7 @@ fn keep_alive_lets_a_long_batch_finish_and_a_worker_that_stops_answering_fails_t
     let server = start(Arc::new(Slow(Duration::from_millis(1500))), None);
     let relay = Relay::start(server.addr());
     let docs = texts(3, 1);
-    let ask = |worker: &RemoteWorker| worker.decide(&filter("a"), &requests(&docs));
+    let ask = |worker: &RemoteWorker| worker.decide(&filter("a"), &test_requests(&docs));
 
     // Pings every 100 ms, each answered within 300 ms while the worker's model
     // spends 1.5 s on the batch.

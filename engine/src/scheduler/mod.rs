@@ -1248,7 +1248,7 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{AiKind, AiRequest, Doc, test_call};
+    use crate::backend::{AiKind, test_call, test_requests};
 
     fn tiny_backend() -> Arc<ScheduledBackend<ModelExecutor>> {
         let spec = ModelSpec {
@@ -1279,15 +1279,8 @@ mod tests {
     fn ask(backend: &dyn InferenceBackend, docs: &[(String, String)]) -> (Vec<bool>, usize) {
         let call = test_call(AiKind::Filter, "Is the review {0} positive?", &[]);
         backend.start_query(std::slice::from_ref(&call));
-        let requests: Vec<AiRequest<'_>> = docs
-            .iter()
-            .map(|(id, text)| AiRequest {
-                anchor: Doc { id, text },
-                partner: None,
-            })
-            .collect();
         let answers: Vec<bool> = backend
-            .answer(&call, &requests)
+            .answer(&call, &test_requests(docs))
             .unwrap()
             .iter()
             .map(|a| a.as_bool().unwrap())
@@ -1338,15 +1331,6 @@ mod tests {
             .collect()
     }
 
-    fn requests(docs: &[(String, String)]) -> Vec<AiRequest<'_>> {
-        docs.iter()
-            .map(|(id, text)| AiRequest {
-                anchor: Doc { id, text },
-                partner: None,
-            })
-            .collect()
-    }
-
     fn measured(backend: &dyn InferenceBackend, key: &str) -> u64 {
         backend.measurements().to_json()[key].as_u64().unwrap()
     }
@@ -1358,7 +1342,7 @@ mod tests {
         call: &AiCall,
         docs: &[(String, String)],
     ) -> Vec<Answer> {
-        let all = requests(docs);
+        let all = test_requests(docs);
         let mut answers = Vec::new();
         for _ in 0..2 {
             for r in &all {
@@ -1374,7 +1358,7 @@ mod tests {
         let call = test_call(AiKind::Filter, "Is the review {0} positive?", &[]);
         backend.start_query(std::slice::from_ref(&call));
         let docs = long_docs(4);
-        let asked = requests(&docs);
+        let asked = test_requests(&docs);
         let first = InferenceBackend::answer(&backend, &call, &asked).unwrap();
         let fresh = measured(&backend, "fresh_tokens");
         assert!(fresh > 4 * 120);
@@ -1440,8 +1424,8 @@ mod tests {
         second.tables = vec!["u".into()];
         backend.start_query(&[first.clone(), second.clone()]);
         let docs = long_docs(2);
-        InferenceBackend::answer(&backend, &first, &requests(&docs)).unwrap();
-        InferenceBackend::answer(&backend, &second, &requests(&docs[..1])).unwrap();
+        InferenceBackend::answer(&backend, &first, &test_requests(&docs)).unwrap();
+        InferenceBackend::answer(&backend, &second, &test_requests(&docs[..1])).unwrap();
         let state = backend.state.lock().unwrap();
         let tables: HashSet<&str> = state
             .tiers
