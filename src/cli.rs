@@ -227,7 +227,7 @@ pub struct BackendArgs {
     /// 30 s, by HTTP/2 keep-alive; this bounds a worker that answers those but
     /// never its work.
     #[arg(long, value_name = "SECONDS", requires = "workers",
-          default_value_t = aisql_engine::distributed::DEFAULT_CALL_TIMEOUT.as_secs(),
+          default_value_t = aisql_engine::inference::distributed::DEFAULT_CALL_TIMEOUT.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..))]
     pub worker_timeout_s: u64,
     /// Reuse document KV across questions, partners and rows (off: every prompt from scratch).
@@ -257,7 +257,7 @@ pub struct BackendArgs {
     /// Memory DataFusion's operators may hold per query (AI-join partner sides,
     /// hash tables, sorts, result rows), e.g. 8G or 512M; default half of the
     /// host's memory. Past it the query fails naming the operators that hold most.
-    #[arg(long, value_name = "SIZE", value_parser = aisql_engine::host_memory::parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = aisql_engine::limits::host_memory::parse_size)]
     pub memory_limit: Option<usize>,
     /// Prompt layout: raw-v1 (reference) or qwen3-chat-nonthinking-v1.
     #[arg(long, default_value = "raw-v1")]
@@ -281,10 +281,10 @@ impl BackendArgs {
         (self.backend == BackendKind::Model).then(|| self.model.name.clone())
     }
 
-    /// `--memory-limit`, else [`aisql_engine::host_memory::default_memory_limit`].
+    /// `--memory-limit`, else [`aisql_engine::limits::host_memory::default_memory_limit`].
     pub fn memory_limit(&self) -> usize {
         self.memory_limit
-            .unwrap_or_else(aisql_engine::host_memory::default_memory_limit)
+            .unwrap_or_else(aisql_engine::limits::host_memory::default_memory_limit)
     }
 }
 
@@ -432,8 +432,8 @@ pub enum ProgressArg {
 
 impl CostArgs {
     /// How the AI operators' progress shows.
-    pub fn progress_mode(&self) -> aisql_engine::progress::ProgressMode {
-        use aisql_engine::progress::ProgressMode;
+    pub fn progress_mode(&self) -> aisql_engine::exec::progress::ProgressMode {
+        use aisql_engine::exec::progress::ProgressMode;
         match self.progress {
             ProgressArg::Auto => ProgressMode::Terminal,
             ProgressArg::Json => ProgressMode::Json,

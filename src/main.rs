@@ -7,10 +7,10 @@ use aisql::{cli, commands};
 use clap::Parser;
 
 /// Every allocation is counted, so a query's memory bound sees the heap its
-/// operators never reserve (`aisql_engine::memory_guard`).
+/// operators never reserve (`aisql_engine::limits::memory_guard`).
 #[global_allocator]
-static ALLOC: aisql_engine::alloc_meter::MeteredAlloc =
-    aisql_engine::alloc_meter::MeteredAlloc::new();
+static ALLOC: aisql_engine::limits::alloc_meter::MeteredAlloc =
+    aisql_engine::limits::alloc_meter::MeteredAlloc::new();
 
 fn main() -> ExitCode {
     let args = cli::Cli::parse();

@@ -14,7 +14,7 @@ use std::time::Duration;
 use aisql_bench::quailb::labels::{LabelSet, LabelStore};
 use aisql_bench::quailb::oracle::OracleBackend;
 use aisql_bench::quailb::plan::QueryPlan;
-use aisql_engine::options::QueryOptions;
+use aisql_engine::sql::options::QueryOptions;
 use assert_cmd::Command;
 use common::*;
 use predicates::prelude::*;
@@ -128,7 +128,7 @@ fn missing_or_malformed_tables_are_named() {
         let ids: ArrayRef = Arc::new(StringArray::from(ids.clone()));
         let body: ArrayRef = Arc::new(StringArray::from(vec!["text"; ids.len()]));
         let batch = RecordBatch::try_from_iter([("id", ids), ("body", body)]).unwrap();
-        aisql_engine::files::write_parquet(&reviews, &batch).unwrap();
+        aisql_engine::data::files::write_parquet(&reviews, &batch).unwrap();
     };
     write(vec![]);
     query_fails(&plan, &tables, "table reviews");

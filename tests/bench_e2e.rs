@@ -138,7 +138,7 @@ fn oracle_bench_over_all_43_queries_is_good_and_reproducible() {
     }
 
     // measurements.parquet: one row per complete query, the documented columns.
-    let batch = aisql_engine::files::read_parquet(&run.join("measurements.parquet")).unwrap();
+    let batch = aisql_engine::data::files::read_parquet(&run.join("measurements.parquet")).unwrap();
     assert_eq!(batch.num_rows(), 43);
     let names: Vec<String> = batch
         .schema()
@@ -623,7 +623,7 @@ fn a_result_that_would_not_fit_the_disk_is_kept_as_a_count_and_hash() {
             .arg("--output-dir")
             .arg(dir);
         if let Some(r) = reserve {
-            c.env(aisql_engine::row_sink::DISK_RESERVE_ENV, r);
+            c.env(aisql_engine::data::row_sink::DISK_RESERVE_ENV, r);
         }
         c.assert()
     };
@@ -643,8 +643,9 @@ fn a_result_that_would_not_fit_the_disk_is_kept_as_a_count_and_hash() {
         let summary = read_json(&summarised.join(id).join("rows.summary.json"));
         assert_eq!(files["rows_summary"], summary, "{id}");
         // The hash is the one of the rows a run with room saved.
-        let rows = aisql_engine::files::read_parquet(&saved.join(id).join("rows.parquet")).unwrap();
-        let mut digest = aisql_engine::row_digest::RowsDigest::default();
+        let rows =
+            aisql_engine::data::files::read_parquet(&saved.join(id).join("rows.parquet")).unwrap();
+        let mut digest = aisql_engine::data::row_digest::RowsDigest::default();
         digest.add_batch(&rows).unwrap();
         assert_eq!(summary["rows"], digest.rows(), "{id}");
         assert_eq!(summary["rows_hash"], digest.hash_hex(), "{id}");

@@ -15,7 +15,7 @@ use aisql_bench::metrics::{Reason, Verdict};
 use aisql_bench::plans::PlanSource;
 use aisql_bench::quailb::oracle::OracleBackend;
 use aisql_bench::run_file::{RunFile, RunStatus};
-use aisql_engine::backend::{AiCall, AiRequest, Answer, InferenceBackend};
+use aisql_engine::inference::backend::{AiCall, AiRequest, Answer, InferenceBackend};
 
 /// The oracle, counting queries started and sleeping once in its first answer when asked.
 struct TestBackend {
@@ -54,7 +54,7 @@ impl InferenceBackend for TestBackend {
         self.nap();
         self.oracle.answer(call, requests)
     }
-    fn start_query(&self, _operators: &[aisql_engine::backend::AiCall]) {
+    fn start_query(&self, _operators: &[aisql_engine::inference::backend::AiCall]) {
         self.started.fetch_add(1, Ordering::SeqCst);
     }
 }
@@ -71,9 +71,9 @@ fn options(dir: &Path, resume: bool, timeout: Option<Duration>, fail_fast: bool)
         plans: PlanSource::Embedded.describe(),
         user_metadata: serde_json::Map::new(),
         format: Default::default(),
-        progress: aisql_engine::progress::ProgressMode::Hidden,
+        progress: aisql_engine::exec::progress::ProgressMode::Hidden,
         batch_rows: 256,
-        memory_limit: aisql_engine::host_memory::default_memory_limit(),
+        memory_limit: aisql_engine::limits::host_memory::default_memory_limit(),
         budget: None,
         on_row_error: Default::default(),
         estimator: None,
@@ -184,8 +184,8 @@ async fn resume_after_a_crash_does_nothing_twice_and_loses_nothing() {
     assert_eq!(resumed.metadata["resumed"], 1);
 
     // A crafted output: IMDB-1 returns nothing → bad, EMPTY_RESULT after `report`.
-    let rows = aisql_engine::files::read_parquet(&dir.join("IMDB-1/rows.parquet")).unwrap();
-    aisql_engine::files::write_parquet(&dir.join("IMDB-1/rows.parquet"), &rows.slice(0, 0))
+    let rows = aisql_engine::data::files::read_parquet(&dir.join("IMDB-1/rows.parquet")).unwrap();
+    aisql_engine::data::files::write_parquet(&dir.join("IMDB-1/rows.parquet"), &rows.slice(0, 0))
         .unwrap();
     // Not what the run wrote: refused, naming the file.
     let e = rescore(&dir, &dataset).unwrap_err().to_string();
@@ -252,7 +252,7 @@ async fn a_query_over_its_timeout_is_recorded_and_the_run_goes_on() {
     let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(report.contains("## Errors") && report.contains("- IMDB-1: TimeoutError"));
     assert!(report.contains("Status: failed"));
-    let m = aisql_engine::files::read_parquet(&dir.join("measurements.parquet")).unwrap();
+    let m = aisql_engine::data::files::read_parquet(&dir.join("measurements.parquet")).unwrap();
     assert_eq!(m.num_rows(), 2);
 
     // With fail-fast the run stops at the timeout; the rest stay pending.
@@ -404,7 +404,7 @@ async fn a_failed_row_is_listed_in_run_json_or_fails_its_query() {
     };
     let dir = tmp.path().join("null");
     let opts = BenchOptions {
-        on_row_error: aisql_engine::coverage::OnRowError::Null { max_ratio: 1.0 },
+        on_row_error: aisql_engine::exec::coverage::OnRowError::Null { max_ratio: 1.0 },
         ..options(&dir, false, None, false)
     };
     let run = run_bench(&opts, &dataset, backend(), queries(&["IMDB-1"]))

@@ -158,7 +158,7 @@ fn sigkill_at_ten_moments_then_resume_gives_the_uninterrupted_result() {
         };
         let temp_files = walk_names(&run)
             .iter()
-            .filter(|n| aisql_engine::files::is_temp_name(n))
+            .filter(|n| aisql_engine::data::files::is_temp_name(n))
             .count();
         // Finish: resume when run.json exists, else start again in the same folder.
         for _ in 0..3 {
@@ -193,14 +193,14 @@ fn sigkill_at_ten_moments_then_resume_gives_the_uninterrupted_result() {
     {
         let run = tmp.path().join(format!("mid-write-{k}"));
         let mut child = bench(&root, &cache, &run, false)
-            .env(aisql_engine::files::SLOW_PUBLISH_ENV, "300")
+            .env(aisql_engine::data::files::SLOW_PUBLISH_ENV, "300")
             .spawn()
             .unwrap();
         let t0 = Instant::now();
         let caught = loop {
             let half_done = walk_names(&run)
                 .into_iter()
-                .find(|n| aisql_engine::files::is_temp_name(n) && n.contains(kind));
+                .find(|n| aisql_engine::data::files::is_temp_name(n) && n.contains(kind));
             if half_done.is_some() || t0.elapsed() > full * 20 {
                 break half_done;
             }

@@ -181,7 +181,7 @@ fn a_damaged_cache_entry_is_rebuilt_not_used() {
         "{err}"
     );
     let rows = |name: &str| {
-        aisql_engine::files::read_parquet(&tmp.path().join(name).join("IMDB-1/rows.parquet"))
+        aisql_engine::data::files::read_parquet(&tmp.path().join(name).join("IMDB-1/rows.parquet"))
             .unwrap()
     };
     assert_eq!(rows("first"), rows("second"));

@@ -15,8 +15,8 @@ use aisql_bench::quailb::labels::LabelStore;
 use aisql_bench::quailb::oracle::OracleBackend;
 use aisql_bench::quailb::plan::QueryPlan;
 use aisql_bench::quailb::query::QueryOutput;
-use aisql_engine::options::QueryOptions;
-use aisql_engine::scheduler::{SchedulerConfig, simulation_backend};
+use aisql_engine::inference::scheduler::{SchedulerConfig, simulation_backend};
+use aisql_engine::sql::options::QueryOptions;
 use common::*;
 
 /// Simulated KV bytes per position: small, so the tiny corpus outgrows budgets.
@@ -125,7 +125,9 @@ async fn a_host_tier_or_lookahead_keeps_imdb_9_and_10_at_the_minimum_under_small
             let seconds = with.measurements.kv_transfer_seconds.unwrap().0;
             assert!(moved > 0, "{id}");
             assert!(
-                (seconds - moved as f64 / aisql_engine::scheduler::SIMULATED_LINK_BYTES_PER_SECOND)
+                (seconds
+                    - moved as f64
+                        / aisql_engine::inference::scheduler::SIMULATED_LINK_BYTES_PER_SECOND)
                     .abs()
                     < 1e-12,
                 "{id}: {seconds} s for {moved} bytes"
@@ -213,7 +215,7 @@ async fn agent_snapshots_keep_the_minimum_when_both_tiers_are_small() {
 /// unbounded cache.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_model_restores_offloaded_kv_and_answers_the_same() {
-    use aisql_engine::scheduler::{ModelSpec, load_model_backend};
+    use aisql_engine::inference::scheduler::{ModelSpec, load_model_backend};
     let dir = tempfile::tempdir().unwrap();
     let corpus = TinyCorpus::write(dir.path());
     let plan = QueryPlan::from_file(&plans_dir().join("IMDB-9.json")).unwrap();

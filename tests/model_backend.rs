@@ -17,13 +17,13 @@ use aisql_bench::quailb::labels::{LabelSet, LabelStore, LabelValue, PredicateInf
 use aisql_bench::quailb::oracle::OracleBackend;
 use aisql_bench::quailb::plan::{Operator, QueryPlan};
 use aisql_bench::quailb::query::{QueryOutput, run_query};
-use aisql_engine::answers::AnswerTable;
-use aisql_engine::backend::{AiKind, InferenceBackend};
-use aisql_engine::options::QueryOptions;
-use aisql_engine::prompt::PromptFormat;
-use aisql_engine::scheduler::{
+use aisql_engine::exec::answers::AnswerTable;
+use aisql_engine::inference::backend::{AiKind, InferenceBackend};
+use aisql_engine::inference::prompt::PromptFormat;
+use aisql_engine::inference::scheduler::{
     Executor, ModelSpec, SchedulerConfig, load_model_backend, simulation_backend,
 };
+use aisql_engine::sql::options::QueryOptions;
 use aisql_models::Tokenizer;
 use datafusion::arrow::array::AsArray;
 
@@ -48,7 +48,7 @@ fn config(prefix_cache: bool) -> SchedulerConfig {
 
 /// Document texts of a table: id -> text of `column`.
 fn texts(path: &Path, column: &str) -> HashMap<String, String> {
-    let batch = aisql_engine::files::read_parquet(path).unwrap();
+    let batch = aisql_engine::data::files::read_parquet(path).unwrap();
     let ids = batch
         .column_by_name("id")
         .unwrap()

@@ -8,8 +8,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use aisql_bench::quailb::oracle::OracleBackend;
-use aisql_engine::backend::AiKind;
-use aisql_engine::options::QueryOptions;
+use aisql_engine::inference::backend::AiKind;
+use aisql_engine::sql::options::QueryOptions;
 use common::*;
 
 #[tokio::test]

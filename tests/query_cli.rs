@@ -174,8 +174,8 @@ fn output_dir_streams_every_row_while_printing_the_limit() {
     let (_, whole) = run(&["--output", all.to_str().unwrap()]);
     let dir = tmp.path().join("out");
     let (printed, streamed) = run(&["--limit", "3", "--output-dir", dir.to_str().unwrap()]);
-    let want = aisql_engine::files::read_parquet(&all).unwrap();
-    let got = aisql_engine::files::read_parquet(&dir.join("rows.parquet")).unwrap();
+    let want = aisql_engine::data::files::read_parquet(&all).unwrap();
+    let got = aisql_engine::data::files::read_parquet(&dir.join("rows.parquet")).unwrap();
     assert!(
         want.num_rows() > 3,
         "IMDB-2 at sf 0.01 has {} rows",
@@ -243,7 +243,7 @@ fn a_query_past_its_timeout_keeps_the_rows_it_streamed_whole() {
     assert!(started.elapsed() < Duration::from_secs(300));
     let printed: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
-    let rows = aisql_engine::files::read_parquet(&dir.join("rows.parquet")).unwrap();
+    let rows = aisql_engine::data::files::read_parquet(&dir.join("rows.parquet")).unwrap();
     assert_eq!(rows.num_rows(), printed.len());
     let kept = match printed.len() {
         1 => "1 row".to_string(),

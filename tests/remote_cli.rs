@@ -370,7 +370,8 @@ fn token_and_tls_workers_serve_only_coordinators_that_have_them() {
     drop(w);
 
     // TLS with the test CA's certificate for 127.0.0.1.
-    let tls = Path::new(env!("CARGO_MANIFEST_DIR")).join("engine/src/distributed/testdata");
+    let tls =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("engine/src/inference/distributed/testdata");
     let file = |name: &str| tls.join(name).to_str().unwrap().to_string();
     let (cert, key, ca) = (
         file("worker-cert.pem"),

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use aisql_engine::backend::{AiCall, AiRequest, Answer, InferenceBackend};
-use aisql_engine::options::QueryOptions;
+use aisql_engine::inference::backend::{AiCall, AiRequest, Answer, InferenceBackend};
+use aisql_engine::sql::options::QueryOptions;
 use assert_cmd::Command;
 use common::{Fails, collect_query};
 use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray};

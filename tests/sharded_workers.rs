@@ -17,12 +17,12 @@ use std::sync::Arc;
 
 use aisql_bench::quailb::oracle::OracleBackend;
 use aisql_bench::quailb::plan::QueryPlan;
-use aisql_engine::answer_cache::AnswerIdentity;
-use aisql_engine::backend::InferenceBackend;
-use aisql_engine::distributed::{LoopbackWorker, ServedModel, connect_workers};
-use aisql_engine::options::QueryOptions;
-use aisql_engine::scheduler::{SchedulerConfig, simulation_backend};
-use aisql_engine::shard::ShardedBackend;
+use aisql_engine::inference::answer_cache::AnswerIdentity;
+use aisql_engine::inference::backend::InferenceBackend;
+use aisql_engine::inference::distributed::{LoopbackWorker, ServedModel, connect_workers};
+use aisql_engine::inference::scheduler::{SchedulerConfig, simulation_backend};
+use aisql_engine::inference::shard::ShardedBackend;
+use aisql_engine::sql::options::QueryOptions;
 use common::*;
 
 const WORKERS: usize = 3;
@@ -149,7 +149,7 @@ async fn all_43_plans_on_three_simulated_workers_in_process_and_over_the_wire_ma
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tiny_model_on_three_cpu_workers_in_process_and_over_the_wire_answers_as_one() {
-    use aisql_engine::scheduler::{ModelSpec, load_model_backend};
+    use aisql_engine::inference::scheduler::{ModelSpec, load_model_backend};
     let dir = tempfile::tempdir().unwrap();
     let corpus = TinyCorpus::write(dir.path());
     let options = QueryOptions {
@@ -299,6 +299,6 @@ async fn over_the_wire(
 /// The oracle over `store`, as a backend to simulate with.
 fn oracle(
     store: &Arc<aisql_bench::quailb::labels::LabelStore>,
-) -> Arc<dyn aisql_engine::backend::InferenceBackend> {
+) -> Arc<dyn aisql_engine::inference::backend::InferenceBackend> {
     Arc::new(OracleBackend::new(store.clone()))
 }

@@ -99,7 +99,7 @@ fn rows_are_printed_and_saved_in_each_format() {
             .success();
         assert!(out.is_file(), "{ext}");
     }
-    let saved = aisql_engine::files::read_parquet(&dir.path().join("rows.parquet")).unwrap();
+    let saved = aisql_engine::data::files::read_parquet(&dir.path().join("rows.parquet")).unwrap();
     assert_eq!(saved.num_rows(), ids.len());
     assert_eq!(
         std::fs::read_to_string(dir.path().join("rows.csv")).unwrap(),

@@ -18,8 +18,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use aisql_engine::backend::ContentHashBackend as ContentBackend;
-use aisql_engine::options::QueryOptions;
+use aisql_engine::inference::backend::ContentHashBackend as ContentBackend;
+use aisql_engine::sql::options::QueryOptions;
 use aisql_engine::sql::{Evaluation, SqlSession};
 use datafusion::arrow::array::RecordBatch;
 

@@ -9,10 +9,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use aisql_bench::quailb::oracle::OracleBackend;
-use aisql_engine::answers::AnswerTable;
-use aisql_engine::backend::InferenceBackend;
-use aisql_engine::options::QueryOptions;
-use aisql_engine::scheduler::{SchedulerConfig, simulation_backend};
+use aisql_engine::exec::answers::AnswerTable;
+use aisql_engine::inference::backend::InferenceBackend;
+use aisql_engine::inference::scheduler::{SchedulerConfig, simulation_backend};
+use aisql_engine::sql::options::QueryOptions;
 use aisql_engine::sql::{Evaluation, SqlSession};
 use common::*;
 

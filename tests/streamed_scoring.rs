@@ -17,7 +17,7 @@ use aisql_bench::reference::Reference;
 use aisql_bench::scoring::{
     Interner, Tuples, compare_rows, compare_saved_rows, label_columns, reference_rows,
 };
-use aisql_engine::files::write_parquet;
+use aisql_engine::data::files::write_parquet;
 use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 

@@ -9,8 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use aisql_engine::backend::ContentHashBackend;
-use aisql_engine::options::QueryOptions;
+use aisql_engine::inference::backend::ContentHashBackend;
+use aisql_engine::sql::options::QueryOptions;
 use aisql_engine::sql::{Evaluation, SqlSession, row_lines};
 
 fn dir() -> PathBuf {

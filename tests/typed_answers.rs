@@ -10,10 +10,12 @@
 
 use std::sync::Arc;
 
-use aisql_engine::ai_functions::{AiArgs, AiFunction};
-use aisql_engine::backend::{AiCall, AiRequest, Answer, Doc, InferenceBackend, require_answered};
-use aisql_engine::prompt::PromptFormat;
-use aisql_engine::scheduler::{
+use aisql_engine::exec::ai_functions::{AiArgs, AiFunction};
+use aisql_engine::inference::backend::{
+    AiCall, AiRequest, Answer, Doc, InferenceBackend, require_answered,
+};
+use aisql_engine::inference::prompt::PromptFormat;
+use aisql_engine::inference::scheduler::{
     ModelExecutor, ModelSpec, ScheduledBackend, SchedulerConfig, label_probabilities,
     load_model_backend, tiny_model_dir,
 };

@@ -27,7 +27,7 @@ fn bar_chart(
     let top = if max > 0.0 { max * 1.1 } else { 1.0 };
     let width = (160 + 22 * n as u32).max(480);
     // Drawn under a temporary name and renamed, like every output file.
-    let tmp = aisql_engine::files::temp_path(path);
+    let tmp = aisql_engine::data::files::temp_path(path);
     let root = SVGBackend::new(&tmp, (width, 480)).into_drawing_area();
     let e = |e: &dyn std::fmt::Display| BenchError::Io {
         path: path.to_path_buf(),
@@ -89,7 +89,7 @@ fn bar_chart(
     root.present().map_err(|x| e(&x))?;
     drop(chart);
     drop(root);
-    Ok(aisql_engine::files::publish(&tmp, path)?)
+    Ok(aisql_engine::data::files::publish(&tmp, path)?)
 }
 
 /// Writes the charts of `run` into `dir`; returns (title, file name) per chart.

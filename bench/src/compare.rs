@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use aisql_engine::backend::AiKind;
+use aisql_engine::inference::backend::AiKind;
 use serde::Serialize;
 
 use crate::driver::verify_run_files;
@@ -122,7 +122,7 @@ fn predicates(
         else {
             continue;
         };
-        let key = |t: &aisql_engine::answers::AnswerTable, r: usize| -> Vec<String> {
+        let key = |t: &aisql_engine::exec::answers::AnswerTable, r: usize| -> Vec<String> {
             t.ids.iter().map(|c| c[r].clone()).collect()
         };
         let b_answers: HashMap<Vec<String>, bool> = (0..tb.len())

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use aisql_engine::tables::read_table;
+use aisql_engine::data::tables::read_table;
 
 use crate::error::{BenchError, Result};
 use datafusion::arrow::array::{Array, StringArray};

@@ -20,14 +20,14 @@ use std::time::{Duration, Instant};
 use crate::quailb::output::{OutputFiles, ROWS_FILE, ROWS_SUMMARY_FILE, write_answer_outputs};
 use crate::quailb::plan::QueryPlan;
 use crate::quailb::query::{QueryOutput, output_schema, run_query_into};
-use aisql_engine::backend::InferenceBackend;
-use aisql_engine::coverage::OnRowError;
-use aisql_engine::files::is_temp_name;
-use aisql_engine::options::QueryOptions;
-use aisql_engine::prompt::PromptFormat;
-use aisql_engine::row_sink::{ParquetRows, SavedRows};
-use aisql_engine::spend::Budget;
-use aisql_engine::tables::TablePaths;
+use aisql_engine::data::files::is_temp_name;
+use aisql_engine::data::row_sink::{ParquetRows, SavedRows};
+use aisql_engine::data::tables::TablePaths;
+use aisql_engine::exec::coverage::OnRowError;
+use aisql_engine::inference::backend::InferenceBackend;
+use aisql_engine::inference::prompt::PromptFormat;
+use aisql_engine::limits::spend::Budget;
+use aisql_engine::sql::options::QueryOptions;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::error::{BenchError, Result};
@@ -64,12 +64,12 @@ pub struct BenchOptions {
     pub format: PromptFormat,
     /// Progress on stderr: the run bar with each query's AI operators under it
     /// (drawn only on a terminal), JSON lines of the operators, or nothing.
-    pub progress: aisql_engine::progress::ProgressMode,
+    pub progress: aisql_engine::exec::progress::ProgressMode,
     /// Rows per batch streamed through the AI operators.
     pub batch_rows: usize,
     /// Bytes DataFusion's operators may hold per query.
     pub memory_limit: usize,
-    /// What each query may spend on the model ([`aisql_engine::spend`]): a
+    /// What each query may spend on the model ([`aisql_engine::limits::spend`]): a
     /// query over it under `--on-budget fail` is recorded `over_budget` and
     /// the run goes on.
     pub budget: Option<Budget>,
@@ -140,8 +140,8 @@ pub fn run_metadata(opts: &BenchOptions, backend: &dyn InferenceBackend) -> Meta
                 "max_cost_usd": l.cost_usd,
                 "gpu_hourly_rate_usd": l.gpu_hourly_rate_usd,
                 "on_budget": match b.on_spent {
-                    aisql_engine::spend::OnBudget::Fail => "fail",
-                    aisql_engine::spend::OnBudget::Partial => "partial",
+                    aisql_engine::limits::spend::OnBudget::Fail => "fail",
+                    aisql_engine::limits::spend::OnBudget::Partial => "partial",
                 },
             }),
         );
@@ -356,7 +356,7 @@ pub async fn run_bench(
 ) -> Result<RunFile> {
     let dir = &opts.output_dir;
     // A disk reserve that cannot be read fails the run now, not each query.
-    aisql_engine::row_sink::disk_reserve()?;
+    aisql_engine::data::row_sink::disk_reserve()?;
     let metadata = run_metadata(opts, backend.as_ref());
     let (mut run, plans) = open_run(opts, dataset, metadata, queries)?;
     let recorder = Recorder::new(dir, dataset, &run, &plans).await?;
@@ -415,7 +415,7 @@ pub async fn run_bench(
 
 /// The run bar (drawn only on a terminal): one step per query.
 fn run_bar(opts: &BenchOptions, lines: &indicatif::MultiProgress, queries: usize) -> ProgressBar {
-    let bar = if opts.progress == aisql_engine::progress::ProgressMode::Terminal {
+    let bar = if opts.progress == aisql_engine::exec::progress::ProgressMode::Terminal {
         lines.add(ProgressBar::new(queries as u64))
     } else {
         ProgressBar::hidden()
@@ -727,16 +727,16 @@ struct PeakRss {
 impl PeakRss {
     /// Starts a query's peak: what earlier queries freed goes back to the host first.
     fn reset() -> Self {
-        aisql_engine::host_memory::release_free_memory();
+        aisql_engine::limits::host_memory::release_free_memory();
         PeakRss {
-            known: aisql_engine::host_memory::reset_peak_rss(),
+            known: aisql_engine::limits::host_memory::reset_peak_rss(),
         }
     }
 
     /// The peak since [`PeakRss::reset`], when the platform tracks it.
     fn bytes(&self) -> Option<u64> {
         if self.known {
-            aisql_engine::host_memory::peak_rss_bytes()
+            aisql_engine::limits::host_memory::peak_rss_bytes()
         } else {
             None
         }
@@ -856,7 +856,7 @@ impl<'a> Recorder<'a> {
         if let Some(peak) = peak.bytes()
             && let Some(m) = run.query_mut(id).expect("record").measurements.as_mut()
         {
-            m.peak_rss_bytes = Some(aisql_engine::work::Max(peak));
+            m.peak_rss_bytes = Some(aisql_engine::inference::work::Max(peak));
         }
         let rec = run.query(id).expect("record");
         let done = rec.status == QueryStatus::Complete;
@@ -980,9 +980,9 @@ mod tests {
             plans: PlanSource::Embedded.describe(),
             user_metadata: Metadata::new(),
             format: Default::default(),
-            progress: aisql_engine::progress::ProgressMode::Hidden,
+            progress: aisql_engine::exec::progress::ProgressMode::Hidden,
             batch_rows: 256,
-            memory_limit: aisql_engine::host_memory::default_memory_limit(),
+            memory_limit: aisql_engine::limits::host_memory::default_memory_limit(),
             budget: None,
             on_row_error: Default::default(),
             estimator: None,

@@ -23,10 +23,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::quailb::labels::{LabelSet, LabelStore, LabelValue};
-use aisql_engine::backend::AiKind;
-use aisql_engine::cache_dir::cache_dir;
-use aisql_engine::parquet_read::{ParquetReadError, footer_rows, read_batches};
-use aisql_engine::tables::TablePaths;
+use aisql_engine::data::cache_dir::cache_dir;
+use aisql_engine::data::parquet_read::{ParquetReadError, footer_rows, read_batches};
+use aisql_engine::data::tables::TablePaths;
+use aisql_engine::inference::backend::AiKind;
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::datatypes::DataType;
 use futures::StreamExt;
@@ -165,7 +165,7 @@ fn home() -> PathBuf {
 }
 
 /// Root of fetched published data: `quailb/` under aisql's cache folder
-/// ([`aisql_engine::cache_dir::cache_dir`]).
+/// ([`aisql_engine::data::cache_dir::cache_dir`]).
 pub fn published_cache_root() -> PathBuf {
     cache_dir().join("quailb")
 }
@@ -183,10 +183,11 @@ fn io(path: &Path, e: impl std::fmt::Display) -> BenchError {
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
-    let s = aisql_engine::input_file::read_to_string(path).map_err(|e| BenchError::Manifest {
-        path: path.to_path_buf(),
-        message: format!("cannot read: {e}"),
-    })?;
+    let s =
+        aisql_engine::data::input_file::read_to_string(path).map_err(|e| BenchError::Manifest {
+            path: path.to_path_buf(),
+            message: format!("cannot read: {e}"),
+        })?;
     serde_json::from_str(&s).map_err(|e| BenchError::Manifest {
         path: path.to_path_buf(),
         message: e.to_string(),

@@ -89,7 +89,7 @@ impl PlanSource {
                 .ok_or_else(|| self.error(format!("no file {name}"))),
             PlanSource::Dir(d) => {
                 let path = d.join(name);
-                aisql_engine::input_file::read(&path)
+                aisql_engine::data::input_file::read(&path)
                     .map(Cow::Owned)
                     .map_err(|e| self.error(format!("cannot read {}: {e}", path.display())))
             }
@@ -162,7 +162,7 @@ pub fn open_plan(arg: &str, source: &PlanSource) -> Result<QueryPlan> {
     if catalog.iter().any(|e| e.id == arg) {
         return source.plan(arg);
     }
-    let message = if let Err(e) = aisql_engine::input_file::regular_file(path)
+    let message = if let Err(e) = aisql_engine::data::input_file::regular_file(path)
         && path.exists()
     {
         format!("is {e}")

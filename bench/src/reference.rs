@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::quailb::labels::{LabelSet, LabelStore};
 use crate::quailb::plan::{Operator, QueryPlan};
-use aisql_engine::row_digest::row_hash;
+use aisql_engine::data::row_digest::row_hash;
 use datafusion::arrow::array::{Array, ArrayRef, DictionaryArray, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::Int32Type;
 use rayon::prelude::*;

@@ -264,7 +264,7 @@ fn summaries_section(run: &RunFile) -> Vec<String> {
         format!(
             "These results would not have fit the disk: their rows were counted and hashed, not saved, \
              and so not compared with the reference (assessment RESULT_NOT_SAVED). The hash is {}",
-            aisql_engine::row_digest::ROWS_HASH
+            aisql_engine::data::row_digest::ROWS_HASH
         ),
         String::new(),
         "| Query | Rows | Rows hash | Rows written before the disk ran low | Free bytes then | Reserve (bytes) |".into(),
@@ -481,7 +481,10 @@ pub fn measurements_batch(run: &RunFile) -> Result<RecordBatch> {
 
 /// Writes report.md, measurements.parquet and the charts into the run folder.
 pub fn write_reports(dir: &Path, run: &RunFile) -> Result<()> {
-    aisql_engine::files::write_parquet(&dir.join(MEASUREMENTS_PARQUET), &measurements_batch(run)?)?;
+    aisql_engine::data::files::write_parquet(
+        &dir.join(MEASUREMENTS_PARQUET),
+        &measurements_batch(run)?,
+    )?;
     let charts = crate::charts::write_charts(dir, run).unwrap_or_else(|e| {
         log::warn!("charts not written: {e:#}");
         Vec::new()

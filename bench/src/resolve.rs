@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use aisql_engine::cache_dir::check_seal;
+use aisql_engine::data::cache_dir::check_seal;
 use aisql_standin::{
     GENERATOR_VERSION, collection_id, corpus_id, label_set_id, predicates, seal_path, sorted_tables,
 };
@@ -187,7 +187,7 @@ mod tests {
         let mut identity = aisql_standin::corpus_identity(m.scale_factor, &m.tables);
         identity["generator"] = "aisql-standin-v1".into();
         let text = serde_json::to_string(&identity).unwrap();
-        assert_ne!(text, aisql_engine::canonical::to_string(&identity));
+        assert_ne!(text, aisql_standin::canonical::to_string(&identity));
         format!("c_{}", &hex::encode(Sha256::digest(text.as_bytes()))[..32])
     }
 
@@ -252,7 +252,7 @@ mod tests {
             .to_string();
         assert!(e.contains("gt_nope"), "{e}");
         // The caches hang off aisql's one cache folder.
-        let cache = aisql_engine::cache_dir::cache_dir();
+        let cache = aisql_engine::data::cache_dir::cache_dir();
         assert_eq!(published_cache_root(), cache.join("quailb"));
         assert_eq!(standin_root(), cache.join("quailb-standin"));
     }

@@ -45,7 +45,7 @@ pub struct QueryRecord {
     /// Query execution seconds.
     pub runtime_s: Option<f64>,
     /// Engine measurements.
-    pub measurements: Option<aisql_engine::work::Work>,
+    pub measurements: Option<aisql_engine::inference::work::Work>,
     /// Scores and token metrics.
     pub metrics: Option<QueryMetrics>,
     /// `good` / `bad` with reasons.
@@ -150,9 +150,9 @@ impl RunFile {
     }
 }
 
-/// Writes `bytes` to `path` atomically ([`aisql_engine::files::write_file_atomic`]).
+/// Writes `bytes` to `path` atomically ([`aisql_engine::data::files::write_file_atomic`]).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    Ok(aisql_engine::files::write_file_atomic(path, bytes)?)
+    Ok(aisql_engine::data::files::write_file_atomic(path, bytes)?)
 }
 
 /// The plan a query of a run was run with (its saved `plan.substrait`).

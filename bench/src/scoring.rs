@@ -10,12 +10,12 @@ use std::sync::Arc;
 use crate::quailb::labels::{LabelSet, LabelStore};
 use crate::quailb::output::{OutputFiles, ROWS_SUMMARY_FILE};
 use crate::quailb::plan::{Operator, QueryPlan};
-use aisql_engine::answers::AnswerTable;
-use aisql_engine::backend::AiKind;
-use aisql_engine::files::read_parquet;
-use aisql_engine::parquet_read::stream_dictionary_parts;
-use aisql_engine::row_digest::RowsSummary;
-use aisql_engine::work::Work;
+use aisql_engine::data::files::read_parquet;
+use aisql_engine::data::parquet_read::stream_dictionary_parts;
+use aisql_engine::data::row_digest::RowsSummary;
+use aisql_engine::exec::answers::AnswerTable;
+use aisql_engine::inference::backend::AiKind;
+use aisql_engine::inference::work::Work;
 use datafusion::arrow::array::{Array, RecordBatch, StringArray};
 
 use aisql_models::tokenizer::Tokenizer;
@@ -522,7 +522,7 @@ pub fn compare_saved_rows(
     have.sort();
     if have == wanted {
         let reference = Reference::build(plan, labels, corpus)?;
-        let rows = aisql_engine::parquet_read::footer_rows(rows_path).ok();
+        let rows = aisql_engine::data::parquet_read::footer_rows(rows_path).ok();
         if let Some(compared) = reference.compare_stream(&columns, rows, parts)? {
             return Ok((Some(compared.0), compared.1));
         }
@@ -819,7 +819,7 @@ fn has_fresh_tokens(measurements: &Work) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use aisql_engine::backend::Answer;
+    use aisql_engine::inference::backend::Answer;
 
     fn tuples(cols: &[&str], rows: &[&[&str]]) -> Tuples {
         thread_local!(static INTERNER: std::cell::RefCell<Interner> = Default::default());

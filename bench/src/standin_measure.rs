@@ -8,7 +8,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use aisql_engine::backend::AiKind;
+use aisql_engine::inference::backend::AiKind;
 use aisql_standin::{generate, predicates};
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;

@@ -7,9 +7,9 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use crate::quailb::plan::{Operator, QueryPlan};
-use aisql_engine::answers::AnswerTable;
-use aisql_engine::prompt::PromptFormat;
-use aisql_engine::work::Work;
+use aisql_engine::exec::answers::AnswerTable;
+use aisql_engine::inference::prompt::PromptFormat;
+use aisql_engine::inference::work::Work;
 use aisql_models::tokenizer::Tokenizer;
 use serde_json::json;
 
@@ -424,7 +424,7 @@ pub fn token_metrics(counts: Option<PieceCounts>, measurements: &Work) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use aisql_engine::backend::Answer;
+    use aisql_engine::inference::backend::Answer;
 
     fn size(seqs: &[&[u32]]) -> u64 {
         let mut v: Vec<Vec<&[u32]>> = seqs.iter().map(|s| vec![*s]).collect();
@@ -452,7 +452,7 @@ mod tests {
 
     #[test]
     fn minimum_of_hand_computed_requests() {
-        use aisql_engine::backend::AiKind;
+        use aisql_engine::inference::backend::AiKind;
         let dir = tempfile::tempdir().unwrap();
         // Texts chosen so each is a handful of tokens; lengths read back from the tokenizer.
         let tok = Tokenizer::vendored().unwrap();
@@ -472,7 +472,7 @@ mod tests {
             )
             .unwrap();
             let p = dir.path().join(format!("{table}.parquet"));
-            aisql_engine::files::write_parquet(&p, &batch).unwrap();
+            aisql_engine::data::files::write_parquet(&p, &batch).unwrap();
             (table.to_string(), p)
         };
         let paths: std::collections::BTreeMap<_, _> = [

@@ -6,9 +6,13 @@
 
 use std::sync::Arc;
 
-use aisql_engine::backend::{AiCall, AiKind, AiRequest, Answer, AskTyped, Doc, InferenceBackend};
-use aisql_engine::prompt::{PromptFormat, filter_pieces, join_pieces};
-use aisql_engine::scheduler::{QWEN3_4B_KV_BYTES_PER_TOKEN, SchedulerConfig, simulation_backend};
+use aisql_engine::inference::backend::{
+    AiCall, AiKind, AiRequest, Answer, AskTyped, Doc, InferenceBackend,
+};
+use aisql_engine::inference::prompt::{PromptFormat, filter_pieces, join_pieces};
+use aisql_engine::inference::scheduler::{
+    QWEN3_4B_KV_BYTES_PER_TOKEN, SchedulerConfig, simulation_backend,
+};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
 const WORDS: [&str; 16] = [

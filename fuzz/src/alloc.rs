@@ -3,7 +3,7 @@
 //! Rust's allocation-failure message) instead of letting one input take the
 //! machine, so a run can report "no allocation over 4 GiB".
 
-pub use aisql_engine::alloc_meter::{MeteredAlloc, largest_allocation, reset_largest};
+pub use aisql_engine::limits::alloc_meter::{MeteredAlloc, largest_allocation, reset_largest};
 
 /// The promise: no single allocation over 4 GiB.
 pub const REFUSE_OVER: usize = 4 << 30;

@@ -17,17 +17,17 @@ use aisql_bench::quailb::explain::explain;
 use aisql_bench::quailb::oracle::OracleBackend;
 use aisql_bench::quailb::plan::QueryPlan;
 use aisql_bench::quailb::query::run_query;
-use aisql_engine::answer_cache::AnswerIdentity;
-use aisql_engine::backend::ContentHashBackend;
-use aisql_engine::distributed::{
+use aisql_engine::data::tables::read_table;
+use aisql_engine::inference::answer_cache::AnswerIdentity;
+use aisql_engine::inference::backend::ContentHashBackend;
+use aisql_engine::inference::distributed::{
     GuardedMethod, ServedModel, WireDoc, WireRequests, WorkerMessage, WorkerReply, WorkerTask,
     WorkerTaskCodec, WorkerTaskExec, answer, check_request, decode_task,
 };
-use aisql_engine::options::QueryOptions;
-use aisql_engine::prompt::{PromptFormat, classify_pieces, filter_pieces, join_pieces};
+use aisql_engine::inference::prompt::{PromptFormat, classify_pieces, filter_pieces, join_pieces};
+use aisql_engine::sql::options::QueryOptions;
 use aisql_engine::sql::plan_file::{decode_plan, encode_plan};
 use aisql_engine::sql::{Evaluation, SqlSession};
-use aisql_engine::tables::read_table;
 use aisql_models::Tokenizer;
 use datafusion::arrow::array::{ArrayRef, BinaryArray, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
@@ -294,7 +294,7 @@ impl Fixture {
             plans: PlanSource::Embedded.describe(),
             user_metadata: Default::default(),
             format: PromptFormat::default(),
-            progress: aisql_engine::progress::ProgressMode::Hidden,
+            progress: aisql_engine::exec::progress::ProgressMode::Hidden,
             batch_rows: 64,
             memory_limit: 1 << 30,
             budget: None,
@@ -774,7 +774,7 @@ fn pb_field(tag: u64, bytes: Option<&[u8]>, number: u64) -> Vec<u8> {
 /// datafusion-distributed's coordinator sends them (field numbers of its
 /// `worker.proto`), each after its selector byte.
 fn worker_seeds() -> Result<Vec<Vec<u8>>, String> {
-    use aisql_engine::backend::{AiCall, AiKind};
+    use aisql_engine::inference::backend::{AiCall, AiKind};
     let call = |kind: AiKind, labels: &[&str]| AiCall {
         op_id: "op-1".into(),
         kind,

@@ -390,7 +390,7 @@ struct Output {
     batches: Vec<RecordBatch>,
     runtime_s: f64,
     ai_operators: usize,
-    measurements: aisql_engine::work::Work,
+    measurements: aisql_engine::inference::work::Work,
 }
 
 impl From<SqlOutput> for Output {

@@ -4,16 +4,18 @@ use std::sync::Arc;
 
 use aisql_bench::layout::Dataset;
 use aisql_bench::quailb::oracle::OracleBackend;
-use aisql_engine::answer_cache::{AnswerCache, AnswerIdentity, CachedBackend, KEY_FILE, RecordKey};
-use aisql_engine::backend::InferenceBackend;
-use aisql_engine::distributed::{ConnectOptions, connect_workers_with};
-use aisql_engine::prompt::PromptFormat;
-use aisql_engine::scheduler::{
+use aisql_engine::data::write_guard::{OutputKind, WriteGuard};
+use aisql_engine::inference::answer_cache::{
+    AnswerCache, AnswerIdentity, CachedBackend, KEY_FILE, RecordKey,
+};
+use aisql_engine::inference::backend::InferenceBackend;
+use aisql_engine::inference::distributed::{ConnectOptions, connect_workers_with};
+use aisql_engine::inference::prompt::PromptFormat;
+use aisql_engine::inference::scheduler::{
     ModelSpec, QWEN3_4B_KV_BYTES_PER_TOKEN, SchedulerConfig, answer_identity,
     default_kv_budget_bytes, load_model_backend, simulation_backend,
 };
-use aisql_engine::shard::ShardedBackend;
-use aisql_engine::write_guard::{OutputKind, WriteGuard};
+use aisql_engine::inference::shard::ShardedBackend;
 use anyhow::{Context, bail};
 
 use super::UsageError;
@@ -84,7 +86,7 @@ pub fn load_model(
     if args.name == "tiny" {
         eprintln!("{TINY_MODEL_NOTE}");
     }
-    let source = aisql_engine::scheduler::model_source(&args.name)?;
+    let source = aisql_engine::inference::scheduler::model_source(&args.name)?;
     let device = aisql_models::device(gpu)?;
     aisql_models::load(&source, &device, dtype)
         .with_context(|| format!("loading model {:?}", args.name))
@@ -358,7 +360,7 @@ fn with_answer_cache(
     serde_json::Map<String, serde_json::Value>,
 )> {
     // The key that signs the answers lives outside every answer folder.
-    let key_path = aisql_engine::cache_dir::cache_dir().join(KEY_FILE);
+    let key_path = aisql_engine::data::cache_dir::cache_dir().join(KEY_FILE);
     let mut key_guard = WriteGuard::new();
     key_guard.add(&key_path, "the answer cache's key");
     key_guard.check(dir, "--answer-cache", OutputKind::Folder)?;

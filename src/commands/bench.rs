@@ -11,7 +11,7 @@ use aisql_bench::metrics::QueryStatus;
 use aisql_bench::plans::PlanSource;
 use aisql_bench::resolve::resolve;
 use aisql_bench::run_file::{RunFile, RunStatus};
-use aisql_engine::write_guard::{OutputKind, WriteGuard};
+use aisql_engine::data::write_guard::{OutputKind, WriteGuard};
 use anyhow::{Context, bail};
 
 use crate::cli::{BackendKind, BenchAction, BenchArgs, BenchRunArgs};
@@ -48,7 +48,7 @@ fn compare(a: &Path, b: &Path, root: Option<&Path>, json: Option<&Path>) -> anyh
     guard.add(a, "the compared run").add(b, "the compared run");
     if let Some(path) = json {
         guard.check(path, "--json", OutputKind::File)?;
-        aisql_engine::files::check_output_folder(path, "--json")?;
+        aisql_engine::data::files::check_output_folder(path, "--json")?;
     }
     let dataset = run_dataset(a, root)?;
     super::paths::add_dataset(&mut guard, &dataset);
@@ -58,7 +58,7 @@ fn compare(a: &Path, b: &Path, root: Option<&Path>, json: Option<&Path>) -> anyh
     let c = compare_runs(a, b, &dataset)?;
     print!("{}", comparison_markdown(&c));
     if let Some(path) = json {
-        aisql_engine::files::write_file_atomic(
+        aisql_engine::data::files::write_file_atomic(
             path,
             (serde_json::to_string_pretty(&c)? + "\n").as_bytes(),
         )
@@ -219,10 +219,10 @@ fn estimate_only(
     estimator: &aisql_engine::estimate::Estimator,
     args: &BenchRunArgs,
     dataset: &Dataset,
-    backend: std::sync::Arc<dyn aisql_engine::backend::InferenceBackend>,
+    backend: std::sync::Arc<dyn aisql_engine::inference::backend::InferenceBackend>,
     queries: Vec<(String, aisql_bench::quailb::plan::QueryPlan)>,
 ) -> anyhow::Result<()> {
-    let options = aisql_engine::options::QueryOptions {
+    let options = aisql_engine::sql::options::QueryOptions {
         format: args.backend.prompt_format.parse()?,
         batch_rows: args.backend.batch_rows,
         memory_limit: args.backend.memory_limit(),

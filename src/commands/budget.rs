@@ -3,9 +3,9 @@
 //! turned into the engine's budget and row-error policy, and refused as usage
 //! errors where they cannot mean anything for the backend asked for.
 
-use aisql_engine::coverage::OnRowError;
 use aisql_engine::estimate::DEFAULT_GPU_HOURLY_RATE_USD;
-use aisql_engine::spend::{Budget, BudgetLimits, OnBudget};
+use aisql_engine::exec::coverage::OnRowError;
+use aisql_engine::limits::spend::{Budget, BudgetLimits, OnBudget};
 
 use super::UsageError;
 use crate::cli::{self, BackendArgs, BackendKind, CostArgs};

@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use aisql_bench::layout::Dataset;
 use aisql_bench::resolve::resolve;
-use aisql_engine::backend::InferenceBackend;
-use aisql_engine::options::QueryOptions;
+use aisql_engine::data::write_guard::WriteGuard;
+use aisql_engine::inference::backend::InferenceBackend;
+use aisql_engine::sql::options::QueryOptions;
 use aisql_engine::sql::text_scan::CsvReading;
 use aisql_engine::sql::{Evaluation, SqlOutput, SqlSession, WritePolicy};
-use aisql_engine::write_guard::WriteGuard;
 use datafusion::common::ParamValues;
 use datafusion::logical_expr::LogicalPlan;
 

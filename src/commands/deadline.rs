@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use aisql_engine::EngineError;
-use aisql_engine::backend::InferenceBackend;
-use aisql_engine::row_sink::RowSink;
+use aisql_engine::data::row_sink::RowSink;
+use aisql_engine::inference::backend::InferenceBackend;
 use datafusion::arrow::array::RecordBatch;
 use tokio::runtime::Runtime;
 

@@ -5,10 +5,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use aisql_engine::backend::InferenceBackend;
 use aisql_engine::estimate::calibration::Calibration;
 use aisql_engine::estimate::{DEFAULT_GPU_HOURLY_RATE_USD, Estimate, EstimateConfig, Estimator};
-use aisql_engine::scheduler::{QWEN3_4B_KV_BYTES_PER_TOKEN, QWEN3_4B_MAX_POSITIONS};
+use aisql_engine::inference::backend::InferenceBackend;
+use aisql_engine::inference::scheduler::{QWEN3_4B_KV_BYTES_PER_TOKEN, QWEN3_4B_MAX_POSITIONS};
 
 use super::backend::{meta_text, simulated_config};
 use crate::cli::{BackendArgs, BackendKind, CostArgs, RowFormat};

@@ -71,7 +71,7 @@ fn gguf(model: &str, out: &Path, file_type: &str) -> anyhow::Result<()> {
         ))
         .into());
     }
-    let source = aisql_engine::scheduler::model_source(model)?;
+    let source = aisql_engine::inference::scheduler::model_source(model)?;
     let files = aisql_models::ModelFiles::resolve(&source)
         .with_context(|| format!("finding model {model:?}"))?;
     let written = aisql_models::gguf::write::write_gguf(&files, out, file_type)
@@ -205,7 +205,7 @@ fn calibrate(args: &CalibrateArgs) -> anyhow::Result<()> {
     if args.model.name == "tiny" {
         eprintln!("{}", super::backend::TINY_MODEL_NOTE);
     }
-    let spec = aisql_engine::scheduler::ModelSpec {
+    let spec = aisql_engine::inference::scheduler::ModelSpec {
         model: args.model.name.clone(),
         gpu,
         dtype: super::backend::dtype(&args.model)?,
@@ -213,12 +213,12 @@ fn calibrate(args: &CalibrateArgs) -> anyhow::Result<()> {
         kv_budget_from_device: true,
         host_kv_from_memory: true,
     };
-    let (backend, meta) = aisql_engine::scheduler::load_model_backend(&spec)
+    let (backend, meta) = aisql_engine::inference::scheduler::load_model_backend(&spec)
         .with_context(|| format!("loading model {:?}", args.model.name))?;
     let text = |k: &str| super::backend::meta_text(&meta, k).to_string();
     let (dtype, device) = (text("dtype"), text("device"));
     let bytes_per_token = {
-        use aisql_engine::scheduler::Executor as _;
+        use aisql_engine::inference::scheduler::Executor as _;
         backend.executor().kv_bytes_per_token()
     };
     eprintln!("measuring {} {dtype} on {device} …", args.model.name);

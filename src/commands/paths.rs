@@ -1,10 +1,10 @@
 //! Where commands may write: each command lists what it reads in the engine's
-//! [`WriteGuard`] (the one write rule, [`aisql_engine::write_guard`]), and
+//! [`WriteGuard`] (the one write rule, [`aisql_engine::data::write_guard`]), and
 //! every output it is told to write is checked against it before anything is
 //! written.
 
 use aisql_bench::layout::Dataset;
-use aisql_engine::write_guard::{OutputKind, WriteGuard};
+use aisql_engine::data::write_guard::{OutputKind, WriteGuard};
 
 use crate::cli::{BackendArgs, BackendKind, PlansArg};
 
@@ -20,7 +20,7 @@ pub fn add_backend_files(guard: &mut WriteGuard, args: &BackendArgs) {
     if args.backend != BackendKind::Model || args.workers.is_some() {
         return;
     }
-    for path in aisql_engine::scheduler::model_input_paths(&args.model.name) {
+    for path in aisql_engine::inference::scheduler::model_input_paths(&args.model.name) {
         guard.add(&path, format!("the model {:?}", args.model.name));
     }
 }

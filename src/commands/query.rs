@@ -7,10 +7,10 @@ use aisql_bench::plans::{PlanSource, open_plan};
 use aisql_bench::quailb::output::ROWS_FILE;
 use aisql_bench::quailb::query::{estimate_query, output_schema, run_query, run_query_into};
 use aisql_bench::resolve::resolve;
-use aisql_engine::options::QueryOptions;
-use aisql_engine::row_sink::{HeadRows, ParquetRows, RowSink, SavedRows};
-use aisql_engine::tables::{TablePaths, tables_in_dir};
-use aisql_engine::write_guard::{OutputKind, WriteGuard};
+use aisql_engine::data::row_sink::{HeadRows, ParquetRows, RowSink, SavedRows};
+use aisql_engine::data::tables::{TablePaths, tables_in_dir};
+use aisql_engine::data::write_guard::{OutputKind, WriteGuard};
+use aisql_engine::sql::options::QueryOptions;
 use datafusion::arrow::compute::concat_batches;
 
 use std::collections::HashMap;
@@ -61,7 +61,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     if args.cost.estimate {
         let estimator = estimator(&args.backend, &args.cost, &backend, &meta, HashMap::new())?;
         let estimating = estimator.backend(backend)?;
-        let canceller: std::sync::Arc<dyn aisql_engine::backend::InferenceBackend> =
+        let canceller: std::sync::Arc<dyn aisql_engine::inference::backend::InferenceBackend> =
             estimating.clone();
         let estimate = deadline::run(rt, limit, &canceller, async move {
             Ok(estimate_query(&estimator, estimating, &query, &tables, &options).await?)
@@ -190,7 +190,7 @@ fn check_outputs(args: &QueryArgs, dataset: Option<&Dataset>) -> anyhow::Result<
     }
     if let Some(file) = &args.rows.output {
         guard.check(file, "--output", OutputKind::File)?;
-        aisql_engine::files::check_output_folder(file, "--output")?;
+        aisql_engine::data::files::check_output_folder(file, "--output")?;
     }
     super::paths::check_answer_cache(&guard, &args.backend)?;
     Ok(())
@@ -259,7 +259,7 @@ fn run_general(
             .plan_substrait(&plan)
             .await
             .with_context(|| format!("{not_quailb}; as a general query"))?;
-        let templates: Vec<String> = aisql_engine::logical::ai_nodes(&planned)
+        let templates: Vec<String> = aisql_engine::exec::logical::ai_nodes(&planned)
             .into_iter()
             .map(|n| n.spec.call.template)
             .collect();
@@ -273,11 +273,11 @@ fn run_general(
         } else {
             None
         };
-        let backend: std::sync::Arc<dyn aisql_engine::backend::InferenceBackend> = match &estimating
-        {
-            Some((_, e)) => e.clone(),
-            None => backend,
-        };
+        let backend: std::sync::Arc<dyn aisql_engine::inference::backend::InferenceBackend> =
+            match &estimating {
+                Some((_, e)) => e.clone(),
+                None => backend,
+            };
         let session = SqlSession::new(backend.clone(), options, Evaluation::Operators)?;
         session.share_tables_from(&planning).await?;
         Ok::<_, anyhow::Error>((session, planned, backend, estimating))
@@ -293,7 +293,7 @@ fn run_general(
     super::rows::report_work(&out.measurements);
     if let Some(dir) = &args.output_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        aisql_engine::files::write_parquet(&dir.join(ROWS_FILE), &rows)?;
+        aisql_engine::data::files::write_parquet(&dir.join(ROWS_FILE), &rows)?;
         let plan_bytes = aisql_engine::sql::plan_file::encode_plan(&plan);
         aisql_bench::quailb::output::write_layout(dir, "", &plan_bytes, &out.answers)?;
         eprintln!("outputs written to {}", dir.display());

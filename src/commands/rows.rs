@@ -10,9 +10,9 @@ use std::io::{BufWriter, Stdout, Write};
 use std::path::Path;
 use std::sync::Arc;
 
-use aisql_engine::files::{write_file_atomic, write_parquet};
-use aisql_engine::row_sink::RowSink;
-use aisql_engine::work::{Sum, Work};
+use aisql_engine::data::files::{write_file_atomic, write_parquet};
+use aisql_engine::data::row_sink::RowSink;
+use aisql_engine::inference::work::{Sum, Work};
 use datafusion::arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -228,7 +228,7 @@ fn save(rows: &RecordBatch, path: &Path) -> anyhow::Result<()> {
         Some(format) => render(rows, format).and_then(|bytes| Ok(write_file_atomic(path, &bytes)?)),
     };
     if written.is_err() {
-        let _ = std::fs::remove_file(aisql_engine::files::temp_path(path));
+        let _ = std::fs::remove_file(aisql_engine::data::files::temp_path(path));
     }
     written
 }

@@ -43,7 +43,7 @@ Ctrl-C stops a running statement; at the prompt it clears the line.";
 /// The shell's history file, in aisql's cache folder (the one rule of
 /// `cache_dir`), so that `AISQL_CACHE_DIR` moves it with the rest.
 fn history_path() -> PathBuf {
-    aisql_engine::cache_dir::cache_dir().join("sql_history")
+    aisql_engine::data::cache_dir::cache_dir().join("sql_history")
 }
 
 /// `aisql sql` on a terminal without a statement.

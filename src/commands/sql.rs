@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use aisql_bench::quailb::oracle::OracleBackend;
 use aisql_bench::resolve::resolve;
-use aisql_engine::backend::InferenceBackend;
+use aisql_engine::data::files::check_output_folder;
+use aisql_engine::data::write_guard::{OutputKind, WriteGuard};
 use aisql_engine::estimate::estimate_options;
-use aisql_engine::files::check_output_folder;
-use aisql_engine::options::QueryOptions;
+use aisql_engine::inference::backend::InferenceBackend;
+use aisql_engine::sql::options::QueryOptions;
 use aisql_engine::sql::{Evaluation, SqlOutput, SqlSession, WritePolicy, templates};
-use aisql_engine::write_guard::{OutputKind, WriteGuard};
 use anyhow::Context;
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::logical_expr::LogicalPlan;
@@ -41,7 +41,7 @@ fn selectivity_arg<'t>(arg: &str, templates: &'t [String]) -> anyhow::Result<(&'
             "{} prompts contain {text:?}; give more of one: {}",
             many.len(),
             many.iter()
-                .map(|t| format!("{:?}", aisql_engine::prompt::shorten(t, 60)))
+                .map(|t| format!("{:?}", aisql_engine::inference::prompt::shorten(t, 60)))
                 .collect::<Vec<_>>()
                 .join(", ")
         ))),
@@ -53,7 +53,7 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     let controls = super::budget::controls(&args.cost, &args.backend)?;
     let sql = match (&args.query, &args.file) {
         (Some(q), _) => q.clone(),
-        (None, Some(f)) => aisql_engine::input_file::read_to_string(f)
+        (None, Some(f)) => aisql_engine::data::input_file::read_to_string(f)
             .with_context(|| format!("reading the SQL file {}", f.display()))?,
         (None, None) if super::shell::on_terminal() => return super::shell::run(args),
         (None, None) => return Err(UsageError("give a SQL statement or -f FILE".into()).into()),
@@ -154,7 +154,7 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
                 } else {
                     aisql_engine::sql::export::encode(&plan)
                 };
-                aisql_engine::files::write_file_atomic(path, &bytes)?;
+                aisql_engine::data::files::write_file_atomic(path, &bytes)?;
                 eprintln!("Substrait plan written to {}", path.display());
                 return Ok(None);
             }
@@ -268,7 +268,7 @@ async fn run_estimate(
         return Ok(false);
     }
     let query = explained.unwrap_or(plan);
-    let mut rows = aisql_engine::row_sink::CountedRows::default();
+    let mut rows = aisql_engine::data::row_sink::CountedRows::default();
     session
         .run_plan_into(query, std::time::Instant::now(), &mut rows)
         .await?;

@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use aisql_engine::distributed::{ServeOptions, ServedModel, serve};
-use aisql_engine::scheduler::answer_identity;
+use aisql_engine::inference::distributed::{ServeOptions, ServedModel, serve};
+use aisql_engine::inference::scheduler::answer_identity;
 use anyhow::{Context, bail};
 
 use super::UsageError;

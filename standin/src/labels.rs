@@ -5,7 +5,7 @@ use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use aisql_engine::backend::AiKind;
+use aisql_engine::inference::backend::AiKind;
 use datafusion::arrow::array::{ArrayRef, BooleanBuilder, RecordBatch, StringBuilder};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::parquet::arrow::ArrowWriter;

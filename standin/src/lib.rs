@@ -16,7 +16,7 @@
 //!   (terms by frequency, evidence in a hashed "scan" order, LePaRD first-seen order);
 //! * generation is streamed (row groups, label parts) and parallel (rayon);
 //! * the corpus, collection and label-set ids (`c_…`, `gt_…`, `ls_…`) and the per-row
-//!   hashes are SHA-256 over canonical JSON ([`aisql_engine::canonical`]), never equal
+//!   hashes are SHA-256 over canonical JSON ([`canonical`]), never equal
 //!   to the published ids; manifests carry `"standin": true` and the generator version.
 //!
 //! Entry points: [`generate`], [`planned_rows`]; the ids it computes ([`corpus_id`],
@@ -24,6 +24,7 @@
 //! `aisql_bench::resolve::stale_reason` tell whether a cached stand-in is what this
 //! generator writes. The layout's file formats it writes are [`manifest`]'s.
 
+pub mod canonical;
 pub mod error;
 pub mod manifest;
 
@@ -43,9 +44,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use aisql_engine::backend::AiKind;
-use aisql_engine::cache_dir::{SEAL_FILE, files_of, seal};
-use aisql_engine::canonical;
+use aisql_engine::data::cache_dir::{SEAL_FILE, files_of, seal};
+use aisql_engine::inference::backend::AiKind;
 use datafusion::arrow::array::{ArrayRef, Int32Builder, ListBuilder, RecordBatch, StringBuilder};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::parquet::arrow::ArrowWriter;

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use aisql_engine::backend::AiKind;
+use aisql_engine::inference::backend::AiKind;
 use serde::{Deserialize, Deserializer, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -228,7 +228,8 @@ pub struct LabelSetManifest {
 
 /// SHA-256 hex of a file.
 pub fn sha256_file(path: &Path) -> Result<String> {
-    let mut f = aisql_engine::input_file::open(path).map_err(|e| StandinError::io(path, e))?;
+    let mut f =
+        aisql_engine::data::input_file::open(path).map_err(|e| StandinError::io(path, e))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {

@@ -1,6 +1,6 @@
 // Generated from SPEC §C and §E (exact template strings); checked against the plans by a test.
 
-use aisql_engine::backend::AiKind;
+use aisql_engine::inference::backend::AiKind;
 
 use super::{PredDef, agent, biodex, fever, imdb, lepard};
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use aisql_bench::quailb::labels::{LabelSet, LabelStore, LabelValue, PredicateInfo};
 use aisql_bench::quailb::plan::{Operator, QueryPlan};
-use aisql_engine::backend::AiKind;
+use aisql_engine::inference::backend::AiKind;
 use datafusion::arrow::array::{
     ArrayRef, Int32Array, ListBuilder, RecordBatch, StringArray, StringBuilder,
 };
@@ -655,9 +655,9 @@ impl std::ops::Deref for Collected {
 /// [`aisql_bench::quailb::query::run_query`], its rows and output together.
 pub async fn collect_query(
     query: &QueryPlan,
-    paths: &aisql_engine::tables::TablePaths,
-    backend: Arc<dyn aisql_engine::backend::InferenceBackend>,
-    options: &aisql_engine::options::QueryOptions,
+    paths: &aisql_engine::data::tables::TablePaths,
+    backend: Arc<dyn aisql_engine::inference::backend::InferenceBackend>,
+    options: &aisql_engine::sql::options::QueryOptions,
 ) -> aisql_engine::Result<Collected> {
     let (rows, out) = aisql_bench::quailb::query::run_query(query, paths, backend, options).await?;
     Ok(Collected { rows, out })

@@ -178,7 +178,7 @@ impl SubstraitConsumer for QuailbConsumer<'_> {
     ) -> DfResult<Expr> {
         if let Some(name) = self.extensions.functions.get(&f.function_reference)
             && let Some((base, signature)) = name.split_once(':')
-            && aisql_engine::ai_functions::AiFunction::from_name(base).is_some()
+            && aisql_engine::exec::ai_functions::AiFunction::from_name(base).is_some()
         {
             let declared = signature.split('_').count();
             if f.arguments.len() != declared {

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use crate::quailb::plan::{Operator, PlanTree, QueryPlan};
-use aisql_engine::prompt::shorten;
+use aisql_engine::inference::prompt::shorten;
 
 /// Widest prompt excerpt shown.
 const PROMPT_WIDTH: usize = 72;

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use aisql_engine::backend::AiKind;
+use aisql_engine::inference::backend::AiKind;
 use aisql_engine::{EngineError, Result};
 
 pub use aisql_standin::manifest::PredicateInfo;
@@ -153,8 +153,8 @@ impl LabelSet {
     fn missing(&self, left_id: &str, right_id: Option<&str>) -> EngineError {
         EngineError::MissingLabel {
             predicate: self.info.key.clone(),
-            left_id: aisql_engine::prompt::Excerpt(left_id).to_string(),
-            right_id: right_id.map(|id| aisql_engine::prompt::Excerpt(id).to_string()),
+            left_id: aisql_engine::inference::prompt::Excerpt(left_id).to_string(),
+            right_id: right_id.map(|id| aisql_engine::inference::prompt::Excerpt(id).to_string()),
         }
     }
 }
@@ -204,7 +204,7 @@ impl LabelStore {
             EngineError::Labels(format!(
                 "collection {} has no label set for the template of {operator} ({})",
                 self.collection_id,
-                aisql_engine::prompt::shorten(template, 60)
+                aisql_engine::inference::prompt::shorten(template, 60)
             ))
         })
     }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use aisql_engine::backend::{AiCall, AiKind, AiRequest, Answer, InferenceBackend};
+use aisql_engine::inference::backend::{AiCall, AiKind, AiRequest, Answer, InferenceBackend};
 use aisql_engine::{EngineError, Result};
 
 use super::labels::LabelStore;

@@ -5,12 +5,12 @@
 
 use std::path::{Path, PathBuf};
 
-use aisql_engine::files::{write_file_atomic, write_parquet};
+use aisql_engine::data::files::{write_file_atomic, write_parquet};
 use datafusion::arrow::array::RecordBatch;
 use serde::Serialize;
 
-use aisql_engine::answers::AnswerTable;
-use aisql_engine::backend::AiKind;
+use aisql_engine::exec::answers::AnswerTable;
+use aisql_engine::inference::backend::AiKind;
 use aisql_engine::sql::plan_file::encode_plan;
 use aisql_engine::{EngineError, Result};
 
@@ -35,7 +35,7 @@ pub struct OutputFiles {
     pub rows: String,
     /// What that summary says, when the rows were kept as one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rows_summary: Option<aisql_engine::row_digest::RowsSummary>,
+    pub rows_summary: Option<aisql_engine::data::row_digest::RowsSummary>,
     /// Filter answer tables (`[]` when the query has no filter).
     #[serde(default)]
     pub filters: Vec<KeyedFile>,
@@ -89,11 +89,11 @@ impl OutputFiles {
 }
 
 /// The name of the result rows file in a query's folder, written while the
-/// query runs (see [`aisql_engine::row_sink::ParquetRows`]).
+/// query runs (see [`aisql_engine::data::row_sink::ParquetRows`]).
 pub const ROWS_FILE: &str = "rows.parquet";
 
 /// What a query's folder holds instead of [`ROWS_FILE`] when the rows would
-/// not fit the disk (see [`aisql_engine::row_digest::RowsSummary`]).
+/// not fit the disk (see [`aisql_engine::data::row_digest::RowsSummary`]).
 pub const ROWS_SUMMARY_FILE: &str = "rows.summary.json";
 
 /// True for a file name of the per-query layout: what an earlier query may

@@ -12,13 +12,13 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::logical_expr::LogicalPlanBuilder;
 
 use crate::quailb::plan::{Operator, QueryPlan};
-use aisql_engine::answers::AnswerTable;
-use aisql_engine::backend::{AiKind, InferenceBackend};
+use aisql_engine::data::row_sink::{MemoryRows, RowSink};
+use aisql_engine::data::tables::{TablePaths, ai_batches, batch_text_bytes, read_table};
 use aisql_engine::estimate::{Estimate, EstimatingBackend, Estimator, estimate_options};
-use aisql_engine::options::QueryOptions;
-use aisql_engine::row_sink::{MemoryRows, RowSink};
+use aisql_engine::exec::answers::AnswerTable;
+use aisql_engine::inference::backend::{AiKind, InferenceBackend};
+use aisql_engine::sql::options::QueryOptions;
 use aisql_engine::sql::{Evaluation, SqlSession};
-use aisql_engine::tables::{TablePaths, ai_batches, batch_text_bytes, read_table};
 use aisql_engine::{EngineError, Result, from_datafusion};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
@@ -34,7 +34,7 @@ pub struct QueryOutput {
     /// Seconds of query execution (consumption, planning, execution, model work).
     pub runtime_s: f64,
     /// Engine measurements (fresh tokens and the like).
-    pub measurements: aisql_engine::work::Work,
+    pub measurements: aisql_engine::inference::work::Work,
     /// Rows per physical table read.
     pub table_rows: BTreeMap<String, usize>,
 }
@@ -226,7 +226,7 @@ pub async fn estimate_query(
     tables: &TablePaths,
     options: &QueryOptions,
 ) -> Result<Estimate> {
-    let mut rows = aisql_engine::row_sink::CountedRows::default();
+    let mut rows = aisql_engine::data::row_sink::CountedRows::default();
     let options = estimate_options(options);
     run_query_into(query, tables, backend.clone(), &options, &mut rows).await?;
     Ok(estimator.estimate(&backend))

@@ -15,10 +15,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::backend::{AiCall, AiKind, AiRequest, ContentHashBackend, Doc, InferenceBackend};
 use crate::error::{EngineError, Result};
-use crate::prompt::{PromptFormat, call_pieces};
-use crate::scheduler::{Executor as _, ScheduledBackend, SchedulerConfig, SimExecutor};
+use crate::inference::backend::{
+    AiCall, AiKind, AiRequest, ContentHashBackend, Doc, InferenceBackend,
+};
+use crate::inference::prompt::{PromptFormat, call_pieces};
+use crate::inference::scheduler::{Executor as _, ScheduledBackend, SchedulerConfig, SimExecutor};
 
 /// A measured throughput profile.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -96,7 +98,7 @@ impl Calibration {
                 }
             })
             .collect();
-        crate::cache_dir::cache_dir()
+        crate::data::cache_dir::cache_dir()
             .join("calibration")
             .join(format!("{slug}.json"))
     }
@@ -109,7 +111,7 @@ impl Calibration {
         if !path.exists() {
             return Ok(None);
         }
-        let bytes = crate::input_file::read(&path).map_err(|e| EngineError::io(&path, e))?;
+        let bytes = crate::data::input_file::read(&path).map_err(|e| EngineError::io(&path, e))?;
         let c: Self = serde_json::from_slice(&bytes).map_err(|e| {
             EngineError::Data(format!(
                 "{}: not a calibration profile ({e}); run `aisql model calibrate` again",
@@ -148,7 +150,7 @@ impl Calibration {
         let dir = path.parent().expect("a calibration file has a folder");
         std::fs::create_dir_all(dir).map_err(|e| EngineError::io(dir, e))?;
         let text = serde_json::to_vec_pretty(self).expect("a profile serialises");
-        crate::files::write_file_atomic(&path, &text)?;
+        crate::data::files::write_file_atomic(&path, &text)?;
         Ok(path)
     }
 
@@ -402,7 +404,7 @@ pub fn time_workload(
     let answers = backend.answer(call, &requests);
     let seconds = started.elapsed().as_secs_f64();
     backend.end_query();
-    crate::backend::check_answers(call, backend.name(), &answers?, requests.len())?;
+    crate::inference::backend::check_answers(call, backend.name(), &answers?, requests.len())?;
     Ok(seconds)
 }
 

@@ -19,9 +19,9 @@ use std::sync::{Arc, Mutex};
 use aisql_models::Tokenizer;
 use datafusion::arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt64Array};
 
-use crate::backend::{AiCall, AiRequest, Answer, Doc, InferenceBackend};
 use crate::error::Result;
-use crate::scheduler::{ScheduledBackend, SchedulerConfig, SimExecutor};
+use crate::inference::backend::{AiCall, AiRequest, Answer, Doc, InferenceBackend};
+use crate::inference::scheduler::{ScheduledBackend, SchedulerConfig, SimExecutor};
 use calibration::{Calibration, Work};
 use sample::SampledAnswers;
 
@@ -82,8 +82,10 @@ impl Estimator {
 
 /// The options a query's estimate runs with: the query's, without its
 /// budget (an estimate computes nothing a budget could stop).
-pub fn estimate_options(options: &crate::options::QueryOptions) -> crate::options::QueryOptions {
-    crate::options::QueryOptions {
+pub fn estimate_options(
+    options: &crate::sql::options::QueryOptions,
+) -> crate::sql::options::QueryOptions {
+    crate::sql::options::QueryOptions {
         budget: None,
         ..options.clone()
     }
@@ -103,7 +105,7 @@ struct Counts {
 impl Counts {
     fn of(sim: &ScheduledBackend<SimExecutor>) -> Self {
         let e = sim.executor();
-        use crate::scheduler::Executor as _;
+        use crate::inference::scheduler::Executor as _;
         Self {
             fresh: e.fresh_tokens(),
             decoded: e.decode_tokens(),
@@ -293,7 +295,7 @@ impl InferenceBackend for EstimatingBackend {
         Ok(answers)
     }
 
-    fn measurements(&self) -> crate::work::Work {
+    fn measurements(&self) -> crate::inference::work::Work {
         self.sim.measurements()
     }
 

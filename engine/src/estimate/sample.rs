@@ -13,8 +13,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::backend::{AiCall, AiKind, AiRequest, Answer, InferenceBackend, check_answers};
 use crate::error::{EngineError, Result};
+use crate::inference::backend::{
+    AiCall, AiKind, AiRequest, Answer, InferenceBackend, check_answers,
+};
 
 /// The seed of an estimate's sample: one fixed value, so that two estimates of
 /// one query over one table ask the same rows.
@@ -320,7 +322,7 @@ impl InferenceBackend for SampledAnswers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{ContentHashBackend, Doc, test_call};
+    use crate::inference::backend::{ContentHashBackend, Doc, test_call};
 
     fn requests(ids: &[String]) -> Vec<AiRequest<'_>> {
         ids.iter()
@@ -370,7 +372,7 @@ mod tests {
         let call = test_call(AiKind::Filter, "Is {0} kind?", &[]);
         let ids: Vec<String> = (0..200).map(|i| format!("row{i}")).collect();
         // An oracle with no labels: nothing sampled, every answer drawn.
-        let oracle = Arc::new(crate::backend::NoAnswers);
+        let oracle = Arc::new(crate::inference::backend::NoAnswers);
         let sampled = SampledAnswers::new(oracle, 20, HashMap::new());
         let answers = sampled.answer(&call, &requests(&ids)).unwrap();
         assert_eq!(answers.len(), 200);

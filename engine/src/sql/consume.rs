@@ -570,8 +570,8 @@ mod tests {
     use datafusion_substrait::substrait::proto::Plan;
     use serde_json::{Value, json};
 
-    use crate::backend::NoAnswers;
-    use crate::options::QueryOptions;
+    use crate::inference::backend::NoAnswers;
+    use crate::sql::options::QueryOptions;
     use crate::sql::{Evaluation, SqlSession, row_lines};
 
     /// `t(k, name, r)`: k = 0..9, name = "name{k}", r = k % 3; `u(r, label)`:

@@ -20,8 +20,8 @@ use datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDFImpl, Signature, TypeSignature, Volatility,
 };
 
-use crate::backend::AiKind;
-use crate::prompt::{PromptFormat, PromptPieces, call_pieces};
+use crate::inference::backend::AiKind;
+use crate::inference::prompt::{PromptFormat, PromptPieces, call_pieces};
 
 /// The function's name in SQL.
 pub const NAME: &str = "ai_count_tokens";

@@ -41,7 +41,7 @@ use datafusion::optimizer::decorrelate::PullUpCorrelatedExpr;
 use datafusion::optimizer::decorrelate_predicate_subquery::DecorrelatePredicateSubquery;
 use datafusion::optimizer::{Optimizer, OptimizerConfig, OptimizerContext};
 
-use crate::ai_functions::{ai_call_of, contains_ai_call};
+use crate::exec::ai_functions::{ai_call_of, contains_ai_call};
 
 use super::rewrite::{RewriteContext, describe_call, has_outer_reference};
 

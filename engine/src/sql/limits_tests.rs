@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Evaluation, MAX_PARSE_NESTING, SqlSession, row_lines};
-use crate::backend::NoAnswers;
 use crate::error::Result;
-use crate::options::QueryOptions;
+use crate::inference::backend::NoAnswers;
+use crate::sql::options::QueryOptions;
 
 /// Runs `sql` in a fresh session allowing `max_recursion` iterations, on a
 /// thread with the deep stack the command line plans on; returns its rows.

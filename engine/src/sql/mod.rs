@@ -12,6 +12,7 @@ mod decorrelate;
 pub mod export;
 #[cfg(test)]
 mod limits_tests;
+pub mod options;
 pub mod overflow;
 pub mod plan_file;
 mod read_filters;
@@ -34,17 +35,17 @@ use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_substrait::logical_plan::consumer::SubstraitConsumer;
 
-use crate::ai_functions::{NaiveEvaluator, register_ai_functions};
-use crate::answers::{AnswerRecorder, AnswerTable};
-use crate::backend::{AiCall, InferenceBackend};
-use crate::coverage::QueryControls;
+use crate::data::row_sink::{MemoryRows, RowSink};
 use crate::error::{EngineError, Result, from_datafusion, without_panics};
-use crate::logical::ai_nodes;
-use crate::memo::AnswerMemo;
-use crate::memory_guard::HeapBoundedPool;
-use crate::options::QueryOptions;
-use crate::physical::{AiQueryPlanner, AiRuntime};
-use crate::row_sink::{MemoryRows, RowSink};
+use crate::exec::ai_functions::{NaiveEvaluator, register_ai_functions};
+use crate::exec::answers::{AnswerRecorder, AnswerTable};
+use crate::exec::coverage::QueryControls;
+use crate::exec::logical::ai_nodes;
+use crate::exec::physical::{AiQueryPlanner, AiRuntime};
+use crate::inference::backend::{AiCall, InferenceBackend};
+use crate::inference::memo::AnswerMemo;
+use crate::limits::memory_guard::HeapBoundedPool;
+use crate::sql::options::QueryOptions;
 
 use decorrelate::AiDecorrelate;
 pub use read_only::WritePolicy;
@@ -80,7 +81,7 @@ pub struct SqlSession {
     /// How strictly CSV tables are read.
     csv: Mutex<text_scan::CsvReading>,
     /// The AI operators' live progress.
-    progress: Arc<crate::progress::Progress>,
+    progress: Arc<crate::exec::progress::Progress>,
     /// Questions each AI operator is expected to ask (an estimate's), for
     /// the progress lines' totals.
     expected_rows: Mutex<std::collections::HashMap<String, u64>>,
@@ -100,7 +101,7 @@ pub struct SqlOutput {
     /// Seconds from planning to the last row.
     pub runtime_s: f64,
     /// Engine measurements (fresh tokens and the like).
-    pub measurements: crate::work::Work,
+    pub measurements: crate::inference::work::Work,
 }
 
 impl SqlOutput {
@@ -123,7 +124,7 @@ impl SqlSession {
         let recorder = Arc::new(AnswerRecorder::default());
         let memo = Arc::new(Mutex::new(AnswerMemo::default()));
         let controls = Arc::new(QueryControls::new(options.budget, options.on_row_error));
-        let progress = Arc::new(crate::progress::Progress::new(
+        let progress = Arc::new(crate::exec::progress::Progress::new(
             options.progress,
             options.progress_parent.clone(),
         ));
@@ -137,7 +138,7 @@ impl SqlSession {
         let pool = Arc::new(HeapBoundedPool::new(options.memory_limit));
         let runtime_env = RuntimeEnvBuilder::new()
             .with_memory_pool(pool.clone())
-            .with_max_temp_directory_size(crate::host_memory::default_spill_limit())
+            .with_max_temp_directory_size(crate::limits::host_memory::default_spill_limit())
             .build_arc()?;
         let context = Arc::new(Mutex::new(RewriteContext::default()));
         let builder = SessionStateBuilder::new()
@@ -247,7 +248,7 @@ impl SqlSession {
         if !(0.0..=1.0).contains(&fraction) {
             return Err(EngineError::Sql(format!(
                 "selectivity {fraction} of {:?} is not a fraction between 0 and 1",
-                crate::prompt::shorten(template, 48)
+                crate::inference::prompt::shorten(template, 48)
             )));
         }
         self.context
@@ -274,7 +275,7 @@ impl SqlSession {
             path,
             csv,
             self.options.batch_rows,
-            crate::tables::batch_text_bytes(self.backend.kv_capacity_tokens()),
+            crate::data::tables::batch_text_bytes(self.backend.kv_capacity_tokens()),
         )
         .await?;
         self.note_first_batch(name, first);
@@ -282,7 +283,7 @@ impl SqlSession {
     }
 
     /// Registers the tables of a QUAIL-B dataset (ids unique) by name.
-    pub async fn register_dataset(&self, tables: &crate::tables::TablePaths) -> Result<()> {
+    pub async fn register_dataset(&self, tables: &crate::data::tables::TablePaths) -> Result<()> {
         for (name, path) in tables {
             self.register(name, path).await?;
             tables::check_unique_ids(&self.ctx, name).await?;
@@ -480,7 +481,7 @@ impl SqlSession {
     }
 
     /// The plan of one statement as Substrait ([`export`]), AI calls as QUAIL-B
-    /// extension functions (URN [`crate::ai_functions::AI_URN`]), before the AI rewrite:
+    /// extension functions (URN [`crate::exec::ai_functions::AI_URN`]), before the AI rewrite:
     /// any engine that knows the functions can run it.
     pub async fn to_substrait(
         &self,
@@ -595,7 +596,7 @@ impl SqlSession {
         without_panics(
             async {
                 let physical = state.create_physical_plan(&plan).await?;
-                crate::row_sink::stream_rows(physical, self.ctx.task_ctx(), sink).await
+                crate::data::row_sink::stream_rows(physical, self.ctx.task_ctx(), sink).await
             },
             |message| EngineError::Sql(format!("DataFusion failed on the query: {message}")),
         )
@@ -632,7 +633,10 @@ impl SqlSession {
 }
 
 /// Tells the backend (and the progress lines) its query is over when dropped.
-struct QueryEnd<'a>(&'a dyn InferenceBackend, &'a crate::progress::Progress);
+struct QueryEnd<'a>(
+    &'a dyn InferenceBackend,
+    &'a crate::exec::progress::Progress,
+);
 
 impl Drop for QueryEnd<'_> {
     fn drop(&mut self) {

@@ -8,10 +8,10 @@ use prost::Message;
 
 use crate::error::{EngineError, Result};
 
-/// Reads a plan file, a regular file ([`crate::input_file`]): `.json` as
+/// Reads a plan file, a regular file ([`crate::data::input_file`]): `.json` as
 /// Substrait ProtoJSON, `.substrait`/`.pb` (or anything else) as binary protobuf.
 pub fn read_plan_file(path: &Path) -> Result<Plan> {
-    let bytes = crate::input_file::read(path).map_err(|e| EngineError::io(path, e))?;
+    let bytes = crate::data::input_file::read(path).map_err(|e| EngineError::io(path, e))?;
     let is_json = path.extension().is_some_and(|e| e == "json");
     decode_plan(&bytes, is_json).map_err(|message| EngineError::PlanFile {
         path: path.display().to_string(),

@@ -43,8 +43,8 @@ mod tests {
     use datafusion_substrait::substrait::proto::rel::RelType;
     use datafusion_substrait::substrait::proto::{Plan, Rel, plan_rel};
 
-    use crate::backend::NoAnswers;
-    use crate::options::QueryOptions;
+    use crate::inference::backend::NoAnswers;
+    use crate::sql::options::QueryOptions;
     use crate::sql::{Evaluation, SqlSession, row_lines};
 
     async fn session() -> (SqlSession, tempfile::TempDir) {

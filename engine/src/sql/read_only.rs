@@ -1,7 +1,7 @@
 //! Read-only SQL: which statements that write files or change the session a
 //! [`SqlSession`](super::SqlSession) runs ([`WritePolicy`]), and the check of a
 //! plan against it, before anything runs. Writes obey the one write rule
-//! ([`crate::write_guard`]).
+//! ([`crate::data::write_guard`]).
 
 use datafusion::logical_expr::LogicalPlan;
 
@@ -19,7 +19,7 @@ pub struct WritePolicy {
     /// an input.
     pub allow_writes: bool,
     /// The command's inputs, which no `COPY` may write over or into.
-    pub guard: crate::write_guard::WriteGuard,
+    pub guard: crate::data::write_guard::WriteGuard,
     /// How the user lets statements write (`aisql sql`'s `--allow-writes`),
     /// said when one is refused; `None` where nothing can (a plan file, a
     /// server).
@@ -108,8 +108,8 @@ fn statement_name(name: &str) -> String {
 /// The local path of a `COPY ... TO` target and how it is written: a folder
 /// when it ends with a slash or has no extension (DataFusion writes files
 /// into it), else one file. Another scheme than `file://` is refused.
-fn copy_target(url: &str) -> Result<(std::path::PathBuf, crate::write_guard::OutputKind)> {
-    use crate::write_guard::OutputKind;
+fn copy_target(url: &str) -> Result<(std::path::PathBuf, crate::data::write_guard::OutputKind)> {
+    use crate::data::write_guard::OutputKind;
     let path = match url.split_once("://") {
         None => url,
         Some(("file", rest)) => rest,

@@ -36,10 +36,10 @@ use datafusion::logical_expr::{
 use datafusion::optimizer::analyzer::AnalyzerRule;
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 
-use crate::ai_aggregate::{ai_agg_of, round_pieces};
-use crate::ai_functions::{AiArgs, AiFunction, ai_call_of, contains_ai_call};
-use crate::logical::{AiNode, AiShape, AiSpec, DocRef, check_text};
-use crate::prompt::PromptFormat;
+use crate::exec::ai_aggregate::{ai_agg_of, round_pieces};
+use crate::exec::ai_functions::{AiArgs, AiFunction, ai_call_of, contains_ai_call};
+use crate::exec::logical::{AiNode, AiShape, AiSpec, DocRef, check_text};
+use crate::inference::prompt::PromptFormat;
 
 use super::spelling::CallSites;
 
@@ -488,7 +488,7 @@ impl Rewriter<'_> {
             return Err(plan_error(format!(
                 "a null-aware anti join (NOT IN) with an AI condition is not supported: {}; \
                  write it as NOT EXISTS",
-                crate::prompt::shorten(&filter.to_string(), 96)
+                crate::inference::prompt::shorten(&filter.to_string(), 96)
             )));
         }
         let (filters_left, filters_right) = match t {
@@ -771,7 +771,10 @@ fn describe_with(context: &RewriteContext, e: &Expr, args: Option<&AiArgs>) -> S
         .and_then(|a| context.sites.get(&a.template))
         .cloned()
         .unwrap_or_default();
-    format!("{}{place}", crate::prompt::shorten(&e.to_string(), 96))
+    format!(
+        "{}{place}",
+        crate::inference::prompt::shorten(&e.to_string(), 96)
+    )
 }
 
 /// An AI call for errors: its text and, from SQL, its line and column.

@@ -24,9 +24,9 @@ use datafusion::sql::sqlparser::ast::{
     ObjectName, ObjectNamePart, Query, Spanned, Value, Visit, Visitor, visit_expressions_mut,
 };
 
-use crate::ai_functions::{AiFunction, MAX_TOKENS_LIMIT};
 use crate::error::{EngineError, Result};
-use crate::prompt::check_placeholders;
+use crate::exec::ai_functions::{AiFunction, MAX_TOKENS_LIMIT};
+use crate::inference::prompt::check_placeholders;
 
 /// Where each AI call's template first appears in the SQL text: the planner
 /// rule names it in its errors.
@@ -277,7 +277,7 @@ fn normalize_expr(e: &mut Expr, found: &mut Spelled) -> Result<()> {
                 "ai_agg",
                 f,
                 vec![
-                    literal(crate::ai_aggregate::SUMMARIZE_INSTRUCTION.to_string()),
+                    literal(crate::exec::ai_aggregate::SUMMARIZE_INSTRUCTION.to_string()),
                     column.clone(),
                 ],
             ))

@@ -2,8 +2,8 @@
 //! read whole into memory and registered under a name.
 //!
 //! Reading eagerly makes a malformed file an error that names it before any
-//! model runs. Only regular files are read ([`crate::input_file`]). Parquet goes
-//! through the guarded reader ([`crate::parquet_read`]); CSV and JSON lines
+//! model runs. Only regular files are read ([`crate::data::input_file`]). Parquet goes
+//! through the guarded reader ([`crate::data::parquet_read`]); CSV and JSON lines
 //! through DataFusion's readers, after a scan that refuses malformed CSV and
 //! sizes past the limits naming the line ([`super::text_scan`]). Large strings
 //! become `Utf8`, the type the AI operators read.
@@ -18,8 +18,8 @@ use datafusion::datasource::MemTable;
 use datafusion::prelude::{CsvReadOptions, JsonReadOptions, SessionContext};
 
 use super::text_scan::{self, CsvReading, ScanError};
+use crate::data::parquet_read::{ParquetReadError, read_batches};
 use crate::error::{EngineError, Result};
-use crate::parquet_read::{ParquetReadError, read_batches};
 
 /// A file format tables are read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,11 +43,11 @@ fn data_error(name: &str, path: &Path, message: impl std::fmt::Display) -> Engin
 }
 
 /// The files of a table: `path` itself, or the data files of a folder (sorted).
-/// Each is a regular file, or a link to one ([`crate::input_file`]).
+/// Each is a regular file, or a link to one ([`crate::data::input_file`]).
 fn files(name: &str, path: &Path) -> Result<(Vec<PathBuf>, Format)> {
     let meta = std::fs::metadata(path).map_err(|e| data_error(name, path, e))?;
     if !meta.is_dir() {
-        crate::input_file::regular_file(path).map_err(|e| data_error(name, path, e))?;
+        crate::data::input_file::regular_file(path).map_err(|e| data_error(name, path, e))?;
         let format = format_of(path).ok_or_else(|| {
             data_error(
                 name,
@@ -61,7 +61,7 @@ fn files(name: &str, path: &Path) -> Result<(Vec<PathBuf>, Format)> {
     for entry in std::fs::read_dir(path).map_err(|e| data_error(name, path, e))? {
         let file = entry.map_err(|e| data_error(name, path, e))?.path();
         if format_of(&file).is_some() {
-            crate::input_file::regular_file(&file).map_err(|e| data_error(name, &file, e))?;
+            crate::data::input_file::regular_file(&file).map_err(|e| data_error(name, &file, e))?;
             found.push(file);
         }
     }
@@ -90,7 +90,7 @@ fn files(name: &str, path: &Path) -> Result<(Vec<PathBuf>, Format)> {
 
 /// Reads the table at `path` (its CSV as strictly as `csv` says) and registers
 /// it as `name`, served in the batches AI operators stream
-/// ([`crate::tables::ai_batches`]: `batch_rows` rows and about
+/// ([`crate::data::tables::ai_batches`]: `batch_rows` rows and about
 /// `batch_text_bytes` bytes of its longest text column at most). Returns its row
 /// count and the rows of its first batch when it has several.
 pub async fn register(
@@ -126,7 +126,7 @@ pub async fn register(
     let schema = schema.expect("at least one file");
     let (schema, batches) = plain_strings(schema, batches)?;
     let whole = datafusion::arrow::compute::concat_batches(&schema, &batches)?;
-    let slices = crate::tables::ai_batches(
+    let slices = crate::data::tables::ai_batches(
         &whole,
         &longest_text_column(&whole).into_iter().collect::<Vec<_>>(),
         batch_rows,
@@ -139,7 +139,7 @@ pub async fn register(
 }
 
 /// Refuses table `name` when its `id` column repeats a value, naming the id:
-/// its documents are keyed by id within a query ([`crate::memo`]), so one id
+/// its documents are keyed by id within a query ([`crate::inference::memo`]), so one id
 /// must name one text.
 pub async fn check_unique_ids(ctx: &SessionContext, name: &str) -> Result<()> {
     use datafusion::functions_aggregate::expr_fn::count;

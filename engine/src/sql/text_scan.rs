@@ -103,7 +103,7 @@ fn each_chunk(
     path: &Path,
     mut feed: impl FnMut(&[u8]) -> Result<(), Problem>,
 ) -> Result<(), ScanError> {
-    let mut file = crate::input_file::open(path).map_err(ScanError::Io)?;
+    let mut file = crate::data::input_file::open(path).map_err(ScanError::Io)?;
     let mut buf = vec![0u8; CHUNK];
     loop {
         let n = match file.read(&mut buf) {
@@ -579,7 +579,7 @@ impl JsonLinesScan {
 /// counts lines from its own batch) happened. `None` when every line parses.
 pub fn json_error_line(path: &Path) -> Option<Problem> {
     use std::io::BufRead;
-    let file = crate::input_file::open(path).ok()?;
+    let file = crate::data::input_file::open(path).ok()?;
     let mut reader = std::io::BufReader::new(file);
     let mut line = Vec::new();
     for number in 1u64.. {

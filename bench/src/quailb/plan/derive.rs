@@ -13,8 +13,8 @@ use datafusion::logical_expr::expr::InList;
 use datafusion::logical_expr::{Expr, LogicalPlan};
 
 use aisql_engine::Result;
-use aisql_engine::backend::AiKind;
-use aisql_engine::logical::{AiNode, AiShape};
+use aisql_engine::exec::logical::{AiNode, AiShape};
+use aisql_engine::inference::backend::AiKind;
 
 use crate::quailb::consumer::OperatorHint;
 
@@ -291,7 +291,7 @@ impl Deriver {
         else {
             return Err(not_quailb(format!(
                 "filter condition {} is neither ai_filter nor an IN-list on a label column",
-                aisql_engine::prompt::shorten(&predicate.to_string(), 96)
+                aisql_engine::inference::prompt::shorten(&predicate.to_string(), 96)
             )));
         };
         self.in_lists += 1;

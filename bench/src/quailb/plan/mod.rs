@@ -15,8 +15,8 @@ mod derive;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use aisql_engine::backend::AiKind;
-use aisql_engine::prompt::{PromptFormat, PromptPieces, call_pieces};
+use aisql_engine::inference::backend::AiKind;
+use aisql_engine::inference::prompt::{PromptFormat, PromptPieces, call_pieces};
 use datafusion_substrait::substrait::proto::{Plan, extensions, plan_rel, rel};
 use serde_json::json;
 
@@ -25,7 +25,7 @@ use aisql_engine::{EngineError, Result};
 /// The Substrait version QUAIL-B plans are written with.
 pub const SUBSTRAIT_VERSION: (u32, u32, u32) = (0, 103, 0);
 /// URN of the AI functions.
-pub use aisql_engine::ai_functions::AI_URN;
+pub use aisql_engine::exec::ai_functions::AI_URN;
 /// URN of `equal`.
 pub const COMPARISON_URN: &str = "extension:io.substrait:functions_comparison";
 /// URN of `and`.
@@ -190,7 +190,7 @@ fn derive_view(plan: &Plan, root_names: &[String]) -> Result<derive::Derived> {
         std::sync::Arc::new(crate::quailb::oracle::OracleBackend::new(Default::default()));
     let session = SqlSession::new(
         backend,
-        aisql_engine::options::QueryOptions::default(),
+        aisql_engine::sql::options::QueryOptions::default(),
         Evaluation::Operators,
     )?;
     let (analyzed, hints) =
@@ -521,7 +521,7 @@ impl QueryPlan {
         if prompt_format != "raw-v1" {
             def["prompt_format"] = json!(prompt_format);
         }
-        aisql_engine::canonical::sha256_hex(&def)
+        aisql_standin::canonical::sha256_hex(&def)
     }
 }
 

@@ -21,7 +21,7 @@ use datafusion_substrait::substrait::proto::extensions::simple_extension_declara
     ExtensionFunction, ExtensionType, MappingType,
 };
 
-use crate::ai_functions::AiFunction;
+use crate::exec::ai_functions::AiFunction;
 
 /// Functions and types DataFusion has and Substrait's standard extensions lack.
 pub const DATAFUSION_URN: &str = "extension:aisql:functions_datafusion";
@@ -412,7 +412,7 @@ fn declare(declared: &mut Vec<Declared>, name: String, urn: String) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ai_functions::AI_URN;
+    use crate::exec::ai_functions::AI_URN;
     use datafusion::arrow::datatypes::IntervalUnit;
 
     #[test]

@@ -143,7 +143,7 @@ mod tests {
     /// The analyzed plan of `sql` over `docs(id, body, score)` and `topics(id, name)`.
     async fn analyzed(sql: &str) -> LogicalPlan {
         let ctx = SessionContext::new();
-        crate::ai_functions::register_ai_functions(&ctx, None);
+        crate::exec::ai_functions::register_ai_functions(&ctx, None);
         create_tables(&ctx).await;
         let state = ctx.state();
         let plan = state.create_logical_plan(sql).await.unwrap();
@@ -237,7 +237,7 @@ mod tests {
         assert_eq!(
             declared,
             [
-                ("ai_filter".to_string(), crate::ai_functions::AI_URN),
+                ("ai_filter".to_string(), crate::exec::ai_functions::AI_URN),
                 (
                     "and".to_string(),
                     "extension:io.substrait:functions_boolean"

@@ -1,0 +1,839 @@
+//! The registry of AI functions ([`AI_FUNCTIONS`]) and their DataFusion scalar
+//! functions: `ai_filter(template, doc [, partner])`, `ai_join(template, left,
+//! right)`, `ai_classify(template, doc [, partner], labels, descriptions)`,
+//! `ai_score(template, doc [, partner])`, `ai_classify_scores(...)` (as
+//! `ai_classify`) and `ai_complete(template, doc [, partner] [, max_tokens])`,
+//! whatever spelling or producer they came from (SQL, any Substrait plan).
+//!
+//! They are registered so that SQL and Substrait resolve them by name; the
+//! analyzer rule ([`crate::sql::rewrite`]) then turns every call into an AI
+//! operator that batches its prompts. A call left in a plan is evaluated row by
+//! row only when the functions were registered with a [`NaiveEvaluator`] — the
+//! reference the differential tests compare the AI operators with. Otherwise
+//! evaluating one is an error: the engine never asks a model one row at a time
+//! by accident.
+//!
+//! [`AiArgs`] is the one parser of a call's arguments (template, documents,
+//! labels): the rule and the naive evaluator both use it.
+
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, StringArray};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
+use datafusion::common::ScalarValue;
+use datafusion::common::tree_node::TreeNode;
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::logical_expr::expr::ScalarFunction;
+use datafusion::logical_expr::{
+    ColumnarValue, Expr, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+    Volatility,
+};
+use datafusion::prelude::SessionContext;
+
+use crate::error::{EngineError, Result};
+use crate::exec::answers::answer_array;
+use crate::inference::backend::{
+    AiCall, AiKind, AiRequest, Doc, InferenceBackend, check_answers, require_answered,
+};
+use crate::inference::prompt::{PromptFormat, call_pieces, check_placeholders, extract_questions};
+
+/// URN under which QUAIL-B plans, and aisql's Substrait for the functions they
+/// use, declare the AI functions.
+pub const AI_URN: &str = "extension:org.fsdatalab.quail_b:functions_ai";
+
+/// Default `max_tokens` of a generating call.
+pub const DEFAULT_MAX_TOKENS: u32 = 256;
+
+/// One AI function: the registry's description of it. The planner rule, the
+/// naive evaluator, the SQL spellings, Substrait and the backends all read a
+/// call through this one entry; adding a function is an entry here, its
+/// prompt rendering ([`crate::inference::prompt::call_pieces`]) and its tests.
+#[derive(Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AiFunction {
+    /// The registered (lowercase) name.
+    pub name: &'static str,
+    /// Other names SQL and Substrait resolve to it.
+    pub aliases: &'static [&'static str],
+    /// The question one call over one document asks. An `ai_filter` over two
+    /// documents asks [`AiKind::Join`].
+    pub kind: AiKind,
+    /// The fewest and most documents.
+    pub documents: (usize, usize),
+    /// Whether a template comes first (every function but `ai_extract`,
+    /// whose questions are its fields).
+    pub template: bool,
+    /// Whether labels and their descriptions follow the documents.
+    pub labels: bool,
+    /// Whether a list of `'name: question'` fields follows the documents.
+    pub fields: bool,
+    /// Whether an integer `max_tokens` may end the arguments, and its
+    /// default (0: not a generating function).
+    pub max_tokens: u32,
+    /// The accepted arguments, for errors.
+    pub arity: &'static str,
+    /// Whether it is an aggregate (its document is a column's rows, grouped).
+    pub aggregate: bool,
+    /// The URN of the Substrait extension that declares it: QUAIL-B's for the
+    /// functions its plans call, aisql's ([`AISQL_AI_URN`]) for the others.
+    pub urn: &'static str,
+}
+
+/// URN of the extension declaring aisql's own AI functions
+/// (`engine/src/sql/export/functions_ai.yaml`).
+pub const AISQL_AI_URN: &str = "extension:aisql:functions_ai";
+
+/// Every AI function.
+pub static AI_FUNCTIONS: [AiFunction; 7] = [
+    AiFunction {
+        name: "ai_filter",
+        aliases: &[],
+        kind: AiKind::Filter,
+        documents: (1, 2),
+        template: true,
+        labels: false,
+        fields: false,
+        max_tokens: 0,
+        arity: "(template, document) or (template, document, partner)",
+        aggregate: false,
+        urn: AI_URN,
+    },
+    AiFunction {
+        name: "ai_join",
+        aliases: &[],
+        kind: AiKind::Join,
+        documents: (2, 2),
+        template: true,
+        labels: false,
+        fields: false,
+        max_tokens: 0,
+        arity: "(template, left document, right document)",
+        aggregate: false,
+        urn: AI_URN,
+    },
+    AiFunction {
+        name: "ai_classify",
+        aliases: &[],
+        kind: AiKind::Classify,
+        documents: (1, 2),
+        template: true,
+        labels: true,
+        fields: false,
+        max_tokens: 0,
+        arity: "(template, document [, partner], [labels...], [descriptions...])",
+        aggregate: false,
+        urn: AI_URN,
+    },
+    AiFunction {
+        name: "ai_score",
+        aliases: &["ai_filter_score"],
+        kind: AiKind::Score,
+        documents: (1, 2),
+        template: true,
+        labels: false,
+        fields: false,
+        max_tokens: 0,
+        arity: "(template, document [, partner])",
+        aggregate: false,
+        urn: AI_URN,
+    },
+    AiFunction {
+        name: "ai_classify_scores",
+        aliases: &[],
+        kind: AiKind::ClassifyScores,
+        documents: (1, 2),
+        template: true,
+        labels: true,
+        fields: false,
+        max_tokens: 0,
+        arity: "(template, document [, partner], [labels...], [descriptions...])",
+        aggregate: false,
+        urn: AISQL_AI_URN,
+    },
+    AiFunction {
+        name: "ai_complete",
+        aliases: &[],
+        kind: AiKind::Complete,
+        documents: (1, 2),
+        template: true,
+        labels: false,
+        fields: false,
+        max_tokens: DEFAULT_MAX_TOKENS,
+        arity: "(template, document [, partner] [, max_tokens])",
+        aggregate: false,
+        urn: AISQL_AI_URN,
+    },
+    AiFunction {
+        name: "ai_extract",
+        aliases: &[],
+        kind: AiKind::Extract,
+        documents: (1, 1),
+        template: false,
+        labels: false,
+        fields: true,
+        max_tokens: DEFAULT_EXTRACT_TOKENS,
+        arity: "(document, ['name: question', ...] [, max_tokens])",
+        aggregate: false,
+        urn: AISQL_AI_URN,
+    },
+];
+
+/// The aggregate AI functions (`ai_agg`), described like the others.
+pub static AI_AGGREGATES: [AiFunction; 1] = [AiFunction {
+    name: "ai_agg",
+    aliases: &[],
+    kind: AiKind::Complete,
+    documents: (1, 1),
+    template: true,
+    labels: false,
+    fields: false,
+    max_tokens: DEFAULT_MAX_TOKENS,
+    arity: "(instruction, column [, max_tokens])",
+    aggregate: true,
+    urn: AISQL_AI_URN,
+}];
+
+/// Default `max_tokens` of one extracted field: fields are short answers.
+pub const DEFAULT_EXTRACT_TOKENS: u32 = 64;
+
+impl AiFunction {
+    /// The function a name or alias stands for (case-insensitive, as SQL
+    /// resolves it).
+    pub fn from_name(name: &str) -> Option<&'static Self> {
+        AI_FUNCTIONS.iter().chain(&AI_AGGREGATES).find(|f| {
+            f.name.eq_ignore_ascii_case(name)
+                || f.aliases.iter().any(|a| a.eq_ignore_ascii_case(name))
+        })
+    }
+
+    /// The question a call with `documents` documents asks: a TRUE/FALSE
+    /// question about one document is a filter, about two a join.
+    pub fn kind(&self, documents: usize) -> AiKind {
+        match (self.kind, documents) {
+            (AiKind::Filter, 2) => AiKind::Join,
+            (kind, _) => kind,
+        }
+    }
+
+    /// Whether a call's last argument is its `max_tokens`: a generating call
+    /// of more than two arguments whose last is a number (a document is text).
+    pub fn ends_with_max_tokens(&self, args: usize, last_is_number: bool) -> bool {
+        self.max_tokens > 0 && args > 2 && last_is_number
+    }
+
+    /// Arguments before the documents: the template, if it takes one.
+    pub fn leading(&self) -> usize {
+        usize::from(self.template)
+    }
+
+    /// How many arguments are documents, for `args` arguments (the last a
+    /// number or not).
+    pub fn documents(
+        &self,
+        args: usize,
+        last_is_number: bool,
+    ) -> std::result::Result<usize, String> {
+        let trailing = usize::from(self.ends_with_max_tokens(args, last_is_number));
+        let fixed =
+            self.leading() + if self.labels { 2 } else { 0 } + usize::from(self.fields) + trailing;
+        let (low, high) = self.documents;
+        match args.checked_sub(fixed) {
+            Some(docs) if (low..=high).contains(&docs) => Ok(docs),
+            _ => Err(format!(
+                "{} takes {}, not {args} argument(s)",
+                self.name, self.arity
+            )),
+        }
+    }
+}
+
+/// The arguments of one AI call, checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AiArgs {
+    /// Which function.
+    pub function: &'static AiFunction,
+    /// Prompt template with `{0}` (and `{1}`).
+    pub template: String,
+    /// The document expressions, `{0}` first.
+    pub documents: Vec<Expr>,
+    /// Classification labels, or an extraction's field names (empty
+    /// otherwise).
+    pub labels: Vec<String>,
+    /// One description per label, or an extraction's question per field.
+    pub descriptions: Vec<String>,
+    /// Most tokens to generate (generating functions; 0 otherwise).
+    pub max_tokens: u32,
+}
+
+impl AiArgs {
+    /// Parses `function(args)`. Errors say what is wrong without position; the
+    /// caller adds where the call is.
+    pub fn parse(
+        function: &'static AiFunction,
+        args: &[Expr],
+    ) -> std::result::Result<Self, String> {
+        let name = function.name;
+        let last_is_number = args
+            .last()
+            .is_some_and(|e| string_literal(e).is_none() && is_literal(e));
+        let trailing = function.ends_with_max_tokens(args.len(), last_is_number);
+        let documents = function.documents(args.len(), last_is_number)?;
+        let first = function.leading();
+        let after = first + documents;
+        let template = if function.template {
+            let template = string_literal(&args[0]).ok_or_else(|| {
+                format!(
+                    "{name}: the template (first argument) must be a string literal, not {}",
+                    args[0]
+                )
+            })?;
+            // An aggregate's instruction names no document: its rows are the text.
+            let placeholders = if function.aggregate { 0 } else { documents };
+            check_placeholders(&template, placeholders).map_err(|m| format!("{name}: {m}"))?;
+            template
+        } else {
+            String::new()
+        };
+        let (labels, descriptions) = if function.labels {
+            let list = |e: &Expr, what: &str| {
+                string_list(e).ok_or_else(|| {
+                    format!(
+                        "{name}: the {what} must be a list of string literals such as ['a', 'b'], not {e}"
+                    )
+                })
+            };
+            let labels = list(&args[after], "labels")?;
+            let descriptions = list(&args[after + 1], "descriptions")?;
+            check_label_list(name, &labels, &descriptions)?;
+            (labels, descriptions)
+        } else if function.fields {
+            parse_fields(name, after + 1, &args[after])?
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let max_tokens = if trailing {
+            max_tokens_literal(name, args.len(), &args[args.len() - 1])?
+        } else {
+            function.max_tokens
+        };
+        Ok(Self {
+            function,
+            template,
+            documents: args[first..after].to_vec(),
+            labels,
+            descriptions,
+            max_tokens,
+        })
+    }
+
+    /// The question kind.
+    pub fn kind(&self) -> AiKind {
+        self.function.kind(self.documents.len())
+    }
+
+    /// The call as a backend sees it, for operator `op_id` over documents of
+    /// `tables`/`columns`.
+    pub fn call(
+        &self,
+        op_id: &str,
+        format: PromptFormat,
+        tables: Vec<String>,
+        columns: Vec<String>,
+    ) -> Result<AiCall> {
+        let kind = self.kind();
+        let pieces = if self.function.aggregate {
+            // The first round's: the group's rows, then the instruction.
+            crate::exec::ai_aggregate::round_pieces(format, &self.template, false)
+        } else {
+            call_pieces(
+                format,
+                kind,
+                &self.template,
+                self.documents.len() > 1,
+                &self.labels,
+                &self.descriptions,
+            )?
+        };
+        Ok(AiCall {
+            op_id: op_id.to_string(),
+            kind,
+            template: self.template.clone(),
+            tables,
+            columns,
+            pieces,
+            labels: self.labels.clone(),
+            max_tokens: self.max_tokens,
+            // An extraction's questions travel rendered: each is what the
+            // model reads after the document.
+            descriptions: if kind == AiKind::Extract {
+                extract_questions(format, &self.descriptions)
+            } else {
+                self.descriptions.clone()
+            },
+            relations: Vec::new(),
+        })
+    }
+}
+
+/// An extraction's fields (argument number `position`): a list of
+/// `'name: question'` strings, names unique and non-empty. Returns the names
+/// and the questions.
+fn parse_fields(
+    name: &str,
+    position: usize,
+    e: &Expr,
+) -> std::result::Result<(Vec<String>, Vec<String>), String> {
+    let bad = |why: String| {
+        format!(
+            "{name}: the fields (argument {position}) must be a list of 'name: question' \
+             strings such as ['price: What does it cost?']; {why}"
+        )
+    };
+    // SQL's ['a: q', ...] reaches the planner as one JSON-array string
+    // (`crate::sql::spelling`), so that the call's type can name the fields.
+    let list = string_list(e)
+        .or_else(|| serde_json::from_str(&string_literal(e)?).ok())
+        .ok_or_else(|| bad(format!("not {e}")))?;
+    if list.is_empty() {
+        return Err(bad("the list is empty".into()));
+    }
+    let mut names: Vec<String> = Vec::with_capacity(list.len());
+    let mut questions = Vec::with_capacity(list.len());
+    for (i, field) in list.iter().enumerate() {
+        let Some((n, q)) = field.split_once(':') else {
+            return Err(bad(format!("field {} ({field:?}) has no ':'", i + 1)));
+        };
+        let (n, q) = (n.trim(), q.trim());
+        if n.is_empty() || q.is_empty() {
+            return Err(bad(format!(
+                "field {} ({field:?}) has an empty name or question",
+                i + 1
+            )));
+        }
+        if names.iter().any(|m| m.eq_ignore_ascii_case(n)) {
+            return Err(bad(format!("field name {n:?} comes twice")));
+        }
+        names.push(n.to_string());
+        questions.push(q.to_string());
+    }
+    Ok((names, questions))
+}
+
+/// Whether `e` is a literal (possibly cast).
+fn is_literal(e: &Expr) -> bool {
+    match e {
+        Expr::Literal(..) => true,
+        Expr::Cast(c) => is_literal(&c.expr),
+        Expr::TryCast(c) => is_literal(&c.expr),
+        Expr::Negative(n) => is_literal(n),
+        _ => false,
+    }
+}
+
+/// A `max_tokens` argument (argument number `position`): a positive integer
+/// literal no larger than any model's context.
+fn max_tokens_literal(name: &str, position: usize, e: &Expr) -> std::result::Result<u32, String> {
+    let value = match e {
+        Expr::Negative(n) => integer_literal(n).map(|v| -v),
+        e => integer_literal(e),
+    };
+    let bad = || {
+        format!(
+            "{name}: max_tokens (argument {position}) must be a positive integer literal of at \
+             most {MAX_TOKENS_LIMIT}, not {e}"
+        )
+    };
+    match value {
+        Some(v) if (1..=i128::from(MAX_TOKENS_LIMIT)).contains(&v) => Ok(v as u32),
+        _ => Err(bad()),
+    }
+}
+
+/// The most tokens a call may ask to generate: the longest context of any
+/// Qwen3 (a call over the loaded model's context fails when it runs, naming
+/// that context).
+pub const MAX_TOKENS_LIMIT: u32 = 131_072;
+
+fn integer_literal(e: &Expr) -> Option<i128> {
+    match e {
+        Expr::Literal(v, _) => match v {
+            ScalarValue::Int8(Some(v)) => Some(i128::from(*v)),
+            ScalarValue::Int16(Some(v)) => Some(i128::from(*v)),
+            ScalarValue::Int32(Some(v)) => Some(i128::from(*v)),
+            ScalarValue::Int64(Some(v)) => Some(i128::from(*v)),
+            ScalarValue::UInt8(Some(v)) => Some(i128::from(*v)),
+            ScalarValue::UInt16(Some(v)) => Some(i128::from(*v)),
+            ScalarValue::UInt32(Some(v)) => Some(i128::from(*v)),
+            ScalarValue::UInt64(Some(v)) => Some(i128::from(*v)),
+            _ => None,
+        },
+        Expr::Cast(c) => integer_literal(&c.expr),
+        Expr::TryCast(c) => integer_literal(&c.expr),
+        _ => None,
+    }
+}
+
+/// Labels: at least two, one description each, and told apart by an answer:
+/// none the same as another up to case and spacing, none continuing another
+/// word for word (the answer "very" would be read as both "very" and "very
+/// good").
+fn check_label_list(
+    name: &str,
+    labels: &[String],
+    descriptions: &[String],
+) -> std::result::Result<(), String> {
+    if labels.len() < 2 {
+        return Err(format!("{name} needs at least two labels"));
+    }
+    if labels.len() != descriptions.len() {
+        return Err(format!(
+            "{name}: {} labels but {} descriptions",
+            labels.len(),
+            descriptions.len()
+        ));
+    }
+    let fold = |s: &str| {
+        s.split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .to_lowercase()
+    };
+    let folded: Vec<String> = labels.iter().map(|l| fold(l)).collect();
+    for (i, (l, f)) in labels.iter().zip(&folded).enumerate() {
+        if f.is_empty() {
+            return Err(format!("{name}: label {} is empty", i + 1));
+        }
+        if let Some(j) = folded[..i].iter().position(|g| g == f) {
+            return Err(format!(
+                "{name}: labels {:?} and {l:?} are the same",
+                labels[j]
+            ));
+        }
+    }
+    for a in &folded {
+        for b in &folded {
+            if b.len() > a.len() && b.starts_with(a.as_str()) && b[a.len()..].starts_with(' ') {
+                return Err(format!(
+                    "{name}: label {b:?} continues label {a:?} word for word"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The AI function an expression calls, with its arguments.
+pub fn ai_call_of(e: &Expr) -> Option<(&'static AiFunction, &[Expr])> {
+    match e {
+        Expr::ScalarFunction(ScalarFunction { func, args }) => {
+            let udf = func.inner().downcast_ref::<AiUdf>()?;
+            Some((udf.function, args.as_slice()))
+        }
+        _ => None,
+    }
+}
+
+/// Whether `e` calls an AI function anywhere.
+pub fn contains_ai_call(e: &Expr) -> bool {
+    e.exists(|e| Ok(ai_call_of(e).is_some())).unwrap_or(false)
+}
+
+fn string_literal(e: &Expr) -> Option<String> {
+    match e {
+        Expr::Literal(v, _) => scalar_string(v),
+        Expr::Cast(c) => string_literal(&c.expr),
+        Expr::TryCast(c) => string_literal(&c.expr),
+        _ => None,
+    }
+}
+
+fn scalar_string(v: &ScalarValue) -> Option<String> {
+    match v {
+        ScalarValue::Utf8(Some(s))
+        | ScalarValue::LargeUtf8(Some(s))
+        | ScalarValue::Utf8View(Some(s)) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// A list of string literals: `make_array('a', 'b')` as SQL plans `['a', 'b']`,
+/// or a list literal (Substrait, constant folding).
+fn string_list(e: &Expr) -> Option<Vec<String>> {
+    match e {
+        Expr::ScalarFunction(f) if f.func.name() == "make_array" => {
+            f.args.iter().map(string_literal).collect()
+        }
+        Expr::Literal(v, _) => scalar_list(v),
+        Expr::Cast(c) => string_list(&c.expr),
+        _ => None,
+    }
+}
+
+fn scalar_list(v: &ScalarValue) -> Option<Vec<String>> {
+    let values: ArrayRef = match v {
+        ScalarValue::List(a) => a.value(0),
+        ScalarValue::LargeList(a) => a.value(0),
+        ScalarValue::FixedSizeList(a) => a.value(0),
+        _ => return None,
+    };
+    let values = cast(&values, &DataType::Utf8).ok()?;
+    let strings = values.as_any().downcast_ref::<StringArray>()?;
+    (0..strings.len())
+        .map(|i| strings.is_valid(i).then(|| strings.value(i).to_string()))
+        .collect()
+}
+
+/// Evaluates AI calls row by row with a backend: the naive reference the AI
+/// operators are tested against, never the engine's own path.
+#[derive(Clone)]
+pub struct NaiveEvaluator {
+    /// Asked once per row.
+    pub backend: Arc<dyn InferenceBackend>,
+    /// Prompt layout.
+    pub format: PromptFormat,
+}
+
+impl std::fmt::Debug for NaiveEvaluator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NaiveEvaluator({})", self.backend.name())
+    }
+}
+
+/// One AI function as a DataFusion scalar function.
+#[derive(Debug)]
+pub struct AiUdf {
+    function: &'static AiFunction,
+    aliases: Vec<String>,
+    signature: Signature,
+    naive: Option<NaiveEvaluator>,
+}
+
+impl PartialEq for AiUdf {
+    fn eq(&self, other: &Self) -> bool {
+        self.function == other.function
+            && match (&self.naive, &other.naive) {
+                (None, None) => true,
+                (Some(a), Some(b)) => Arc::ptr_eq(&a.backend, &b.backend),
+                _ => false,
+            }
+    }
+}
+
+impl Eq for AiUdf {}
+
+impl Hash for AiUdf {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.function.hash(state);
+        self.naive.is_some().hash(state);
+    }
+}
+
+impl AiUdf {
+    /// The function, evaluated row by row by `naive` if given.
+    pub fn new(function: &'static AiFunction, naive: Option<NaiveEvaluator>) -> Self {
+        Self {
+            function,
+            aliases: function.aliases.iter().map(|a| a.to_string()).collect(),
+            signature: Signature::variadic_any(Volatility::Immutable),
+            naive,
+        }
+    }
+}
+
+impl ScalarUDFImpl for AiUdf {
+    fn name(&self) -> &str {
+        self.function.name
+    }
+
+    fn aliases(&self) -> &[String] {
+        &self.aliases
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> DfResult<DataType> {
+        Ok(self.function.kind.return_type(&[]))
+    }
+
+    /// An extraction's struct has one field per `'name: question'`: read
+    /// from the fields argument, a literal by the time the call is typed.
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> DfResult<FieldRef> {
+        let names = if self.function.fields {
+            let at = self.function.leading() + 1;
+            let value = args.scalar_arguments.get(at).copied().flatten();
+            let literal = value.map(|v| Expr::Literal(v.clone(), None));
+            match literal.map(|e| parse_fields(self.function.name, at + 1, &e)) {
+                Some(Ok((names, _))) => names,
+                Some(Err(m)) => return Err(DataFusionError::Plan(m)),
+                None => {
+                    return Err(DataFusionError::Plan(format!(
+                        "{}: the fields (argument {}) must be a list of 'name: question' \
+                         string literals",
+                        self.function.name,
+                        at + 1
+                    )));
+                }
+            }
+        } else {
+            Vec::new()
+        };
+        Ok(Arc::new(Field::new(
+            self.name(),
+            self.function.kind.return_type(&names),
+            true,
+        )))
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        let Some(naive) = &self.naive else {
+            return Err(DataFusionError::Plan(format!(
+                "{} was left as a row-by-row function: AI calls are planned as AI operators, \
+                 and this one was in a place the planner does not rewrite",
+                self.function.name
+            )));
+        };
+        naive_eval(self.function, naive, args).map_err(DataFusionError::from)
+    }
+}
+
+/// Registers the AI functions on `ctx`.
+pub fn register_ai_functions(ctx: &SessionContext, naive: Option<NaiveEvaluator>) {
+    for f in &AI_FUNCTIONS {
+        ctx.register_udf(ScalarUDF::new_from_impl(AiUdf::new(f, naive.clone())));
+    }
+    ctx.register_udaf(datafusion::logical_expr::AggregateUDF::new_from_impl(
+        crate::exec::ai_aggregate::AiAggUdf::new(naive),
+    ));
+}
+
+/// One row at a time: the reference semantics of an AI call. A NULL document
+/// gives a NULL answer.
+fn naive_eval(
+    function: &'static AiFunction,
+    naive: &NaiveEvaluator,
+    args: ScalarFunctionArgs,
+) -> Result<ColumnarValue> {
+    let rows = args.number_rows;
+    let exprs: Vec<Expr> = args
+        .args
+        .iter()
+        .map(|a| match a {
+            ColumnarValue::Scalar(s) if !matches!(s, ScalarValue::Utf8(None)) => {
+                Expr::Literal(s.clone(), None)
+            }
+            // A document: its values are read below.
+            _ => Expr::Literal(ScalarValue::Utf8(Some(String::new())), None),
+        })
+        .collect();
+    let parsed = AiArgs::parse(function, &exprs).map_err(EngineError::Sql)?;
+    // Documents are columns here; the parse above only checked the shape.
+    let first = function.leading();
+    let docs: Vec<ArrayRef> = args.args[first..first + parsed.documents.len()]
+        .iter()
+        .map(|a| {
+            let array = a.to_array(rows)?;
+            Ok(cast(&array, &DataType::Utf8)?)
+        })
+        .collect::<Result<_>>()?;
+    let docs: Vec<&StringArray> = docs
+        .iter()
+        .map(|a| {
+            a.as_any()
+                .downcast_ref::<StringArray>()
+                .expect("cast to Utf8")
+        })
+        .collect();
+    let call = parsed.call(
+        "naive",
+        naive.format,
+        vec![String::new(); docs.len()],
+        vec![String::new(); docs.len()],
+    )?;
+    let mut answers = Vec::with_capacity(rows);
+    for row in 0..rows {
+        if docs.iter().any(|d| d.is_null(row)) {
+            answers.push(None);
+            continue;
+        }
+        fn doc(d: &StringArray, row: usize) -> Doc<'_> {
+            Doc {
+                id: d.value(row),
+                text: d.value(row),
+            }
+        }
+        let request = AiRequest {
+            anchor: doc(docs[0], row),
+            partner: docs.get(1).map(|d| doc(d, row)),
+        };
+        let answer = naive.backend.answer(&call, &[request])?;
+        check_answers(&call, "the backend", &answer, 1)?;
+        answers.push(require_answered(answer)?.into_iter().next());
+    }
+    Ok(ColumnarValue::Array(answer_array(&call, &answers)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::prelude::{col, lit};
+
+    fn f(name: &str) -> &'static AiFunction {
+        AiFunction::from_name(name).unwrap()
+    }
+
+    fn udf(f: &'static AiFunction) -> Arc<ScalarUDF> {
+        Arc::new(ScalarUDF::new_from_impl(AiUdf::new(f, None)))
+    }
+
+    #[test]
+    fn parses_each_function() {
+        let args = vec![lit("Is {0} kind?"), col("body")];
+        let a = AiArgs::parse(f("ai_filter"), &args).unwrap();
+        assert_eq!(a.kind(), AiKind::Filter);
+        let args = vec![lit("Does {0} cite {1}?"), col("a"), col("b")];
+        assert_eq!(
+            AiArgs::parse(f("ai_filter"), &args).unwrap().kind(),
+            AiKind::Join
+        );
+        assert_eq!(
+            AiArgs::parse(f("ai_join"), &args).unwrap().kind(),
+            AiKind::Join
+        );
+        let labels = Expr::Literal(
+            ScalarValue::List(ScalarValue::new_list_nullable(
+                &[ScalarValue::from("pos"), ScalarValue::from("neg")],
+                &DataType::Utf8,
+            )),
+            None,
+        );
+        let args = vec![lit("Tone of {0}?"), col("body"), labels.clone(), labels];
+        let a = AiArgs::parse(f("ai_classify"), &args).unwrap();
+        assert_eq!(a.labels, ["pos", "neg"]);
+    }
+
+    #[test]
+    fn rejects_bad_calls() {
+        let e = AiArgs::parse(f("ai_join"), &[lit("{0}"), col("a")]).unwrap_err();
+        assert!(e.contains("ai_join takes"), "{e}");
+        let e = AiArgs::parse(f("ai_filter"), &[lit("no placeholder"), col("a")]).unwrap_err();
+        assert!(e.contains("no {0} placeholder"), "{e}");
+        let e = AiArgs::parse(f("ai_filter"), &[lit("{0} and {1}"), col("a")]).unwrap_err();
+        assert!(e.contains("more placeholders"), "{e}");
+        let e = AiArgs::parse(f("ai_filter"), &[col("t"), col("a")]).unwrap_err();
+        assert!(e.contains("string literal"), "{e}");
+    }
+
+    #[test]
+    fn finds_calls_in_expressions() {
+        let call = Expr::ScalarFunction(ScalarFunction::new_udf(
+            udf(f("ai_filter")),
+            vec![lit("{0}?"), col("x")],
+        ));
+        assert!(ai_call_of(&call).is_some());
+        assert!(contains_ai_call(&!call.clone()));
+        assert!(!contains_ai_call(&col("x").eq(lit("y"))));
+    }
+}

@@ -1,0 +1,13 @@
+//! Answering AI calls: the backend trait and its prompts, the typed work
+//! measurements, and what serves a backend: the model scheduler with its KV
+//! tiers, the memo and answer cache, shards and remote workers.
+
+pub mod answer_cache;
+pub mod backend;
+pub mod distributed;
+pub mod kv_cache;
+pub mod memo;
+pub mod prompt;
+pub mod scheduler;
+pub mod shard;
+pub mod work;

@@ -1,0 +1,217 @@
+//! Loading a model (tiny, a local directory or the Hugging Face cache) into a
+//! scheduled backend, and the simulation backend.
+
+use std::sync::Arc;
+
+use aisql_models::Tokenizer;
+
+use super::{
+    ModelExecutor, ScheduledBackend, SchedulerConfig, SimExecutor, default_host_kv_budget_bytes,
+    gpu_kv_budget_bytes,
+};
+use crate::error::{EngineError, Result};
+use crate::inference::backend::InferenceBackend;
+
+/// Which model to load and how to schedule it.
+#[derive(Debug, Clone)]
+pub struct ModelSpec {
+    /// `tiny`, a local directory, or a Hugging Face id in the local cache.
+    pub model: String,
+    /// CUDA device, `None` for the CPU.
+    pub gpu: Option<usize>,
+    /// Weights format (default: f32 on CPU, bf16 on GPU); a GGUF model's own.
+    pub dtype: Option<aisql_models::Precision>,
+    /// Scheduling knobs.
+    pub scheduler: SchedulerConfig,
+    /// The KV budget was not chosen by the user: on a GPU, replace it by
+    /// [`gpu_kv_budget_bytes`] of the memory left free once the weights are loaded.
+    pub kv_budget_from_device: bool,
+    /// The host KV tier was not chosen by the user: on a GPU it gets
+    /// [`default_host_kv_budget_bytes`]; on the CPU, where the KV already lives
+    /// in host memory, none.
+    pub host_kv_from_memory: bool,
+}
+
+/// The folder `--model tiny` is kept in (whether generated yet or not).
+pub fn tiny_model_path() -> std::path::PathBuf {
+    crate::data::cache_dir::cache_dir().join("models/tiny-qwen3-seed0")
+}
+
+/// The files and folders the model named `model` is read from, for the write
+/// rule ([`crate::data::write_guard`]): the tiny model's folder, a local model
+/// folder, or a Hugging Face id's files and snapshot folder in the local cache.
+/// Nothing is generated or loaded; an id not in the cache reads nothing.
+pub fn model_input_paths(model: &str) -> Vec<std::path::PathBuf> {
+    if model == "tiny" {
+        return vec![tiny_model_path()];
+    }
+    let local = std::path::Path::new(model);
+    if local.exists() {
+        return vec![local.to_path_buf()];
+    }
+    match aisql_models::ModelFiles::resolve(model) {
+        Ok(files) => {
+            let mut paths: Vec<std::path::PathBuf> = files.weights.clone();
+            paths.extend(files.config.clone());
+            paths.extend(files.tokenizer.clone());
+            paths.extend(files.weights[0].parent().map(std::path::Path::to_path_buf));
+            paths
+        }
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Where `--model tiny` lives: `models/tiny-qwen3-seed0` under aisql's cache folder
+/// ([`crate::data::cache_dir::cache_dir`]), generated on first use, deterministic (seed 0),
+/// and sealed: a copy whose files no longer match the seal is generated again.
+pub fn tiny_model_dir() -> Result<std::path::PathBuf> {
+    use crate::data::cache_dir::{SEAL_FILE, check_seal, files_of, seal};
+    let base = crate::data::cache_dir::cache_dir();
+    let dir = tiny_model_path();
+    if dir.exists() {
+        match check_seal(&dir, &dir.join(SEAL_FILE)) {
+            Ok(()) => return Ok(dir),
+            Err(why) => {
+                eprintln!(
+                    "note: the cached tiny model at {} is damaged ({why}); generating it again",
+                    dir.display()
+                );
+                std::fs::remove_dir_all(&dir).map_err(|e| EngineError::io(&dir, e))?;
+            }
+        }
+    }
+    let tmp = base.join(format!("models/.tiny-qwen3-seed0.{}", std::process::id()));
+    aisql_models::tiny::write_tiny_model(&tmp, 0)?;
+    seal(&tmp, &files_of(&tmp)?, &tmp.join(SEAL_FILE))?;
+    std::fs::create_dir_all(dir.parent().expect("has parent"))
+        .map_err(|e| EngineError::io(&dir, e))?;
+    // Another process may have placed its copy first: then use that one.
+    if std::fs::rename(&tmp, &dir).is_err() && check_seal(&dir, &dir.join(SEAL_FILE)).is_err() {
+        return Err(EngineError::Inference(format!(
+            "could not place the tiny model at {}",
+            dir.display()
+        )));
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(dir)
+}
+
+/// Where the model named `model` is read from: the generated tiny model's folder
+/// for `tiny`, else `model` itself (a directory or a Hugging Face id).
+pub fn model_source(model: &str) -> Result<String> {
+    Ok(if model == "tiny" {
+        tiny_model_dir()?.display().to_string()
+    } else {
+        model.to_string()
+    })
+}
+
+/// Metadata describing a backend (model, device, dtype, budgets), for run records.
+pub type RunMetadata = serde_json::Map<String, serde_json::Value>;
+
+/// Loads the model of `spec` and wraps it in the scheduled backend. Also returns
+/// metadata describing it (model, device, dtype, budgets).
+pub fn load_model_backend(
+    spec: &ModelSpec,
+) -> Result<(Arc<ScheduledBackend<ModelExecutor>>, RunMetadata)> {
+    let source = model_source(&spec.model)?;
+    let device = aisql_models::device(spec.gpu)?;
+    let (model, tokenizer) = aisql_models::load(&source, &device, spec.dtype)?;
+    let mut scheduler = spec.scheduler.clone();
+    let mut meta = serde_json::Map::new();
+    if spec.kv_budget_from_device
+        && let Some(free) = aisql_models::device_free_memory(&device)
+    {
+        scheduler.kv_budget_bytes = gpu_kv_budget_bytes(free);
+        meta.insert("device_free_bytes_after_weights".into(), free.into());
+    }
+    if spec.host_kv_from_memory {
+        scheduler.host_kv_budget_bytes = match spec.gpu {
+            Some(_) => default_host_kv_budget_bytes(),
+            None => 0,
+        };
+    }
+    meta.insert("model".into(), spec.model.clone().into());
+    meta.insert("model_path".into(), source.into());
+    meta.insert(
+        "device".into(),
+        match spec.gpu {
+            Some(n) => format!("cuda:{n}"),
+            None => "cpu".to_string(),
+        }
+        .into(),
+    );
+    meta.insert("dtype".into(), model.weights_name().into());
+    meta.insert("prefix_cache".into(), scheduler.prefix_cache.into());
+    meta.insert("kv_budget_bytes".into(), scheduler.kv_budget_bytes.into());
+    meta.insert(
+        "kv_host_budget_bytes".into(),
+        scheduler.host_kv_budget_bytes.into(),
+    );
+    meta.insert("batch_tokens".into(), scheduler.batch_tokens.into());
+    let exec = ModelExecutor::new(Arc::new(model), &tokenizer, "model")?;
+    Ok((
+        Arc::new(ScheduledBackend::new(exec, tokenizer, scheduler)),
+        meta,
+    ))
+}
+
+/// What the answers of `model` (as [`ModelSpec::model`] names it) depend on besides their prompts
+/// ([`crate::inference::answer_cache`]): the model as named, the SHA-256 of its weights and
+/// tokenizer, `dtype` (as the loaded model reports it) and the prompt format.
+/// Files in a Hugging Face cache are named by their SHA-256 already
+/// (`blobs/<sha256>`), so a hub model is not read again; other weights are hashed.
+pub fn answer_identity(
+    model: &str,
+    dtype: &str,
+    prompt_format: crate::inference::prompt::PromptFormat,
+) -> Result<crate::inference::answer_cache::AnswerIdentity> {
+    use crate::data::cache_dir::sha256_of;
+    use sha2::{Digest, Sha256};
+    let source = model_source(model)?;
+    let files = aisql_models::ModelFiles::resolve(&source)?;
+    let file_hash = |path: &std::path::Path| -> Result<String> {
+        let real = std::fs::canonicalize(path).map_err(|e| EngineError::io(path, e))?;
+        let name = real.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let in_blobs = real
+            .parent()
+            .and_then(|p| p.file_name())
+            .is_some_and(|p| p == "blobs");
+        if in_blobs && name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(name.to_ascii_lowercase());
+        }
+        sha256_of(&real).map_err(|e| EngineError::io(&real, e))
+    };
+    let mut weights = Sha256::new();
+    for path in &files.weights {
+        weights.update(file_hash(path)?.as_bytes());
+    }
+    let tokenizer_sha256 = match (&files.tokenizer, files.gguf_file()) {
+        // A GGUF carries its tokenizer: the file's hash covers it.
+        (_, Some(gguf)) => file_hash(gguf)?,
+        (Some(path), None) => file_hash(path)?,
+        (None, None) => aisql_models::tokenizer::VENDORED_SHA256.to_string(),
+    };
+    Ok(crate::inference::answer_cache::AnswerIdentity {
+        model: model.to_string(),
+        weights_sha256: hex::encode(weights.finalize()),
+        tokenizer_sha256,
+        dtype: dtype.to_string(),
+        prompt_format: prompt_format.name().to_string(),
+    })
+}
+
+/// The simulation backend: the model backend's scheduler over a virtual KV cache
+/// of `kv_bytes_per_token` per position, answering from `answers` (the
+/// benchmark's oracle over reference labels, say).
+pub fn simulation_backend(
+    answers: Arc<dyn InferenceBackend>,
+    config: SchedulerConfig,
+    kv_bytes_per_token: usize,
+) -> Result<Arc<ScheduledBackend<SimExecutor>>> {
+    Ok(Arc::new(ScheduledBackend::new(
+        SimExecutor::new(answers, kv_bytes_per_token),
+        Tokenizer::vendored()?,
+        config,
+    )))
+}
