@@ -673,7 +673,7 @@ impl<'a> QueryRunner<'a> {
                 let mut rows = ParquetRows::create(&rows_path, output_schema(&plan))?;
                 let out = run_query_into(&plan, &tables, backend, &o, &mut rows).await?;
                 let saved = rows.finish()?;
-                Ok::<_, aisql_engine::EngineError>((out, saved))
+                Ok::<_, BenchError>((out, saved))
             })
         };
         let abort = handle.abort_handle();
@@ -686,7 +686,7 @@ impl<'a> QueryRunner<'a> {
         tokio::select! {
             r = handle => match r {
                 Ok(Ok(out)) => Outcome::Done(Box::new(out)),
-                Ok(Err(e @ aisql_engine::EngineError::OverBudget(_))) => {
+                Ok(Err(e @ BenchError::Engine(aisql_engine::EngineError::OverBudget(_)))) => {
                     Outcome::OverBudget(format!("BudgetError: {e}"))
                 }
                 Ok(Err(e)) => Outcome::Failed(format!("EngineError: {e}")),

@@ -135,6 +135,10 @@ pub enum BenchError {
         /// What is wrong.
         message: String,
     },
+    /// The plan is valid Substrait but not of QUAIL-B's shape (SPEC §A): it
+    /// may still run as a general query, without answer tables and scoring.
+    #[error("not a QUAIL-B plan: {0}")]
+    NotQuailb(String),
     /// A saved query could not be scored (a missing label or answer table, an
     /// unreadable output).
     #[error("scoring: {0}")]
@@ -162,9 +166,32 @@ pub enum BenchError {
         /// The corpus manifest.
         path: PathBuf,
     },
-    /// An engine error (labels, plans).
+    /// An engine error (plans, data, inference).
     #[error(transparent)]
-    Engine(#[from] aisql_engine::EngineError),
+    Engine(aisql_engine::EngineError),
+}
+
+/// An engine error, or this crate's own that travelled through the engine (the
+/// QUAIL-B consumer's, raised inside DataFusion's planning), taken back out.
+impl From<aisql_engine::EngineError> for BenchError {
+    fn from(e: aisql_engine::EngineError) -> Self {
+        use datafusion::error::DataFusionError;
+        match e {
+            aisql_engine::EngineError::DataFusion(DataFusionError::External(inner)) => {
+                match inner.downcast::<BenchError>() {
+                    Ok(bench) => *bench,
+                    Err(other) => BenchError::Engine(aisql_engine::EngineError::DataFusion(
+                        DataFusionError::External(other),
+                    )),
+                }
+            }
+            // A context DataFusion added around it says nothing the error does not.
+            aisql_engine::EngineError::DataFusion(DataFusionError::Context(_, inner)) if matches!(inner.find_root(), DataFusionError::External(e) if e.is::<BenchError>()) => {
+                BenchError::from(aisql_engine::EngineError::DataFusion(*inner))
+            }
+            other => BenchError::Engine(other),
+        }
+    }
 }
 
 /// The generator's errors, under the variants of the same text they had when it

@@ -156,7 +156,7 @@ fn ids_of(catalog: &[CatalogEntry]) -> String {
 pub fn open_plan(arg: &str, source: &PlanSource) -> Result<QueryPlan> {
     let path = Path::new(arg);
     if path.is_file() {
-        return Ok(QueryPlan::from_file(path)?);
+        return QueryPlan::from_file(path);
     }
     let catalog = source.catalog()?;
     if catalog.iter().any(|e| e.id == arg) {

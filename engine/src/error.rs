@@ -17,27 +17,14 @@ pub enum EngineError {
     /// is malformed.
     #[error("invalid plan: {0}")]
     InvalidPlan(String),
-    /// The plan is valid but not a QUAIL-B plan (SPEC §A): it runs as a general
-    /// query, without QUAIL-B's answer tables and scoring.
-    #[error("not a QUAIL-B plan: {0}")]
-    NotQuailb(String),
     /// A SQL query is malformed or uses an AI function wrongly; the message
     /// names the call and, where known, its line and column.
     #[error("sql: {0}")]
     Sql(String),
-    /// A label set is malformed or inconsistent.
-    #[error("labels: {0}")]
-    Labels(String),
-    /// The oracle needed a label the collection does not have.
-    #[error("missing label: predicate {predicate} has no label for ({left_id}, {})", right_id.as_deref().unwrap_or("null"))]
-    MissingLabel {
-        /// Predicate key.
-        predicate: String,
-        /// The `{0}` document id (an excerpt: it may be the document).
-        left_id: String,
-        /// The `{1}` document id, if any (an excerpt).
-        right_id: Option<String>,
-    },
+    /// A backend that answers from stored answers (reference labels, recorded
+    /// answers) has none for a call or row: which call, and what is missing.
+    #[error("no answer: {0}")]
+    NoAnswer(String),
     /// A write the command may not make: over or into one of its inputs, or a
     /// writing statement in read-only SQL.
     #[error("refused: {0}")]

@@ -37,9 +37,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                     Ok(())
                 }
                 // Any other plan: DataFusion's plans of it, as for SQL.
-                Err(aisql_bench::error::BenchError::Engine(
-                    e @ aisql_engine::EngineError::NotQuailb(_),
-                )) => sql::explain_substrait(&plan, &e.to_string(), root.as_deref(), sf),
+                Err(e @ aisql_bench::error::BenchError::NotQuailb(_)) => {
+                    sql::explain_substrait(&plan, &e.to_string(), root.as_deref(), sf)
+                }
                 Err(e) => Err(e.into()),
             }
         }

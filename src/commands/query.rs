@@ -42,9 +42,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     let query = match open_plan(&args.plan, &source) {
         Ok(q) => q,
         // Not one of QUAIL-B's shapes: any plan DataFusion's consumer accepts.
-        Err(aisql_bench::error::BenchError::Engine(
-            e @ aisql_engine::EngineError::NotQuailb(_),
-        )) => {
+        Err(e @ aisql_bench::error::BenchError::NotQuailb(_)) => {
             return run_general(&args, &e.to_string(), controls);
         }
         Err(e) => return Err(e.into()),

@@ -658,7 +658,7 @@ pub async fn collect_query(
     paths: &aisql_engine::data::tables::TablePaths,
     backend: Arc<dyn aisql_engine::inference::backend::InferenceBackend>,
     options: &aisql_engine::sql::options::QueryOptions,
-) -> aisql_engine::Result<Collected> {
+) -> aisql_bench::error::Result<Collected> {
     let (rows, out) = aisql_bench::quailb::query::run_query(query, paths, backend, options).await?;
     Ok(Collected { rows, out })
 }

@@ -4,8 +4,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::error::{BenchError, Result};
 use aisql_engine::sql::SqlSession;
-use aisql_engine::{EngineError, Result};
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::{Field, Schema};
 use datafusion::catalog::TableProvider;
@@ -90,7 +90,7 @@ impl<'a> QuailbConsumer<'a> {
         let table = match &rel.read_type {
             Some(ReadType::NamedTable(t)) if t.names.len() == 1 => t.names[0].clone(),
             _ => {
-                return Err(DataFusionError::External(Box::new(EngineError::NotQuailb(
+                return Err(DataFusionError::External(Box::new(BenchError::NotQuailb(
                     "a read must name exactly one table".into(),
                 ))));
             }
@@ -146,7 +146,7 @@ impl SubstraitConsumer for QuailbConsumer<'_> {
             .map(|h| h.alias.clone())
             .filter(|a| !a.is_empty())
             .ok_or_else(|| {
-                DataFusionError::External(Box::new(EngineError::NotQuailb(
+                DataFusionError::External(Box::new(BenchError::NotQuailb(
                     "a read has no alias hint".into(),
                 )))
             })?;

@@ -10,8 +10,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use aisql_engine::EngineError;
 use aisql_engine::inference::backend::AiKind;
-use aisql_engine::{EngineError, Result};
+
+use crate::error::{BenchError, Result};
 
 pub use aisql_standin::manifest::PredicateInfo;
 
@@ -90,17 +92,18 @@ impl LabelSet {
                 .labels
                 .iter()
                 .position(|x| x == l)
-                .ok_or_else(|| {
-                    EngineError::Labels(format!(
-                        "predicate {}: label {l:?} for id {left_id} is not one of its labels",
-                        self.info.key
-                    ))
+                .ok_or_else(|| BenchError::Labels {
+                    predicate: self.info.key.clone(),
+                    message: format!("label {l:?} for id {left_id} is not one of its labels"),
                 })? as u16,
             _ => {
-                return Err(EngineError::Labels(format!(
-                    "predicate {} ({:?}): value {value:?} for id {left_id} has the wrong kind",
-                    self.info.key, self.info.kind
-                )));
+                return Err(BenchError::Labels {
+                    predicate: self.info.key.clone(),
+                    message: format!(
+                        "value {value:?} for id {left_id} has the wrong kind (a {:?} predicate)",
+                        self.info.kind
+                    ),
+                });
             }
         };
         let l = self.left.intern(left_id);
@@ -109,11 +112,13 @@ impl LabelSet {
             None => NO_RIGHT,
         };
         if self.values.insert((l, r), code).is_some() {
-            return Err(EngineError::Labels(format!(
-                "predicate {}: duplicate label for ({left_id}, {})",
-                self.info.key,
-                right_id.unwrap_or("null")
-            )));
+            return Err(BenchError::Labels {
+                predicate: self.info.key.clone(),
+                message: format!(
+                    "duplicate label for ({left_id}, {})",
+                    right_id.unwrap_or("null")
+                ),
+            });
         }
         Ok(())
     }
@@ -139,23 +144,33 @@ impl LabelSet {
     }
 
     /// The TRUE/FALSE label, or an error naming the predicate and ids.
-    pub fn require_bool(&self, left_id: &str, right_id: Option<&str>) -> Result<bool> {
+    pub fn require_bool(
+        &self,
+        left_id: &str,
+        right_id: Option<&str>,
+    ) -> aisql_engine::Result<bool> {
         self.get_bool(left_id, right_id)
             .ok_or_else(|| self.missing(left_id, right_id))
     }
 
     /// The classification label, or an error naming the predicate and ids.
-    pub fn require_label(&self, left_id: &str, right_id: Option<&str>) -> Result<&str> {
+    pub fn require_label(
+        &self,
+        left_id: &str,
+        right_id: Option<&str>,
+    ) -> aisql_engine::Result<&str> {
         self.get_label(left_id, right_id)
             .ok_or_else(|| self.missing(left_id, right_id))
     }
 
     fn missing(&self, left_id: &str, right_id: Option<&str>) -> EngineError {
-        EngineError::MissingLabel {
-            predicate: self.info.key.clone(),
-            left_id: aisql_engine::inference::prompt::Excerpt(left_id).to_string(),
-            right_id: right_id.map(|id| aisql_engine::inference::prompt::Excerpt(id).to_string()),
-        }
+        use aisql_engine::inference::prompt::Excerpt;
+        EngineError::NoAnswer(format!(
+            "predicate {} has no label for ({}, {})",
+            self.info.key,
+            Excerpt(left_id),
+            right_id.map_or_else(|| "null".to_string(), |id| Excerpt(id).to_string())
+        ))
     }
 }
 
@@ -184,10 +199,10 @@ impl LabelStore {
     pub fn insert(&mut self, set: LabelSet) -> Result<()> {
         let template = set.info.template.clone();
         if let Some(old) = self.by_template.get(&template) {
-            return Err(EngineError::Labels(format!(
-                "predicates {} and {} share one template",
-                old.info.key, set.info.key
-            )));
+            return Err(BenchError::Labels {
+                predicate: set.info.key.clone(),
+                message: format!("shares its template with predicate {}", old.info.key),
+            });
         }
         self.by_template.insert(template, Arc::new(set));
         Ok(())
@@ -199,9 +214,13 @@ impl LabelStore {
     }
 
     /// The label set of a template, or an error naming the operator.
-    pub fn require_template(&self, template: &str, operator: &str) -> Result<&Arc<LabelSet>> {
+    pub fn require_template(
+        &self,
+        template: &str,
+        operator: &str,
+    ) -> aisql_engine::Result<&Arc<LabelSet>> {
         self.for_template(template).ok_or_else(|| {
-            EngineError::Labels(format!(
+            EngineError::NoAnswer(format!(
                 "collection {} has no label set for the template of {operator} ({})",
                 self.collection_id,
                 aisql_engine::inference::prompt::shorten(template, 60)

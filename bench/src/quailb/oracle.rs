@@ -34,7 +34,7 @@ impl InferenceBackend for OracleBackend {
     /// mass on the reference label. No label set holds generated text.
     fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
         if call.kind.generates() {
-            return Err(EngineError::Labels(format!(
+            return Err(EngineError::NoAnswer(format!(
                 "{}: the oracle has no answers for generated text ({}); run it with \
                  --simulate to count its tokens, or with a model",
                 call.op_id,
@@ -55,7 +55,7 @@ impl InferenceBackend for OracleBackend {
                 }
                 let label = set.require_label(r.anchor.id, partner)?;
                 let i = call.labels.iter().position(|l| l == label).ok_or_else(|| {
-                    EngineError::Labels(format!(
+                    EngineError::NoAnswer(format!(
                         "{}: reference label {label:?} is not among the plan's labels",
                         call.op_id
                     ))

@@ -19,7 +19,9 @@ use aisql_engine::exec::answers::AnswerTable;
 use aisql_engine::inference::backend::{AiKind, InferenceBackend};
 use aisql_engine::sql::options::QueryOptions;
 use aisql_engine::sql::{Evaluation, SqlSession};
-use aisql_engine::{EngineError, Result, from_datafusion};
+use aisql_engine::{EngineError, from_datafusion};
+
+use crate::error::{BenchError, Result};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 
@@ -114,9 +116,9 @@ pub async fn run_query_into(
     let names = query.output_names();
     let produced = plan.schema().fields().len();
     if produced != names.len() {
-        return Err(EngineError::InvalidPlan(format!(
+        return Err(BenchError::Engine(EngineError::InvalidPlan(format!(
             "the plan produced {produced} columns, expected {names:?}"
-        )));
+        ))));
     }
     let mut named = OutputColumns {
         schema: output_schema(query),
@@ -148,11 +150,11 @@ pub async fn run_query_into(
             Some(i) => {
                 let mut t = recorded.swap_remove(i);
                 if t.kind != kind {
-                    return Err(EngineError::InvalidPlan(format!(
+                    return Err(BenchError::Engine(EngineError::InvalidPlan(format!(
                         "{}: the plan's operator is a {kind:?}, DataFusion's a {:?}",
                         op.id(),
                         t.kind
-                    )));
+                    ))));
                 }
                 t.aliases = aliases;
                 t
@@ -162,10 +164,10 @@ pub async fn run_query_into(
         answers.push(table);
     }
     if let Some(extra) = recorded.first() {
-        return Err(EngineError::InvalidPlan(format!(
+        return Err(BenchError::Engine(EngineError::InvalidPlan(format!(
             "DataFusion's plan has an AI operator {} the QUAIL-B plan does not",
             extra.op_id
-        )));
+        ))));
     }
     Ok(QueryOutput {
         result_rows,
@@ -211,8 +213,9 @@ pub fn register_tables(
         let slices = ai_batches(&batch, &text_columns, batch_rows, batch_text_bytes);
         let first = (slices.len() > 1).then(|| slices[0].num_rows());
         out.insert(table.clone(), (batch.num_rows(), first));
-        let mem = MemTable::try_new(batch.schema(), vec![slices])?;
-        ctx.register_table(table.as_str(), Arc::new(mem))?;
+        let mem = MemTable::try_new(batch.schema(), vec![slices]).map_err(from_datafusion)?;
+        ctx.register_table(table.as_str(), Arc::new(mem))
+            .map_err(from_datafusion)?;
     }
     Ok(out)
 }
@@ -240,7 +243,7 @@ struct OutputColumns<'a> {
 }
 
 impl RowSink for OutputColumns<'_> {
-    fn push(&mut self, batch: RecordBatch) -> Result<()> {
+    fn push(&mut self, batch: RecordBatch) -> aisql_engine::Result<()> {
         self.rows += batch.num_rows() as u64;
         let batch = RecordBatch::try_new(self.schema.clone(), batch.columns().to_vec())?;
         self.sink.push(batch)

@@ -202,7 +202,7 @@ impl SampledAnswers {
                 check_answers(call, self.real.name(), &answers, asked.len())?;
                 Ok(answers.into_iter().map(usable).collect())
             }
-            Err(EngineError::Labels(_)) => asked
+            Err(EngineError::NoAnswer(_)) => asked
                 .iter()
                 .map(|r| match self.real.answer(call, std::slice::from_ref(r)) {
                     Ok(mut a) if a.len() == 1 => Ok(a.pop().and_then(usable)),
@@ -210,7 +210,7 @@ impl SampledAnswers {
                         check_answers(call, self.real.name(), &a, 1)?;
                         Ok(None)
                     }
-                    Err(EngineError::Labels(_)) => Ok(None),
+                    Err(EngineError::NoAnswer(_)) => Ok(None),
                     Err(e) => Err(e),
                 })
                 .collect(),

@@ -559,7 +559,7 @@ pub(crate) fn test_requests(docs: &[(String, String)]) -> Vec<AiRequest<'_>> {
         .collect()
 }
 
-/// A backend with no answers: every question is a [`EngineError::Labels`]
+/// A backend with no answers: every question is a [`EngineError::NoAnswer`]
 /// error, as an oracle without reference labels gives. For tests that plan,
 /// or run queries that ask nothing.
 #[cfg(test)]
@@ -573,7 +573,7 @@ impl InferenceBackend for NoAnswers {
     }
 
     fn answer(&self, call: &AiCall, _requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
-        Err(EngineError::Labels(format!(
+        Err(EngineError::NoAnswer(format!(
             "{}: no reference answers for {:?}",
             call.op_id, call.template
         )))

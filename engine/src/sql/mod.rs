@@ -774,10 +774,15 @@ fn consume_panic(message: &str) -> EngineError {
 }
 
 /// A plan's error as the engine reports it: DataFusion's planning and
-/// Substrait errors are invalid plans, named by their root cause.
+/// Substrait errors are invalid plans, named by their root cause. The error
+/// of a caller's own (its consumer's, say) comes back whole, for the caller to
+/// find.
 pub fn plan_error(e: datafusion::error::DataFusionError) -> EngineError {
     use datafusion::error::DataFusionError;
     match from_datafusion(e) {
+        EngineError::DataFusion(e) if matches!(e.find_root(), DataFusionError::External(_)) => {
+            EngineError::DataFusion(e)
+        }
         EngineError::DataFusion(e) => EngineError::InvalidPlan(match e.find_root() {
             DataFusionError::Plan(m) | DataFusionError::Substrait(m) => m.clone(),
             root => root.strip_backtrace(),

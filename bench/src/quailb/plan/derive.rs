@@ -3,7 +3,7 @@
 //! prompts and documents are the nodes' own) and the IN-list filters, the
 //! selected columns from the projections on top, and the operator tree that
 //! `explain` draws. One walk, root to scans. A plan of another shape is a
-//! [`aisql_engine::EngineError::NotQuailb`] (it may run as a general query); a plan of
+//! [`crate::error::BenchError::NotQuailb`] (it may run as a general query); a plan of
 //! QUAIL-B's shape that breaks one of its rules (SPEC §A) is invalid.
 
 use std::collections::HashMap;
@@ -12,7 +12,7 @@ use datafusion::common::{Column, ScalarValue};
 use datafusion::logical_expr::expr::InList;
 use datafusion::logical_expr::{Expr, LogicalPlan};
 
-use aisql_engine::Result;
+use crate::error::Result;
 use aisql_engine::exec::logical::{AiNode, AiShape};
 use aisql_engine::inference::backend::AiKind;
 

@@ -20,7 +20,9 @@ use aisql_engine::inference::prompt::{PromptFormat, PromptPieces, call_pieces};
 use datafusion_substrait::substrait::proto::{Plan, extensions, plan_rel, rel};
 use serde_json::json;
 
-use aisql_engine::{EngineError, Result};
+use aisql_engine::EngineError;
+
+use crate::error::{BenchError, Result};
 
 /// The Substrait version QUAIL-B plans are written with.
 pub const SUBSTRAIT_VERSION: (u32, u32, u32) = (0, 103, 0);
@@ -120,7 +122,10 @@ impl Operator {
 
     /// The pieces of this operator's prompts in `format` (None for IN-lists):
     /// the prompts an AI operator of the same kind renders.
-    pub fn prompt_pieces(&self, format: PromptFormat) -> Result<Option<PromptPieces>> {
+    pub fn prompt_pieces(
+        &self,
+        format: PromptFormat,
+    ) -> aisql_engine::Result<Option<PromptPieces>> {
         let (kind, pair, template, labels, descriptions): (_, _, _, &[String], &[String]) =
             match self {
                 Operator::Filter { template, .. } => (AiKind::Filter, false, template, &[], &[]),
@@ -201,13 +206,13 @@ fn derive_view(plan: &Plan, root_names: &[String]) -> Result<derive::Derived> {
 }
 
 /// A plan of QUAIL-B's own shape that breaks one of its rules (SPEC §A).
-fn invalid(msg: impl Into<String>) -> EngineError {
-    EngineError::InvalidPlan(msg.into())
+fn invalid(msg: impl Into<String>) -> BenchError {
+    BenchError::Engine(EngineError::InvalidPlan(msg.into()))
 }
 
 /// A plan of another shape than QUAIL-B's: valid, perhaps, as a general query.
-fn not_quailb(msg: impl Into<String>) -> EngineError {
-    EngineError::NotQuailb(msg.into())
+fn not_quailb(msg: impl Into<String>) -> BenchError {
+    BenchError::NotQuailb(msg.into())
 }
 
 /// A declared extension function.
@@ -267,8 +272,10 @@ impl QueryPlan {
         let plan = aisql_engine::sql::plan_file::read_plan_file(path)?;
         let path = path.display().to_string();
         Self::from_substrait(plan).map_err(|e| match e {
-            EngineError::InvalidPlan(message) => EngineError::PlanFile { path, message },
-            EngineError::NotQuailb(m) => EngineError::NotQuailb(format!("{path}: {m}")),
+            BenchError::Engine(EngineError::InvalidPlan(message)) => {
+                BenchError::Engine(EngineError::PlanFile { path, message })
+            }
+            BenchError::NotQuailb(m) => BenchError::NotQuailb(format!("{path}: {m}")),
             other => other,
         })
     }
