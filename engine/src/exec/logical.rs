@@ -391,3 +391,434 @@ pub fn ai_nodes(plan: &LogicalPlan) -> Vec<AiNode> {
     walk(plan, &mut nodes);
     nodes
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::hash::{DefaultHasher, Hash, Hasher};
+
+    use datafusion::arrow::datatypes::Schema;
+    use datafusion::logical_expr::{Extension, table_scan};
+
+    use crate::backend::test_call;
+
+    /// An empty read of `table` with `fields`.
+    fn scan(table: &str, fields: Vec<Field>) -> LogicalPlan {
+        table_scan(Some(table), &Schema::new(fields), None)
+            .unwrap()
+            .build()
+            .unwrap()
+    }
+
+    /// `table(id BIGINT NOT NULL, text VARCHAR)`.
+    fn docs_table(table: &str) -> LogicalPlan {
+        scan(
+            table,
+            vec![
+                Field::new("id", DataType::Int64, false),
+                Field::new("text", DataType::Utf8, true),
+            ],
+        )
+    }
+
+    fn col(table: &str, name: &str) -> Column {
+        Column::new(Some(table), name)
+    }
+
+    fn doc(table: &str) -> DocRef {
+        DocRef {
+            alias: table.into(),
+            id: col(table, "id"),
+            text: col(table, "text"),
+        }
+    }
+
+    /// A spec of `shape` asking `kind` about `docs` (op id `op-1`).
+    fn spec(kind: AiKind, shape: AiShape, docs: Vec<DocRef>) -> AiSpec {
+        let (template, labels): (&str, &[&str]) = match kind {
+            AiKind::Join => ("Does {0} cite {1}?", &[]),
+            AiKind::Classify => ("Tone of {0}?", &["good", "bad"]),
+            AiKind::Score => ("Rate {0}.", &[]),
+            AiKind::Complete => ("Summarise {0}.", &[]),
+            _ => ("Is {0} kind?", &[]),
+        };
+        AiSpec {
+            call: test_call(kind, template, labels),
+            shape,
+            docs,
+            equalities: Vec::new(),
+            output: None,
+            residual: None,
+            combine: None,
+        }
+    }
+
+    fn appending(mut spec: AiSpec) -> AiSpec {
+        spec.output = Some(Column::new_unqualified("__ai_1"));
+        spec
+    }
+
+    fn names(schema: &DFSchema) -> Vec<String> {
+        schema.columns().iter().map(|c| c.flat_name()).collect()
+    }
+
+    fn explain(node: AiNode) -> String {
+        let plan = LogicalPlan::Extension(Extension {
+            node: Arc::new(node),
+        });
+        plan.display().to_string()
+    }
+
+    fn hash(node: &AiNode) -> u64 {
+        let mut h = DefaultHasher::new();
+        node.hash(&mut h);
+        h.finish()
+    }
+
+    #[test]
+    fn a_filter_passes_its_input_schema_and_every_predicate() {
+        let node = AiNode::try_new(
+            spec(AiKind::Filter, AiShape::Filter, vec![doc("t")]),
+            vec![docs_table("t")],
+        )
+        .unwrap();
+        assert_eq!(node.name(), "AiFilter");
+        assert_eq!(node.schema, docs_table("t").schema().clone());
+        assert!(node.prevent_predicate_push_down_columns().is_empty());
+        assert_eq!(node.necessary_children_exprs(&[1]), Some(vec![vec![1]]));
+        assert!(!node.supports_limit_pushdown());
+    }
+
+    #[test]
+    fn a_project_appends_a_column_of_its_answer_type_named_by_kind() {
+        for (kind, name, data_type) in [
+            (AiKind::Classify, "AiClassify", DataType::Utf8),
+            (AiKind::Score, "AiScore", DataType::Float64),
+            (AiKind::Complete, "AiComplete", DataType::Utf8),
+            (AiKind::Filter, "AiPredicate", DataType::Boolean),
+        ] {
+            let s = appending(spec(kind, AiShape::Project, vec![doc("t")]));
+            let node = AiNode::try_new(s, vec![docs_table("t")]).unwrap();
+            assert_eq!(node.name(), name);
+            assert_eq!(names(&node.schema), ["t.id", "t.text", "__ai_1"]);
+            assert_eq!(node.schema.field(2).data_type(), &data_type, "{name}");
+            // A predicate on the answer must stay above; the input needs only
+            // its own columns; a LIMIT may pass (one row out per row in).
+            assert_eq!(
+                node.prevent_predicate_push_down_columns(),
+                HashSet::from(["__ai_1".to_string()])
+            );
+            assert_eq!(node.necessary_children_exprs(&[0, 2]), Some(vec![vec![0]]));
+            assert!(node.supports_limit_pushdown());
+        }
+        let e = AiNode::try_new(
+            spec(AiKind::Classify, AiShape::Project, vec![doc("t")]),
+            vec![docs_table("t")],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("op-1 appends a column but names none"), "{e}");
+    }
+
+    #[test]
+    fn a_join_schema_and_needed_columns_follow_its_type() {
+        let pair = || vec![doc("t"), doc("u")];
+        let inputs = || vec![docs_table("t"), docs_table("u")];
+        let inner = AiNode::try_new(
+            spec(AiKind::Join, AiShape::Join(JoinType::Inner), pair()),
+            inputs(),
+        )
+        .unwrap();
+        assert_eq!(inner.name(), "AiJoin");
+        assert_eq!(names(&inner.schema), ["t.id", "t.text", "u.id", "u.text"]);
+        assert_eq!(
+            inner.necessary_children_exprs(&[0, 3]),
+            Some(vec![vec![0], vec![1]])
+        );
+        // No predicate is pushed through a two-input node by DataFusion.
+        assert_eq!(
+            inner.prevent_predicate_push_down_columns(),
+            HashSet::from(["id".to_string(), "text".to_string()])
+        );
+
+        let left = AiNode::try_new(
+            spec(AiKind::Join, AiShape::Join(JoinType::Left), pair()),
+            inputs(),
+        )
+        .unwrap();
+        assert!(!left.schema.field(0).is_nullable());
+        assert!(left.schema.field(2).is_nullable(), "u.id is NULL-padded");
+
+        let semi = AiNode::try_new(
+            spec(AiKind::Join, AiShape::Join(JoinType::LeftSemi), pair()),
+            inputs(),
+        )
+        .unwrap();
+        assert_eq!(names(&semi.schema), ["t.id", "t.text"]);
+        assert_eq!(
+            semi.necessary_children_exprs(&[1]),
+            Some(vec![vec![1], vec![]])
+        );
+    }
+
+    #[test]
+    fn an_aggregate_reads_a_list_of_texts() {
+        let list = |item: DataType| {
+            scan(
+                "g",
+                vec![
+                    Field::new("n", DataType::Int64, true),
+                    Field::new("texts", DataType::new_list(item, true), true),
+                ],
+            )
+        };
+        let texts = DocRef {
+            alias: "g".into(),
+            id: col("g", "texts"),
+            text: col("g", "texts"),
+        };
+        let s = appending(spec(AiKind::Complete, AiShape::Aggregate, vec![texts]));
+        let node = AiNode::try_new(s.clone(), vec![list(DataType::Utf8)]).unwrap();
+        assert_eq!(node.name(), "AiAgg");
+        assert_eq!(names(&node.schema), ["g.n", "g.texts", "__ai_1"]);
+        assert_eq!(node.schema.field(2).data_type(), &DataType::Utf8);
+
+        let e = AiNode::try_new(s.clone(), vec![list(DataType::Int64)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("op-1: the document g.texts is Int64, not text"),
+            "{e}"
+        );
+        // Only an aggregate reads a list: a projection's document is one text.
+        let project = AiSpec {
+            shape: AiShape::Project,
+            ..s
+        };
+        let e = AiNode::try_new(project, vec![list(DataType::Utf8)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the document g.texts is List") && e.contains("not text"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn try_new_checks_inputs_and_document_columns() {
+        let join = spec(
+            AiKind::Join,
+            AiShape::Join(JoinType::Inner),
+            vec![doc("t"), doc("u")],
+        );
+        let e = AiNode::try_new(join, vec![docs_table("t")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("op-1 takes 2 input(s), got 1"), "{e}");
+
+        let filter = |d: DocRef| {
+            AiNode::try_new(
+                spec(AiKind::Filter, AiShape::Filter, vec![d]),
+                vec![docs_table("t")],
+            )
+            .unwrap_err()
+            .to_string()
+        };
+        let e = filter(DocRef {
+            text: col("t", "body"),
+            ..doc("t")
+        });
+        assert!(e.contains("op-1: no column t.body for the document"), "{e}");
+        let e = filter(DocRef {
+            id: col("u", "id"),
+            ..doc("t")
+        });
+        assert!(
+            e.contains("op-1: no column u.id for the document id"),
+            "{e}"
+        );
+        let e = filter(DocRef {
+            text: col("t", "id"),
+            ..doc("t")
+        });
+        assert!(
+            e.contains("the document t.id is Int64, not text; cast it (CAST(t.id AS VARCHAR))"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn check_text_accepts_the_string_types_only() {
+        for t in [DataType::Utf8, DataType::LargeUtf8, DataType::Utf8View] {
+            assert_eq!(check_text(&"r.body", &t), Ok(()));
+        }
+        assert_eq!(
+            check_text(&"r.stars", &DataType::Int32),
+            Err(
+                "the document r.stars is Int32, not text; cast it (CAST(r.stars AS VARCHAR))"
+                    .into()
+            )
+        );
+    }
+
+    /// An inner AI join of `t` and `u` keyed by `t.id = u.id`, residual `t.id < u.id`.
+    fn keyed_join() -> AiNode {
+        let mut s = spec(
+            AiKind::Join,
+            AiShape::Join(JoinType::Inner),
+            vec![doc("t"), doc("u")],
+        );
+        s.equalities = vec![(col("t", "id"), col("u", "id"))];
+        s.residual = Some(Expr::Column(col("t", "id")).lt(Expr::Column(col("u", "id"))));
+        AiNode::try_new(s, vec![docs_table("t"), docs_table("u")]).unwrap()
+    }
+
+    #[test]
+    fn expressions_are_ids_texts_equalities_then_the_residual() {
+        let node = keyed_join();
+        let c = |t, n| Expr::Column(col(t, n));
+        assert_eq!(
+            node.expressions(),
+            vec![
+                c("t", "id"),
+                c("u", "id"),
+                c("t", "text"),
+                c("u", "text"),
+                c("t", "id"),
+                c("u", "id"),
+                c("t", "id").lt(c("u", "id")),
+            ]
+        );
+    }
+
+    #[test]
+    fn with_exprs_and_inputs_round_trips_and_renames_columns() {
+        let node = keyed_join();
+        let inputs = || vec![docs_table("t"), docs_table("u")];
+        let same = node
+            .with_exprs_and_inputs(node.expressions(), inputs())
+            .unwrap();
+        assert_eq!(same, node);
+
+        // The optimizer may hand the node other columns: it reads them.
+        let wide = scan(
+            "t",
+            vec![
+                Field::new("id", DataType::Int64, false),
+                Field::new("text", DataType::Utf8, true),
+                Field::new("title", DataType::Utf8, true),
+            ],
+        );
+        let mut exprs = node.expressions();
+        exprs[2] = Expr::Column(col("t", "title"));
+        let renamed = node
+            .with_exprs_and_inputs(exprs, vec![wide, docs_table("u")])
+            .unwrap();
+        assert_eq!(renamed.spec.docs[0].text, col("t", "title"));
+        assert_eq!(renamed.spec.docs[1], doc("u"));
+        assert_eq!(renamed.spec.residual, node.spec.residual);
+
+        // Too few columns, or an expression that is not a column: errors.
+        let filter = AiNode::try_new(
+            spec(AiKind::Filter, AiShape::Filter, vec![doc("t")]),
+            vec![docs_table("t")],
+        )
+        .unwrap();
+        let e = filter
+            .with_exprs_and_inputs(vec![Expr::Column(col("t", "id"))], vec![docs_table("t")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("op-1: expected 2 columns, got 1"), "{e}");
+        let e = filter
+            .with_exprs_and_inputs(
+                vec![
+                    Expr::Column(col("t", "id")),
+                    Expr::Column(col("t", "text")).is_null(),
+                ],
+                vec![docs_table("t")],
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("op-1 reads columns, not t.text IS NULL"), "{e}");
+    }
+
+    #[test]
+    fn nodes_of_one_spec_and_inputs_are_equal_and_hash_alike() {
+        let a = keyed_join();
+        let b = keyed_join();
+        assert_eq!(a, b);
+        assert_eq!(hash(&a), hash(&b));
+        assert_eq!(a.partial_cmp(&b), Some(std::cmp::Ordering::Equal));
+
+        let mut s = a.spec.clone();
+        s.call.op_id = "join-2".into();
+        let c = AiNode::try_new(s, a.inputs.clone()).unwrap();
+        assert_ne!(a, c);
+        assert_ne!(hash(&a), hash(&c));
+        let mut s = a.spec.clone();
+        s.residual = None;
+        assert_ne!(a, AiNode::try_new(s, a.inputs.clone()).unwrap());
+    }
+
+    #[test]
+    fn explain_shows_kind_id_documents_prompt_and_join_details() {
+        let join = keyed_join();
+        let tokens = join.spec.estimated_prompt_tokens();
+        assert!(tokens > 0);
+        assert_eq!(
+            explain(join),
+            format!(
+                "AiJoin: op-1 on t.text × u.text prompt=\"Does {{0}} cite {{1}}?\" \
+                 prompt_tokens≈{tokens}+documents type=Inner on t.id = u.id filter=t.id < u.id"
+            )
+        );
+
+        let classify = AiNode::try_new(
+            appending(spec(AiKind::Classify, AiShape::Project, vec![doc("t")])),
+            vec![docs_table("t")],
+        )
+        .unwrap();
+        let text = explain(classify);
+        assert!(
+            text.starts_with("AiClassify: op-1 on t.text prompt=\"Tone of {0}?\""),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(" labels=[\"good\", \"bad\"] -> __ai_1"),
+            "{text}"
+        );
+
+        let complete = AiNode::try_new(
+            appending(spec(AiKind::Complete, AiShape::Project, vec![doc("t")])),
+            vec![docs_table("t")],
+        )
+        .unwrap();
+        let text = explain(complete);
+        assert!(text.ends_with(" max_tokens=16 -> __ai_1"), "{text}");
+    }
+
+    #[test]
+    fn ai_nodes_lists_inputs_before_the_nodes_above_them() {
+        let mut join = spec(
+            AiKind::Join,
+            AiShape::Join(JoinType::Inner),
+            vec![doc("t"), doc("u")],
+        );
+        join.call.op_id = "join-1".into();
+        let join = AiNode::try_new(join, vec![docs_table("t"), docs_table("u")]).unwrap();
+        let mut filter = spec(AiKind::Filter, AiShape::Filter, vec![doc("u")]);
+        filter.call.op_id = "filter-1".into();
+        let below = LogicalPlan::Extension(Extension {
+            node: Arc::new(join),
+        });
+        let filter = AiNode::try_new(filter, vec![below]).unwrap();
+        let plan = LogicalPlan::Extension(Extension {
+            node: Arc::new(filter),
+        });
+        let ids: Vec<String> = ai_nodes(&plan)
+            .into_iter()
+            .map(|n| n.spec.call.op_id)
+            .collect();
+        assert_eq!(ids, ["join-1", "filter-1"]);
+    }
+}

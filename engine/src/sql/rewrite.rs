@@ -1015,3 +1015,343 @@ fn ai_filter_below_ai_join(e: Extension) -> DfResult<Transformed<LogicalPlan>> {
         node: Arc::new(AiNode::try_new(join.spec.clone(), inputs)?),
     })))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::common::tree_node::TreeNodeRecursion;
+    use datafusion::datasource::empty::EmptyTable;
+    use datafusion::optimizer::OptimizerContext;
+    use datafusion::prelude::SessionContext;
+
+    /// DataFusion's plan of `sql`, not yet analyzed, over empty tables `t` and
+    /// `u`, each `(id BIGINT, body VARCHAR, n BIGINT)`.
+    async fn planned(sql: &str) -> LogicalPlan {
+        let ctx = SessionContext::new();
+        crate::ai_functions::register_ai_functions(&ctx, None);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("body", DataType::Utf8, true),
+            Field::new("n", DataType::Int64, true),
+        ]));
+        for table in ["t", "u"] {
+            ctx.register_table(table, Arc::new(EmptyTable::new(schema.clone())))
+                .unwrap();
+        }
+        ctx.state().create_logical_plan(sql).await.unwrap()
+    }
+
+    /// `plan` through the AI rewrite alone.
+    fn rewrite_with(plan: LogicalPlan, context: RewriteContext) -> DfResult<LogicalPlan> {
+        AiRewrite::new(PromptFormat::default(), Arc::new(Mutex::new(context)))
+            .analyze(plan, &ConfigOptions::default())
+    }
+
+    async fn rewrite(sql: &str) -> LogicalPlan {
+        rewrite_with(planned(sql).await, RewriteContext::default())
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    async fn error(sql: &str) -> String {
+        match rewrite_with(planned(sql).await, RewriteContext::default()) {
+            Ok(plan) => panic!("{sql} was rewritten:\n{}", plan.display_indent()),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// The AI nodes of `plan`, the top one first.
+    fn nodes(plan: &LogicalPlan) -> Vec<AiNode> {
+        let mut found = Vec::new();
+        plan.apply(|p| {
+            if let LogicalPlan::Extension(e) = p
+                && let Some(n) = e.node.as_any().downcast_ref::<AiNode>()
+            {
+                found.push(n.clone());
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })
+        .unwrap();
+        found
+    }
+
+    fn one_node(plan: &LogicalPlan) -> AiNode {
+        let mut found = nodes(plan);
+        assert_eq!(found.len(), 1, "{}", plan.display_indent());
+        found.remove(0)
+    }
+
+    fn col(table: &str, name: &str) -> Column {
+        Column::new(Some(table), name)
+    }
+
+    fn field_names(plan: &LogicalPlan) -> Vec<String> {
+        plan.schema().field_names()
+    }
+
+    #[tokio::test]
+    async fn an_ai_filter_runs_above_the_ordinary_predicates() {
+        let sql = "SELECT t.id FROM t WHERE ai_filter('Is {0} kind?', t.body) AND t.n > 1";
+        let plan = rewrite(sql).await;
+        let node = one_node(&plan);
+        assert_eq!(node.spec.shape, AiShape::Filter);
+        assert_eq!(node.spec.call.op_id, "filter-1");
+        assert_eq!(node.spec.call.template, "Is {0} kind?");
+        assert_eq!(node.spec.call.tables, ["t"]);
+        assert_eq!(node.spec.call.columns, ["body"]);
+        // Without a unique id column, a document is keyed by its text.
+        assert_eq!(
+            node.spec.docs,
+            [DocRef {
+                alias: "t".into(),
+                id: col("t", "body"),
+                text: col("t", "body"),
+            }]
+        );
+        let LogicalPlan::Filter(below) = &node.inputs[0] else {
+            panic!("{}", plan.display_indent())
+        };
+        assert_eq!(below.predicate.to_string(), "t.n > Int64(1)");
+        assert_eq!(field_names(&plan), ["t.id"]);
+    }
+
+    #[tokio::test]
+    async fn ai_filters_run_cheapest_first_unless_a_hint_says_otherwise() {
+        let long = "Read the following customer review carefully. Is {0} kind?";
+        let short = "Is {0} short?";
+        let sql = format!(
+            "SELECT t.id FROM t WHERE ai_filter('{long}', t.body) AND ai_filter('{short}', t.body)"
+        );
+        // Top first: the cheaper filter is below, asked first, and numbered first.
+        let order = |plan: &LogicalPlan| -> Vec<(String, String)> {
+            nodes(plan)
+                .into_iter()
+                .map(|n| (n.spec.call.op_id, n.spec.call.template))
+                .collect()
+        };
+        let unique = || RewriteContext {
+            unique_id_tables: HashSet::from(["t".to_string()]),
+            ..Default::default()
+        };
+        let plan = rewrite_with(planned(&sql).await, unique()).unwrap();
+        assert_eq!(
+            order(&plan),
+            [
+                ("filter-2".to_string(), long.to_string()),
+                ("filter-1".to_string(), short.to_string())
+            ]
+        );
+        // The table's ids are unique: documents are keyed by them.
+        assert!(
+            nodes(&plan)
+                .iter()
+                .all(|n| n.spec.docs[0].id == col("t", "id"))
+        );
+
+        // A short filter that keeps nearly every row is worth less than a long
+        // one that keeps half.
+        let hinted = RewriteContext {
+            selectivity: HashMap::from([(short.to_string(), 0.99)]),
+            ..unique()
+        };
+        let plan = rewrite_with(planned(&sql).await, hinted).unwrap();
+        assert_eq!(
+            order(&plan),
+            [
+                ("filter-2".to_string(), short.to_string()),
+                ("filter-1".to_string(), long.to_string())
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_pair_predicate_over_a_join_becomes_an_ai_join_keyed_by_its_equalities() {
+        let sql = "SELECT t.id, u.id FROM t, u \
+                   WHERE ai_join('Does {0} cite {1}?', t.body, u.body) AND t.n = u.n AND t.id > 3";
+        let plan = rewrite(sql).await;
+        let node = one_node(&plan);
+        assert_eq!(node.spec.shape, AiShape::Join(JoinType::Inner));
+        assert_eq!(node.spec.call.op_id, "join-1");
+        assert_eq!(node.spec.equalities, [(col("t", "n"), col("u", "n"))]);
+        assert_eq!(node.spec.residual, None);
+        let aliases: Vec<&str> = node.spec.docs.iter().map(|d| d.alias.as_str()).collect();
+        assert_eq!(aliases, ["t", "u"]);
+        assert_eq!(node.spec.call.relations, ["t", "u"]);
+        // The one-sided condition is no join condition: a filter keeps it.
+        let text = plan.display_indent().to_string();
+        assert!(text.contains("Filter: t.id > Int64(3)"), "{text}");
+        assert_eq!(field_names(&plan), ["t.id", "u.id"]);
+    }
+
+    #[tokio::test]
+    async fn an_ai_call_in_an_outer_joins_on_keeps_the_join_type() {
+        let sql = "SELECT t.id, u.id FROM t LEFT JOIN u \
+                   ON ai_join('Does {0} cite {1}?', t.body, u.body) AND t.n = u.n \
+                   AND ai_filter('Is {0} long?', u.body)";
+        let plan = rewrite(sql).await;
+        let found = nodes(&plan);
+        assert_eq!(found.len(), 2, "{}", plan.display_indent());
+        let join = &found[0];
+        assert_eq!(join.spec.shape, AiShape::Join(JoinType::Left));
+        assert_eq!(join.spec.equalities, [(col("t", "n"), col("u", "n"))]);
+        // The condition on the side a LEFT JOIN does not preserve filters that
+        // side first.
+        let LogicalPlan::Extension(right) = &join.inputs[1] else {
+            panic!("{}", plan.display_indent())
+        };
+        let filter = right.node.as_any().downcast_ref::<AiNode>().unwrap();
+        assert_eq!(filter.spec.shape, AiShape::Filter);
+        assert_eq!(filter.spec.docs[0].text, col("u", "body"));
+        assert_eq!(field_names(&plan), ["t.id", "u.id"]);
+    }
+
+    #[tokio::test]
+    async fn an_ai_call_on_the_preserved_side_of_an_outer_join_is_an_error() {
+        let e = error(
+            "SELECT t.id FROM t LEFT JOIN u ON ai_filter('Is {0} kind?', t.body) AND t.n = u.n",
+        )
+        .await;
+        assert!(
+            e.contains("ai_filter(Utf8(\"Is {0} kind?\"), t.body)"),
+            "{e}"
+        );
+        assert!(
+            e.contains("in the ON of a Left JOIN an AI call must read one document from each side"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_classification_in_a_projection_appends_its_label_column() {
+        let sql = "SELECT t.id, ai_classify('Tone of {0}?', t.body, ['good', 'bad'], ['', '']) AS tone \
+                   FROM t";
+        let plan = rewrite(sql).await;
+        let node = one_node(&plan);
+        assert_eq!(node.spec.shape, AiShape::Project);
+        assert_eq!(node.spec.call.op_id, "classify-1");
+        assert_eq!(node.spec.call.labels, ["good", "bad"]);
+        assert_eq!(node.spec.output, Some(Column::new_unqualified("__ai_1")));
+        let LogicalPlan::Projection(p) = &plan else {
+            panic!("{}", plan.display_indent())
+        };
+        assert_eq!(p.expr[1].to_string(), "__ai_1 AS tone");
+        assert_eq!(field_names(&plan), ["t.id", "tone"]);
+    }
+
+    #[tokio::test]
+    async fn an_ai_filter_inside_or_is_computed_as_a_value_the_filter_reads() {
+        let plan =
+            rewrite("SELECT t.id FROM t WHERE ai_filter('Is {0} kind?', t.body) OR t.n > 1").await;
+        let node = one_node(&plan);
+        assert_eq!(node.spec.shape, AiShape::Project);
+        assert_eq!(node.spec.call.op_id, "filter-1");
+        assert_eq!(node.spec.output, Some(Column::new_unqualified("__ai_1")));
+        let text = plan.display_indent().to_string();
+        assert!(text.contains("Filter: __ai_1 OR t.n > Int64(1)"), "{text}");
+        assert_eq!(field_names(&plan), ["t.id"]);
+    }
+
+    #[tokio::test]
+    async fn an_ai_agg_reduces_each_groups_texts() {
+        let sql =
+            "SELECT t.n, ai_agg('Summarise these reviews.', t.body) AS summary FROM t GROUP BY t.n";
+        let plan = rewrite(sql).await;
+        let node = one_node(&plan);
+        assert_eq!(node.spec.shape, AiShape::Aggregate);
+        assert_eq!(node.spec.call.op_id, "agg-1");
+        assert!(node.spec.combine.is_some());
+        // Its document is the group's list of texts, collected below.
+        assert_eq!(node.spec.docs[0].text, Column::new_unqualified("__ai_1"));
+        assert_eq!(node.spec.output, Some(Column::new_unqualified("__ai_2")));
+        let LogicalPlan::Aggregate(a) = &node.inputs[0] else {
+            panic!("{}", plan.display_indent())
+        };
+        assert_eq!(a.aggr_expr[0].to_string(), "array_agg(t.body) AS __ai_1");
+        assert_eq!(field_names(&plan), ["t.n", "summary"]);
+    }
+
+    #[tokio::test]
+    async fn malformed_calls_are_errors_naming_the_call() {
+        for (sql, call, message) in [
+            (
+                "SELECT t.id FROM t WHERE ai_filter('Is {0} kind?')",
+                "ai_filter(Utf8(\"Is {0} kind?\"))",
+                "ai_filter takes (template, document) or (template, document, partner), \
+                 not 1 argument(s)",
+            ),
+            (
+                "SELECT t.id FROM t WHERE ai_filter(t.body, t.body)",
+                "ai_filter(t.body, t.body)",
+                "the template (first argument) must be a string literal, not t.body",
+            ),
+            (
+                "SELECT t.id FROM t WHERE ai_filter('Is {0} big?', t.n)",
+                "ai_filter(Utf8(\"Is {0} big?\"), t.n)",
+                "{0}: the document t.n is Int64, not text",
+            ),
+            (
+                "SELECT t.id FROM t WHERE ai_filter('Is {0} kind?', ai_complete('Summarise {0}', t.body))",
+                "ai_filter(Utf8(\"Is {0} kind?\"), ai_complete(",
+                "an AI call inside another AI call's argument",
+            ),
+            (
+                "SELECT ai_classify('Tone of {0}?', t.body, ['good', 'bad'], ['']) FROM t",
+                "ai_classify(Utf8(\"Tone of {0}?\"), t.body",
+                "ai_classify: 2 labels but 1 descriptions",
+            ),
+        ] {
+            let e = error(sql).await;
+            assert!(e.contains(call), "{sql}: {e}");
+            assert!(e.contains(message), "{sql}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_plan_without_ai_calls_comes_out_unchanged() {
+        for sql in [
+            "SELECT t.id FROM t JOIN u ON t.id = u.id WHERE t.n > 1",
+            "SELECT t.n, count(*) FROM t LEFT JOIN u ON t.body = u.body GROUP BY t.n ORDER BY t.n",
+        ] {
+            let plan = planned(sql).await;
+            let out = rewrite_with(plan.clone(), RewriteContext::default()).unwrap();
+            assert_eq!(out, plan, "{sql}");
+        }
+    }
+
+    #[tokio::test]
+    async fn pushdown_moves_one_sided_predicates_into_an_ai_joins_inputs() {
+        let push = |plan: LogicalPlan| {
+            plan.transform_down(|p| AiJoinPredicatePushdown.rewrite(p, &OptimizerContext::new()))
+                .unwrap()
+                .data
+        };
+        // An ordinary predicate on `t` moves into the join's left input.
+        let plan = rewrite(
+            "SELECT t.id, u.id FROM t, u WHERE ai_join('Does {0} cite {1}?', t.body, u.body) AND t.n > 1",
+        )
+        .await;
+        let join = one_node(&push(plan));
+        let LogicalPlan::Filter(f) = &join.inputs[0] else {
+            panic!("{:?}", join.inputs[0])
+        };
+        assert_eq!(f.predicate.to_string(), "t.n > Int64(1)");
+        assert!(matches!(join.inputs[1], LogicalPlan::TableScan(_)));
+
+        // An AI filter on `u` above the join moves below it, onto `u`.
+        let plan = rewrite(
+            "SELECT t.id, u.id FROM t, u \
+             WHERE ai_join('Does {0} cite {1}?', t.body, u.body) AND ai_filter('Is {0} long?', u.body)",
+        )
+        .await;
+        assert_eq!(nodes(&plan)[0].spec.shape, AiShape::Filter);
+        let pushed = push(plan);
+        let found = nodes(&pushed);
+        assert_eq!(found[0].spec.shape, AiShape::Join(JoinType::Inner));
+        assert!(matches!(found[0].inputs[0], LogicalPlan::TableScan(_)));
+        let LogicalPlan::Extension(e) = &found[0].inputs[1] else {
+            panic!("{}", pushed.display_indent())
+        };
+        assert_eq!(e.node.name(), "AiFilter");
+    }
+}

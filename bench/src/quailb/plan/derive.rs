@@ -460,3 +460,288 @@ fn unalias(e: &Expr) -> &Expr {
         e => e,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use aisql_engine::EngineError;
+    use aisql_engine::sql::plan_file::decode_plan;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::logical_expr::{LogicalPlanBuilder, col, lit, table_scan};
+
+    /// The catalog plan `id` (`IMDB-1`) as JSON.
+    fn catalog_json(id: &str) -> serde_json::Value {
+        let path = super::super::tests::plans_dir().join(format!("{id}.json"));
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    /// The view of a plan (as JSON) whose root names its columns `names`.
+    fn view_of(json: serde_json::Value, names: &[&str]) -> Result<Derived> {
+        let plan = decode_plan(json.to_string().as_bytes(), true).unwrap();
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        super::super::derive_view(&plan, &names)
+    }
+
+    fn view(id: &str, names: &[&str]) -> Derived {
+        view_of(catalog_json(id), names).unwrap_or_else(|e| panic!("{id}: {e}"))
+    }
+
+    fn relation(alias: &str, table: &str, columns: [&str; 2]) -> Relation {
+        Relation {
+            alias: alias.into(),
+            table: table.into(),
+            columns: columns.map(String::from).to_vec(),
+            text_column: columns[1].into(),
+        }
+    }
+
+    fn selected(alias: &str, column: &str, name: &str) -> Selected {
+        Selected {
+            alias: alias.into(),
+            column: column.into(),
+            name: name.into(),
+        }
+    }
+
+    fn ids(d: &Derived) -> Vec<&str> {
+        d.operators.iter().map(|o| o.id()).collect()
+    }
+
+    /// An empty read of `table(columns...)`, all text.
+    fn scan(table: &str, columns: &[&str]) -> LogicalPlanBuilder {
+        let fields: Vec<Field> = columns
+            .iter()
+            .map(|c| Field::new(*c, DataType::Utf8, false))
+            .collect();
+        table_scan(Some(table), &Schema::new(fields), None).unwrap()
+    }
+
+    /// `scan` under the alias hint `alias`, as QUAIL-B's consumer reads it.
+    fn read(table: &str, alias: &str, columns: &[&str]) -> LogicalPlanBuilder {
+        scan(table, columns).alias(alias).unwrap()
+    }
+
+    #[test]
+    fn a_filter_plan_has_one_relation_one_filter_and_its_ids() {
+        let d = view("IMDB-1", &["r"]);
+        assert_eq!(d.relations, [relation("r", "reviews", ["id", "body"])]);
+        let [
+            Operator::Filter {
+                id,
+                alias,
+                template,
+            },
+        ] = d.operators.as_slice()
+        else {
+            panic!("{:?}", d.operators)
+        };
+        assert_eq!((id.as_str(), alias.as_str()), ("filter-1", "r"));
+        assert!(
+            template.contains("at least one positive aspect"),
+            "{template}"
+        );
+        assert!(template.contains("{0}"), "{template}");
+        assert_eq!(d.select, [selected("r", "id", "r")]);
+        assert_eq!(d.tree, PlanTree::Operator(0, vec![PlanTree::Scan(0)]));
+    }
+
+    #[test]
+    fn stacked_filters_are_numbered_bottom_up() {
+        let d = view("IMDB-6", &["r"]);
+        assert_eq!(ids(&d), ["filter-1", "filter-2"]);
+        assert_eq!(
+            d.tree,
+            PlanTree::Operator(1, vec![PlanTree::Operator(0, vec![PlanTree::Scan(0)])])
+        );
+    }
+
+    #[test]
+    fn a_join_plan_pairs_its_two_reads_in_placeholder_order() {
+        let d = view("FEV-2", &["c", "e"]);
+        assert_eq!(
+            d.relations,
+            [
+                relation("c", "claims", ["id", "claim"]),
+                relation("e", "evidence", ["id", "text"])
+            ]
+        );
+        let [
+            Operator::Join {
+                id, aliases, on, ..
+            },
+        ] = d.operators.as_slice()
+        else {
+            panic!("{:?}", d.operators)
+        };
+        assert_eq!(id, "join-1");
+        assert_eq!(aliases, &["c".to_string(), "e".to_string()]);
+        assert!(on.is_empty());
+        assert_eq!(
+            d.tree,
+            PlanTree::Operator(0, vec![PlanTree::Scan(0), PlanTree::Scan(1)])
+        );
+        assert_eq!(
+            d.select,
+            [selected("c", "id", "c"), selected("e", "id", "e")]
+        );
+    }
+
+    #[test]
+    fn a_classification_takes_its_label_column_name_from_the_projection() {
+        let d = view("IMDB-11", &["r", "sentiment"]);
+        let [
+            Operator::Classify {
+                id,
+                alias,
+                partner,
+                labels,
+                descriptions,
+                output,
+                ..
+            },
+        ] = d.operators.as_slice()
+        else {
+            panic!("{:?}", d.operators)
+        };
+        assert_eq!((id.as_str(), alias.as_str()), ("classify-1", "r"));
+        assert_eq!(partner, &None);
+        assert_eq!(labels, &["positive", "negative", "neutral", "mixed"]);
+        assert_eq!(descriptions, &["", "", "", ""]);
+        assert_eq!(output, "sentiment");
+        assert_eq!(
+            d.select,
+            [
+                selected("r", "id", "r"),
+                selected("r", "sentiment", "sentiment")
+            ]
+        );
+    }
+
+    #[test]
+    fn an_in_list_tests_a_label_and_a_joined_row_classification_has_a_partner() {
+        let d = view("IMDB-15", &["r", "sentiment", "a", "aspect_sentiment"]);
+        assert_eq!(ids(&d), ["classify-1", "in-list-1", "join-1", "classify-2"]);
+        assert_eq!(
+            d.operators[1],
+            Operator::InList {
+                id: "in-list-1".into(),
+                alias: "r".into(),
+                output: "sentiment".into(),
+                accepted: vec!["negative".into(), "mixed".into()],
+            }
+        );
+        let Operator::Classify {
+            alias,
+            partner,
+            output,
+            ..
+        } = &d.operators[3]
+        else {
+            panic!("{:?}", d.operators[3])
+        };
+        assert_eq!(alias, "r");
+        assert_eq!(partner.as_deref(), Some("a"));
+        assert_eq!(output, "aspect_sentiment");
+        use PlanTree::{Operator as Op, Scan};
+        assert_eq!(
+            d.tree,
+            Op(
+                3,
+                vec![Op(2, vec![Op(1, vec![Op(0, vec![Scan(0)])]), Scan(1)])]
+            )
+        );
+        assert_eq!(
+            d.relations,
+            [
+                relation("r", "reviews", ["id", "body"]),
+                relation("a", "aspects", ["id", "aspect"])
+            ]
+        );
+    }
+
+    #[test]
+    fn plans_of_other_shapes_are_not_quailb() {
+        let r = || read("reviews", "r", &["id", "body"]);
+        let cases: Vec<(LogicalPlanBuilder, &str)> = vec![
+            (
+                scan("reviews", &["id", "body"]),
+                "the read of reviews has no alias hint",
+            ),
+            (
+                read("reviews", "r", &["body", "id"]),
+                "the read of reviews must list `id` first",
+            ),
+            (
+                r().cross_join(read("aspects", "a", &["id", "aspect"]).build().unwrap())
+                    .unwrap(),
+                "a join whose condition calls no ai_join is not part of a QUAIL-B plan",
+            ),
+            (
+                r().aggregate(vec![col("r.body")], Vec::<Expr>::new())
+                    .unwrap(),
+                "is not part of a QUAIL-B plan (filters, joins, projections and reads only)",
+            ),
+            (
+                r().filter(col("r.body").eq(lit("good"))).unwrap(),
+                "is neither ai_filter nor an IN-list on a label column",
+            ),
+            (
+                r().filter(col("r.body").in_list(vec![lit("good")], false))
+                    .unwrap(),
+                "in-list-1: r.body is not the label column of a classification",
+            ),
+            (
+                r().project(vec![col("r.id")]).unwrap(),
+                "relation r is read by no AI function",
+            ),
+        ];
+        for (builder, message) in cases {
+            let plan = builder.build().unwrap();
+            match derive(&plan, &[], &[]) {
+                Err(EngineError::NotQuailb(m)) => assert!(m.contains(message), "{m}"),
+                Err(e) => panic!("{message}: not NotQuailb: {e}"),
+                Ok(_) => panic!("{message}: derived\n{}", plan.display_indent()),
+            }
+        }
+    }
+
+    #[test]
+    fn an_operator_id_hint_out_of_post_order_is_invalid() {
+        let mut json = catalog_json("IMDB-6");
+        json["relations"][0]["root"]["input"]["project"]["input"]["filter"]["common"]["hint"]["alias"] =
+            serde_json::json!("filter-3");
+        match view_of(json, &["r"]) {
+            Err(EngineError::InvalidPlan(m)) => assert!(
+                m.contains(
+                    "operator id \"filter-3\" breaks post-order numbering (expected \"filter-2\")"
+                ),
+                "{m}"
+            ),
+            Err(e) => panic!("not InvalidPlan: {e}"),
+            Ok(d) => panic!("derived {:?}", d.operators),
+        }
+    }
+
+    #[test]
+    fn root_names_must_be_the_aliases_and_label_columns() {
+        for (names, message) in [
+            (
+                &["review"][..],
+                "root column \"review\" should be named \"r\" (SPEC §A.7)",
+            ),
+            (
+                &["r", "extra"][..],
+                "the root names 2 columns but selects 1",
+            ),
+        ] {
+            match view_of(catalog_json("IMDB-1"), names) {
+                Err(EngineError::InvalidPlan(m)) => assert!(m.contains(message), "{m}"),
+                Err(e) => panic!("not InvalidPlan: {e}"),
+                Ok(d) => panic!("derived {:?}", d.select),
+            }
+        }
+        // No names given: nothing to check them against.
+        assert_eq!(view("IMDB-1", &[]).select, [selected("r", "id", "r")]);
+    }
+}
