@@ -400,7 +400,7 @@ mod tests {
     use datafusion::arrow::datatypes::Schema;
     use datafusion::logical_expr::{Extension, table_scan};
 
-    use crate::backend::test_call;
+    use crate::inference::backend::test_call;
 
     /// An empty read of `table` with `fields`.
     fn scan(table: &str, fields: Vec<Field>) -> LogicalPlan {

@@ -1030,7 +1030,7 @@ mod tests {
     /// `u`, each `(id BIGINT, body VARCHAR, n BIGINT)`.
     async fn planned(sql: &str) -> LogicalPlan {
         let ctx = SessionContext::new();
-        crate::ai_functions::register_ai_functions(&ctx, None);
+        crate::exec::ai_functions::register_ai_functions(&ctx, None);
         let schema = Arc::new(Schema::new(vec![
             Field::new("id", DataType::Int64, false),
             Field::new("body", DataType::Utf8, true),

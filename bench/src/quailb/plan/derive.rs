@@ -470,6 +470,8 @@ mod tests {
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use datafusion::logical_expr::{LogicalPlanBuilder, col, lit, table_scan};
 
+    use crate::error::BenchError;
+
     /// The catalog plan `id` (`IMDB-1`) as JSON.
     fn catalog_json(id: &str) -> serde_json::Value {
         let path = super::super::tests::plans_dir().join(format!("{id}.json"));
@@ -699,7 +701,7 @@ mod tests {
         for (builder, message) in cases {
             let plan = builder.build().unwrap();
             match derive(&plan, &[], &[]) {
-                Err(EngineError::NotQuailb(m)) => assert!(m.contains(message), "{m}"),
+                Err(BenchError::NotQuailb(m)) => assert!(m.contains(message), "{m}"),
                 Err(e) => panic!("{message}: not NotQuailb: {e}"),
                 Ok(_) => panic!("{message}: derived\n{}", plan.display_indent()),
             }
@@ -712,7 +714,7 @@ mod tests {
         json["relations"][0]["root"]["input"]["project"]["input"]["filter"]["common"]["hint"]["alias"] =
             serde_json::json!("filter-3");
         match view_of(json, &["r"]) {
-            Err(EngineError::InvalidPlan(m)) => assert!(
+            Err(BenchError::Engine(EngineError::InvalidPlan(m))) => assert!(
                 m.contains(
                     "operator id \"filter-3\" breaks post-order numbering (expected \"filter-2\")"
                 ),
@@ -736,7 +738,9 @@ mod tests {
             ),
         ] {
             match view_of(catalog_json("IMDB-1"), names) {
-                Err(EngineError::InvalidPlan(m)) => assert!(m.contains(message), "{m}"),
+                Err(BenchError::Engine(EngineError::InvalidPlan(m))) => {
+                    assert!(m.contains(message), "{m}")
+                }
                 Err(e) => panic!("not InvalidPlan: {e}"),
                 Ok(d) => panic!("derived {:?}", d.select),
             }
