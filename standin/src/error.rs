@@ -1,6 +1,6 @@
 //! Errors of the stand-in generator. The messages are those `aisql-bench` printed
 //! when the generator was part of it: it maps each variant to its own of the same
-//! text ([`aisql_bench::error::BenchError`]'s `From<StandinError>`).
+//! text (`aisql_bench::error::BenchError`'s `From<StandinError>`).
 
 use std::path::{Path, PathBuf};
 

@@ -11,7 +11,7 @@
 //! the field names are the keys, in this order, and a measurement a backend
 //! does not report (`None`) is left out, not written as `null`.
 //!
-//! Adding a measurement is one line in [`work_fields!`]'s list (its name, type
+//! Adding a measurement is one line in `work_fields!`'s list (its name, type
 //! and doc) and the code that sets and reads it: its merge and its
 //! serialisation come with the type.
 

@@ -11,7 +11,7 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConve
 use super::message::{decode_task, encode};
 use super::task::WorkerTaskExec;
 
-/// Encodes a [`WorkerTaskExec`] as its [`WorkerTask`]'s JSON; decoding refuses
+/// Encodes a [`WorkerTaskExec`] as its [`WorkerTask`](super::message::WorkerTask)'s JSON; decoding refuses
 /// inputs (it is a leaf) and bytes that are not a task, with an error.
 #[derive(Debug, Default)]
 pub struct WorkerTaskCodec;
