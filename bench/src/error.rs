@@ -175,22 +175,29 @@ pub enum BenchError {
 /// QUAIL-B consumer's, raised inside DataFusion's planning), taken back out.
 impl From<aisql_engine::EngineError> for BenchError {
     fn from(e: aisql_engine::EngineError) -> Self {
-        use datafusion::error::DataFusionError;
         match e {
-            aisql_engine::EngineError::DataFusion(DataFusionError::External(inner)) => {
-                match inner.downcast::<BenchError>() {
-                    Ok(bench) => *bench,
-                    Err(other) => BenchError::Engine(aisql_engine::EngineError::DataFusion(
-                        DataFusionError::External(other),
-                    )),
-                }
-            }
-            // A context DataFusion added around it says nothing the error does not.
-            aisql_engine::EngineError::DataFusion(DataFusionError::Context(_, inner)) if matches!(inner.find_root(), DataFusionError::External(e) if e.is::<BenchError>()) => {
-                BenchError::from(aisql_engine::EngineError::DataFusion(*inner))
-            }
+            aisql_engine::EngineError::DataFusion(e) => carried(e)
+                .unwrap_or_else(|e| BenchError::Engine(aisql_engine::EngineError::DataFusion(e))),
             other => BenchError::Engine(other),
         }
+    }
+}
+
+/// The `BenchError` inside a DataFusion error, under any contexts DataFusion
+/// added (they say nothing the error does not); the error as it was otherwise.
+fn carried(
+    e: datafusion::error::DataFusionError,
+) -> std::result::Result<BenchError, datafusion::error::DataFusionError> {
+    use datafusion::error::DataFusionError;
+    match e {
+        DataFusionError::External(inner) => inner
+            .downcast::<BenchError>()
+            .map(|bench| *bench)
+            .map_err(DataFusionError::External),
+        DataFusionError::Context(context, inner) => {
+            carried(*inner).map_err(|inner| DataFusionError::Context(context, Box::new(inner)))
+        }
+        other => Err(other),
     }
 }
 
@@ -204,6 +211,37 @@ impl From<aisql_standin::StandinError> for BenchError {
             S::ScaleFactor(m) => BenchError::ScaleFactor(m),
             S::Generate(m) => BenchError::Generate(m),
             S::Engine(e) => BenchError::Engine(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aisql_engine::EngineError;
+    use datafusion::error::DataFusionError;
+
+    #[test]
+    fn a_bench_error_comes_back_out_of_the_engine_under_any_context() {
+        let through = |e: DataFusionError| BenchError::from(EngineError::DataFusion(e));
+        let raised = || DataFusionError::External(Box::new(BenchError::NotQuailb("m".into())));
+        assert!(matches!(through(raised()), BenchError::NotQuailb(m) if m == "m"));
+        let wrapped = DataFusionError::Context(
+            "outer".into(),
+            Box::new(DataFusionError::Context("inner".into(), Box::new(raised()))),
+        );
+        assert!(matches!(through(wrapped), BenchError::NotQuailb(m) if m == "m"));
+        // Anyone else's error stays the engine's, its contexts kept.
+        let other = DataFusionError::Context(
+            "ctx".into(),
+            Box::new(DataFusionError::External("io".into())),
+        );
+        match through(other) {
+            BenchError::Engine(EngineError::DataFusion(DataFusionError::Context(c, inner))) => {
+                assert_eq!(c, "ctx");
+                assert!(matches!(*inner, DataFusionError::External(_)));
+            }
+            e => panic!("not the engine's: {e:?}"),
         }
     }
 }

@@ -7,11 +7,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::logical_expr::LogicalPlanBuilder;
-
-use crate::quailb::plan::{Operator, QueryPlan};
 use aisql_engine::data::row_sink::{MemoryRows, RowSink};
 use aisql_engine::data::tables::{TablePaths, ai_batches, batch_text_bytes, read_table};
 use aisql_engine::estimate::{Estimate, EstimatingBackend, Estimator, estimate_options};
@@ -20,10 +15,14 @@ use aisql_engine::inference::backend::{AiKind, InferenceBackend};
 use aisql_engine::sql::options::QueryOptions;
 use aisql_engine::sql::{Evaluation, SqlSession};
 use aisql_engine::{EngineError, from_datafusion};
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::datasource::MemTable;
+use datafusion::logical_expr::LogicalPlanBuilder;
+use datafusion::prelude::SessionContext;
 
 use crate::error::{BenchError, Result};
-use datafusion::datasource::MemTable;
-use datafusion::prelude::SessionContext;
+use crate::quailb::plan::{Operator, QueryPlan};
 
 /// What a query returns besides its rows (SPEC §D.1): the rows went to the
 /// [`RowSink`] it ran with.

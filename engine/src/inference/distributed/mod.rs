@@ -52,7 +52,7 @@ mod tests {
     use crate::inference::answer_cache::AnswerIdentity;
     use crate::inference::backend::{
         AiCall, AiKind, AiRequest, Answer, AskTyped, ContentHashBackend, Doc, InferenceBackend,
-        test_call,
+        test_call, test_requests,
     };
     use crate::inference::shard::ShardedBackend;
     use crate::inference::work::{Sum, Work};
@@ -211,16 +211,11 @@ mod tests {
             (0..2).map(|_| Arc::new(ContentHashBackend::default()) as Arc<dyn InferenceBackend>),
         );
         let local = ContentHashBackend::default();
-        let texts: Vec<String> = (0..24)
+        let texts: Vec<(String, String)> = (0..24)
             .map(|i| format!("document {i} é{}", "z".repeat(i)))
+            .map(|t| (t.clone(), t))
             .collect();
-        let docs: Vec<AiRequest<'_>> = texts
-            .iter()
-            .map(|t| AiRequest {
-                anchor: Doc { id: t, text: t },
-                partner: None,
-            })
-            .collect();
+        let docs = test_requests(&texts);
         let mut extract = test_call(AiKind::Extract, "", &["dish", "price"]);
         extract.descriptions = vec!["Which dish?\nANSWER:".into(), "What price?\nANSWER:".into()];
         let calls = [
@@ -272,14 +267,11 @@ mod tests {
                 .iter()
                 .map(|b| Arc::new(LongFails(b.clone())) as Arc<dyn InferenceBackend>),
         );
-        let texts: Vec<String> = (0..8).map(|i| "y".repeat(3 + i * 7)).collect();
-        let docs: Vec<AiRequest<'_>> = texts
-            .iter()
-            .map(|t| AiRequest {
-                anchor: Doc { id: t, text: t },
-                partner: None,
-            })
+        let texts: Vec<(String, String)> = (0..8)
+            .map(|i| "y".repeat(3 + i * 7))
+            .map(|t| (t.clone(), t))
             .collect();
+        let docs = test_requests(&texts);
         let call = test_call(AiKind::Filter, "Is {0} even?", &[]);
         let spend = Arc::new(crate::limits::spend::Spend::new(
             crate::limits::spend::BudgetLimits {
@@ -294,7 +286,7 @@ mod tests {
         // Under the limit: asked, and charged what the workers computed (one
         // "fresh token" a question here). Rows over 40 bytes come back failed.
         let first = sharded.answer(&call, &docs).unwrap();
-        for (a, t) in first.iter().zip(&texts) {
+        for (a, (t, _)) in first.iter().zip(&texts) {
             if t.len() > 40 {
                 assert_eq!(*a, Answer::Failed(format!("row {t} is too long").into()));
             } else {
