@@ -92,7 +92,9 @@ fn setup() -> (tempfile::TempDir, Dataset) {
 
 fn queries(ids: &[&str]) -> Vec<(String, aisql_bench::quailb::plan::QueryPlan)> {
     let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
-    PlanSource::Embedded.select(Some(&ids)).unwrap()
+    PlanSource::Embedded
+        .select(Some(&ids), Default::default())
+        .unwrap()
 }
 
 const IDS: [&str; 5] = ["IMDB-1", "IMDB-2", "BIO-3", "FEV-10", "AGENT-3"];

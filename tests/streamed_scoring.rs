@@ -116,7 +116,9 @@ fn streamed_scoring_equals_the_materialised_comparison_on_all_43_plans() {
     let root = tmp.path().join("quailb");
     aisql_standin::generate(&root, 0.01).unwrap();
     let dataset = aisql_bench::resolve::resolve(Some(&root), 0.01, None).unwrap();
-    let plans = PlanSource::Embedded.select(None).unwrap();
+    let plans = PlanSource::Embedded
+        .select(None, Default::default())
+        .unwrap();
     assert_eq!(plans.len(), 43);
     let templates = aisql_bench::driver::templates_of(plans.iter().map(|(_, p)| p));
     let labels = dataset.load_labels(Some(&templates)).unwrap();

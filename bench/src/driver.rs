@@ -991,7 +991,9 @@ mod tests {
 
     fn queries(ids: &[&str]) -> Vec<(String, QueryPlan)> {
         let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
-        PlanSource::Embedded.select(Some(&ids)).unwrap()
+        PlanSource::Embedded
+            .select(Some(&ids), Default::default())
+            .unwrap()
     }
 
     fn metadata(backend: &str) -> Metadata {

@@ -89,7 +89,10 @@ fn standin_opens_and_every_plan_predicate_has_complete_labels() {
     assert!(lep.get_bool("lc0", Some("lp0")) == Some(true));
     // Every template of the 43 shipped plans has a label set.
     let mut seen = 0;
-    for (id, plan) in crate::plans::PlanSource::Embedded.select(None).unwrap() {
+    for (id, plan) in crate::plans::PlanSource::Embedded
+        .select(None, Default::default())
+        .unwrap()
+    {
         for t in plan.templates() {
             assert!(
                 store.for_template(&t).is_some(),

@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 use crate::quailb::plan::QueryPlan;
+use aisql_engine::inference::prompt::PromptFormat;
 use aisql_engine::sql::plan_file::decode_plan;
 
 use crate::error::{BenchError, Result};
@@ -108,18 +109,30 @@ impl PlanSource {
         Ok(catalog)
     }
 
-    /// The plan of query `id` (`<id>.json`), read and validated.
+    /// The plan of query `id` (`<id>.json`), read and validated, its prompts
+    /// in the default format.
     pub fn plan(&self, id: &str) -> Result<QueryPlan> {
+        self.plan_in(id, PromptFormat::default())
+    }
+
+    /// The plan of query `id` (`<id>.json`), read, validated and planned with
+    /// its prompts in `format`.
+    pub fn plan_in(&self, id: &str, format: PromptFormat) -> Result<QueryPlan> {
         plain_id(id).map_err(|e| self.error(e))?;
         let name = format!("{id}.json");
         let bytes = self.file(&name)?;
         let plan = decode_plan(&bytes, true).map_err(|m| self.error(format!("{name}: {m}")))?;
-        QueryPlan::from_substrait(plan).map_err(|e| self.error(format!("{name}: {e}")))
+        QueryPlan::from_substrait_in(plan, format).map_err(|e| self.error(format!("{name}: {e}")))
     }
 
     /// The queries of a run, in catalog order: `wanted` ids (`all` = the 43 scored
-    /// ones; ids outside the 43, such as IMDB-16, only when named), by default the 43.
-    pub fn select(&self, wanted: Option<&[String]>) -> Result<Vec<(String, QueryPlan)>> {
+    /// ones; ids outside the 43, such as IMDB-16, only when named), by default the 43,
+    /// planned with their prompts in `format`.
+    pub fn select(
+        &self,
+        wanted: Option<&[String]>,
+        format: PromptFormat,
+    ) -> Result<Vec<(String, QueryPlan)>> {
         let catalog = self.catalog()?;
         let all = wanted.is_none_or(|w| w.iter().any(|x| x == "all"));
         if let (false, Some(w)) = (all, wanted) {
@@ -138,7 +151,7 @@ impl PlanSource {
                 Some(w) if !all => w.contains(&e.id),
                 _ => e.is_scored(),
             })
-            .map(|e| Ok((e.id.clone(), self.plan(&e.id)?)))
+            .map(|e| Ok((e.id.clone(), self.plan_in(&e.id, format)?)))
             .collect()
     }
 }
@@ -152,15 +165,16 @@ fn ids_of(catalog: &[CatalogEntry]) -> String {
 }
 
 /// A plan named on the command line: a file when `arg` names one, else the query
-/// id `arg` of `source`'s catalog (`aisql explain IMDB-7`).
-pub fn open_plan(arg: &str, source: &PlanSource) -> Result<QueryPlan> {
+/// id `arg` of `source`'s catalog (`aisql explain IMDB-7`), planned with its
+/// prompts in `format`.
+pub fn open_plan(arg: &str, source: &PlanSource, format: PromptFormat) -> Result<QueryPlan> {
     let path = Path::new(arg);
     if path.is_file() {
-        return QueryPlan::from_file(path);
+        return QueryPlan::from_file_in(path, format);
     }
     let catalog = source.catalog()?;
     if catalog.iter().any(|e| e.id == arg) {
-        return source.plan(arg);
+        return source.plan_in(arg, format);
     }
     let message = if let Err(e) = aisql_engine::data::input_file::regular_file(path)
         && path.exists()
@@ -237,17 +251,20 @@ mod tests {
         let catalog = source.catalog().unwrap();
         assert_eq!(catalog.len(), 46);
         assert_eq!(catalog.iter().filter(|e| e.is_scored()).count(), 43);
-        let all = source.select(None).unwrap();
+        let all = source.select(None, Default::default()).unwrap();
         assert_eq!(all.len(), 43);
         assert_eq!(all[0].0, "IMDB-1");
         assert!(source.plan("IMDB-16").is_ok() && source.plan("PRIV-2").is_ok());
         let named = source
-            .select(Some(&["FEV-1".to_string(), "IMDB-16".to_string()]))
+            .select(
+                Some(&["FEV-1".to_string(), "IMDB-16".to_string()]),
+                Default::default(),
+            )
             .unwrap();
         let ids: Vec<&str> = named.iter().map(|(id, _)| id.as_str()).collect();
         assert_eq!(ids, ["IMDB-16", "FEV-1"], "catalog order");
         let e = source
-            .select(Some(&["IMDB-99".to_string()]))
+            .select(Some(&["IMDB-99".to_string()]), Default::default())
             .unwrap_err()
             .to_string();
         assert!(e.contains("IMDB-99") && e.contains("IMDB-1,"), "{e}");
@@ -269,20 +286,25 @@ mod tests {
             "{e}"
         );
         // A path wins over an id; an id is looked up in the source's catalog.
-        let by_path = open_plan(src.join("FEV-8.json").to_str().unwrap(), &folder).unwrap();
-        let by_id = open_plan("FEV-8", &PlanSource::Embedded).unwrap();
+        let by_path = open_plan(
+            src.join("FEV-8.json").to_str().unwrap(),
+            &folder,
+            Default::default(),
+        )
+        .unwrap();
+        let by_id = open_plan("FEV-8", &PlanSource::Embedded, Default::default()).unwrap();
         assert_eq!(
             by_path.definition_hash("raw-v1"),
             by_id.definition_hash("raw-v1")
         );
-        let e = open_plan("NOPE-1", &PlanSource::Embedded)
+        let e = open_plan("NOPE-1", &PlanSource::Embedded, Default::default())
             .unwrap_err()
             .to_string();
         assert!(
             e.contains("NOPE-1") && e.contains("no such file") && e.contains("FEV-8"),
             "{e}"
         );
-        let e = open_plan(d.path().to_str().unwrap(), &folder)
+        let e = open_plan(d.path().to_str().unwrap(), &folder, Default::default())
             .unwrap_err()
             .to_string();
         assert!(e.contains("is a folder, not a regular file"), "{e}");

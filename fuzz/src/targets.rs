@@ -887,7 +887,9 @@ pub fn kind(e: &dyn std::fmt::Display) -> String {
 
 fn resume_queries() -> Result<Vec<(String, QueryPlan)>, String> {
     let ids: Vec<String> = RESUME_QUERIES.iter().map(|s| s.to_string()).collect();
-    PlanSource::Embedded.select(Some(&ids)).map_err(err)
+    PlanSource::Embedded
+        .select(Some(&ids), Default::default())
+        .map_err(err)
 }
 
 fn files_under(dir: &Path) -> Result<Vec<PathBuf>, String> {

@@ -129,7 +129,8 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
         ),
         None => (args.queries.clone(), args.data.sf),
     };
-    let queries = plans.select(wanted.as_deref())?;
+    let format = args.backend.prompt_format.parse()?;
+    let queries = plans.select(wanted.as_deref(), format)?;
     let root = args.data.root.clone();
     let dataset = resolve(root.as_deref(), sf, args.data.collection.as_deref())?;
     // Check the tables of the selected queries before running any (only those: a root
@@ -148,7 +149,6 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
     guard.check(&output_dir, "the run folder", OutputKind::Folder)?;
     super::paths::check_answer_cache(&guard, &args.backend)?;
     let templates = templates_of(queries.iter().map(|(_, p)| p));
-    let format = args.backend.prompt_format.parse()?;
     let user_metadata = user_metadata(&args.metadata)?;
     let (backend, backend_metadata) =
         super::backend::build(&args.backend, Some(&dataset), Some(&templates))?;

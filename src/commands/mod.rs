@@ -31,7 +31,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 return sql::explain(&plan, root.as_deref(), sf);
             }
             let source = aisql_bench::plans::PlanSource::choose(plans.dir.as_deref());
-            match aisql_bench::plans::open_plan(&plan, &source) {
+            match aisql_bench::plans::open_plan(&plan, &source, Default::default()) {
                 Ok(query) => {
                     print!("{}", aisql_bench::quailb::explain::explain(&query));
                     Ok(())

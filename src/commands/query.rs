@@ -39,7 +39,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     // Usage errors before any plan, table or model is opened.
     let controls = super::budget::controls(&args.cost, &args.backend)?;
     let source = PlanSource::choose(args.plans.dir.as_deref());
-    let query = match open_plan(&args.plan, &source) {
+    let query = match open_plan(&args.plan, &source, args.backend.prompt_format.parse()?) {
         Ok(q) => q,
         // Not one of QUAIL-B's shapes: any plan DataFusion's consumer accepts.
         Err(e @ aisql_bench::error::BenchError::NotQuailb(_)) => {

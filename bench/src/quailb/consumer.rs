@@ -1,13 +1,14 @@
 //! The Substrait consumer of QUAIL-B plans (SPEC §A): DataFusion's own, with
 //! the benchmark's conventions (alias hints, output names, operator id hints)
-//! and, for planning without data, the empty tables the reads declare.
+//! over the empty tables the reads declare, so a plan is planned once, without
+//! data, and a run gives its scans the data ([`crate::quailb::query`]).
 
 use std::sync::{Arc, Mutex};
 
 use crate::error::{BenchError, Result};
 use aisql_engine::sql::SqlSession;
 use async_trait::async_trait;
-use datafusion::arrow::datatypes::{Field, Schema};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::catalog::TableProvider;
 use datafusion::catalog::empty::EmptyTable;
 use datafusion::common::{DFSchema, TableReference, plan_err};
@@ -46,25 +47,28 @@ pub struct OperatorHint {
 /// - the operator id hints of filters, joins and projections are kept, in
 ///   post-order ([`Self::hints`]).
 ///
+/// - each table a read names is an empty table of the columns the reads
+///   declare, its strings `Utf8View` (as a run serves them, so joins copy
+///   views, not documents), and its ids unique (QUAIL-B's rule, which a run
+///   checks when it reads the table), so documents are keyed by id.
+///
 /// The AI calls stay function calls here; the analyzer rule
 /// ([`aisql_engine::sql::rewrite`]) makes them AI operators, as for any plan.
 pub struct QuailbConsumer<'a> {
     extensions: Extensions,
+    session: &'a SqlSession,
     state: &'a SessionState,
-    /// Tables are made empty from the reads' declared schemas (planning without data).
-    declared_tables: bool,
     hints: Mutex<Vec<OperatorHint>>,
 }
 
 impl<'a> QuailbConsumer<'a> {
-    /// A consumer for `plan` over the tables and functions registered in `state`;
-    /// with `declared_tables`, each table a read names is registered in `state`
-    /// as an empty table of the columns the reads declare.
-    pub fn new(state: &'a SessionState, plan: &Plan, declared_tables: bool) -> DfResult<Self> {
+    /// A consumer for `plan` in `session`, whose state is `state`: the tables
+    /// its reads name are registered in `state` as they are read.
+    pub fn new(session: &'a SqlSession, state: &'a SessionState, plan: &Plan) -> DfResult<Self> {
         Ok(Self {
             extensions: Extensions::try_from(&plan.extensions)?,
+            session,
             state,
-            declared_tables,
             hints: Mutex::default(),
         })
     }
@@ -109,12 +113,19 @@ impl<'a> QuailbConsumer<'a> {
             .unwrap_or_default();
         for f in declared.fields() {
             if !fields.iter().any(|g| g.name() == f.name()) {
-                fields.push(f.clone());
+                let served = match f.data_type() {
+                    DataType::Utf8 | DataType::LargeUtf8 => {
+                        f.as_ref().clone().with_data_type(DataType::Utf8View)
+                    }
+                    _ => f.as_ref().clone(),
+                };
+                fields.push(Arc::new(served));
             }
         }
         schema.deregister_table(&table)?;
         let provider = EmptyTable::new(Arc::new(Schema::new(fields)));
-        schema.register_table(table, Arc::new(provider))?;
+        schema.register_table(table.clone(), Arc::new(provider))?;
+        self.session.set_unique_ids(&table);
         Ok(())
     }
 }
@@ -150,9 +161,7 @@ impl SubstraitConsumer for QuailbConsumer<'_> {
                     "a read has no alias hint".into(),
                 )))
             })?;
-        if self.declared_tables {
-            self.declare_table(rel).await?;
-        }
+        self.declare_table(rel).await?;
         let plan = aisql_engine::sql::consume::consume_read(self, rel).await?;
         LogicalPlanBuilder::from(plan).alias(alias)?.build()
     }
@@ -240,19 +249,17 @@ impl SubstraitConsumer for QuailbConsumer<'_> {
     }
 }
 
-/// Consumes the QUAIL-B `plan` in `session` with [`QuailbConsumer`] and runs the
-/// analyzer, whose AI rewrite makes the AI calls AI nodes. With
-/// `declared_tables` the tables are the empty ones the reads declare (planning
-/// without data); otherwise they must be registered. Returns the analyzed plan
-/// and the operator id hints of the Substrait relations, in post-order.
+/// Consumes the QUAIL-B `plan` in `session` with [`QuailbConsumer`], over the
+/// empty tables its reads declare, and runs the analyzer, whose AI rewrite
+/// makes the AI calls AI nodes. Returns the analyzed plan and the operator id
+/// hints of the Substrait relations, in post-order.
 pub async fn analyze(
     session: &SqlSession,
     plan: &Plan,
-    declared_tables: bool,
 ) -> Result<(LogicalPlan, Vec<OperatorHint>)> {
     let state = session.context().state();
-    let consumer = QuailbConsumer::new(&state, plan, declared_tables)
-        .map_err(aisql_engine::sql::plan_error)?;
+    let consumer =
+        QuailbConsumer::new(session, &state, plan).map_err(aisql_engine::sql::plan_error)?;
     let analyzed = session
         .analyze_substrait_with(&state, &consumer, plan)
         .await?;
@@ -280,7 +287,7 @@ mod tests {
             Evaluation::Operators,
         )
         .unwrap();
-        assert!(analyze(&s, &plan, true).await.is_ok());
+        assert!(analyze(&s, &plan).await.is_ok());
         let Some(datafusion_substrait::substrait::proto::plan_rel::RelType::Root(root)) =
             plan.relations[0].rel_type.as_mut()
         else {
@@ -297,7 +304,7 @@ mod tests {
             panic!("IMDB-3's projection emits")
         };
         emit.output_mapping[0] = 99;
-        let e = analyze(&s, &plan, true).await.unwrap_err().to_string();
+        let e = analyze(&s, &plan).await.unwrap_err().to_string();
         assert!(e.contains("emit names field 99"), "{e}");
     }
 }

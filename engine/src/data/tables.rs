@@ -52,11 +52,15 @@ pub fn read_table(
             path.display()
         )));
     }
+    // Plans key documents by id (QUAIL-B's rule): ids of any string type repeat nowhere.
     if let Some(ids) = batch.column_by_name("id")
-        && let Some(ids) = ids
-            .as_any()
-            .downcast_ref::<datafusion::arrow::array::StringArray>()
+        && matches!(
+            ids.data_type(),
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+        )
     {
+        let ids = cast(ids, &DataType::Utf8)?;
+        let ids = ids.as_string::<i32>();
         let mut seen = std::collections::HashSet::with_capacity(ids.len());
         for (row, id) in ids.iter().enumerate() {
             if let Some(id) = id

@@ -482,7 +482,7 @@ mod tests {
     fn view_of(json: serde_json::Value, names: &[&str]) -> Result<Derived> {
         let plan = decode_plan(json.to_string().as_bytes(), true).unwrap();
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        super::super::derive_view(&plan, &names)
+        super::super::derive_view(&plan, &names, Default::default()).map(|(_, view)| view)
     }
 
     fn view(id: &str, names: &[&str]) -> Derived {

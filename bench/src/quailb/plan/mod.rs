@@ -3,20 +3,24 @@
 //! (relations, AI operators and IN-lists in post-order, selected columns;
 //! SPEC §A).
 //!
-//! The Substrait plan is read once, by DataFusion's consumer
-//! ([`crate::quailb::consumer::QuailbConsumer`]), and taken through the same AI rewrite
-//! that runs it; the view is derived from that plan ([`derive`]), over empty
-//! tables of the columns the reads declare, so it needs no data. Operator ids,
-//! prompts and documents are the AI nodes' own. Extension functions are
-//! resolved by name and URN, never by anchor.
+//! The Substrait plan is planned once: DataFusion's consumer
+//! ([`crate::quailb::consumer::QuailbConsumer`]) reads it over empty tables of
+//! the columns the reads declare, and the AI rewrite makes its AI calls AI
+//! nodes. The view is derived from that analyzed plan ([`derive`]), so it needs
+//! no data, and a run executes the same plan with its scans given the data
+//! ([`crate::quailb::query`]). Operator ids, prompts and documents are the AI
+//! nodes' own. Extension functions are resolved by name and URN, never by
+//! anchor.
 
 mod derive;
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use aisql_engine::inference::backend::AiKind;
 use aisql_engine::inference::prompt::{PromptFormat, PromptPieces, call_pieces};
+use datafusion::logical_expr::LogicalPlan;
 use datafusion_substrait::substrait::proto::{Plan, extensions, plan_rel, rel};
 use serde_json::json;
 
@@ -175,6 +179,12 @@ pub struct QueryPlan {
     pub select: Vec<Selected>,
     /// Operators over scans, the root operator on top (what `explain` draws).
     pub tree: PlanTree,
+    /// DataFusion's analyzed plan (AI calls as AI nodes, prompts in
+    /// [`Self::format`]) over the empty tables the reads declare: the view's
+    /// source, and the plan a run in that format executes.
+    pub analyzed: LogicalPlan,
+    /// The prompt format [`Self::analyzed`] renders.
+    pub format: PromptFormat,
 }
 
 /// The operators and scans of a plan as a tree.
@@ -186,23 +196,37 @@ pub enum PlanTree {
     Operator(usize, Vec<PlanTree>),
 }
 
-/// DataFusion's analyzed plan of `plan` over the tables its reads declare, and
-/// the view derived from it.
-fn derive_view(plan: &Plan, root_names: &[String]) -> Result<derive::Derived> {
+/// DataFusion's analyzed plan of `plan` over the tables its reads declare, its
+/// prompts in `format`, and the view derived from it, whose root names its
+/// columns `root_names`.
+fn derive_view(
+    plan: &Plan,
+    root_names: &[String],
+    format: PromptFormat,
+) -> Result<(LogicalPlan, derive::Derived)> {
     use aisql_engine::sql::{Evaluation, SqlSession};
     // Planning asks no model: any backend will do.
     let backend =
         std::sync::Arc::new(crate::quailb::oracle::OracleBackend::new(Default::default()));
-    let session = SqlSession::new(
-        backend,
-        aisql_engine::sql::options::QueryOptions::default(),
-        Evaluation::Operators,
-    )?;
+    let options = aisql_engine::sql::options::QueryOptions {
+        format,
+        ..Default::default()
+    };
+    let session = SqlSession::new(backend, options, Evaluation::Operators)?;
     let (analyzed, hints) =
-        futures::executor::block_on(crate::quailb::consumer::analyze(&session, plan, true))?;
+        futures::executor::block_on(crate::quailb::consumer::analyze(&session, plan))?;
     // The root's own projection is the last relation consumed.
     let below_root = hints.split_last().map_or(&[][..], |(_, rest)| rest);
-    derive::derive(&analyzed, below_root, root_names)
+    let derived = derive::derive(&analyzed, below_root, root_names)?;
+    Ok((analyzed, derived))
+}
+
+/// The names the plan's root gives its columns (none where it has no root).
+fn root_names(plan: &Plan) -> &[String] {
+    match plan.relations.first().and_then(|r| r.rel_type.as_ref()) {
+        Some(plan_rel::RelType::Root(root)) => &root.names,
+        _ => &[],
+    }
 }
 
 /// A plan of QUAIL-B's own shape that breaks one of its rules (SPEC §A).
@@ -267,11 +291,16 @@ fn classify_function(f: &Function) -> Result<FunctionKind> {
 }
 
 impl QueryPlan {
-    /// Reads and validates a plan file.
+    /// Reads and validates a plan file, its prompts in the default format.
     pub fn from_file(path: &Path) -> Result<Self> {
+        Self::from_file_in(path, PromptFormat::default())
+    }
+
+    /// Reads and validates a plan file, planned with its prompts in `format`.
+    pub fn from_file_in(path: &Path, format: PromptFormat) -> Result<Self> {
         let plan = aisql_engine::sql::plan_file::read_plan_file(path)?;
         let path = path.display().to_string();
-        Self::from_substrait(plan).map_err(|e| match e {
+        Self::from_substrait_in(plan, format).map_err(|e| match e {
             BenchError::Engine(EngineError::InvalidPlan(message)) => {
                 BenchError::Engine(EngineError::PlanFile { path, message })
             }
@@ -280,8 +309,15 @@ impl QueryPlan {
         })
     }
 
-    /// Validates a decoded plan and derives the query description.
+    /// Validates a decoded plan and derives the query description, its
+    /// prompts in the default format.
     pub fn from_substrait(plan: Plan) -> Result<Self> {
+        Self::from_substrait_in(plan, PromptFormat::default())
+    }
+
+    /// Validates a decoded plan and derives the query description, planned
+    /// with its prompts in `format` (the format the query will run in).
+    pub fn from_substrait_in(plan: Plan, format: PromptFormat) -> Result<Self> {
         let version = plan
             .version
             .as_ref()
@@ -353,7 +389,7 @@ impl QueryPlan {
             return Err(not_quailb("the root's input is not a projection"));
         }
 
-        let derived = derive_view(&plan, &root.names)?;
+        let (analyzed, derived) = derive_view(&plan, &root.names, format)?;
         let query = QueryPlan {
             substrait: plan,
             functions: declared,
@@ -361,9 +397,33 @@ impl QueryPlan {
             operators: derived.operators,
             select: derived.select,
             tree: derived.tree,
+            analyzed,
+            format,
         };
         query.validate()?;
         Ok(query)
+    }
+
+    /// The analyzed plan with its prompts in `format`: [`Self::analyzed`], or
+    /// where that renders another format, the plan analyzed anew in `format`,
+    /// whose view must be this one (a format changes prompts, not operators).
+    pub fn analyzed_in(&self, format: PromptFormat) -> Result<Cow<'_, LogicalPlan>> {
+        if format == self.format {
+            return Ok(Cow::Borrowed(&self.analyzed));
+        }
+        let (analyzed, view) = derive_view(&self.substrait, root_names(&self.substrait), format)?;
+        if view.relations != self.relations
+            || view.operators != self.operators
+            || view.select != self.select
+            || view.tree != self.tree
+        {
+            return Err(invalid(format!(
+                "the plan's operators in prompt format {} differ from those in {}",
+                format.name(),
+                self.format.name()
+            )));
+        }
+        Ok(Cow::Owned(analyzed))
     }
 
     /// The relation of an alias.
