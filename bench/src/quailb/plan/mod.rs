@@ -17,6 +17,7 @@ mod derive;
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use aisql_engine::inference::backend::AiKind;
 use aisql_engine::inference::prompt::{PromptFormat, PromptPieces, call_pieces};
@@ -185,6 +186,9 @@ pub struct QueryPlan {
     pub analyzed: LogicalPlan,
     /// The prompt format [`Self::analyzed`] renders.
     pub format: PromptFormat,
+    /// How long planning [`Self::analyzed`] took: part of a run's time, as
+    /// consuming the plan was when a run planned it.
+    pub planning: Duration,
 }
 
 /// The operators and scans of a plan as a tree.
@@ -389,7 +393,9 @@ impl QueryPlan {
             return Err(not_quailb("the root's input is not a projection"));
         }
 
+        let started = Instant::now();
         let (analyzed, derived) = derive_view(&plan, &root.names, format)?;
+        let planning = started.elapsed();
         let query = QueryPlan {
             substrait: plan,
             functions: declared,
@@ -399,6 +405,7 @@ impl QueryPlan {
             tree: derived.tree,
             analyzed,
             format,
+            planning,
         };
         query.validate()?;
         Ok(query)
