@@ -10,6 +10,7 @@
 
 #[cfg(test)]
 mod roundtrip;
+mod scales;
 pub mod tokenizer;
 pub mod write;
 
@@ -346,8 +347,8 @@ impl GgufFile {
         self.tensors.get(&name).map(|info| info.dtype)
     }
 
-    /// The tensor Hugging Face calls `hf_name`, checked to have `shape`, in its
-    /// stored block format on `device`.
+    /// The tensor Hugging Face calls `hf_name`, checked to have `shape` and
+    /// finite scales (or values), in its stored block format on `device`.
     pub fn qtensor(&self, hf_name: &str, shape: &[usize], device: &Device) -> Result<QTensor> {
         let name = gguf_name(hf_name)
             .ok_or_else(|| self.err(format!("no GGUF name for tensor {hf_name}")))?;
@@ -359,19 +360,19 @@ impl GgufFile {
             )));
         }
         let bytes = &self.map[info.start..info.start + info.len];
+        if let Some(why) = scales::non_finite_field(info.dtype, bytes) {
+            return Err(self.err(format!("tensor {name}: {why}")));
+        }
         qtensor_from_ggml(info.dtype, bytes, info.dims.clone(), device)
             .map_err(|e| self.err(format!("tensor {name}: {e}")))
     }
 
-    /// [`Self::qtensor`] as float values (dequantized), checked to be finite.
+    /// [`Self::qtensor`] as float values (dequantized; finite, as its stored
+    /// fields are).
     pub fn float(&self, hf_name: &str, shape: &[usize], device: &Device) -> Result<Tensor> {
         let t = self
             .qtensor(hf_name, shape, &Device::Cpu)?
             .dequantize(&Device::Cpu)?;
-        if let Some(why) = crate::source::non_finite(&t)? {
-            let name = gguf_name(hf_name).unwrap_or_default();
-            return Err(self.err(format!("tensor {name}: {why}")));
-        }
         Ok(t.to_device(device)?)
     }
 }

@@ -295,6 +295,31 @@ fn broken_files_are_errors_naming_file_and_tensor() {
         "{e}"
     );
 
+    // A NaN block scale in a quantized weight (the second Q8_0 block's).
+    rewrite(&good, &path("nan.gguf"), |_, tensors| {
+        let (_, t) = tensors
+            .iter_mut()
+            .find(|(n, _)| n == "blk.0.ffn_up.weight")
+            .unwrap();
+        assert_eq!(t.dtype(), candle_core::quantized::GgmlDType::Q8_0);
+        let mut data = t.data().unwrap().into_owned();
+        data[34..36].copy_from_slice(&half::f16::NAN.to_le_bytes());
+        *t = candle_core::quantized::ggml_file::qtensor_from_ggml(
+            t.dtype(),
+            &data,
+            t.shape().dims().to_vec(),
+            &Device::Cpu,
+        )
+        .unwrap();
+    });
+    let e = load_error(&path("nan.gguf"));
+    assert!(
+        e.contains("nan.gguf")
+            && e.contains("blk.0.ffn_up.weight")
+            && e.contains("block 1's scale is NaN"),
+        "{e}"
+    );
+
     // An unsupported block type: blk.0.ffn_up.weight re-typed as IQ4_XS (23).
     let name = b"blk.0.ffn_up.weight";
     let at = bytes
