@@ -4,6 +4,7 @@
 //! returned (SPEC §D.1's adapter contract).
 
 use std::borrow::Cow;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
@@ -239,23 +240,18 @@ fn serve_tables(
     let mut providers: HashMap<(String, SchemaRef), Arc<dyn TableSource>> = HashMap::new();
     plan.apply(|p| {
         if let LogicalPlan::TableScan(scan) = p {
-            let key = (scan.table_name.table().to_string(), scan.source.schema());
-            if !providers.contains_key(&key) {
-                let source = read
-                    .get(&key.0)
-                    .ok_or_else(|| {
-                        DataFusionError::External(Box::new(EngineError::InvalidPlan(format!(
-                            "the plan scans {} but the view reads no such table",
-                            key.0
-                        ))))
-                    })
-                    .and_then(|(batch, text_columns)| {
-                        let batch = conform(batch, &key.1, &key.0)?;
-                        let slices = ai_batches(&batch, text_columns, batch_rows, batch_text_bytes);
-                        let table = MemTable::try_new(batch.schema(), vec![slices])?;
-                        Ok(provider_as_source(Arc::new(table)))
-                    })?;
-                providers.insert(key, source);
+            let table = scan.table_name.table().to_string();
+            let schema = scan.source.schema();
+            if let Entry::Vacant(slot) = providers.entry((table.clone(), schema.clone())) {
+                let (batch, text_columns) = read.get(&table).ok_or_else(|| {
+                    DataFusionError::External(Box::new(EngineError::InvalidPlan(format!(
+                        "the plan scans {table} but the view reads no such table"
+                    ))))
+                })?;
+                let batch = conform(batch, &schema, &table)?;
+                let slices = ai_batches(&batch, text_columns, batch_rows, batch_text_bytes);
+                let provider = MemTable::try_new(batch.schema(), vec![slices])?;
+                slot.insert(provider_as_source(Arc::new(provider)));
             }
         }
         Ok(TreeNodeRecursion::Continue)
