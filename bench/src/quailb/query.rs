@@ -232,7 +232,7 @@ fn serve_tables(
         let slices = ai_batches(&batch, &text_columns, batch_rows, batch_text_bytes);
         let first = (slices.len() > 1).then(|| slices[0].num_rows());
         tables.insert(table.clone(), (batch.num_rows(), first));
-        read.insert(table, (batch, text_columns));
+        read.insert(table, slices);
     }
 
     // One table read under two aliases may be declared wider by its second
@@ -243,14 +243,18 @@ fn serve_tables(
             let table = scan.table_name.table().to_string();
             let schema = scan.source.schema();
             if let Entry::Vacant(slot) = providers.entry((table.clone(), schema.clone())) {
-                let (batch, text_columns) = read.get(&table).ok_or_else(|| {
+                let slices = read.get(&table).ok_or_else(|| {
                     DataFusionError::External(Box::new(EngineError::InvalidPlan(format!(
                         "the plan scans {table} but the view reads no such table"
                     ))))
                 })?;
-                let batch = conform(batch, &schema, &table)?;
-                let slices = ai_batches(&batch, text_columns, batch_rows, batch_text_bytes);
-                let provider = MemTable::try_new(batch.schema(), vec![slices])?;
+                // The batches were cut once, by the text they hold; each
+                // declared schema takes the same cuts.
+                let slices = slices
+                    .iter()
+                    .map(|slice| conform(slice, &schema, &table))
+                    .collect::<datafusion::error::Result<Vec<_>>>()?;
+                let provider = MemTable::try_new(schema, vec![slices])?;
                 slot.insert(provider_as_source(Arc::new(provider)));
             }
         }
