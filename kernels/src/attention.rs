@@ -246,6 +246,9 @@ const Q_TILE: usize = 32;
 /// Keys per block of the tiled kernel: a block's K (transposed) and V stay in L1.
 const K_BLOCK: usize = 64;
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
 /// `a * b + c`; fused (one rounding) in the FMA build of the kernel.
 trait Madd {
     fn madd(a: f32, b: f32, c: f32) -> f32;
@@ -333,17 +336,25 @@ fn tiled<const D: usize>(
         }
     }
     #[cfg(target_arch = "x86_64")]
+    let avx512 = is_x86_feature_detected!("avx512f");
+    #[cfg(target_arch = "x86_64")]
     let fma = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
     tasks
         .into_par_iter()
         .for_each_init(Scratch::default, |sc, mut task| {
+            #[cfg(target_arch = "x86_64")]
+            if avx512 {
+                // SAFETY: the CPU supports AVX-512F (checked above).
+                unsafe { tile_avx512::<D>(q, k, v, seqs, dims, total, &mut task, sc) };
+                return;
+            }
             #[cfg(target_arch = "x86_64")]
             if fma {
                 // SAFETY: the CPU supports AVX2 and FMA (checked above).
                 unsafe { tile_avx2::<D>(q, k, v, seqs, dims, total, &mut task, sc) };
                 return;
             }
-            tile::<D, Plain>(q, k, v, seqs, dims, total, &mut task, sc);
+            tile::<D, PerRow<Plain>>(q, k, v, seqs, dims, total, &mut task, sc);
         });
 }
 
@@ -360,13 +371,115 @@ fn tile_avx2<const D: usize>(
     task: &mut TileTask<'_>,
     sc: &mut Scratch,
 ) {
-    tile::<D, Fused>(q, k, v, seqs, dims, total, task, sc)
+    tile::<D, PerRow<Fused>>(q, k, v, seqs, dims, total, task, sc)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+fn tile_avx512<const D: usize>(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    seqs: &[SeqSlices<'_>],
+    dims: AttnDims,
+    total: usize,
+    task: &mut TileTask<'_>,
+    sc: &mut Scratch,
+) {
+    tile::<D, avx512::FourRows>(q, k, v, seqs, dims, total, task, sc)
+}
+
+/// Where a key block's keys are visible to a task's query rows: row `r` (head in
+/// group, position `r % n` of the tile) sees the block's first
+/// [`Self::visible`] keys.
+#[derive(Clone, Copy)]
+struct BlockView {
+    /// Position of the block's first key.
+    first: usize,
+    /// Keys in the block (the last may be short).
+    keys: usize,
+    /// Prefix positions before the suffix.
+    prefix_len: usize,
+    /// The tile's first query position in its suffix.
+    i0: usize,
+    /// Query positions in the tile.
+    n: usize,
+}
+
+impl BlockView {
+    /// Keys of the block row `r` sees (causal: positions ≤ its own).
+    #[inline(always)]
+    fn visible(&self, r: usize) -> usize {
+        let qpos = self.prefix_len + self.i0 + r % self.n;
+        (qpos + 1).saturating_sub(self.first).min(self.keys)
+    }
+}
+
+/// How a task's query rows take in one key block: scores against the block's
+/// transposed keys `kt` (`D × K_BLOCK`, zero past the block's keys), the online
+/// softmax update of `sc.m`/`sc.l`, and `sc.o += p · V` for the block's values `vb`.
+trait BlockRows {
+    /// # Safety
+    /// The CPU must have what the implementation's kernel was built for; `sc.q`
+    /// holds every row (padded to a multiple of four rows with zeros).
+    unsafe fn block<const D: usize>(sc: &mut Scratch, kt: &[f32], vb: &[f32], view: BlockView);
+}
+
+/// One query row at a time, in plain (auto-vectorised) Rust.
+struct PerRow<M>(std::marker::PhantomData<M>);
+
+impl<M: Madd> BlockRows for PerRow<M> {
+    #[inline(always)]
+    unsafe fn block<const D: usize>(sc: &mut Scratch, kt: &[f32], vb: &[f32], view: BlockView) {
+        let rows = sc.m.len();
+        for r in 0..rows {
+            let nvalid = view.visible(r);
+            if nvalid == 0 {
+                continue;
+            }
+            let qr: &[f32; D] = sc.q[r * D..(r + 1) * D].try_into().unwrap();
+            let mut s = [0f32; K_BLOCK];
+            for (c, &qc) in qr.iter().enumerate() {
+                let kc: &[f32; K_BLOCK] = kt[c * K_BLOCK..(c + 1) * K_BLOCK].try_into().unwrap();
+                for j in 0..K_BLOCK {
+                    s[j] = M::madd(qc, kc[j], s[j]);
+                }
+            }
+            let alpha = online_softmax(&mut s, nvalid, &mut sc.m[r], &mut sc.l[r]);
+            // Four independent accumulators, so the FMA chains overlap.
+            let mut o4 = [[0f32; D]; 4];
+            let (ps, vs) = (&s[..nvalid], &vb[..nvalid * D]);
+            for (p4, v4) in ps.chunks_exact(4).zip(vs.chunks_exact(4 * D)) {
+                for (u, acc) in o4.iter_mut().enumerate() {
+                    let vj = &v4[u * D..(u + 1) * D];
+                    for c in 0..D {
+                        acc[c] = M::madd(p4[u], vj[c], acc[c]);
+                    }
+                }
+            }
+            let tail = nvalid / 4 * 4;
+            for (&p, vj) in ps[tail..].iter().zip(vs[tail * D..].chunks_exact(D)) {
+                for c in 0..D {
+                    o4[0][c] = M::madd(p, vj[c], o4[0][c]);
+                }
+            }
+            let mut o = [0f32; D];
+            for c in 0..D {
+                o[c] = (o4[0][c] + o4[1][c]) + (o4[2][c] + o4[3][c]);
+            }
+            let or = &mut sc.o[r * D..(r + 1) * D];
+            for c in 0..D {
+                or[c] = M::madd(or[c], alpha, o[c]);
+            }
+        }
+    }
 }
 
 /// Runs one [`TileTask`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn tile<const D: usize, M: Madd>(
+fn tile<const D: usize, R: BlockRows>(
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -387,13 +500,17 @@ fn tile<const D: usize, M: Madd>(
         let base = ((g * group + hh) * total + seq.start + i0) * D;
         sc.q.extend(q[base..base + n * D].iter().map(|x| x * dims.scale));
     }
+    // Zero rows up to a multiple of four, for kernels that take rows four at a time.
+    sc.q.resize(rows.next_multiple_of(4) * D, 0.0);
     sc.o.clear();
     sc.o.resize(rows * D, 0.0);
     sc.m.clear();
     sc.m.resize(rows, f32::NEG_INFINITY);
     sc.l.clear();
     sc.l.resize(rows, 0.0);
-    sc.kt.resize(D * K_BLOCK, 0.0);
+    // The transposed key block, out of `sc` while the rows use the rest of it.
+    let mut kt_block = std::mem::take(&mut sc.kt);
+    kt_block.resize(D * K_BLOCK, 0.0);
 
     let prefix_len: usize = seq.prefix.iter().map(|p| p.len).sum();
     // The suffix's own keys, up to the last one this tile's queries can see.
@@ -410,7 +527,7 @@ fn tile<const D: usize, M: Madd>(
     for (ks, vs) in sources {
         for (kb, vb) in ks.chunks(K_BLOCK * D).zip(vs.chunks(K_BLOCK * D)) {
             let nb = kb.len() / D;
-            let kt = &mut sc.kt[..D * K_BLOCK];
+            let kt = &mut kt_block[..D * K_BLOCK];
             for (j, kj) in kb.chunks_exact(D).enumerate() {
                 for c in 0..D {
                     kt[c * K_BLOCK + j] = kj[c];
@@ -421,82 +538,19 @@ fn tile<const D: usize, M: Madd>(
                     kt[c * K_BLOCK + nb..(c + 1) * K_BLOCK].fill(0.0);
                 }
             }
-            let kt: &[f32] = kt;
-            for r in 0..rows {
-                // Keys at positions ≤ the query's own are visible.
-                let qpos = prefix_len + i0 + r % n;
-                let nvalid = (qpos + 1).saturating_sub(first).min(nb);
-                if nvalid == 0 {
-                    continue;
-                }
-                let qr: &[f32; D] = sc.q[r * D..(r + 1) * D].try_into().unwrap();
-                let mut s = [0f32; K_BLOCK];
-                for (c, &qc) in qr.iter().enumerate() {
-                    let kc: &[f32; K_BLOCK] =
-                        kt[c * K_BLOCK..(c + 1) * K_BLOCK].try_into().unwrap();
-                    for j in 0..K_BLOCK {
-                        s[j] = M::madd(qc, kc[j], s[j]);
-                    }
-                }
-                for x in &mut s[nvalid..] {
-                    *x = f32::NEG_INFINITY;
-                }
-                let m_old = sc.m[r];
-                let m_new = m_old.max(block_max(&s));
-                let alpha = if m_old == f32::NEG_INFINITY {
-                    0.0
-                } else {
-                    exp_nonpositive(m_old - m_new)
-                };
-                let mut acc = [0f32; 8];
-                for c in s.chunks_exact_mut(8) {
-                    for i in 0..8 {
-                        let p = exp_nonpositive(c[i] - m_new);
-                        c[i] = p;
-                        acc[i] += p;
-                    }
-                }
-                for x in &mut s[nvalid..] {
-                    *x = 0.0;
-                }
-                // Masked lanes contributed exp(-87) ≈ 1.6e-38 each; negligible, but
-                // recompute the sum over the valid lanes only when any were masked.
-                let sum = if nvalid == K_BLOCK {
-                    acc.iter().sum::<f32>()
-                } else {
-                    s[..nvalid].iter().sum::<f32>()
-                };
-                sc.m[r] = m_new;
-                sc.l[r] = sc.l[r] * alpha + sum;
-                // Four independent accumulators, so the FMA chains overlap.
-                let mut o4 = [[0f32; D]; 4];
-                let (ps, vs) = (&s[..nvalid], &vb[..nvalid * D]);
-                for (p4, v4) in ps.chunks_exact(4).zip(vs.chunks_exact(4 * D)) {
-                    for (u, acc) in o4.iter_mut().enumerate() {
-                        let vj = &v4[u * D..(u + 1) * D];
-                        for c in 0..D {
-                            acc[c] = M::madd(p4[u], vj[c], acc[c]);
-                        }
-                    }
-                }
-                let tail = nvalid / 4 * 4;
-                for (&p, vj) in ps[tail..].iter().zip(vs[tail * D..].chunks_exact(D)) {
-                    for c in 0..D {
-                        o4[0][c] = M::madd(p, vj[c], o4[0][c]);
-                    }
-                }
-                let mut o = [0f32; D];
-                for c in 0..D {
-                    o[c] = (o4[0][c] + o4[1][c]) + (o4[2][c] + o4[3][c]);
-                }
-                let or = &mut sc.o[r * D..(r + 1) * D];
-                for c in 0..D {
-                    or[c] = M::madd(or[c], alpha, o[c]);
-                }
-            }
+            let view = BlockView {
+                first,
+                keys: nb,
+                prefix_len,
+                i0,
+                n,
+            };
+            // SAFETY: `R` is chosen by the caller for this CPU; `sc.q` is padded.
+            unsafe { R::block::<D>(sc, &kt_block, vb, view) };
             first += nb;
         }
     }
+    sc.kt = kt_block;
     for (hh, block) in task.outs.iter_mut().enumerate() {
         for ii in 0..n {
             let r = hh * n + ii;
@@ -509,6 +563,46 @@ fn tile<const D: usize, M: Madd>(
             }
         }
     }
+}
+
+/// The online-softmax step of one query row over one key block: `s` holds the
+/// block's scores, of which the first `nvalid` are visible; it becomes their
+/// weights `exp(s - m_new)` (zero past `nvalid`), the row's running max `m` and sum
+/// `l` take the block in, and the factor that rescales the row's earlier output
+/// is returned.
+#[inline(always)]
+fn online_softmax(s: &mut [f32; K_BLOCK], nvalid: usize, m: &mut f32, l: &mut f32) -> f32 {
+    for x in &mut s[nvalid..] {
+        *x = f32::NEG_INFINITY;
+    }
+    let m_old = *m;
+    let m_new = m_old.max(block_max(s));
+    let alpha = if m_old == f32::NEG_INFINITY {
+        0.0
+    } else {
+        exp_nonpositive(m_old - m_new)
+    };
+    let mut acc = [0f32; 8];
+    for c in s.chunks_exact_mut(8) {
+        for i in 0..8 {
+            let p = exp_nonpositive(c[i] - m_new);
+            c[i] = p;
+            acc[i] += p;
+        }
+    }
+    for x in &mut s[nvalid..] {
+        *x = 0.0;
+    }
+    // Masked lanes contributed exp(-87) ≈ 1.6e-38 each; negligible, but
+    // recompute the sum over the valid lanes only when any were masked.
+    let sum = if nvalid == K_BLOCK {
+        acc.iter().sum::<f32>()
+    } else {
+        s[..nvalid].iter().sum::<f32>()
+    };
+    *m = m_new;
+    *l = *l * alpha + sum;
+    alpha
 }
 
 /// Max of a score block, in eight lanes so it vectorises.

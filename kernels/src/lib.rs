@@ -10,6 +10,7 @@
 
 #![warn(missing_docs)]
 
+pub mod amx_gemm;
 pub mod attention;
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
@@ -21,7 +22,6 @@ mod error;
 pub mod grouped;
 pub mod head;
 mod launch;
-pub mod q8;
 #[cfg(test)]
 mod testutil;
 

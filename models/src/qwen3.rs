@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::cell::RefCell;
 use std::collections::BTreeSet;
 
+use aisql_kernels::amx_gemm::AmxMatrix;
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::Activation;
@@ -191,8 +192,9 @@ struct Linear {
 enum LinearWeight {
     Float(Tensor),
     Quantized(QMatMul),
-    /// Q8_0 re-laid for the CPU's AMX tile units (where it has them).
-    Q8Amx(std::sync::Arc<aisql_kernels::q8::Q8Matrix>),
+    /// Q8_0 or bf16 weights re-laid as bf16 for the CPU's AMX tile units (where it
+    /// has them).
+    Amx(std::sync::Arc<AmxMatrix>),
 }
 
 impl Linear {
@@ -212,7 +214,7 @@ impl Module for Linear {
         let y = match &self.weight {
             LinearWeight::Float(w) => x.matmul(&w.t()?)?,
             LinearWeight::Quantized(q) => q.forward(&x.contiguous()?)?,
-            LinearWeight::Q8Amx(w) => aisql_kernels::q8::q8_linear(x, w)
+            LinearWeight::Amx(w) => aisql_kernels::amx_gemm::amx_linear(x, w)
                 .map_err(|e| candle_core::Error::Msg(e.to_string()))?,
         };
         match &self.bias {
@@ -299,15 +301,21 @@ impl Loader<'_> {
         let quantized = |q: QTensor| -> Result<LinearWeight> {
             self.held_in(block_format_name(q.dtype()));
             let (n, k) = (shape[0], shape[1]);
-            if q.dtype() == candle_core::quantized::GgmlDType::Q8_0
-                && self.device.is_cpu()
-                && n.is_multiple_of(16)
-                && aisql_kernels::q8::amx_available()
-            {
-                let tiles = aisql_kernels::q8::Q8Matrix::from_q8_0(&q.data()?, n, k)?;
-                return Ok(LinearWeight::Q8Amx(std::sync::Arc::new(tiles)));
+            if q.dtype() == candle_core::quantized::GgmlDType::Q8_0 && self.on_amx(n, k) {
+                let tiles = AmxMatrix::from_q8_0(&q.data()?, n, k)?;
+                return Ok(LinearWeight::Amx(std::sync::Arc::new(tiles)));
             }
             Ok(LinearWeight::Quantized(QMatMul::from_qtensor(q)?))
+        };
+        // bf16 weights on AMX: candle's CPU matmul widens both operands to f32.
+        let float = |t: Tensor| -> Result<LinearWeight> {
+            let (n, k) = (shape[0], shape[1]);
+            if t.dtype() == DType::BF16 && self.on_amx(n, k) {
+                let values = t.flatten_all()?.to_vec1::<half::bf16>()?;
+                let tiles = AmxMatrix::from_bf16(&values, n, k)?;
+                return Ok(LinearWeight::Amx(std::sync::Arc::new(tiles)));
+            }
+            Ok(LinearWeight::Float(t))
         };
         if let Source::Gguf(g) = self.source {
             // The header says the format, so the tensor's data is read once.
@@ -318,7 +326,7 @@ impl Loader<'_> {
                     if let Some(t) = stored {
                         self.held_in(block_format_name(t));
                     }
-                    Ok(LinearWeight::Float(self.get(name, shape)?))
+                    float(self.get(name, shape)?)
                 }
             };
         }
@@ -330,11 +338,16 @@ impl Loader<'_> {
                 }
                 None => {
                     self.held_in("f32".into());
-                    Ok(LinearWeight::Float(self.get(name, shape)?))
+                    float(self.get(name, shape)?)
                 }
             },
-            None => Ok(LinearWeight::Float(self.get(name, shape)?)),
+            None => float(self.get(name, shape)?),
         }
+    }
+
+    /// Whether an `(n, k)` projection runs on the CPU's AMX tile units.
+    fn on_amx(&self, n: usize, k: usize) -> bool {
+        self.device.is_cpu() && AmxMatrix::fits(n, k) && aisql_kernels::amx_gemm::amx_available()
     }
 }
 

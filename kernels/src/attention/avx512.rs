@@ -1,0 +1,135 @@
+//! The tiled attention kernel's key-block step on AVX-512: query rows four at a
+//! time, so every key and value vector loaded serves four rows. Scores of four
+//! rows × 64 keys sit in 16 registers over the whole head width; the weighted sum
+//! of values keeps four rows × 64 output columns in 16 registers per pass.
+
+use core::arch::x86_64::*;
+
+use super::{BlockRows, BlockView, K_BLOCK, Scratch, online_softmax};
+
+/// Query rows per step.
+const ROWS: usize = 4;
+/// f32 lanes of a register.
+const LANES: usize = 16;
+/// Registers across a key block (64 keys).
+const KEY_VECS: usize = K_BLOCK / LANES;
+
+/// Four query rows at a time on AVX-512F.
+pub(super) struct FourRows;
+
+impl BlockRows for FourRows {
+    #[inline(always)]
+    unsafe fn block<const D: usize>(sc: &mut Scratch, kt: &[f32], vb: &[f32], view: BlockView) {
+        // SAFETY: the caller runs this only where AVX-512F is (`tile_avx512`).
+        unsafe { block::<D>(sc, kt, vb, view) }
+    }
+}
+
+/// Output registers per row in one pass over the values (64 columns, or the
+/// whole head when it is narrower).
+const fn out_vecs(d: usize) -> usize {
+    if d >= 4 * LANES { 4 } else { d / LANES }
+}
+
+/// # Safety
+/// AVX-512F must be available; `D` is a multiple of 16; `kt` holds `D × K_BLOCK`
+/// values; `vb` holds `view.keys` rows of `D`; `sc.q` holds the task's rows padded
+/// to a multiple of four.
+#[target_feature(enable = "avx512f")]
+unsafe fn block<const D: usize>(sc: &mut Scratch, kt: &[f32], vb: &[f32], view: BlockView) {
+    debug_assert!(D.is_multiple_of(LANES) && kt.len() >= D * K_BLOCK);
+    debug_assert!(vb.len() >= view.keys * D && sc.q.len() >= sc.m.len().next_multiple_of(ROWS) * D);
+    let rows = sc.m.len();
+    let w = out_vecs(D);
+    for r0 in (0..rows).step_by(ROWS) {
+        let live = (rows - r0).min(ROWS);
+        let mut nvalid = [0usize; ROWS];
+        for (i, nv) in nvalid.iter_mut().enumerate().take(live) {
+            *nv = view.visible(r0 + i);
+        }
+        let most = nvalid.iter().copied().max().unwrap_or(0);
+        if most == 0 {
+            continue;
+        }
+        // SAFETY (whole loop body): loads read `sc.q` rows r0..r0+4 (padded), `kt`
+        // rows c < D of K_BLOCK values, `vb` rows j < most ≤ keys of D values, and
+        // `sc.o` rows r0..r0+live; stores write `p` and those `sc.o` rows.
+        unsafe {
+            // Scores: four rows × 64 keys.
+            let mut s = [[_mm512_setzero_ps(); KEY_VECS]; ROWS];
+            let q = sc.q.as_ptr().add(r0 * D);
+            for c in 0..D {
+                let kc = kt.as_ptr().add(c * K_BLOCK);
+                let (k0, k1) = (_mm512_loadu_ps(kc), _mm512_loadu_ps(kc.add(LANES)));
+                let (k2, k3) = (
+                    _mm512_loadu_ps(kc.add(2 * LANES)),
+                    _mm512_loadu_ps(kc.add(3 * LANES)),
+                );
+                for (i, row) in s.iter_mut().enumerate() {
+                    let qc = _mm512_set1_ps(*q.add(i * D + c));
+                    row[0] = _mm512_fmadd_ps(qc, k0, row[0]);
+                    row[1] = _mm512_fmadd_ps(qc, k1, row[1]);
+                    row[2] = _mm512_fmadd_ps(qc, k2, row[2]);
+                    row[3] = _mm512_fmadd_ps(qc, k3, row[3]);
+                }
+            }
+            // Weights and rescaling per row; a row that sees no key of this block
+            // keeps its output (weight 0, factor 1).
+            let mut p = [[0f32; K_BLOCK]; ROWS];
+            let mut alpha = [1f32; ROWS];
+            for i in 0..live {
+                if nvalid[i] == 0 {
+                    continue;
+                }
+                for (j, &v) in s[i].iter().enumerate() {
+                    _mm512_storeu_ps(p[i].as_mut_ptr().add(j * LANES), v);
+                }
+                let r = r0 + i;
+                alpha[i] = online_softmax(&mut p[i], nvalid[i], &mut sc.m[r], &mut sc.l[r]);
+            }
+            // Output: rescaled, plus the weighted values, 64 columns per pass.
+            for col in (0..D).step_by(w * LANES) {
+                let mut acc = [[_mm512_setzero_ps(); 4]; ROWS];
+                for i in 0..live {
+                    let o = sc.o.as_ptr().add((r0 + i) * D + col);
+                    let a = _mm512_set1_ps(alpha[i]);
+                    for (t, acc) in acc[i].iter_mut().enumerate().take(w) {
+                        *acc = _mm512_mul_ps(_mm512_loadu_ps(o.add(t * LANES)), a);
+                    }
+                }
+                // `j` picks a value row and the same key's weight in every row of `p`.
+                #[allow(clippy::needless_range_loop)]
+                for j in 0..most {
+                    let vj = vb.as_ptr().add(j * D + col);
+                    if w == 4 {
+                        let (v0, v1) = (_mm512_loadu_ps(vj), _mm512_loadu_ps(vj.add(LANES)));
+                        let (v2, v3) = (
+                            _mm512_loadu_ps(vj.add(2 * LANES)),
+                            _mm512_loadu_ps(vj.add(3 * LANES)),
+                        );
+                        for (i, row) in acc.iter_mut().enumerate() {
+                            let pj = _mm512_set1_ps(p[i][j]);
+                            row[0] = _mm512_fmadd_ps(pj, v0, row[0]);
+                            row[1] = _mm512_fmadd_ps(pj, v1, row[1]);
+                            row[2] = _mm512_fmadd_ps(pj, v2, row[2]);
+                            row[3] = _mm512_fmadd_ps(pj, v3, row[3]);
+                        }
+                    } else {
+                        for (i, row) in acc.iter_mut().enumerate() {
+                            let pj = _mm512_set1_ps(p[i][j]);
+                            for (t, a) in row.iter_mut().enumerate().take(w) {
+                                *a = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj.add(t * LANES)), *a);
+                            }
+                        }
+                    }
+                }
+                for (i, row) in acc.iter().enumerate().take(live) {
+                    let o = sc.o.as_mut_ptr().add((r0 + i) * D + col);
+                    for (t, &a) in row.iter().enumerate().take(w) {
+                        _mm512_storeu_ps(o.add(t * LANES), a);
+                    }
+                }
+            }
+        }
+    }
+}
