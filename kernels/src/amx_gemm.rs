@@ -152,9 +152,8 @@ impl AmxMatrix {
         if !amx_available() {
             return Err(bad("this CPU (or OS) does not offer AMX-BF16".into()));
         }
-        let mut y = vec![0f32; m * self.n];
         if m == 0 {
-            return Ok(y);
+            return Ok(Vec::new());
         }
         let a = to_bf16_tiles(x, m, self.k);
         let (m_blocks, n_pairs) = (m.div_ceil(2 * TILE_M), (self.n / TILE_N).div_ceil(2));
@@ -162,17 +161,24 @@ impl AmxMatrix {
         // weight tiles (4 × k/32 × 2 KiB) stay in L2 while each 32-row stripe of
         // activations is used four times.
         let (m_chunks, n_groups) = (m_blocks.div_ceil(M_CHUNK), n_pairs.div_ceil(N_GROUP));
+        // Not zeroed first: the blocks below write every output (all rows below `m`,
+        // all columns), so a memset would only be overwritten.
+        let mut y: Vec<f32> = Vec::with_capacity(m * self.n);
         let y_ptr = SendPtr(y.as_mut_ptr());
         (0..m_chunks * n_groups).into_par_iter().for_each(|task| {
             let (mc, ng) = (task / n_groups, task % n_groups);
             for mb in mc * M_CHUNK..((mc + 1) * M_CHUNK).min(m_blocks) {
                 for np in ng * N_GROUP..((ng + 1) * N_GROUP).min(n_pairs) {
                     // SAFETY: AMX is available (checked above); each call writes only
-                    // its own 32 × 32 output block of `y`, rows below `m`.
+                    // its own 32 × 32 output block of `y` (inside its capacity), rows
+                    // below `m`.
                     unsafe { amx::block_32x32(self, &a, m, mb, np, y_ptr) };
                 }
             }
         });
+        // SAFETY: the tasks covered every (row block, column pair), and each block
+        // wrote all of its rows below `m` and all of its columns: `m · n` values.
+        unsafe { y.set_len(m * self.n) };
         Ok(y)
     }
 }
@@ -213,21 +219,34 @@ unsafe impl Sync for SendPtr {}
 /// of 1 KiB each, so every tile load reads one contiguous KiB.
 fn to_bf16_tiles(x: &[f32], m: usize, k: usize) -> Vec<u16> {
     let stripe = 2 * TILE_M * k;
-    let mut a = vec![0u16; m.div_ceil(2 * TILE_M) * stripe];
-    a.par_chunks_mut(stripe)
+    let len = m.div_ceil(2 * TILE_M) * stripe;
+    // Every value is written below (padding rows as zeros), so no memset first.
+    let mut a: Vec<u16> = Vec::with_capacity(len);
+    a.spare_capacity_mut()[..len]
+        .par_chunks_mut(stripe)
         .enumerate()
         .for_each(|(mb, tiles)| {
-            for r in 0..(m - mb * 2 * TILE_M).min(2 * TILE_M) {
-                let row = &x[(mb * 2 * TILE_M + r) * k..][..k];
+            let live = (m - mb * 2 * TILE_M).min(2 * TILE_M);
+            for r in 0..2 * TILE_M {
                 let (half, ri) = (r / TILE_M, r % TILE_M);
-                for (b, values) in row.chunks_exact(BLOCK).enumerate() {
+                for b in 0..k / BLOCK {
                     let at = (b * 2 + half) * TILE_M * BLOCK + ri * BLOCK;
-                    for (a, &v) in tiles[at..at + BLOCK].iter_mut().zip(values) {
-                        *a = bf16_bits(v);
+                    let dst = &mut tiles[at..at + BLOCK];
+                    if r < live {
+                        let values = &x[(mb * 2 * TILE_M + r) * k + b * BLOCK..][..BLOCK];
+                        for (a, &v) in dst.iter_mut().zip(values) {
+                            a.write(bf16_bits(v));
+                        }
+                    } else {
+                        dst.iter_mut().for_each(|a| {
+                            a.write(0);
+                        });
                     }
                 }
             }
         });
+    // SAFETY: the stripes cover `len` values and each wrote all of its own.
+    unsafe { a.set_len(len) };
     a
 }
 

@@ -287,7 +287,6 @@ struct Scratch {
     o: Vec<f32>,
     m: Vec<f32>,
     l: Vec<f32>,
-    kt: Vec<f32>,
 }
 
 /// Flash-attention style kernel for head width `D`: parallel over (KV head, suffix,
@@ -339,22 +338,28 @@ fn tiled<const D: usize>(
     let avx512 = is_x86_feature_detected!("avx512f");
     #[cfg(target_arch = "x86_64")]
     let fma = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+    let heads = dims.num_kv_heads;
+    let kts: Vec<Vec<f32>> = (0..seqs.len() * heads)
+        .into_par_iter()
+        .map(|i| transposed_keys::<D>(&seqs[i / heads], k, v, i % heads, total))
+        .collect();
     tasks
         .into_par_iter()
         .for_each_init(Scratch::default, |sc, mut task| {
+            let kts = &kts[task.seq * heads + task.g];
             #[cfg(target_arch = "x86_64")]
             if avx512 {
                 // SAFETY: the CPU supports AVX-512F (checked above).
-                unsafe { tile_avx512::<D>(q, k, v, seqs, dims, total, &mut task, sc) };
+                unsafe { tile_avx512::<D>(q, k, v, seqs, dims, total, &mut task, sc, kts) };
                 return;
             }
             #[cfg(target_arch = "x86_64")]
             if fma {
                 // SAFETY: the CPU supports AVX2 and FMA (checked above).
-                unsafe { tile_avx2::<D>(q, k, v, seqs, dims, total, &mut task, sc) };
+                unsafe { tile_avx2::<D>(q, k, v, seqs, dims, total, &mut task, sc, kts) };
                 return;
             }
-            tile::<D, PerRow<Plain>>(q, k, v, seqs, dims, total, &mut task, sc);
+            tile::<D, PerRow<Plain>>(q, k, v, seqs, dims, total, &mut task, sc, kts);
         });
 }
 
@@ -370,8 +375,9 @@ fn tile_avx2<const D: usize>(
     total: usize,
     task: &mut TileTask<'_>,
     sc: &mut Scratch,
+    kts: &[f32],
 ) {
-    tile::<D, PerRow<Fused>>(q, k, v, seqs, dims, total, task, sc)
+    tile::<D, PerRow<Fused>>(q, k, v, seqs, dims, total, task, sc, kts)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -386,8 +392,9 @@ fn tile_avx512<const D: usize>(
     total: usize,
     task: &mut TileTask<'_>,
     sc: &mut Scratch,
+    kts: &[f32],
 ) {
-    tile::<D, avx512::FourRows>(q, k, v, seqs, dims, total, task, sc)
+    tile::<D, avx512::FourRows>(q, k, v, seqs, dims, total, task, sc, kts)
 }
 
 /// Where a key block's keys are visible to a task's query rows: row `r` (head in
@@ -488,6 +495,7 @@ fn tile<const D: usize, R: BlockRows>(
     total: usize,
     task: &mut TileTask<'_>,
     sc: &mut Scratch,
+    kts: &[f32],
 ) {
     let group = dims.num_heads / dims.num_kv_heads;
     let (g, i0, i1) = (task.g, task.i0, task.i1);
@@ -508,36 +516,17 @@ fn tile<const D: usize, R: BlockRows>(
     sc.m.resize(rows, f32::NEG_INFINITY);
     sc.l.clear();
     sc.l.resize(rows, 0.0);
-    // The transposed key block, out of `sc` while the rows use the rest of it.
-    let mut kt_block = std::mem::take(&mut sc.kt);
-    kt_block.resize(D * K_BLOCK, 0.0);
-
     let prefix_len: usize = seq.prefix.iter().map(|p| p.len).sum();
-    // The suffix's own keys, up to the last one this tile's queries can see.
-    let own = (g * total + seq.start) * D..(g * total + seq.start + i1) * D;
-    let sources = seq
-        .prefix
-        .iter()
-        .map(|p| {
-            let r = g * p.len * D..(g + 1) * p.len * D;
-            (&p.k[r.clone()], &p.v[r])
-        })
-        .chain(std::iter::once((&k[own.clone()], &v[own])));
+    // The suffix's own keys up to the last one this tile's queries can see; the
+    // transposed blocks cover them in the same order.
     let mut first = 0; // position of the current block's first key
-    for (ks, vs) in sources {
+    let mut kt_blocks = kts.chunks_exact(D * K_BLOCK);
+    for (ks, vs) in key_sources::<D>(seq, k, v, g, total, i1) {
         for (kb, vb) in ks.chunks(K_BLOCK * D).zip(vs.chunks(K_BLOCK * D)) {
             let nb = kb.len() / D;
-            let kt = &mut kt_block[..D * K_BLOCK];
-            for (j, kj) in kb.chunks_exact(D).enumerate() {
-                for c in 0..D {
-                    kt[c * K_BLOCK + j] = kj[c];
-                }
-            }
-            if nb < K_BLOCK {
-                for c in 0..D {
-                    kt[c * K_BLOCK + nb..(c + 1) * K_BLOCK].fill(0.0);
-                }
-            }
+            let kt = kt_blocks
+                .next()
+                .expect("a transposed block for every key block");
             let view = BlockView {
                 first,
                 keys: nb,
@@ -546,11 +535,10 @@ fn tile<const D: usize, R: BlockRows>(
                 n,
             };
             // SAFETY: `R` is chosen by the caller for this CPU; `sc.q` is padded.
-            unsafe { R::block::<D>(sc, &kt_block, vb, view) };
+            unsafe { R::block::<D>(sc, kt, vb, view) };
             first += nb;
         }
     }
-    sc.kt = kt_block;
     for (hh, block) in task.outs.iter_mut().enumerate() {
         for ii in 0..n {
             let r = hh * n + ii;
@@ -563,6 +551,53 @@ fn tile<const D: usize, R: BlockRows>(
             }
         }
     }
+}
+
+/// The keys and values a suffix's queries read from KV head `g`, oldest first: its
+/// prefix segments, then its own first `upto` positions.
+fn key_sources<'a, const D: usize>(
+    seq: &'a SeqSlices<'a>,
+    k: &'a [f32],
+    v: &'a [f32],
+    g: usize,
+    total: usize,
+    upto: usize,
+) -> impl Iterator<Item = (&'a [f32], &'a [f32])> + 'a {
+    let own = (g * total + seq.start) * D..(g * total + seq.start + upto) * D;
+    seq.prefix
+        .iter()
+        .map(move |p| {
+            let r = g * p.len * D..(g + 1) * p.len * D;
+            (&p.k[r.clone()], &p.v[r])
+        })
+        .chain(std::iter::once((&k[own.clone()], &v[own])))
+}
+
+/// A suffix's keys from KV head `g`, every source's blocks of `K_BLOCK` keys
+/// transposed (`D × K_BLOCK`, zero past a short block's keys), in
+/// [`key_sources`] order: done once per call, as each of the suffix's query tiles
+/// reads them all.
+fn transposed_keys<const D: usize>(
+    seq: &SeqSlices<'_>,
+    k: &[f32],
+    v: &[f32],
+    g: usize,
+    total: usize,
+) -> Vec<f32> {
+    let mut kts = Vec::new();
+    for (ks, _) in key_sources::<D>(seq, k, v, g, total, seq.len) {
+        for kb in ks.chunks(K_BLOCK * D) {
+            let at = kts.len();
+            kts.resize(at + D * K_BLOCK, 0.0);
+            let kt = &mut kts[at..];
+            for (j, kj) in kb.chunks_exact(D).enumerate() {
+                for c in 0..D {
+                    kt[c * K_BLOCK + j] = kj[c];
+                }
+            }
+        }
+    }
+    kts
 }
 
 /// The online-softmax step of one query row over one key block: `s` holds the
@@ -621,8 +656,9 @@ fn block_max(s: &[f32; K_BLOCK]) -> f32 {
 
 /// Shared-prefix attention on tensors. `q`: `(num_heads, total, head_dim)`, `k`/`v`:
 /// `(num_kv_heads, total, head_dim)`; returns `(num_heads, total, head_dim)` in `q`'s
-/// dtype. Contiguous f32 CPU inputs run the rayon kernel; anything else (GPU, bf16)
-/// runs [`prefix_suffix_attention_reference`].
+/// dtype. f32 CPU inputs run the rayon kernel, bf16 and f16 ones too (widened to
+/// f32); GPU inputs run the CUDA or grouped kernels; anything else runs
+/// [`prefix_suffix_attention_reference`].
 pub fn prefix_suffix_attention(
     q: &Tensor,
     k: &Tensor,
@@ -654,6 +690,32 @@ pub fn prefix_suffix_attention(
         }
         if !q.device().is_cpu() {
             return crate::grouped::prefix_suffix_attention_grouped(q, k, v, seqs, scale);
+        }
+        let half = |t: &Tensor| matches!(t.dtype(), DType::BF16 | DType::F16);
+        let all_half = [q, k, v].iter().all(|t| half(t))
+            && seqs
+                .iter()
+                .flat_map(|s| &s.prefix)
+                .all(|(pk, pv)| half(pk) && half(pv));
+        if all_half {
+            // bf16 and f16 widen to f32 exactly: the f32 kernel, then back.
+            let wide = |t: &Tensor| t.to_dtype(DType::F32);
+            let seqs = seqs
+                .iter()
+                .map(|s| {
+                    Ok(SeqKv {
+                        prefix: s
+                            .prefix
+                            .iter()
+                            .map(|(pk, pv)| Ok((wide(pk)?, wide(pv)?)))
+                            .collect::<candle_core::Result<_>>()?,
+                        start: s.start,
+                        len: s.len,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let out = prefix_suffix_attention(&wide(q)?, &wide(k)?, &wide(v)?, &seqs, scale)?;
+            return Ok(out.to_dtype(q.dtype())?);
         }
         return prefix_suffix_attention_reference(q, k, v, seqs, scale);
     }
@@ -826,6 +888,31 @@ mod tests {
         assert_eq!(fast.dims(), &[h, total, d]);
         let diff = max_diff(&fast, &slow);
         assert!(diff < 1e-5, "max diff {diff}");
+    }
+
+    #[test]
+    fn bf16_inputs_run_the_kernel_widened_and_come_back_in_bf16() {
+        let (h, kvh, d) = (4, 2, 64);
+        let bf = |t: Tensor| t.to_dtype(DType::BF16).unwrap();
+        let doc = (bf(randn((kvh, 70, d), 1)), bf(randn((kvh, 70, d), 2)));
+        let lens = [40usize, 3];
+        let total: usize = lens.iter().sum();
+        let (q, k, v) = (
+            bf(randn((h, total, d), 3)),
+            bf(randn((kvh, total, d), 4)),
+            bf(randn((kvh, total, d), 5)),
+        );
+        let seqs = SeqKv::packed(lens.into_iter().zip([vec![doc.clone()], vec![doc]]));
+        let scale = 1.0 / (d as f32).sqrt();
+        let fast = prefix_suffix_attention(&q, &k, &v, &seqs, scale).unwrap();
+        let slow = prefix_suffix_attention_reference(&q, &k, &v, &seqs, scale).unwrap();
+        assert_eq!(
+            (fast.dtype(), fast.dims()),
+            (DType::BF16, &[h, total, d][..])
+        );
+        // Both round their f32 result to bf16 once: within one bf16 step.
+        let diff = max_diff(&fast, &slow);
+        assert!(diff < 2e-2, "max diff {diff}");
     }
 
     #[test]
