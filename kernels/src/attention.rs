@@ -162,19 +162,19 @@ pub fn prefix_suffix_attention_slices(
     let group = num_heads / num_kv_heads;
     match d {
         16 => {
-            tiled::<16>(q, k, v, seqs, dims, out);
+            tiled::<16>(q, k, v, seqs, dims, out, BlockPath::best());
             return Ok(());
         }
         32 => {
-            tiled::<32>(q, k, v, seqs, dims, out);
+            tiled::<32>(q, k, v, seqs, dims, out, BlockPath::best());
             return Ok(());
         }
         64 => {
-            tiled::<64>(q, k, v, seqs, dims, out);
+            tiled::<64>(q, k, v, seqs, dims, out, BlockPath::best());
             return Ok(());
         }
         128 => {
-            tiled::<128>(q, k, v, seqs, dims, out);
+            tiled::<128>(q, k, v, seqs, dims, out, BlockPath::best());
             return Ok(());
         }
         _ => {}
@@ -249,6 +249,44 @@ const K_BLOCK: usize = 64;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
+/// Which build of the tiled kernel's key-block step runs: the widest this CPU has
+/// ([`BlockPath::best`]); tests run each of [`BlockPath::available`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BlockPath {
+    /// Four query rows at a time on AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    /// One row at a time, AVX2 with fused multiply-adds.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// One row at a time, portable.
+    Plain,
+}
+
+impl BlockPath {
+    /// The builds this CPU can run, widest first.
+    fn available() -> Vec<Self> {
+        let mut paths = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f") {
+                paths.push(Self::Avx512);
+            }
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                paths.push(Self::Avx2);
+            }
+        }
+        paths.push(Self::Plain);
+        paths
+    }
+
+    /// The widest build this CPU can run (asked once).
+    fn best() -> Self {
+        static BEST: std::sync::OnceLock<BlockPath> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| Self::available()[0])
+    }
+}
+
 /// `a * b + c`; fused (one rounding) in the FMA build of the kernel.
 trait Madd {
     fn madd(a: f32, b: f32, c: f32) -> f32;
@@ -301,6 +339,7 @@ fn tiled<const D: usize>(
     seqs: &[SeqSlices<'_>],
     dims: AttnDims,
     out: &mut [f32],
+    path: BlockPath,
 ) {
     let group = dims.num_heads / dims.num_kv_heads;
     let total = q.len() / (dims.num_heads * D);
@@ -334,10 +373,6 @@ fn tiled<const D: usize>(
             rest = tail;
         }
     }
-    #[cfg(target_arch = "x86_64")]
-    let avx512 = is_x86_feature_detected!("avx512f");
-    #[cfg(target_arch = "x86_64")]
-    let fma = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
     let heads = dims.num_kv_heads;
     let kts: Vec<Vec<f32>> = (0..seqs.len() * heads)
         .into_par_iter()
@@ -347,19 +382,21 @@ fn tiled<const D: usize>(
         .into_par_iter()
         .for_each_init(Scratch::default, |sc, mut task| {
             let kts = &kts[task.seq * heads + task.g];
-            #[cfg(target_arch = "x86_64")]
-            if avx512 {
-                // SAFETY: the CPU supports AVX-512F (checked above).
-                unsafe { tile_avx512::<D>(q, k, v, seqs, dims, total, &mut task, sc, kts) };
-                return;
+            match path {
+                // SAFETY: `BlockPath::available` offers only what this CPU has.
+                #[cfg(target_arch = "x86_64")]
+                BlockPath::Avx512 => unsafe {
+                    tile_avx512::<D>(q, k, v, seqs, dims, total, &mut task, sc, kts)
+                },
+                // SAFETY: as above.
+                #[cfg(target_arch = "x86_64")]
+                BlockPath::Avx2 => unsafe {
+                    tile_avx2::<D>(q, k, v, seqs, dims, total, &mut task, sc, kts)
+                },
+                BlockPath::Plain => {
+                    tile::<D, PerRow<Plain>>(q, k, v, seqs, dims, total, &mut task, sc, kts)
+                }
             }
-            #[cfg(target_arch = "x86_64")]
-            if fma {
-                // SAFETY: the CPU supports AVX2 and FMA (checked above).
-                unsafe { tile_avx2::<D>(q, k, v, seqs, dims, total, &mut task, sc, kts) };
-                return;
-            }
-            tile::<D, PerRow<Plain>>(q, k, v, seqs, dims, total, &mut task, sc, kts);
         });
 }
 
@@ -943,6 +980,60 @@ mod tests {
             let slow = prefix_suffix_attention_reference(&q, &k, &v, &seqs, scale).unwrap();
             let diff = max_diff(&fast, &slow);
             assert!(diff < 1e-5, "d={d}: max diff {diff}");
+        }
+    }
+
+    #[test]
+    fn every_block_path_this_cpu_has_matches_plain_attention() {
+        let (h, kvh, d) = (4, 2, 64);
+        let seg = (randn((kvh, 130, d), 31), randn((kvh, 130, d), 32));
+        let lens = [97usize, 33, 1];
+        let total: usize = lens.iter().sum();
+        let (q, k, v) = (
+            (randn((h, total, d), 33) * 3.0).unwrap(),
+            randn((kvh, total, d), 34),
+            randn((kvh, total, d), 35),
+        );
+        let prefixes = [vec![seg.clone()], vec![], vec![seg.clone()]];
+        let seqs = SeqKv::packed(lens.into_iter().zip(prefixes));
+        let scale = 1.0 / (d as f32).sqrt();
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let want = flat(&prefix_suffix_attention_reference(&q, &k, &v, &seqs, scale).unwrap());
+        let (seg_k, seg_v) = (flat(&seg.0), flat(&seg.1));
+        let slices: Vec<SeqSlices<'_>> = seqs
+            .iter()
+            .map(|s| SeqSlices {
+                prefix: s
+                    .prefix
+                    .iter()
+                    .map(|_| KvSlice {
+                        k: &seg_k,
+                        v: &seg_v,
+                        len: 130,
+                    })
+                    .collect(),
+                start: s.start,
+                len: s.len,
+            })
+            .collect();
+        let dims = AttnDims {
+            num_heads: h,
+            num_kv_heads: kvh,
+            head_dim: d,
+            scale,
+        };
+        let (qf, kf, vf) = (flat(&q), flat(&k), flat(&v));
+        let paths = BlockPath::available();
+        assert_eq!(paths.last(), Some(&BlockPath::Plain));
+        for path in paths {
+            let mut out = vec![0f32; want.len()];
+            tiled::<64>(&qf, &kf, &vf, &slices, dims, &mut out, path);
+            let diff = out
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(diff < 1e-5, "{path:?}: max diff {diff}");
         }
     }
 
