@@ -374,64 +374,59 @@ fn tiled<const D: usize>(
         }
     }
     let heads = dims.num_kv_heads;
-    let kts: Vec<Vec<f32>> = (0..seqs.len() * heads)
-        .into_par_iter()
-        .map(|i| transposed_keys::<D>(&seqs[i / heads], k, v, i % heads, total))
-        .collect();
+    let inputs = TileInputs {
+        q,
+        k,
+        v,
+        seqs,
+        dims,
+        total,
+        kts: (0..seqs.len() * heads)
+            .into_par_iter()
+            .map(|i| transposed_keys::<D>(&seqs[i / heads], k, v, i % heads, total))
+            .collect(),
+    };
+    let inputs = &inputs;
     tasks
         .into_par_iter()
-        .for_each_init(Scratch::default, |sc, mut task| {
-            let kts = &kts[task.seq * heads + task.g];
-            match path {
-                // SAFETY: `BlockPath::available` offers only what this CPU has.
-                #[cfg(target_arch = "x86_64")]
-                BlockPath::Avx512 => unsafe {
-                    tile_avx512::<D>(q, k, v, seqs, dims, total, &mut task, sc, kts)
-                },
-                // SAFETY: as above.
-                #[cfg(target_arch = "x86_64")]
-                BlockPath::Avx2 => unsafe {
-                    tile_avx2::<D>(q, k, v, seqs, dims, total, &mut task, sc, kts)
-                },
-                BlockPath::Plain => {
-                    tile::<D, PerRow<Plain>>(q, k, v, seqs, dims, total, &mut task, sc, kts)
-                }
-            }
+        .for_each_init(Scratch::default, |sc, mut task| match path {
+            // SAFETY: `BlockPath::available` offers only what this CPU has.
+            #[cfg(target_arch = "x86_64")]
+            BlockPath::Avx512 => unsafe { tile_avx512::<D>(inputs, &mut task, sc) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            BlockPath::Avx2 => unsafe { tile_avx2::<D>(inputs, &mut task, sc) },
+            BlockPath::Plain => tile::<D, PerRow<Plain>>(inputs, &mut task, sc),
         });
+}
+
+/// What every task of one call reads.
+struct TileInputs<'a> {
+    /// Queries `(num_heads, total, D)`.
+    q: &'a [f32],
+    /// This call's keys `(num_kv_heads, total, D)`.
+    k: &'a [f32],
+    /// This call's values, as `k`.
+    v: &'a [f32],
+    /// The suffixes.
+    seqs: &'a [SeqSlices<'a>],
+    dims: AttnDims,
+    /// Packed suffix rows.
+    total: usize,
+    /// [`transposed_keys`] of each (suffix, KV head), suffix-major.
+    kts: Vec<Vec<f32>>,
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-fn tile_avx2<const D: usize>(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    seqs: &[SeqSlices<'_>],
-    dims: AttnDims,
-    total: usize,
-    task: &mut TileTask<'_>,
-    sc: &mut Scratch,
-    kts: &[f32],
-) {
-    tile::<D, PerRow<Fused>>(q, k, v, seqs, dims, total, task, sc, kts)
+fn tile_avx2<const D: usize>(inputs: &TileInputs<'_>, task: &mut TileTask<'_>, sc: &mut Scratch) {
+    tile::<D, PerRow<Fused>>(inputs, task, sc)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-fn tile_avx512<const D: usize>(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    seqs: &[SeqSlices<'_>],
-    dims: AttnDims,
-    total: usize,
-    task: &mut TileTask<'_>,
-    sc: &mut Scratch,
-    kts: &[f32],
-) {
-    tile::<D, avx512::FourRows>(q, k, v, seqs, dims, total, task, sc, kts)
+fn tile_avx512<const D: usize>(inputs: &TileInputs<'_>, task: &mut TileTask<'_>, sc: &mut Scratch) {
+    tile::<D, avx512::FourRows>(inputs, task, sc)
 }
 
 /// Where a key block's keys are visible to a task's query rows: row `r` (head in
@@ -522,18 +517,21 @@ impl<M: Madd> BlockRows for PerRow<M> {
 
 /// Runs one [`TileTask`].
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn tile<const D: usize, R: BlockRows>(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    seqs: &[SeqSlices<'_>],
-    dims: AttnDims,
-    total: usize,
+    inputs: &TileInputs<'_>,
     task: &mut TileTask<'_>,
     sc: &mut Scratch,
-    kts: &[f32],
 ) {
+    let TileInputs {
+        q,
+        k,
+        v,
+        seqs,
+        dims,
+        total,
+        ..
+    } = *inputs;
+    let kts = &inputs.kts[task.seq * dims.num_kv_heads + task.g];
     let group = dims.num_heads / dims.num_kv_heads;
     let (g, i0, i1) = (task.g, task.i0, task.i1);
     let seq = &seqs[task.seq];
