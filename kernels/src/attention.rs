@@ -711,12 +711,15 @@ pub fn prefix_suffix_attention(
             v.shape()
         )));
     }
-    let all_cpu_f32 = [q, k, v].iter().all(|t| crate::is_cpu_f32(t))
-        && seqs
-            .iter()
-            .flat_map(|s| &s.prefix)
-            .all(|(pk, pv)| crate::is_cpu_f32(pk) && crate::is_cpu_f32(pv));
-    if !all_cpu_f32 {
+    // Whether `is` holds for every tensor of the call, prefixes included.
+    let all = |is: &dyn Fn(&Tensor) -> bool| {
+        [q, k, v].iter().all(|t| is(t))
+            && seqs
+                .iter()
+                .flat_map(|s| &s.prefix)
+                .all(|(pk, pv)| is(pk) && is(pv))
+    };
+    if !all(&crate::is_cpu_f32) {
         // GPU tensors: suffixes sharing a prefix batched into large candle ops. CPU
         // tensors of other dtypes keep the per-sequence reference.
         #[cfg(feature = "cuda")]
@@ -726,13 +729,7 @@ pub fn prefix_suffix_attention(
         if !q.device().is_cpu() {
             return crate::grouped::prefix_suffix_attention_grouped(q, k, v, seqs, scale);
         }
-        let half = |t: &Tensor| matches!(t.dtype(), DType::BF16 | DType::F16);
-        let all_half = [q, k, v].iter().all(|t| half(t))
-            && seqs
-                .iter()
-                .flat_map(|s| &s.prefix)
-                .all(|(pk, pv)| half(pk) && half(pv));
-        if all_half {
+        if all(&|t| matches!(t.dtype(), DType::BF16 | DType::F16)) {
             // bf16 and f16 widen to f32 exactly: the f32 kernel, then back.
             let wide = |t: &Tensor| t.to_dtype(DType::F32);
             let seqs = seqs
