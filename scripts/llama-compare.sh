@@ -4,7 +4,7 @@
 #
 #   scripts/llama-compare.sh [--aisql PATH] [--work DIR] [--rounds N] [--threads N]
 #                            [--shape qwen3-0.6b] [--cases LIST] [--systems LIST]
-#                            [--llama-batch N]
+#                            [--llama-batch N] [--python PATH]
 #
 #   --aisql PATH     aisql binary (default target/release/aisql; cargo build --release)
 #   --work DIR       models, node-llama-cpp and results (default ~/.cache/aisql/llama-compare)
@@ -13,8 +13,12 @@
 #                    aisql, node-llama-cpp's threads for llama.cpp
 #   --shape NAME     model shape for `aisql model random` (default and only: qwen3-0.6b)
 #   --cases LIST     PxS,... prompt tokens x sequences (default 300x1,300x16,2048x1)
-#   --systems LIST   default aisql-f32,aisql-bf16,aisql-q8_0,aisql-q4k,llama-f16,llama-q8_0,llama-q4_k_m
+#   --systems LIST   default aisql-f32,aisql-bf16,aisql-q8_0,aisql-q4k,llama-f16,llama-q8_0,llama-q4_k_m;
+#                    also numpy-sgemm: the f32 GEMM bar (numpy's sgemm on the prefill's
+#                    projection GEMMs alone, scripts/llama-compare/sgemm.py), for aisql-f32
 #   --llama-batch N  llama.cpp batch size (n_batch = n_ubatch); default min(P*S, 4096)
+#   --python PATH    python with numpy for numpy-sgemm (default: the test venv's,
+#                    ~/.cache/aisql-test-venv, made by scripts/test-tools.sh; else python3)
 #
 # Once per WORK it installs node-llama-cpp 3.21.1 (scripts/llama-compare/package.json;
 # npm, prebuilt llama.cpp CPU binaries, never a source build) into WORK/node, and makes
@@ -25,6 +29,8 @@
 #                            --prompt-tokens P --sequences S --rounds 1 --format json
 #   llama-f16/q8_0/q4_k_m:   node scripts/llama-compare/llama-bench.mjs --model WORK/model-X.gguf
 #                            --threads N --prompt-tokens P --sequences S --rounds 1
+#   numpy-sgemm:             OPENBLAS_NUM_THREADS=N python scripts/llama-compare/sgemm.py
+#                            --prompt-tokens P --sequences S --rounds 1
 # Both print JSON lines (prompt_tokens, sequences, tokens, wall_s, cpu_s, tokens_per_s)
 # for the measured forward only, after an uncounted warm-up; loading is not counted.
 # Prints machine facts and a table of medians (tokens/s, CPU s per 1k tokens, CPU
@@ -44,6 +50,7 @@ SHAPE="qwen3-0.6b"
 CASES="300x1,300x16,2048x1"
 SYSTEMS="aisql-f32,aisql-bf16,aisql-q8_0,aisql-q4k,llama-f16,llama-q8_0,llama-q4_k_m"
 LLAMA_BATCH=0
+PYTHON=""
 
 die() { echo "llama-compare: $*" >&2; exit 1; }
 usage() { sed -n '2,/^set -euo pipefail$/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
@@ -60,6 +67,7 @@ while [[ $# -gt 0 ]]; do
     --cases) need_value "$@"; CASES="$2"; shift 2 ;;
     --systems) need_value "$@"; SYSTEMS="$2"; shift 2 ;;
     --llama-batch) need_value "$@"; positive_int "$1" "$2"; LLAMA_BATCH="$2"; shift 2 ;;
+    --python) need_value "$@"; PYTHON="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "llama-compare: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -80,10 +88,10 @@ for c in "${CASE_LIST[@]}"; do
 done
 
 # System -> model file (relative to WORK) and extra aisql flags.
-NEED_AISQL_RUN=0; NEED_LLAMA=0
+NEED_AISQL_RUN=0; NEED_LLAMA=0; NEED_NUMPY=0
 model_of() {
   case "$1" in
-    aisql-f32|aisql-bf16) echo "model-f32" ;;
+    aisql-f32|aisql-bf16|numpy-sgemm) echo "model-f32" ;;
     aisql-q8_0|llama-q8_0) echo "model-Q8_0.gguf" ;;
     aisql-q4k|llama-q4_k_m) echo "model-Q4_K_M.gguf" ;;
     llama-f16) echo "model-F16.gguf" ;;
@@ -91,8 +99,8 @@ model_of() {
   esac
 }
 for s in "${SYSTEM_LIST[@]}"; do
-  model_of "$s" >/dev/null || { echo "llama-compare: unknown system '$s' (known: aisql-f32, aisql-bf16, aisql-q8_0, aisql-q4k, llama-f16, llama-q8_0, llama-q4_k_m)" >&2; exit 2; }
-  case "$s" in aisql-*) NEED_AISQL_RUN=1 ;; llama-*) NEED_LLAMA=1 ;; esac
+  model_of "$s" >/dev/null || { echo "llama-compare: unknown system '$s' (known: aisql-f32, aisql-bf16, aisql-q8_0, aisql-q4k, llama-f16, llama-q8_0, llama-q4_k_m, numpy-sgemm)" >&2; exit 2; }
+  case "$s" in aisql-*) NEED_AISQL_RUN=1 ;; llama-*) NEED_LLAMA=1 ;; numpy-*) NEED_NUMPY=1 ;; esac
 done
 
 mkdir -p "$WORK" || die "cannot create the work folder $WORK"
@@ -108,6 +116,15 @@ require_aisql() {
 }
 
 [[ $NEED_AISQL_RUN == 0 ]] || require_aisql
+
+if [[ $NEED_NUMPY == 1 ]]; then
+  if [[ -z "$PYTHON" ]]; then
+    PYTHON="${AISQL_TEST_VENV:-$HOME/.cache/aisql-test-venv}/bin/python"
+    [[ -x "$PYTHON" ]] || PYTHON="python3"
+  fi
+  NUMPY_VERSION="$("$PYTHON" -c 'import numpy; print(numpy.__version__)' 2>/dev/null)" \
+    || die "numpy-sgemm needs a python with numpy: $PYTHON has none (run scripts/test-tools.sh, or pass --python PATH)"
+fi
 
 # ---- node-llama-cpp ---------------------------------------------------------------
 NODE_DIR="$WORK/node"
@@ -197,6 +214,9 @@ if [[ -x "$AISQL" ]]; then
   FACTS+=("aisql: $("$AISQL" --version 2>&1 | head -n 1) ($AISQL)")
 fi
 FACTS+=("node: $(node --version)")
+if [[ $NEED_NUMPY == 1 ]]; then
+  FACTS+=("numpy-sgemm: numpy $NUMPY_VERSION ($PYTHON), the projection GEMMs of one prefill only (scripts/llama-compare/sgemm.py)")
+fi
 if [[ $NEED_LLAMA == 1 ]]; then
   # shellcheck disable=SC2016 # the single-quoted text is JavaScript
   mapfile -t LLAMA_FACTS < <(node -e '
@@ -229,6 +249,9 @@ measure() {  # measure ROUND CASE SYSTEM
       cmd=(node "$HELPERS/llama-bench.mjs" --node-dir "$NODE_DIR" --model "$model" --threads "$THREADS"
            --prompt-tokens "$p" --sequences "$s" --rounds 1)
       if [[ $LLAMA_BATCH -gt 0 ]]; then cmd+=(--batch-size "$LLAMA_BATCH"); fi ;;
+    numpy-*)
+      cmd=(env "OPENBLAS_NUM_THREADS=$THREADS" "$PYTHON" "$HELPERS/sgemm.py"
+           --prompt-tokens "$p" --sequences "$s" --rounds 1) ;;
   esac
   local rc=0
   "${cmd[@]}" >"$OUT_FILE" 2>"$ERR_FILE" || rc=$?

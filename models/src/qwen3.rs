@@ -14,6 +14,7 @@ use std::cell::RefCell;
 use std::collections::BTreeSet;
 
 use aisql_kernels::amx_gemm::AmxMatrix;
+use aisql_kernels::f32_gemm::F32Matrix;
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::Activation;
@@ -195,6 +196,8 @@ enum LinearWeight {
     /// Q8_0 or bf16 weights re-laid as bf16 for the CPU's AMX tile units (where it
     /// has them).
     Amx(std::sync::Arc<AmxMatrix>),
+    /// f32 weights packed for the AVX-512 GEMM (where the CPU has AVX-512F).
+    PackedF32(std::sync::Arc<F32Matrix>),
 }
 
 impl Linear {
@@ -215,6 +218,8 @@ impl Module for Linear {
             LinearWeight::Float(w) => x.matmul(&w.t()?)?,
             LinearWeight::Quantized(q) => q.forward(&x.contiguous()?)?,
             LinearWeight::Amx(w) => aisql_kernels::amx_gemm::amx_linear(x, w)
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?,
+            LinearWeight::PackedF32(w) => aisql_kernels::f32_gemm::f32_linear(x, w)
                 .map_err(|e| candle_core::Error::Msg(e.to_string()))?,
         };
         match &self.bias {
@@ -307,13 +312,22 @@ impl Loader<'_> {
             }
             Ok(LinearWeight::Quantized(QMatMul::from_qtensor(q)?))
         };
-        // bf16 weights on AMX: candle's CPU matmul widens both operands to f32.
+        // bf16 weights on AMX: candle's CPU matmul widens both operands to f32. f32
+        // weights on AVX-512: candle's CPU matmul runs AVX2 kernels on stable Rust.
         let float = |t: Tensor| -> Result<LinearWeight> {
             let (n, k) = (shape[0], shape[1]);
             if t.dtype() == DType::BF16 && self.on_amx(n, k) {
                 let values = t.flatten_all()?.to_vec1::<half::bf16>()?;
                 let tiles = AmxMatrix::from_bf16(&values, n, k)?;
                 return Ok(LinearWeight::Amx(std::sync::Arc::new(tiles)));
+            }
+            if t.dtype() == DType::F32
+                && self.device.is_cpu()
+                && aisql_kernels::f32_gemm::f32_gemm_available()
+            {
+                let values = t.flatten_all()?.to_vec1::<f32>()?;
+                let panels = F32Matrix::new(&values, n, k)?;
+                return Ok(LinearWeight::PackedF32(std::sync::Arc::new(panels)));
             }
             Ok(LinearWeight::Float(t))
         };

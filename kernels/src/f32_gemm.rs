@@ -1,0 +1,470 @@
+//! `y = x Wᵀ` in f32 on AVX-512F with the weights packed at load: the prefill GEMM
+//! of f32 models (candle's CPU matmul runs the `gemm` crate's AVX2 kernels on stable
+//! Rust, half the width this CPU has).
+//!
+//! At load a weight matrix `(n, k)` is re-laid as panels of 32 output columns
+//! ([`F32Matrix`]): per panel and input value, the 32 weights side by side, so the
+//! micro-kernel reads two registers per step of k. Per call, the rows of `x` are
+//! packed 14 at a time, value after value, so each step broadcasts 14 consecutive
+//! floats. A micro-tile keeps 14 rows × 32 columns in 28 registers over a pass of
+//! [`KC`] values of k; the pass's 32-column weight panel (32 KiB) stays in L1 while
+//! the row panels of a task stream over it from L2.
+//!
+//! Every output sums its products in the same order (passes of k in order, each
+//! value after value), whatever the number of rows or a row's place in the batch, so
+//! a row's result does not depend on what it is packed with.
+//!
+//! Used only where [`f32_gemm_available`] says so; elsewhere the model keeps candle's
+//! matmul. [`matmul_reference`] is the plain-Rust reference for tests.
+
+use rayon::prelude::*;
+
+use crate::{KernelError, Result};
+
+/// Output columns per panel (two registers).
+pub const NR: usize = 32;
+/// Rows per micro-tile.
+const MR: usize = 14;
+/// Values of k per pass.
+const KC: usize = 256;
+/// Row panels per task (224 rows).
+const M_PANELS: usize = 16;
+/// Column panels per task (256 columns).
+const N_PANELS: usize = 8;
+
+/// A matrix `(n, k)` (Hugging Face `(out, in)` layout) of f32 weights packed in
+/// panels of [`NR`] columns.
+pub struct F32Matrix {
+    n: usize,
+    k: usize,
+    /// `[n.div_ceil(32)][k][32]`: weight `(col, i)` at `[(col / 32) · k · 32 + i · 32 +
+    /// col % 32]`; columns past `n` are zero.
+    panels: Vec<f32>,
+}
+
+impl std::fmt::Debug for F32Matrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("F32Matrix")
+            .field("n", &self.n)
+            .field("k", &self.k)
+            .finish()
+    }
+}
+
+fn bad(message: String) -> KernelError {
+    KernelError::BadInput {
+        kernel: "f32_matmul",
+        message,
+    }
+}
+
+impl F32Matrix {
+    /// Packs an `(n, k)` row-major matrix.
+    pub fn new(values: &[f32], n: usize, k: usize) -> Result<Self> {
+        if n == 0 || k == 0 || values.len() != n * k {
+            return Err(bad(format!(
+                "{} values for a ({n}, {k}) matrix (both sides positive)",
+                values.len()
+            )));
+        }
+        let mut panels = vec![0f32; n.div_ceil(NR) * k * NR];
+        panels
+            .par_chunks_mut(k * NR)
+            .enumerate()
+            .for_each(|(j, panel)| {
+                let live = (n - j * NR).min(NR);
+                for c in 0..live {
+                    let row = &values[(j * NR + c) * k..][..k];
+                    for (i, &v) in row.iter().enumerate() {
+                        panel[i * NR + c] = v;
+                    }
+                }
+            });
+        Ok(Self { n, k, panels })
+    }
+
+    /// Output columns.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Input columns.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Weight `(col, i)`, for the reference.
+    fn weight(&self, col: usize, i: usize) -> f32 {
+        self.panels[(col / NR) * self.k * NR + i * NR + col % NR]
+    }
+
+    /// `x Wᵀ` for `x` of `m` rows of `k` values (row-major). Call only where
+    /// [`f32_gemm_available`] is true.
+    pub fn matmul(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
+        if x.len() != m * self.k {
+            return Err(bad(format!(
+                "{} input values for {m} rows of {}",
+                x.len(),
+                self.k
+            )));
+        }
+        if !f32_gemm_available() {
+            return Err(bad("this CPU does not offer AVX-512F".into()));
+        }
+        if m == 0 {
+            return Ok(Vec::new());
+        }
+        let (n, k) = (self.n, self.k);
+        let a = pack_rows(x, m, k);
+        // Rows split into chunks of about 224 (whole micro-tiles), as even as they
+        // can be so that the last task is not a sliver.
+        let m_chunks = m.div_ceil(M_PANELS * MR);
+        let chunk_rows = m.div_ceil(m_chunks).next_multiple_of(MR);
+        let m_chunks = m.div_ceil(chunk_rows);
+        let n_groups = n.div_ceil(NR).div_ceil(N_PANELS);
+        // Not zeroed first: the first pass over k writes every output of its tile.
+        let mut y: Vec<f32> = Vec::with_capacity(m * n);
+        let y_ptr = SendPtr(y.as_mut_ptr());
+        (0..m_chunks * n_groups).into_par_iter().for_each(|task| {
+            let (mc, ng) = (task / n_groups, task % n_groups);
+            let rows = mc * chunk_rows..((mc + 1) * chunk_rows).min(m);
+            let panels = ng * N_PANELS..((ng + 1) * N_PANELS).min(n.div_ceil(NR));
+            for k0 in (0..k).step_by(KC) {
+                let kc = KC.min(k - k0);
+                for j in panels.clone() {
+                    let b = &self.panels[j * k * NR + k0 * NR..][..kc * NR];
+                    let cols = (n - j * NR).min(NR);
+                    for r0 in rows.clone().step_by(MR) {
+                        let live = (m - r0).min(MR);
+                        // Tile r0 / MR starts at r0 · k (earlier tiles are full).
+                        let tile = &a[r0 * k + k0 * live..][..kc * live];
+                        // SAFETY: AVX-512F is available (checked above); the tile writes
+                        // rows r0..r0+live < m and columns of panel j below n, which
+                        // only this task writes, inside `y`'s capacity; the first pass
+                        // (k0 = 0) writes them before later passes read them.
+                        unsafe {
+                            let c = y_ptr.at(r0 * n + j * NR);
+                            kernel::tile(live, tile, b, kc, c, n, cols, k0 > 0);
+                        }
+                    }
+                }
+            }
+        });
+        // SAFETY: the tasks covered every (row chunk, column group), and their first
+        // passes wrote every row below `m` of every column below `n`: `m · n` values.
+        unsafe { y.set_len(m * n) };
+        Ok(y)
+    }
+}
+
+/// The `m` rows of `x` in micro-tiles of [`MR`] rows (the last one holds only the
+/// rows that exist): each tile value after value over the whole of k, its rows side
+/// by side, so tile `t` starts at `t · MR · k` and a pass over values `k0 ..` of it
+/// is one contiguous run.
+fn pack_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
+    // Every value is written below, so no memset first.
+    let mut a: Vec<f32> = Vec::with_capacity(m * k);
+    a.spare_capacity_mut()[..m * k]
+        .par_chunks_mut(MR * k)
+        .enumerate()
+        .for_each(|(t, tile)| {
+            let live = tile.len() / k;
+            let src = &x[t * MR * k..][..live * k];
+            for (i, values) in tile.chunks_exact_mut(live).enumerate() {
+                for (r, v) in values.iter_mut().enumerate() {
+                    v.write(src[r * k + i]);
+                }
+            }
+        });
+    // SAFETY: the tiles cover `m · k` values and each wrote all of its own.
+    unsafe { a.set_len(m * k) };
+    a
+}
+
+/// [`F32Matrix::matmul`] over a candle tensor: `x` `(rows, k)`, f32 on the CPU (made
+/// contiguous if it is not), gives `(rows, n)`.
+pub fn f32_linear(x: &candle_core::Tensor, w: &F32Matrix) -> Result<candle_core::Tensor> {
+    let (rows, k) = x.dims2()?;
+    if k != w.k || !crate::is_cpu_f32(x) {
+        return Err(bad(format!(
+            "input {:?} {:?} on {:?} for a ({}, {}) matrix: f32 CPU rows of {} values needed",
+            x.shape(),
+            x.dtype(),
+            x.device().location(),
+            w.n,
+            w.k,
+            w.k
+        )));
+    }
+    let x = x.contiguous()?;
+    let view = crate::cpu::CpuF32::new("f32_matmul", &x)?;
+    let y = w.matmul(view.slice()?, rows)?;
+    Ok(candle_core::Tensor::from_vec(y, (rows, w.n), x.device())?)
+}
+
+/// A raw output pointer shared by tasks that write disjoint blocks.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: tasks write disjoint regions (see `F32Matrix::matmul`).
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// The pointer `i` floats on (a method, so closures capture the whole `SendPtr`).
+    ///
+    /// # Safety
+    /// `i` must lie inside the allocation.
+    unsafe fn at(self, i: usize) -> *mut f32 {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.0.add(i) }
+    }
+}
+
+/// `x Wᵀ` with every product summed exactly (f64), for tests.
+pub fn matmul_reference(w: &F32Matrix, x: &[f32], m: usize) -> Vec<f32> {
+    let (n, k) = (w.n, w.k);
+    let mut y = vec![0f32; m * n];
+    for r in 0..m {
+        for col in 0..n {
+            let dot: f64 = (0..k)
+                .map(|i| f64::from(x[r * k + i]) * f64::from(w.weight(col, i)))
+                .sum();
+            y[r * n + col] = dot as f32;
+        }
+    }
+    y
+}
+
+/// Whether this CPU runs [`F32Matrix::matmul`] (AVX-512F). Asked once;
+/// `AISQL_NO_AVX512_GEMM=1` says no (to measure or test candle's path).
+pub fn f32_gemm_available() -> bool {
+    use std::sync::OnceLock;
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        if std::env::var_os("AISQL_NO_AVX512_GEMM").is_some_and(|v| !v.is_empty() && v != "0") {
+            return false;
+        }
+        kernel::detect()
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+mod kernel {
+    use super::{MR, NR};
+    use core::arch::x86_64::*;
+
+    pub(super) fn detect() -> bool {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+
+    /// One micro-tile of `rows` (1 ..= 14) rows: dispatches to the build for that
+    /// many rows, so a short tile does no work for rows that do not exist.
+    ///
+    /// # Safety
+    /// AVX-512F must be available; `a` holds `rows · kc` packed values, `b` `kc · 32`;
+    /// `c` points at `rows` rows of `ldc` floats with `cols` (1 ..= 32) writable
+    /// columns each; with `accumulate`, those outputs hold earlier passes' sums.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn tile(
+        rows: usize,
+        a: &[f32],
+        b: &[f32],
+        kc: usize,
+        c: *mut f32,
+        ldc: usize,
+        cols: usize,
+        accumulate: bool,
+    ) {
+        debug_assert!(a.len() >= rows * kc && b.len() >= kc * NR && (1..=NR).contains(&cols));
+        let mask = if cols == NR {
+            u32::MAX
+        } else {
+            (1u32 << cols) - 1
+        };
+        let (a, b) = (a.as_ptr(), b.as_ptr());
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            match rows {
+                14 => tile_r::<14>(a, b, kc, c, ldc, mask, accumulate),
+                13 => tile_r::<13>(a, b, kc, c, ldc, mask, accumulate),
+                12 => tile_r::<12>(a, b, kc, c, ldc, mask, accumulate),
+                11 => tile_r::<11>(a, b, kc, c, ldc, mask, accumulate),
+                10 => tile_r::<10>(a, b, kc, c, ldc, mask, accumulate),
+                9 => tile_r::<9>(a, b, kc, c, ldc, mask, accumulate),
+                8 => tile_r::<8>(a, b, kc, c, ldc, mask, accumulate),
+                7 => tile_r::<7>(a, b, kc, c, ldc, mask, accumulate),
+                6 => tile_r::<6>(a, b, kc, c, ldc, mask, accumulate),
+                5 => tile_r::<5>(a, b, kc, c, ldc, mask, accumulate),
+                4 => tile_r::<4>(a, b, kc, c, ldc, mask, accumulate),
+                3 => tile_r::<3>(a, b, kc, c, ldc, mask, accumulate),
+                2 => tile_r::<2>(a, b, kc, c, ldc, mask, accumulate),
+                1 => tile_r::<1>(a, b, kc, c, ldc, mask, accumulate),
+                _ => unreachable!("a micro-tile has 1 ..= {MR} rows"),
+            }
+        }
+    }
+
+    /// # Safety
+    /// As [`tile`], with `R` rows.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tile_r<const R: usize>(
+        a: *const f32,
+        b: *const f32,
+        kc: usize,
+        c: *mut f32,
+        ldc: usize,
+        mask: u32,
+        accumulate: bool,
+    ) {
+        let mut lo = [_mm512_setzero_ps(); R];
+        let mut hi = [_mm512_setzero_ps(); R];
+        // SAFETY (whole body): loads read `a[..R·kc]` and `b[..32·kc]`; the masked
+        // loads and stores touch only the `cols` writable columns of the R rows of `c`.
+        unsafe {
+            for p in 0..kc {
+                let b0 = _mm512_loadu_ps(b.add(p * NR));
+                let b1 = _mm512_loadu_ps(b.add(p * NR + 16));
+                let ap = a.add(p * R);
+                for r in 0..R {
+                    let v = _mm512_set1_ps(*ap.add(r));
+                    lo[r] = _mm512_fmadd_ps(v, b0, lo[r]);
+                    hi[r] = _mm512_fmadd_ps(v, b1, hi[r]);
+                }
+            }
+            let (m0, m1) = (mask as u16, (mask >> 16) as u16);
+            for r in 0..R {
+                let row = c.add(r * ldc);
+                let (mut l, mut h) = (lo[r], hi[r]);
+                if accumulate {
+                    l = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), l);
+                    h = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row.add(16)), h);
+                }
+                _mm512_mask_storeu_ps(row, m0, l);
+                _mm512_mask_storeu_ps(row.add(16), m1, h);
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod kernel {
+    pub(super) fn detect() -> bool {
+        false
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn tile(
+        _: usize,
+        _: &[f32],
+        _: &[f32],
+        _: usize,
+        _: *mut f32,
+        _: usize,
+        _: usize,
+        _: bool,
+    ) {
+        unreachable!("the AVX-512 GEMM is x86_64 only")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(len: usize, seed: f32) -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i as f32 * 0.377 + seed).sin() * 3.0) * if i % 97 == 0 { 20.0 } else { 1.0 })
+            .collect()
+    }
+
+    #[test]
+    fn the_gemm_matches_the_reference_on_ragged_shapes() {
+        if !f32_gemm_available() {
+            eprintln!("no AVX-512F on this machine: the f32 GEMM is not exercised");
+            return;
+        }
+        // m: one row (decode), short tiles, a partial chunk, several chunks; n: a
+        // partial panel, several column groups; k: a partial pass, several passes.
+        for (m, n, k) in [
+            (1, 32, 64),
+            (13, 48, 96),
+            (15, 7, 3),
+            (45, 80, 300),
+            (70, 288, 513),
+            (230, 40, 256),
+            (300, 272, 64),
+        ] {
+            let w = F32Matrix::new(&values(n * k, 1.0), n, k).unwrap();
+            let x = values(m * k, 2.0);
+            let got = w.matmul(&x, m).unwrap();
+            let want = matmul_reference(&w, &x, m);
+            for (i, (g, r)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - r).abs() <= 1e-4 * r.abs().max(1.0),
+                    "({m}, {n}, {k}) element {i}: {g} vs {r}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_rows_result_does_not_depend_on_its_batch() {
+        if !f32_gemm_available() {
+            return;
+        }
+        let (n, k) = (96, 600);
+        let w = F32Matrix::new(&values(n * k, 3.0), n, k).unwrap();
+        let x = values(250 * k, 4.0);
+        let all = w.matmul(&x, 250).unwrap();
+        for r in [0, 13, 14, 223, 224, 249] {
+            let one = w.matmul(&x[r * k..(r + 1) * k], 1).unwrap();
+            assert_eq!(one, all[r * n..(r + 1) * n], "row {r}");
+        }
+    }
+
+    #[test]
+    fn the_layout_keeps_every_weight_and_bad_shapes_are_refused() {
+        let (n, k) = (40, 5);
+        let v = values(n * k, 0.5);
+        let w = F32Matrix::new(&v, n, k).unwrap();
+        for col in 0..n {
+            for i in 0..k {
+                assert_eq!(w.weight(col, i), v[col * k + i]);
+            }
+        }
+        // The padded columns of the last panel are zero.
+        assert!((n..64).all(|col| (0..k).all(|i| w.weight(col, i) == 0.0)));
+        assert!(F32Matrix::new(&v[1..], n, k).is_err());
+        assert!(F32Matrix::new(&[], 0, 0).is_err());
+        assert!(w.matmul(&[0.0; 7], 1).is_err());
+    }
+
+    #[test]
+    fn f32_linear_checks_its_input() {
+        if !f32_gemm_available() {
+            return;
+        }
+        use candle_core::{DType, Device, Tensor};
+        let (n, k, m) = (48, 64, 5);
+        let w = F32Matrix::new(&values(n * k, 1.5), n, k).unwrap();
+        let x = Tensor::from_vec(values(m * k, 2.5), (m, k), &Device::Cpu).unwrap();
+        let y = f32_linear(&x, &w).unwrap();
+        assert_eq!(y.dims2().unwrap(), (m, n));
+        let y: Vec<f32> = y.flatten_all().unwrap().to_vec1().unwrap();
+        assert_eq!(y, w.matmul(&values(m * k, 2.5), m).unwrap());
+        // A transposed (non-contiguous) view is copied first.
+        let xt = Tensor::from_vec(values(m * k, 2.5), (k, m), &Device::Cpu)
+            .unwrap()
+            .t()
+            .unwrap();
+        assert_eq!(f32_linear(&xt, &w).unwrap().dims2().unwrap(), (m, n));
+        let wrong = Tensor::zeros((m, k + 1), DType::F32, &Device::Cpu).unwrap();
+        assert!(
+            f32_linear(&wrong, &w)
+                .unwrap_err()
+                .to_string()
+                .contains("f32_matmul")
+        );
+        assert!(f32_linear(&x.to_dtype(DType::BF16).unwrap(), &w).is_err());
+    }
+}
