@@ -163,7 +163,7 @@ impl AmxMatrix {
         let (m_chunks, n_groups) = (m_blocks.div_ceil(M_CHUNK), n_pairs.div_ceil(N_GROUP));
         // Not zeroed first: the blocks below write every output (all rows below `m`,
         // all columns), so a memset would only be overwritten.
-        let mut y: Vec<f32> = Vec::with_capacity(m * self.n);
+        let mut y: Vec<f32> = crate::cpu::large_buffer(m * self.n);
         let y_ptr = SendPtr(y.as_mut_ptr());
         (0..m_chunks * n_groups).into_par_iter().for_each(|task| {
             let (mc, ng) = (task / n_groups, task % n_groups);
@@ -221,7 +221,7 @@ fn to_bf16_tiles(x: &[f32], m: usize, k: usize) -> Vec<u16> {
     let stripe = 2 * TILE_M * k;
     let len = m.div_ceil(2 * TILE_M) * stripe;
     // Every value is written below (padding rows as zeros), so no memset first.
-    let mut a: Vec<u16> = Vec::with_capacity(len);
+    let mut a: Vec<u16> = crate::cpu::large_buffer(len);
     a.spare_capacity_mut()[..len]
         .par_chunks_mut(stripe)
         .enumerate()

@@ -1,4 +1,5 @@
-//! Shared CPU helpers: borrowing a tensor's f32 storage and a vectorisable dot product.
+//! Shared CPU helpers: borrowing a tensor's f32 storage, a vectorisable dot product, and
+//! large output buffers on huge pages.
 
 use candle_core::{Storage, Tensor};
 
@@ -118,6 +119,32 @@ pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     let y = p * z + r + 1.0;
     // 2^n: n + 127 (≥ 1 since x ≥ -87) shifted into the exponent field.
     y * f32::from_bits(t.to_bits().wrapping_sub(MAGIC.to_bits() - 127) << 23)
+}
+
+/// An empty vector with room for `len` values whose pages, when it is large, the
+/// kernel backs with 2 MiB huge pages (where transparent huge pages are on in
+/// `madvise` mode, Linux's common default): a GEMM's output of thousands of rows
+/// (tens of MB, which glibc maps afresh for every call) then takes one page fault
+/// per 2 MiB instead of one per 4 KiB.
+pub(crate) fn large_buffer<T>(len: usize) -> Vec<T> {
+    let v: Vec<T> = Vec::with_capacity(len);
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let bytes = len * std::mem::size_of::<T>();
+        if bytes >= 4 * HUGE {
+            let start = (v.as_ptr() as usize).next_multiple_of(HUGE);
+            let end = (v.as_ptr() as usize + bytes) / HUGE * HUGE;
+            if end > start {
+                // SAFETY: advice on pages inside this vector's own allocation; it
+                // changes how they are backed, never their contents (none yet).
+                unsafe {
+                    libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+                }
+            }
+        }
+    }
+    v
 }
 
 #[cfg(test)]

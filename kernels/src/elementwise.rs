@@ -1,7 +1,9 @@
 //! Elementwise steps of a decoder layer over packed rows, spread over the CPU's
-//! threads: SwiGLU's `silu(gate) · up` and the residual add. candle's CPU unary and
-//! binary maps run on one thread; over thousands of packed rows those passes left
-//! all but one core idle between the (parallel) matmuls.
+//! threads: SwiGLU's `silu(gate) · up`, the residual add, and the swap between
+//! row-major `(rows, heads, d)` and head-major `(heads, rows, d)` around attention.
+//! candle's CPU unary and binary maps and its strided copies run on one thread; over
+//! thousands of packed rows those passes left all but one core idle between the
+//! (parallel) matmuls.
 //!
 //! Contiguous f32 CPU tensors take the parallel path; anything else (another
 //! dtype, a GPU) takes candle's own ops.
@@ -36,6 +38,27 @@ pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (x, y) = (CpuF32::new("add", a)?, CpuF32::new("add", b)?);
     let out = zip_map(x.slice()?, y.slice()?, |x, y| x + y);
     Ok(Tensor::from_vec(out, a.shape(), a.device())?)
+}
+
+/// `x.transpose(0, 1)` made contiguous, for a 3-D `x` `(a, b, d)`: `(b, a, d)`.
+pub fn transpose_01(x: &Tensor) -> Result<Tensor> {
+    let (a, b, d) = x.dims3()?;
+    if !(is_cpu_f32(x) && x.is_contiguous()) || d == 0 {
+        return Ok(x.transpose(0, 1)?.contiguous()?);
+    }
+    let src = CpuF32::new("transpose_01", x)?;
+    let src = src.slice()?;
+    let mut out = vec![0f32; a * b * d];
+    // Output row (j, i) is input row (i, j); rows grouped so a task copies at
+    // least a few KiB.
+    out.par_chunks_mut(d)
+        .with_min_len(CHUNK / d + 1)
+        .enumerate()
+        .for_each(|(row, o)| {
+            let (j, i) = (row / a, row % a);
+            o.copy_from_slice(&src[(i * b + j) * d..][..d]);
+        });
+    Ok(Tensor::from_vec(out, (b, a, d), x.device())?)
 }
 
 fn check_same(kernel: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
@@ -120,6 +143,33 @@ mod tests {
             (got[6] - 200.0).abs() < 1e-4 && got[0].abs() < 1e-30,
             "{got:?}"
         );
+    }
+
+    #[test]
+    fn transpose_01_matches_candle() {
+        for (a, b, d) in [(300, 16, 128), (3, 5, 64), (1, 7, 2), (70, 1, 16)] {
+            let x = values(a * b * d * 64, 0.2).reshape((a * 64, b, d)).unwrap();
+            let want = x.transpose(0, 1).unwrap().contiguous().unwrap();
+            let got = transpose_01(&x).unwrap();
+            assert_eq!(got.dims3().unwrap(), (b, a * 64, d));
+            assert_eq!(
+                got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                want.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+            );
+            // A strided view and another dtype take candle's path.
+            let view = x.transpose(0, 1).unwrap();
+            let back = transpose_01(&view).unwrap();
+            assert_eq!(
+                back.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                x.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+            );
+            let h = transpose_01(&x.to_dtype(DType::BF16).unwrap()).unwrap();
+            assert_eq!(
+                (h.dtype(), h.dims3().unwrap()),
+                (DType::BF16, (b, a * 64, d))
+            );
+        }
+        assert!(transpose_01(&values(64, 0.0)).is_err());
     }
 
     #[test]

@@ -123,7 +123,7 @@ impl F32Matrix {
         let m_chunks = m.div_ceil(chunk_rows);
         let n_groups = n.div_ceil(NR).div_ceil(N_PANELS);
         // Not zeroed first: the first pass over k writes every output of its tile.
-        let mut y: Vec<f32> = Vec::with_capacity(m * n);
+        let mut y: Vec<f32> = crate::cpu::large_buffer(m * n);
         let y_ptr = SendPtr(y.as_mut_ptr());
         (0..m_chunks * n_groups).into_par_iter().for_each(|task| {
             let (mc, ng) = (task / n_groups, task % n_groups);
@@ -163,7 +163,7 @@ impl F32Matrix {
 /// is one contiguous run.
 fn pack_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
     // Every value is written below, so no memset first.
-    let mut a: Vec<f32> = Vec::with_capacity(m * k);
+    let mut a: Vec<f32> = crate::cpu::large_buffer(m * k);
     a.spare_capacity_mut()[..m * k]
         .par_chunks_mut(MR * k)
         .enumerate()

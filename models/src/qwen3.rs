@@ -502,9 +502,10 @@ impl Attention {
         let v = x
             .apply(&self.v_proj)?
             .reshape((total, self.num_kv_heads, d))?;
-        // 3. Head-major, the layout of the cache and the kernel.
-        let (q, k) = (q.transpose(0, 1)?, k.transpose(0, 1)?);
-        let v = v.transpose(0, 1)?.contiguous()?;
+        // 3. Head-major, the layout of the cache and the kernel (copied on all the
+        // CPU's threads: candle's strided copy runs on one).
+        use aisql_kernels::elementwise::transpose_01;
+        let (q, k, v) = (transpose_01(&q)?, transpose_01(&k)?, transpose_01(&v)?);
         // 4. RoPE at each row's own position.
         let q = rope.rotary.apply(&q, &rope.cos, &rope.sin)?;
         let k = rope.rotary.apply(&k, &rope.cos, &rope.sin)?;
@@ -512,8 +513,7 @@ impl Attention {
         let scale = 1.0 / (d as f32).sqrt();
         let y = aisql_kernels::prefix_suffix_attention(&q, &k, &v, seqs, scale)?;
         // 6. Back to rows and out-project.
-        let y = y
-            .transpose(0, 1)?
+        let y = transpose_01(&y)?
             .reshape((total, self.num_heads * d))?
             .apply(&self.o_proj)?;
         Ok((y, (k, v)))
