@@ -5,7 +5,7 @@
 
 use core::arch::x86_64::*;
 
-use super::{BlockRows, BlockView, K_BLOCK, Scratch, online_softmax};
+use super::{BlockRows, BlockView, K_BLOCK, Scratch};
 
 /// Query rows per step.
 const ROWS: usize = 4;
@@ -81,11 +81,12 @@ unsafe fn block<const D: usize>(sc: &mut Scratch, kt: &[f32], vb: &[f32], view: 
                 if nvalid[i] == 0 {
                     continue;
                 }
-                for (j, &v) in s[i].iter().enumerate() {
+                let r = r0 + i;
+                let weights = softmax_step(&s[i], nvalid[i], &mut sc.m[r], &mut sc.l[r]);
+                alpha[i] = weights.1;
+                for (j, &v) in weights.0.iter().enumerate() {
                     _mm512_storeu_ps(p[i].as_mut_ptr().add(j * LANES), v);
                 }
-                let r = r0 + i;
-                alpha[i] = online_softmax(&mut p[i], nvalid[i], &mut sc.m[r], &mut sc.l[r]);
             }
             // Output: rescaled, plus the weighted values, 64 columns per pass.
             for col in (0..D).step_by(w * LANES) {
@@ -132,4 +133,76 @@ unsafe fn block<const D: usize>(sc: &mut Scratch, kt: &[f32], vb: &[f32], view: 
             }
         }
     }
+}
+
+/// The online-softmax step of one row over a block (`super::online_softmax` on
+/// registers): the scores of its 64 keys, of which the first `nvalid` (≥ 1) are
+/// visible, become their weights `exp(s - m_new)` (zero past `nvalid`); the row's
+/// running max `m` and sum `l` take the block in; returns the weights and the
+/// factor that rescales the row's earlier output. With head widths of 16 or 32 the
+/// scalar step cost as much as the dot products.
+///
+/// # Safety
+/// AVX-512F must be available.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn softmax_step(
+    s: &[__m512; KEY_VECS],
+    nvalid: usize,
+    m: &mut f32,
+    l: &mut f32,
+) -> ([__m512; KEY_VECS], f32) {
+    let mask = |t: usize| -> __mmask16 {
+        let n = nvalid.saturating_sub(t * LANES).min(LANES);
+        ((1u32 << n) - 1) as __mmask16
+    };
+    let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
+    let mut top = neg_inf;
+    for (t, &v) in s.iter().enumerate() {
+        top = _mm512_max_ps(top, _mm512_mask_blend_ps(mask(t), neg_inf, v));
+    }
+    let m_old = *m;
+    let m_new = m_old.max(_mm512_reduce_max_ps(top));
+    let alpha = if m_old == f32::NEG_INFINITY {
+        0.0
+    } else {
+        super::exp_nonpositive(m_old - m_new)
+    };
+    let shift = _mm512_set1_ps(m_new);
+    let mut p = [_mm512_setzero_ps(); KEY_VECS];
+    let mut sum = _mm512_setzero_ps();
+    for (t, &v) in s.iter().enumerate() {
+        p[t] = _mm512_maskz_mov_ps(mask(t), exp_nonpositive_x16(_mm512_sub_ps(v, shift)));
+        sum = _mm512_add_ps(sum, p[t]);
+    }
+    *m = m_new;
+    *l = *l * alpha + _mm512_reduce_add_ps(sum);
+    (p, alpha)
+}
+
+/// `crate::cpu::exp_nonpositive` on 16 lanes, operation for operation (no fused
+/// multiply-adds), so each lane gives the scalar function's value.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn exp_nonpositive_x16(x: __m512) -> __m512 {
+    const MAGIC: f32 = 12_582_912.0;
+    let set = _mm512_set1_ps;
+    let (mul, add, sub) = (_mm512_mul_ps, _mm512_add_ps, _mm512_sub_ps);
+    let x = _mm512_max_ps(x, set(-87.0));
+    let t = add(mul(x, set(std::f32::consts::LOG2_E)), set(MAGIC));
+    let fx = sub(t, set(MAGIC));
+    let r = add(
+        sub(x, mul(fx, set(0.693_359_4))),
+        mul(fx, set(2.121_944_4e-4)),
+    );
+    let z = mul(r, r);
+    let mut p = add(mul(set(1.987_569_1e-4), r), set(1.398_2e-3));
+    p = add(mul(p, r), set(8.333_452e-3));
+    p = add(mul(p, r), set(4.166_579_6e-2));
+    p = add(mul(p, r), set(1.666_666_5e-1));
+    p = add(mul(p, r), set(0.5));
+    let y = add(add(mul(p, z), r), set(1.0));
+    let bias = _mm512_set1_epi32((MAGIC.to_bits() - 127) as i32);
+    let pow2 = _mm512_slli_epi32::<23>(_mm512_sub_epi32(_mm512_castps_si512(t), bias));
+    mul(y, _mm512_castsi512_ps(pow2))
 }
