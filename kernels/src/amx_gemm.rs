@@ -19,6 +19,7 @@
 use half::{bf16, f16};
 use rayon::prelude::*;
 
+use crate::cpu::{SendPtr, switched_off};
 use crate::{KernelError, Result};
 
 /// Input values per B tile, and per Q8_0 block.
@@ -207,13 +208,6 @@ pub fn amx_linear(x: &candle_core::Tensor, w: &AmxMatrix) -> Result<candle_core:
     Ok(candle_core::Tensor::from_vec(y, (rows, w.n), x.device())?.to_dtype(dtype)?)
 }
 
-/// A raw output pointer shared by tasks that write disjoint blocks.
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: tasks write disjoint regions (see `AmxMatrix::matmul`).
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-
 /// The rows of `x` as bfloat16 bits (round to nearest even) in A-tile order:
 /// per 32-row stripe (rows past `m` zero) and 32 values of k, its two 16-row tiles
 /// of 1 KiB each, so every tile load reads one contiguous KiB.
@@ -283,12 +277,7 @@ pub fn matmul_reference(w: &AmxMatrix, x: &[f32], m: usize) -> Vec<f32> {
 pub fn amx_available() -> bool {
     use std::sync::OnceLock;
     static OK: OnceLock<bool> = OnceLock::new();
-    *OK.get_or_init(|| {
-        if std::env::var_os("AISQL_NO_AMX").is_some_and(|v| !v.is_empty() && v != "0") {
-            return false;
-        }
-        amx::detect()
-    })
+    *OK.get_or_init(|| !switched_off("AISQL_NO_AMX") && amx::detect())
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -411,7 +400,7 @@ mod amx {
             }
             if rows == 2 * TILE_M && cols == 32 {
                 // A whole block: straight into `y`.
-                let at = y.0.add(m0 * n + np * 32);
+                let at = y.at(m0 * n + np * 32);
                 core::arch::asm!(
                     "tilestored [{c0} + {sy}*1], tmm0",
                     "tilestored [{c0} + {sy}*1 + 64], tmm1",
@@ -442,7 +431,7 @@ mod amx {
                 for nt in 0..cols / TILE_N {
                     std::ptr::copy_nonoverlapping(
                         c.as_ptr().add((half * 2 + nt) * 256 + ri * 16),
-                        y.0.add((m0 + r) * n + np * 32 + nt * TILE_N),
+                        y.at((m0 + r) * n + np * 32 + nt * TILE_N),
                         TILE_N,
                     );
                 }

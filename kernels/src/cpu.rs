@@ -1,5 +1,6 @@
-//! Shared CPU helpers: borrowing a tensor's f32 storage, a vectorisable dot product, and
-//! large output buffers on huge pages.
+//! Shared CPU helpers: borrowing a tensor's f32 storage, a vectorisable dot product,
+//! large output buffers on huge pages, the pointer parallel GEMM tasks write through,
+//! and the environment switches that turn kernels off.
 
 use candle_core::{Storage, Tensor};
 
@@ -119,6 +120,31 @@ pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     let y = p * z + r + 1.0;
     // 2^n: n + 127 (≥ 1 since x ≥ -87) shifted into the exponent field.
     y * f32::from_bits(t.to_bits().wrapping_sub(MAGIC.to_bits() - 127) << 23)
+}
+
+/// Whether the environment variable `var` is set to anything but empty or `0`: the
+/// switches that turn a CPU kernel off (to measure or test the other path).
+pub(crate) fn switched_off(var: &str) -> bool {
+    std::env::var_os(var).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// A raw output pointer shared by parallel tasks that write disjoint blocks of one
+/// buffer (the GEMMs' outputs).
+#[derive(Clone, Copy)]
+pub(crate) struct SendPtr(pub(crate) *mut f32);
+// SAFETY: the tasks sharing one write disjoint regions (see its users).
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// The pointer `i` floats on (a method, so closures capture the whole `SendPtr`).
+    ///
+    /// # Safety
+    /// `i` must lie inside the allocation.
+    pub(crate) unsafe fn at(self, i: usize) -> *mut f32 {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.0.add(i) }
+    }
 }
 
 /// An empty vector with room for `len` values whose pages, when it is large, the

@@ -19,6 +19,7 @@
 
 use rayon::prelude::*;
 
+use crate::cpu::{SendPtr, switched_off};
 use crate::{KernelError, Result};
 
 /// Output columns per panel (two registers).
@@ -202,24 +203,6 @@ pub fn f32_linear(x: &candle_core::Tensor, w: &F32Matrix) -> Result<candle_core:
     Ok(candle_core::Tensor::from_vec(y, (rows, w.n), x.device())?)
 }
 
-/// A raw output pointer shared by tasks that write disjoint blocks.
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: tasks write disjoint regions (see `F32Matrix::matmul`).
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    /// The pointer `i` floats on (a method, so closures capture the whole `SendPtr`).
-    ///
-    /// # Safety
-    /// `i` must lie inside the allocation.
-    unsafe fn at(self, i: usize) -> *mut f32 {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.0.add(i) }
-    }
-}
-
 /// `x Wᵀ` with every product summed exactly (f64), for tests.
 pub fn matmul_reference(w: &F32Matrix, x: &[f32], m: usize) -> Vec<f32> {
     let (n, k) = (w.n, w.k);
@@ -240,12 +223,7 @@ pub fn matmul_reference(w: &F32Matrix, x: &[f32], m: usize) -> Vec<f32> {
 pub fn f32_gemm_available() -> bool {
     use std::sync::OnceLock;
     static OK: OnceLock<bool> = OnceLock::new();
-    *OK.get_or_init(|| {
-        if std::env::var_os("AISQL_NO_AVX512_GEMM").is_some_and(|v| !v.is_empty() && v != "0") {
-            return false;
-        }
-        kernel::detect()
-    })
+    *OK.get_or_init(|| !switched_off("AISQL_NO_AVX512_GEMM") && kernel::detect())
 }
 
 #[cfg(target_arch = "x86_64")]
