@@ -3,18 +3,13 @@
 //! packed batch of 16. Reports multiply-adds per second. Skipped where the CPU
 //! has no AMX-BF16.
 
+mod shapes;
+
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use shapes::{ROWS, SHAPES};
 
 use aisql_kernels::amx_gemm::{AmxMatrix, amx_available};
 use half::bf16;
-
-/// `(name, n, k)`: the projections of one layer.
-const SHAPES: [(&str, usize, usize); 4] = [
-    ("q_proj", 2048, 1024),
-    ("o_proj", 1024, 2048),
-    ("gate_proj", 3072, 1024),
-    ("down_proj", 1024, 3072),
-];
 
 fn bench(c: &mut Criterion) {
     if !amx_available() {
@@ -28,7 +23,7 @@ fn bench(c: &mut Criterion) {
             .map(|i| bf16::from_f32(((i * 7919 % 1000) as f32 - 500.0) * 1e-4))
             .collect();
         let w = AmxMatrix::from_bf16(&values, n, k).unwrap();
-        for m in [300, 4800] {
+        for m in ROWS {
             let x: Vec<f32> = (0..m * k)
                 .map(|i| ((i % 113) as f32 - 56.0) * 0.01)
                 .collect();

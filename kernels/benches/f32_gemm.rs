@@ -4,18 +4,13 @@
 //! multiply-adds per second; numpy's sgemm on the same shapes is the bar
 //! (`scripts/llama-compare.sh` measures it). Skipped where the CPU has no AVX-512F.
 
+mod shapes;
+
 use candle_core::{Device, Tensor};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use shapes::{ROWS, SHAPES};
 
 use aisql_kernels::f32_gemm::{F32Matrix, f32_gemm_available};
-
-/// `(name, n, k)`: the projections of one layer.
-const SHAPES: [(&str, usize, usize); 4] = [
-    ("q_proj", 2048, 1024),
-    ("o_proj", 1024, 2048),
-    ("gate_proj", 3072, 1024),
-    ("down_proj", 1024, 3072),
-];
 
 fn bench(c: &mut Criterion) {
     if !f32_gemm_available() {
@@ -36,7 +31,7 @@ fn bench(c: &mut Criterion) {
             .collect();
         let w = F32Matrix::new(&values, n, k).unwrap();
         let wt = Tensor::from_vec(values, (n, k), &Device::Cpu).unwrap();
-        for m in [300, 4800] {
+        for m in ROWS {
             let x: Vec<f32> = (0..m * k)
                 .map(|i| ((i % 113) as f32 - 56.0) * 0.01)
                 .collect();
