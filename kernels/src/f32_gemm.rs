@@ -19,16 +19,15 @@
 
 use rayon::prelude::*;
 
-use crate::cpu::{SendPtr, switched_off};
+use crate::cpu::switched_off;
+use crate::panel_gemm::{self, Blocking, NR, TileJob};
 use crate::{KernelError, Result};
 
-/// Output columns per panel (two registers).
-pub const NR: usize = 32;
 /// Rows per micro-tile.
 const MR: usize = 14;
 /// Values of k per pass.
 const KC: usize = 256;
-/// Row panels per task (224 rows).
+/// Row tiles per task (224 rows).
 const M_PANELS: usize = 16;
 /// Column panels per task (256 columns).
 const N_PANELS: usize = 8;
@@ -117,43 +116,22 @@ impl F32Matrix {
         }
         let (n, k) = (self.n, self.k);
         let a = pack_rows(x, m, k);
-        // Rows split into chunks of about 224 (whole micro-tiles), as even as they
-        // can be so that the last task is not a sliver.
-        let m_chunks = m.div_ceil(M_PANELS * MR);
-        let chunk_rows = m.div_ceil(m_chunks).next_multiple_of(MR);
-        let m_chunks = m.div_ceil(chunk_rows);
-        let n_groups = n.div_ceil(NR).div_ceil(N_PANELS);
-        // Not zeroed first: the first pass over k writes every output of its tile.
-        let mut y: Vec<f32> = crate::cpu::large_buffer(m * n);
-        let y_ptr = SendPtr(y.as_mut_ptr());
-        (0..m_chunks * n_groups).into_par_iter().for_each(|task| {
-            let (mc, ng) = (task / n_groups, task % n_groups);
-            let rows = mc * chunk_rows..((mc + 1) * chunk_rows).min(m);
-            let panels = ng * N_PANELS..((ng + 1) * N_PANELS).min(n.div_ceil(NR));
-            for k0 in (0..k).step_by(KC) {
-                let kc = KC.min(k - k0);
-                for j in panels.clone() {
-                    let b = &self.panels[j * k * NR + k0 * NR..][..kc * NR];
-                    let cols = (n - j * NR).min(NR);
-                    for r0 in rows.clone().step_by(MR) {
-                        let live = (m - r0).min(MR);
-                        // Tile r0 / MR starts at r0 · k (earlier tiles are full).
-                        let tile = &a[r0 * k + k0 * live..][..kc * live];
-                        // SAFETY: AVX-512F is available (checked above); the tile writes
-                        // rows r0..r0+live < m and columns of panel j below n, which
-                        // only this task writes, inside `y`'s capacity; the first pass
-                        // (k0 = 0) writes them before later passes read them.
-                        unsafe {
-                            let c = y_ptr.at(r0 * n + j * NR);
-                            kernel::tile(live, tile, b, kc, c, n, cols, k0 > 0);
-                        }
-                    }
-                }
-            }
-        });
-        // SAFETY: the tasks covered every (row chunk, column group), and their first
-        // passes wrote every row below `m` of every column below `n`: `m · n` values.
-        unsafe { y.set_len(m * n) };
+        let blocking = Blocking {
+            mr: MR,
+            m_tiles: M_PANELS,
+            n_panels: N_PANELS,
+            kc: KC,
+        };
+        // SAFETY: AVX-512F is available (checked above); each job's tile reads its
+        // rows of `a` (tile r0 / MR starts at r0 · k, earlier tiles being full) and
+        // its pass of panel j, and writes exactly the job's outputs.
+        let y = unsafe {
+            panel_gemm::run(m, n, k, &blocking, |job| {
+                let b = &self.panels[job.panel * k * NR + job.k0 * NR..][..job.kc * NR];
+                let tile = &a[job.r0 * k + job.k0 * job.rows..][..job.kc * job.rows];
+                kernel::tile(job, tile, b);
+            })
+        };
         Ok(y)
     }
 }
@@ -228,55 +206,48 @@ pub fn f32_gemm_available() -> bool {
 
 #[cfg(target_arch = "x86_64")]
 mod kernel {
-    use super::{MR, NR};
+    use super::{MR, NR, TileJob};
     use core::arch::x86_64::*;
 
     pub(super) fn detect() -> bool {
         std::arch::is_x86_feature_detected!("avx512f")
     }
 
-    /// One micro-tile of `rows` (1 ..= 14) rows: dispatches to the build for that
-    /// many rows, so a short tile does no work for rows that do not exist.
+    /// One micro-tile's pass: dispatches to the build for its number of rows, so a
+    /// short tile does no work for rows that do not exist.
     ///
     /// # Safety
-    /// AVX-512F must be available; `a` holds `rows · kc` packed values, `b` `kc · 32`;
-    /// `c` points at `rows` rows of `ldc` floats with `cols` (1 ..= 32) writable
-    /// columns each; with `accumulate`, those outputs hold earlier passes' sums.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn tile(
-        rows: usize,
-        a: &[f32],
-        b: &[f32],
-        kc: usize,
-        c: *mut f32,
-        ldc: usize,
-        cols: usize,
-        accumulate: bool,
-    ) {
-        debug_assert!(a.len() >= rows * kc && b.len() >= kc * NR && (1..=NR).contains(&cols));
-        let mask = if cols == NR {
-            u32::MAX
-        } else {
-            (1u32 << cols) - 1
-        };
-        let (a, b) = (a.as_ptr(), b.as_ptr());
+    /// AVX-512F must be available; `a` holds `job.rows · job.kc` packed values, `b`
+    /// `job.kc · 32`; the job's outputs are writable (and, with `accumulate`, hold
+    /// earlier passes' sums).
+    pub(super) unsafe fn tile(job: &TileJob, a: &[f32], b: &[f32]) {
+        debug_assert!(a.len() >= job.rows * job.kc && b.len() >= job.kc * NR);
+        let mask = crate::panel_gemm::column_mask(job.cols);
+        let (a, b, kc, c, ldc, acc) = (
+            a.as_ptr(),
+            b.as_ptr(),
+            job.kc,
+            job.c,
+            job.ldc,
+            job.accumulate,
+        );
         // SAFETY: forwarded from the caller.
         unsafe {
-            match rows {
-                14 => tile_r::<14>(a, b, kc, c, ldc, mask, accumulate),
-                13 => tile_r::<13>(a, b, kc, c, ldc, mask, accumulate),
-                12 => tile_r::<12>(a, b, kc, c, ldc, mask, accumulate),
-                11 => tile_r::<11>(a, b, kc, c, ldc, mask, accumulate),
-                10 => tile_r::<10>(a, b, kc, c, ldc, mask, accumulate),
-                9 => tile_r::<9>(a, b, kc, c, ldc, mask, accumulate),
-                8 => tile_r::<8>(a, b, kc, c, ldc, mask, accumulate),
-                7 => tile_r::<7>(a, b, kc, c, ldc, mask, accumulate),
-                6 => tile_r::<6>(a, b, kc, c, ldc, mask, accumulate),
-                5 => tile_r::<5>(a, b, kc, c, ldc, mask, accumulate),
-                4 => tile_r::<4>(a, b, kc, c, ldc, mask, accumulate),
-                3 => tile_r::<3>(a, b, kc, c, ldc, mask, accumulate),
-                2 => tile_r::<2>(a, b, kc, c, ldc, mask, accumulate),
-                1 => tile_r::<1>(a, b, kc, c, ldc, mask, accumulate),
+            match job.rows {
+                14 => tile_r::<14>(a, b, kc, c, ldc, mask, acc),
+                13 => tile_r::<13>(a, b, kc, c, ldc, mask, acc),
+                12 => tile_r::<12>(a, b, kc, c, ldc, mask, acc),
+                11 => tile_r::<11>(a, b, kc, c, ldc, mask, acc),
+                10 => tile_r::<10>(a, b, kc, c, ldc, mask, acc),
+                9 => tile_r::<9>(a, b, kc, c, ldc, mask, acc),
+                8 => tile_r::<8>(a, b, kc, c, ldc, mask, acc),
+                7 => tile_r::<7>(a, b, kc, c, ldc, mask, acc),
+                6 => tile_r::<6>(a, b, kc, c, ldc, mask, acc),
+                5 => tile_r::<5>(a, b, kc, c, ldc, mask, acc),
+                4 => tile_r::<4>(a, b, kc, c, ldc, mask, acc),
+                3 => tile_r::<3>(a, b, kc, c, ldc, mask, acc),
+                2 => tile_r::<2>(a, b, kc, c, ldc, mask, acc),
+                1 => tile_r::<1>(a, b, kc, c, ldc, mask, acc),
                 _ => unreachable!("a micro-tile has 1 ..= {MR} rows"),
             }
         }
@@ -326,21 +297,13 @@ mod kernel {
 
 #[cfg(not(target_arch = "x86_64"))]
 mod kernel {
+    use super::TileJob;
+
     pub(super) fn detect() -> bool {
         false
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn tile(
-        _: usize,
-        _: &[f32],
-        _: &[f32],
-        _: usize,
-        _: *mut f32,
-        _: usize,
-        _: usize,
-        _: bool,
-    ) {
+    pub(super) unsafe fn tile(_: &TileJob, _: &[f32], _: &[f32]) {
         unreachable!("the AVX-512 GEMM is x86_64 only")
     }
 }

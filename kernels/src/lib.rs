@@ -1,7 +1,8 @@
 //! Compute kernels used by the aisql models: attention of many suffixes over one
 //! shared prefix KV, the restricted TRUE/FALSE output head, a decoder layer's
-//! elementwise steps spread over the CPU's threads, Q8_0 and bf16 matmuls on AMX and f32 matmuls
-//! on AVX-512. CPU versions are always built; CUDA versions live behind the `cuda` feature.
+//! elementwise steps spread over the CPU's threads, Q8_0 and bf16 matmuls on AMX,
+//! Q8_0 matmuls with AVX-512 VNNI and f32 matmuls on AVX-512. CPU versions are always
+//! built; CUDA versions live behind the `cuda` feature.
 //!
 //! Every kernel has a candle-`Tensor` entry point that picks the fast CPU path for
 //! contiguous f32 CPU tensors, the hand-written CUDA kernels (`cuda/aisql_kernels.cu`,
@@ -23,6 +24,8 @@ pub mod f32_gemm;
 pub mod grouped;
 pub mod head;
 mod launch;
+mod panel_gemm;
+pub mod q8_gemm;
 #[cfg(test)]
 mod testutil;
 

@@ -15,6 +15,7 @@ use std::collections::BTreeSet;
 
 use aisql_kernels::amx_gemm::AmxMatrix;
 use aisql_kernels::f32_gemm::F32Matrix;
+use aisql_kernels::q8_gemm::Q8Matrix;
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::Activation;
@@ -198,6 +199,9 @@ enum LinearWeight {
     Amx(std::sync::Arc<AmxMatrix>),
     /// f32 weights packed for the AVX-512 GEMM (where the CPU has AVX-512F).
     PackedF32(std::sync::Arc<F32Matrix>),
+    /// Q8_0 weights re-laid for the AVX-512 VNNI GEMM (where the CPU has VNNI but
+    /// no AMX).
+    Q8(std::sync::Arc<Q8Matrix>),
 }
 
 impl Linear {
@@ -220,6 +224,8 @@ impl Module for Linear {
             LinearWeight::Amx(w) => aisql_kernels::amx_gemm::amx_linear(x, w)
                 .map_err(|e| candle_core::Error::Msg(e.to_string()))?,
             LinearWeight::PackedF32(w) => aisql_kernels::f32_gemm::f32_linear(x, w)
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?,
+            LinearWeight::Q8(w) => aisql_kernels::q8_gemm::q8_linear(x, w)
                 .map_err(|e| candle_core::Error::Msg(e.to_string()))?,
         };
         match &self.bias {
@@ -309,6 +315,14 @@ impl Loader<'_> {
             if q.dtype() == candle_core::quantized::GgmlDType::Q8_0 && self.on_amx(n, k) {
                 let tiles = AmxMatrix::from_q8_0(&q.data()?, n, k)?;
                 return Ok(LinearWeight::Amx(std::sync::Arc::new(tiles)));
+            }
+            if q.dtype() == candle_core::quantized::GgmlDType::Q8_0
+                && self.device.is_cpu()
+                && Q8Matrix::fits(n, k)
+                && aisql_kernels::q8_gemm::q8_gemm_available()
+            {
+                let panels = Q8Matrix::from_q8_0(&q.data()?, n, k)?;
+                return Ok(LinearWeight::Q8(std::sync::Arc::new(panels)));
             }
             Ok(LinearWeight::Quantized(QMatMul::from_qtensor(q)?))
         };

@@ -1,0 +1,667 @@
+//! `y = x Wᵀ` for Q8_0 weights with AVX-512 VNNI integer dot products: the prefill
+//! GEMM of Q8_0 models on CPUs that have VNNI but no AMX (AMD Zen 4 and later, Intel
+//! Ice Lake and Cascade Lake). candle's quantized matmul takes one dot product per
+//! output (row by row, AVX2), which leaves most of such a CPU's int8 rate unused.
+//!
+//! The arithmetic is ggml's Q8_0 × Q8_0 dot product (llama.cpp's, and candle's for
+//! rows whose length is not a multiple of 256): each row of `x` is quantized per block
+//! of 32 values exactly as ggml does, each block's integer dot product with the
+//! weights is exact, and the blocks are summed in f32 as `Σ float(dot) · d_x · d_w`.
+//! Only the order of those float operations differs from ggml's.
+//!
+//! `vpdpbusd` multiplies unsigned bytes by signed ones, so the activations are stored
+//! offset by +128 (1 ..= 255) and each block's integer sum starts at `−128 · Σ q_w`,
+//! computed at load: after the block, the sum is the exact signed dot product.
+//!
+//! At load a weight matrix `(n, k)` is re-laid as panels of 32 output columns
+//! ([`Q8Matrix`]): per panel, block and group of 4 input values, the 32 columns' 4
+//! bytes side by side (two registers), then per block the 32 column scales and
+//! offsets. Per call, the rows of `x` are quantized into micro-tiles of [`MR`] rows,
+//! 4 bytes of each row side by side, so one 32-bit broadcast feeds a row. A
+//! micro-tile keeps 6 rows × 32 columns of f32 sums and of int32 block sums in 24
+//! registers over a pass of [`KC_BLOCKS`] blocks; the pass's weight panel (16 KiB)
+//! stays in L1 while the tiles of a task stream over it from L2.
+//!
+//! Every output sums its blocks in the same order whatever the batch, so a row's
+//! result does not depend on what it is packed with.
+//!
+//! Used only where [`q8_gemm_available`] says so. [`matmul_reference`] is the same
+//! arithmetic in plain Rust (exact sums), for tests.
+
+use half::f16;
+use rayon::prelude::*;
+
+use crate::cpu::switched_off;
+use crate::panel_gemm::{self, Blocking, NR, TileJob};
+use crate::{KernelError, Result};
+
+/// Input values per Q8_0 block.
+pub const BLOCK: usize = 32;
+/// Bytes of one Q8_0 block as GGUF and candle store it: f16 scale, 32 × i8.
+const BLOCK_BYTES: usize = 2 + BLOCK;
+/// Input values per group: the 4 bytes one `vpdpbusd` lane sums.
+const GROUP: usize = 4;
+/// Rows per micro-tile.
+const MR: usize = 6;
+/// Blocks of k per pass (512 values).
+const KC_BLOCKS: usize = 16;
+/// Row tiles per task (192 rows).
+const M_TILES: usize = 32;
+/// Column panels per task (256 columns).
+const N_PANELS: usize = 8;
+
+/// A matrix `(n, k)` (Hugging Face `(out, in)` layout) of Q8_0 weights re-laid in
+/// panels of [`NR`] columns for the VNNI kernel.
+pub struct Q8Matrix {
+    n: usize,
+    k: usize,
+    /// `[n.div_ceil(32)][k / 32][8][32][4]`: quant `(col, i)` at
+    /// `[((col / 32) · kb + i / 32) · 1024 + (i % 32 / 4) · 128 + (col % 32) · 4 + i % 4]`;
+    /// columns past `n` are zero.
+    quants: Vec<i8>,
+    /// `[n.div_ceil(32)][k / 32][32]`: each column's block scale.
+    scales: Vec<f32>,
+    /// `[n.div_ceil(32)][k / 32][32]`: `−128 · Σ q` over each column's block.
+    offsets: Vec<i32>,
+}
+
+impl std::fmt::Debug for Q8Matrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Q8Matrix")
+            .field("n", &self.n)
+            .field("k", &self.k)
+            .finish()
+    }
+}
+
+fn bad(message: String) -> KernelError {
+    KernelError::BadInput {
+        kernel: "q8_matmul",
+        message,
+    }
+}
+
+impl Q8Matrix {
+    /// The Q8_0 blocks of an `(n, k)` matrix (row after row, `k / 32` blocks of 34
+    /// bytes each: f16 scale, 32 signed bytes). `k` must be a multiple of 32.
+    pub fn from_q8_0(bytes: &[u8], n: usize, k: usize) -> Result<Self> {
+        if !Self::fits(n, k) {
+            return Err(bad(format!(
+                "shape ({n}, {k}): rows must be positive, columns a positive multiple of {BLOCK}"
+            )));
+        }
+        let kb = k / BLOCK;
+        if bytes.len() != n * kb * BLOCK_BYTES {
+            return Err(bad(format!(
+                "{} bytes for a ({n}, {k}) Q8_0 matrix, expected {}",
+                bytes.len(),
+                n * kb * BLOCK_BYTES
+            )));
+        }
+        let panels = n.div_ceil(NR);
+        let mut quants = vec![0i8; panels * kb * BLOCK * NR];
+        let mut scales = vec![0f32; panels * kb * NR];
+        let mut offsets = vec![0i32; panels * kb * NR];
+        quants
+            .par_chunks_mut(kb * BLOCK * NR)
+            .zip(scales.par_chunks_mut(kb * NR))
+            .zip(offsets.par_chunks_mut(kb * NR))
+            .enumerate()
+            .for_each(|(j, ((q, s), o))| {
+                for c in 0..(n - j * NR).min(NR) {
+                    let row = &bytes[(j * NR + c) * kb * BLOCK_BYTES..][..kb * BLOCK_BYTES];
+                    for (b, block) in row.chunks_exact(BLOCK_BYTES).enumerate() {
+                        s[b * NR + c] = f16::from_le_bytes([block[0], block[1]]).to_f32();
+                        let mut sum = 0i32;
+                        for (i, &v) in block[2..].iter().enumerate() {
+                            let v = v as i8;
+                            sum += i32::from(v);
+                            q[b * BLOCK * NR + (i / GROUP) * GROUP * NR + c * GROUP + i % GROUP] =
+                                v;
+                        }
+                        o[b * NR + c] = -128 * sum;
+                    }
+                }
+            });
+        Ok(Self {
+            n,
+            k,
+            quants,
+            scales,
+            offsets,
+        })
+    }
+
+    /// Whether an `(n, k)` matrix can be laid out (Q8_0 needs whole blocks of k).
+    pub fn fits(n: usize, k: usize) -> bool {
+        n > 0 && k > 0 && k.is_multiple_of(BLOCK)
+    }
+
+    /// Output columns.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Input columns.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Weight `(col, i)`: its quant and its block's scale, for the reference.
+    fn weight(&self, col: usize, i: usize) -> (i8, f32) {
+        let kb = self.k / BLOCK;
+        let block = (col / NR) * kb + i / BLOCK;
+        let q = self.quants[block * BLOCK * NR
+            + (i % BLOCK / GROUP) * GROUP * NR
+            + (col % NR) * GROUP
+            + i % GROUP];
+        (q, self.scales[block * NR + col % NR])
+    }
+
+    /// `x Wᵀ` for `x` of `m` rows of `k` values (row-major). Call only where
+    /// [`q8_gemm_available`] is true.
+    pub fn matmul(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
+        if x.len() != m * self.k {
+            return Err(bad(format!(
+                "{} input values for {m} rows of {}",
+                x.len(),
+                self.k
+            )));
+        }
+        if !q8_gemm_available() {
+            return Err(bad("this CPU does not offer AVX-512 VNNI".into()));
+        }
+        if m == 0 {
+            return Ok(Vec::new());
+        }
+        let (n, k, kb) = (self.n, self.k, self.k / BLOCK);
+        let a = QuantizedRows::new(x, m, k);
+        let blocking = Blocking {
+            mr: MR,
+            m_tiles: M_TILES,
+            n_panels: N_PANELS,
+            kc: KC_BLOCKS,
+        };
+        // SAFETY: VNNI is available (checked above); each job reads its pass of its
+        // tile and panel (slices of the right length) and writes exactly its outputs.
+        let y = unsafe {
+            panel_gemm::run(m, n, kb, &blocking, |job| {
+                let at = job.panel * kb + job.k0;
+                let panel = Panel {
+                    quants: &self.quants[at * BLOCK * NR..][..job.kc * BLOCK * NR],
+                    scales: &self.scales[at * NR..][..job.kc * NR],
+                    offsets: &self.offsets[at * NR..][..job.kc * NR],
+                };
+                kernel::tile(job, &a.tile(job.r0, job.k0, job.kc), &panel);
+            })
+        };
+        Ok(y)
+    }
+}
+
+/// One pass of one weight panel: `blocks` blocks of quants, scales and offsets.
+struct Panel<'a> {
+    quants: &'a [i8],
+    scales: &'a [f32],
+    offsets: &'a [i32],
+}
+
+/// One pass of one micro-tile of quantized rows.
+struct Tile<'a> {
+    /// Rows in the tile (1 ..= [`MR`]).
+    rows: usize,
+    /// `[blocks][8][rows][4]` activations offset by +128.
+    quants: &'a [u8],
+    /// `[blocks][rows]` row scales.
+    scales: &'a [f32],
+}
+
+/// The `m` rows of `x` quantized per block of 32 values, in micro-tiles of [`MR`] rows
+/// (the last holds only the rows that exist). Tile `t` starts at `t · MR · k` bytes
+/// and `t · MR · k/32` scales, so a pass over blocks `b0 ..` of it is one run of each.
+struct QuantizedRows {
+    m: usize,
+    k: usize,
+    quants: Vec<u8>,
+    scales: Vec<f32>,
+}
+
+impl QuantizedRows {
+    fn new(x: &[f32], m: usize, k: usize) -> Self {
+        let kb = k / BLOCK;
+        let mut quants: Vec<u8> = crate::cpu::large_buffer(m * k);
+        let mut scales: Vec<f32> = Vec::with_capacity(m * kb);
+        quants.spare_capacity_mut()[..m * k]
+            .par_chunks_mut(MR * k)
+            .zip(scales.spare_capacity_mut()[..m * kb].par_chunks_mut(MR * kb))
+            .enumerate()
+            .for_each(|(t, (q, s))| {
+                let live = q.len() / k;
+                for r in 0..live {
+                    let row = &x[(t * MR + r) * k..][..k];
+                    for (b, values) in row.chunks_exact(BLOCK).enumerate() {
+                        let (d, block) = quantize_block(values);
+                        s[b * live + r].write(d);
+                        let out = &mut q[b * BLOCK * live..][..BLOCK * live];
+                        for (g, four) in block.chunks_exact(GROUP).enumerate() {
+                            for (i, &v) in four.iter().enumerate() {
+                                out[(g * live + r) * GROUP + i].write(v);
+                            }
+                        }
+                    }
+                }
+            });
+        // SAFETY: the tiles cover `m · k` quants and `m · k/32` scales, and each
+        // wrote all of its own.
+        unsafe {
+            quants.set_len(m * k);
+            scales.set_len(m * kb);
+        }
+        Self {
+            m,
+            k,
+            quants,
+            scales,
+        }
+    }
+
+    /// Blocks `b0 .. b0 + blocks` of the tile that starts at row `r0` (a multiple of
+    /// [`MR`]).
+    fn tile(&self, r0: usize, b0: usize, blocks: usize) -> Tile<'_> {
+        let rows = (self.m - r0).min(MR);
+        let kb = self.k / BLOCK;
+        Tile {
+            rows,
+            quants: &self.quants[r0 * self.k + b0 * BLOCK * rows..][..blocks * BLOCK * rows],
+            scales: &self.scales[r0 * kb + b0 * rows..][..blocks * rows],
+        }
+    }
+}
+
+/// One block of 32 values exactly as ggml's Q8_0 quantizes it (`quantize_row_q8_0`,
+/// and candle's `BlockQ8_0::from_float`): scale `max|x| / 127`, stored as f16; values
+/// `round(x · 127 / max|x|)`, halves away from zero, in −127 ..= 127. The values are
+/// returned offset by +128.
+#[inline]
+fn quantize_block(values: &[f32]) -> (f32, [u8; BLOCK]) {
+    let amax = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut q = [0u8; BLOCK];
+    for (q, &v) in q.iter_mut().zip(values) {
+        // |v · id| ≤ 127 up to rounding; the clamp keeps a NaN or an overshoot from
+        // wrapping.
+        let i = (v * id).round().clamp(-127.0, 127.0) as i32;
+        *q = (i + 128) as u8;
+    }
+    (f16::from_f32(d).to_f32(), q)
+}
+
+/// [`Q8Matrix::matmul`] over a candle tensor: `x` `(rows, k)` on the CPU, f32 or
+/// bf16 (made contiguous if it is not), gives `(rows, n)` in `x`'s dtype.
+pub fn q8_linear(x: &candle_core::Tensor, w: &Q8Matrix) -> Result<candle_core::Tensor> {
+    use candle_core::DType;
+    let (rows, k) = x.dims2()?;
+    let dtype = x.dtype();
+    if k != w.k || !x.device().is_cpu() || !matches!(dtype, DType::F32 | DType::BF16) {
+        return Err(bad(format!(
+            "input {:?} {:?} on {:?} for a ({}, {}) matrix: f32 or bf16 CPU rows of {} values needed",
+            x.shape(),
+            dtype,
+            x.device().location(),
+            w.n,
+            w.k,
+            w.k
+        )));
+    }
+    let x = x.to_dtype(DType::F32)?.contiguous()?;
+    let view = crate::cpu::CpuF32::new("q8_matmul", &x)?;
+    let y = w.matmul(view.slice()?, rows)?;
+    Ok(candle_core::Tensor::from_vec(y, (rows, w.n), x.device())?.to_dtype(dtype)?)
+}
+
+/// The arithmetic of [`Q8Matrix::matmul`] in plain Rust: the same quantized rows, each
+/// block's dot product and the sum over blocks exact (f64). Also returns, per output,
+/// `Σ |float(dot) · d_x · d_w|`, the scale of f32's rounding error in that sum.
+pub fn matmul_reference(w: &Q8Matrix, x: &[f32], m: usize) -> (Vec<f32>, Vec<f32>) {
+    let (n, k) = (w.n, w.k);
+    let mut y = vec![0f32; m * n];
+    let mut magnitude = vec![0f32; m * n];
+    for r in 0..m {
+        let blocks: Vec<(f32, [u8; BLOCK])> = x[r * k..(r + 1) * k]
+            .chunks_exact(BLOCK)
+            .map(quantize_block)
+            .collect();
+        for col in 0..n {
+            let (mut sum, mut abs) = (0f64, 0f64);
+            for (b, (dx, q)) in blocks.iter().enumerate() {
+                let mut dot = 0i64;
+                let mut dw = 0f32;
+                for (i, &u) in q.iter().enumerate() {
+                    let (qw, d) = w.weight(col, b * BLOCK + i);
+                    dot += (i64::from(u) - 128) * i64::from(qw);
+                    dw = d;
+                }
+                let term = dot as f64 * f64::from(*dx) * f64::from(dw);
+                sum += term;
+                abs += term.abs();
+            }
+            y[r * n + col] = sum as f32;
+            magnitude[r * n + col] = abs as f32;
+        }
+    }
+    (y, magnitude)
+}
+
+/// Whether this CPU runs [`Q8Matrix::matmul`] (AVX-512F, BW and VNNI). Asked once;
+/// `AISQL_NO_VNNI_GEMM=1` says no (to measure or test candle's path).
+pub fn q8_gemm_available() -> bool {
+    use std::sync::OnceLock;
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| !switched_off("AISQL_NO_VNNI_GEMM") && kernel::detect())
+}
+
+#[cfg(target_arch = "x86_64")]
+mod kernel {
+    use super::{BLOCK, GROUP, MR, NR, Panel, Tile, TileJob};
+    use core::arch::x86_64::*;
+
+    pub(super) fn detect() -> bool {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+
+    /// One pass of one micro-tile: dispatches to the build for its number of rows,
+    /// so a short tile does no work for rows that do not exist.
+    ///
+    /// # Safety
+    /// AVX-512F, BW and VNNI must be available; `tile` and `panel` hold `job.kc`
+    /// blocks; the job's outputs are writable (and, with `accumulate`, hold earlier
+    /// passes' sums).
+    pub(super) unsafe fn tile(job: &TileJob, tile: &Tile, panel: &Panel) {
+        let blocks = job.kc;
+        debug_assert!(
+            tile.rows == job.rows
+                && tile.quants.len() >= blocks * BLOCK * tile.rows
+                && tile.scales.len() >= blocks * tile.rows
+                && panel.quants.len() >= blocks * BLOCK * NR
+                && panel.scales.len() >= blocks * NR
+                && panel.offsets.len() >= blocks * NR
+        );
+        let args = Args {
+            a: tile.quants.as_ptr(),
+            sa: tile.scales.as_ptr(),
+            b: panel.quants.as_ptr(),
+            sb: panel.scales.as_ptr(),
+            ob: panel.offsets.as_ptr(),
+            blocks,
+            c: job.c,
+            ldc: job.ldc,
+            mask: crate::panel_gemm::column_mask(job.cols),
+            accumulate: job.accumulate,
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            match tile.rows {
+                6 => tile_r::<6>(&args),
+                5 => tile_r::<5>(&args),
+                4 => tile_r::<4>(&args),
+                3 => tile_r::<3>(&args),
+                2 => tile_r::<2>(&args),
+                1 => tile_r::<1>(&args),
+                _ => unreachable!("a micro-tile has 1 ..= {MR} rows"),
+            }
+        }
+    }
+
+    struct Args {
+        a: *const u8,
+        sa: *const f32,
+        b: *const i8,
+        sb: *const f32,
+        ob: *const i32,
+        blocks: usize,
+        c: *mut f32,
+        ldc: usize,
+        mask: u32,
+        accumulate: bool,
+    }
+
+    /// # Safety
+    /// As [`tile`], with `R` rows.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn tile_r<const R: usize>(p: &Args) {
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        // SAFETY (whole body): loads read the pass's `blocks` blocks of the tile
+        // (`R · 32` bytes and `R` scales each) and of the panel (1 KiB, 32 scales and
+        // 32 offsets each); the masked loads and stores touch only the writable
+        // columns of the R rows of `c`.
+        unsafe {
+            for blk in 0..p.blocks {
+                let o0 = _mm512_loadu_si512(p.ob.add(blk * NR).cast());
+                let o1 = _mm512_loadu_si512(p.ob.add(blk * NR + 16).cast());
+                let mut dot = [[o0, o1]; R];
+                let a = p.a.add(blk * BLOCK * R);
+                let b = p.b.add(blk * BLOCK * NR);
+                for g in 0..BLOCK / GROUP {
+                    let w0 = _mm512_loadu_si512(b.add(g * GROUP * NR).cast());
+                    let w1 = _mm512_loadu_si512(b.add(g * GROUP * NR + 64).cast());
+                    for (r, [lo, hi]) in dot.iter_mut().enumerate() {
+                        let four = a.add((g * R + r) * GROUP).cast::<i32>().read_unaligned();
+                        let v = _mm512_set1_epi32(four);
+                        *lo = _mm512_dpbusd_epi32(*lo, v, w0);
+                        *hi = _mm512_dpbusd_epi32(*hi, v, w1);
+                    }
+                }
+                let s0 = _mm512_loadu_ps(p.sb.add(blk * NR));
+                let s1 = _mm512_loadu_ps(p.sb.add(blk * NR + 16));
+                for (r, ([lo, hi], [d_lo, d_hi])) in acc.iter_mut().zip(dot).enumerate() {
+                    let dx = _mm512_set1_ps(*p.sa.add(blk * R + r));
+                    let d0 = _mm512_mul_ps(_mm512_cvtepi32_ps(d_lo), dx);
+                    let d1 = _mm512_mul_ps(_mm512_cvtepi32_ps(d_hi), dx);
+                    *lo = _mm512_fmadd_ps(d0, s0, *lo);
+                    *hi = _mm512_fmadd_ps(d1, s1, *hi);
+                }
+            }
+            let (m0, m1) = (p.mask as u16, (p.mask >> 16) as u16);
+            for (r, [lo, hi]) in acc.into_iter().enumerate() {
+                let row = p.c.add(r * p.ldc);
+                let (mut l, mut h) = (lo, hi);
+                if p.accumulate {
+                    l = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), l);
+                    h = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row.add(16)), h);
+                }
+                _mm512_mask_storeu_ps(row, m0, l);
+                _mm512_mask_storeu_ps(row.add(16), m1, h);
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod kernel {
+    use super::{Panel, Tile, TileJob};
+
+    pub(super) fn detect() -> bool {
+        false
+    }
+
+    pub(super) unsafe fn tile(_: &TileJob, _: &Tile, _: &Panel) {
+        unreachable!("the VNNI GEMM is x86_64 only")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Q8_0 blocks of a pseudo-random `(n, k)` matrix.
+    fn q8_bytes(n: usize, k: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let mut out = Vec::with_capacity(n * k / BLOCK * BLOCK_BYTES);
+        for _ in 0..n * k / BLOCK {
+            let d = f16::from_f32(0.001 + (next() % 1000) as f32 * 1e-5);
+            out.extend_from_slice(&d.to_le_bytes());
+            // −127 ..= 127, as ggml writes them.
+            out.extend((0..BLOCK).map(|_| ((next() % 255) as i32 - 127) as i8 as u8));
+        }
+        out
+    }
+
+    fn input(m: usize, k: usize, seed: f32) -> Vec<f32> {
+        (0..m * k)
+            .map(|i| ((i as f32 * 0.377 + seed).sin() * 3.0) * if i % 97 == 0 { 20.0 } else { 1.0 })
+            .collect()
+    }
+
+    #[test]
+    fn the_gemm_matches_the_reference_on_ragged_shapes() {
+        if !q8_gemm_available() {
+            eprintln!("no AVX-512 VNNI on this machine: the Q8_0 GEMM is not exercised");
+            return;
+        }
+        // m: one row (decode), short tiles, a partial chunk, several chunks; n: a
+        // partial panel, several column groups; k: a partial pass, several passes.
+        for (m, n, k) in [
+            (1, 32, 64),
+            (5, 7, 32),
+            (13, 48, 96),
+            (45, 80, 1024),
+            (70, 288, 544),
+            (200, 40, 256),
+            (300, 272, 64),
+        ] {
+            let w = Q8Matrix::from_q8_0(&q8_bytes(n, k, (m * n) as u64), n, k).unwrap();
+            let x = input(m, k, 2.0);
+            let got = w.matmul(&x, m).unwrap();
+            let (want, magnitude) = matmul_reference(&w, &x, m);
+            for (i, ((g, r), s)) in got.iter().zip(&want).zip(&magnitude).enumerate() {
+                assert!(
+                    (g - r).abs() <= 1e-5 * s + 1e-6,
+                    "({m}, {n}, {k}) element {i}: {g} vs {r} (scale {s})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_rows_result_does_not_depend_on_its_batch() {
+        if !q8_gemm_available() {
+            return;
+        }
+        let (n, k) = (96, 640);
+        let w = Q8Matrix::from_q8_0(&q8_bytes(n, k, 3), n, k).unwrap();
+        let x = input(250, k, 4.0);
+        let all = w.matmul(&x, 250).unwrap();
+        for r in [0, 5, 6, 191, 192, 249] {
+            let one = w.matmul(&x[r * k..(r + 1) * k], 1).unwrap();
+            assert_eq!(one, all[r * n..(r + 1) * n], "row {r}");
+        }
+    }
+
+    #[test]
+    fn the_gemm_agrees_with_candles_quantized_matmul() {
+        if !q8_gemm_available() {
+            return;
+        }
+        // candle's Q8_0 matmul (ggml's arithmetic) on the same weights: the two
+        // differ only in the order of the float operations over blocks. (k is not a
+        // multiple of 256: there candle quantizes the activations per 256 values
+        // instead, a coarser arithmetic.)
+        use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+        use candle_core::{Device, Module, Tensor};
+        let (m, n, k) = (37, 64, 480);
+        let dense = Tensor::from_vec(input(n, k, 7.0), (n, k), &Device::Cpu)
+            .unwrap()
+            .affine(0.01, 0.0)
+            .unwrap();
+        let q = QTensor::quantize(&dense, GgmlDType::Q8_0).unwrap();
+        let w = Q8Matrix::from_q8_0(&q.data().unwrap(), n, k).unwrap();
+        let x = input(m, k, 8.0);
+        let got = w.matmul(&x, m).unwrap();
+        let xt = Tensor::from_vec(x, (m, k), &Device::Cpu).unwrap();
+        let want: Vec<f32> = QMatMul::from_qtensor(q)
+            .unwrap()
+            .forward(&xt)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let norm = want.iter().map(|v| v * v).sum::<f32>().sqrt();
+        let diff = got
+            .iter()
+            .zip(&want)
+            .map(|(g, w)| (g - w) * (g - w))
+            .sum::<f32>()
+            .sqrt();
+        assert!(diff <= 1e-6 * norm, "difference {diff} against norm {norm}");
+    }
+
+    #[test]
+    fn quantizing_a_block_keeps_ggmls_range() {
+        let values: Vec<f32> = (0..32).map(|i| (i as f32 - 15.5) * 0.3).collect();
+        let (d, q) = quantize_block(&values);
+        assert_eq!(d, f16::from_f32(4.65 / 127.0).to_f32());
+        assert!(q.iter().all(|&u| (1..=255).contains(&u)));
+        assert_eq!((q[0], q[31]), (1, 255));
+        for (&u, &v) in q.iter().zip(&values) {
+            assert!(((f32::from(u) - 128.0) * d - v).abs() <= d / 2.0 + 1e-3);
+        }
+        let (d, q) = quantize_block(&[0.0; 32]);
+        assert_eq!(d, 0.0);
+        assert!(q.iter().all(|&u| u == 128));
+    }
+
+    #[test]
+    fn the_layout_keeps_every_weight_and_bad_shapes_are_refused() {
+        let (n, k) = (40, 64);
+        let bytes = q8_bytes(n, k, 5);
+        let w = Q8Matrix::from_q8_0(&bytes, n, k).unwrap();
+        for col in 0..n {
+            for i in 0..k {
+                let block = &bytes[(col * 2 + i / 32) * BLOCK_BYTES..][..BLOCK_BYTES];
+                let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+                assert_eq!(w.weight(col, i), (block[2 + i % 32] as i8, d));
+            }
+        }
+        // The padded columns of the last panel are zero.
+        assert!((n..64).all(|col| (0..k).all(|i| w.weight(col, i) == (0, 0.0))));
+        assert!(Q8Matrix::from_q8_0(&bytes, 40, 48).is_err());
+        assert!(Q8Matrix::from_q8_0(&bytes[1..], n, k).is_err());
+        assert!(Q8Matrix::from_q8_0(&[], 0, 0).is_err());
+        assert!(w.matmul(&[0.0; 7], 1).is_err());
+    }
+
+    #[test]
+    fn q8_linear_keeps_the_input_dtype_and_checks_its_shape() {
+        if !q8_gemm_available() {
+            return;
+        }
+        use candle_core::{DType, Device, Tensor};
+        let (n, k, m) = (48, 64, 5);
+        let w = Q8Matrix::from_q8_0(&q8_bytes(n, k, 9), n, k).unwrap();
+        let x = Tensor::from_vec(input(m, k, 1.0), (m, k), &Device::Cpu).unwrap();
+        let want = w.matmul(&input(m, k, 1.0), m).unwrap();
+        let y = q8_linear(&x, &w).unwrap();
+        assert_eq!((y.dtype(), y.dims2().unwrap()), (DType::F32, (m, n)));
+        assert_eq!(y.flatten_all().unwrap().to_vec1::<f32>().unwrap(), want);
+        let yb = q8_linear(&x.to_dtype(DType::BF16).unwrap(), &w).unwrap();
+        assert_eq!((yb.dtype(), yb.dims2().unwrap()), (DType::BF16, (m, n)));
+        let wrong = Tensor::zeros((m, k + 32), DType::F32, &Device::Cpu).unwrap();
+        assert!(
+            q8_linear(&wrong, &w)
+                .unwrap_err()
+                .to_string()
+                .contains("q8_matmul")
+        );
+        assert!(q8_linear(&x.to_dtype(DType::F16).unwrap(), &w).is_err());
+    }
+}
