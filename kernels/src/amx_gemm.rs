@@ -19,7 +19,7 @@
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use crate::cpu::{SendPtr, switched_off};
+use crate::cpu::{SendPtr, bf16_bits, switched_off};
 use crate::{KernelError, Result};
 
 /// Input values per B tile, and per Q8_0 block.
@@ -242,15 +242,6 @@ fn to_bf16_tiles(x: &[f32], m: usize, k: usize) -> Vec<u16> {
     // SAFETY: the stripes cover `len` values and each wrote all of its own.
     unsafe { a.set_len(len) };
     a
-}
-
-/// `v` rounded to the nearest bfloat16, ties to even (as `half::bf16::from_f32`
-/// for finite values), branch-free so it vectorises.
-#[inline(always)]
-fn bf16_bits(v: f32) -> u16 {
-    let b = v.to_bits();
-    let round = 0x7fff + ((b >> 16) & 1);
-    (b.wrapping_add(round) >> 16) as u16
 }
 
 /// The arithmetic of [`AmxMatrix::matmul`] in plain Rust: activations rounded to

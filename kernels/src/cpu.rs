@@ -122,6 +122,15 @@ pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     y * f32::from_bits(t.to_bits().wrapping_sub(MAGIC.to_bits() - 127) << 23)
 }
 
+/// `v` rounded to the nearest bfloat16, ties to even (as `half::bf16::from_f32`
+/// for finite values), branch-free so it vectorises.
+#[inline(always)]
+pub(crate) fn bf16_bits(v: f32) -> u16 {
+    let b = v.to_bits();
+    let round = 0x7fff + ((b >> 16) & 1);
+    (b.wrapping_add(round) >> 16) as u16
+}
+
 /// Whether the environment variable `var` is set to anything but empty or `0`: the
 /// switches that turn a CPU kernel off (to measure or test the other path).
 pub(crate) fn switched_off(var: &str) -> bool {

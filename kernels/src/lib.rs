@@ -1,8 +1,9 @@
 //! Compute kernels used by the aisql models: attention of many suffixes over one
 //! shared prefix KV, the restricted TRUE/FALSE output head, a decoder layer's
 //! elementwise steps spread over the CPU's threads, Q8_0 and bf16 matmuls on AMX,
-//! Q8_0 matmuls with AVX-512 VNNI and f32 matmuls on AVX-512. CPU versions are always
-//! built; CUDA versions live behind the `cuda` feature.
+//! Q8_0 matmuls with AVX-512 VNNI, bf16 matmuls with AVX-512 BF16 and f32 matmuls on
+//! AVX-512. CPU versions are always built; CUDA versions live behind the `cuda`
+//! feature.
 //!
 //! Every kernel has a candle-`Tensor` entry point that picks the fast CPU path for
 //! contiguous f32 CPU tensors, the hand-written CUDA kernels (`cuda/aisql_kernels.cu`,
@@ -13,6 +14,7 @@
 
 pub mod amx_gemm;
 pub mod attention;
+pub mod bf16_gemm;
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;

@@ -53,8 +53,22 @@ impl Precision {
         }
     }
 
-    /// The dtype activations, the KV cache and float weights are computed in.
-    pub fn compute_dtype(self) -> DType {
+    /// The dtype activations, the KV cache and float weights are computed in on
+    /// `device`. On a CPU that is always f32: bf16 and f16 name the projection
+    /// weights' format there (rounded to it at load), as Q8_0 and Q4_K do, because
+    /// CPU elementwise ops on half-precision tensors widen every value to f32 and back
+    /// on one thread, which made half precision slower than f32.
+    pub fn compute_dtype(self, device: &candle_core::Device) -> DType {
+        match self {
+            _ if device.is_cpu() => DType::F32,
+            Self::F32 | Self::Q8_0 | Self::Q4K => DType::F32,
+            Self::Bf16 => DType::BF16,
+            Self::F16 => DType::F16,
+        }
+    }
+
+    /// The dtype float projection weights are stored in (rounded to at load).
+    pub fn weight_dtype(self) -> DType {
         match self {
             Self::F32 | Self::Q8_0 | Self::Q4K => DType::F32,
             Self::Bf16 => DType::BF16,
@@ -138,9 +152,19 @@ mod tests {
     }
 
     #[test]
-    fn quantized_formats_compute_in_f32() {
-        assert_eq!(Precision::Q8_0.compute_dtype(), DType::F32);
-        assert_eq!(Precision::Bf16.compute_dtype(), DType::BF16);
+    fn the_cpu_computes_in_f32_whatever_the_weights() {
+        let cpu = candle_core::Device::Cpu;
+        for p in [
+            Precision::F32,
+            Precision::Bf16,
+            Precision::F16,
+            Precision::Q8_0,
+        ] {
+            assert_eq!(p.compute_dtype(&cpu), DType::F32, "{p}");
+        }
+        assert_eq!(Precision::Q8_0.weight_dtype(), DType::F32);
+        assert_eq!(Precision::Bf16.weight_dtype(), DType::BF16);
+        assert_eq!(Precision::F16.weight_dtype(), DType::F16);
         assert_eq!(Precision::Bf16.quantized(), None);
     }
 

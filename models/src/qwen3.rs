@@ -14,6 +14,7 @@ use std::cell::RefCell;
 use std::collections::BTreeSet;
 
 use aisql_kernels::amx_gemm::AmxMatrix;
+use aisql_kernels::bf16_gemm::Bf16Matrix;
 use aisql_kernels::f32_gemm::F32Matrix;
 use aisql_kernels::q8_gemm::Q8Matrix;
 use candle_core::quantized::{QMatMul, QTensor};
@@ -202,6 +203,9 @@ enum LinearWeight {
     /// Q8_0 weights re-laid for the AVX-512 VNNI GEMM (where the CPU has VNNI but
     /// no AMX).
     Q8(std::sync::Arc<Q8Matrix>),
+    /// bf16 weights packed for the AVX-512 BF16 GEMM (where the CPU has it but no
+    /// AMX).
+    Bf16(std::sync::Arc<Bf16Matrix>),
 }
 
 impl Linear {
@@ -226,6 +230,8 @@ impl Module for Linear {
             LinearWeight::PackedF32(w) => aisql_kernels::f32_gemm::f32_linear(x, w)
                 .map_err(|e| candle_core::Error::Msg(e.to_string()))?,
             LinearWeight::Q8(w) => aisql_kernels::q8_gemm::q8_linear(x, w)
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?,
+            LinearWeight::Bf16(w) => aisql_kernels::bf16_gemm::bf16_linear(x, w)
                 .map_err(|e| candle_core::Error::Msg(e.to_string()))?,
         };
         match &self.bias {
@@ -326,8 +332,9 @@ impl Loader<'_> {
             }
             Ok(LinearWeight::Quantized(QMatMul::from_qtensor(q)?))
         };
-        // bf16 weights on AMX: candle's CPU matmul widens both operands to f32. f32
-        // weights on AVX-512: candle's CPU matmul runs AVX2 kernels on stable Rust.
+        // bf16 weights on AMX or AVX-512 BF16: candle's CPU matmul widens both operands
+        // to f32. f32 weights on AVX-512: candle's CPU matmul runs AVX2 kernels on
+        // stable Rust.
         let float = |t: Tensor| -> Result<LinearWeight> {
             let (n, k) = (shape[0], shape[1]);
             if t.dtype() == DType::BF16 && self.on_amx(n, k) {
@@ -335,6 +342,21 @@ impl Loader<'_> {
                 let tiles = AmxMatrix::from_bf16(&values, n, k)?;
                 return Ok(LinearWeight::Amx(std::sync::Arc::new(tiles)));
             }
+            if t.dtype() == DType::BF16
+                && self.device.is_cpu()
+                && aisql_kernels::bf16_gemm::bf16_gemm_available()
+            {
+                let values = t.flatten_all()?.to_vec1::<half::bf16>()?;
+                let panels = Bf16Matrix::from_bf16(&values, n, k)?;
+                return Ok(LinearWeight::Bf16(std::sync::Arc::new(panels)));
+            }
+            // The CPU computes in f32: half-precision weights without a kernel of
+            // their own are widened once here (the same values), not at every call.
+            let t = if t.dtype() != self.dtype {
+                t.to_dtype(self.dtype)?
+            } else {
+                t
+            };
             if t.dtype() == DType::F32
                 && self.device.is_cpu()
                 && aisql_kernels::f32_gemm::f32_gemm_available()
@@ -369,7 +391,7 @@ impl Loader<'_> {
                     float(self.get(name, shape)?)
                 }
             },
-            None => float(self.get(name, shape)?),
+            None => float(self.get_as(name, shape, self.precision.weight_dtype())?),
         }
     }
 
@@ -694,7 +716,7 @@ impl Qwen3 {
                     .into(),
             ));
         }
-        let dtype = precision.compute_dtype();
+        let dtype = precision.compute_dtype(device);
         let w = Loader {
             source,
             cfg: &cfg,
@@ -1031,13 +1053,16 @@ mod tests {
 
     #[test]
     fn loads_in_half_precision() {
+        // On the CPU, bf16 is the projections' format; activations and the cache are
+        // f32.
         let model = Qwen3::load(tiny_dir(), &Device::Cpu, Some(Precision::Bf16)).unwrap();
-        assert_eq!(model.dtype(), DType::BF16);
+        assert_eq!(model.dtype(), DType::F32);
+        assert_eq!(model.weights_name(), "bf16");
         let h = model.prefill(None, &[1, 2, 3]).unwrap();
         let logits = model
             .next_token_logits(&[crate::Continuation::new(Some(&h), &[4])], &[5, 6])
             .unwrap();
         assert!(logits[0].iter().all(|x| x.is_finite()));
-        assert_eq!(model.kv_bytes_per_token(), 2 * 2 * 2 * 16 * 2);
+        assert_eq!(model.kv_bytes_per_token(), 2 * 2 * 2 * 16 * 4);
     }
 }
