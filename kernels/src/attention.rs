@@ -244,6 +244,9 @@ pub fn prefix_suffix_attention_slices(
 /// head of one GQA group, so each K/V block it loads serves `group × Q_TILE` rows.
 const Q_TILE: usize = 32;
 /// Keys per block of the tiled kernel: a block's K (transposed) and V stay in L1.
+/// Blocks are counted from a sequence's first position, whatever segments hold their
+/// keys, so a row's sums run in the same order however its prefix was cached (as
+/// one segment, several, or none with the whole prompt computed at once).
 const K_BLOCK: usize = 64;
 
 #[cfg(target_arch = "x86_64")]
@@ -329,7 +332,8 @@ struct Scratch {
 
 /// Flash-attention style kernel for head width `D`: parallel over (KV head, suffix,
 /// query tile); each task streams its keys (prefix segments, then the causal part of
-/// its own suffix, skipping blocks wholly in its future) in blocks of `K_BLOCK`,
+/// its own suffix, skipping blocks wholly in its future) in blocks of `K_BLOCK`
+/// positions,
 /// keeping a running max / sum / output per query row, so no score row is
 /// materialised beyond one block. Inputs were validated by the caller.
 fn tiled<const D: usize>(
@@ -376,14 +380,12 @@ fn tiled<const D: usize>(
     let heads = dims.num_kv_heads;
     let inputs = TileInputs {
         q,
-        k,
-        v,
         seqs,
         dims,
         total,
-        kts: (0..seqs.len() * heads)
+        blocks: (0..seqs.len() * heads)
             .into_par_iter()
-            .map(|i| transposed_keys::<D>(&seqs[i / heads], k, v, i % heads, total))
+            .map(|i| KeyBlocks::new::<D>(&seqs[i / heads], k, v, i % heads, total))
             .collect(),
     };
     let inputs = &inputs;
@@ -404,17 +406,13 @@ fn tiled<const D: usize>(
 struct TileInputs<'a> {
     /// Queries `(num_heads, total, D)`.
     q: &'a [f32],
-    /// This call's keys `(num_kv_heads, total, D)`.
-    k: &'a [f32],
-    /// This call's values, as `k`.
-    v: &'a [f32],
     /// The suffixes.
     seqs: &'a [SeqSlices<'a>],
     dims: AttnDims,
     /// Packed suffix rows.
     total: usize,
-    /// [`transposed_keys`] of each (suffix, KV head), suffix-major.
-    kts: Vec<Vec<f32>>,
+    /// The [`KeyBlocks`] of each (suffix, KV head), suffix-major.
+    blocks: Vec<KeyBlocks>,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -524,14 +522,12 @@ fn tile<const D: usize, R: BlockRows>(
 ) {
     let TileInputs {
         q,
-        k,
-        v,
         seqs,
         dims,
         total,
         ..
     } = *inputs;
-    let kts = &inputs.kts[task.seq * dims.num_kv_heads + task.g];
+    let blocks = &inputs.blocks[task.seq * dims.num_kv_heads + task.g];
     let group = dims.num_heads / dims.num_kv_heads;
     let (g, i0, i1) = (task.g, task.i0, task.i1);
     let seq = &seqs[task.seq];
@@ -552,27 +548,22 @@ fn tile<const D: usize, R: BlockRows>(
     sc.l.clear();
     sc.l.resize(rows, 0.0);
     let prefix_len: usize = seq.prefix.iter().map(|p| p.len).sum();
-    // The suffix's own keys up to the last one this tile's queries can see; the
-    // transposed blocks cover them in the same order.
-    let mut first = 0; // position of the current block's first key
-    let mut kt_blocks = kts.chunks_exact(D * K_BLOCK);
-    for (ks, vs) in key_sources::<D>(seq, k, v, g, total, i1) {
-        for (kb, vb) in ks.chunks(K_BLOCK * D).zip(vs.chunks(K_BLOCK * D)) {
-            let nb = kb.len() / D;
-            let kt = kt_blocks
-                .next()
-                .expect("a transposed block for every key block");
-            let view = BlockView {
-                first,
-                keys: nb,
-                prefix_len,
-                i0,
-                n,
-            };
-            // SAFETY: `R` is chosen by the caller for this CPU; `sc.q` is padded.
-            unsafe { R::block::<D>(sc, kt, vb, view) };
-            first += nb;
-        }
+    // Keys up to the last one this tile's queries can see, block by block.
+    let upto = prefix_len + i1;
+    for b in 0..upto.div_ceil(K_BLOCK) {
+        let first = b * K_BLOCK;
+        let nb = (upto - first).min(K_BLOCK);
+        let kt = &blocks.kt[b * D * K_BLOCK..][..D * K_BLOCK];
+        let vb = &blocks.v[b * K_BLOCK * D..][..nb * D];
+        let view = BlockView {
+            first,
+            keys: nb,
+            prefix_len,
+            i0,
+            n,
+        };
+        // SAFETY: `R` is chosen by the caller for this CPU; `sc.q` is padded.
+        unsafe { R::block::<D>(sc, kt, vb, view) };
     }
     for (hh, block) in task.outs.iter_mut().enumerate() {
         for ii in 0..n {
@@ -589,16 +580,15 @@ fn tile<const D: usize, R: BlockRows>(
 }
 
 /// The keys and values a suffix's queries read from KV head `g`, oldest first: its
-/// prefix segments, then its own first `upto` positions.
+/// prefix segments, then its own positions.
 fn key_sources<'a, const D: usize>(
     seq: &'a SeqSlices<'a>,
     k: &'a [f32],
     v: &'a [f32],
     g: usize,
     total: usize,
-    upto: usize,
 ) -> impl Iterator<Item = (&'a [f32], &'a [f32])> + 'a {
-    let own = (g * total + seq.start) * D..(g * total + seq.start + upto) * D;
+    let own = (g * total + seq.start) * D..(g * total + seq.start + seq.len) * D;
     seq.prefix
         .iter()
         .map(move |p| {
@@ -608,31 +598,42 @@ fn key_sources<'a, const D: usize>(
         .chain(std::iter::once((&k[own.clone()], &v[own])))
 }
 
-/// A suffix's keys from KV head `g`, every source's blocks of `K_BLOCK` keys
-/// transposed (`D × K_BLOCK`, zero past a short block's keys), in
-/// [`key_sources`] order: done once per call, as each of the suffix's query tiles
-/// reads them all.
-fn transposed_keys<const D: usize>(
-    seq: &SeqSlices<'_>,
-    k: &[f32],
-    v: &[f32],
-    g: usize,
-    total: usize,
-) -> Vec<f32> {
-    let mut kts = Vec::new();
-    for (ks, _) in key_sources::<D>(seq, k, v, g, total, seq.len) {
-        for kb in ks.chunks(K_BLOCK * D) {
-            let at = kts.len();
-            kts.resize(at + D * K_BLOCK, 0.0);
-            let kt = &mut kts[at..];
-            for (j, kj) in kb.chunks_exact(D).enumerate() {
-                for c in 0..D {
-                    kt[c * K_BLOCK + j] = kj[c];
+/// A suffix's keys and values from one KV head in blocks of [`K_BLOCK`] positions
+/// counted from its first prefix position (a block may take keys from two segments):
+/// made once per call, as each of the suffix's query tiles reads them all.
+struct KeyBlocks {
+    /// Per block, its keys transposed: `D × K_BLOCK`, zero past the last key.
+    kt: Vec<f32>,
+    /// Per block, its values: `K_BLOCK × D`, zero past the last key.
+    v: Vec<f32>,
+}
+
+impl KeyBlocks {
+    fn new<const D: usize>(
+        seq: &SeqSlices<'_>,
+        k: &[f32],
+        v: &[f32],
+        g: usize,
+        total: usize,
+    ) -> Self {
+        let keys = seq.prefix.iter().map(|p| p.len).sum::<usize>() + seq.len;
+        let blocks = keys.div_ceil(K_BLOCK);
+        let mut kt = vec![0f32; blocks * D * K_BLOCK];
+        let mut vs = vec![0f32; blocks * K_BLOCK * D];
+        let mut pos = 0;
+        for (ks, seg_v) in key_sources::<D>(seq, k, v, g, total) {
+            for (kj, vj) in ks.chunks_exact(D).zip(seg_v.chunks_exact(D)) {
+                let (b, j) = (pos / K_BLOCK, pos % K_BLOCK);
+                let block = &mut kt[b * D * K_BLOCK..][..D * K_BLOCK];
+                for (c, &x) in kj.iter().enumerate() {
+                    block[c * K_BLOCK + j] = x;
                 }
+                vs[pos * D..(pos + 1) * D].copy_from_slice(vj);
+                pos += 1;
             }
         }
+        Self { kt, v: vs }
     }
-    kts
 }
 
 /// The online-softmax step of one query row over one key block: `s` holds the
@@ -1056,7 +1057,49 @@ mod tests {
         }];
         let a = prefix_suffix_attention(&q, &k, &v, &whole, 0.25).unwrap();
         let b = prefix_suffix_attention(&q, &k, &v, &split, 0.25).unwrap();
-        assert!(max_diff(&a, &b) < 1e-6);
+        assert_eq!(max_diff(&a, &b), 0.0);
+    }
+
+    #[test]
+    fn a_cached_prefix_gives_the_bits_of_the_whole_prompt() {
+        // The whole prompt at once, against its first 70 positions cached as two
+        // segments (40 + 30, neither a whole number of key blocks) and the rest as the
+        // suffix: the suffix rows come out bit for bit the same. (A quantized model
+        // rounds its activations, so any difference here could flip an answer
+        // between `--prefix-cache on` and `off`.)
+        let (h, kvh, d) = (4, 2, 64);
+        let (p, n) = (70, 45);
+        let (q, k, v) = (
+            (randn((h, p + n, d), 41) * 3.0).unwrap(),
+            randn((kvh, p + n, d), 42),
+            randn((kvh, p + n, d), 43),
+        );
+        let part =
+            |t: &Tensor, at: usize, len: usize| t.narrow(1, at, len).unwrap().contiguous().unwrap();
+        let whole = [SeqKv {
+            prefix: vec![],
+            start: 0,
+            len: p + n,
+        }];
+        let cached = [SeqKv {
+            prefix: vec![
+                (part(&k, 0, 40), part(&v, 0, 40)),
+                (part(&k, 40, 30), part(&v, 40, 30)),
+            ],
+            start: 0,
+            len: n,
+        }];
+        let a = prefix_suffix_attention(&q, &k, &v, &whole, 0.125).unwrap();
+        let b = prefix_suffix_attention(
+            &part(&q, p, n),
+            &part(&k, p, n),
+            &part(&v, p, n),
+            &cached,
+            0.125,
+        )
+        .unwrap();
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(flat(&part(&a, p, n)), flat(&b));
     }
 
     #[test]

@@ -683,3 +683,66 @@ mod tests {
         Tokenizer::vendored().unwrap().answer_ids().unwrap()
     }
 }
+
+#[cfg(test)]
+mod prefix_bits {
+    use super::*;
+    use crate::Precision;
+    use crate::testutil::tiny_dir;
+    use crate::tokenizer::Tokenizer;
+
+    /// Whether this CPU runs `precision`'s projections on a GEMM of ours, whose rows
+    /// do not depend on what they are batched with (candle's matmul gives no such
+    /// promise).
+    fn batch_invariant(precision: Precision) -> bool {
+        use aisql_kernels::{amx_gemm, f32_gemm, q8_gemm};
+        match precision {
+            Precision::F32 => f32_gemm::f32_gemm_available(),
+            Precision::Q8_0 => q8_gemm::q8_gemm_available() || amx_gemm::amx_available(),
+            _ => false,
+        }
+    }
+
+    #[test]
+    fn a_cached_document_decides_with_the_bits_of_the_whole_prompt() {
+        // Q8_0 rounds every activation to 8 bits, so a last-bit difference between the
+        // cached path and the whole prompt could move a margin by 1e-3 and flip an
+        // answer between `--prefix-cache on` and `off`; nothing may differ at all.
+        let tok = Tokenizer::vendored().unwrap();
+        let answers = tok.answer_ids().unwrap();
+        let question = tok
+            .encode("Evaluate TRUE or FALSE for the following question: Is this positive?\nANSWER:")
+            .unwrap();
+        for precision in [Precision::F32, Precision::Q8_0] {
+            if !batch_invariant(precision) {
+                eprintln!("{precision}: no batch-invariant GEMM on this CPU; not checked");
+                continue;
+            }
+            let model =
+                Qwen3::load(tiny_dir(), &candle_core::Device::Cpu, Some(precision)).unwrap();
+            for i in 0..12 {
+                // Documents of 30 to 140 tokens: key blocks of 64 split differently.
+                let doc = tok
+                    .encode(&format!(
+                        "DOCUMENT:\nReview {i}: {}\n\n",
+                        "the acting was superb and the plot tight; ".repeat(1 + i)
+                    ))
+                    .unwrap();
+                let cached = model.prefill(None, &doc).unwrap();
+                let a = model
+                    .decide(&[Continuation::new(Some(&cached), &question)], &answers)
+                    .unwrap()[0];
+                let whole: Vec<u32> = doc.iter().chain(&question).copied().collect();
+                let b = model
+                    .decide(&[Continuation::new(None, &whole)], &answers)
+                    .unwrap()[0];
+                assert_eq!(
+                    (a.margin.to_bits(), a.true_logit.to_bits()),
+                    (b.margin.to_bits(), b.true_logit.to_bits()),
+                    "{precision}, document {i} ({} tokens): {a:?} vs {b:?}",
+                    doc.len()
+                );
+            }
+        }
+    }
+}
