@@ -289,9 +289,13 @@ fn quantize_block(values: &[f32]) -> (f32, [u8; BLOCK]) {
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut q = [0u8; BLOCK];
     for (q, &v) in q.iter_mut().zip(values) {
-        // |v · id| ≤ 127 up to rounding; the clamp keeps a NaN or an overshoot from
-        // wrapping.
-        let i = (v * id).round().clamp(-127.0, 127.0) as i32;
+        // Halves away from zero, as C's `roundf`, written so it vectorises (`f32::round`
+        // is a libm call per value): `x - trunc(x)` is exact. |x| ≤ 127 up to
+        // rounding; the clamp keeps a NaN or an overshoot from wrapping.
+        let x = v * id;
+        let t = x.trunc();
+        let x = if (x - t).abs() >= 0.5 { t + 1f32.copysign(x) } else { t };
+        let i = x.clamp(-127.0, 127.0) as i32;
         *q = (i + 128) as u8;
     }
     (f16::from_f32(d).to_f32(), q)
@@ -618,6 +622,13 @@ mod tests {
         let (d, q) = quantize_block(&[0.0; 32]);
         assert_eq!(d, 0.0);
         assert!(q.iter().all(|&u| u == 128));
+        // Rounding is C's roundf: halves away from zero, and just below a half down.
+        let mut edge = [0f32; 32];
+        edge[..6].copy_from_slice(&[127.0, 2.5, -2.5, 0.49999997, -1.5, 3.4999998]);
+        let (d, q) = quantize_block(&edge);
+        assert_eq!(d, 1.0);
+        let got: Vec<i32> = q[..6].iter().map(|&u| i32::from(u) - 128).collect();
+        assert_eq!(got, [127, 3, -3, 0, -2, 3]);
     }
 
     #[test]
