@@ -188,24 +188,8 @@ impl AmxMatrix {
 /// bf16 (made contiguous if it is not), gives `(rows, n)` in `x`'s dtype.
 pub fn amx_linear(x: &candle_core::Tensor, w: &AmxMatrix) -> Result<candle_core::Tensor> {
     use candle_core::DType;
-    let (rows, k) = x.dims2()?;
-    let dtype = x.dtype();
-    if k != w.k || !x.device().is_cpu() || !matches!(dtype, DType::F32 | DType::BF16) {
-        return Err(bad(format!(
-            "input {:?} {:?} on {:?} for a ({}, {}) matrix: f32 or bf16 CPU rows of {} values needed",
-            x.shape(),
-            dtype,
-            x.device().location(),
-            w.n,
-            w.k,
-            w.k
-        )));
-    }
-    // A bf16 value widened to f32 rounds back to itself.
-    let x = x.to_dtype(DType::F32)?.contiguous()?;
-    let view = crate::cpu::CpuF32::new("amx_matmul", &x)?;
-    let y = w.matmul(view.slice()?, rows)?;
-    Ok(candle_core::Tensor::from_vec(y, (rows, w.n), x.device())?.to_dtype(dtype)?)
+    let dtypes = [DType::F32, DType::BF16];
+    crate::cpu::linear("amx_matmul", x, (w.n, w.k), &dtypes, |v, m| w.matmul(v, m))
 }
 
 /// The rows of `x` as bfloat16 bits (round to nearest even) in A-tile order:
@@ -454,24 +438,7 @@ mod amx {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Q8_0 blocks of a pseudo-random `(n, k)` matrix.
-    fn q8_bytes(n: usize, k: usize, seed: u64) -> Vec<u8> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let mut next = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
-        let mut out = Vec::with_capacity(n * k / BLOCK * BLOCK_BYTES);
-        for _ in 0..n * k / BLOCK {
-            let d = f16::from_f32(0.001 + (next() % 1000) as f32 * 1e-5);
-            out.extend_from_slice(&d.to_le_bytes());
-            out.extend((0..BLOCK).map(|_| (next() % 255) as u8 ^ 0x80));
-        }
-        out
-    }
+    use crate::testutil::q8_bytes;
 
     fn input(m: usize, k: usize) -> Vec<f32> {
         (0..m * k)

@@ -174,24 +174,8 @@ fn pack_rows(x: &[f32], m: usize, k: usize) -> Vec<u32> {
 /// bf16 (made contiguous if it is not), gives `(rows, n)` in `x`'s dtype.
 pub fn bf16_linear(x: &candle_core::Tensor, w: &Bf16Matrix) -> Result<candle_core::Tensor> {
     use candle_core::DType;
-    let (rows, k) = x.dims2()?;
-    let dtype = x.dtype();
-    if k != w.k || !x.device().is_cpu() || !matches!(dtype, DType::F32 | DType::BF16) {
-        return Err(bad(format!(
-            "input {:?} {:?} on {:?} for a ({}, {}) matrix: f32 or bf16 CPU rows of {} values needed",
-            x.shape(),
-            dtype,
-            x.device().location(),
-            w.n,
-            w.k,
-            w.k
-        )));
-    }
-    // A bf16 value widened to f32 rounds back to itself.
-    let x = x.to_dtype(DType::F32)?.contiguous()?;
-    let view = crate::cpu::CpuF32::new("bf16_matmul", &x)?;
-    let y = w.matmul(view.slice()?, rows)?;
-    Ok(candle_core::Tensor::from_vec(y, (rows, w.n), x.device())?.to_dtype(dtype)?)
+    let dtypes = [DType::F32, DType::BF16];
+    crate::cpu::linear("bf16_matmul", x, (w.n, w.k), &dtypes, |v, m| w.matmul(v, m))
 }
 
 /// The arithmetic of [`Bf16Matrix::matmul`] in plain Rust: activations rounded to

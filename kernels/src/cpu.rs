@@ -1,8 +1,9 @@
-//! Shared CPU helpers: borrowing a tensor's f32 storage, a vectorisable dot product,
+//! Shared CPU helpers: borrowing a tensor's f32 storage, the tensor entry point of the
+//! packed-weight GEMMs, a vectorisable dot product,
 //! large output buffers on huge pages, the pointer parallel GEMM tasks write through,
 //! and the environment switches that turn kernels off.
 
-use candle_core::{Storage, Tensor};
+use candle_core::{DType, Storage, Tensor};
 
 use crate::{KernelError, Result};
 
@@ -37,6 +38,38 @@ impl<'a> CpuF32<'a> {
             _ => unreachable!("checked in CpuF32::new"),
         }
     }
+}
+
+/// A CPU GEMM over a candle tensor: `x` `(rows, k)` on the CPU in one of `dtypes`
+/// (f32 or bf16; made contiguous if it is not) goes through `matmul` as f32 rows,
+/// giving `(rows, n)` in `x`'s dtype. The entry point of every packed-weight GEMM.
+pub(crate) fn linear(
+    kernel: &'static str,
+    x: &Tensor,
+    (n, k): (usize, usize),
+    dtypes: &[DType],
+    matmul: impl FnOnce(&[f32], usize) -> Result<Vec<f32>>,
+) -> Result<Tensor> {
+    let (rows, cols) = x.dims2()?;
+    let dtype = x.dtype();
+    if cols != k || !x.device().is_cpu() || !dtypes.contains(&dtype) {
+        let wanted: Vec<&str> = dtypes.iter().map(|d| d.as_str()).collect();
+        return Err(KernelError::BadInput {
+            kernel,
+            message: format!(
+                "input {:?} {:?} on {:?} for a ({n}, {k}) matrix: {} CPU rows of {k} values needed",
+                x.shape(),
+                dtype,
+                x.device().location(),
+                wanted.join(" or "),
+            ),
+        });
+    }
+    // A bf16 value widened to f32 rounds back to itself.
+    let x = x.to_dtype(DType::F32)?.contiguous()?;
+    let view = CpuF32::new(kernel, &x)?;
+    let y = matmul(view.slice()?, rows)?;
+    Ok(Tensor::from_vec(y, (rows, n), x.device())?.to_dtype(dtype)?)
 }
 
 /// Dot product with eight independent accumulators, so the compiler can vectorise

@@ -163,22 +163,10 @@ fn pack_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
 /// [`F32Matrix::matmul`] over a candle tensor: `x` `(rows, k)`, f32 on the CPU (made
 /// contiguous if it is not), gives `(rows, n)`.
 pub fn f32_linear(x: &candle_core::Tensor, w: &F32Matrix) -> Result<candle_core::Tensor> {
-    let (rows, k) = x.dims2()?;
-    if k != w.k || !crate::is_cpu_f32(x) {
-        return Err(bad(format!(
-            "input {:?} {:?} on {:?} for a ({}, {}) matrix: f32 CPU rows of {} values needed",
-            x.shape(),
-            x.dtype(),
-            x.device().location(),
-            w.n,
-            w.k,
-            w.k
-        )));
-    }
-    let x = x.contiguous()?;
-    let view = crate::cpu::CpuF32::new("f32_matmul", &x)?;
-    let y = w.matmul(view.slice()?, rows)?;
-    Ok(candle_core::Tensor::from_vec(y, (rows, w.n), x.device())?)
+    use candle_core::DType;
+    crate::cpu::linear("f32_matmul", x, (w.n, w.k), &[DType::F32], |v, m| {
+        w.matmul(v, m)
+    })
 }
 
 /// `x Wᵀ` with every product summed exactly (f64), for tests.

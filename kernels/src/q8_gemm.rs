@@ -294,7 +294,11 @@ fn quantize_block(values: &[f32]) -> (f32, [u8; BLOCK]) {
         // rounding; the clamp keeps a NaN or an overshoot from wrapping.
         let x = v * id;
         let t = x.trunc();
-        let x = if (x - t).abs() >= 0.5 { t + 1f32.copysign(x) } else { t };
+        let x = if (x - t).abs() >= 0.5 {
+            t + 1f32.copysign(x)
+        } else {
+            t
+        };
         let i = x.clamp(-127.0, 127.0) as i32;
         *q = (i + 128) as u8;
     }
@@ -305,23 +309,8 @@ fn quantize_block(values: &[f32]) -> (f32, [u8; BLOCK]) {
 /// bf16 (made contiguous if it is not), gives `(rows, n)` in `x`'s dtype.
 pub fn q8_linear(x: &candle_core::Tensor, w: &Q8Matrix) -> Result<candle_core::Tensor> {
     use candle_core::DType;
-    let (rows, k) = x.dims2()?;
-    let dtype = x.dtype();
-    if k != w.k || !x.device().is_cpu() || !matches!(dtype, DType::F32 | DType::BF16) {
-        return Err(bad(format!(
-            "input {:?} {:?} on {:?} for a ({}, {}) matrix: f32 or bf16 CPU rows of {} values needed",
-            x.shape(),
-            dtype,
-            x.device().location(),
-            w.n,
-            w.k,
-            w.k
-        )));
-    }
-    let x = x.to_dtype(DType::F32)?.contiguous()?;
-    let view = crate::cpu::CpuF32::new("q8_matmul", &x)?;
-    let y = w.matmul(view.slice()?, rows)?;
-    Ok(candle_core::Tensor::from_vec(y, (rows, w.n), x.device())?.to_dtype(dtype)?)
+    let dtypes = [DType::F32, DType::BF16];
+    crate::cpu::linear("q8_matmul", x, (w.n, w.k), &dtypes, |v, m| w.matmul(v, m))
 }
 
 /// The arithmetic of [`Q8Matrix::matmul`] in plain Rust: the same quantized rows, each
@@ -499,25 +488,7 @@ mod kernel {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Q8_0 blocks of a pseudo-random `(n, k)` matrix.
-    fn q8_bytes(n: usize, k: usize, seed: u64) -> Vec<u8> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let mut next = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
-        let mut out = Vec::with_capacity(n * k / BLOCK * BLOCK_BYTES);
-        for _ in 0..n * k / BLOCK {
-            let d = f16::from_f32(0.001 + (next() % 1000) as f32 * 1e-5);
-            out.extend_from_slice(&d.to_le_bytes());
-            // −127 ..= 127, as ggml writes them.
-            out.extend((0..BLOCK).map(|_| ((next() % 255) as i32 - 127) as i8 as u8));
-        }
-        out
-    }
+    use crate::testutil::q8_bytes;
 
     fn input(m: usize, k: usize, seed: f32) -> Vec<f32> {
         (0..m * k)

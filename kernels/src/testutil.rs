@@ -1,4 +1,4 @@
-//! Test helpers shared by the kernels' unit tests: deterministic tensors and
+//! Test helpers shared by the kernels' unit tests: deterministic tensors, Q8_0 blocks and
 //! the largest absolute difference between two tensors.
 
 use candle_core::{Device, Tensor};
@@ -38,4 +38,23 @@ pub(crate) fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
         .unwrap()
         .to_scalar::<f32>()
         .unwrap()
+}
+
+/// Q8_0 blocks (f16 scale, 32 signed bytes in −127 ..= 127, as ggml writes them) of
+/// a pseudo-random `(n, k)` matrix, row after row.
+pub(crate) fn q8_bytes(n: usize, k: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let mut out = Vec::with_capacity(n * k / 32 * 34);
+    for _ in 0..n * k / 32 {
+        let d = half::f16::from_f32(0.001 + (next() % 1000) as f32 * 1e-5);
+        out.extend_from_slice(&d.to_le_bytes());
+        out.extend((0..32).map(|_| ((next() % 255) as i32 - 127) as i8 as u8));
+    }
+    out
 }
