@@ -289,17 +289,18 @@ fn quantize_block(values: &[f32]) -> (f32, [u8; BLOCK]) {
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut q = [0u8; BLOCK];
     for (q, &v) in q.iter_mut().zip(values) {
-        // Halves away from zero, as C's `roundf`, written so it vectorises (`f32::round`
-        // is a libm call per value): `x - trunc(x)` is exact. |x| ≤ 127 up to
-        // rounding; the clamp keeps a NaN or an overshoot from wrapping.
-        let x = v * id;
-        let t = x.trunc();
-        let x = if (x - t).abs() >= 0.5 {
-            t + 1f32.copysign(x)
+        // Halves away from zero, as C's `roundf`, without a libm call per value
+        // (`f32::round` and `f32::trunc` are calls on baseline x86-64): the cast
+        // truncates and `x - trunc(x)` is exact. |x| ≤ 127 up to rounding; the clamp
+        // keeps an overshoot from wrapping (and a NaN becomes 0).
+        let x = (v * id).clamp(-127.0, 127.0);
+        let t = x as i32;
+        let away = if x < 0.0 { -1 } else { 1 };
+        let i = if (x - t as f32).abs() >= 0.5 {
+            t + away
         } else {
             t
         };
-        let i = x.clamp(-127.0, 127.0) as i32;
         *q = (i + 128) as u8;
     }
     (f16::from_f32(d).to_f32(), q)
