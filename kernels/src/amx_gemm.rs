@@ -439,12 +439,7 @@ mod amx {
 mod tests {
     use super::*;
     use crate::testutil::q8_bytes;
-
-    fn input(m: usize, k: usize) -> Vec<f32> {
-        (0..m * k)
-            .map(|i| ((i as f32 * 0.377).sin() * 3.0) * if i % 97 == 0 { 20.0 } else { 1.0 })
-            .collect()
-    }
+    use crate::testutil::spiky;
 
     #[test]
     fn amx_matches_the_reference_on_ragged_shapes() {
@@ -463,7 +458,7 @@ mod tests {
             (300, 272, 64),
         ] {
             let w = AmxMatrix::from_q8_0(&q8_bytes(n, k, (m * n) as u64), n, k).unwrap();
-            let x = input(m, k);
+            let x = spiky(m * k, 0.0);
             let got = w.matmul(&x, m).unwrap();
             let want = matmul_reference(&w, &x, m);
             for (i, (g, r)) in got.iter().zip(&want).enumerate() {
@@ -513,8 +508,8 @@ mod tests {
         use candle_core::{DType, Device, Tensor};
         let (n, k, m) = (48, 64, 5);
         let w = AmxMatrix::from_q8_0(&q8_bytes(n, k, 9), n, k).unwrap();
-        let x = Tensor::from_vec(input(m, k), (m, k), &Device::Cpu).unwrap();
-        let want = matmul_reference(&w, &input(m, k), m);
+        let x = Tensor::from_vec(spiky(m * k, 0.0), (m, k), &Device::Cpu).unwrap();
+        let want = matmul_reference(&w, &spiky(m * k, 0.0), m);
         for dtype in [DType::F32, DType::BF16] {
             let y = amx_linear(&x.to_dtype(dtype).unwrap(), &w).unwrap();
             assert_eq!((y.dtype(), y.dims2().unwrap()), (dtype, (m, n)));
@@ -546,7 +541,7 @@ mod tests {
 
     #[test]
     fn bf16_rounding_is_half_crates() {
-        for v in input(4, 512)
+        for v in spiky(4 * 512, 0.0)
             .into_iter()
             .chain([0.0, -0.0, 1.0, 1.0039062, 1.0117188, -3.5e-20, 3.0e38])
         {

@@ -215,6 +215,7 @@ pub fn bf16_gemm_available() -> bool {
 #[cfg(target_arch = "x86_64")]
 mod kernel {
     use super::{MR, NR, TileJob};
+    use crate::panel_gemm::store_row;
     use core::arch::x86_64::*;
 
     pub(super) fn detect() -> bool {
@@ -269,8 +270,8 @@ mod kernel {
         accumulate: bool,
     ) {
         let mut acc = [[_mm512_setzero_ps(); 2]; R];
-        // SAFETY (whole body): loads read `a[..R·kc]` and `b[..32·kc]`; the masked
-        // loads and stores touch only the writable columns of the R rows of `c`.
+        // SAFETY (whole body): loads read `a[..R·kc]` and `b[..32·kc]`; `store_row`
+        // gets rows of `c` whose masked columns are writable.
         unsafe {
             for p in 0..kc {
                 let b0: __m512bh = core::mem::transmute(_mm512_loadu_si512(b.add(p * NR).cast()));
@@ -283,16 +284,8 @@ mod kernel {
                     *hi = _mm512_dpbf16_ps(*hi, v, b1);
                 }
             }
-            let (m0, m1) = (mask as u16, (mask >> 16) as u16);
             for (r, [lo, hi]) in acc.into_iter().enumerate() {
-                let row = c.add(r * ldc);
-                let (mut l, mut h) = (lo, hi);
-                if accumulate {
-                    l = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), l);
-                    h = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row.add(16)), h);
-                }
-                _mm512_mask_storeu_ps(row, m0, l);
-                _mm512_mask_storeu_ps(row.add(16), m1, h);
+                store_row(c.add(r * ldc), lo, hi, mask, accumulate);
             }
         }
     }
@@ -314,15 +307,10 @@ mod kernel {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn values(len: usize, seed: f32) -> Vec<f32> {
-        (0..len)
-            .map(|i| ((i as f32 * 0.377 + seed).sin() * 3.0) * if i % 97 == 0 { 20.0 } else { 1.0 })
-            .collect()
-    }
+    use crate::testutil::spiky;
 
     fn matrix(n: usize, k: usize, seed: f32) -> Bf16Matrix {
-        let w: Vec<bf16> = values(n * k, seed)
+        let w: Vec<bf16> = spiky(n * k, seed)
             .into_iter()
             .map(|v| bf16::from_f32(v * 0.01))
             .collect();
@@ -347,7 +335,7 @@ mod tests {
             (300, 272, 64),
         ] {
             let w = matrix(n, k, 1.0);
-            let x = values(m * k, 2.0);
+            let x = spiky(m * k, 2.0);
             let got = w.matmul(&x, m).unwrap();
             let (want, magnitude) = matmul_reference(&w, &x, m);
             for (i, ((g, r), s)) in got.iter().zip(&want).zip(&magnitude).enumerate() {
@@ -366,7 +354,7 @@ mod tests {
         }
         let (n, k) = (96, 600);
         let w = matrix(n, k, 3.0);
-        let x = values(250 * k, 4.0);
+        let x = spiky(250 * k, 4.0);
         let all = w.matmul(&x, 250).unwrap();
         for r in [0, 13, 14, 223, 224, 249] {
             let one = w.matmul(&x[r * k..(r + 1) * k], 1).unwrap();
@@ -377,7 +365,7 @@ mod tests {
     #[test]
     fn the_layout_keeps_every_weight_and_bad_shapes_are_refused() {
         let (n, k) = (40, 5);
-        let v: Vec<bf16> = values(n * k, 0.5).into_iter().map(bf16::from_f32).collect();
+        let v: Vec<bf16> = spiky(n * k, 0.5).into_iter().map(bf16::from_f32).collect();
         let w = Bf16Matrix::from_bf16(&v, n, k).unwrap();
         for col in 0..n {
             for i in 0..k {
@@ -400,11 +388,11 @@ mod tests {
         use candle_core::{DType, Device, Tensor};
         let (n, k, m) = (48, 64, 5);
         let w = matrix(n, k, 1.5);
-        let x = Tensor::from_vec(values(m * k, 2.5), (m, k), &Device::Cpu).unwrap();
+        let x = Tensor::from_vec(spiky(m * k, 2.5), (m, k), &Device::Cpu).unwrap();
         let y = bf16_linear(&x, &w).unwrap();
         assert_eq!((y.dtype(), y.dims2().unwrap()), (DType::F32, (m, n)));
         let y: Vec<f32> = y.flatten_all().unwrap().to_vec1().unwrap();
-        assert_eq!(y, w.matmul(&values(m * k, 2.5), m).unwrap());
+        assert_eq!(y, w.matmul(&spiky(m * k, 2.5), m).unwrap());
         let yb = bf16_linear(&x.to_dtype(DType::BF16).unwrap(), &w).unwrap();
         assert_eq!((yb.dtype(), yb.dims2().unwrap()), (DType::BF16, (m, n)));
         let wrong = Tensor::zeros((m, k + 1), DType::F32, &Device::Cpu).unwrap();

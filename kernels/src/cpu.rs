@@ -1,7 +1,7 @@
 //! Shared CPU helpers: borrowing a tensor's f32 storage, the tensor entry point of the
-//! packed-weight GEMMs, a vectorisable dot product,
-//! large output buffers on huge pages, the pointer parallel GEMM tasks write through,
-//! and the environment switches that turn kernels off.
+//! packed-weight GEMMs, a vectorisable dot product, large output buffers on huge
+//! pages, the pointer parallel GEMM tasks write through, and the environment switches
+//! that turn kernels off.
 
 use candle_core::{DType, Storage, Tensor};
 

@@ -195,6 +195,7 @@ pub fn f32_gemm_available() -> bool {
 #[cfg(target_arch = "x86_64")]
 mod kernel {
     use super::{MR, NR, TileJob};
+    use crate::panel_gemm::store_row;
     use core::arch::x86_64::*;
 
     pub(super) fn detect() -> bool {
@@ -255,8 +256,8 @@ mod kernel {
     ) {
         let mut lo = [_mm512_setzero_ps(); R];
         let mut hi = [_mm512_setzero_ps(); R];
-        // SAFETY (whole body): loads read `a[..R·kc]` and `b[..32·kc]`; the masked
-        // loads and stores touch only the `cols` writable columns of the R rows of `c`.
+        // SAFETY (whole body): loads read `a[..R·kc]` and `b[..32·kc]`; `store_row`
+        // gets rows of `c` whose masked columns are writable.
         unsafe {
             for p in 0..kc {
                 let b0 = _mm512_loadu_ps(b.add(p * NR));
@@ -268,16 +269,8 @@ mod kernel {
                     hi[r] = _mm512_fmadd_ps(v, b1, hi[r]);
                 }
             }
-            let (m0, m1) = (mask as u16, (mask >> 16) as u16);
             for r in 0..R {
-                let row = c.add(r * ldc);
-                let (mut l, mut h) = (lo[r], hi[r]);
-                if accumulate {
-                    l = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), l);
-                    h = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row.add(16)), h);
-                }
-                _mm512_mask_storeu_ps(row, m0, l);
-                _mm512_mask_storeu_ps(row.add(16), m1, h);
+                store_row(c.add(r * ldc), lo[r], hi[r], mask, accumulate);
             }
         }
     }
@@ -299,12 +292,7 @@ mod kernel {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn values(len: usize, seed: f32) -> Vec<f32> {
-        (0..len)
-            .map(|i| ((i as f32 * 0.377 + seed).sin() * 3.0) * if i % 97 == 0 { 20.0 } else { 1.0 })
-            .collect()
-    }
+    use crate::testutil::spiky;
 
     #[test]
     fn the_gemm_matches_the_reference_on_ragged_shapes() {
@@ -323,8 +311,8 @@ mod tests {
             (230, 40, 256),
             (300, 272, 64),
         ] {
-            let w = F32Matrix::new(&values(n * k, 1.0), n, k).unwrap();
-            let x = values(m * k, 2.0);
+            let w = F32Matrix::new(&spiky(n * k, 1.0), n, k).unwrap();
+            let x = spiky(m * k, 2.0);
             let got = w.matmul(&x, m).unwrap();
             let want = matmul_reference(&w, &x, m);
             for (i, (g, r)) in got.iter().zip(&want).enumerate() {
@@ -342,8 +330,8 @@ mod tests {
             return;
         }
         let (n, k) = (96, 600);
-        let w = F32Matrix::new(&values(n * k, 3.0), n, k).unwrap();
-        let x = values(250 * k, 4.0);
+        let w = F32Matrix::new(&spiky(n * k, 3.0), n, k).unwrap();
+        let x = spiky(250 * k, 4.0);
         let all = w.matmul(&x, 250).unwrap();
         for r in [0, 13, 14, 223, 224, 249] {
             let one = w.matmul(&x[r * k..(r + 1) * k], 1).unwrap();
@@ -354,7 +342,7 @@ mod tests {
     #[test]
     fn the_layout_keeps_every_weight_and_bad_shapes_are_refused() {
         let (n, k) = (40, 5);
-        let v = values(n * k, 0.5);
+        let v = spiky(n * k, 0.5);
         let w = F32Matrix::new(&v, n, k).unwrap();
         for col in 0..n {
             for i in 0..k {
@@ -375,14 +363,14 @@ mod tests {
         }
         use candle_core::{DType, Device, Tensor};
         let (n, k, m) = (48, 64, 5);
-        let w = F32Matrix::new(&values(n * k, 1.5), n, k).unwrap();
-        let x = Tensor::from_vec(values(m * k, 2.5), (m, k), &Device::Cpu).unwrap();
+        let w = F32Matrix::new(&spiky(n * k, 1.5), n, k).unwrap();
+        let x = Tensor::from_vec(spiky(m * k, 2.5), (m, k), &Device::Cpu).unwrap();
         let y = f32_linear(&x, &w).unwrap();
         assert_eq!(y.dims2().unwrap(), (m, n));
         let y: Vec<f32> = y.flatten_all().unwrap().to_vec1().unwrap();
-        assert_eq!(y, w.matmul(&values(m * k, 2.5), m).unwrap());
+        assert_eq!(y, w.matmul(&spiky(m * k, 2.5), m).unwrap());
         // A transposed (non-contiguous) view is copied first.
-        let xt = Tensor::from_vec(values(m * k, 2.5), (k, m), &Device::Cpu)
+        let xt = Tensor::from_vec(spiky(m * k, 2.5), (k, m), &Device::Cpu)
             .unwrap()
             .t()
             .unwrap();

@@ -111,6 +111,38 @@ pub(crate) fn column_mask(cols: usize) -> u32 {
     }
 }
 
+/// Writes one micro-tile row of 32 sums (two registers) to `row`, or adds them to
+/// what is there when `accumulate`, touching only the columns `mask` keeps: the
+/// last step of every AVX-512 micro-kernel.
+///
+/// # Safety
+/// AVX-512F must be available; the columns `mask` keeps of `row .. row + 32` are
+/// writable (and, with `accumulate`, hold earlier passes' sums).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) unsafe fn store_row(
+    row: *mut f32,
+    lo: core::arch::x86_64::__m512,
+    hi: core::arch::x86_64::__m512,
+    mask: u32,
+    accumulate: bool,
+) {
+    use core::arch::x86_64::*;
+    let (m0, m1) = (mask as u16, (mask >> 16) as u16);
+    // SAFETY: the masked loads and stores touch only the kept columns, which the
+    // caller promises are writable.
+    unsafe {
+        let (mut l, mut h) = (lo, hi);
+        if accumulate {
+            l = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), l);
+            h = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row.add(16)), h);
+        }
+        _mm512_mask_storeu_ps(row, m0, l);
+        _mm512_mask_storeu_ps(row.add(16), m1, h);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

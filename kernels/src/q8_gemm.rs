@@ -358,6 +358,7 @@ pub fn q8_gemm_available() -> bool {
 #[cfg(target_arch = "x86_64")]
 mod kernel {
     use super::{BLOCK, GROUP, MR, NR, Panel, Tile, TileJob};
+    use crate::panel_gemm::store_row;
     use core::arch::x86_64::*;
 
     pub(super) fn detect() -> bool {
@@ -429,8 +430,8 @@ mod kernel {
         let mut acc = [[_mm512_setzero_ps(); 2]; R];
         // SAFETY (whole body): loads read the pass's `blocks` blocks of the tile
         // (`R · 32` bytes and `R` scales each) and of the panel (1 KiB, 32 scales and
-        // 32 offsets each); the masked loads and stores touch only the writable
-        // columns of the R rows of `c`.
+        // 32 offsets each); `store_row` gets rows of `c` whose masked columns are
+        // writable.
         unsafe {
             for blk in 0..p.blocks {
                 let o0 = _mm512_loadu_si512(p.ob.add(blk * NR).cast());
@@ -458,16 +459,8 @@ mod kernel {
                     *hi = _mm512_fmadd_ps(d1, s1, *hi);
                 }
             }
-            let (m0, m1) = (p.mask as u16, (p.mask >> 16) as u16);
             for (r, [lo, hi]) in acc.into_iter().enumerate() {
-                let row = p.c.add(r * p.ldc);
-                let (mut l, mut h) = (lo, hi);
-                if p.accumulate {
-                    l = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), l);
-                    h = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row.add(16)), h);
-                }
-                _mm512_mask_storeu_ps(row, m0, l);
-                _mm512_mask_storeu_ps(row.add(16), m1, h);
+                store_row(p.c.add(r * p.ldc), lo, hi, p.mask, p.accumulate);
             }
         }
     }
@@ -490,12 +483,7 @@ mod kernel {
 mod tests {
     use super::*;
     use crate::testutil::q8_bytes;
-
-    fn input(m: usize, k: usize, seed: f32) -> Vec<f32> {
-        (0..m * k)
-            .map(|i| ((i as f32 * 0.377 + seed).sin() * 3.0) * if i % 97 == 0 { 20.0 } else { 1.0 })
-            .collect()
-    }
+    use crate::testutil::spiky;
 
     #[test]
     fn the_gemm_matches_the_reference_on_ragged_shapes() {
@@ -515,7 +503,7 @@ mod tests {
             (300, 272, 64),
         ] {
             let w = Q8Matrix::from_q8_0(&q8_bytes(n, k, (m * n) as u64), n, k).unwrap();
-            let x = input(m, k, 2.0);
+            let x = spiky(m * k, 2.0);
             let got = w.matmul(&x, m).unwrap();
             let (want, magnitude) = matmul_reference(&w, &x, m);
             for (i, ((g, r), s)) in got.iter().zip(&want).zip(&magnitude).enumerate() {
@@ -534,7 +522,7 @@ mod tests {
         }
         let (n, k) = (96, 640);
         let w = Q8Matrix::from_q8_0(&q8_bytes(n, k, 3), n, k).unwrap();
-        let x = input(250, k, 4.0);
+        let x = spiky(250 * k, 4.0);
         let all = w.matmul(&x, 250).unwrap();
         for r in [0, 5, 6, 191, 192, 249] {
             let one = w.matmul(&x[r * k..(r + 1) * k], 1).unwrap();
@@ -554,13 +542,13 @@ mod tests {
         use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
         use candle_core::{Device, Module, Tensor};
         let (m, n, k) = (37, 64, 480);
-        let dense = Tensor::from_vec(input(n, k, 7.0), (n, k), &Device::Cpu)
+        let dense = Tensor::from_vec(spiky(n * k, 7.0), (n, k), &Device::Cpu)
             .unwrap()
             .affine(0.01, 0.0)
             .unwrap();
         let q = QTensor::quantize(&dense, GgmlDType::Q8_0).unwrap();
         let w = Q8Matrix::from_q8_0(&q.data().unwrap(), n, k).unwrap();
-        let x = input(m, k, 8.0);
+        let x = spiky(m * k, 8.0);
         let got = w.matmul(&x, m).unwrap();
         let xt = Tensor::from_vec(x, (m, k), &Device::Cpu).unwrap();
         let want: Vec<f32> = QMatMul::from_qtensor(q)
@@ -631,8 +619,8 @@ mod tests {
         use candle_core::{DType, Device, Tensor};
         let (n, k, m) = (48, 64, 5);
         let w = Q8Matrix::from_q8_0(&q8_bytes(n, k, 9), n, k).unwrap();
-        let x = Tensor::from_vec(input(m, k, 1.0), (m, k), &Device::Cpu).unwrap();
-        let want = w.matmul(&input(m, k, 1.0), m).unwrap();
+        let x = Tensor::from_vec(spiky(m * k, 1.0), (m, k), &Device::Cpu).unwrap();
+        let want = w.matmul(&spiky(m * k, 1.0), m).unwrap();
         let y = q8_linear(&x, &w).unwrap();
         assert_eq!((y.dtype(), y.dims2().unwrap()), (DType::F32, (m, n)));
         assert_eq!(y.flatten_all().unwrap().to_vec1::<f32>().unwrap(), want);

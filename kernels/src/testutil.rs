@@ -1,5 +1,5 @@
-//! Test helpers shared by the kernels' unit tests: deterministic tensors, Q8_0 blocks and
-//! the largest absolute difference between two tensors.
+//! Test helpers shared by the kernels' unit tests: deterministic tensors, spiky
+//! values, Q8_0 blocks and the largest absolute difference between two tensors.
 
 use candle_core::{Device, Tensor};
 
@@ -57,4 +57,12 @@ pub(crate) fn q8_bytes(n: usize, k: usize, seed: u64) -> Vec<u8> {
         out.extend((0..32).map(|_| ((next() % 255) as i32 - 127) as i8 as u8));
     }
     out
+}
+
+/// `len` test values of both signs, mostly within ±3 with every 97th twenty times
+/// larger (the outliers real activations have), shifted by `seed`.
+pub(crate) fn spiky(len: usize, seed: f32) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i as f32 * 0.377 + seed).sin() * 3.0) * if i % 97 == 0 { 20.0 } else { 1.0 })
+        .collect()
 }
