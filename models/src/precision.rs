@@ -59,11 +59,10 @@ impl Precision {
     /// CPU elementwise ops on half-precision tensors widen every value to f32 and back
     /// on one thread, which made half precision slower than f32.
     pub fn compute_dtype(self, device: &candle_core::Device) -> DType {
-        match self {
-            _ if device.is_cpu() => DType::F32,
-            Self::F32 | Self::Q8_0 | Self::Q4K => DType::F32,
-            Self::Bf16 => DType::BF16,
-            Self::F16 => DType::F16,
+        if device.is_cpu() {
+            DType::F32
+        } else {
+            self.weight_dtype()
         }
     }
 

@@ -222,17 +222,17 @@ impl Linear {
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        // `Module` speaks candle's error type; the kernels' errors travel as text.
+        let kernel = |r: aisql_kernels::Result<Tensor>| {
+            r.map_err(|e| candle_core::Error::Msg(e.to_string()))
+        };
         let y = match &self.weight {
             LinearWeight::Float(w) => x.matmul(&w.t()?)?,
             LinearWeight::Quantized(q) => q.forward(&x.contiguous()?)?,
-            LinearWeight::Amx(w) => aisql_kernels::amx_gemm::amx_linear(x, w)
-                .map_err(|e| candle_core::Error::Msg(e.to_string()))?,
-            LinearWeight::PackedF32(w) => aisql_kernels::f32_gemm::f32_linear(x, w)
-                .map_err(|e| candle_core::Error::Msg(e.to_string()))?,
-            LinearWeight::Q8(w) => aisql_kernels::q8_gemm::q8_linear(x, w)
-                .map_err(|e| candle_core::Error::Msg(e.to_string()))?,
-            LinearWeight::Bf16(w) => aisql_kernels::bf16_gemm::bf16_linear(x, w)
-                .map_err(|e| candle_core::Error::Msg(e.to_string()))?,
+            LinearWeight::Amx(w) => kernel(aisql_kernels::amx_gemm::amx_linear(x, w))?,
+            LinearWeight::PackedF32(w) => kernel(aisql_kernels::f32_gemm::f32_linear(x, w))?,
+            LinearWeight::Q8(w) => kernel(aisql_kernels::q8_gemm::q8_linear(x, w))?,
+            LinearWeight::Bf16(w) => kernel(aisql_kernels::bf16_gemm::bf16_linear(x, w))?,
         };
         match &self.bias {
             Some(b) => y.broadcast_add(b),
@@ -352,11 +352,7 @@ impl Loader<'_> {
             }
             // The CPU computes in f32: half-precision weights without a kernel of
             // their own are widened once here (the same values), not at every call.
-            let t = if t.dtype() != self.dtype {
-                t.to_dtype(self.dtype)?
-            } else {
-                t
-            };
+            let t = t.to_dtype(self.dtype)?;
             if t.dtype() == DType::F32
                 && self.device.is_cpu()
                 && aisql_kernels::f32_gemm::f32_gemm_available()
