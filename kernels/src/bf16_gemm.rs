@@ -307,7 +307,7 @@ mod kernel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::spiky;
+    use crate::testutil::{assert_within_rounding, spiky};
 
     fn matrix(n: usize, k: usize, seed: f32) -> Bf16Matrix {
         let w: Vec<bf16> = spiky(n * k, seed)
@@ -338,12 +338,7 @@ mod tests {
             let x = spiky(m * k, 2.0);
             let got = w.matmul(&x, m).unwrap();
             let (want, magnitude) = matmul_reference(&w, &x, m);
-            for (i, ((g, r), s)) in got.iter().zip(&want).zip(&magnitude).enumerate() {
-                assert!(
-                    (g - r).abs() <= 1e-5 * s + 1e-6,
-                    "({m}, {n}, {k}) element {i}: {g} vs {r} (scale {s})"
-                );
-            }
+            assert_within_rounding(&got, &want, &magnitude, (m, n, k));
         }
     }
 

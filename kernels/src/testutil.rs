@@ -1,5 +1,6 @@
 //! Test helpers shared by the kernels' unit tests: deterministic tensors, spiky
-//! values, Q8_0 blocks and the largest absolute difference between two tensors.
+//! values, Q8_0 blocks, the largest absolute difference between two tensors and
+//! the GEMMs' check against their exact references.
 
 use candle_core::{Device, Tensor};
 
@@ -65,4 +66,23 @@ pub(crate) fn spiky(len: usize, seed: f32) -> Vec<f32> {
     (0..len)
         .map(|i| ((i as f32 * 0.377 + seed).sin() * 3.0) * if i % 97 == 0 { 20.0 } else { 1.0 })
         .collect()
+}
+
+/// Asserts that each GEMM output `got` is its exact reference `want` up to f32's
+/// rounding of a sum whose terms' magnitudes add up to `magnitude` (what the
+/// `matmul_reference`s return); `shape` names the case in a failure.
+pub(crate) fn assert_within_rounding(
+    got: &[f32],
+    want: &[f32],
+    magnitude: &[f32],
+    shape: (usize, usize, usize),
+) {
+    let (m, n, k) = shape;
+    assert_eq!(got.len(), want.len(), "({m}, {n}, {k}): output length");
+    for (i, ((g, r), s)) in got.iter().zip(want).zip(magnitude).enumerate() {
+        assert!(
+            (g - r).abs() <= 1e-5 * s + 1e-6,
+            "({m}, {n}, {k}) element {i}: {g} vs {r} (scale {s})"
+        );
+    }
 }
