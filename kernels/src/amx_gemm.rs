@@ -438,8 +438,7 @@ mod amx {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::q8_bytes;
-    use crate::testutil::spiky;
+    use crate::testutil::{assert_relatively_close, q8_bytes, spiky};
 
     #[test]
     fn amx_matches_the_reference_on_ragged_shapes() {
@@ -461,12 +460,7 @@ mod tests {
             let x = spiky(m * k, 0.0);
             let got = w.matmul(&x, m).unwrap();
             let want = matmul_reference(&w, &x, m);
-            for (i, (g, r)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    (g - r).abs() <= 1e-4 * r.abs().max(1.0),
-                    "({m}, {n}, {k}) element {i}: {g} vs {r}"
-                );
-            }
+            assert_relatively_close(&got, &want, 1e-4, (m, n, k));
         }
     }
 

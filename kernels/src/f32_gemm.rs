@@ -292,7 +292,7 @@ mod kernel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::spiky;
+    use crate::testutil::{assert_relatively_close, spiky};
 
     #[test]
     fn the_gemm_matches_the_reference_on_ragged_shapes() {
@@ -315,12 +315,7 @@ mod tests {
             let x = spiky(m * k, 2.0);
             let got = w.matmul(&x, m).unwrap();
             let want = matmul_reference(&w, &x, m);
-            for (i, (g, r)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    (g - r).abs() <= 1e-4 * r.abs().max(1.0),
-                    "({m}, {n}, {k}) element {i}: {g} vs {r}"
-                );
-            }
+            assert_relatively_close(&got, &want, 1e-4, (m, n, k));
         }
     }
 

@@ -1,6 +1,6 @@
 //! Test helpers shared by the kernels' unit tests: deterministic tensors, spiky
 //! values, Q8_0 blocks, the largest absolute difference between two tensors and
-//! the GEMMs' check against their exact references.
+//! the GEMMs' checks against their references.
 
 use candle_core::{Device, Tensor};
 
@@ -79,10 +79,30 @@ pub(crate) fn assert_within_rounding(
 ) {
     let (m, n, k) = shape;
     assert_eq!(got.len(), want.len(), "({m}, {n}, {k}): output length");
+    assert_eq!(magnitude.len(), want.len(), "({m}, {n}, {k}): magnitudes");
     for (i, ((g, r), s)) in got.iter().zip(want).zip(magnitude).enumerate() {
         assert!(
             (g - r).abs() <= 1e-5 * s + 1e-6,
             "({m}, {n}, {k}) element {i}: {g} vs {r} (scale {s})"
+        );
+    }
+}
+
+/// Asserts that each GEMM output `got` is within `relative` of `want` (of 1 where
+/// `want` is smaller), for the GEMMs whose references do not return magnitudes;
+/// `shape` names the case in a failure.
+pub(crate) fn assert_relatively_close(
+    got: &[f32],
+    want: &[f32],
+    relative: f32,
+    shape: (usize, usize, usize),
+) {
+    let (m, n, k) = shape;
+    assert_eq!(got.len(), want.len(), "({m}, {n}, {k}): output length");
+    for (i, (g, r)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - r).abs() <= relative * r.abs().max(1.0),
+            "({m}, {n}, {k}) element {i}: {g} vs {r}"
         );
     }
 }
