@@ -108,6 +108,11 @@ pub fn peak_live_bytes() -> usize {
     PEAK.load(Ordering::Relaxed)
 }
 
+/// Starts a new measurement of [`peak_live_bytes`] at what is live now.
+pub fn reset_peak() {
+    PEAK.store(LIVE.load(Ordering::Relaxed).max(1), Ordering::Relaxed);
+}
+
 /// Largest single allocation requested so far, in bytes (refused ones included).
 pub fn largest_allocation() -> usize {
     LARGEST.load(Ordering::Relaxed)

@@ -68,9 +68,35 @@ impl HeapBoundedPool {
         self.ceiling.load(Ordering::Relaxed)
     }
 
+    /// An error when the heap has no room left under the query's ceiling, now
+    /// that `operator` has made a batch (the check between operators,
+    /// [`crate::limits::heap_check`]).
+    pub fn check_heap_now(&self, operator: &str) -> DfResult<()> {
+        let ceiling = self.ceiling();
+        let live = crate::limits::alloc_meter::live_bytes();
+        // No room left: the heap is at its ceiling or past it.
+        if ceiling == usize::MAX || live < ceiling {
+            return Ok(());
+        }
+        Err(DataFusionError::ResourcesExhausted(format!(
+            "the query's memory passed --memory-limit {} when {operator} made a batch \
+             (the heap holds {} over its ceiling, {} of it reserved in the pool; output \
+             batches and function results count too). Raise --memory-limit or narrow the query",
+            human_readable_size(self.limit),
+            human_readable_size(live - ceiling),
+            human_readable_size(self.inner.reserved()),
+        )))
+    }
+
+    /// Sets the ceiling as a query's start would (tests of what checks it).
+    #[cfg(test)]
+    pub(crate) fn set_ceiling_for_tests(&self, ceiling: usize) {
+        self.ceiling.store(ceiling, Ordering::Relaxed);
+    }
+
     /// An error when the heap, grown by `additional` for `consumer`, would
     /// pass the query's ceiling.
-    fn check_heap(&self, consumer: &MemoryConsumer, additional: usize) -> DfResult<()> {
+    fn check_heap(&self, consumer: &str, additional: usize) -> DfResult<()> {
         let ceiling = self.ceiling();
         if ceiling == usize::MAX {
             return Ok(());
@@ -85,7 +111,7 @@ impl HeapBoundedPool {
              reserved in the pool; output batches and function results count too). \
              Raise --memory-limit or narrow the query",
             human_readable_size(additional),
-            consumer.name(),
+            consumer,
             human_readable_size(self.limit),
             human_readable_size(live + additional - ceiling),
             human_readable_size(self.inner.reserved()),
@@ -121,7 +147,7 @@ impl MemoryPool for HeapBoundedPool {
     }
 
     fn try_grow(&self, reservation: &MemoryReservation, additional: usize) -> DfResult<()> {
-        self.check_heap(reservation.consumer(), additional)?;
+        self.check_heap(reservation.consumer().name(), additional)?;
         self.inner.try_grow(reservation, additional)
     }
 

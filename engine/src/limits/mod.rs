@@ -3,6 +3,7 @@
 //! cancelled query's model work.
 
 pub mod alloc_meter;
+pub mod heap_check;
 pub mod host_memory;
 pub mod memory_guard;
 pub mod query_gate;

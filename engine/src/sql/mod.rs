@@ -596,6 +596,7 @@ impl SqlSession {
         without_panics(
             async {
                 let physical = state.create_physical_plan(&plan).await?;
+                let physical = crate::limits::heap_check::with_heap_checks(physical)?;
                 crate::data::row_sink::stream_rows(physical, self.ctx.task_ctx(), sink).await
             },
             |message| EngineError::Sql(format!("DataFusion failed on the query: {message}")),

@@ -234,6 +234,33 @@ pub(super) fn report_partners(state: &OpState, partner_batch: &RecordBatch) -> R
 /// bounded memory.
 pub(super) const OUTPUT_CHUNK_ROWS: usize = 1 << 20;
 
+/// Rows per output batch of a join whose output rows are made of one anchor
+/// row and one partner row: [`OUTPUT_CHUNK_ROWS`], or fewer where that many
+/// would take more than `chunk_bytes` (an eighth of `--memory-limit`: one
+/// batch is made whole before the heap is checked again, and a chain of
+/// joins makes wide rows).
+fn chunk_rows(chunk_bytes: usize, anchor: &RecordBatch, partner: &RecordBatch) -> usize {
+    let row_bytes = (row_bytes(anchor) + row_bytes(partner)).max(1);
+    (chunk_bytes / row_bytes).clamp(1024, OUTPUT_CHUNK_ROWS)
+}
+
+/// Bytes one row of `batch` takes once picked into an output batch: a view
+/// or a fixed-width value its width, another value its column's share per
+/// row.
+fn row_bytes(batch: &RecordBatch) -> usize {
+    let rows = batch.num_rows().max(1);
+    batch
+        .columns()
+        .iter()
+        .map(|c| match c.data_type() {
+            DataType::Utf8View | DataType::BinaryView => 16,
+            t => t
+                .primitive_width()
+                .unwrap_or_else(|| c.get_array_memory_size() / rows),
+        })
+        .sum::<usize>()
+}
+
 /// The TRUE (anchor row, partner row) pairs of one anchor batch.
 enum TruePairs {
     /// Chosen pair by pair, because equality keys or a residual condition
@@ -266,6 +293,7 @@ pub(super) fn join_batch(
     anchor_batch: RecordBatch,
     partner_batch: Arc<RecordBatch>,
     marks: &mut PartnerMarks,
+    chunk_bytes: usize,
 ) -> Result<JoinOutput> {
     let op = &state.spec.call.op_id;
     state.metrics.input_rows.add(anchor_batch.num_rows());
@@ -348,9 +376,11 @@ pub(super) fn join_batch(
         ),
         None => (Vec::new(), Vec::new()),
     };
+    let chunk_rows = chunk_rows(chunk_bytes, &anchor_batch, &partner_batch);
     Ok(JoinOutput {
         state,
         sides,
+        chunk_rows,
         anchor_batch,
         partner_batch,
         pairs,
@@ -566,6 +596,8 @@ fn listed_pairs(
 pub(super) struct JoinOutput {
     state: Arc<OpState>,
     sides: JoinSides,
+    /// Rows per output batch ([`chunk_rows`]).
+    chunk_rows: usize,
     anchor_batch: RecordBatch,
     partner_batch: Arc<RecordBatch>,
     pairs: TruePairs,
@@ -628,9 +660,9 @@ impl Iterator for JoinOutput {
         let mut rows: Vec<JoinRow> = Vec::new();
         if !self.sides.one_sided() {
             self.pairs
-                .take(&mut self.cursor, &mut rows, OUTPUT_CHUNK_ROWS);
+                .take(&mut self.cursor, &mut rows, self.chunk_rows);
         }
-        let room = OUTPUT_CHUNK_ROWS - rows.len();
+        let room = self.chunk_rows - rows.len();
         let end = self.lone_anchors.len().min(self.next_lone + room);
         rows.extend(
             self.lone_anchors[self.next_lone..end]

@@ -548,21 +548,38 @@ impl AiExec {
         };
         let partners = async move {
             let partner_schema = partner_plan.schema();
-            let batches = datafusion::physical_plan::collect(partner_plan, context.clone()).await?;
-            let partners = Arc::new(compact_views(concat_batches(&partner_schema, &batches)?)?);
             // The partner side stays in memory for the whole join: charged to the
-            // query's pool, so a side past `--memory-limit` fails naming this join.
+            // query's pool batch by batch as it is read (a chain of joins makes
+            // it grow combinatorially), so a side past `--memory-limit` fails
+            // naming this join before it is all in memory.
             let reservation = MemoryConsumer::new(format!(
                 "AiExec {} (partner side of the AI join)",
                 state.spec.call.op_id
             ))
             .register(context.memory_pool());
-            reservation.try_grow(partners.get_array_memory_size())?;
+            let mut read =
+                datafusion::physical_plan::execute_stream(partner_plan, context.clone())?;
+            let mut batches = Vec::new();
+            while let Some(batch) = read.next().await {
+                let batch = batch?;
+                reservation.try_grow(batch.get_array_memory_size())?;
+                batches.push(batch);
+            }
+            drop(read);
+            // Joining the pieces copies them before they are dropped.
+            reservation.try_grow(reservation.size())?;
+            let partners = Arc::new(compact_views(concat_batches(&partner_schema, &batches)?)?);
+            drop(batches);
+            reservation.try_resize(partners.get_array_memory_size())?;
             report_partners(&state, &partners)?;
             let reservation = Arc::new(reservation);
             let marks = Arc::new(std::sync::Mutex::new(PartnerMarks::new(
                 partners.num_rows(),
             )));
+            let chunk_bytes = match context.memory_pool().memory_limit() {
+                datafusion::execution::memory_pool::MemoryLimit::Finite(limit) => limit / 8,
+                _ => usize::MAX,
+            };
             let anchors = datafusion::physical_plan::execute_stream(anchor_plan, context)?;
             let (tail_state, tail_partners, tail_marks) =
                 (state.clone(), partners.clone(), marks.clone());
@@ -578,6 +595,7 @@ impl AiExec {
                             batch,
                             partners,
                             &mut marks.lock().expect("partner marks lock"),
+                            chunk_bytes,
                         )
                     })
                 })

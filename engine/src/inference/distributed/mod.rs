@@ -22,7 +22,7 @@ mod codec;
 mod guard;
 mod message;
 mod remote;
-mod task;
+pub(crate) mod task;
 #[cfg(test)]
 mod wire_tests;
 mod worker;
