@@ -27,8 +27,8 @@ pub const TOKEN_ENV: &str = "AISQL_WORKER_TOKEN";
 
 /// A secret's text: from `file` (named by `flag` in errors), else from the
 /// environment variable `env_name` (its value `env`), else none; with where it
-/// came from, for the caller's own checks. An unreadable file is a usage
-/// error naming it.
+/// came from, for the caller's own checks. An unreadable file, or one that is
+/// not a regular file (a FIFO would hang the start), is a usage error naming it.
 pub fn read_secret(
     file: Option<&Path>,
     flag: &str,
@@ -37,7 +37,7 @@ pub fn read_secret(
 ) -> anyhow::Result<Option<(String, String)>> {
     Ok(match (file, env) {
         (Some(file), _) => {
-            let text = std::fs::read_to_string(file).map_err(|e| {
+            let text = aisql_engine::data::input_file::read_to_string(file).map_err(|e| {
                 UsageError(format!("{flag} {}: cannot read it ({e})", file.display()))
             })?;
             Some((text, format!("{flag} {}", file.display())))
@@ -71,9 +71,9 @@ pub fn worker_token(
     Ok(Some(token.to_string()))
 }
 
-/// The bytes of `file`, named by `flag` in the error.
+/// The bytes of `file`, a regular file, named by `flag` in the error.
 pub fn read_pem(file: &Path, flag: &str) -> anyhow::Result<Vec<u8>> {
-    std::fs::read(file)
+    aisql_engine::data::input_file::read(file)
         .map_err(|e| UsageError(format!("{flag} {}: cannot read it ({e})", file.display())).into())
 }
 

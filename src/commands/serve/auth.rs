@@ -161,4 +161,26 @@ mod tests {
             .to_string();
         assert!(err.contains("cannot read"), "{err}");
     }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_password_file_that_is_a_fifo_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("pw");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        // Opening a FIFO nobody writes to would block this test forever.
+        let err = password(Some(&fifo), None).unwrap_err().to_string();
+        assert!(
+            err.contains("FIFO") && err.contains("--password-file"),
+            "{err}"
+        );
+        let err = crate::commands::worker::read_pem(&fifo, "--tls-key")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("FIFO") && err.contains("--tls-key"), "{err}");
+    }
 }

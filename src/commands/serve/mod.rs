@@ -2,8 +2,12 @@
 //! read-only, on loopback unless `--listen` names another address; a password
 //! (SCRAM-SHA-256) guards any other, and TLS unless `--insecure`. Every
 //! session's statements run on one model, one at a time ([`Connection`]).
+//! Each connection's life is [`connection`]'s; who is let in, [`admission`]'s.
 
+mod admission;
 mod auth;
+mod connection;
+mod message_limit;
 mod statements;
 
 use std::net::SocketAddr;
@@ -60,7 +64,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         );
         use std::io::Write;
         std::io::stdout().flush()?;
-        let slots = Arc::new(tokio::sync::Semaphore::new(args.max_connections));
+        let server = Arc::new(connection::Server {
+            handlers,
+            tls,
+            admission: admission::Admission::new(args.max_authenticating, args.max_connections),
+            auth_timeout: args.auth_timeout_s,
+            max_message_bytes: args.max_statement_bytes,
+        });
         let shutdown = shutdown_signal();
         tokio::pin!(shutdown);
         loop {
@@ -70,24 +80,25 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     Ok(accepted) => accepted,
                     Err(e) => {
                         eprintln!("aisql serve: accepting a connection: {e}");
+                        // Out of file descriptors, say: let some close.
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                         continue;
                     }
                 },
             };
-            let Ok(slot) = slots.clone().try_acquire_owned() else {
-                eprintln!(
-                    "aisql serve: refused {peer}: {} connections are open (--max-connections)",
-                    args.max_connections
-                );
-                continue;
+            // Admitted before anything is read or allocated for it.
+            let slot = match server.admission.authenticating(peer.ip()) {
+                Ok(slot) => slot,
+                Err(reason) => {
+                    server.admission.refuse(socket, reason);
+                    continue;
+                }
             };
-            let handlers = handlers.clone();
-            let tls = tls.clone();
+            let server = server.clone();
             tokio::spawn(async move {
-                if let Err(e) = pgwire::tokio::process_socket(socket, tls, handlers).await {
+                if let Err(e) = connection::serve(server, socket, peer, slot).await {
                     eprintln!("aisql serve: connection from {peer}: {e}");
                 }
-                drop(slot);
             });
         }
         eprintln!("aisql serve: stopped");
