@@ -15,6 +15,9 @@ use assert_cmd::cargo::CommandCargoExt;
 struct Server {
     child: Child,
     port: u16,
+    /// The owner's generated password, where the server took it (loopback,
+    /// none given).
+    password: Option<String>,
 }
 
 impl Server {
@@ -45,7 +48,15 @@ impl Server {
             .and_then(|rest| rest.split_whitespace().next())
             .unwrap_or_else(|| panic!("no listening line, got {line:?}"));
         let port = addr.rsplit(':').next().unwrap().parse().unwrap();
-        Server { child, port }
+        let password = line.split_once("the one in ").map(|(_, file)| {
+            let file = file.trim_end().trim_end_matches(')');
+            std::fs::read_to_string(file).unwrap().trim().to_string()
+        });
+        Server {
+            child,
+            port,
+            password,
+        }
     }
 }
 
@@ -91,7 +102,7 @@ fn psql(server: &Server, sql: &str, password: Option<&str>) -> std::process::Out
         .args(["-c", sql])
         .env_remove("PGPASSWORD")
         .env("PGCONNECT_TIMEOUT", "20");
-    if let Some(password) = password {
+    if let Some(password) = password.or(server.password.as_deref()) {
         cmd.env("PGPASSWORD", password);
     }
     cmd.output()
@@ -207,6 +218,38 @@ fn psql_reads_the_catalog_and_runs_plain_ai_and_explain_analyze() {
         assert!(!out.status.success(), "{refused} was answered");
         assert!(err.contains("read-only"), "{refused}: {err}");
     }
+}
+
+#[test]
+fn loopback_without_a_password_takes_the_owners_generated_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = docs_csv(dir.path(), 5, 4);
+    let server = Server::start(
+        &[
+            "--table",
+            &format!("docs={}", docs.display()),
+            "--backend",
+            "model",
+            "--model",
+            "tiny",
+        ],
+        &[],
+    );
+    let password = server.password.clone().expect("no generated password named");
+    assert!(password.len() >= 32, "{password}");
+    // Another local user (here: a client without it) is refused.
+    let out = Command::new("psql")
+        .args(["-X", "-w", "-h", "127.0.0.1", "-p", &server.port.to_string()])
+        .args(["-U", "u", "-d", "d", "-c", "SELECT count(*) FROM docs"])
+        .env_remove("PGPASSWORD")
+        .env("PGPASSFILE", dir.path().join("none"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a client without the password was served");
+    assert_eq!(
+        stdout(&psql(&server, "SELECT count(*) FROM docs", None)).trim(),
+        "5"
+    );
 }
 
 #[test]
@@ -375,6 +418,7 @@ fn tls_is_served_when_asked_and_a_network_address_needs_a_password() {
             server.port
         ))
         .args(["-X", "-c", "\\conninfo", "-c", "SELECT count(*) FROM docs"])
+        .env("PGPASSWORD", server.password.as_deref().unwrap())
         .output()
         .unwrap();
     let text = stdout(&out);
@@ -712,6 +756,7 @@ fn a_statement_over_the_size_limit_is_refused_and_the_session_goes_on() {
         .args(["-U", "u", "-d", "d", "-A", "-t", "-f"])
         .arg(&script)
         .env("PGCONNECT_TIMEOUT", "20")
+        .env("PGPASSWORD", server.password.as_deref().unwrap())
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -753,6 +798,7 @@ fn closed_connections_give_their_memory_back() {
             .args(["-c", CONNECTIONS_IN_TURN])
             .arg(server.port.to_string())
             .arg(n.to_string())
+            .env("PGPASSWORD", server.password.as_deref().unwrap())
             .output()
             .unwrap();
         assert!(

@@ -14,6 +14,7 @@ mod rows;
 mod serve;
 mod shell;
 mod sql;
+mod owner_secret;
 mod worker;
 
 use crate::cli::{Cli, Command};

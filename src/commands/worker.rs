@@ -25,6 +25,10 @@ const LISTEN_ENV: &str = "AISQL_WORKER_LISTEN";
 /// coordinator), when no token file is given.
 pub const TOKEN_ENV: &str = "AISQL_WORKER_TOKEN";
 
+/// The owner's generated worker token, taken by a loopback worker given none
+/// and sent by a coordinator given none to loopback workers.
+pub const GENERATED_TOKEN: &str = "worker.token";
+
 /// A secret's text: from `file` (named by `flag` in errors), else from the
 /// environment variable `env_name` (its value `env`), else none; with where it
 /// came from, for the caller's own checks. An unreadable file, or one that is
@@ -99,11 +103,22 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
     if b.model.gpu.as_ref().is_some_and(|g| g.len() > 1) || b.cpu_workers.is_some_and(|n| n > 1) {
         refuse("start one `aisql worker` per device")?;
     }
-    let token = worker_token(
+    let mut token = worker_token(
         args.token_file.as_deref(),
         "--token-file",
         std::env::var(TOKEN_ENV).ok(),
     )?;
+    // Loopback is every local user's: without a token of its own the worker
+    // takes its owner's generated one, which the owner's coordinators read.
+    if token.is_none() && listen.ip().is_loopback() {
+        let (secret, file) = super::owner_secret::get_or_make(GENERATED_TOKEN)?;
+        eprintln!(
+            "aisql worker: no --token-file: coordinators must give the token in {} (this \
+             user's coordinators read it themselves)",
+            file.display()
+        );
+        token = Some(secret);
+    }
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {
             Some((read_pem(cert, "--tls-cert")?, read_pem(key, "--tls-key")?))

@@ -32,10 +32,18 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:5433";
 /// Runs the server until Ctrl-C or SIGTERM.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let listen = parse_listen(args.listen.as_deref().unwrap_or(DEFAULT_LISTEN), "--listen")?;
-    let password = auth::password(
+    let mut password = auth::password(
         args.password_file.as_deref(),
         std::env::var(auth::PASSWORD_ENV).ok(),
     )?;
+    // Loopback is every local user's: without a password of its own the
+    // server takes its owner's generated one.
+    let mut generated = None;
+    if password.is_none() && listen.ip().is_loopback() {
+        let (secret, file) = super::owner_secret::get_or_make(auth::GENERATED_PASSWORD)?;
+        password = Some(secret);
+        generated = Some(file);
+    }
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(tls_acceptor(cert, key)?),
         _ => None,
@@ -54,12 +62,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("listening on {listen}"))?;
         let bound = listener.local_addr()?;
         println!(
-            "listening on {bound} ({}{})",
+            "listening on {bound} ({}, password required{})",
             if tls.is_some() { "TLS" } else { "no TLS" },
-            if handlers.needs_password() {
-                ", password required"
-            } else {
-                ""
+            match &generated {
+                Some(file) => format!(": the one in {}", file.display()),
+                None => String::new(),
             }
         );
         use std::io::Write;
