@@ -25,7 +25,7 @@ use tokio_util::codec::{Framed, FramedParts};
 
 use super::admission::{Admission, Authenticating, TOO_MANY_CONNECTIONS};
 use super::message_limit::{Limited, Oversized, Tracker};
-use super::statements::{Handlers, Statement};
+use super::statements::Handlers;
 
 /// What every connection of one server shares.
 pub struct Server {
@@ -38,7 +38,9 @@ pub struct Server {
     pub max_message_bytes: usize,
 }
 
-type Socket = Framed<Limited<MaybeTls>, PgWireMessageServerCodec<Statement>>;
+/// A client's connection: pgwire's framing over the message limit. `S` is
+/// the prepared statement pgwire keeps (the query handler's type).
+type Socket<S> = Framed<Limited<MaybeTls>, PgWireMessageServerCodec<S>>;
 
 /// How often a running statement looks whether its client is gone.
 const DISCONNECT_POLL: Duration = Duration::from_millis(100);
@@ -61,7 +63,7 @@ pub async fn serve(
     let deadline = tokio::time::Instant::now() + server.auth_timeout;
     let negotiated = match tokio::time::timeout_at(
         deadline,
-        negotiate_tls::<Statement>(tcp, server.tls.clone()),
+        negotiate_tls(tcp, server.tls.clone()),
     )
     .await
     {
@@ -81,7 +83,7 @@ pub async fn serve(
     );
     limited.read_buf = parts.read_buf;
     limited.write_buf = parts.write_buf;
-    let mut socket: Socket = Framed::from_parts(limited);
+    let mut socket = Framed::from_parts(limited);
 
     if server.tls.is_some() && !socket.is_secure() && !peer.ip().to_canonical().is_loopback() {
         let message = format!(
@@ -226,7 +228,7 @@ fn too_large(oversized: Oversized, max: usize) -> PgWireError {
 
 /// Sends a FATAL error, giving up after [`FATAL_SEND_TIME`] (a client that
 /// reads nothing holds no task).
-async fn send_fatal(socket: &mut Socket, code: &str, message: String) {
+async fn send_fatal<S>(socket: &mut Socket<S>, code: &str, message: String) {
     let error = ErrorInfo::new("FATAL".into(), code.into(), message);
     let _ = tokio::time::timeout(
         FATAL_SEND_TIME,

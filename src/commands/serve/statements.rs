@@ -41,9 +41,6 @@ use aisql_engine::sql::{SqlOutput, SqlSession};
 /// The catalog every session's tables are in, as PostgreSQL clients see it.
 const CATALOG: &str = "datafusion";
 
-/// A prepared statement, as pgwire keeps it for a client.
-pub type Statement = <DfSessionService as ExtendedQueryHandler>::Statement;
-
 /// Everything one server's connections share.
 pub struct Handlers {
     statements: Arc<Statements>,
@@ -453,10 +450,10 @@ fn check_parameter_casts(plan: &LogicalPlan, params: &ParamValues) -> PgWireResu
     plan.apply_with_subqueries(|node| {
         node.apply_expressions(|expr| {
             expr.apply(|e| {
-                if let Expr::Cast(Cast { expr, data_type }) = e
+                if let Expr::Cast(Cast { expr, field }) = e
                     && let Expr::Placeholder(placeholder) = expr.as_ref()
                 {
-                    casts.push((placeholder.id.clone(), data_type.clone()));
+                    casts.push((placeholder.id.clone(), field.data_type().clone()));
                 }
                 Ok(TreeNodeRecursion::Continue)
             })
