@@ -267,7 +267,7 @@ mod tests {
         assert!(completes_authentication(&startup, false, 0));
         assert!(!completes_authentication(&startup, true, 0));
         let password = PgWireFrontendMessage::PasswordMessageFamily(PasswordMessageFamily::Raw(
-            bytes::Bytes::from_static(b"x"),
+            bytes::BytesMut::from(&b"x"[..]),
         ));
         assert!(!completes_authentication(&password, true, 1));
         assert!(completes_authentication(&password, true, 2));
