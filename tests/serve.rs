@@ -693,6 +693,15 @@ try:
 except psycopg.Error as e:
     assert "statement_timeout" in str(e), str(e)
 a.execute("SET statement_timeout = 0")
+
+# A parameter that cannot be its cast's type is named, with the type.
+try:
+    a.execute("SELECT %s::int + 1", ("forty-one",))
+    raise SystemExit("a text was bound to an int")
+except psycopg.Error as e:
+    assert "$1" in str(e) and "Int32" in str(e), str(e)
+    print("bad parameter:", str(e).strip())
+assert a.execute("SELECT %s::int + 1", ("41",)).fetchone()[0] == 42
 a.close()
 
 # A client that disconnects mid-statement: its statement stops, the model is
