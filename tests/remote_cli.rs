@@ -384,7 +384,10 @@ fn token_and_tls_workers_serve_only_coordinators_that_have_them() {
     assert_eq!(std::fs::read_to_string(&owner_rows).unwrap(), want);
     let guess_rows = s.dir.join("guess.csv");
     let (ok, stderr) = run(query_at(&s, &guess_rows, &w.addr).env("AISQL_WORKER_TOKEN", "a-guess"));
-    assert!(!ok, "a loopback worker served a coordinator without its token");
+    assert!(
+        !ok,
+        "a loopback worker served a coordinator without its token"
+    );
     assert!(stderr.contains("token"), "{stderr}");
     drop(w);
 

@@ -235,17 +235,30 @@ fn loopback_without_a_password_takes_the_owners_generated_one() {
         ],
         &[],
     );
-    let password = server.password.clone().expect("no generated password named");
+    let password = server
+        .password
+        .clone()
+        .expect("no generated password named");
     assert!(password.len() >= 32, "{password}");
     // Another local user (here: a client without it) is refused.
     let out = Command::new("psql")
-        .args(["-X", "-w", "-h", "127.0.0.1", "-p", &server.port.to_string()])
+        .args([
+            "-X",
+            "-w",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &server.port.to_string(),
+        ])
         .args(["-U", "u", "-d", "d", "-c", "SELECT count(*) FROM docs"])
         .env_remove("PGPASSWORD")
         .env("PGPASSFILE", dir.path().join("none"))
         .output()
         .unwrap();
-    assert!(!out.status.success(), "a client without the password was served");
+    assert!(
+        !out.status.success(),
+        "a client without the password was served"
+    );
     assert_eq!(
         stdout(&psql(&server, "SELECT count(*) FROM docs", None)).trim(),
         "5"
@@ -599,7 +612,10 @@ fn half_open_connections_cannot_lock_clients_out() {
             let quick = tokio::time::Instant::now() + std::time::Duration::from_millis(300);
             match until_closed(&mut stream, quick.min(soon)).await {
                 Some(text) => {
-                    assert!(text.contains("53300") && text.contains("too many"), "{text:?}");
+                    assert!(
+                        text.contains("53300") && text.contains("too many"),
+                        "{text:?}"
+                    );
                     refused += 1;
                 }
                 None => held.push(stream),
@@ -827,7 +843,10 @@ fn closed_connections_give_their_memory_back() {
         before as f64 / 1e6,
         after as f64 / 1e6
     );
-    assert!(grown < 50.0, "the server kept {grown:.1} MB of 300 closed connections");
+    assert!(
+        grown < 50.0,
+        "the server kept {grown:.1} MB of 300 closed connections"
+    );
 }
 
 /// argv = port, n: n connections one after another, each running a statement.
@@ -861,7 +880,10 @@ fn start_up_files_must_be_regular_files() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("FIFO") && err.contains("--password-file"), "{err}");
+    assert!(
+        err.contains("FIFO") && err.contains("--password-file"),
+        "{err}"
+    );
     assert!(started.elapsed() < std::time::Duration::from_secs(20));
 }
 

@@ -317,9 +317,8 @@ fn remote_workers(
     // Workers on this machine without a token of their own take the owner's
     // generated one.
     if token.is_none() && addrs.iter().all(|a| is_loopback_worker(a)) {
-        token = super::owner_secret::read(&super::owner_secret::path(
-            super::worker::GENERATED_TOKEN,
-        ))?;
+        token =
+            super::owner_secret::read(&super::owner_secret::path(super::worker::GENERATED_TOKEN))?;
     }
     let options = ConnectOptions {
         token,

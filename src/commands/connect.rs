@@ -266,8 +266,12 @@ impl Connection {
         plan: LogicalPlan,
     ) -> anyhow::Result<SqlOutput> {
         let started = Instant::now();
-        self.in_turn(async { session.run_plan(plan, started).await }, started, None)
-            .await
+        self.in_turn(
+            async { session.run_plan(plan, started).await },
+            started,
+            None,
+        )
+        .await
     }
 
     /// Runs `sql` with its placeholders (`$1`, ...) bound to `params`, as

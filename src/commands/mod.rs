@@ -8,13 +8,13 @@ mod data;
 mod deadline;
 mod estimate;
 mod model;
+mod owner_secret;
 mod paths;
 mod query;
 mod rows;
 mod serve;
 mod shell;
 mod sql;
-mod owner_secret;
 mod worker;
 
 use crate::cli::{Cli, Command};

@@ -76,7 +76,8 @@ pub fn read(file: &Path) -> anyhow::Result<Option<String>> {
             );
         }
     }
-    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
     let secret = text.trim();
     Ok((!secret.is_empty()).then(|| secret.to_string()))
 }

@@ -147,7 +147,9 @@ async fn refuse(mut socket: TcpStream, reason: &str) -> std::io::Result<()> {
         }
         rest -= n;
     }
-    socket.write_all(&fatal_bytes(TOO_MANY_CONNECTIONS, reason)).await?;
+    socket
+        .write_all(&fatal_bytes(TOO_MANY_CONNECTIONS, reason))
+        .await?;
     socket.shutdown().await?;
     while socket.read(&mut sink).await? > 0 {}
     Ok(())
@@ -174,14 +176,23 @@ mod tests {
         let first = admission.authenticating(a).unwrap();
         let _second = admission.authenticating(a).unwrap();
         let err = admission.authenticating(a).err().unwrap();
-        assert!(err.contains("10.0.0.1") && err.contains("too many"), "{err}");
+        assert!(
+            err.contains("10.0.0.1") && err.contains("too many"),
+            "{err}"
+        );
         // Another address still gets in; a slot given back is free again.
         let _other = admission.authenticating(b).unwrap();
         drop(first);
         let _again = admission.authenticating(a).unwrap();
         // Sessions come from a pool of their own.
         let session = admission.session().unwrap();
-        assert!(admission.session().err().unwrap().contains("--max-connections"));
+        assert!(
+            admission
+                .session()
+                .err()
+                .unwrap()
+                .contains("--max-connections")
+        );
         drop(session);
         assert!(admission.session().is_ok());
     }
@@ -202,6 +213,10 @@ mod tests {
             .unwrap();
         assert!(err.contains("--max-authenticating"), "{err}");
         drop(held);
-        assert!(admission.authenticating("10.0.0.9".parse().unwrap()).is_ok());
+        assert!(
+            admission
+                .authenticating("10.0.0.9".parse().unwrap())
+                .is_ok()
+        );
     }
 }

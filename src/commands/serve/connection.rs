@@ -61,15 +61,11 @@ pub async fn serve(
     // first is busy with its statement.
     let watch = watcher(&tcp)?;
     let deadline = tokio::time::Instant::now() + server.auth_timeout;
-    let negotiated = match tokio::time::timeout_at(
-        deadline,
-        negotiate_tls(tcp, server.tls.clone()),
-    )
-    .await
-    {
-        Ok(negotiated) => negotiated?,
-        Err(_) => return Ok(()),
-    };
+    let negotiated =
+        match tokio::time::timeout_at(deadline, negotiate_tls(tcp, server.tls.clone())).await {
+            Ok(negotiated) => negotiated?,
+            Err(_) => return Ok(()),
+        };
     // A direct TLS hello to a server without a certificate.
     let Some(negotiated) = negotiated else {
         return Ok(());
@@ -77,10 +73,8 @@ pub async fn serve(
     let parts = negotiated.into_parts();
     let mut tracker = Tracker::new(server.max_message_bytes);
     tracker.skip_read(&parts.read_buf);
-    let mut limited = FramedParts::new::<PgWireBackendMessage>(
-        Limited::new(parts.io, tracker),
-        parts.codec,
-    );
+    let mut limited =
+        FramedParts::new::<PgWireBackendMessage>(Limited::new(parts.io, tracker), parts.codec);
     limited.read_buf = parts.read_buf;
     limited.write_buf = parts.write_buf;
     let mut socket = Framed::from_parts(limited);
@@ -106,7 +100,8 @@ pub async fn serve(
     loop {
         let authenticating = matches!(
             socket.state(),
-            PgWireConnectionState::AwaitingStartup | PgWireConnectionState::AuthenticationInProgress
+            PgWireConnectionState::AwaitingStartup
+                | PgWireConnectionState::AuthenticationInProgress
         );
         if !authenticating {
             // Authenticated: the slot goes back to those still knocking.

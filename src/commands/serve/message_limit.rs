@@ -25,7 +25,11 @@ const FLUSH: [u8; 5] = [b'H', 0, 0, 0, 4];
 enum Position {
     /// Reading a header: 4 bytes for the untyped start-up packet, 5 (type and
     /// length) for every later message.
-    Header { bytes: [u8; 5], have: usize, typed: bool },
+    Header {
+        bytes: [u8; 5],
+        have: usize,
+        typed: bool,
+    },
     /// Passing this many body bytes on.
     Body(usize),
     /// Dropping this many body bytes.
@@ -238,7 +242,11 @@ mod tests {
         stream.extend(message(b'Q', &[b'x'; 100]));
         for piece in [1, 2, 3, 5, 7, 1000] {
             let mut tracker = Tracker::new(104);
-            assert_eq!(pass(&mut tracker, &stream, piece), stream, "pieces of {piece}");
+            assert_eq!(
+                pass(&mut tracker, &stream, piece),
+                stream,
+                "pieces of {piece}"
+            );
             assert_eq!(tracker.take_oversized(), None);
         }
     }

@@ -168,7 +168,12 @@ fn statement_timeout_value(statement: &Statement) -> Option<Result<Option<Durati
     let value = text[at..].trim_start_matches(['"', ' ']);
     let value = value
         .strip_prefix('=')
-        .or_else(|| value.get(..3).filter(|v| v.eq_ignore_ascii_case("to ")).map(|_| &value[3..]))
+        .or_else(|| {
+            value
+                .get(..3)
+                .filter(|v| v.eq_ignore_ascii_case("to "))
+                .map(|_| &value[3..])
+        })
         .unwrap_or(value)
         .trim()
         .trim_matches('\'')
@@ -304,7 +309,11 @@ impl QueryHook for EngineStatements {
             let session = self.session_of(&*client).await?;
             let out = self
                 .connection
-                .run_within(&session, &statement.to_string(), statement_timeout(&*client))
+                .run_within(
+                    &session,
+                    &statement.to_string(),
+                    statement_timeout(&*client),
+                )
                 .await
                 .map_err(user_error)?;
             rows_response(out, &Format::UnifiedText, client.metadata())
@@ -608,12 +617,17 @@ mod tests {
             );
         }
         assert_eq!(
-            engine_setting(&statement("SET \"datafusion\".\"execution\".\"batch_size\" TO 1"))
-                .as_deref(),
+            engine_setting(&statement(
+                "SET \"datafusion\".\"execution\".\"batch_size\" TO 1"
+            ))
+            .as_deref(),
             Some("datafusion.execution.batch_size")
         );
         assert_eq!(engine_setting(&statement("SET search_path = public")), None);
-        assert_eq!(engine_setting(&statement("SET statement_timeout = '1s'")), None);
+        assert_eq!(
+            engine_setting(&statement("SET statement_timeout = '1s'")),
+            None
+        );
     }
 
     #[test]
@@ -637,8 +651,13 @@ mod tests {
         );
         assert_eq!(value("SET statement_timeout = 0"), Some(Ok(None)));
         assert_eq!(value("SET statement_timeout TO DEFAULT"), Some(Ok(None)));
-        let err = value("SET statement_timeout = '1 fortnight'").unwrap().unwrap_err();
-        assert!(err.contains("statement_timeout") && err.contains("fortnight"), "{err}");
+        let err = value("SET statement_timeout = '1 fortnight'")
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            err.contains("statement_timeout") && err.contains("fortnight"),
+            "{err}"
+        );
         assert_eq!(value("SET application_name = 'x'"), None);
     }
 
@@ -672,8 +691,7 @@ mod tests {
             ])
         };
         assert!(check_parameter_casts(&plan, &params("41")).is_ok());
-        let Err(PgWireError::UserError(info)) = check_parameter_casts(&plan, &params("abc"))
-        else {
+        let Err(PgWireError::UserError(info)) = check_parameter_casts(&plan, &params("abc")) else {
             panic!("a text that is no integer was let through");
         };
         assert!(
