@@ -79,10 +79,24 @@ pub struct ServeArgs {
     /// but queries and rows cross the network readable).
     #[arg(long)]
     pub insecure: bool,
-    /// Connections served at once; more are refused until one closes.
+    /// Authenticated sessions served at once; a client that authenticates
+    /// past them is refused ("too many connections") until one closes.
     #[arg(long, value_name = "N", default_value_t = 64,
           value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
     pub max_connections: usize,
+    /// Connections still authenticating at once, in a pool of their own (one
+    /// client address may hold a quarter of it); more are refused at once.
+    #[arg(long, value_name = "N", default_value_t = 32,
+          value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    pub max_authenticating: usize,
+    /// Seconds a connection has to authenticate before it is closed.
+    #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = seconds)]
+    pub auth_timeout_s: Duration,
+    /// The longest message (a statement, its parameters) a client may send, in
+    /// bytes; a longer one is skipped unread and answered with an error.
+    #[arg(long, value_name = "BYTES", default_value_t = 4 << 20,
+          value_parser = clap::value_parser!(u64).range(1024..).map(|n| n as usize))]
+    pub max_statement_bytes: usize,
     #[command(flatten)]
     pub connect: ConnectArgs,
 }

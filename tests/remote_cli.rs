@@ -369,6 +369,28 @@ fn token_and_tls_workers_serve_only_coordinators_that_have_them() {
     assert_eq!(std::fs::read_to_string(&env_rows).unwrap(), want);
     drop(w);
 
+    // On loopback without a token a worker takes its owner's generated one,
+    // in a file only the owner reads: the owner's coordinators find it, a
+    // coordinator without it is refused.
+    let w = Worker::start(&s.cache, &[]);
+    let generated = s.cache.join("worker.token");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&generated).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{mode:o}");
+    }
+    let owner_rows = s.dir.join("owner.csv");
+    run_ok(&mut query_at(&s, &owner_rows, &w.addr));
+    assert_eq!(std::fs::read_to_string(&owner_rows).unwrap(), want);
+    let guess_rows = s.dir.join("guess.csv");
+    let (ok, stderr) = run(query_at(&s, &guess_rows, &w.addr).env("AISQL_WORKER_TOKEN", "a-guess"));
+    assert!(
+        !ok,
+        "a loopback worker served a coordinator without its token"
+    );
+    assert!(stderr.contains("token"), "{stderr}");
+    drop(w);
+
     // TLS with the test CA's certificate for 127.0.0.1.
     let tls =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("engine/src/inference/distributed/testdata");

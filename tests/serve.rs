@@ -15,15 +15,23 @@ use assert_cmd::cargo::CommandCargoExt;
 struct Server {
     child: Child,
     port: u16,
+    /// The owner's generated password, where the server took it (loopback,
+    /// none given).
+    password: Option<String>,
 }
 
 impl Server {
     /// Starts `aisql serve --listen 127.0.0.1:0 ARGS` and waits for its
     /// `listening on` line.
     fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
+        Self::start_on("127.0.0.1:0", args, env)
+    }
+
+    /// Starts `aisql serve --listen LISTEN ARGS`, as [`Self::start`].
+    fn start_on(listen: &str, args: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::cargo_bin("aisql")
             .unwrap()
-            .args(["serve", "--listen", "127.0.0.1:0", "--progress", "off"])
+            .args(["serve", "--listen", listen, "--progress", "off"])
             .args(args)
             .env_remove("AISQL_PASSWORD")
             .envs(env.iter().copied())
@@ -40,7 +48,15 @@ impl Server {
             .and_then(|rest| rest.split_whitespace().next())
             .unwrap_or_else(|| panic!("no listening line, got {line:?}"));
         let port = addr.rsplit(':').next().unwrap().parse().unwrap();
-        Server { child, port }
+        let password = line.split_once("the one in ").map(|(_, file)| {
+            let file = file.trim_end().trim_end_matches(')');
+            std::fs::read_to_string(file).unwrap().trim().to_string()
+        });
+        Server {
+            child,
+            port,
+            password,
+        }
     }
 }
 
@@ -86,7 +102,7 @@ fn psql(server: &Server, sql: &str, password: Option<&str>) -> std::process::Out
         .args(["-c", sql])
         .env_remove("PGPASSWORD")
         .env("PGCONNECT_TIMEOUT", "20");
-    if let Some(password) = password {
+    if let Some(password) = password.or(server.password.as_deref()) {
         cmd.env("PGPASSWORD", password);
     }
     cmd.output()
@@ -186,6 +202,67 @@ fn psql_reads_the_catalog_and_runs_plain_ai_and_explain_analyze() {
         None,
     );
     assert!(!create.status.success());
+    assert!(
+        String::from_utf8_lossy(&create.stderr).contains("--table NAME=PATH"),
+        "{}",
+        String::from_utf8_lossy(&create.stderr)
+    );
+    for refused in [
+        "SET \"datafusion\".\"execution\".\"batch_size\" TO 1",
+        "SET \"aisql\".\"max_fresh_tokens\" = 1",
+        "COPY docs TO STDOUT",
+        "COPY docs FROM STDIN",
+    ] {
+        let out = psql(&server, refused, None);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{refused} was answered");
+        assert!(err.contains("read-only"), "{refused}: {err}");
+    }
+}
+
+#[test]
+fn loopback_without_a_password_takes_the_owners_generated_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = docs_csv(dir.path(), 5, 4);
+    let server = Server::start(
+        &[
+            "--table",
+            &format!("docs={}", docs.display()),
+            "--backend",
+            "model",
+            "--model",
+            "tiny",
+        ],
+        &[],
+    );
+    let password = server
+        .password
+        .clone()
+        .expect("no generated password named");
+    assert!(password.len() >= 32, "{password}");
+    // Another local user (here: a client without it) is refused.
+    let out = Command::new("psql")
+        .args([
+            "-X",
+            "-w",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &server.port.to_string(),
+        ])
+        .args(["-U", "u", "-d", "d", "-c", "SELECT count(*) FROM docs"])
+        .env_remove("PGPASSWORD")
+        .env("PGPASSFILE", dir.path().join("none"))
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "a client without the password was served"
+    );
+    assert_eq!(
+        stdout(&psql(&server, "SELECT count(*) FROM docs", None)).trim(),
+        "5"
+    );
 }
 
 #[test]
@@ -354,6 +431,7 @@ fn tls_is_served_when_asked_and_a_network_address_needs_a_password() {
             server.port
         ))
         .args(["-X", "-c", "\\conninfo", "-c", "SELECT count(*) FROM docs"])
+        .env("PGPASSWORD", server.password.as_deref().unwrap())
         .output()
         .unwrap();
     let text = stdout(&out);
@@ -375,6 +453,438 @@ fn tls_is_served_when_asked_and_a_network_address_needs_a_password() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(wanted) && err.contains("0.0.0.0"), "{err}");
     }
+}
+
+/// A self-signed certificate and its key for `localhost`, in `dir`.
+fn certificate(dir: &Path) -> (PathBuf, PathBuf) {
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let made = Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args(["-subj", "/CN=localhost", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl (Debian: apt-get install openssl)");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    (cert, key)
+}
+
+/// One of this machine's addresses that is not loopback, if it has one.
+fn non_loopback_address() -> Option<String> {
+    let out = Command::new("hostname").arg("-I").output().ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|a| a.parse::<std::net::IpAddr>().ok())
+        .find(|a| a.is_ipv4() && !a.is_loopback())
+        .map(|a| a.to_string())
+}
+
+#[test]
+fn a_client_off_the_machine_gets_tls_or_nothing() {
+    let Some(address) = non_loopback_address() else {
+        eprintln!("skipped: this machine has no non-loopback IPv4 address (hostname -I)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path());
+    let docs = docs_csv(dir.path(), 5, 4);
+    let server = Server::start_on(
+        "0.0.0.0:0",
+        &[
+            "--table",
+            &format!("docs={}", docs.display()),
+            "--backend",
+            "model",
+            "--model",
+            "tiny",
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+        &[("AISQL_PASSWORD", "pw")],
+    );
+    let connect = |host: &str, sslmode: &str| {
+        Command::new("psql")
+            .arg(format!(
+                "host={host} port={} user=u dbname=d sslmode={sslmode} connect_timeout=20",
+                server.port
+            ))
+            .args(["-X", "-A", "-t", "-c", "SELECT count(*) FROM docs"])
+            .env("PGPASSWORD", "pw")
+            .output()
+            .unwrap()
+    };
+    let plain = connect(&address, "disable");
+    let err = String::from_utf8_lossy(&plain.stderr);
+    assert!(!plain.status.success(), "a plaintext session was served");
+    assert!(err.contains("requires TLS"), "{err}");
+    assert!(!String::from_utf8_lossy(&plain.stdout).contains('5'));
+    assert_eq!(stdout(&connect(&address, "require")).trim(), "5");
+    // The machine's own clients may go without it.
+    assert_eq!(stdout(&connect("127.0.0.1", "disable")).trim(), "5");
+}
+
+/// Opens a TCP connection to `port` on 127.0.0.1 from `source`, sends a
+/// start-up packet and nothing more.
+async fn half_open(source: &str, port: u16) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    let mut stream = socket
+        .connect(format!("127.0.0.1:{port}").parse().unwrap())
+        .await
+        .unwrap();
+    let mut body = vec![0, 3, 0, 0];
+    for part in ["user", "idle", "database", "idle", ""] {
+        body.extend_from_slice(part.as_bytes());
+        body.push(0);
+    }
+    let mut packet = ((body.len() + 4) as u32).to_be_bytes().to_vec();
+    packet.extend(body);
+    stream.write_all(&packet).await.unwrap();
+    stream
+}
+
+/// What the server sends on `stream` until it closes it, or `None` if it
+/// has not closed it by `deadline`.
+async fn until_closed(
+    stream: &mut tokio::net::TcpStream,
+    deadline: tokio::time::Instant,
+) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(String::from_utf8_lossy(&got).into_owned()),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+#[test]
+fn half_open_connections_cannot_lock_clients_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = docs_csv(dir.path(), 5, 4);
+    let server = Server::start(
+        &[
+            "--table",
+            &format!("docs={}", docs.display()),
+            "--backend",
+            "model",
+            "--model",
+            "tiny",
+            "--max-authenticating",
+            "8",
+            "--auth-timeout-s",
+            "2",
+            "--max-connections",
+            "2",
+        ],
+        &[("AISQL_PASSWORD", "pw")],
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // 40 connections from one address that never authenticate: two (its
+        // quarter of 8) wait their turn, the others are refused at once with
+        // PostgreSQL's error.
+        let mut idle = Vec::new();
+        for _ in 0..40 {
+            idle.push(half_open("127.0.0.2", server.port).await);
+        }
+        let soon = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut refused = 0;
+        let mut held = Vec::new();
+        for mut stream in idle {
+            // The ones held get the SCRAM request and wait; look briefly.
+            let quick = tokio::time::Instant::now() + std::time::Duration::from_millis(300);
+            match until_closed(&mut stream, quick.min(soon)).await {
+                Some(text) => {
+                    assert!(
+                        text.contains("53300") && text.contains("too many"),
+                        "{text:?}"
+                    );
+                    refused += 1;
+                }
+                None => held.push(stream),
+            }
+        }
+        assert!(refused >= 38, "{refused} of 40 refused");
+        // Meanwhile a real client from another address gets in.
+        let out = psql(&server, "SELECT count(*) FROM docs", Some("pw"));
+        assert_eq!(stdout(&out).trim(), "5");
+        // Those that never authenticate are closed at the deadline, told why.
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        for stream in &mut held {
+            let text = until_closed(stream, deadline)
+                .await
+                .expect("a half-open connection outlived --auth-timeout-s");
+            assert!(text.contains("--auth-timeout-s"), "{text:?}");
+        }
+    });
+}
+
+#[test]
+fn sessions_are_bounded_and_a_statement_ends_with_its_client() {
+    let python = common::test_python("psycopg", "psycopg 3.3.9");
+    let dir = tempfile::tempdir().unwrap();
+    let small = docs_csv(dir.path(), 5, 4);
+    let long = docs_csv(dir.path(), 6000, 120);
+    let server = Server::start(
+        &[
+            "--table",
+            &format!("docs={}", small.display()),
+            "--table",
+            &format!("long_docs={}", long.display()),
+            "--model",
+            "tiny",
+            "--max-connections",
+            "2",
+        ],
+        &[("AISQL_PASSWORD", "pw")],
+    );
+    let script = dir.path().join("sessions.py");
+    std::fs::write(&script, SESSION_CHECKS).unwrap();
+    let out = Command::new(python)
+        .arg(&script)
+        .arg(server.port.to_string())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("all checks passed"), "{text}");
+    eprintln!("{text}");
+}
+
+/// The psycopg side of the session checks: argv = port.
+const SESSION_CHECKS: &str = r#"
+import os, signal, subprocess, sys, time
+import psycopg
+
+port = int(sys.argv[1])
+dsn = f"host=127.0.0.1 port={port} user=u dbname=d password=pw connect_timeout=20"
+LONG = "SELECT count(*) FROM long_docs WHERE ai_filter('Is the review {0} positive?', body)"
+
+# --max-connections 2: a third session is refused with PostgreSQL's error.
+a, b = psycopg.connect(dsn), psycopg.connect(dsn)
+try:
+    psycopg.connect(dsn)
+    raise SystemExit("a third session was let in")
+except psycopg.OperationalError as e:
+    assert "too many connections" in str(e), str(e)
+    print("third session refused:", str(e).strip().splitlines()[-1])
+b.close()
+
+# statement_timeout is honoured.
+a.autocommit = True
+a.execute("SET statement_timeout = '1s'")
+assert a.execute("SHOW statement_timeout").fetchone()[0] == "1000ms"
+started = time.monotonic()
+try:
+    a.execute(LONG).fetchall()
+    raise SystemExit("the long query outran statement_timeout")
+except psycopg.Error as e:
+    took = time.monotonic() - started
+    assert "statement_timeout" in str(e), str(e)
+    print(f"statement_timeout 1s: stopped after {took:.2f} s")
+try:
+    a.execute("SET statement_timeout = 'soon'")
+    raise SystemExit("an invalid statement_timeout was accepted")
+except psycopg.Error as e:
+    assert "statement_timeout" in str(e), str(e)
+a.execute("SET statement_timeout = 0")
+
+# A parameter that cannot be its cast's type is named, with the type.
+try:
+    a.execute("SELECT %s::int + 1", ("forty-one",))
+    raise SystemExit("a text was bound to an int")
+except psycopg.Error as e:
+    assert "$1" in str(e) and "Int32" in str(e), str(e)
+    print("bad parameter:", str(e).strip())
+assert a.execute("SELECT %s::int + 1", ("41",)).fetchone()[0] == 42
+a.close()
+
+# A client that disconnects mid-statement: its statement stops, the model is
+# free for the next session within a forward batch or so.
+child = subprocess.Popen([sys.executable, "-c", f"""
+import psycopg
+con = psycopg.connect({dsn!r})
+print("running", flush=True)
+con.execute({LONG!r}).fetchall()
+print("finished", flush=True)
+"""], stdout=subprocess.PIPE, text=True)
+assert child.stdout.readline().strip() == "running"
+time.sleep(2)
+os.kill(child.pid, signal.SIGKILL)
+child.wait()
+killed = time.monotonic()
+with psycopg.connect(dsn) as c:
+    c.execute("SELECT count(*) FROM docs WHERE ai_filter('Is the review {0} positive?', body)").fetchall()
+    waited = time.monotonic() - killed
+print(f"after the client was killed, an AI query answered in {waited:.2f} s")
+# Had it run on, the next query would have waited out the rest of it: more
+# than 10 - 2 s, as the long query takes over 10 s.
+with psycopg.connect(dsn) as c:
+    c.autocommit = True
+    c.execute("SET statement_timeout = '10s'")
+    try:
+        c.execute(LONG).fetchall()
+        raise SystemExit("the long query took under 10 s: it cannot tell a stopped statement")
+    except psycopg.Error as e:
+        assert "statement_timeout" in str(e), str(e)
+assert waited < 5, f"the disconnected client's statement ran on: the next waited {waited:.2f} s"
+print("all checks passed")
+"#;
+
+#[test]
+fn a_statement_over_the_size_limit_is_refused_and_the_session_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = docs_csv(dir.path(), 5, 4);
+    let server = Server::start(
+        &[
+            "--table",
+            &format!("docs={}", docs.display()),
+            "--backend",
+            "model",
+            "--model",
+            "tiny",
+            "--max-statement-bytes",
+            "100000",
+        ],
+        &[],
+    );
+    let script = dir.path().join("big.sql");
+    let big = "x".repeat(2_000_000);
+    std::fs::write(
+        &script,
+        format!("SELECT length('{big}');\nSELECT count(*) FROM docs;\n"),
+    )
+    .unwrap();
+    let out = Command::new("psql")
+        .args(["-X", "-h", "127.0.0.1", "-p", &server.port.to_string()])
+        .args(["-U", "u", "-d", "d", "-A", "-t", "-f"])
+        .arg(&script)
+        .env("PGCONNECT_TIMEOUT", "20")
+        .env("PGPASSWORD", server.password.as_deref().unwrap())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--max-statement-bytes 100000"), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "5", "{err}");
+    assert_eq!(stdout(&psql(&server, "SELECT 41 + 1", None)).trim(), "42");
+}
+
+/// The server's resident memory, from /proc.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+#[test]
+fn closed_connections_give_their_memory_back() {
+    let python = common::test_python("psycopg", "psycopg 3.3.9");
+    let dir = tempfile::tempdir().unwrap();
+    let docs = docs_csv(dir.path(), 5, 4);
+    let server = Server::start(
+        &[
+            "--table",
+            &format!("docs={}", docs.display()),
+            "--backend",
+            "model",
+            "--model",
+            "tiny",
+        ],
+        &[],
+    );
+    let connections = |n: usize| {
+        let out = Command::new(&python)
+            .args(["-c", CONNECTIONS_IN_TURN])
+            .arg(server.port.to_string())
+            .arg(n.to_string())
+            .env("PGPASSWORD", server.password.as_deref().unwrap())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    // Warm: the first sessions size the allocator's arenas.
+    connections(30);
+    let before = rss_bytes(server.child.id());
+    connections(300);
+    let after = rss_bytes(server.child.id());
+    let grown = after.saturating_sub(before) as f64 / 1e6;
+    eprintln!(
+        "300 connections in turn: resident {:.1} MB -> {:.1} MB",
+        before as f64 / 1e6,
+        after as f64 / 1e6
+    );
+    assert!(
+        grown < 50.0,
+        "the server kept {grown:.1} MB of 300 closed connections"
+    );
+}
+
+/// argv = port, n: n connections one after another, each running a statement.
+const CONNECTIONS_IN_TURN: &str = r#"
+import sys
+import psycopg
+port, n = int(sys.argv[1]), int(sys.argv[2])
+for i in range(n):
+    with psycopg.connect(f"host=127.0.0.1 port={port} user=u dbname=d connect_timeout=20") as c:
+        assert c.execute("SELECT count(*) FROM docs WHERE id >= %s", (0,)).fetchone()[0] == 5
+"#;
+
+#[test]
+fn start_up_files_must_be_regular_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("password");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let started = std::time::Instant::now();
+    let out = Command::cargo_bin("aisql")
+        .unwrap()
+        .args(["serve", "--listen", "127.0.0.1:0", "--password-file"])
+        .arg(&fifo)
+        .args(["--table", "t=nowhere.csv"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("FIFO") && err.contains("--password-file"),
+        "{err}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
 }
 
 #[test]

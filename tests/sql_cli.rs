@@ -226,6 +226,12 @@ fn bad_sql_gets_a_clear_error() {
         "AI_COMPLETE at line 1, column 12 names model \"qwen3-32b\", but the loaded model is \"tiny\"",
     );
     fails(
+        "SELECT AI_COUNT_TOKENS('ai_filter', 'llama3-70b', PROMPT('Is {0} kind?', body)) FROM docs",
+        &[],
+        1,
+        "AI_COUNT_TOKENS at line 1, column 8 names model \"llama3-70b\", but the loaded model is \"tiny\"",
+    );
+    fails(
         "SELECT id, AI.GENERATE(('Summarise ', body, ' and ', year, ' and ', lang)) FROM docs",
         &[],
         1,

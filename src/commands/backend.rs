@@ -279,6 +279,22 @@ pub fn build(
     }
 }
 
+/// Whether the worker at `addr` (`HOST:PORT` or a URL) is on this machine's
+/// loopback.
+fn is_loopback_worker(addr: &str) -> bool {
+    let rest = addr.split_once("://").map_or(addr, |(_, rest)| rest);
+    let host = rest.split('/').next().unwrap_or(rest);
+    let host = match host.rsplit_once(':') {
+        Some((host, port)) if port.chars().all(|c| c.is_ascii_digit()) => host,
+        _ => host,
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// `--workers`: one backend over the `aisql worker`s at `addrs`, which must serve
 /// one model; the run metadata describes the model and device of the first.
 fn remote_workers(
@@ -293,12 +309,19 @@ fn remote_workers(
             "--workers sends questions to the models of `aisql worker`s: use it with --backend model (the default), without --simulate"
         );
     }
+    let mut token = super::worker::worker_token(
+        args.worker_token_file.as_deref(),
+        "--worker-token-file",
+        std::env::var(super::worker::TOKEN_ENV).ok(),
+    )?;
+    // Workers on this machine without a token of their own take the owner's
+    // generated one.
+    if token.is_none() && addrs.iter().all(|a| is_loopback_worker(a)) {
+        token =
+            super::owner_secret::read(&super::owner_secret::path(super::worker::GENERATED_TOKEN))?;
+    }
     let options = ConnectOptions {
-        token: super::worker::worker_token(
-            args.worker_token_file.as_deref(),
-            "--worker-token-file",
-            std::env::var(super::worker::TOKEN_ENV).ok(),
-        )?,
+        token,
         tls_ca: args
             .tls_ca
             .as_deref()
@@ -387,4 +410,24 @@ fn with_answer_cache(
 /// The text value `key` of run metadata, "" when absent.
 pub fn meta_text<'a>(meta: &'a serde_json::Map<String, serde_json::Value>, key: &str) -> &'a str {
     meta.get(key).and_then(|v| v.as_str()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_workers_are_told_by_their_host() {
+        for addr in [
+            "127.0.0.1:7878",
+            "localhost:7878",
+            "http://127.0.0.1:7878",
+            "https://[::1]:7878/",
+        ] {
+            assert!(is_loopback_worker(addr), "{addr}");
+        }
+        for addr in ["10.0.0.2:7878", "https://gpu-1:7878", "0.0.0.0:7878"] {
+            assert!(!is_loopback_worker(addr), "{addr}");
+        }
+    }
 }

@@ -243,8 +243,19 @@ impl Connection {
     /// model after its forward batch in flight. Past `--timeout-s` it stops
     /// the same way and fails naming the limit.
     pub async fn run(&self, session: &SqlSession, sql: &str) -> anyhow::Result<SqlOutput> {
+        self.run_within(session, sql, None).await
+    }
+
+    /// Runs `sql` as [`Self::run`], stopped past `statement_timeout` too (a
+    /// server session's own limit) where that comes first.
+    pub async fn run_within(
+        &self,
+        session: &SqlSession,
+        sql: &str,
+        statement_timeout: Option<Duration>,
+    ) -> anyhow::Result<SqlOutput> {
         let started = Instant::now();
-        self.in_turn(async { session.run(sql).await }, started)
+        self.in_turn(async { session.run(sql).await }, started, statement_timeout)
             .await
     }
 
@@ -255,45 +266,60 @@ impl Connection {
         plan: LogicalPlan,
     ) -> anyhow::Result<SqlOutput> {
         let started = Instant::now();
-        self.in_turn(async { session.run_plan(plan, started).await }, started)
-            .await
+        self.in_turn(
+            async { session.run_plan(plan, started).await },
+            started,
+            None,
+        )
+        .await
     }
 
     /// Runs `sql` with its placeholders (`$1`, ...) bound to `params`, as
-    /// [`Self::run`].
+    /// [`Self::run_within`].
     pub async fn run_with_params(
         &self,
         session: &SqlSession,
         sql: &str,
         params: ParamValues,
+        statement_timeout: Option<Duration>,
     ) -> anyhow::Result<SqlOutput> {
         let started = Instant::now();
         let work = async {
             let plan = session.plan_with_params(sql, Some(params)).await?;
             session.run_plan(plan, started).await
         };
-        self.in_turn(work, started).await
+        self.in_turn(work, started, statement_timeout).await
     }
 
     async fn in_turn(
         &self,
         work: impl Future<Output = aisql_engine::Result<SqlOutput>>,
         started: Instant,
+        statement_timeout: Option<Duration>,
     ) -> anyhow::Result<SqlOutput> {
         let _turn = self.turn.lock().await;
         let mut stop = StopOnDrop {
             backend: &self.backend,
             finished: false,
         };
-        let out = match self.timeout {
+        // The sooner of the command's limit and the session's.
+        let limit = [
+            self.timeout.map(|t| (t, "--timeout-s")),
+            statement_timeout.map(|t| (t, "statement_timeout")),
+        ]
+        .into_iter()
+        .flatten()
+        .min_by_key(|(t, _)| *t);
+        let out = match limit {
             None => work.await,
-            Some(limit) => {
+            Some((limit, name)) => {
                 let left = limit.saturating_sub(started.elapsed());
                 tokio::time::timeout(left, work).await.map_err(|_| {
-                    anyhow::anyhow!(
-                        "the statement ran past --timeout-s {} and was stopped",
-                        limit.as_secs_f64()
-                    )
+                    let limit = match name {
+                        "--timeout-s" => format!("--timeout-s {}", limit.as_secs_f64()),
+                        _ => format!("{name} = {} ms", limit.as_millis()),
+                    };
+                    anyhow::anyhow!("the statement ran past {limit} and was stopped")
                 })?
             }
         };

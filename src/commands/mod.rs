@@ -8,6 +8,7 @@ mod data;
 mod deadline;
 mod estimate;
 mod model;
+mod owner_secret;
 mod paths;
 mod query;
 mod rows;

@@ -25,10 +25,14 @@ const LISTEN_ENV: &str = "AISQL_WORKER_LISTEN";
 /// coordinator), when no token file is given.
 pub const TOKEN_ENV: &str = "AISQL_WORKER_TOKEN";
 
+/// The owner's generated worker token, taken by a loopback worker given none
+/// and sent by a coordinator given none to loopback workers.
+pub const GENERATED_TOKEN: &str = "worker.token";
+
 /// A secret's text: from `file` (named by `flag` in errors), else from the
 /// environment variable `env_name` (its value `env`), else none; with where it
-/// came from, for the caller's own checks. An unreadable file is a usage
-/// error naming it.
+/// came from, for the caller's own checks. An unreadable file, or one that is
+/// not a regular file (a FIFO would hang the start), is a usage error naming it.
 pub fn read_secret(
     file: Option<&Path>,
     flag: &str,
@@ -37,7 +41,7 @@ pub fn read_secret(
 ) -> anyhow::Result<Option<(String, String)>> {
     Ok(match (file, env) {
         (Some(file), _) => {
-            let text = std::fs::read_to_string(file).map_err(|e| {
+            let text = aisql_engine::data::input_file::read_to_string(file).map_err(|e| {
                 UsageError(format!("{flag} {}: cannot read it ({e})", file.display()))
             })?;
             Some((text, format!("{flag} {}", file.display())))
@@ -71,9 +75,9 @@ pub fn worker_token(
     Ok(Some(token.to_string()))
 }
 
-/// The bytes of `file`, named by `flag` in the error.
+/// The bytes of `file`, a regular file, named by `flag` in the error.
 pub fn read_pem(file: &Path, flag: &str) -> anyhow::Result<Vec<u8>> {
-    std::fs::read(file)
+    aisql_engine::data::input_file::read(file)
         .map_err(|e| UsageError(format!("{flag} {}: cannot read it ({e})", file.display())).into())
 }
 
@@ -99,11 +103,22 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
     if b.model.gpu.as_ref().is_some_and(|g| g.len() > 1) || b.cpu_workers.is_some_and(|n| n > 1) {
         refuse("start one `aisql worker` per device")?;
     }
-    let token = worker_token(
+    let mut token = worker_token(
         args.token_file.as_deref(),
         "--token-file",
         std::env::var(TOKEN_ENV).ok(),
     )?;
+    // Loopback is every local user's: without a token of its own the worker
+    // takes its owner's generated one, which the owner's coordinators read.
+    if token.is_none() && listen.ip().is_loopback() {
+        let (secret, file) = super::owner_secret::get_or_make(GENERATED_TOKEN)?;
+        eprintln!(
+            "aisql worker: no --token-file: coordinators must give the token in {} (this \
+             user's coordinators read it themselves)",
+            file.display()
+        );
+        token = Some(secret);
+    }
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {
             Some((read_pem(cert, "--tls-cert")?, read_pem(key, "--tls-key")?))

@@ -402,8 +402,8 @@ impl SqlSession {
         Ok(())
     }
 
-    /// An error unless every model a Snowflake `AI_COMPLETE(model, ...)` names
-    /// is the loaded one: its name as given, or its last path part (`qwen3-4b`
+    /// An error unless every model a Snowflake `AI_COMPLETE(model, ...)` or
+    /// `AI_COUNT_TOKENS(function, model, ...)` names is the loaded one: its name as given, or its last path part (`qwen3-4b`
     /// for `Qwen/Qwen3-4B`), in any case.
     fn check_models(&self, named: &[(String, String)]) -> Result<()> {
         for (model, place) in named {
@@ -416,8 +416,9 @@ impl SqlSession {
             });
             if !matches {
                 return Err(EngineError::Sql(format!(
-                    "AI_COMPLETE{place} names model {model:?}, but the loaded model is {}; \
-                     name that one (or use ai_complete(template, column), which needs none)",
+                    "{place} names model {model:?}, but the loaded model is {}; \
+                     name that one (or use aisql's form, ai_complete(template, column) or \
+                     ai_count_tokens(template, column), which needs none)",
                     loaded.map_or("none".to_string(), |l| format!("{l:?}"))
                 )));
             }

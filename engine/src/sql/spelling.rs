@@ -48,7 +48,8 @@ AI_COUNT_TOKENS('ai_filter', PROMPT(...)) and AI.COUNT_TOKENS((...))";
 pub struct Spelled {
     /// Template → place in the text.
     pub sites: CallSites,
-    /// (model named, place in the text) of each `AI_COMPLETE(model, ...)`.
+    /// (model named, the call and its place in the text) of each
+    /// `AI_COMPLETE(model, ...)` and `AI_COUNT_TOKENS(function, model, ...)`.
     pub models: Vec<(String, String)>,
 }
 
@@ -295,7 +296,9 @@ fn normalize_expr(e: &mut Expr, found: &mut Spelled) -> Result<()> {
             args.swap(0, 1);
             Some(call("ai_agg", f, args))
         }
-        [name] if name == super::count_tokens::NAME => snowflake_count_tokens(f, &spelled)?,
+        [name] if name == super::count_tokens::NAME => {
+            snowflake_count_tokens(f, &spelled, &mut found.models)?
+        }
         [name] if name.starts_with("ai_") || name == "prompt" => {
             if name == "prompt" {
                 return Ok(()); // checked where its AI_FILTER is
@@ -331,7 +334,9 @@ fn normalize_expr(e: &mut Expr, found: &mut Spelled) -> Result<()> {
                             at(f)
                         )));
                     };
-                    found.models.push((model.to_string(), at(f)));
+                    found
+                        .models
+                        .push((model.to_string(), format!("AI_COMPLETE{}", at(f))));
                     Some(call(function.name, f, positional(p, "PROMPT")?))
                 }
                 _ => None,
@@ -378,8 +383,14 @@ fn fields_as_one_literal(f: &mut Function) {
 /// Snowflake's `AI_COUNT_TOKENS('ai_filter' [, 'model'], PROMPT(template,
 /// column...))` as `ai_count_tokens(template, column...)`, and
 /// `AI_COUNT_TOKENS('function' [, 'model'], text)` as `ai_count_tokens(text)`;
-/// `None` for aisql's own form (a template or a text first).
-fn snowflake_count_tokens(f: &Function, spelled: &str) -> Result<Option<Expr>> {
+/// `None` for aisql's own form (a template or a text first). A model it
+/// names joins `models`, to be checked against the loaded one (its
+/// tokenizer is the one that counts).
+fn snowflake_count_tokens(
+    f: &Function,
+    spelled: &str,
+    models: &mut Vec<(String, String)>,
+) -> Result<Option<Expr>> {
     let args = positional(f, spelled)?;
     let Some(function) = args
         .first()
@@ -389,7 +400,11 @@ fn snowflake_count_tokens(f: &Function, spelled: &str) -> Result<Option<Expr>> {
         return Ok(None);
     };
     let rest = match &args[1..] {
-        [model, rest @ ..] if string_literal(model).is_some() && !rest.is_empty() => rest,
+        [model, rest @ ..] if !rest.is_empty() && string_literal(model).is_some() => {
+            let name = string_literal(model).unwrap_or_default();
+            models.push((name.to_string(), format!("AI_COUNT_TOKENS{}", at(f))));
+            rest
+        }
         rest => rest,
     };
     let is_prompt = |e: &Expr| matches!(e, Expr::Function(p) if name_parts(&p.name) == ["prompt"]);

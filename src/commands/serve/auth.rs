@@ -1,6 +1,6 @@
 //! Who may use `aisql serve`: one password for every client (any user and
-//! database name), checked with SCRAM-SHA-256 so it never crosses the wire;
-//! without a password (loopback only) every client is let in.
+//! database name), checked with SCRAM-SHA-256 so it never crosses the wire.
+//! On loopback without one given, the owner's generated password guards it.
 
 use std::fmt::Debug;
 use std::path::Path;
@@ -22,6 +22,10 @@ use super::UsageError;
 
 /// The environment variable the password may come from.
 pub const PASSWORD_ENV: &str = "AISQL_PASSWORD";
+
+/// The owner's generated password, taken on loopback when none is given
+/// ([`owner_secret`](crate::commands::owner_secret)).
+pub const GENERATED_PASSWORD: &str = "serve.password";
 
 /// The password: from `file`, else from [`PASSWORD_ENV`] (`env`), else none.
 /// A line end after it is dropped; an unreadable or empty file or variable is
@@ -160,5 +164,27 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("cannot read"), "{err}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_password_file_that_is_a_fifo_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("pw");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        // Opening a FIFO nobody writes to would block this test forever.
+        let err = password(Some(&fifo), None).unwrap_err().to_string();
+        assert!(
+            err.contains("FIFO") && err.contains("--password-file"),
+            "{err}"
+        );
+        let err = crate::commands::worker::read_pem(&fifo, "--tls-key")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("FIFO") && err.contains("--tls-key"), "{err}");
     }
 }

@@ -2,8 +2,12 @@
 //! read-only, on loopback unless `--listen` names another address; a password
 //! (SCRAM-SHA-256) guards any other, and TLS unless `--insecure`. Every
 //! session's statements run on one model, one at a time ([`Connection`]).
+//! Each connection's life is [`connection`]'s; who is let in, [`admission`]'s.
 
+mod admission;
 mod auth;
+mod connection;
+mod message_limit;
 mod statements;
 
 use std::net::SocketAddr;
@@ -28,10 +32,18 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:5433";
 /// Runs the server until Ctrl-C or SIGTERM.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let listen = parse_listen(args.listen.as_deref().unwrap_or(DEFAULT_LISTEN), "--listen")?;
-    let password = auth::password(
+    let mut password = auth::password(
         args.password_file.as_deref(),
         std::env::var(auth::PASSWORD_ENV).ok(),
     )?;
+    // Loopback is every local user's: without a password of its own the
+    // server takes its owner's generated one.
+    let mut generated = None;
+    if password.is_none() && listen.ip().is_loopback() {
+        let (secret, file) = super::owner_secret::get_or_make(auth::GENERATED_PASSWORD)?;
+        password = Some(secret);
+        generated = Some(file);
+    }
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(tls_acceptor(cert, key)?),
         _ => None,
@@ -50,17 +62,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("listening on {listen}"))?;
         let bound = listener.local_addr()?;
         println!(
-            "listening on {bound} ({}{})",
+            "listening on {bound} ({}, password required{})",
             if tls.is_some() { "TLS" } else { "no TLS" },
-            if handlers.needs_password() {
-                ", password required"
-            } else {
-                ""
+            match &generated {
+                Some(file) => format!(": the one in {}", file.display()),
+                None => String::new(),
             }
         );
         use std::io::Write;
         std::io::stdout().flush()?;
-        let slots = Arc::new(tokio::sync::Semaphore::new(args.max_connections));
+        let server = Arc::new(connection::Server {
+            handlers,
+            tls,
+            admission: admission::Admission::new(args.max_authenticating, args.max_connections),
+            auth_timeout: args.auth_timeout_s,
+            max_message_bytes: args.max_statement_bytes,
+        });
         let shutdown = shutdown_signal();
         tokio::pin!(shutdown);
         loop {
@@ -70,24 +87,25 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     Ok(accepted) => accepted,
                     Err(e) => {
                         eprintln!("aisql serve: accepting a connection: {e}");
+                        // Out of file descriptors, say: let some close.
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                         continue;
                     }
                 },
             };
-            let Ok(slot) = slots.clone().try_acquire_owned() else {
-                eprintln!(
-                    "aisql serve: refused {peer}: {} connections are open (--max-connections)",
-                    args.max_connections
-                );
-                continue;
+            // Admitted before anything is read or allocated for it.
+            let slot = match server.admission.authenticating(peer.ip()) {
+                Ok(slot) => slot,
+                Err(reason) => {
+                    server.admission.refuse(socket, reason);
+                    continue;
+                }
             };
-            let handlers = handlers.clone();
-            let tls = tls.clone();
+            let server = server.clone();
             tokio::spawn(async move {
-                if let Err(e) = pgwire::tokio::process_socket(socket, tls, handlers).await {
+                if let Err(e) = connection::serve(server, socket, peer, slot).await {
                     eprintln!("aisql serve: connection from {peer}: {e}");
                 }
-                drop(slot);
             });
         }
         eprintln!("aisql serve: stopped");

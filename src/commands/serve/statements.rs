@@ -6,6 +6,7 @@
 
 use std::fmt::Debug;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::DataType;
@@ -26,7 +27,7 @@ use pgwire::api::auth::StartupHandler;
 use pgwire::api::cancel::{CancelHandler, DefaultCancelHandler};
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
-use pgwire::api::results::{QueryResponse, Response};
+use pgwire::api::results::{QueryResponse, Response, Tag};
 use pgwire::api::store::PortalStore;
 use pgwire::api::{ClientInfo, ClientPortalStore, ConnectionManager, PgWireServerHandlers};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
@@ -111,17 +112,140 @@ fn session_statement(statement: &Statement) -> bool {
     )
 }
 
-/// A `SET` of the engine's own settings, which the server fixes at its start
-/// for every client: the name of the setting, if `statement` is one.
-fn engine_setting(statement: &Statement) -> Option<String> {
+/// The variable a `SET` names, unquoted and in lower case
+/// (`"DataFusion"."execution".x` is `datafusion.execution.x`), if
+/// `statement` is one.
+fn set_variable(statement: &Statement) -> Option<String> {
     let Statement::Set(_) = statement else {
         return None;
     };
-    statement
-        .to_string()
-        .split([' ', '='])
-        .map(|w| w.trim_matches('"').to_ascii_lowercase())
-        .find(|w| w.starts_with("datafusion.") || w.starts_with("aisql."))
+    let text = statement.to_string();
+    let mut rest = text.trim_start();
+    rest = rest.get(3..)?.trim_start();
+    for scope in ["session ", "local "] {
+        if rest
+            .get(..scope.len())
+            .is_some_and(|word| word.eq_ignore_ascii_case(scope))
+        {
+            rest = rest[scope.len()..].trim_start();
+        }
+    }
+    let mut name = String::new();
+    let mut quoted = false;
+    for c in rest.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            c if !quoted && (c.is_whitespace() || c == '=') => break,
+            c => name.push(c),
+        }
+    }
+    Some(name.to_lowercase())
+}
+
+/// A `SET` of the engine's own settings, which the server fixes at its start
+/// for every client, in any spelling: the name of the setting, if
+/// `statement` is one. PostgreSQL's client settings have no dot in their
+/// names; DataFusion's (`datafusion.*`) and aisql's (`aisql.*`) do.
+fn engine_setting(statement: &Statement) -> Option<String> {
+    let name = set_variable(statement)?;
+    (name.contains('.') || name.starts_with("datafusion") || name.starts_with("aisql"))
+        .then_some(name)
+}
+
+/// The metadata key datafusion-postgres's `SHOW statement_timeout` reads.
+const STATEMENT_TIMEOUT_KEY: &str = "statement_timeout_ms";
+
+/// A `SET statement_timeout`'s value: the limit (`None`: no limit, as `0`
+/// and `DEFAULT`), or why the value is not one. Units as PostgreSQL's: `us`,
+/// `ms` (the default), `s`, `min`, `h`, `d`.
+fn statement_timeout_value(statement: &Statement) -> Option<Result<Option<Duration>, String>> {
+    if set_variable(statement)? != "statement_timeout" {
+        return None;
+    }
+    let text = statement.to_string();
+    let lower = text.to_ascii_lowercase();
+    let at = lower.find("statement_timeout")? + "statement_timeout".len();
+    let value = text[at..].trim_start_matches(['"', ' ']);
+    let value = value
+        .strip_prefix('=')
+        .or_else(|| {
+            value
+                .get(..3)
+                .filter(|v| v.eq_ignore_ascii_case("to "))
+                .map(|_| &value[3..])
+        })
+        .unwrap_or(value)
+        .trim()
+        .trim_matches('\'')
+        .trim();
+    Some(parse_timeout(value))
+}
+
+fn parse_timeout(value: &str) -> Result<Option<Duration>, String> {
+    let invalid = || {
+        format!(
+            "invalid value for statement_timeout: {value:?} (a number of milliseconds, or \
+             with a unit: us, ms, s, min, h, d)"
+        )
+    };
+    if value.eq_ignore_ascii_case("default") {
+        return Ok(None);
+    }
+    let split = value
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(value.len());
+    let (number, unit) = value.split_at(split);
+    let number: f64 = number.parse().map_err(|_| invalid())?;
+    let millis_per = match unit.trim().to_ascii_lowercase().as_str() {
+        "us" => 0.001,
+        "" | "ms" => 1.0,
+        "s" => 1_000.0,
+        "min" => 60_000.0,
+        "h" => 3_600_000.0,
+        "d" => 86_400_000.0,
+        _ => return Err(invalid()),
+    };
+    let millis = (number * millis_per).round();
+    if !millis.is_finite() || millis > i32::MAX as f64 {
+        return Err(invalid());
+    }
+    Ok((millis >= 1.0).then(|| Duration::from_millis(millis as u64)))
+}
+
+/// The session's `statement_timeout`, if set.
+fn statement_timeout(client: &(impl ClientInfo + ?Sized)) -> Option<Duration> {
+    client
+        .metadata()
+        .get(STATEMENT_TIMEOUT_KEY)
+        .and_then(|ms| ms.parse().ok())
+        .map(Duration::from_millis)
+}
+
+/// The refusal of a statement the server's parser would not read, by its
+/// first words: `COPY` (to or from the client, or a file) and `CREATE
+/// EXTERNAL TABLE` are refused as the read-only rule refuses them.
+fn refused_by_its_words(sql: &str) -> Option<PgWireError> {
+    let words: Vec<String> = sql
+        .split(|c: char| c.is_whitespace() || c == '(' || c == ';')
+        .filter(|w| !w.is_empty())
+        .take(3)
+        .map(str::to_ascii_lowercase)
+        .collect();
+    let message = match words.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        ["copy", ..] => "COPY: aisql's SQL is read-only here: no statement may write or change \
+                         the session, and rows go to clients only as query results"
+            .to_string(),
+        ["create", "external", ..] => "CREATE EXTERNAL TABLE: SQL may not open files; start \
+                                       aisql serve with --table NAME=PATH"
+            .to_string(),
+        _ => return None,
+    };
+    Some(PgWireError::UserError(Box::new(ErrorInfo::new(
+        "ERROR".into(),
+        // read_only_sql_transaction
+        "25006".into(),
+        message,
+    ))))
 }
 
 /// The statements the engine runs.
@@ -137,16 +261,30 @@ impl EngineStatements {
         client: &(dyn ClientInfo + Send + Sync),
     ) -> PgWireResult<Arc<SqlSession>> {
         let extensions = client.session_extensions();
-        if let Some(session) = extensions.get::<SqlSession>() {
-            return Ok(session);
+        if let Some(session) = extensions.get::<ClientSession>() {
+            return Ok(session.0.clone());
         }
-        let session = self.connection.new_session().await.map_err(user_error)?;
+        let session = Arc::new(self.connection.new_session().await.map_err(user_error)?);
+        // Into the client's extensions first: dropped with them, it takes
+        // pg_catalog (and the cycle it makes) out again, even if set-up fails.
+        extensions.insert(ClientSession(session.clone()));
         setup_pg_catalog(session.context(), CATALOG, EmptyContextProvider)
             .map_err(|e| user_error(anyhow::anyhow!("setting up pg_catalog: {e}")))?;
-        extensions.insert(session);
-        extensions
-            .get::<SqlSession>()
-            .ok_or_else(|| user_error(anyhow::anyhow!("the session was lost (a bug in aisql)")))
+        Ok(session)
+    }
+}
+
+/// A client's session, kept in its connection's extensions. Its pg_catalog
+/// schema holds the session's catalog list, which holds the schema: a cycle
+/// that would keep every closed connection's catalog (about 5 MB) in memory,
+/// so it is broken when the connection goes.
+struct ClientSession(Arc<SqlSession>);
+
+impl Drop for ClientSession {
+    fn drop(&mut self) {
+        if let Some(catalog) = self.0.context().catalog(CATALOG) {
+            let _ = catalog.deregister_schema("pg_catalog", true);
+        }
     }
 }
 
@@ -161,6 +299,9 @@ impl QueryHook for EngineStatements {
         if let Some(setting) = engine_setting(statement) {
             return Some(Err(refused_setting(&setting)));
         }
+        if let Some(timeout) = statement_timeout_value(statement) {
+            return Some(set_statement_timeout(client, timeout));
+        }
         if session_statement(statement) {
             return None;
         }
@@ -168,7 +309,11 @@ impl QueryHook for EngineStatements {
             let session = self.session_of(&*client).await?;
             let out = self
                 .connection
-                .run(&session, &statement.to_string())
+                .run_within(
+                    &session,
+                    &statement.to_string(),
+                    statement_timeout(&*client),
+                )
                 .await
                 .map_err(user_error)?;
             rows_response(out, &Format::UnifiedText, client.metadata())
@@ -184,6 +329,9 @@ impl QueryHook for EngineStatements {
     ) -> Option<PgWireResult<LogicalPlan>> {
         if let Some(setting) = engine_setting(statement) {
             return Some(Err(refused_setting(&setting)));
+        }
+        if let Some(Err(invalid)) = statement_timeout_value(statement) {
+            return Some(Err(invalid_value(invalid)));
         }
         if session_statement(statement) {
             return None;
@@ -227,6 +375,9 @@ impl SimpleQueryHandler for Statements {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
+        if let Some(refused) = refused_by_its_words(query) {
+            return Err(refused);
+        }
         SimpleQueryHandler::do_query(&*self.front, client, query).await
     }
 }
@@ -256,17 +407,21 @@ impl ExtendedQueryHandler for Statements {
         let Some((statement, plan)) = parsed else {
             return Ok(Response::EmptyQuery);
         };
+        if let Some(timeout) = statement_timeout_value(statement) {
+            return set_statement_timeout(client, timeout);
+        }
         if session_statement(statement) {
             return ExtendedQueryHandler::do_query(&*self.front, client, portal, max_rows).await;
         }
         let types = parameter_types(plan).map_err(user_error)?;
         let type_refs: Vec<Option<&DataType>> = types.iter().map(Option::as_ref).collect();
         let params = deserialize_parameters(portal, &type_refs)?;
+        check_parameter_casts(plan, &params)?;
         let session = self.engine.session_of(&*client).await?;
         let out = self
             .engine
             .connection
-            .run_with_params(&session, sql, params)
+            .run_with_params(&session, sql, params, statement_timeout(&*client))
             .await
             .map_err(user_error)?;
         rows_response(out, &portal.result_column_format, client.metadata())
@@ -288,6 +443,56 @@ fn parameter_types(plan: &LogicalPlan) -> anyhow::Result<Vec<Option<DataType>>> 
         .collect::<anyhow::Result<_>>()?;
     types.sort_by_key(|(n, _)| *n);
     Ok(types.into_iter().map(|(_, ty)| ty).collect())
+}
+
+/// Each parameter a statement casts (`$1::int`) must read as the cast's
+/// type: one that does not is an error naming the parameter, its value and
+/// the type (DataFusion's optimizer would fail folding the cast, naming
+/// neither).
+fn check_parameter_casts(plan: &LogicalPlan, params: &ParamValues) -> PgWireResult<()> {
+    use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+    use datafusion::logical_expr::{Expr, expr::Cast};
+    let ParamValues::List(values) = params else {
+        return Ok(());
+    };
+    let mut casts = Vec::new();
+    plan.apply_with_subqueries(|node| {
+        node.apply_expressions(|expr| {
+            expr.apply(|e| {
+                if let Expr::Cast(Cast { expr, field }) = e
+                    && let Expr::Placeholder(placeholder) = expr.as_ref()
+                {
+                    casts.push((placeholder.id.clone(), field.data_type().clone()));
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+        })
+    })
+    .map_err(|e| user_error(e.into()))?;
+    for (id, data_type) in casts {
+        let Some(value) = id
+            .trim_start_matches('$')
+            .parse::<usize>()
+            .ok()
+            .and_then(|n| values.get(n.checked_sub(1)?))
+        else {
+            continue;
+        };
+        if value.value.is_null() || value.value.cast_to(&data_type).is_ok() {
+            continue;
+        }
+        return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+            "ERROR".into(),
+            // invalid_text_representation
+            "22P02".into(),
+            format!(
+                "parameter {id}: {:?} ({}) cannot be cast to {data_type}",
+                value.value.to_string(),
+                value.value.data_type()
+            ),
+        ))));
+    }
+    Ok(())
 }
 
 /// A statement's rows as PostgreSQL rows, in `format` (text or binary per
@@ -321,6 +526,34 @@ fn user_error(e: anyhow::Error) -> PgWireError {
         "ERROR".into(),
         "XX000".into(),
         format!("{e:#}"),
+    )))
+}
+
+/// Sets (or, with an invalid value, refuses) the session's
+/// `statement_timeout`, which its later statements run under.
+fn set_statement_timeout(
+    client: &mut (impl ClientInfo + ?Sized),
+    timeout: Result<Option<Duration>, String>,
+) -> PgWireResult<Response> {
+    let timeout = timeout.map_err(invalid_value)?;
+    let metadata = client.metadata_mut();
+    match timeout {
+        Some(limit) => metadata.insert(
+            STATEMENT_TIMEOUT_KEY.to_string(),
+            limit.as_millis().to_string(),
+        ),
+        None => metadata.remove(STATEMENT_TIMEOUT_KEY),
+    };
+    Ok(Response::Execution(Tag::new("SET")))
+}
+
+/// The refusal of a setting's value.
+fn invalid_value(message: String) -> PgWireError {
+    PgWireError::UserError(Box::new(ErrorInfo::new(
+        "ERROR".into(),
+        // invalid_parameter_value
+        "22023".into(),
+        message,
     )))
 }
 
@@ -366,6 +599,106 @@ mod tests {
         assert!(session_statement(&statement("SHOW DateStyle")));
         assert!(!session_statement(&statement("SELECT 1")));
         assert!(!session_statement(&statement("COPY t TO '/tmp/x.csv'")));
+    }
+
+    #[test]
+    fn engine_settings_are_refused_in_any_spelling() {
+        for sql in [
+            "SET datafusion.execution.batch_size = 1",
+            "SET \"datafusion\".\"execution\".\"batch_size\" TO 1",
+            "SET \"aisql\".\"max_fresh_tokens\" = 1",
+            "SET SESSION DataFusion.Execution.Batch_Size TO 1",
+            "SET LOCAL \"datafusion.execution.batch_size\" = 1",
+        ] {
+            let setting = engine_setting(&statement(sql));
+            assert!(
+                setting.as_deref().is_some_and(|s| s.contains('.')),
+                "{sql}: {setting:?}"
+            );
+        }
+        assert_eq!(
+            engine_setting(&statement(
+                "SET \"datafusion\".\"execution\".\"batch_size\" TO 1"
+            ))
+            .as_deref(),
+            Some("datafusion.execution.batch_size")
+        );
+        assert_eq!(engine_setting(&statement("SET search_path = public")), None);
+        assert_eq!(
+            engine_setting(&statement("SET statement_timeout = '1s'")),
+            None
+        );
+    }
+
+    #[test]
+    fn statement_timeouts_are_read_in_postgresql_units_or_refused() {
+        let value = |sql: &str| statement_timeout_value(&statement(sql));
+        assert_eq!(
+            value("SET statement_timeout = '1s'"),
+            Some(Ok(Some(Duration::from_secs(1))))
+        );
+        assert_eq!(
+            value("SET statement_timeout TO 1500"),
+            Some(Ok(Some(Duration::from_millis(1500))))
+        );
+        assert_eq!(
+            value("SET SESSION \"statement_timeout\" = '2min'"),
+            Some(Ok(Some(Duration::from_secs(120))))
+        );
+        assert_eq!(
+            value("SET statement_timeout = '0.5s'"),
+            Some(Ok(Some(Duration::from_millis(500))))
+        );
+        assert_eq!(value("SET statement_timeout = 0"), Some(Ok(None)));
+        assert_eq!(value("SET statement_timeout TO DEFAULT"), Some(Ok(None)));
+        let err = value("SET statement_timeout = '1 fortnight'")
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            err.contains("statement_timeout") && err.contains("fortnight"),
+            "{err}"
+        );
+        assert_eq!(value("SET application_name = 'x'"), None);
+    }
+
+    #[test]
+    fn copy_and_external_tables_are_refused_before_parsing() {
+        for sql in [
+            "COPY docs TO STDOUT",
+            "copy docs FROM STDIN",
+            "  COPY (SELECT 1) TO '/tmp/x'",
+            "CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '/etc/passwd'",
+        ] {
+            let Some(PgWireError::UserError(info)) = refused_by_its_words(sql) else {
+                panic!("{sql} was not refused");
+            };
+            assert_eq!(info.code, "25006", "{sql}");
+        }
+        assert!(refused_by_its_words("SELECT 'COPY'").is_none());
+        assert!(refused_by_its_words("CREATE VIEW v AS SELECT 1").is_none());
+    }
+
+    #[test]
+    fn a_parameter_that_cannot_be_cast_is_named_with_its_type() {
+        let ctx = SessionContext::new();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let plan = rt
+            .block_on(ctx.state().create_logical_plan("SELECT $1::int + 1"))
+            .unwrap();
+        let params = |text: &str| {
+            ParamValues::List(vec![
+                datafusion::common::ScalarValue::Utf8(Some(text.into())).into(),
+            ])
+        };
+        assert!(check_parameter_casts(&plan, &params("41")).is_ok());
+        let Err(PgWireError::UserError(info)) = check_parameter_casts(&plan, &params("abc")) else {
+            panic!("a text that is no integer was let through");
+        };
+        assert!(
+            info.message.contains("$1") && info.message.contains("Int32"),
+            "{}",
+            info.message
+        );
     }
 
     #[test]
