@@ -96,12 +96,15 @@ fn estimates_follow_the_simulated_run_and_ask_only_a_sample() {
         assert!(e["seconds"].is_null() && e["usd"].is_null(), "{id}: {e}");
         let ops = e["operators"].as_array().unwrap();
         assert!(!ops.is_empty(), "{id}");
+        // The base sample of 48, grown for an uncertain decision to at most
+        // 2 % of its questions.
+        let bound = |op: &Value| 48.max(op["rows"].as_u64().unwrap() / 50);
         for op in ops {
             assert!(op["id"].is_string() && op["template"].is_string(), "{op}");
-            assert!(op["sampled"].as_u64().unwrap() <= 48, "{op}");
+            assert!(op["sampled"].as_u64().unwrap() <= bound(op), "{op}");
         }
         assert!(
-            e["sample_questions"].as_u64().unwrap() <= 48 * ops.len() as u64,
+            e["sample_questions"].as_u64().unwrap() <= ops.iter().map(bound).sum::<u64>(),
             "{id}: {e}"
         );
         let summed: u64 = ops

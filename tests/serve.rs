@@ -308,14 +308,22 @@ fn psycopg_parameters_concurrent_connections_passwords_and_cancel() {
     );
     let expected = sql_json(&format!("docs={}", small.display()), AI_QUERY);
     let expected: Vec<i64> = expected.iter().map(|r| r["id"].as_i64().unwrap()).collect();
-    let script = dir.path().join("clients.py");
-    std::fs::write(&script, PSYCOPG_CLIENTS).unwrap();
-    let out = Command::new(python)
-        .arg(&script)
-        .arg(server.port.to_string())
-        .arg(serde_json::to_string(&expected).unwrap())
-        .output()
-        .unwrap();
+    run_python_checks(
+        &python,
+        &dir.path().join("clients.py"),
+        PSYCOPG_CLIENTS,
+        &[
+            server.port.to_string(),
+            serde_json::to_string(&expected).unwrap(),
+        ],
+    );
+}
+
+/// Runs the psycopg `script` (written to `path`) with `args`; it must succeed
+/// and print "all checks passed".
+fn run_python_checks(python: &Path, path: &Path, script: &str, args: &[String]) {
+    std::fs::write(path, script).unwrap();
+    let out = Command::new(python).arg(path).args(args).output().unwrap();
     let text = format!(
         "{}\n{}",
         String::from_utf8_lossy(&out.stdout),
@@ -655,21 +663,12 @@ fn sessions_are_bounded_and_a_statement_ends_with_its_client() {
         ],
         &[("AISQL_PASSWORD", "pw")],
     );
-    let script = dir.path().join("sessions.py");
-    std::fs::write(&script, SESSION_CHECKS).unwrap();
-    let out = Command::new(python)
-        .arg(&script)
-        .arg(server.port.to_string())
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    run_python_checks(
+        &python,
+        &dir.path().join("sessions.py"),
+        SESSION_CHECKS,
+        &[server.port.to_string()],
     );
-    assert!(out.status.success(), "{text}");
-    assert!(text.contains("all checks passed"), "{text}");
-    eprintln!("{text}");
 }
 
 /// The psycopg side of the session checks: argv = port.
