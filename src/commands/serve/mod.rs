@@ -9,6 +9,7 @@ mod statements;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use aisql_engine::{errln, outln};
 use anyhow::{Context, bail};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
@@ -49,7 +50,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("listening on {listen}"))?;
         let bound = listener.local_addr()?;
-        println!(
+        outln!(
             "listening on {bound} ({}{})",
             if tls.is_some() { "TLS" } else { "no TLS" },
             if handlers.needs_password() {
@@ -57,7 +58,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             } else {
                 ""
             }
-        );
+        )?;
         use std::io::Write;
         std::io::stdout().flush()?;
         let slots = Arc::new(tokio::sync::Semaphore::new(args.max_connections));
@@ -69,13 +70,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 accepted = listener.accept() => match accepted {
                     Ok(accepted) => accepted,
                     Err(e) => {
-                        eprintln!("aisql serve: accepting a connection: {e}");
+                        let _ = errln!("aisql serve: accepting a connection: {e}");
                         continue;
                     }
                 },
             };
             let Ok(slot) = slots.clone().try_acquire_owned() else {
-                eprintln!(
+                let _ = errln!(
                     "aisql serve: refused {peer}: {} connections are open (--max-connections)",
                     args.max_connections
                 );
@@ -85,12 +86,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             let tls = tls.clone();
             tokio::spawn(async move {
                 if let Err(e) = pgwire::tokio::process_socket(socket, tls, handlers).await {
-                    eprintln!("aisql serve: connection from {peer}: {e}");
+                    let _ = errln!("aisql serve: connection from {peer}: {e}");
                 }
                 drop(slot);
             });
         }
-        eprintln!("aisql serve: stopped");
+        errln!("aisql serve: stopped")?;
         Ok(())
     })
 }
