@@ -5,7 +5,7 @@
 //! commands. Ctrl-C stops the running statement, not the shell.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use aisql_engine::{errln, outln};
@@ -83,29 +83,61 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         .auto_add_history(false)
         .build();
     let mut editor = DefaultEditor::with_config(config)?;
-    let history = history_path();
-    match editor.load_history(&history) {
-        Ok(()) => {}
-        Err(ReadlineError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => errln!(
-            "warning: the shell's history {} could not be read: {e}",
-            history.display()
-        )?,
-    }
+    let history = load_history(&mut editor, history_path())?;
     errln!("aisql shell: statements end with ';'. \\? for help, \\q to quit.")?;
     let outcome = shell.read_eval(&mut editor);
-    save_history(&mut editor, &history);
+    if let Some(history) = history {
+        save_history(&mut editor, &history);
+    }
     outcome
+}
+
+/// Why the history file at `path` cannot be used, if it cannot: only a
+/// regular file (or none yet) is read and written, never what a symbolic
+/// link, a FIFO or a device there leads to (reading `/dev/full` or
+/// `/dev/zero` never ends).
+fn unusable_history(path: &Path) -> Option<String> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => Some(e.to_string()),
+        Ok(m) if m.file_type().is_symlink() => Some("it is a symbolic link".into()),
+        Ok(m) if !m.is_file() => Some("it is not a regular file".into()),
+        Ok(_) => None,
+    }
+}
+
+/// Reads the history at `path` into `editor`: the path to save it to at the
+/// end, or `None` (after one warning) when it cannot be used. A history
+/// costs only itself: the shell goes on without one.
+fn load_history(editor: &mut DefaultEditor, path: PathBuf) -> anyhow::Result<Option<PathBuf>> {
+    let why = match unusable_history(&path) {
+        Some(why) => why,
+        None => match editor.load_history(&path) {
+            Ok(()) => return Ok(Some(path)),
+            Err(ReadlineError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Some(path));
+            }
+            Err(e) => e.to_string(),
+        },
+    };
+    errln!(
+        "warning: the shell's history {} cannot be used ({why}); statements are not saved",
+        path.display()
+    )?;
+    Ok(None)
 }
 
 /// Writes the history; a history that cannot be written costs only the
 /// history, so it is a warning.
-fn save_history(editor: &mut DefaultEditor, path: &std::path::Path) {
+fn save_history(editor: &mut DefaultEditor, path: &Path) {
     let saved = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
         Some(dir) => std::fs::create_dir_all(dir).map_err(ReadlineError::Io),
         None => Ok(()),
     }
-    .and_then(|()| editor.save_history(path));
+    .and_then(|()| match unusable_history(path) {
+        Some(why) => Err(ReadlineError::Io(std::io::Error::other(why))),
+        None => editor.save_history(path),
+    });
     if let Err(e) = saved {
         let _ = errln!(
             "warning: the shell's history could not be written to {}: {e}",
@@ -149,6 +181,16 @@ impl Shell {
                 Err(ReadlineError::Eof) => {
                     outln!()?;
                     return Ok(());
+                }
+                // Bytes that are not UTF-8 (a terminal set to another
+                // encoding, a stray key): that line is lost, not the shell.
+                Err(ReadlineError::Io(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
+                    errln!(
+                        "\nerror: the line typed is not valid UTF-8; it and the statement \
+                         it was part of are dropped"
+                    )?;
+                    buffer.clear();
+                    continue;
                 }
                 Err(e) => return Err(anyhow::Error::from(e).context("reading the shell's input")),
             };
