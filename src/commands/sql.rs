@@ -151,7 +151,7 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
             if let Some(path) = &to_substrait {
                 let plan = session.to_substrait(&sql).await?;
                 let bytes = if path.extension().is_some_and(|e| e == "json") {
-                    serde_json::to_vec_pretty(&plan)?
+                    aisql_engine::sql::export::encode_json(&plan)?
                 } else {
                     aisql_engine::sql::export::encode(&plan)
                 };
