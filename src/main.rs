@@ -1,9 +1,11 @@
 //! The `aisql` command line: thin — parse arguments, run the command, map the
-//! outcome to an exit code (0 success, 1 error, 2 usage error).
+//! outcome to an exit code (0 success, 1 error, 2 usage error, 141 when the
+//! reader of its output went away, as for a process SIGPIPE ended).
 
 use std::process::ExitCode;
 
 use aisql::{cli, commands};
+use aisql_engine::console;
 use clap::Parser;
 
 /// Every allocation is counted, so a query's memory bound sees the heap its
@@ -31,10 +33,18 @@ fn main() -> ExitCode {
             })
         })
         .unwrap_or_else(|e| Err(e.into()));
+    // Output cut short by its reader ends quietly: nobody reads an error.
+    if console::pipe_closed()
+        || outcome
+            .as_ref()
+            .is_err_and(|e| console::is_closed_pipe(e.as_ref()))
+    {
+        return ExitCode::from(console::CLOSED_PIPE_EXIT);
+    }
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("aisql: error: {err:#}");
+            let _ = aisql_engine::errln!("aisql: error: {err:#}");
             if err.downcast_ref::<commands::UsageError>().is_some() {
                 ExitCode::from(2)
             } else {

@@ -32,6 +32,11 @@ fn docs(dir: &Path, rows: usize) -> String {
 /// The shell over `--table docs=...` with the tiny model, aisql's cache
 /// (where its history goes) in `cache`.
 fn shell(cache: &Path, table: &str, extra: &[&str]) -> PtySession {
+    shell_said(cache, table, extra).0
+}
+
+/// [`shell`], and what it printed before its first prompt.
+fn shell_said(cache: &Path, table: &str, extra: &[&str]) -> (PtySession, String) {
     let mut c = Command::new(env!("CARGO_BIN_EXE_aisql"));
     c.env("AISQL_CACHE_DIR", cache)
         .env("TERM", "xterm")
@@ -49,8 +54,16 @@ fn shell(cache: &Path, table: &str, extra: &[&str]) -> PtySession {
         .timeout_ms(Some(WAIT_MS))
         .strip_ansi_escape_codes(true);
     let mut p = spawn_with_options(c, options).unwrap();
-    p.exp_string("aisql> ").unwrap();
-    p
+    let said = p.exp_string("aisql> ").unwrap();
+    (p, said)
+}
+
+/// Sends `bytes` to the shell as typed, whatever they are.
+fn type_bytes(p: &PtySession, bytes: &[u8]) {
+    use std::io::Write;
+    let mut pty = p.process().get_file_handle().unwrap();
+    pty.write_all(bytes).unwrap();
+    pty.flush().unwrap();
 }
 
 /// Types `line` and Enter at a prompt.
@@ -185,26 +198,71 @@ fn ctrl_c_stops_the_running_statement_and_the_shell_goes_on() {
     );
 }
 
+/// A history file that is not a regular file (a folder, a FIFO, a link to
+/// `/dev/full`, whose reading never ends) is neither read nor written: one
+/// warning, then the shell runs and Ctrl-D quits it as always.
 #[test]
-fn ctrl_d_quits_and_an_unwritable_history_is_only_a_warning() {
+fn ctrl_d_quits_and_an_unusable_history_is_only_a_warning() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
-    // A folder where the history file would be: it can be neither read nor
-    // written.
-    std::fs::create_dir_all(cache.join("sql_history")).unwrap();
+    let history = cache.join("sql_history");
     let table = docs(dir.path(), 3);
-    let mut p = shell(&cache, &table, &[]);
-    type_line(&mut p, "SELECT 1 AS one;");
-    p.exp_string("1 row in").unwrap();
+    std::fs::create_dir_all(&cache).unwrap();
+    let fifo = std::ffi::CString::new(dir.path().join("fifo").to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let cases: [(&str, &dyn Fn()); 3] = [
+        ("a folder", &|| std::fs::create_dir_all(&history).unwrap()),
+        ("a FIFO", &|| {
+            std::fs::rename(dir.path().join("fifo"), &history).unwrap()
+        }),
+        ("a link to /dev/full", &|| {
+            std::os::unix::fs::symlink("/dev/full", &history).unwrap()
+        }),
+    ];
+    for (what, make) in cases {
+        make();
+        let (mut p, said) = shell_said(&cache, &table, &[]);
+        assert!(
+            said.contains("cannot be used") && said.contains("statements are not saved"),
+            "{what}: {said}"
+        );
+        type_line(&mut p, "SELECT 1 AS one;");
+        p.exp_string("1 row in").unwrap();
+        p.exp_string("aisql> ").unwrap();
+        p.send_control('d').unwrap();
+        let rest = p.exp_eof().unwrap();
+        assert!(!rest.contains("warning"), "{what}: warned again: {rest}");
+        assert!(
+            matches!(p.process().wait().unwrap(), WaitStatus::Exited(_, 0)),
+            "{what}: the shell did not exit 0"
+        );
+        let kind = std::fs::symlink_metadata(&history).unwrap().file_type();
+        assert!(!kind.is_file(), "{what}: replaced by a file");
+        if kind.is_dir() {
+            std::fs::remove_dir(&history).unwrap();
+        } else {
+            std::fs::remove_file(&history).unwrap();
+        }
+    }
+}
+
+/// A line that is not UTF-8 is an error for that line (and the statement it
+/// was part of); the shell goes on.
+#[test]
+fn a_line_that_is_not_utf8_is_an_error_and_the_shell_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let table = docs(dir.path(), 3);
+    let mut p = shell(&cache, &table, &["--format", "csv"]);
+    type_line(&mut p, "SELECT 1 AS lost,");
+    p.exp_string("...> ").unwrap();
+    type_bytes(&p, b"2 AS \xff\xfe bad;\r");
+    p.exp_string("not valid UTF-8").unwrap();
     p.exp_string("aisql> ").unwrap();
-    p.send_control('d').unwrap();
-    p.exp_string("warning: the shell's history could not be written")
-        .unwrap();
-    p.exp_eof().unwrap();
-    assert!(matches!(
-        p.process().wait().unwrap(),
-        WaitStatus::Exited(_, 0)
-    ));
+    type_line(&mut p, "SELECT 'still here' AS s;");
+    p.exp_regex(r"s\r?\nstill here\r?\n").unwrap();
+    quit(p);
 }
 
 /// The flags that only one statement takes are usage errors naming the flag

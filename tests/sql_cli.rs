@@ -481,3 +481,47 @@ fn csv_and_json_print_every_row_and_the_table_cuts_what_eyes_cannot_read() {
     );
     assert!(!table.contains(&"x".repeat(201)));
 }
+
+/// `c` as a `std::process::Command`, whose streams can be set.
+fn std_command(c: &Command) -> std::process::Command {
+    let mut std = std::process::Command::new(c.get_program());
+    std.args(c.get_args());
+    std
+}
+
+/// A `Stdio` whose reader is already gone: every write to it fails with a
+/// broken pipe (aisql, like any Rust program, ignores SIGPIPE).
+fn closed_pipe() -> std::process::Stdio {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    writer.into()
+}
+
+/// Output whose reader went away (`aisql sql ... | head`, a closed stderr
+/// under `--progress json`) ends the command quietly, with SIGPIPE's exit
+/// code, never with a panic.
+#[test]
+fn a_closed_stdout_or_stderr_ends_the_command_quietly() {
+    let ai = "SELECT id FROM docs WHERE ai_filter('Is the review {0} kind?', body) ORDER BY id";
+    for (query, extra) in [
+        ("SELECT 1", vec![]),
+        (ai, vec!["--progress", "json"]),
+        (ai, vec!["--format", "csv", "--limit", "1000"]),
+    ] {
+        // stdout closed: stderr says nothing of a panic.
+        let out = std_command(&sql(query, &extra))
+            .stdout(closed_pipe())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{query}: {stderr}");
+        assert_eq!(out.status.code(), Some(141), "{query}: {stderr}");
+        // stderr closed: nothing to read there, the exit code tells.
+        let out = std_command(&sql(query, &extra))
+            .stderr(closed_pipe())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(141), "{query} with stderr closed");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("panicked"));
+    }
+}

@@ -282,9 +282,10 @@ async fn selectivity_hints_order_a_relations_ai_filters() {
 }
 
 /// Every query of the corpus (and its equivalent) written as Substrait the way
-/// `aisql sql --to-substrait` writes it passes substrait-validator (PyPI), a
-/// checker nobody here wrote: extensions declared, output types on every call
-/// and measure, a condition on every join.
+/// `aisql sql --to-substrait` writes it, binary and ProtoJSON, passes
+/// substrait-validator (PyPI), a checker nobody here wrote: extensions
+/// declared, output types on every call and measure, a condition on every
+/// join.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_export_passes_substrait_validator() {
     let python = common::test_python("substrait_validator", "substrait-validator 0.1.4");
@@ -305,7 +306,14 @@ async fn every_export_passes_substrait_validator() {
                 .path()
                 .join(format!("{}-{}{suffix}.substrait", case.file, case.name));
             std::fs::write(&path, aisql_engine::sql::export::encode(&plan)).unwrap();
+            let json = path.with_extension("json");
             files.push(path);
+            std::fs::write(
+                &json,
+                aisql_engine::sql::export::encode_json(&plan).unwrap(),
+            )
+            .unwrap();
+            files.push(json);
         }
     }
     let out = std::process::Command::new(&python)

@@ -130,3 +130,60 @@ async fn sql_spellings_of_quailb_queries_match_their_plans() {
     }
     assert!(nonempty >= 14, "only {nonempty} runs had rows");
 }
+
+/// A correlated `EXISTS` whose AI join reads the subquery's documents keys
+/// them by their ids, as the join written by hand does: the labelled oracle
+/// (which answers by document id) answers it, with the hand-written join's
+/// rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_correlated_exists_with_an_ai_join_keys_partners_by_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = TinyCorpus::write(dir.path());
+    let (store, _) = draw_labels(&corpus, &load_plans(&["IMDB-3"]));
+    let backend = Arc::new(OracleBackend::new(Arc::new(store)));
+    let options = QueryOptions::default();
+    let sql = sql_session(backend, &corpus, &options).await;
+    let aspects = sql
+        .run("SELECT aspect FROM aspects ORDER BY id LIMIT 3")
+        .await
+        .unwrap();
+    let aspects: Vec<String> = result_rows(&aspects.rows().unwrap())
+        .into_iter()
+        .map(|row| format!("'{}'", row[0].replace('\'', "''")))
+        .collect();
+    let aspects = aspects.join(", ");
+    let join = "ai_join('Does the review in DOCUMENT {0} discuss the movie aspect in DOCUMENT {1}?', r.body, a.aspect)";
+    let run = |query: String| {
+        let sql = &sql;
+        async move {
+            let out = sql
+                .run(&query)
+                .await
+                .unwrap_or_else(|e| panic!("{query}: {e}"));
+            let mut rows = result_rows(&out.rows().unwrap());
+            rows.sort();
+            rows
+        }
+    };
+    let correlated = run(format!(
+        "SELECT r.id FROM reviews r WHERE EXISTS \
+         (SELECT 1 FROM aspects a WHERE a.aspect IN ({aspects}) AND {join})"
+    ))
+    .await;
+    let by_hand = run(format!(
+        "SELECT DISTINCT r.id FROM reviews r JOIN aspects a ON {join} \
+         WHERE a.aspect IN ({aspects})"
+    ))
+    .await;
+    assert!(!by_hand.is_empty(), "no review discusses {aspects}");
+    assert_eq!(correlated, by_hand);
+    // NOT EXISTS keeps the other reviews.
+    let not_exists = run(format!(
+        "SELECT r.id FROM reviews r WHERE NOT EXISTS \
+         (SELECT 1 FROM aspects a WHERE a.aspect IN ({aspects}) AND {join})"
+    ))
+    .await;
+    let all = run("SELECT id FROM reviews".into()).await;
+    assert_eq!(correlated.len() + not_exists.len(), all.len());
+    assert!(not_exists.iter().all(|r| !correlated.contains(r)));
+}

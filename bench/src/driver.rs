@@ -512,7 +512,7 @@ fn resume_run(
         if let Some(files) = &rec.files
             && let Some(why) = damaged(dir, files)
         {
-            eprintln!("{}: {why}; running the query again", rec.id);
+            let _ = aisql_engine::errln!("{}: {why}; running the query again", rec.id);
             *rec = QueryRecord::pending(&rec.id, &hash);
         }
         plans.push((rec.id.clone(), plan));

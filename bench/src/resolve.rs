@@ -68,7 +68,7 @@ pub fn open_standin(root: &Path, sf: f64) -> Result<Dataset> {
     let why = match Dataset::open(root, sf, None) {
         Ok(d) => match stale_reason(&d) {
             None => {
-                eprintln!(
+                let _ = aisql_engine::errln!(
                     "note: published QUAIL-B data for sf {sf} not found; using the deterministic stand-in corpus {} at {} (not the published data)",
                     d.corpus_id,
                     root.display()
@@ -79,7 +79,7 @@ pub fn open_standin(root: &Path, sf: f64) -> Result<Dataset> {
         },
         Err(_) => "published QUAIL-B data not found".to_string(),
     };
-    eprintln!(
+    let _ = aisql_engine::errln!(
         "note: {why}; generating the deterministic stand-in corpus for sf {sf} at {} (not the published data)",
         root.display()
     );

@@ -13,12 +13,14 @@
 //! cost before it runs), [`sql`] (front end), [`exec`] (AI plan nodes and
 //! operators), [`inference`] (backends and what serves them), [`limits`]
 //! (memory, spend, cancellation) and [`data`] (files in and out); the error
-//! type and panic messages at the root under them all.
+//! type, panic messages and [`console`] (text on stdout and stderr written
+//! without panicking) at the root under them all.
 //!
 //! The benchmark's rules (QUAIL-B plan files, their view, label sets, the
 //! per-query output layout) live in the `aisql-bench` crate, which drives
 //! this one like any other caller.
 
+pub mod console;
 pub mod data;
 mod error;
 pub mod estimate;

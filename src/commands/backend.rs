@@ -5,6 +5,7 @@ use std::sync::Arc;
 use aisql_bench::layout::Dataset;
 use aisql_bench::quailb::oracle::OracleBackend;
 use aisql_engine::data::write_guard::{OutputKind, WriteGuard};
+use aisql_engine::errln;
 use aisql_engine::inference::answer_cache::{
     AnswerCache, AnswerIdentity, CachedBackend, KEY_FILE, RecordKey,
 };
@@ -84,7 +85,7 @@ pub fn load_model(
     let gpu = one_gpu(args, "this command runs one model on one device")?;
     let dtype = dtype(args)?;
     if args.name == "tiny" {
-        eprintln!("{TINY_MODEL_NOTE}");
+        errln!("{TINY_MODEL_NOTE}")?;
     }
     let source = aisql_engine::inference::scheduler::model_source(&args.name)?;
     let device = aisql_models::device(gpu)?;
@@ -220,7 +221,7 @@ pub fn build(
                 );
             }
             if args.model.name == "tiny" {
-                eprintln!("{TINY_MODEL_NOTE}");
+                errln!("{TINY_MODEL_NOTE}")?;
             }
             let dtype = dtype(&args.model)?;
             let kernels = match args.cuda_kernels {
@@ -353,13 +354,13 @@ fn remote_workers(
         .name()
         .to_string();
     for w in &workers {
-        eprintln!(
+        errln!(
             "worker {}: {} ({}, {})",
             w.url(),
             w.hello().identity.model,
             w.hello().identity.dtype,
             meta_text(&w.hello().meta, "device")
-        );
+        )?;
     }
     let workers = workers
         .into_iter()
@@ -388,7 +389,7 @@ fn with_answer_cache(
     key_guard.add(&key_path, "the answer cache's key");
     key_guard.check(dir, "--answer-cache", OutputKind::Folder)?;
     let cache = AnswerCache::open(dir, identity, RecordKey::load_or_create(&key_path)?)?;
-    eprintln!(
+    errln!(
         "answer cache {}: {} answers of this model{}",
         cache.log_path().display(),
         cache.len(),
@@ -399,7 +400,7 @@ fn with_answer_cache(
                 key_path.display()
             ),
         }
-    );
+    )?;
     meta.insert(
         "answer_cache".into(),
         cache.log_path().display().to_string().into(),

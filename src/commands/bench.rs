@@ -12,6 +12,7 @@ use aisql_bench::plans::PlanSource;
 use aisql_bench::resolve::resolve;
 use aisql_bench::run_file::{RunFile, RunStatus};
 use aisql_engine::data::write_guard::{OutputKind, WriteGuard};
+use aisql_engine::{errln, outln};
 use anyhow::{Context, bail};
 
 use crate::cli::{BackendKind, BenchAction, BenchArgs, BenchRunArgs};
@@ -38,7 +39,7 @@ fn report(dir: &Path, root: Option<&Path>) -> anyhow::Result<()> {
     super::paths::add_dataset(&mut guard, &dataset);
     guard.check(dir, "the run folder", OutputKind::Folder)?;
     let run = rescore(dir, &dataset)?;
-    summarize(dir, &run);
+    summarize(dir, &run)?;
     Ok(())
 }
 
@@ -56,7 +57,7 @@ fn compare(a: &Path, b: &Path, root: Option<&Path>, json: Option<&Path>) -> anyh
         guard.check(path, "--json", OutputKind::File)?;
     }
     let c = compare_runs(a, b, &dataset)?;
-    print!("{}", comparison_markdown(&c));
+    aisql_engine::console::out(comparison_markdown(&c).as_bytes())?;
     if let Some(path) = json {
         aisql_engine::data::files::write_file_atomic(
             path,
@@ -67,7 +68,7 @@ fn compare(a: &Path, b: &Path, root: Option<&Path>, json: Option<&Path>) -> anyh
     Ok(())
 }
 
-fn summarize(dir: &Path, run: &RunFile) {
+fn summarize(dir: &Path, run: &RunFile) -> std::io::Result<()> {
     let n = run.queries.len();
     let complete = run
         .queries
@@ -83,10 +84,10 @@ fn summarize(dir: &Path, run: &RunFile) {
                 .is_some_and(|a| a.verdict == aisql_bench::metrics::Verdict::Good)
         })
         .count();
-    println!(
+    outln!(
         "{complete} of {n} queries complete, {good} good; results in {}",
         dir.join(aisql_bench::report::REPORT_MD).display()
-    );
+    )
 }
 
 /// The user's `--metadata KEY=VALUE` pairs (VALUE parsed as JSON when it is JSON).
@@ -196,7 +197,7 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
     };
     let rt = super::runtime()?;
     let run = rt.block_on(run_bench(&opts, &dataset, backend, queries))?;
-    summarize(&output_dir, &run);
+    summarize(&output_dir, &run)?;
     if run.status != RunStatus::Complete {
         let bad = run
             .queries
@@ -241,9 +242,9 @@ fn estimate_only(
                 &options,
             ))
             .map_err(|e| anyhow::anyhow!("{id}: {e}"))?;
-        eprintln!("{id}: {} fresh tokens", estimate.fresh_tokens);
+        errln!("{id}: {} fresh tokens", estimate.fresh_tokens)?;
         estimates.push((id.clone(), estimate));
     }
-    println!("{}", super::estimate::render_queries(&estimates)?);
+    outln!("{}", super::estimate::render_queries(&estimates)?)?;
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! `aisql data generate|fetch`.
 
 use aisql_bench::layout;
+use aisql_engine::outln;
 use anyhow::Context;
 
 use crate::cli::DataCommand;
@@ -11,25 +12,29 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
             let root = root.unwrap_or_else(layout::standin_root);
             let summary = aisql_standin::generate(&root, sf)
                 .with_context(|| format!("generating the stand-in corpus at sf {sf}"))?;
-            println!(
+            outln!(
                 "corpus {} collection {} (sf {})",
-                summary.corpus_id, summary.collection_id, summary.scale_factor
-            );
+                summary.corpus_id,
+                summary.collection_id,
+                summary.scale_factor
+            )?;
             for (table, t) in &summary.tables {
-                println!(
+                outln!(
                     "  {table:<18} {:>9} rows {:>12} bytes {:>7.2} s",
-                    t.rows, t.bytes, t.seconds
-                );
+                    t.rows,
+                    t.bytes,
+                    t.seconds
+                )?;
             }
             let labels: u64 = summary.label_rows.values().sum();
-            println!(
+            outln!(
                 "  labels: {} sets, {labels} rows, {} bytes, {:.2} s; total {:.2} s",
                 summary.label_rows.len(),
                 summary.label_bytes,
                 summary.label_seconds,
                 summary.seconds
-            );
-            println!("stand-in corpus written to {}", root.display());
+            )?;
+            outln!("stand-in corpus written to {}", root.display())?;
             Ok(())
         }
         DataCommand::Fetch { sf, dest } => {
@@ -39,7 +44,7 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
             let summary = rt
                 .block_on(layout::fetch(source, &dest, sf))
                 .with_context(|| format!("fetching the published QUAIL-B data at sf {sf}"))?;
-            println!("{summary:?}");
+            outln!("{summary:?}")?;
             Ok(())
         }
     }

@@ -9,6 +9,7 @@ use aisql_engine::estimate::calibration::Calibration;
 use aisql_engine::estimate::{DEFAULT_GPU_HOURLY_RATE_USD, Estimate, EstimateConfig, Estimator};
 use aisql_engine::inference::backend::InferenceBackend;
 use aisql_engine::inference::scheduler::{QWEN3_4B_KV_BYTES_PER_TOKEN, QWEN3_4B_MAX_POSITIONS};
+use aisql_engine::outln;
 
 use super::backend::{meta_text, simulated_config};
 use crate::cli::{BackendArgs, BackendKind, CostArgs, RowFormat};
@@ -87,11 +88,10 @@ pub fn profile_key(
 /// Prints `estimate`: one JSON object for `--format json`, else the table.
 pub fn print(estimate: &Estimate, format: RowFormat) -> anyhow::Result<()> {
     match format {
-        RowFormat::Json => println!("{}", serde_json::to_string_pretty(&estimate.to_json())?),
-        RowFormat::Table => println!("{}", estimate.render()?),
+        RowFormat::Json => outln!("{}", serde_json::to_string_pretty(&estimate.to_json())?)?,
+        RowFormat::Table => outln!("{}", estimate.render()?)?,
         RowFormat::Csv => {
-            use std::io::Write as _;
-            std::io::stdout().write_all(&super::rows::render(&estimate.to_batch()?, format)?)?;
+            aisql_engine::console::out(&super::rows::render(&estimate.to_batch()?, format)?)?;
         }
     }
     Ok(())

@@ -34,7 +34,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             let source = aisql_bench::plans::PlanSource::choose(plans.dir.as_deref());
             match aisql_bench::plans::open_plan(&plan, &source, Default::default()) {
                 Ok(query) => {
-                    print!("{}", aisql_bench::quailb::explain::explain(&query));
+                    aisql_engine::console::out(
+                        aisql_bench::quailb::explain::explain(&query).as_bytes(),
+                    )?;
                     Ok(())
                 }
                 // Any other plan: DataFusion's plans of it, as for SQL.

@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use aisql_engine::{errln, outln};
 use anyhow::Context;
 
 use super::UsageError;
@@ -14,7 +15,7 @@ pub fn run(cmd: ModelCommand) -> anyhow::Result<()> {
         ModelCommand::Tiny { out, seed } => {
             aisql_models::tiny::write_tiny_model(&out, seed)
                 .with_context(|| format!("writing the tiny model to {}", out.display()))?;
-            println!("tiny Qwen3 (seed {seed}) written to {}", out.display());
+            outln!("tiny Qwen3 (seed {seed}) written to {}", out.display())?;
             Ok(())
         }
         ModelCommand::Random { shape, out, seed } => random(shape, &out, seed),
@@ -46,10 +47,10 @@ fn random(shape: RandomShape, out: &Path, seed: u64) -> anyhow::Result<()> {
     };
     aisql_models::tiny::write_model(out, &cfg, seed)
         .with_context(|| format!("writing the random model to {}", out.display()))?;
-    println!(
+    outln!(
         "random Qwen3 of shape {name} (seed {seed}) written to {}",
         out.display()
-    );
+    )?;
     Ok(())
 }
 
@@ -76,12 +77,12 @@ fn gguf(model: &str, out: &Path, file_type: &str) -> anyhow::Result<()> {
         .with_context(|| format!("finding model {model:?}"))?;
     let written = aisql_models::gguf::write::write_gguf(&files, out, file_type)
         .with_context(|| format!("writing {}", out.display()))?;
-    println!(
+    outln!(
         "{} tensors, {:.1} MB, written to {}",
         written.tensors,
         written.bytes as f64 / 1e6,
         out.display()
-    );
+    )?;
     Ok(())
 }
 
@@ -139,7 +140,7 @@ fn bench(args: &ModelBenchArgs) -> anyhow::Result<()> {
         let rate = tokens as f64 / wall;
         rates.push(rate);
         match args.format {
-            GenerateFormat::Json => println!(
+            GenerateFormat::Json => outln!(
                 "{}",
                 serde_json::json!({
                     "model": args.model.name,
@@ -154,19 +155,19 @@ fn bench(args: &ModelBenchArgs) -> anyhow::Result<()> {
                     "tokens_per_s": rate,
                     "cpu_s_per_token": cpu.map(|c| c / tokens as f64),
                 })
-            ),
-            GenerateFormat::Text => println!(
+            )?,
+            GenerateFormat::Text => outln!(
                 "round {round}: {tokens} tokens in {wall:.3} s, {rate:.1} tokens/s{}",
                 cpu.map_or(String::new(), |c| format!(
                     ", {c:.3} CPU s ({:.2} cores busy)",
                     c / wall
                 ))
-            ),
+            )?,
         }
     }
     if args.format == GenerateFormat::Text {
         rates.sort_by(f64::total_cmp);
-        println!(
+        outln!(
             "{} {} on {} threads, {} × {} tokens: median {:.1} tokens/s",
             args.model.name,
             model.weights_name(),
@@ -174,7 +175,7 @@ fn bench(args: &ModelBenchArgs) -> anyhow::Result<()> {
             args.sequences,
             args.prompt_tokens,
             rates[rates.len() / 2]
-        );
+        )?;
     }
     Ok(())
 }
@@ -203,7 +204,7 @@ fn process_cpu_seconds() -> Option<f64> {
 fn calibrate(args: &CalibrateArgs) -> anyhow::Result<()> {
     let gpu = super::backend::one_gpu(&args.model, "a profile is of one model on one device")?;
     if args.model.name == "tiny" {
-        eprintln!("{}", super::backend::TINY_MODEL_NOTE);
+        errln!("{}", super::backend::TINY_MODEL_NOTE)?;
     }
     let spec = aisql_engine::inference::scheduler::ModelSpec {
         model: args.model.name.clone(),
@@ -221,7 +222,7 @@ fn calibrate(args: &CalibrateArgs) -> anyhow::Result<()> {
         use aisql_engine::inference::scheduler::Executor as _;
         backend.executor().kv_bytes_per_token()
     };
-    eprintln!("measuring {} {dtype} on {device} …", args.model.name);
+    errln!("measuring {} {dtype} on {device} …", args.model.name)?;
     let profile = aisql_engine::estimate::calibration::measure(
         backend.as_ref(),
         bytes_per_token,
@@ -230,28 +231,28 @@ fn calibrate(args: &CalibrateArgs) -> anyhow::Result<()> {
     )?;
     let path = profile.save()?;
     match args.format {
-        GenerateFormat::Json => println!("{}", serde_json::to_string_pretty(&profile)?),
+        GenerateFormat::Json => outln!("{}", serde_json::to_string_pretty(&profile)?)?,
         GenerateFormat::Text => {
             for w in &profile.workloads {
                 let tokens = w.fresh_tokens + w.decoded;
-                println!(
+                outln!(
                     "{:<14} {:>8} fresh tokens, {:>8} decoded, {:>7.3} s ({:.0} tokens/s)",
                     w.name,
                     w.fresh_tokens,
                     w.decoded,
                     w.seconds,
                     tokens as f64 / w.seconds.max(1e-9)
-                );
+                )?;
             }
-            println!(
+            outln!(
                 "per fresh token {:.3e} s, per attended position {:.3e} s, per decoded token {:.3e} s",
                 profile.seconds_per_token,
                 profile.seconds_per_attended,
                 profile.seconds_per_decoded
-            );
+            )?;
         }
     }
-    eprintln!("profile kept in {}", path.display());
+    errln!("profile kept in {}", path.display())?;
     Ok(())
 }
 
@@ -289,7 +290,7 @@ fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
         .remove(0);
     let text = tokenizer.decode(&generation.token_ids)?;
     match args.format {
-        GenerateFormat::Text => println!("{text}"),
+        GenerateFormat::Text => outln!("{text}")?,
         GenerateFormat::Json => {
             let finish = match generation.finish {
                 aisql_models::FinishReason::Stop => "stop",
@@ -301,7 +302,7 @@ fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
                 "text": text,
                 "finish": finish,
             });
-            println!("{out}");
+            outln!("{out}")?;
         }
     }
     Ok(())

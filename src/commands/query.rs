@@ -10,6 +10,7 @@ use aisql_bench::resolve::resolve;
 use aisql_engine::data::row_sink::{HeadRows, ParquetRows, RowSink, SavedRows};
 use aisql_engine::data::tables::{TablePaths, tables_in_dir};
 use aisql_engine::data::write_guard::{OutputKind, WriteGuard};
+use aisql_engine::errln;
 use aisql_engine::sql::options::QueryOptions;
 use datafusion::arrow::compute::concat_batches;
 
@@ -83,7 +84,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         });
         match estimate {
             Ok(e) => options.expected_rows = super::estimate::expected_rows(&e),
-            Err(e) => eprintln!("no estimate for the progress lines: {e:#}"),
+            Err(e) => errln!("no estimate for the progress lines: {e:#}")?,
         }
     }
     let canceller = backend.clone();
@@ -96,10 +97,10 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
             })?
         };
         super::rows::emit(&rows, &args.rows, out.runtime_s)?;
-        super::rows::report_work(&out.measurements);
+        super::rows::report_work(&out.measurements)?;
         if let Some(dir) = &args.output_dir {
             aisql_bench::quailb::output::write_query_outputs(dir, "", &query, &rows, &out)?;
-            eprintln!("outputs written to {}", dir.display());
+            errln!("outputs written to {}", dir.display())?;
         }
         return Ok(());
     };
@@ -138,16 +139,16 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
                 Err(e) if timed_out(&e) => return Err(keep_rows(e, parquet, total, dir)),
                 out => out?,
             };
-            super::rows::summarise(total, total, &args.rows, out.runtime_s);
+            super::rows::summarise(total, total, &args.rows, out.runtime_s)?;
             (parquet, out)
         }
     };
     if let SavedRows::Summary(summary) = parquet.finish()? {
-        eprintln!("{}", summary.note);
+        errln!("{}", summary.note)?;
     }
-    super::rows::report_work(&out.measurements);
+    super::rows::report_work(&out.measurements)?;
     aisql_bench::quailb::output::write_answer_outputs(dir, "", &query, &out)?;
-    eprintln!("outputs written to {}", dir.display());
+    errln!("outputs written to {}", dir.display())?;
     Ok(())
 }
 
@@ -200,11 +201,11 @@ fn clear_output_dir(args: &QueryArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.output_dir {
         let removed = aisql_bench::quailb::output::clear_query_outputs(dir)?;
         if !removed.is_empty() {
-            eprintln!(
+            errln!(
                 "removed an earlier query's outputs from {}: {}",
                 dir.display(),
                 removed.join(", ")
-            );
+            )?;
         }
     }
     Ok(())
@@ -288,13 +289,13 @@ fn run_general(
     }
     let rows = out.rows()?;
     super::rows::emit(&rows, &args.rows, out.runtime_s)?;
-    super::rows::report_work(&out.measurements);
+    super::rows::report_work(&out.measurements)?;
     if let Some(dir) = &args.output_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         aisql_engine::data::files::write_parquet(&dir.join(ROWS_FILE), &rows)?;
         let plan_bytes = aisql_engine::sql::plan_file::encode_plan(&plan);
         aisql_bench::quailb::output::write_layout(dir, "", &plan_bytes, &out.answers)?;
-        eprintln!("outputs written to {}", dir.display());
+        errln!("outputs written to {}", dir.display())?;
     }
     Ok(())
 }

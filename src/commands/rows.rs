@@ -6,12 +6,14 @@
 //! [`crate::cli::TABLE_ROWS`]) with long cells cut; csv and json are for
 //! programs and carry every row and every value unless `--limit` says otherwise.
 
-use std::io::{BufWriter, Stdout, Write};
+use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::sync::Arc;
 
+use aisql_engine::console::Stdout;
 use aisql_engine::data::files::{write_file_atomic, write_parquet};
 use aisql_engine::data::row_sink::RowSink;
+use aisql_engine::errln;
 use aisql_engine::inference::work::{Sum, Work};
 use datafusion::arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
 use datafusion::arrow::compute::cast;
@@ -144,7 +146,7 @@ enum Printer {
 impl<S: RowSink> PrintedRows<S> {
     /// Prints rows of `schema` in `format` (csv or json) and hands them to `next`.
     pub fn new(format: RowFormat, schema: &SchemaRef, next: S) -> anyhow::Result<Self> {
-        let out = BufWriter::new(std::io::stdout());
+        let out = BufWriter::new(Stdout);
         let printer = match format {
             RowFormat::Csv => {
                 let mut w = datafusion::arrow::csv::WriterBuilder::new()
@@ -198,15 +200,19 @@ pub fn show(
     args: &RowOutputArgs,
     runtime_s: f64,
 ) -> anyhow::Result<()> {
-    std::io::stdout().write_all(&render(shown, args.format)?)?;
-    summarise(shown.num_rows() as u64, total, args, runtime_s);
-    Ok(())
+    aisql_engine::console::out(&render(shown, args.format)?)?;
+    Ok(summarise(shown.num_rows() as u64, total, args, runtime_s)?)
 }
 
 /// The line on stderr after the rows: how many there were, how many were
 /// printed and where they were saved.
-pub fn summarise(printed: u64, total: u64, args: &RowOutputArgs, runtime_s: f64) {
-    eprintln!(
+pub fn summarise(
+    printed: u64,
+    total: u64,
+    args: &RowOutputArgs,
+    runtime_s: f64,
+) -> std::io::Result<()> {
+    errln!(
         "{total} row{} in {runtime_s:.3} s{}{}",
         if total == 1 { "" } else { "s" },
         if total > printed {
@@ -218,7 +224,7 @@ pub fn summarise(printed: u64, total: u64, args: &RowOutputArgs, runtime_s: f64)
             .as_ref()
             .map(|p| format!("; saved to {}", p.display()))
             .unwrap_or_default()
-    );
+    )
 }
 
 /// Writes `rows` to `path` whole or not at all.
@@ -236,11 +242,11 @@ fn save(rows: &RecordBatch, path: &Path) -> anyhow::Result<()> {
 /// The model work of a finished query on stderr: fresh tokens, what the
 /// answer cache answered and what it asked of the model, the budget and each
 /// AI operator's coverage, and the rows the model could not answer.
-pub fn report_work(work: &Work) {
-    report_budget(work.budget.as_ref().map(|b| &b.0));
-    report_row_errors(work.row_errors.as_ref().map(|r| &r.0));
+pub fn report_work(work: &Work) -> std::io::Result<()> {
+    report_budget(work.budget.as_ref().map(|b| &b.0))?;
+    report_row_errors(work.row_errors.as_ref().map(|r| &r.0))?;
     if let Some(Sum(fresh)) = work.fresh_tokens {
-        eprintln!("fresh tokens: {fresh} (positions computed by the model)");
+        errln!("fresh tokens: {fresh} (positions computed by the model)")?;
     }
     if let Some(decoded) = work.decode_tokens.map(|d| d.0).filter(|&d| d > 0) {
         let per_s = work
@@ -249,22 +255,21 @@ pub fn report_work(work: &Work) {
             .filter(|&s| s > 0.0)
             .map(|s| format!(", {:.0} tokens/s", decoded as f64 / s))
             .unwrap_or_default();
-        eprintln!(
-            "decode tokens: {decoded} (generated positions, part of the fresh tokens{per_s})"
-        );
+        errln!("decode tokens: {decoded} (generated positions, part of the fresh tokens{per_s})")?;
     }
     if let (Some(Sum(reused)), Some(Sum(asked))) =
         (work.answer_cache_reused, work.answer_cache_asked)
     {
-        eprintln!("answer cache: {reused} answers reused, {asked} questions asked of the model");
+        errln!("answer cache: {reused} answers reused, {asked} questions asked of the model")?;
     }
+    Ok(())
 }
 
 /// The budget line (what was spent of what limit) and, once it was spent,
 /// each AI operator's rows answered and not reached: the result is partial.
-fn report_budget(budget: Option<&serde_json::Value>) {
+fn report_budget(budget: Option<&serde_json::Value>) -> std::io::Result<()> {
     let Some(b) = budget else {
-        return;
+        return Ok(());
     };
     let spent = &b["spent"];
     let limits: Vec<String> = b["limit"]
@@ -273,15 +278,15 @@ fn report_budget(budget: Option<&serde_json::Value>) {
         .flatten()
         .map(|(k, v)| format!("{k} {}", figure(v)))
         .collect();
-    eprintln!(
+    errln!(
         "budget: spent {} fresh tokens, {:.3} s of model time, ${:.6} (limit: {})",
         spent["fresh_tokens"],
         spent["model_seconds"].as_f64().unwrap_or(0.0),
         spent["cost_usd"].as_f64().unwrap_or(0.0),
         limits.join(", ")
-    );
+    )?;
     if b["exhausted"] != true {
-        return;
+        return Ok(());
     }
     let over: Vec<String> = b["overshoot"]
         .as_object()
@@ -290,7 +295,7 @@ fn report_budget(budget: Option<&serde_json::Value>) {
         .filter(|(_, v)| v.as_f64().is_some_and(|v| v > 0.0))
         .map(|(k, v)| format!("{k} {}", figure(v)))
         .collect();
-    eprintln!(
+    errln!(
         "budget spent ({}{}): the result holds only the rows answered before it ran out",
         b["reached"].as_str().unwrap_or("a limit"),
         if over.is_empty() {
@@ -298,36 +303,38 @@ fn report_budget(budget: Option<&serde_json::Value>) {
         } else {
             format!(", over by {}", over.join(", "))
         }
-    );
+    )?;
     for op in b["operators"].as_array().into_iter().flatten() {
-        eprintln!(
+        errln!(
             "  {}: {} rows answered, {} not reached",
             op["id"].as_str().unwrap_or("?"),
             op["answered_rows"],
             op["unreached_rows"]
-        );
+        )?;
     }
+    Ok(())
 }
 
 /// Per AI operator with failed rows: how many (their values are NULL) and
 /// the first of them with their reasons.
-fn report_row_errors(row_errors: Option<&serde_json::Value>) {
+fn report_row_errors(row_errors: Option<&serde_json::Value>) -> std::io::Result<()> {
     for op in row_errors
         .and_then(|r| r["operators"].as_array())
         .into_iter()
         .flatten()
         .filter(|op| op["rows_failed"].as_u64().is_some_and(|n| n > 0))
     {
-        eprintln!(
+        errln!(
             "{}: {} of {} rows failed, their values are NULL (--on-row-error null)",
             op["id"].as_str().unwrap_or("?"),
             op["rows_failed"],
             op["rows"]
-        );
+        )?;
         for f in op["failures"].as_array().into_iter().flatten() {
-            eprintln!("  {}", f["reason"].as_str().unwrap_or("?"));
+            errln!("  {}", f["reason"].as_str().unwrap_or("?"))?;
         }
     }
+    Ok(())
 }
 
 /// A budget figure as printed: whole numbers as they are, others to six

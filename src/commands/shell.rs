@@ -5,9 +5,10 @@
 //! commands. Ctrl-C stops the running statement, not the shell.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use aisql_engine::{errln, outln};
 use clap::ValueEnum;
 use datafusion::arrow::array::RecordBatch;
 use rustyline::error::ReadlineError;
@@ -82,31 +83,63 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         .auto_add_history(false)
         .build();
     let mut editor = DefaultEditor::with_config(config)?;
-    let history = history_path();
-    match editor.load_history(&history) {
-        Ok(()) => {}
-        Err(ReadlineError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => eprintln!(
-            "warning: the shell's history {} could not be read: {e}",
-            history.display()
-        ),
-    }
-    eprintln!("aisql shell: statements end with ';'. \\? for help, \\q to quit.");
+    let history = load_history(&mut editor, history_path())?;
+    errln!("aisql shell: statements end with ';'. \\? for help, \\q to quit.")?;
     let outcome = shell.read_eval(&mut editor);
-    save_history(&mut editor, &history);
+    if let Some(history) = history {
+        save_history(&mut editor, &history);
+    }
     outcome
+}
+
+/// Why the history file at `path` cannot be used, if it cannot: only a
+/// regular file (or none yet) is read and written, never what a symbolic
+/// link, a FIFO or a device there leads to (reading `/dev/full` or
+/// `/dev/zero` never ends).
+fn unusable_history(path: &Path) -> Option<String> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => Some(e.to_string()),
+        Ok(m) if m.file_type().is_symlink() => Some("it is a symbolic link".into()),
+        Ok(m) if !m.is_file() => Some("it is not a regular file".into()),
+        Ok(_) => None,
+    }
+}
+
+/// Reads the history at `path` into `editor`: the path to save it to at the
+/// end, or `None` (after one warning) when it cannot be used. A history
+/// costs only itself: the shell goes on without one.
+fn load_history(editor: &mut DefaultEditor, path: PathBuf) -> anyhow::Result<Option<PathBuf>> {
+    let why = match unusable_history(&path) {
+        Some(why) => why,
+        None => match editor.load_history(&path) {
+            Ok(()) => return Ok(Some(path)),
+            Err(ReadlineError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Some(path));
+            }
+            Err(e) => e.to_string(),
+        },
+    };
+    errln!(
+        "warning: the shell's history {} cannot be used ({why}); statements are not saved",
+        path.display()
+    )?;
+    Ok(None)
 }
 
 /// Writes the history; a history that cannot be written costs only the
 /// history, so it is a warning.
-fn save_history(editor: &mut DefaultEditor, path: &std::path::Path) {
+fn save_history(editor: &mut DefaultEditor, path: &Path) {
     let saved = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
         Some(dir) => std::fs::create_dir_all(dir).map_err(ReadlineError::Io),
         None => Ok(()),
     }
-    .and_then(|()| editor.save_history(path));
+    .and_then(|()| match unusable_history(path) {
+        Some(why) => Err(ReadlineError::Io(std::io::Error::other(why))),
+        None => editor.save_history(path),
+    });
     if let Err(e) = saved {
-        eprintln!(
+        let _ = errln!(
             "warning: the shell's history could not be written to {}: {e}",
             path.display()
         );
@@ -146,14 +179,24 @@ impl Shell {
                     continue;
                 }
                 Err(ReadlineError::Eof) => {
-                    println!();
+                    outln!()?;
                     return Ok(());
+                }
+                // Bytes that are not UTF-8 (a terminal set to another
+                // encoding, a stray key): that line is lost, not the shell.
+                Err(ReadlineError::Io(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
+                    errln!(
+                        "\nerror: the line typed is not valid UTF-8; it and the statement \
+                         it was part of are dropped"
+                    )?;
+                    buffer.clear();
+                    continue;
                 }
                 Err(e) => return Err(anyhow::Error::from(e).context("reading the shell's input")),
             };
             if buffer.is_empty() && line.trim_start().starts_with('\\') {
                 let _ = editor.add_history_entry(line.trim());
-                match self.command(line.trim()) {
+                match self.command(line.trim())? {
                     Next::Read => continue,
                     Next::Quit => return Ok(()),
                 }
@@ -167,14 +210,15 @@ impl Shell {
             }
             buffer = if is_blank(&rest) { String::new() } else { rest };
             for statement in statements {
-                self.execute(&statement);
+                self.execute(&statement)?;
             }
         }
     }
 
     /// Runs one statement; Ctrl-C while it runs stops it (and its model
-    /// work) and the shell goes on.
-    fn execute(&self, sql: &str) {
+    /// work) and the shell goes on. An error only when the shell's output
+    /// cannot be written.
+    fn execute(&self, sql: &str) -> anyhow::Result<()> {
         let started = Instant::now();
         let connection = &self.connection;
         let outcome = self.runtime.block_on(async {
@@ -185,45 +229,46 @@ impl Shell {
         });
         match outcome {
             // On a line of its own, after the terminal's ^C and any progress line.
-            None => eprintln!("\ncancelled"),
-            Some(Err(e)) => eprintln!("error: {e:#}"),
-            Some(Ok(out)) => {
-                if let Err(e) = super::sql::print_output(&out, &self.rows) {
-                    eprintln!("error: {e:#}");
-                }
-            }
+            None => errln!("\ncancelled")?,
+            Some(Err(e)) => errln!("error: {e:#}")?,
+            Some(Ok(out)) => match super::sql::print_output(&out, &self.rows) {
+                Err(e) if aisql_engine::console::pipe_closed() => return Err(e),
+                Err(e) => errln!("error: {e:#}")?,
+                Ok(()) => {}
+            },
         }
         if self.timing {
-            eprintln!("Time: {:.3} ms", started.elapsed().as_secs_f64() * 1e3);
+            errln!("Time: {:.3} ms", started.elapsed().as_secs_f64() * 1e3)?;
         }
+        Ok(())
     }
 
-    /// Runs a backslash command.
-    fn command(&mut self, line: &str) -> Next {
+    /// Runs a backslash command; an error only when the shell's output
+    /// cannot be written.
+    fn command(&mut self, line: &str) -> anyhow::Result<Next> {
         let line = line.trim_end_matches(';').trim();
         let (name, arg) = match line.split_once(char::is_whitespace) {
             Some((name, arg)) => (name, arg.trim()),
             None => (line, ""),
         };
         let done = match (name, arg) {
-            ("\\q" | "\\quit", "") => return Next::Quit,
-            ("\\?" | "\\help", "") => {
-                println!("{HELP}");
-                Ok(())
-            }
+            ("\\q" | "\\quit", "") => return Ok(Next::Quit),
+            ("\\?" | "\\help", "") => outln!("{HELP}").map_err(Into::into),
             ("\\d", "") => self.list_tables(),
             ("\\d", table) => self.describe(table),
             ("\\timing", on) => self.set_timing(on),
             ("\\format", "") => {
-                println!("format: {}", format_name(self.rows.format));
-                Ok(())
+                outln!("format: {}", format_name(self.rows.format)).map_err(Into::into)
             }
-            ("\\format", format) => RowFormat::from_str(format, true)
-                .map(|f| {
+            ("\\format", format) => match RowFormat::from_str(format, true) {
+                Ok(f) => {
                     self.rows.format = f;
-                    println!("format: {}", format_name(f));
-                })
-                .map_err(|_| anyhow::anyhow!("\\format {format}: name table, csv or json")),
+                    outln!("format: {}", format_name(f)).map_err(Into::into)
+                }
+                Err(_) => Err(anyhow::anyhow!(
+                    "\\format {format}: name table, csv or json"
+                )),
+            },
             ("\\q" | "\\quit" | "\\?" | "\\help", _) => {
                 Err(anyhow::anyhow!("{name} takes no argument"))
             }
@@ -231,10 +276,14 @@ impl Shell {
                 "unknown command {name} (\\? lists the commands)"
             )),
         };
-        if let Err(e) = done {
-            eprintln!("error: {e:#}");
+        match done {
+            Err(e) if aisql_engine::console::pipe_closed() => Err(e),
+            Err(e) => {
+                errln!("error: {e:#}")?;
+                Ok(Next::Read)
+            }
+            Ok(()) => Ok(Next::Read),
         }
-        Next::Read
     }
 
     fn set_timing(&mut self, arg: &str) -> anyhow::Result<()> {
@@ -244,7 +293,7 @@ impl Shell {
             "off" => false,
             _ => anyhow::bail!("\\timing {arg}: give on, off or nothing (toggle)"),
         };
-        println!("timing {}", if self.timing { "on" } else { "off" });
+        outln!("timing {}", if self.timing { "on" } else { "off" })?;
         Ok(())
     }
 
@@ -255,7 +304,7 @@ impl Shell {
              WHERE table_schema <> 'information_schema' ORDER BY table_name",
         )?;
         if rows.num_rows() == 0 {
-            println!("no tables");
+            outln!("no tables")?;
             return Ok(());
         }
         self.print_catalog(&rows)
@@ -291,8 +340,7 @@ impl Shell {
     }
 
     fn print_catalog(&self, rows: &RecordBatch) -> anyhow::Result<()> {
-        use std::io::Write;
-        std::io::stdout().write_all(&super::rows::render(rows, self.rows.format)?)?;
+        aisql_engine::console::out(&super::rows::render(rows, self.rows.format)?)?;
         Ok(())
     }
 }

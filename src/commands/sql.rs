@@ -11,6 +11,7 @@ use aisql_engine::estimate::estimate_options;
 use aisql_engine::inference::backend::InferenceBackend;
 use aisql_engine::sql::options::QueryOptions;
 use aisql_engine::sql::{Evaluation, SqlOutput, SqlSession, WritePolicy, templates};
+use aisql_engine::{errln, outln};
 use anyhow::Context;
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::logical_expr::LogicalPlan;
@@ -150,12 +151,12 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
             if let Some(path) = &to_substrait {
                 let plan = session.to_substrait(&sql).await?;
                 let bytes = if path.extension().is_some_and(|e| e == "json") {
-                    serde_json::to_vec_pretty(&plan)?
+                    aisql_engine::sql::export::encode_json(&plan)?
                 } else {
                     aisql_engine::sql::export::encode(&plan)
                 };
                 aisql_engine::data::files::write_file_atomic(path, &bytes)?;
-                eprintln!("Substrait plan written to {}", path.display());
+                errln!("Substrait plan written to {}", path.display())?;
                 return Ok(None);
             }
             if estimate {
@@ -171,7 +172,7 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
                     .into());
                 }
                 if !estimated {
-                    eprintln!("no estimate: the statement changes data or the session");
+                    errln!("no estimate: the statement changes data or the session")?;
                 }
                 return Ok(None);
             }
@@ -189,7 +190,7 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
                         &estimator.estimate(&estimating),
                     )),
                     Ok(false) => {}
-                    Err(e) => eprintln!("no estimate for the progress lines: {e:#}"),
+                    Err(e) => errln!("no estimate for the progress lines: {e:#}")?,
                 }
             }
             Ok(Some(session.run(&sql).await?))
@@ -208,10 +209,10 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
 /// took (the shell prints each of its statements the same way).
 pub(super) fn print_output(out: &SqlOutput, rows: &RowOutputArgs) -> anyhow::Result<()> {
     super::rows::emit(&out.rows()?, rows, out.runtime_s)?;
-    super::rows::report_work(&out.measurements);
+    super::rows::report_work(&out.measurements)?;
     let asked: usize = out.answers.iter().map(|a| a.len()).sum();
     if !out.calls.is_empty() {
-        eprintln!(
+        errln!(
             "AI operators: {} ({} prompts)",
             out.calls
                 .iter()
@@ -219,7 +220,7 @@ pub(super) fn print_output(out: &SqlOutput, rows: &RowOutputArgs) -> anyhow::Res
                 .collect::<Vec<_>>()
                 .join(", "),
             asked
-        );
+        )?;
     }
     Ok(())
 }
@@ -255,7 +256,7 @@ async fn run_estimate(
         let out = session
             .run_plan(plan.clone(), std::time::Instant::now())
             .await?;
-        println!("{}", pretty_format_batches(&out.batches)?);
+        outln!("{}", pretty_format_batches(&out.batches)?)?;
     }
     // An estimate writes nothing, whatever EXPLAIN wraps.
     if matches!(
@@ -332,11 +333,11 @@ pub fn explain_substrait(
             .state()
             .create_physical_plan(&planned)
             .await?;
-        println!("logical plan:\n{}", planned.display_indent());
-        println!(
+        outln!("logical plan:\n{}", planned.display_indent())?;
+        outln!(
             "physical plan:\n{}",
             datafusion::physical_plan::displayable(physical.as_ref()).indent(true)
-        );
+        )?;
         Ok(())
     })
 }
@@ -352,10 +353,10 @@ pub fn explain(sql: &str, root: Option<&std::path::Path>, sf: f64) -> anyhow::Re
     super::runtime()?.block_on(async {
         let session = explain_session(root, sf).await?;
         let out = session.run(&statement).await?;
-        println!(
+        outln!(
             "{}",
             datafusion::arrow::util::pretty::pretty_format_batches(&out.batches)?
-        );
+        )?;
         Ok(())
     })
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use aisql_engine::inference::distributed::{ServeOptions, ServedModel, serve};
 use aisql_engine::inference::scheduler::answer_identity;
+use aisql_engine::{errln, outln};
 use anyhow::{Context, bail};
 
 use super::UsageError;
@@ -112,11 +113,11 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
     // takes its owner's generated one, which the owner's coordinators read.
     if token.is_none() && listen.ip().is_loopback() {
         let (secret, file) = super::owner_secret::get_or_make(GENERATED_TOKEN)?;
-        eprintln!(
+        errln!(
             "aisql worker: no --token-file: coordinators must give the token in {} (this \
              user's coordinators read it themselves)",
             file.display()
-        );
+        )?;
         token = Some(secret);
     }
     let tls = match (&args.tls_cert, &args.tls_key) {
@@ -141,17 +142,17 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
             .with_context(|| format!("listening on {listen}"))?;
         let bound = listener.local_addr()?;
         if !bound.ip().is_loopback() && !secured {
-            eprintln!(
+            errln!(
                 "aisql worker: {bound} is not a loopback address and --insecure is given: anyone who reaches it without the token, or on the path, can use this model or read its traffic"
-            );
+            )?;
         }
         // The line a script or test waits for: the port, if 0 was asked.
-        println!("listening on {bound} ({}, {dtype}, {device})", b.model.name);
+        outln!("listening on {bound} ({}, {dtype}, {device})", b.model.name)?;
         std::io::stdout().flush()?;
         let served = ServedModel::new(backend, identity, meta)
             .with_query_idle(Duration::from_secs(args.query_idle_timeout));
         serve(listener, served, options, shutdown_signal()).await?;
-        eprintln!("aisql worker on {bound}: stopped");
+        errln!("aisql worker on {bound}: stopped")?;
         Ok(())
     })
 }

@@ -10,7 +10,6 @@
 //! count up with no total.
 
 use std::collections::HashMap;
-use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -75,6 +74,8 @@ struct Board {
     started: Instant,
     expected: HashMap<String, u64>,
     operators: Vec<OperatorLine>,
+    /// Set once a JSON line could not be written: no more are tried.
+    closed: bool,
 }
 
 /// The progress of one session's queries, one at a time.
@@ -108,6 +109,7 @@ impl Progress {
                 started: Instant::now(),
                 expected: HashMap::new(),
                 operators: Vec::new(),
+                closed: false,
             })),
             stop: Mutex::new(Arc::new(AtomicBool::new(true))),
             ticker: Mutex::new(None),
@@ -137,7 +139,7 @@ impl Progress {
                 while !stop.load(Ordering::SeqCst) {
                     std::thread::sleep(Duration::from_millis(50));
                     if Instant::now() >= next {
-                        write_json(&board.lock().expect("progress lock"), false);
+                        write_json(&mut board.lock().expect("progress lock"), false);
                         next += JSON_INTERVAL;
                     }
                 }
@@ -222,7 +224,7 @@ impl Progress {
                 .expect("stop lock")
                 .store(true, Ordering::SeqCst);
             let _ = t.join();
-            write_json(&self.board.lock().expect("progress lock"), true);
+            write_json(&mut self.board.lock().expect("progress lock"), true);
         }
         let mut board = self.board.lock().expect("progress lock");
         for line in &mut board.operators {
@@ -240,16 +242,30 @@ impl Drop for Progress {
     }
 }
 
-/// One JSON line of `board` on stderr.
-fn write_json(board: &Board, done: bool) {
-    let line = serde_json::json!({
+/// One JSON line of `board` on stderr, in one write: a reader splitting at
+/// newlines never sees part of one, and a reader that went away ends the
+/// lines (the command line ends at its next output, [`crate::console`]).
+fn write_json(board: &mut Board, done: bool) {
+    if board.closed {
+        return;
+    }
+    let line = json_line(board, done);
+    if crate::console::err(line.as_bytes()).is_err() {
+        board.closed = true;
+    }
+}
+
+/// The JSON line of `board`, newline included.
+fn json_line(board: &Board, done: bool) -> String {
+    let mut line = serde_json::json!({
         "progress": "aisql",
         "elapsed_s": (board.started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
         "done": done,
         "operators": board.operators.iter().map(OperatorLine::json).collect::<Vec<_>>(),
-    });
-    let mut err = std::io::stderr().lock();
-    let _ = writeln!(err, "{line}");
+    })
+    .to_string();
+    line.push('\n');
+    line
 }
 
 #[cfg(test)]
@@ -281,5 +297,18 @@ mod tests {
         );
         progress.finish_query();
         assert!(progress.board.lock().unwrap().operators[0].bar.is_none());
+    }
+
+    #[test]
+    fn a_json_line_is_one_whole_line() {
+        let progress = Progress::new(ProgressMode::Json, None);
+        progress.start_query(HashMap::from([("join-1".to_string(), 10)]));
+        progress.begin("join-1");
+        progress.advance("join-1", 3, 70);
+        let line = json_line(&progress.board.lock().unwrap(), false);
+        assert_eq!(line.find('\n'), Some(line.len() - 1), "{line}");
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(value["operators"][0]["rows_done"], 3, "{line}");
+        assert_eq!(value["done"], false);
     }
 }

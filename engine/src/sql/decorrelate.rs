@@ -86,6 +86,9 @@ impl AnalyzerRule for AiDecorrelate {
         let plan = Optimizer::with_rules(vec![Arc::new(DecorrelatePredicateSubquery::new())])
             .optimize(plan, &optimizer_context, |_, _| {})?;
         let plan = plan.transform_up_with_subqueries(explicit_not_in).data()?;
+        let plan = plan
+            .transform_up_with_subqueries(carry_partner_ids)
+            .data()?;
         refuse_remaining(&plan, &context)?;
         Ok(plan)
     }
@@ -271,6 +274,85 @@ fn explicit_not_in(plan: LogicalPlan) -> DfResult<Transformed<LogicalPlan>> {
         join.join_constraint,
         join.null_equality,
         false,
+    )?)))
+}
+
+/// A semi, anti or mark join made of a subquery whose AI call reads one of the subquery's
+/// columns as a document: the subquery's output gains, beside it, the `id` of
+/// the relation that column comes from, when that relation has one and the
+/// output has no `id` yet. The AI rewrite then keys the document by its id,
+/// as in the join written by hand, not by its text: a backend that answers
+/// by document id (the labelled oracle, the answer cache's tables) answers
+/// it. Unused, the column is pruned after the rewrite.
+fn carry_partner_ids(plan: LogicalPlan) -> DfResult<Transformed<LogicalPlan>> {
+    let LogicalPlan::Join(join) = plan else {
+        return Ok(Transformed::no(plan));
+    };
+    // Only the joins decorrelation made: their output is the outer rows
+    // (and a mark), whatever columns the subquery gains.
+    let made_here = matches!(
+        join.join_type,
+        JoinType::LeftSemi | JoinType::LeftAnti | JoinType::LeftMark
+    );
+    let (Some(filter), LogicalPlan::SubqueryAlias(alias), true) =
+        (&join.filter, join.right.as_ref(), made_here)
+    else {
+        return Ok(Transformed::no(LogicalPlan::Join(join)));
+    };
+    let LogicalPlan::Projection(projection) = alias.input.as_ref() else {
+        return Ok(Transformed::no(LogicalPlan::Join(join)));
+    };
+    let out = projection.schema.as_ref();
+    if out.fields().iter().any(|f| f.name() == "id") {
+        return Ok(Transformed::no(LogicalPlan::Join(join)));
+    }
+    // The subquery's columns read as documents, by their name in its output.
+    let mut documents = Vec::new();
+    filter.apply(|e| {
+        if let Some((_, args)) = ai_call_of(e) {
+            for arg in args {
+                if let Expr::Column(c) = arg
+                    && c.relation.as_ref() == Some(&alias.alias)
+                {
+                    documents.push(c.name.clone());
+                }
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    let mut ids: Vec<Column> = Vec::new();
+    for name in documents {
+        let Some((Some(relation), _)) = out
+            .iter()
+            .find(|(_, f)| f.name() == &name)
+            .map(|(q, f)| (q.cloned(), f))
+        else {
+            continue;
+        };
+        let id = Column::new(Some(relation), "id");
+        if projection.input.schema().has_column(&id) && !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    // Two relations' ids would be one `id` in the subquery's output.
+    if ids.len() != 1 {
+        return Ok(Transformed::no(LogicalPlan::Join(join)));
+    }
+    let mut expr = projection.expr.clone();
+    expr.extend(ids.into_iter().map(Expr::Column));
+    let input = LogicalPlan::Projection(Projection::try_new(expr, projection.input.clone())?);
+    let right = LogicalPlanBuilder::from(input)
+        .alias(alias.alias.clone())?
+        .build()?;
+    Ok(Transformed::yes(LogicalPlan::Join(Join::try_new(
+        join.left,
+        Arc::new(right),
+        join.on,
+        join.filter,
+        join.join_type,
+        join.join_constraint,
+        join.null_equality,
+        join.null_aware,
     )?)))
 }
 

@@ -13,6 +13,7 @@ mod statements;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use aisql_engine::{errln, outln};
 use anyhow::{Context, bail};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
@@ -61,14 +62,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("listening on {listen}"))?;
         let bound = listener.local_addr()?;
-        println!(
+        outln!(
             "listening on {bound} ({}, password required{})",
             if tls.is_some() { "TLS" } else { "no TLS" },
             match &generated {
                 Some(file) => format!(": the one in {}", file.display()),
                 None => String::new(),
             }
-        );
+        )?;
         use std::io::Write;
         std::io::stdout().flush()?;
         let server = Arc::new(connection::Server {
@@ -86,7 +87,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 accepted = listener.accept() => match accepted {
                     Ok(accepted) => accepted,
                     Err(e) => {
-                        eprintln!("aisql serve: accepting a connection: {e}");
+                        let _ = errln!("aisql serve: accepting a connection: {e}");
                         // Out of file descriptors, say: let some close.
                         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                         continue;
@@ -104,11 +105,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             let server = server.clone();
             tokio::spawn(async move {
                 if let Err(e) = connection::serve(server, socket, peer, slot).await {
-                    eprintln!("aisql serve: connection from {peer}: {e}");
+                    let _ = errln!("aisql serve: connection from {peer}: {e}");
                 }
             });
         }
-        eprintln!("aisql serve: stopped");
+        errln!("aisql serve: stopped")?;
         Ok(())
     })
 }

@@ -72,7 +72,7 @@ pub fn tiny_model_dir() -> Result<std::path::PathBuf> {
         match check_seal(&dir, &dir.join(SEAL_FILE)) {
             Ok(()) => return Ok(dir),
             Err(why) => {
-                eprintln!(
+                let _ = crate::errln!(
                     "note: the cached tiny model at {} is damaged ({why}); generating it again",
                     dir.display()
                 );

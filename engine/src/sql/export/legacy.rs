@@ -9,8 +9,11 @@
 //! fields they do not know, so the binary plan carries both: the plan as the
 //! current definitions write it, then its declarations again with the URI
 //! fields beside the URN ones. Decoded with either generation's definitions it
-//! is the same plan. ProtoJSON has no such tolerance (a strict reader refuses
-//! unknown keys), so a `.json` export carries only the current fields.
+//! is the same plan. The ProtoJSON form ([`encode_json`]) carries both too:
+//! `extensionUris` beside `extensionUrns`, `extensionUriReference` beside
+//! each `extensionUrnReference`. A reader of either generation that skips
+//! unknown keys (as aisql's does, and protobuf's `ignore_unknown_fields`)
+//! finds its extensions; a strict one refuses the other generation's keys.
 
 use datafusion_substrait::substrait::proto::Plan;
 use datafusion_substrait::substrait::proto::extensions::simple_extension_declaration::MappingType;
@@ -119,6 +122,49 @@ pub fn encode(plan: &Plan) -> Vec<u8> {
     bytes
 }
 
+/// `plan` as pretty ProtoJSON with the pre-0.75 URI fields, anchored as in
+/// [`encode`].
+pub fn encode_json(plan: &Plan) -> serde_json::Result<Vec<u8>> {
+    let mut json = serde_json::to_value(plan)?;
+    let uris: Vec<serde_json::Value> = plan
+        .extension_urns
+        .iter()
+        .map(|u| {
+            serde_json::json!({
+                "extensionUriAnchor": u.extension_urn_anchor,
+                "uri": uri_of(&u.urn),
+            })
+        })
+        .collect();
+    if let Some(top) = json.as_object_mut()
+        && !uris.is_empty()
+    {
+        top.insert("extensionUris".into(), uris.into());
+    }
+    let declarations = json
+        .get_mut("extensions")
+        .and_then(|e| e.as_array_mut())
+        .into_iter()
+        .flatten();
+    for (json, declared) in declarations.zip(&plan.extensions) {
+        let urn = match &declared.mapping_type {
+            Some(MappingType::ExtensionType(t)) => t.extension_urn_reference,
+            Some(MappingType::ExtensionTypeVariation(v)) => v.extension_urn_reference,
+            Some(MappingType::ExtensionFunction(f)) => f.extension_urn_reference,
+            None => continue,
+        };
+        // The one kind set: its object gets the URI reference.
+        if let Some(mapping) = json
+            .as_object_mut()
+            .and_then(|m| m.values_mut().next())
+            .and_then(|m| m.as_object_mut())
+        {
+            mapping.insert("extensionUriReference".into(), urn.into());
+        }
+    }
+    serde_json::to_vec_pretty(&json)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,6 +194,31 @@ mod tests {
     fn current_definitions_read_the_same_plan() {
         let plan = plan();
         assert_eq!(Plan::decode(encode(&plan).as_slice()).unwrap(), plan);
+    }
+
+    #[test]
+    fn json_declares_uris_beside_urns_and_reads_back_the_same_plan() {
+        let plan = plan();
+        let bytes = encode_json(&plan).unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(
+            json["extensionUris"],
+            serde_json::json!([{
+                "extensionUriAnchor": 1,
+                "uri": "https://github.com/substrait-io/substrait/blob/main/extensions/functions_comparison.yaml",
+            }])
+        );
+        let f = &json["extensions"][0]["extensionFunction"];
+        assert_eq!(
+            (&f["extensionUriReference"], &f["extensionUrnReference"]),
+            (&1.into(), &1.into())
+        );
+        assert_eq!(
+            json["extensionUrns"][0]["urn"],
+            "extension:io.substrait:functions_comparison"
+        );
+        let read = crate::sql::plan_file::decode_plan(&bytes, true).unwrap();
+        assert_eq!(read, plan);
     }
 
     #[test]

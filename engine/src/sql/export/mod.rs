@@ -7,8 +7,8 @@
 //! [`producer::ExportProducer`] (DataFusion's producer with those gaps filled),
 //! its functions declared per extension ([`extensions`]), its type variations
 //! plain or declared ([`variations`]); the root's names are unique. [`encode`]
-//! writes the binary form with the extension URIs of older Substrait besides
-//! the URNs ([`legacy`]).
+//! writes the binary form and [`encode_json`] the ProtoJSON form, each with
+//! the extension URIs of older Substrait besides the URNs ([`legacy`]).
 
 mod extensions;
 mod legacy;
@@ -25,7 +25,7 @@ use datafusion_substrait::substrait::proto::{Plan, PlanRel, RelRoot, plan_rel};
 use datafusion_substrait::substrait::version::version_with_producer;
 
 pub use extensions::DATAFUSION_URN;
-pub use legacy::encode;
+pub use legacy::{encode, encode_json};
 
 /// `plan` (analyzed, AI calls still functions) as a Substrait plan.
 pub fn to_substrait_plan(plan: &LogicalPlan) -> datafusion::common::Result<Plan> {
