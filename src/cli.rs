@@ -667,12 +667,18 @@ pub enum DataCommand {
 pub enum ModelCommand {
     /// Write the deterministic tiny Qwen3 (real tokenizer, random weights).
     Tiny {
-        /// Output folder (config.json, model.safetensors, tokenizer.json).
+        /// Output folder (config.json, model.safetensors, tokenizer.json); must
+        /// not exist or be empty, unless --force.
         #[arg(long)]
         out: PathBuf,
         /// Seed of the random weights.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Replace the model already in --out (a folder holding config.json
+        /// and safetensors weights, nothing else). A folder holding anything
+        /// else is refused even so.
+        #[arg(long)]
+        force: bool,
     },
     /// Write a Qwen3 of a released model's shape with seeded random weights
     /// (config.json, model.safetensors in f32, tokenizer.json): for throughput
@@ -681,12 +687,17 @@ pub enum ModelCommand {
         /// The shape: qwen3-0.6b (28 layers, hidden 1024) or tiny.
         #[arg(long, value_enum)]
         shape: RandomShape,
-        /// Output folder; must not exist or be empty.
+        /// Output folder; must not exist or be empty, unless --force.
         #[arg(long)]
         out: PathBuf,
         /// Seed of the random weights.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Replace the model already in --out (a folder holding config.json
+        /// and safetensors weights, nothing else). A folder holding anything
+        /// else is refused even so.
+        #[arg(long)]
+        force: bool,
     },
     /// Write a safetensors model as a GGUF file that llama.cpp (and aisql) load:
     /// its shape and tokenizer as metadata, its weights in --type.
@@ -695,7 +706,8 @@ pub enum ModelCommand {
         /// the local cache.
         #[arg(long, value_name = "MODEL")]
         model: String,
-        /// The GGUF file to write (ending in .gguf); must not exist.
+        /// The GGUF file to write (ending in .gguf); must not exist, nor be
+        /// inside the model's folder.
         #[arg(long)]
         out: PathBuf,
         /// f32, f16, q8_0 or q4_k_m (llama.cpp's Q4_K_M mix: Q4_K, and Q6_K for

@@ -1,7 +1,8 @@
 //! aisql writes only where it is told: runs over a read-only copy of the dataset,
-//! the tables and the model leave every file and folder of them unchanged; and a
+//! the tables and the model leave every file and folder of them unchanged; a
 //! cache entry damaged on disk (the tiny model, the stand-in corpus) is detected
-//! by its seal and rebuilt, never used.
+//! by its seal and rebuilt, never used; and answers copied into the answer
+//! cache folder of another model are skipped and counted, never used.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -10,6 +11,8 @@ use std::time::SystemTime;
 
 use assert_cmd::Command;
 use sha2::{Digest, Sha256};
+
+mod common;
 
 const SF: &str = "0.002";
 
@@ -192,3 +195,84 @@ fn a_damaged_cache_entry_is_rebuilt_not_used() {
         "{err}"
     );
 }
+
+/// (answers held, records skipped) from the answer cache's opening line.
+fn cache_opened(stderr: &str) -> (u64, u64) {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("answer cache /") || l.starts_with("answer cache \\"))
+        .unwrap_or_else(|| panic!("no answer cache line in:\n{stderr}"));
+    let numbers: Vec<u64> = line
+        .split([' ', '('])
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (numbers[0], numbers.get(1).copied().unwrap_or(0))
+}
+
+#[test]
+fn answers_moved_from_another_models_cache_folder_are_skipped_and_counted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sql/data/docs.csv");
+    let answers = tmp.path().join("answers");
+    let model = |seed: &str| {
+        let dir = tmp.path().join(format!("tiny-{seed}"));
+        aisql()
+            .args(["model", "tiny", "--seed", seed, "--out"])
+            .arg(&dir)
+            .assert()
+            .success();
+        dir
+    };
+    let (a, b) = (model("1"), model("2"));
+    // (rows, stderr) of the query on `model`, with or without the cache.
+    let run = |model: &Path, cached: bool| {
+        let mut c = aisql();
+        c.env("AISQL_CACHE_DIR", tmp.path().join("cache"))
+            .env_remove("AISQL_ANSWER_CACHE")
+            .args([
+                "sql",
+                "SELECT id FROM docs WHERE ai_filter('Is the review {0} kind?', body) ORDER BY id",
+                "--cpu",
+                "--format",
+                "csv",
+            ])
+            .arg("--table")
+            .arg(format!("docs={}", docs.display()))
+            .arg("--model")
+            .arg(model);
+        if cached {
+            c.arg("--answer-cache").arg(&answers);
+        }
+        let out = c.assert().success().get_output().clone();
+        (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    let folders = || -> Vec<PathBuf> {
+        let mut f: Vec<PathBuf> = std::fs::read_dir(&answers)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        f.sort();
+        f
+    };
+    let (rows_a, _) = run(&a, true);
+    let a_folder = folders().remove(0);
+    let (rows_b, _) = run(&b, false);
+    // The two models disagree somewhere, or the test could not tell their
+    // answers apart.
+    assert_ne!(rows_a, rows_b, "pick seeds whose tiny models disagree");
+    run(&b, true);
+    let b_folder = folders().into_iter().find(|f| *f != a_folder).unwrap();
+    let (a_log, b_log) = (a_folder.join("answers.v4"), b_folder.join("answers.v4"));
+    std::fs::copy(&a_log, &b_log).unwrap();
+    let (a_held, _) = cache_opened(&run(&a, true).1);
+    assert!(a_held > 0);
+    let (rows, stderr) = run(&b, true);
+    assert_eq!(cache_opened(&stderr), (0, a_held), "{stderr}");
+    assert!(stderr.contains("another model identity"), "{stderr}");
+    assert_eq!(common::cache_counts(&stderr).0, 0, "{stderr}");
+    assert_eq!(rows, rows_b);
+}
+

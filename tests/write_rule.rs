@@ -1,6 +1,7 @@
 //! The one write rule, as a hostile user tries it: no command writes over or
 //! into what it reads (table files and folders, the SQL file, the plan file, the
-//! data root, the model folder), however the path is spelled; SQL is read-only
+//! data root, the model folder), however the path is spelled; a model command
+//! never writes into a model's folder, nor over a model without `--force`; SQL is read-only
 //! unless `--allow-writes`, and even then never writes into an input or opens
 //! files the command line did not name. Every refusal leaves the input's bytes
 //! as they were.
@@ -396,4 +397,81 @@ fn a_data_root_plan_file_and_model_folder_are_never_written() {
         plan_bytes,
         "the plan changed"
     );
+}
+
+/// A CLI run refused as a usage error (exit code 2), giving its stderr.
+fn usage_error(c: &mut Command) -> String {
+    let out = c.assert().code(2).get_output().stderr.clone();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[test]
+fn model_commands_never_write_into_or_over_a_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    let tiny = |out: &Path, seed: &str, force: bool| {
+        let mut c = aisql();
+        c.args(["model", "tiny", "--seed", seed, "--out"]).arg(out);
+        if force {
+            c.arg("--force");
+        }
+        c
+    };
+    tiny(&model, "1", false).assert().success();
+    let seed_1 = snapshot(&model);
+
+    // A GGUF written into the model's own folder, however spelled.
+    for out in [
+        model.join("model.gguf"),
+        tmp.path().join("model/../model/sub/x.gguf"),
+    ] {
+        let err = aisql()
+            .args(["model", "gguf", "--type", "f32", "--model"])
+            .arg(&model)
+            .arg("--out")
+            .arg(&out)
+            .fails();
+        assert!(
+            err.contains("--out") && err.contains("never writes over or into what it reads"),
+            "{err}"
+        );
+    }
+    assert_eq!(snapshot(&model), seed_1, "the model folder changed");
+
+    // Another model over it: refused without --force, and the model is kept.
+    let err = usage_error(&mut tiny(&model, "2", false));
+    assert!(err.contains("holds a model already") && err.contains("--force"), "{err}");
+    assert_eq!(snapshot(&model), seed_1, "the model folder changed");
+    // A folder holding anything else is refused even with --force.
+    let other = tmp.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("notes.txt"), "mine").unwrap();
+    for force in [false, true] {
+        usage_error(&mut tiny(&other, "2", force));
+    }
+    assert_eq!(std::fs::read_to_string(other.join("notes.txt")).unwrap(), "mine");
+    assert_eq!(std::fs::read_dir(&other).unwrap().count(), 1);
+    // With --force the model is replaced, and a link among its files is
+    // removed, never written through.
+    #[cfg(unix)]
+    {
+        let outside = tmp.path().join("outside.json");
+        std::fs::write(&outside, "keep").unwrap();
+        std::fs::remove_file(model.join("tokenizer.json")).unwrap();
+        std::os::unix::fs::symlink(&outside, model.join("tokenizer.json")).unwrap();
+        tiny(&model, "2", true).assert().success();
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "keep");
+        assert!(!model.join("tokenizer.json").is_symlink());
+    }
+    #[cfg(not(unix))]
+    tiny(&model, "2", true).assert().success();
+    let fresh = tmp.path().join("seed-2");
+    tiny(&fresh, "2", false).assert().success();
+    let names = |s: Vec<(PathBuf, Vec<u8>)>| -> Vec<(std::ffi::OsString, Vec<u8>)> {
+        s.into_iter()
+            .map(|(p, b)| (p.file_name().unwrap().to_owned(), b))
+            .collect()
+    };
+    assert_eq!(names(snapshot(&model)), names(snapshot(&fresh)));
+    assert_ne!(snapshot(&model), seed_1);
 }

@@ -16,6 +16,7 @@ pub mod gguf;
 pub mod kv;
 pub mod precision;
 pub mod qwen3;
+pub mod regular_file;
 pub mod score;
 pub mod source;
 #[cfg(test)]

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use candle_core::safetensors::{Load, MmapedSafetensors};
 use candle_core::{DType, Device, Tensor};
 
-use crate::{ModelError, Result};
+use crate::{ModelError, Result, regular_file};
 
 /// The files of one model: `config.json`, the weights, and `tokenizer.json` if
 /// shipped; or one GGUF file, whose metadata holds the config and the tokenizer.
@@ -42,24 +42,37 @@ impl ModelFiles {
     }
 
     /// The files of a local model: a directory (config.json and safetensors, or one
-    /// `.gguf` file) or a `.gguf` file. Errors name the missing path.
+    /// `.gguf` file) or a `.gguf` file. Errors name the missing path, or the file
+    /// that is there but is not a regular file (a FIFO, a device, a link to one).
     pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
-        if dir.is_file()
-            && dir
-                .extension()
-                .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
-        {
-            return Ok(Self::gguf(dir.to_path_buf()));
-        }
-        if !dir.is_dir() {
-            return Err(ModelError::MissingPath {
-                what: "model directory",
-                path: dir.to_path_buf(),
-            });
+        match std::fs::metadata(dir) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => {
+                // Something other than a folder: a model file, or an error
+                // saying what it is instead.
+                regular_file::check(dir).map_err(|e| ModelError::io(dir, e))?;
+                if dir
+                    .extension()
+                    .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+                {
+                    return Ok(Self::gguf(dir.to_path_buf()));
+                }
+                return Err(ModelError::InvalidInput(format!(
+                    "{} is a file, not a .gguf file; a model is a folder (config.json and \
+                     safetensors, or one .gguf file) or a .gguf file",
+                    dir.display()
+                )));
+            }
+            Err(_) => {
+                return Err(ModelError::MissingPath {
+                    what: "model directory",
+                    path: dir.to_path_buf(),
+                });
+            }
         }
         let config = dir.join("config.json");
-        if !config.is_file() {
+        if !present(&config)? {
             let ggufs = gguf_files_in(dir)?;
             return match ggufs.as_slice() {
                 [one] => Ok(Self::gguf(one.clone())),
@@ -82,9 +95,9 @@ impl ModelFiles {
         let config = Some(config);
         let single = dir.join("model.safetensors");
         let index = dir.join("model.safetensors.index.json");
-        let weights = if single.is_file() {
+        let weights = if present(&single)? {
             vec![single]
-        } else if index.is_file() {
+        } else if present(&index)? {
             shard_names(&index)?
                 .into_iter()
                 .map(|n| dir.join(n))
@@ -95,18 +108,36 @@ impl ModelFiles {
                 path: single,
             });
         };
-        if let Some(missing) = weights.iter().find(|p| !p.is_file()) {
-            return Err(ModelError::MissingPath {
-                what: "safetensors shard",
-                path: missing.clone(),
-            });
+        for shard in &weights {
+            if !present(shard)? {
+                return Err(ModelError::MissingPath {
+                    what: "safetensors shard",
+                    path: shard.clone(),
+                });
+            }
         }
-        let tokenizer = Some(dir.join("tokenizer.json")).filter(|p| p.is_file());
+        let tokenizer = dir.join("tokenizer.json");
+        let tokenizer = present(&tokenizer)?.then_some(tokenizer);
         Ok(Self {
             config,
             weights,
             tokenizer,
         })
+    }
+
+    /// Checks that every file is a regular file ([`regular_file`]): a model
+    /// found in the Hugging Face cache is links into its blobs, each of which
+    /// must be one.
+    fn checked(self) -> Result<Self> {
+        for path in self
+            .config
+            .iter()
+            .chain(&self.weights)
+            .chain(&self.tokenizer)
+        {
+            regular_file::check(path).map_err(|e| ModelError::io(path, e))?;
+        }
+        Ok(self)
     }
 
     /// The files of Hugging Face model `model_id` from the local HF cache (`HF_HOME`,
@@ -140,11 +171,12 @@ impl ModelFiles {
                 .map(|n| repo.get(n).ok_or_else(|| missing(n)))
                 .collect::<Result<_>>()?
         };
-        Ok(Self {
+        Self {
             config,
             weights,
             tokenizer: repo.get("tokenizer.json"),
-        })
+        }
+        .checked()
     }
 
     /// The GGUF file of Hugging Face repository `model_id` whose name holds `quant`
@@ -167,7 +199,10 @@ impl ModelFiles {
         };
         // The cache layout: models--ORG--NAME/refs/main names the snapshot folder.
         let repo = cache_dir.join(format!("models--{}", model_id.replace('/', "--")));
-        let rev = std::fs::read_to_string(repo.join("refs/main")).map_err(|_| missing())?;
+        let refs = repo.join("refs/main");
+        let rev = regular_file::check(&refs)
+            .and_then(|_| std::fs::read_to_string(&refs))
+            .map_err(|_| missing())?;
         let snapshot = repo.join("snapshots").join(rev.trim());
         let wanted = quant.to_ascii_lowercase();
         let matches: Vec<PathBuf> = gguf_files_in(&snapshot)
@@ -180,7 +215,7 @@ impl ModelFiles {
             })
             .collect();
         match matches.as_slice() {
-            [one] => Ok(Self::gguf(one.clone())),
+            [one] => Self::gguf(one.clone()).checked(),
             [] => Err(missing()),
             many => Err(ModelError::InvalidInput(format!(
                 "{model_id}:{quant} matches {} GGUF files in the cache ({}); name the file",
@@ -211,24 +246,36 @@ impl ModelFiles {
     }
 }
 
-/// The `.gguf` files directly in `dir`, sorted.
+/// Whether the regular file `path` is there; an error naming it when something
+/// else is (a FIFO, a device, a link to one).
+fn present(path: &Path) -> Result<bool> {
+    regular_file::present(path).map_err(|e| ModelError::io(path, e))
+}
+
+/// The `.gguf` files directly in `dir`, sorted; one that is not a regular file
+/// is an error naming it.
 fn gguf_files_in(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| ModelError::io(dir, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.extension()
-                .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
-                && p.is_file()
-        })
-        .collect();
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| ModelError::io(dir, e))? {
+        let path = entry.map_err(|e| ModelError::io(dir, e))?.path();
+        if path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+            && !std::fs::metadata(&path).is_ok_and(|m| m.is_dir())
+            && present(&path)?
+        {
+            out.push(path);
+        }
+    }
     out.sort();
     Ok(out)
 }
 
 /// Shard file names listed in a `model.safetensors.index.json`, deduplicated, sorted.
 fn shard_names(index: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(index).map_err(|e| ModelError::io(index, e))?;
+    let text = regular_file::check(index)
+        .and_then(|_| std::fs::read_to_string(index))
+        .map_err(|e| ModelError::io(index, e))?;
     let bad = |message: String| ModelError::SafeTensors {
         path: index.to_path_buf(),
         message,
@@ -400,6 +447,44 @@ mod tests {
     fn missing_model_dir_names_the_path() {
         let err = ModelFiles::from_dir("/no/such/model").unwrap_err();
         assert!(err.to_string().contains("/no/such/model"), "{err}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_model_file_that_is_not_a_regular_file_is_named_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("m.gguf");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let zero = dir.path().join("zero.gguf");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        for (path, what) in [
+            (&fifo, "a FIFO (named pipe), not a regular file"),
+            (&zero, "a symbolic link to a character device (/dev/zero)"),
+        ] {
+            // Opening the FIFO would block forever: the check comes first.
+            let e = ModelFiles::from_dir(path).unwrap_err().to_string();
+            assert!(e.contains(what) && !e.contains("does not exist"), "{e}");
+            assert!(e.contains(&path.display().to_string()), "{e}");
+            let e = crate::gguf::GgufFile::open(path).unwrap_err().to_string();
+            assert!(e.contains(what), "{e}");
+        }
+        // Inside a model folder: a config.json or a lone .gguf that is a FIFO.
+        let folder = dir.path().join("model");
+        std::fs::create_dir(&folder).unwrap();
+        std::os::unix::fs::symlink(&fifo, folder.join("only.gguf")).unwrap();
+        let e = ModelFiles::from_dir(&folder).unwrap_err().to_string();
+        assert!(e.contains("only.gguf") && e.contains("a FIFO"), "{e}");
+        std::fs::remove_file(folder.join("only.gguf")).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", folder.join("config.json")).unwrap();
+        let e = ModelFiles::from_dir(&folder).unwrap_err().to_string();
+        assert!(
+            e.contains("config.json") && e.contains("a character device"),
+            "{e}"
+        );
     }
 
     #[test]

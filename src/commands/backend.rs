@@ -396,7 +396,8 @@ fn with_answer_cache(
         match cache.damaged() {
             0 => String::new(),
             n => format!(
-                " ({n} records skipped: damaged, or not signed with {})",
+                " ({n} records skipped: damaged, cut short, written for another model \
+                 identity, or not signed with {})",
                 key_path.display()
             ),
         }

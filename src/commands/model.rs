@@ -12,13 +12,19 @@ use crate::cli::{
 
 pub fn run(cmd: ModelCommand) -> anyhow::Result<()> {
     match cmd {
-        ModelCommand::Tiny { out, seed } => {
+        ModelCommand::Tiny { out, seed, force } => {
+            model_out(&out, force)?;
             aisql_models::tiny::write_tiny_model(&out, seed)
                 .with_context(|| format!("writing the tiny model to {}", out.display()))?;
             outln!("tiny Qwen3 (seed {seed}) written to {}", out.display())?;
             Ok(())
         }
-        ModelCommand::Random { shape, out, seed } => random(shape, &out, seed),
+        ModelCommand::Random {
+            shape,
+            out,
+            seed,
+            force,
+        } => random(shape, &out, seed, force),
         ModelCommand::Gguf {
             model,
             out,
@@ -30,17 +36,70 @@ pub fn run(cmd: ModelCommand) -> anyhow::Result<()> {
     }
 }
 
-/// `aisql model random`: a random model of a released shape, into a new folder.
-fn random(shape: RandomShape, out: &Path, seed: u64) -> anyhow::Result<()> {
-    let occupied =
-        out.exists() && std::fs::read_dir(out).map_or(true, |mut entries| entries.next().is_some());
-    if occupied {
-        return Err(UsageError(format!(
+/// The files `aisql model tiny` and `aisql model random` write.
+const MODEL_FILES: [&str; 3] = ["config.json", "model.safetensors", "tokenizer.json"];
+
+/// Checks the `--out` folder of a written model: new or empty; or, with
+/// `force`, a model folder (config.json and safetensors weights) holding
+/// nothing but [`MODEL_FILES`], whose files are then removed (a link among them
+/// is removed, never written through).
+fn model_out(out: &Path, force: bool) -> anyhow::Result<()> {
+    let entries: Vec<std::path::PathBuf> = match std::fs::symlink_metadata(out) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("--out {}", out.display()))),
+        Ok(meta) if !meta.is_dir() => {
+            return Err(UsageError(format!(
+                "--out {}: exists and is not a folder; aisql does not write over files",
+                out.display()
+            ))
+            .into());
+        }
+        Ok(_) => std::fs::read_dir(out)
+            .and_then(|entries| entries.map(|e| e.map(|e| e.path())).collect())
+            .with_context(|| format!("--out {}", out.display()))?,
+    };
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let only_model_files = entries.iter().all(|p| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| MODEL_FILES.contains(&n))
+    });
+    let is_model = only_model_files && aisql_models::ModelFiles::from_dir(out).is_ok();
+    match (force, is_model) {
+        (false, true) => Err(UsageError(format!(
+            "--out {}: holds a model already; aisql does not write over a model unless \
+             --force names the replacement",
+            out.display()
+        ))
+        .into()),
+        (false, false) => Err(UsageError(format!(
             "--out {}: exists and is not an empty folder; aisql does not write over files",
             out.display()
         ))
-        .into());
+        .into()),
+        (true, false) => Err(UsageError(format!(
+            "--out {}: --force replaces a model folder (config.json, model.safetensors, \
+             tokenizer.json and nothing else), and this folder holds other files; choose a \
+             new folder",
+            out.display()
+        ))
+        .into()),
+        (true, true) => {
+            for path in entries {
+                std::fs::remove_file(&path)
+                    .with_context(|| format!("replacing {}", path.display()))?;
+            }
+            Ok(())
+        }
     }
+}
+
+/// `aisql model random`: a random model of a released shape, into a new folder
+/// (or over a model folder, with `force`).
+fn random(shape: RandomShape, out: &Path, seed: u64, force: bool) -> anyhow::Result<()> {
+    model_out(out, force)?;
     let (name, cfg) = match shape {
         RandomShape::Qwen3_0_6b => ("qwen3-0.6b", aisql_models::tiny::qwen3_0_6b_config()),
         RandomShape::Tiny => ("tiny", aisql_models::tiny::tiny_config()),
@@ -75,6 +134,21 @@ fn gguf(model: &str, out: &Path, file_type: &str) -> anyhow::Result<()> {
     let source = aisql_engine::inference::scheduler::model_source(model)?;
     let files = aisql_models::ModelFiles::resolve(&source)
         .with_context(|| format!("finding model {model:?}"))?;
+    // The one write rule: never into the model's own folder (or the Hugging
+    // Face cache it lives in).
+    let mut guard = aisql_engine::data::write_guard::WriteGuard::new();
+    for path in aisql_engine::inference::scheduler::model_input_paths(model)
+        .into_iter()
+        .chain(files.config.clone())
+        .chain(files.weights.iter().filter_map(|w| w.parent().map(Path::to_path_buf)))
+    {
+        guard.add(&path, format!("the model {model:?}"));
+    }
+    guard.check(
+        out,
+        "--out",
+        aisql_engine::data::write_guard::OutputKind::File,
+    )?;
     let written = aisql_models::gguf::write::write_gguf(&files, out, file_type)
         .with_context(|| format!("writing {}", out.display()))?;
     outln!(

@@ -64,7 +64,7 @@ pub fn log_bytes(answers: &Path) -> u64 {
         .into_iter()
         .flatten()
         .flatten()
-        .filter_map(|e| std::fs::metadata(e.path().join("answers.v3")).ok())
+        .filter_map(|e| std::fs::metadata(e.path().join("answers.v4")).ok())
         .map(|m| m.len())
         .sum()
 }

@@ -10,25 +10,10 @@ use std::path::Path;
 
 /// The metadata of `path` when it is, or links to, a regular file; otherwise an
 /// error saying what it is instead (the path itself is left to the caller to
-/// name, as with any I/O error).
+/// name, as with any I/O error). The models crate's check, shared so that model
+/// files and tables are refused in the same words.
 pub fn regular_file(path: &Path) -> io::Result<std::fs::Metadata> {
-    let meta = std::fs::metadata(path)?;
-    if meta.is_file() {
-        return Ok(meta);
-    }
-    let what = kind(&meta.file_type());
-    let link = std::fs::symlink_metadata(path)
-        .is_ok_and(|m| m.file_type().is_symlink())
-        .then(|| std::fs::read_link(path).ok())
-        .flatten();
-    let message = match link {
-        Some(target) => format!(
-            "a symbolic link to {what} ({}), not a regular file; aisql reads only regular files",
-            target.display()
-        ),
-        None => format!("{what}, not a regular file; aisql reads only regular files"),
-    };
-    Err(io::Error::new(io::ErrorKind::InvalidInput, message))
+    aisql_models::regular_file::check(path)
 }
 
 /// The bytes of `path`, a regular file ([`regular_file`]).
@@ -43,35 +28,10 @@ pub fn read_to_string(path: &Path) -> io::Result<String> {
     std::fs::read_to_string(path)
 }
 
-/// `path` opened for reading, a regular file ([`regular_file`]).
+/// `path` opened for reading, a regular file ([`regular_file`]), checked again
+/// on the open handle.
 pub fn open(path: &Path) -> io::Result<std::fs::File> {
-    regular_file(path)?;
-    std::fs::File::open(path)
-}
-
-/// What a file that is not a regular file is, in words.
-fn kind(t: &std::fs::FileType) -> &'static str {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        if t.is_fifo() {
-            return "a FIFO (named pipe)";
-        }
-        if t.is_char_device() {
-            return "a character device";
-        }
-        if t.is_block_device() {
-            return "a block device";
-        }
-        if t.is_socket() {
-            return "a socket";
-        }
-    }
-    if t.is_dir() {
-        "a folder"
-    } else {
-        "a special file"
-    }
+    aisql_models::regular_file::open(path)
 }
 
 #[cfg(test)]

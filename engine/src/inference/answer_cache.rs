@@ -7,18 +7,28 @@
 //!
 //! Layout: `DIR/<identity key>/identity.json` names what the answers belong to
 //! ([`AnswerIdentity`]: model id, weights and tokenizer SHA-256, dtype, prompt
-//! format); `DIR/<identity key>/answers.v3` holds records of a question hash,
+//! format); `DIR/<identity key>/answers.v4` holds records of a question hash,
 //! the answer's length and bytes (a typed [`Answer`]: TRUE/FALSE, label,
-//! score, label probabilities, text) and a keyed MAC. A record cut short by a
-//! kill is dropped when the log is opened again; a record whose MAC fails is
-//! skipped and counted, never used. One process holds a log at a time (an exclusive
-//! file lock), so two runs never interleave their writes.
+//! score, label probabilities, text) and a keyed MAC. A record cut short (by a
+//! kill, or by a damaged length that reaches past the end of the log) is
+//! dropped when the log is opened again and counted; a record whose MAC fails
+//! is skipped and counted, never used. One process holds a log at a time (an
+//! exclusive file lock), so two runs never interleave their writes.
 //!
 //! The MAC is HMAC-SHA256 under a key kept in aisql's cache folder
 //! ([`crate::data::cache_dir`], `answer-cache.key`, made on first use, readable by
 //! its owner only), outside every answer folder: whoever can write an answer
 //! folder but not that key cannot make aisql use an answer it did not give. A
 //! folder copied to another machine (another key) is re-asked, not trusted.
+//! The MAC covers the identity too (a SHA-256 of [`AnswerIdentity`]: weights,
+//! tokenizer, dtype, prompt format), so a record copied from another model's
+//! folder, or another dtype's, fails it and is counted, never used. The logs
+//! of the layout before that binding (`answers.v3`) are not read.
+//!
+//! The cache's files are regular files inside their folder: the identity
+//! folder, `identity.json` and the log are opened without following a link
+//! (a log linked to a file elsewhere would be truncated and appended to), and
+//! a FIFO or a device in their place is refused by name before it is read.
 //!
 //! The question hash is SHA-256 over the kind, the classification labels (an
 //! answer is an index into them), a generating call's `max_tokens` and the
@@ -53,8 +63,9 @@ const RECORD_FIXED_BYTES: usize = QUESTION_BYTES + LENGTH_BYTES + MAC_BYTES;
 /// The longest answer a record holds (a generated text of 131,072 tokens is
 /// at most about 2 MB): a longer length is a damaged or cut record.
 const MAX_ANSWER_BYTES: usize = 16 << 20;
-/// The log's file name; the version changes with the record or hash layout.
-const LOG_FILE: &str = "answers.v3";
+/// The log's file name; the version changes with the record, hash or MAC
+/// layout (v4: the MAC binds the identity).
+const LOG_FILE: &str = "answers.v4";
 /// The MAC key's file name in aisql's cache folder.
 pub const KEY_FILE: &str = "answer-cache.key";
 /// Bytes of the MAC key.
@@ -83,8 +94,13 @@ impl AnswerIdentity {
     /// The folder name of this identity's answers: 16 hex digits of SHA-256 over
     /// its JSON.
     pub fn key(&self) -> String {
+        hex::encode(&self.digest()[..8])
+    }
+
+    /// SHA-256 over its JSON: what each record's MAC binds.
+    fn digest(&self) -> [u8; 32] {
         let json = serde_json::to_vec(self).expect("identity serialises");
-        hex::encode(&Sha256::digest(&json)[..8])
+        Sha256::digest(&json).into()
     }
 }
 
@@ -224,7 +240,7 @@ impl RecordKey {
     /// first (created exclusively, owner-only): two processes that start at once
     /// agree on the one that was written first.
     pub fn load_or_create(path: &Path) -> Result<Self> {
-        match std::fs::read(path) {
+        match Self::read(path) {
             Ok(bytes) => return Self::from_file_bytes(path, &bytes),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(EngineError::io(path, e)),
@@ -256,44 +272,58 @@ impl RecordKey {
         match linked {
             Ok(()) => Ok(Self(key)),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                let bytes = std::fs::read(path).map_err(|e| EngineError::io(path, e))?;
+                let bytes = Self::read(path).map_err(|e| EngineError::io(path, e))?;
                 Self::from_file_bytes(path, &bytes)
             }
             Err(e) => Err(EngineError::io(path, e)),
         }
     }
 
+    /// The key file's bytes: a regular file (not a FIFO or a device, which
+    /// would block or never end), read only up to one byte past a key's length.
+    fn read(path: &Path) -> std::io::Result<Vec<u8>> {
+        let file = crate::data::input_file::open(path)?;
+        let mut bytes = Vec::with_capacity(KEY_BYTES + 1);
+        file.take(KEY_BYTES as u64 + 1).read_to_end(&mut bytes)?;
+        Ok(bytes)
+    }
+
     fn from_file_bytes(path: &Path, bytes: &[u8]) -> Result<Self> {
         let key: [u8; KEY_BYTES] = bytes.try_into().map_err(|_| {
             EngineError::Data(format!(
-                "answer cache key {}: {} bytes, not {KEY_BYTES}; remove it to make a new one (the answers signed with it will be asked again)",
+                "answer cache key {}: {}{} bytes, not {KEY_BYTES}; remove it to make a new one (the answers signed with it will be asked again)",
                 path.display(),
-                bytes.len()
+                if bytes.len() > KEY_BYTES { "over " } else { "" },
+                bytes.len().min(KEY_BYTES)
             ))
         })?;
         Ok(Self(key))
     }
 
-    /// HMAC-SHA256 under this key, fed `body`.
-    fn hmac(&self, body: &[u8]) -> hmac::Hmac<Sha256> {
+    /// HMAC-SHA256 under this key, fed the identity's digest (`bound`) and
+    /// then `body`: a record is valid for one identity only.
+    fn hmac(&self, bound: &[u8; 32], body: &[u8]) -> hmac::Hmac<Sha256> {
         use hmac::Mac as _;
         let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key");
+        mac.update(b"aisql-answer-v4\0");
+        mac.update(bound);
         mac.update(body);
         mac
     }
 
-    /// The MAC of a record's body.
-    fn mac(&self, body: &[u8]) -> [u8; MAC_BYTES] {
+    /// The MAC of a record's body for the identity of digest `bound`.
+    fn mac(&self, bound: &[u8; 32], body: &[u8]) -> [u8; MAC_BYTES] {
         use hmac::Mac as _;
-        self.hmac(body).finalize().into_bytes()[..MAC_BYTES]
+        self.hmac(bound, body).finalize().into_bytes()[..MAC_BYTES]
             .try_into()
             .expect("16 bytes")
     }
 
-    /// Whether `tag` is the MAC of `body` (compared in constant time).
-    fn verify(&self, body: &[u8], tag: &[u8]) -> bool {
+    /// Whether `tag` is the MAC of `body` for the identity of digest `bound`
+    /// (compared in constant time).
+    fn verify(&self, bound: &[u8; 32], body: &[u8], tag: &[u8]) -> bool {
         use hmac::Mac as _;
-        self.hmac(body).verify_truncated_left(tag).is_ok()
+        self.hmac(bound, body).verify_truncated_left(tag).is_ok()
     }
 }
 
@@ -302,10 +332,12 @@ pub struct AnswerCache {
     log_path: PathBuf,
     /// Signs the records written and checks those read.
     key: RecordKey,
+    /// The identity's digest, bound into every record's MAC.
+    bound: [u8; 32],
     log: Mutex<File>,
     answers: Mutex<HashMap<QuestionHash, Answer>>,
-    /// Records found damaged or not signed with this key when the log was
-    /// opened (skipped).
+    /// Records found damaged, cut short, not signed with this key or signed
+    /// for another identity when the log was opened (skipped).
     damaged: usize,
 }
 
@@ -332,10 +364,20 @@ impl AnswerCache {
         }
         let dir = root.join(identity.key());
         std::fs::create_dir_all(&dir).map_err(|e| EngineError::io(&dir, e))?;
+        // The identity folder itself, not a link to a folder elsewhere.
+        let meta = std::fs::symlink_metadata(&dir).map_err(|e| EngineError::io(&dir, e))?;
+        if !meta.is_dir() {
+            return Err(not_in_folder(&dir, &meta, "a folder"));
+        }
         let identity_path = dir.join(IDENTITY_FILE);
         let want = serde_json::to_string_pretty(identity).expect("identity serialises");
-        match std::fs::read_to_string(&identity_path) {
-            Ok(have) => {
+        match open_in_folder(&identity_path, OpenOptions::new().read(true)) {
+            Ok(file) => {
+                let mut have = String::new();
+                // An identity is a few hundred bytes: a longer file is not one.
+                file.take(1 << 16)
+                    .read_to_string(&mut have)
+                    .map_err(|e| EngineError::io(&identity_path, e))?;
                 let have: AnswerIdentity = serde_json::from_str(&have)
                     .map_err(|e| EngineError::Data(format!("{}: {e}", identity_path.display())))?;
                 if &have != identity {
@@ -345,18 +387,17 @@ impl AnswerCache {
                     )));
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(OpenError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
                 crate::data::files::write_file_atomic(&identity_path, want.as_bytes())?;
             }
-            Err(e) => return Err(EngineError::io(&identity_path, e)),
+            Err(e) => return Err(e.into_engine(&identity_path)),
         }
         let log_path = dir.join(LOG_FILE);
-        let mut log = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .open(&log_path)
-            .map_err(|e| EngineError::io(&log_path, e))?;
+        let mut log = open_in_folder(
+            &log_path,
+            OpenOptions::new().read(true).append(true).create(true),
+        )
+        .map_err(|e| e.into_engine(&log_path))?;
         log.try_lock().map_err(|e| match e {
             std::fs::TryLockError::WouldBlock => EngineError::Data(format!(
                 "answer cache {}: another aisql process is using it",
@@ -368,6 +409,7 @@ impl AnswerCache {
         log.seek(SeekFrom::Start(0))
             .and_then(|_| log.read_to_end(&mut bytes))
             .map_err(|e| EngineError::io(&log_path, e))?;
+        let bound = identity.digest();
         let mut answers = HashMap::new();
         let mut damaged = 0;
         let mut at = 0;
@@ -379,19 +421,16 @@ impl AnswerCache {
                     .expect("4 bytes"),
             ) as usize;
             let end = length_at + LENGTH_BYTES + length + MAC_BYTES;
-            if length > MAX_ANSWER_BYTES {
-                // A length no record has: nothing after it can be told apart
-                // from noise.
-                damaged += 1;
+            if length > MAX_ANSWER_BYTES || end > bytes.len() {
+                // A length no record has, or one past the end of the log (a
+                // write cut short by a kill, or a damaged length): nothing
+                // after it can be told apart from noise. Counted below.
                 break;
-            }
-            if end > bytes.len() {
-                break; // cut short by a kill
             }
             let (body, tag) = bytes[at..end].split_at(end - at - MAC_BYTES);
             at = end;
             let answer = key
-                .verify(body, tag)
+                .verify(&bound, body, tag)
                 .then(|| decode_answer(&body[QUESTION_BYTES + LENGTH_BYTES..]))
                 .flatten();
             let Some(answer) = answer else {
@@ -402,14 +441,17 @@ impl AnswerCache {
             answers.insert(question, answer);
         }
         if at != bytes.len() {
-            // A write cut short by a kill: drop its bytes so that records
+            // A record cut short, or everything after a damaged length: one
+            // record lost at least. Its bytes are dropped so that records
             // appended from now on follow whole ones.
+            damaged += 1;
             log.set_len(at as u64)
                 .map_err(|e| EngineError::io(&log_path, e))?;
         }
         Ok(Self {
             log_path,
             key,
+            bound,
             log: Mutex::new(log),
             answers: Mutex::new(answers),
             damaged,
@@ -469,7 +511,7 @@ impl AnswerCache {
             buf.extend_from_slice(question);
             buf.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
             buf.extend_from_slice(&bytes);
-            let tag = self.key.mac(&buf[start..]);
+            let tag = self.key.mac(&self.bound, &buf[start..]);
             buf.extend_from_slice(&tag);
         }
         self.log
@@ -483,6 +525,100 @@ impl AnswerCache {
             .extend(answered.into_iter().cloned());
         Ok(())
     }
+}
+
+/// Why a file of the cache could not be opened.
+enum OpenError {
+    /// Something other than a regular file is there (a link, a FIFO, a
+    /// device): what it is, in words.
+    NotRegular(String),
+    Io(std::io::Error),
+}
+
+impl OpenError {
+    fn into_engine(self, path: &Path) -> EngineError {
+        match self {
+            Self::NotRegular(what) => EngineError::Data(format!(
+                "answer cache {}: {what}; an answer cache keeps its answers only in regular \
+                 files inside its folder (remove it, and aisql makes a new one)",
+                path.display()
+            )),
+            Self::Io(e) => EngineError::io(path, e),
+        }
+    }
+}
+
+/// The error for the cache's `path`, whose own (unfollowed) metadata is
+/// `meta`, when it is not `wanted`.
+fn not_in_folder(path: &Path, meta: &std::fs::Metadata, wanted: &str) -> EngineError {
+    OpenError::NotRegular(format!("{}, not {wanted}", file_kind(path, meta))).into_engine(path)
+}
+
+/// What `path` (unfollowed metadata `meta`) is, in words.
+fn file_kind(path: &Path, meta: &std::fs::Metadata) -> String {
+    let t = meta.file_type();
+    if t.is_symlink() {
+        let target = std::fs::read_link(path)
+            .map(|t| format!(" ({})", t.display()))
+            .unwrap_or_default();
+        return format!("a symbolic link{target}");
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a FIFO (named pipe)".into();
+        }
+        if t.is_char_device() || t.is_block_device() {
+            return "a device".into();
+        }
+        if t.is_socket() {
+            return "a socket".into();
+        }
+    }
+    if t.is_dir() {
+        "a folder".into()
+    } else if t.is_file() {
+        "a regular file".into()
+    } else {
+        "a special file".into()
+    }
+}
+
+/// `path`, a file of the cache, opened with `options` only when it is a
+/// regular file itself: never through a symbolic link (refused before the
+/// open, and by `O_NOFOLLOW` in the open should one appear in between), and
+/// never a FIFO or a device (the open does not block on a FIFO, and the open
+/// file is checked again).
+fn open_in_folder(path: &Path, options: &mut OpenOptions) -> std::result::Result<File, OpenError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if !meta.is_file() => {
+            return Err(OpenError::NotRegular(format!(
+                "{}, not a regular file",
+                file_kind(path, &meta)
+            )));
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(OpenError::Io(e)),
+    }
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(options, libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    let file = options.open(path).map_err(|e| {
+        #[cfg(unix)]
+        if e.raw_os_error() == Some(libc::ELOOP) {
+            return OpenError::NotRegular("a symbolic link, not a regular file".into());
+        }
+        OpenError::Io(e)
+    })?;
+    let meta = file.metadata().map_err(OpenError::Io)?;
+    if !meta.is_file() {
+        return Err(OpenError::NotRegular(format!(
+            "{}, not a regular file",
+            file_kind(path, &meta)
+        )));
+    }
+    Ok(file)
 }
 
 /// A backend behind an answer cache: questions answered before are answered from
@@ -865,7 +1001,8 @@ mod tests {
         bytes.extend_from_slice(&[9; 7]);
         std::fs::write(&log, &bytes).unwrap();
         let cache = AnswerCache::open(dir.path(), &id, key()).unwrap();
-        assert_eq!(cache.damaged(), 1);
+        // The flipped record and the torn one.
+        assert_eq!(cache.damaged(), 2);
         assert_eq!(cache.get(&q(1)), Some(Answer::Bool(true)));
         assert_eq!(cache.get(&q(2)), None);
         assert_eq!(cache.get(&q(3)), Some(Answer::Label(7)));
@@ -887,6 +1024,117 @@ mod tests {
         let cache = AnswerCache::open(dir.path(), &id, key()).unwrap();
         assert!(cache.is_empty());
         assert_eq!(cache.damaged(), 1);
+    }
+
+    #[test]
+    fn a_length_past_the_end_is_counted_and_the_records_before_it_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = identity("f32");
+        let cache = AnswerCache::open(dir.path(), &id, key()).unwrap();
+        let q = |i: u8| [i; QUESTION_BYTES];
+        cache
+            .insert(&[
+                (q(1), Answer::Bool(true)),
+                (q(2), Answer::Bool(false)),
+                (q(3), Answer::Bool(true)),
+            ])
+            .unwrap();
+        let log = cache.log_path().to_path_buf();
+        drop(cache);
+        // The second record's length now reaches past the end of the log.
+        let mut bytes = std::fs::read(&log).unwrap();
+        let length_at = BOOL_RECORD + QUESTION_BYTES;
+        bytes[length_at..length_at + LENGTH_BYTES].copy_from_slice(&1000u32.to_le_bytes());
+        std::fs::write(&log, &bytes).unwrap();
+        let cache = AnswerCache::open(dir.path(), &id, key()).unwrap();
+        assert_eq!(cache.damaged(), 1);
+        assert_eq!(cache.len(), 1);
+        assert_eq!(cache.get(&q(1)), Some(Answer::Bool(true)));
+        assert_eq!(std::fs::metadata(&log).unwrap().len() as usize, BOOL_RECORD);
+    }
+
+    #[test]
+    fn a_record_moved_from_another_identity_is_skipped_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let q = |i: u8| [i; QUESTION_BYTES];
+        let mut other_model = identity("f32");
+        other_model.weights_sha256 = "another seed".into();
+        let mut logs = Vec::new();
+        for (id, answered) in [
+            (identity("f32"), (q(2), Answer::Bool(true))),
+            (identity("bf16"), (q(1), Answer::Bool(false))),
+            (other_model.clone(), (q(1), Answer::Bool(false))),
+        ] {
+            let cache = AnswerCache::open(dir.path(), &id, key()).unwrap();
+            cache.insert(&[answered]).unwrap();
+            logs.push(cache.log_path().to_path_buf());
+        }
+        // The other dtype's and the other model's records, signed with the
+        // same key, copied into this model's log before its own.
+        let mut bytes = std::fs::read(&logs[1]).unwrap();
+        bytes.extend(std::fs::read(&logs[2]).unwrap());
+        bytes.extend(std::fs::read(&logs[0]).unwrap());
+        std::fs::write(&logs[0], &bytes).unwrap();
+        let cache = AnswerCache::open(dir.path(), &identity("f32"), key()).unwrap();
+        assert_eq!(cache.damaged(), 2);
+        assert_eq!(cache.get(&q(1)), None);
+        assert_eq!(cache.get(&q(2)), Some(Answer::Bool(true)));
+        // The other identities still read their own.
+        drop(cache);
+        let cache = AnswerCache::open(dir.path(), &other_model, key()).unwrap();
+        assert_eq!(
+            (cache.damaged(), cache.get(&q(1))),
+            (0, Some(Answer::Bool(false)))
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_log_that_is_a_link_a_fifo_or_a_device_is_refused_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = identity("f32");
+        let cache = AnswerCache::open(dir.path(), &id, key()).unwrap();
+        let log = cache.log_path().to_path_buf();
+        drop(cache);
+        std::fs::remove_file(&log).unwrap();
+        // A link out of the folder, to a file someone else owns.
+        let outside = dir.path().join("precious.txt");
+        std::fs::write(&outside, b"keep me as I am\n").unwrap();
+        std::os::unix::fs::symlink(&outside, &log).unwrap();
+        let e = AnswerCache::open(dir.path(), &id, key()).unwrap_err().to_string();
+        assert!(
+            e.contains("a symbolic link") && e.contains("precious.txt") && e.contains("answers.v4"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(&outside).unwrap(), b"keep me as I am\n");
+        // A dangling link is not created through either.
+        std::fs::remove_file(&outside).unwrap();
+        assert!(AnswerCache::open(dir.path(), &id, key()).is_err());
+        assert!(!outside.exists());
+        // A link to /dev/zero (read until memory ran out), and a FIFO.
+        std::fs::remove_file(&log).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &log).unwrap();
+        let e = AnswerCache::open(dir.path(), &id, key()).unwrap_err().to_string();
+        assert!(e.contains("a symbolic link (/dev/zero)"), "{e}");
+        std::fs::remove_file(&log).unwrap();
+        let made = std::process::Command::new("mkfifo").arg(&log).status().unwrap();
+        assert!(made.success());
+        let e = AnswerCache::open(dir.path(), &id, key()).unwrap_err().to_string();
+        assert!(e.contains("a FIFO (named pipe), not a regular file"), "{e}");
+        std::fs::remove_file(&log).unwrap();
+        // identity.json as a link, and the identity folder as a link elsewhere.
+        let identity_file = dir.path().join(id.key()).join(IDENTITY_FILE);
+        std::fs::remove_file(&identity_file).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &identity_file).unwrap();
+        let e = AnswerCache::open(dir.path(), &id, key()).unwrap_err().to_string();
+        assert!(e.contains("identity.json") && e.contains("symbolic link"), "{e}");
+        let elsewhere = tempfile::tempdir().unwrap();
+        let other_root = dir.path().join("other-root");
+        std::fs::create_dir(&other_root).unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), other_root.join(id.key())).unwrap();
+        let e = AnswerCache::open(&other_root, &id, key()).unwrap_err().to_string();
+        assert!(e.contains("a symbolic link") && e.contains("not a folder"), "{e}");
+        assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
     }
 
     /// The key of the tests' caches.
@@ -916,7 +1164,7 @@ mod tests {
         let mut other = q(3).to_vec();
         other.extend_from_slice(&2u32.to_le_bytes());
         other.extend_from_slice(&encode_answer(&Answer::Bool(true)).expect("an answer"));
-        other.extend_from_slice(&RecordKey([8; KEY_BYTES]).mac(&other));
+        other.extend_from_slice(&RecordKey([8; KEY_BYTES]).mac(&id.digest(), &other));
         bytes.extend_from_slice(&other);
         std::fs::write(&log, &bytes).unwrap();
         let cache = AnswerCache::open(dir.path(), &id, key()).unwrap();

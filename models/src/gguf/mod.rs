@@ -27,6 +27,18 @@ use crate::{ModelError, Result};
 const MAGIC: u32 = 0x4655_4747; // "GGUF", little-endian
 /// Default alignment of the tensor data (`general.alignment` overrides it).
 const DEFAULT_ALIGNMENT: u64 = 32;
+/// The most items one metadata array may hold, and all arrays together. A
+/// model's largest array, its vocabulary, has well under a million (Qwen3's
+/// 151,936); each item becomes a value of tens of bytes in memory, so a count
+/// bounded by the file's size alone could still ask for gigabytes.
+const MAX_METADATA_ITEMS: usize = 1 << 22;
+/// The fewest bytes one metadata entry takes: its key's length (u64; a key may
+/// be empty), its value type (u32) and the smallest value (one byte).
+const MIN_METADATA_ENTRY_BYTES: u64 = 8 + 4 + 1;
+/// The fewest bytes one tensor's directory entry takes: its name's length
+/// (u64), its number of dimensions (u32), one dimension (u64), its type (u32)
+/// and its offset (u64).
+const MIN_TENSOR_ENTRY_BYTES: u64 = 8 + 4 + 8 + 4 + 8;
 
 /// One tensor's place in the file.
 #[derive(Debug, Clone)]
@@ -105,6 +117,8 @@ fn ggml_type(id: u32) -> Option<GgmlDType> {
 struct Cursor<'a> {
     bytes: &'a [u8],
     pos: usize,
+    /// Metadata array items read so far (at most [`MAX_METADATA_ITEMS`]).
+    items: usize,
 }
 
 impl<'a> Cursor<'a> {
@@ -139,19 +153,29 @@ impl<'a> Cursor<'a> {
             self.take(8, what)?.try_into().expect("8 bytes"),
         ))
     }
-    /// A count that sizes something read next: at most one item per remaining byte.
-    fn count(&mut self, what: &str) -> std::result::Result<usize, String> {
+    /// A count that sizes something read next (`field` of `what`: "the length
+    /// of ", "metadata key x"), each of whose items takes at least `item_bytes`
+    /// bytes of the file: checked against the bytes left before anything is
+    /// sized by it.
+    fn count(
+        &mut self,
+        field: &str,
+        what: &str,
+        item_bytes: u64,
+    ) -> std::result::Result<usize, String> {
         let n = self.u64(what)?;
         let left = (self.bytes.len() - self.pos) as u64;
-        if n > left {
+        if n.checked_mul(item_bytes).is_none_or(|need| need > left) {
             return Err(format!(
-                "truncated or corrupt: {what} is {n}, more than the {left} bytes left in the file"
+                "truncated or corrupt: {field}{what} is {n}, but {n} items of at least \
+                 {item_bytes} byte{} each do not fit in the {left} bytes left in the file",
+                if item_bytes == 1 { "" } else { "s" }
             ));
         }
         Ok(n as usize)
     }
     fn string(&mut self, what: &str) -> std::result::Result<String, String> {
-        let n = self.count(what)?;
+        let n = self.count("the length of ", what, 1)?;
         let bytes = self.take(n, what)?;
         String::from_utf8(bytes.to_vec()).map_err(|_| format!("{what} is not UTF-8"))
     }
@@ -177,8 +201,17 @@ impl<'a> Cursor<'a> {
                     return Err(format!("{what}: arrays nested deeper than 2"));
                 }
                 let item_type = self.u32(what)?;
-                let n = self.count(what)?;
-                let mut items = Vec::with_capacity(n.min(1 << 20));
+                let n = self.count("the array length of ", what, min_value_bytes(item_type))?;
+                self.items = self.items.saturating_add(n);
+                if self.items > MAX_METADATA_ITEMS {
+                    return Err(format!(
+                        "{what}: an array of {n} items brings the metadata's array items to {}, \
+                         more than the {MAX_METADATA_ITEMS} aisql reads (a model's largest \
+                         array, its vocabulary, has well under a million)",
+                        self.items
+                    ));
+                }
+                let mut items = Vec::with_capacity(n.min(1 << 16));
                 for _ in 0..n {
                     items.push(self.value(item_type, what, depth + 1)?);
                 }
@@ -192,12 +225,27 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// The fewest bytes a metadata value of type `type_id` takes in the file.
+fn min_value_bytes(type_id: u32) -> u64 {
+    match type_id {
+        0 | 1 | 7 => 1,
+        2 | 3 => 2,
+        4..=6 => 4,
+        8 | 10..=12 => 8,
+        // An array: its item type (u32) and length (u64).
+        9 => 12,
+        // An unknown type fails on its first item.
+        _ => 1,
+    }
+}
+
 impl GgufFile {
     /// Opens and checks `path`: magic, version, metadata, and that every tensor has
     /// a block type this crate reads and lies wholly inside the file.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let file = std::fs::File::open(&path).map_err(|e| ModelError::io(&path, e))?;
+        // A FIFO or a device (or a link to one) is refused before it is opened.
+        let file = crate::regular_file::open(&path).map_err(|e| ModelError::io(&path, e))?;
         // SAFETY: read-only mapping; as with every mmap-based loader the file must not
         // be truncated while the model loads. Tensors are copied out when loaded.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ModelError::io(&path, e))?;
@@ -394,7 +442,11 @@ fn as_u64(v: &Value) -> Option<u64> {
 type Parsed = (HashMap<String, Value>, HashMap<String, TensorInfo>);
 
 fn parse(bytes: &[u8]) -> std::result::Result<Parsed, String> {
-    let mut c = Cursor { bytes, pos: 0 };
+    let mut c = Cursor {
+        bytes,
+        pos: 0,
+        items: 0,
+    };
     let magic = c.u32("the magic number")?;
     if magic != MAGIC {
         return Err(format!("not a GGUF file (magic {magic:#010x})"));
@@ -405,8 +457,8 @@ fn parse(bytes: &[u8]) -> std::result::Result<Parsed, String> {
             "GGUF version {version}; aisql reads versions 2 and 3"
         ));
     }
-    let n_tensors = c.count("the tensor count")?;
-    let n_kv = c.count("the metadata count")?;
+    let n_tensors = c.count("", "the tensor count", MIN_TENSOR_ENTRY_BYTES)?;
+    let n_kv = c.count("", "the metadata count", MIN_METADATA_ENTRY_BYTES)?;
     let mut metadata = HashMap::new();
     for i in 0..n_kv {
         let key = c.string(&format!("metadata key #{i}"))?;
@@ -464,7 +516,9 @@ fn parse(bytes: &[u8]) -> std::result::Result<Parsed, String> {
                 "tensor {name} has rows of {row} values, not a multiple of {dtype:?}'s block of {block}"
             ));
         }
-        let len = elems / block * type_size;
+        let len = (elems / block)
+            .checked_mul(type_size)
+            .ok_or_else(|| format!("tensor {name} has shape {dims:?}, too large"))?;
         let start = data_start
             .checked_add(offset)
             .filter(|s| {
@@ -548,6 +602,108 @@ mod tests {
         );
         assert_eq!(gguf_name("model.layers.x.mlp.down_proj.weight"), None);
         assert_eq!(gguf_name("vision.patch.weight"), None);
+    }
+
+    /// A GGUF v3 header declaring `tensors` tensors and `entries` metadata
+    /// entries, followed by `rest`.
+    fn header(tensors: u64, entries: u64, rest: &[u8]) -> Vec<u8> {
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes());
+        b.extend(tensors.to_le_bytes());
+        b.extend(entries.to_le_bytes());
+        b.extend_from_slice(rest);
+        b
+    }
+
+    /// A metadata entry `key` of value type `type_id`, followed by `value`.
+    fn entry(key: &str, type_id: u32, value: &[u8]) -> Vec<u8> {
+        let mut b = (key.len() as u64).to_le_bytes().to_vec();
+        b.extend(key.as_bytes());
+        b.extend(type_id.to_le_bytes());
+        b.extend_from_slice(value);
+        b
+    }
+
+    /// An array value: item type, declared length, then `items`' bytes.
+    fn array(item_type: u32, len: u64, items: &[u8]) -> Vec<u8> {
+        let mut b = item_type.to_le_bytes().to_vec();
+        b.extend(len.to_le_bytes());
+        b.extend_from_slice(items);
+        b
+    }
+
+    #[test]
+    fn declared_counts_and_lengths_are_checked_before_anything_is_sized() {
+        let padding = vec![0u8; 4096];
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            // 150 million u8 items declared, 4 KiB there.
+            (
+                header(0, 1, &entry("big", 9, &[array(0, 150_000_000, &padding)].concat())),
+                "the array length of metadata key big is 150000000",
+            ),
+            // 2^40 strings: 8 bytes each at least.
+            (
+                header(0, 1, &entry("strs", 9, &[array(8, 1 << 40, &padding)].concat())),
+                "the array length of metadata key strs is 1099511627776",
+            ),
+            // A string value of 2^50 bytes.
+            (
+                header(
+                    0,
+                    1,
+                    &entry("name", 8, &[(1u64 << 50).to_le_bytes().to_vec(), padding.clone()].concat()),
+                ),
+                "the length of metadata key name is 1125899906842624",
+            ),
+            // A key of 2^62 bytes.
+            (
+                header(0, 1, &[(1u64 << 62).to_le_bytes().to_vec(), padding.clone()].concat()),
+                "the length of metadata key #0 is 4611686018427387904",
+            ),
+            // 200 tensors of 32 bytes each at least do not fit in 4 KiB.
+            (header(200, 0, &padding), "the tensor count is 200"),
+            // 1000 entries of 13 bytes each at least do not fit either.
+            (header(0, 1000, &padding), "the metadata count is 1000"),
+        ];
+        for (bytes, want) in cases {
+            let e = parse(&bytes).unwrap_err();
+            assert!(e.contains(want) && e.contains("bytes left"), "{e}");
+        }
+    }
+
+    #[test]
+    fn arrays_whose_items_would_not_fit_in_memory_are_refused_by_count() {
+        // Every declared byte is there, but 5 million one-byte items would be
+        // 5 million values of tens of bytes each: refused before reading one.
+        let n = MAX_METADATA_ITEMS + 1;
+        let bytes = header(0, 1, &entry("tokens", 9, &array(0, n as u64, &vec![1u8; n])));
+        let e = parse(&bytes).unwrap_err();
+        assert!(
+            e.contains("metadata key tokens") && e.contains(&format!("more than the {MAX_METADATA_ITEMS}")),
+            "{e}"
+        );
+        // The cap is on all arrays together.
+        let half = MAX_METADATA_ITEMS / 2 + 1;
+        let one = entry("a", 9, &array(0, half as u64, &vec![1u8; half]));
+        let two = entry("b", 9, &array(0, half as u64, &vec![1u8; half]));
+        let e = parse(&header(0, 2, &[one.clone(), two].concat())).unwrap_err();
+        assert!(e.contains("metadata key b") && e.contains("more than the"), "{e}");
+        // Under the cap, such an array is read.
+        let (metadata, _) = parse(&header(0, 1, &one)).unwrap();
+        assert!(matches!(&metadata["a"], Value::Array(items) if items.len() == half));
+    }
+
+    #[test]
+    fn a_tensor_whose_size_overflows_is_an_error() {
+        let mut t = 4u64.to_le_bytes().to_vec();
+        t.extend(b"huge");
+        t.extend(2u32.to_le_bytes());
+        t.extend(u64::MAX.to_le_bytes());
+        t.extend(u64::MAX.to_le_bytes());
+        t.extend(0u32.to_le_bytes()); // F32
+        t.extend(0u64.to_le_bytes());
+        let e = parse(&header(1, 0, &t)).unwrap_err();
+        assert!(e.contains("tensor huge") && e.contains("too large"), "{e}");
     }
 
     #[test]
