@@ -31,12 +31,13 @@ pub enum ModelError {
     },
 
     /// Reading or writing a file failed.
-    #[error("I/O error on {path}: {source}")]
+    #[error("I/O error on {path}: {cause}")]
     Io {
         /// The file involved.
         path: PathBuf,
-        /// The underlying error.
-        source: std::io::Error,
+        /// The underlying error (not chained as a source: the message already
+        /// shows it, and a chained one was printed twice).
+        cause: std::io::Error,
     },
 
     /// A Hugging Face model id is not in the local cache, and this build cannot download.
@@ -162,7 +163,7 @@ impl ModelError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Self::Io {
             path: path.into(),
-            source,
+            cause: source,
         }
     }
 }
