@@ -287,6 +287,7 @@ impl InferenceBackend for EstimatingBackend {
     /// The sampled answers, after both simulations counted the call's work.
     fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
         let (before, min_before) = (Counts::of(&self.sim), Counts::of(&self.minimum).fresh);
+        self.sampled.note_query_fresh(before.fresh);
         let answers = self.sim.answer(call, requests)?;
         self.minimum.answer(call, requests)?;
         let work = Counts::of(&self.sim).since(before);

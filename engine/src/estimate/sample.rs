@@ -31,9 +31,15 @@ const SAMPLE_FRACTION: f64 = 0.5;
 /// reached it so far) that its sample may grow to past the base quota, while
 /// its selectivity is still uncertain: a rare predicate sampled on 48
 /// questions (FEV's joins, 0.26 % TRUE) decides the rows of every operator
-/// after it on a guess; two in a hundred of its questions cost the query
-/// about that share of its fresh tokens.
+/// after it on a guess.
 const ADAPTIVE_SHARE: f64 = 0.02;
+
+/// A sample grows past the base quota only while what the backend computed
+/// for the sample stays under this share of the fresh tokens the estimate
+/// has simulated for the query so far: sampled questions fall on documents
+/// the query shares among many questions, so a question's share is no bound
+/// on the tokens' (BIO-4's sample grew to a third of its query's tokens).
+const ADAPTIVE_TOKEN_SHARE: f64 = 0.02;
 
 /// A selectivity is known well enough when its 95 % interval's half-width is
 /// at most this share of it.
@@ -88,11 +94,15 @@ impl SampleStats {
     }
 
     /// Questions the sample may hold now: the base `quota`, and for a
-    /// decision whose selectivity is still uncertain up to
-    /// [`ADAPTIVE_SHARE`] of the questions seen.
-    fn quota(&self, base: usize, decides: bool) -> usize {
+    /// decision whose selectivity is still uncertain, while the sample's
+    /// tokens are within budget (`affordable`), up to [`ADAPTIVE_SHARE`] of
+    /// the questions seen.
+    fn quota(&self, base: usize, decides: bool, affordable: bool) -> usize {
         if !decides || self.asked < base {
             return base;
+        }
+        if !affordable {
+            return self.asked;
         }
         let narrow = self
             .interval()
@@ -113,6 +123,10 @@ pub struct SampledAnswers {
     /// operator asks nothing.
     hints: HashMap<String, f64>,
     state: Mutex<State>,
+    /// Fresh tokens the estimate has simulated for the query so far
+    /// ([`Self::note_query_fresh`]): what a sample's growth is measured
+    /// against.
+    query_fresh: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Default)]
@@ -132,7 +146,22 @@ impl SampledAnswers {
             quota,
             hints,
             state: Mutex::new(State::default()),
+            query_fresh: Default::default(),
         }
+    }
+
+    /// Tells the sample how many fresh tokens the query's simulation has
+    /// counted so far.
+    pub fn note_query_fresh(&self, fresh: u64) {
+        self.query_fresh
+            .store(fresh, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the sample's own tokens leave room to grow it.
+    fn affordable(&self) -> bool {
+        let query = self.query_fresh.load(std::sync::atomic::Ordering::Relaxed);
+        (self.real.measurements().fresh() as f64) < ADAPTIVE_TOKEN_SHARE * query as f64
+            || self.real.measurements().fresh() == 0
     }
 
     /// The backend that answers the sample.
@@ -276,6 +305,7 @@ impl InferenceBackend for SampledAnswers {
             .collect();
         let hint = self.hints.get(&call.template).copied();
         // The sample: unanswered candidates by rising hash, up to the quota.
+        let affordable = self.affordable();
         let sampled: Vec<usize> = {
             let mut state = self.state.lock().expect("sample lock");
             let State { given, stats } = &mut *state;
@@ -286,7 +316,7 @@ impl InferenceBackend for SampledAnswers {
                 0
             } else {
                 stats
-                    .quota(self.quota, call.kind.is_decision())
+                    .quota(self.quota, call.kind.is_decision(), affordable)
                     .saturating_sub(stats.asked)
             };
             let mut candidates: Vec<usize> = (0..requests.len())
@@ -409,6 +439,38 @@ mod tests {
         again.reverse();
         assert_eq!(again, answers);
         assert_eq!(real.prompts(), 80);
+    }
+
+    /// A sample grows past its base quota only while what the backend
+    /// computed for it is under 2 % of the query's fresh tokens so far.
+    #[test]
+    fn a_sample_grows_only_within_its_token_budget() {
+        use crate::inference::work::{Sum, Work};
+        struct Costly;
+        impl InferenceBackend for Costly {
+            fn name(&self) -> &str {
+                "costly"
+            }
+            fn answer(&self, _: &AiCall, r: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+                Ok((0..r.len()).map(|i| Answer::Bool(i % 2 == 0)).collect())
+            }
+            fn measurements(&self) -> Work {
+                Work {
+                    fresh_tokens: Some(Sum(1_000_000)),
+                    ..Work::default()
+                }
+            }
+        }
+        let call = test_call(AiKind::Filter, "Is {0} kind?", &[]);
+        let ids: Vec<String> = (0..4000).map(|i| format!("row{i}")).collect();
+        for (query_fresh, asked) in [(10_000_000, 40), (100_000_000, 80)] {
+            let sampled = SampledAnswers::new(Arc::new(Costly), 40, HashMap::new());
+            sampled.note_query_fresh(query_fresh);
+            for chunk in requests(&ids).chunks(256) {
+                sampled.answer(&call, chunk).unwrap();
+            }
+            assert_eq!(sampled.stats()["op-1"].asked, asked, "{query_fresh}");
+        }
     }
 
     /// A selectivity the base sample already knows well keeps the sample at
