@@ -275,4 +275,3 @@ fn answers_moved_from_another_models_cache_folder_are_skipped_and_counted() {
     assert_eq!(common::cache_counts(&stderr).0, 0, "{stderr}");
     assert_eq!(rows, rows_b);
 }
-

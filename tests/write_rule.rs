@@ -440,7 +440,10 @@ fn model_commands_never_write_into_or_over_a_model() {
 
     // Another model over it: refused without --force, and the model is kept.
     let err = usage_error(&mut tiny(&model, "2", false));
-    assert!(err.contains("holds a model already") && err.contains("--force"), "{err}");
+    assert!(
+        err.contains("holds a model already") && err.contains("--force"),
+        "{err}"
+    );
     assert_eq!(snapshot(&model), seed_1, "the model folder changed");
     // A folder holding anything else is refused even with --force.
     let other = tmp.path().join("other");
@@ -449,7 +452,10 @@ fn model_commands_never_write_into_or_over_a_model() {
     for force in [false, true] {
         usage_error(&mut tiny(&other, "2", force));
     }
-    assert_eq!(std::fs::read_to_string(other.join("notes.txt")).unwrap(), "mine");
+    assert_eq!(
+        std::fs::read_to_string(other.join("notes.txt")).unwrap(),
+        "mine"
+    );
     assert_eq!(std::fs::read_dir(&other).unwrap().count(), 1);
     // With --force the model is replaced, and a link among its files is
     // removed, never written through.

@@ -140,7 +140,12 @@ fn gguf(model: &str, out: &Path, file_type: &str) -> anyhow::Result<()> {
     for path in aisql_engine::inference::scheduler::model_input_paths(model)
         .into_iter()
         .chain(files.config.clone())
-        .chain(files.weights.iter().filter_map(|w| w.parent().map(Path::to_path_buf)))
+        .chain(
+            files
+                .weights
+                .iter()
+                .filter_map(|w| w.parent().map(Path::to_path_buf)),
+        )
     {
         guard.add(&path, format!("the model {model:?}"));
     }

@@ -1101,7 +1101,9 @@ mod tests {
         let outside = dir.path().join("precious.txt");
         std::fs::write(&outside, b"keep me as I am\n").unwrap();
         std::os::unix::fs::symlink(&outside, &log).unwrap();
-        let e = AnswerCache::open(dir.path(), &id, key()).unwrap_err().to_string();
+        let e = AnswerCache::open(dir.path(), &id, key())
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("a symbolic link") && e.contains("precious.txt") && e.contains("answers.v4"),
             "{e}"
@@ -1114,26 +1116,43 @@ mod tests {
         // A link to /dev/zero (read until memory ran out), and a FIFO.
         std::fs::remove_file(&log).unwrap();
         std::os::unix::fs::symlink("/dev/zero", &log).unwrap();
-        let e = AnswerCache::open(dir.path(), &id, key()).unwrap_err().to_string();
+        let e = AnswerCache::open(dir.path(), &id, key())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("a symbolic link (/dev/zero)"), "{e}");
         std::fs::remove_file(&log).unwrap();
-        let made = std::process::Command::new("mkfifo").arg(&log).status().unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(&log)
+            .status()
+            .unwrap();
         assert!(made.success());
-        let e = AnswerCache::open(dir.path(), &id, key()).unwrap_err().to_string();
+        let e = AnswerCache::open(dir.path(), &id, key())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("a FIFO (named pipe), not a regular file"), "{e}");
         std::fs::remove_file(&log).unwrap();
         // identity.json as a link, and the identity folder as a link elsewhere.
         let identity_file = dir.path().join(id.key()).join(IDENTITY_FILE);
         std::fs::remove_file(&identity_file).unwrap();
         std::os::unix::fs::symlink("/dev/zero", &identity_file).unwrap();
-        let e = AnswerCache::open(dir.path(), &id, key()).unwrap_err().to_string();
-        assert!(e.contains("identity.json") && e.contains("symbolic link"), "{e}");
+        let e = AnswerCache::open(dir.path(), &id, key())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("identity.json") && e.contains("symbolic link"),
+            "{e}"
+        );
         let elsewhere = tempfile::tempdir().unwrap();
         let other_root = dir.path().join("other-root");
         std::fs::create_dir(&other_root).unwrap();
         std::os::unix::fs::symlink(elsewhere.path(), other_root.join(id.key())).unwrap();
-        let e = AnswerCache::open(&other_root, &id, key()).unwrap_err().to_string();
-        assert!(e.contains("a symbolic link") && e.contains("not a folder"), "{e}");
+        let e = AnswerCache::open(&other_root, &id, key())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("a symbolic link") && e.contains("not a folder"),
+            "{e}"
+        );
         assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
     }
 

@@ -638,12 +638,20 @@ mod tests {
         let cases: Vec<(Vec<u8>, &str)> = vec![
             // 150 million u8 items declared, 4 KiB there.
             (
-                header(0, 1, &entry("big", 9, &[array(0, 150_000_000, &padding)].concat())),
+                header(
+                    0,
+                    1,
+                    &entry("big", 9, &[array(0, 150_000_000, &padding)].concat()),
+                ),
                 "the array length of metadata key big is 150000000",
             ),
             // 2^40 strings: 8 bytes each at least.
             (
-                header(0, 1, &entry("strs", 9, &[array(8, 1 << 40, &padding)].concat())),
+                header(
+                    0,
+                    1,
+                    &entry("strs", 9, &[array(8, 1 << 40, &padding)].concat()),
+                ),
                 "the array length of metadata key strs is 1099511627776",
             ),
             // A string value of 2^50 bytes.
@@ -651,13 +659,21 @@ mod tests {
                 header(
                     0,
                     1,
-                    &entry("name", 8, &[(1u64 << 50).to_le_bytes().to_vec(), padding.clone()].concat()),
+                    &entry(
+                        "name",
+                        8,
+                        &[(1u64 << 50).to_le_bytes().to_vec(), padding.clone()].concat(),
+                    ),
                 ),
                 "the length of metadata key name is 1125899906842624",
             ),
             // A key of 2^62 bytes.
             (
-                header(0, 1, &[(1u64 << 62).to_le_bytes().to_vec(), padding.clone()].concat()),
+                header(
+                    0,
+                    1,
+                    &[(1u64 << 62).to_le_bytes().to_vec(), padding.clone()].concat(),
+                ),
                 "the length of metadata key #0 is 4611686018427387904",
             ),
             // 200 tensors of 32 bytes each at least do not fit in 4 KiB.
@@ -676,10 +692,15 @@ mod tests {
         // Every declared byte is there, but 5 million one-byte items would be
         // 5 million values of tens of bytes each: refused before reading one.
         let n = MAX_METADATA_ITEMS + 1;
-        let bytes = header(0, 1, &entry("tokens", 9, &array(0, n as u64, &vec![1u8; n])));
+        let bytes = header(
+            0,
+            1,
+            &entry("tokens", 9, &array(0, n as u64, &vec![1u8; n])),
+        );
         let e = parse(&bytes).unwrap_err();
         assert!(
-            e.contains("metadata key tokens") && e.contains(&format!("more than the {MAX_METADATA_ITEMS}")),
+            e.contains("metadata key tokens")
+                && e.contains(&format!("more than the {MAX_METADATA_ITEMS}")),
             "{e}"
         );
         // The cap is on all arrays together.
@@ -687,7 +708,10 @@ mod tests {
         let one = entry("a", 9, &array(0, half as u64, &vec![1u8; half]));
         let two = entry("b", 9, &array(0, half as u64, &vec![1u8; half]));
         let e = parse(&header(0, 2, &[one.clone(), two].concat())).unwrap_err();
-        assert!(e.contains("metadata key b") && e.contains("more than the"), "{e}");
+        assert!(
+            e.contains("metadata key b") && e.contains("more than the"),
+            "{e}"
+        );
         // Under the cap, such an array is read.
         let (metadata, _) = parse(&header(0, 1, &one)).unwrap();
         assert!(matches!(&metadata["a"], Value::Array(items) if items.len() == half));
