@@ -400,22 +400,7 @@ print("all checks passed")
 #[test]
 fn tls_is_served_when_asked_and_a_network_address_needs_a_password() {
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    let made = Command::new("openssl")
-        .args([
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-        ])
-        .args(["-subj", "/CN=localhost", "-keyout"])
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .expect("openssl (Debian: apt-get install openssl)");
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
-    );
+    let (cert, key) = certificate(dir.path());
     let docs = docs_csv(dir.path(), 5, 4);
     let table = format!("docs={}", docs.display());
     let server = Server::start(

@@ -160,8 +160,8 @@ impl SampledAnswers {
     /// Whether the sample's own tokens leave room to grow it.
     fn affordable(&self) -> bool {
         let query = self.query_fresh.load(std::sync::atomic::Ordering::Relaxed);
-        (self.real.measurements().fresh() as f64) < ADAPTIVE_TOKEN_SHARE * query as f64
-            || self.real.measurements().fresh() == 0
+        let sample = self.real.measurements().fresh();
+        sample == 0 || (sample as f64) < ADAPTIVE_TOKEN_SHARE * query as f64
     }
 
     /// The backend that answers the sample.

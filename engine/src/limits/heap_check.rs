@@ -18,7 +18,7 @@
 use std::fmt::Formatter;
 use std::sync::Arc;
 
-use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::analyze::AnalyzeExec;
@@ -63,30 +63,6 @@ fn ships_subtree(plan: &Arc<dyn ExecutionPlan>) -> bool {
     plan.is::<crate::inference::distributed::task::WorkerTaskExec>()
         || plan.name().starts_with("Network")
         || plan.name().starts_with("Distributed")
-}
-
-/// Whether `plan` has any [`HeapCheckExec`] (tests).
-pub fn has_heap_checks(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    let mut found = false;
-    plan.apply(|node| {
-        found |= node.is::<HeapCheckExec>();
-        Ok(if found {
-            TreeNodeRecursion::Stop
-        } else {
-            TreeNodeRecursion::Continue
-        })
-    })
-    .expect("a walk that cannot fail");
-    found
-}
-
-/// `plan` with every [`HeapCheckExec`] taken out again: the plan as planned.
-pub fn without_heap_checks(plan: Arc<dyn ExecutionPlan>) -> DfResult<Arc<dyn ExecutionPlan>> {
-    plan.transform_up(|node| match node.downcast_ref::<HeapCheckExec>() {
-        Some(check) => Ok(Transformed::yes(check.input.clone())),
-        None => Ok(Transformed::no(node)),
-    })
-    .data()
 }
 
 /// One operator's output, passed through unchanged, with the heap checked
@@ -175,7 +151,32 @@ impl ExecutionPlan for HeapCheckExec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
     use datafusion::prelude::SessionContext;
+
+    /// Whether `plan` has any [`HeapCheckExec`].
+    fn has_heap_checks(plan: &Arc<dyn ExecutionPlan>) -> bool {
+        let mut found = false;
+        plan.apply(|node| {
+            found |= node.is::<HeapCheckExec>();
+            Ok(if found {
+                TreeNodeRecursion::Stop
+            } else {
+                TreeNodeRecursion::Continue
+            })
+        })
+        .expect("a walk that cannot fail");
+        found
+    }
+
+    /// `plan` with every [`HeapCheckExec`] taken out again: the plan as planned.
+    fn without_heap_checks(plan: Arc<dyn ExecutionPlan>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|node| match node.downcast_ref::<HeapCheckExec>() {
+            Some(check) => Ok(Transformed::yes(check.input.clone())),
+            None => Ok(Transformed::no(node)),
+        })
+        .data()
+    }
 
     async fn planned(sql: &str) -> Arc<dyn ExecutionPlan> {
         let ctx = SessionContext::new();
