@@ -634,6 +634,7 @@ impl<'a> QueryRunner<'a> {
                     plan,
                     &self.tables,
                     &self.query_options,
+                    &aisql_engine::sql::QueryCanceller::default(),
                 )
                 .await
             };
@@ -663,15 +664,17 @@ impl<'a> QueryRunner<'a> {
         stop: &mut tokio::sync::watch::Receiver<bool>,
     ) -> Outcome {
         let opts = self.opts;
-        let backend = &self.backend;
+        let canceller = aisql_engine::sql::QueryCanceller::default();
         let handle = {
-            let (plan, tables, backend) = (plan.clone(), self.tables.clone(), backend.clone());
+            let (plan, tables, backend) = (plan.clone(), self.tables.clone(), self.backend.clone());
+            let canceller = canceller.clone();
             // Rows stream into the query's folder as they arrive: a result larger
             // than memory is never held.
             let rows_path = opts.output_dir.join(id).join(ROWS_FILE);
             tokio::spawn(async move {
                 let mut rows = ParquetRows::create(&rows_path, output_schema(&plan))?;
-                let out = run_query_into(&plan, &tables, backend, &o, &mut rows).await?;
+                let out =
+                    run_query_into(&plan, &tables, backend, &o, &canceller, &mut rows).await?;
                 let saved = rows.finish()?;
                 Ok::<_, BenchError>((out, saved))
             })
@@ -693,12 +696,12 @@ impl<'a> QueryRunner<'a> {
                 Err(e) => Outcome::Failed(format!("PanicError: {e}")),
             },
             _ = timeout => {
-                backend.cancel();
+                canceller.cancel();
                 abort.abort();
                 // The forward batch in flight runs to its end on a blocking thread:
                 // say how long after the deadline the model actually stopped.
                 let deadline = Instant::now();
-                let waiting = backend.clone();
+                let waiting = canceller.clone();
                 let _ = tokio::task::spawn_blocking(move || waiting.wait_stopped()).await;
                 Outcome::Timeout(format!(
                     "TimeoutError: query execution exceeded the {} s timeout; its model work \
@@ -708,7 +711,7 @@ impl<'a> QueryRunner<'a> {
                 ))
             }
             _ = stop.wait_for(|s| *s) => {
-                backend.cancel();
+                canceller.cancel();
                 abort.abort();
                 Outcome::Interrupted
             }

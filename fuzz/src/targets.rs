@@ -809,7 +809,6 @@ fn worker_seeds() -> Result<Vec<Vec<u8>>, String> {
         WorkerMessage::Answer(call(AiKind::ClassifyScores, &["x", "y"]), docs.clone()),
         WorkerMessage::Answer(call(AiKind::Complete, &[]), docs.clone()),
         WorkerMessage::PartnersCollected(call(AiKind::Join, &[]), docs.docs.clone()),
-        WorkerMessage::Measurements,
         WorkerMessage::Cancel,
         WorkerMessage::EndQuery,
     ];

@@ -240,6 +240,7 @@ fn estimate_only(
                 plan,
                 &dataset.tables,
                 &options,
+                &aisql_engine::sql::QueryCanceller::default(),
             ))
             .map_err(|e| anyhow::anyhow!("{id}: {e}"))?;
         errln!("{id}: {} fresh tokens", estimate.fresh_tokens)?;

@@ -13,7 +13,7 @@ use aisql_engine::data::write_guard::WriteGuard;
 use aisql_engine::inference::backend::InferenceBackend;
 use aisql_engine::sql::options::QueryOptions;
 use aisql_engine::sql::text_scan::CsvReading;
-use aisql_engine::sql::{Evaluation, SqlOutput, SqlSession, WritePolicy};
+use aisql_engine::sql::{Evaluation, QueryCanceller, SqlOutput, SqlSession, WritePolicy};
 use datafusion::common::ParamValues;
 use datafusion::logical_expr::LogicalPlan;
 
@@ -255,8 +255,13 @@ impl Connection {
         statement_timeout: Option<Duration>,
     ) -> anyhow::Result<SqlOutput> {
         let started = Instant::now();
-        self.in_turn(async { session.run(sql).await }, started, statement_timeout)
-            .await
+        self.in_turn(
+            session,
+            async { session.run(sql).await },
+            started,
+            statement_timeout,
+        )
+        .await
     }
 
     /// Runs a plan `session` made, as [`Self::run`].
@@ -267,6 +272,7 @@ impl Connection {
     ) -> anyhow::Result<SqlOutput> {
         let started = Instant::now();
         self.in_turn(
+            session,
             async { session.run_plan(plan, started).await },
             started,
             None,
@@ -288,18 +294,20 @@ impl Connection {
             let plan = session.plan_with_params(sql, Some(params)).await?;
             session.run_plan(plan, started).await
         };
-        self.in_turn(work, started, statement_timeout).await
+        self.in_turn(session, work, started, statement_timeout)
+            .await
     }
 
     async fn in_turn(
         &self,
+        session: &SqlSession,
         work: impl Future<Output = aisql_engine::Result<SqlOutput>>,
         started: Instant,
         statement_timeout: Option<Duration>,
     ) -> anyhow::Result<SqlOutput> {
         let _turn = self.turn.lock().await;
         let mut stop = StopOnDrop {
-            backend: &self.backend,
+            canceller: session.canceller(),
             finished: false,
         };
         // The sooner of the command's limit and the session's.
@@ -328,18 +336,19 @@ impl Connection {
     }
 }
 
-/// Tells the backend to stop when a statement ends before its last row (its
+/// Stops the session's query when a statement ends before its last row (its
 /// future dropped, or its time up): the model stops after the forward batch
-/// in flight, and the next statement starts once that batch has left.
-struct StopOnDrop<'a> {
-    backend: &'a Arc<dyn InferenceBackend>,
+/// in flight, and the next statement starts once that batch has left. (A
+/// query whose future is dropped first stops itself as it ends.)
+struct StopOnDrop {
+    canceller: QueryCanceller,
     finished: bool,
 }
 
-impl Drop for StopOnDrop<'_> {
+impl Drop for StopOnDrop {
     fn drop(&mut self) {
         if !self.finished {
-            self.backend.cancel();
+            self.canceller.cancel();
         }
     }
 }

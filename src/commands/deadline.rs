@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use aisql_engine::EngineError;
 use aisql_engine::data::row_sink::RowSink;
-use aisql_engine::inference::backend::InferenceBackend;
+use aisql_engine::sql::QueryCanceller;
 use datafusion::arrow::array::RecordBatch;
 use tokio::runtime::Runtime;
 
@@ -42,13 +42,13 @@ pub fn timed_out(err: &anyhow::Error) -> bool {
     err.downcast_ref::<TimedOut>().is_some()
 }
 
-/// Runs `work` on `rt` to its end or until `limit` passes; then stops
-/// `backend`'s work, aborts `work`, shuts `rt` down without waiting for it and
-/// fails with [`TimedOut`].
+/// Runs `work` on `rt` to its end or until `limit` passes; then stops the
+/// query `canceller` reaches, aborts `work`, shuts `rt` down without waiting
+/// for it and fails with [`TimedOut`].
 pub fn run<T: Send + 'static>(
     rt: Runtime,
     limit: Option<Duration>,
-    backend: &Arc<dyn InferenceBackend>,
+    canceller: &QueryCanceller,
     work: impl Future<Output = anyhow::Result<T>> + Send + 'static,
 ) -> anyhow::Result<T> {
     let Some(limit) = limit else {
@@ -62,10 +62,10 @@ pub fn run<T: Send + 'static>(
             _ = tokio::time::sleep(limit) => {}
         }
         let deadline = Instant::now();
-        backend.cancel();
+        canceller.cancel();
         abort.abort();
         // The forward batch in flight runs to its end on a blocking thread.
-        let waiting = backend.clone();
+        let waiting = canceller.clone();
         let _ = tokio::task::spawn_blocking(move || waiting.wait_stopped()).await;
         Err(TimedOut {
             limit,

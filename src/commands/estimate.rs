@@ -29,20 +29,15 @@ pub fn estimator(
     let (mut kv_bytes_per_token, mut max_positions) =
         (QWEN3_4B_KV_BYTES_PER_TOKEN, QWEN3_4B_MAX_POSITIONS);
     if args.backend == BackendKind::Model {
-        let m = real.measurements();
-        let u = |measured: Option<u64>, k: &str| {
-            measured
-                .or_else(|| meta.get(k).and_then(|v| v.as_u64()))
-                .map(|v| v as usize)
-        };
-        if let Some(budget) = u(m.kv_budget_bytes.map(|c| c.0), "kv_budget_bytes") {
+        let u = |k: &str| meta.get(k).and_then(|v| v.as_u64()).map(|v| v as usize);
+        if let Some(budget) = u("kv_budget_bytes") {
             scheduler.kv_budget_bytes = budget;
             if let Some(cap) = real.kv_capacity_tokens().filter(|&c| c > 0) {
                 kv_bytes_per_token = (budget / cap).max(1);
             }
         }
         scheduler.host_kv_budget_bytes =
-            u(m.kv_host_budget_bytes.map(|c| c.0), "kv_host_budget_bytes").unwrap_or(0);
+            u("kv_host_budget_bytes").unwrap_or(0);
         max_positions = real.context_positions().unwrap_or(max_positions);
     }
     let (dtype, device) = profile_key(args, meta);

@@ -302,8 +302,9 @@ fn calibrate(args: &CalibrateArgs) -> anyhow::Result<()> {
         backend.executor().kv_bytes_per_token()
     };
     errln!("measuring {} {dtype} on {device} …", args.model.name)?;
+    let backend: std::sync::Arc<dyn aisql_engine::inference::backend::InferenceBackend> = backend;
     let profile = aisql_engine::estimate::calibration::measure(
-        backend.as_ref(),
+        &backend,
         bytes_per_token,
         (&args.model.name, &dtype, &device),
         aisql_bench::run_file::now_utc(),

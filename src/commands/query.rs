@@ -5,7 +5,8 @@ use std::path::Path;
 use aisql_bench::layout::Dataset;
 use aisql_bench::plans::{PlanSource, open_plan};
 use aisql_bench::quailb::output::ROWS_FILE;
-use aisql_bench::quailb::query::{estimate_query, output_schema, run_query, run_query_into};
+use aisql_bench::quailb::query::{estimate_query, output_schema, run_query_into, run_query_with};
+use aisql_engine::sql::QueryCanceller;
 use aisql_bench::resolve::resolve;
 use aisql_engine::data::row_sink::{HeadRows, ParquetRows, RowSink, SavedRows};
 use aisql_engine::data::tables::{TablePaths, tables_in_dir};
@@ -60,10 +61,10 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     if args.cost.estimate {
         let estimator = estimator(&args.backend, &args.cost, &backend, &meta, HashMap::new())?;
         let estimating = estimator.backend(backend)?;
-        let canceller: std::sync::Arc<dyn aisql_engine::inference::backend::InferenceBackend> =
-            estimating.clone();
+        let canceller = QueryCanceller::default();
+        let stops = canceller.clone();
         let estimate = deadline::run(rt, limit, &canceller, async move {
-            Ok(estimate_query(&estimator, estimating, &query, &tables, &options).await?)
+            Ok(estimate_query(&estimator, estimating, &query, &tables, &options, &stops).await?)
         })?;
         return super::estimate::print(&estimate, args.rows.format);
     }
@@ -79,7 +80,15 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
                 ..options.clone()
             };
             Ok::<_, anyhow::Error>(
-                estimate_query(&estimator, estimating, &query, &tables, &quiet).await?,
+                estimate_query(
+                    &estimator,
+                    estimating,
+                    &query,
+                    &tables,
+                    &quiet,
+                    &QueryCanceller::default(),
+                )
+                .await?,
             )
         });
         match estimate {
@@ -87,13 +96,13 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
             Err(e) => errln!("no estimate for the progress lines: {e:#}")?,
         }
     }
-    let canceller = backend.clone();
+    let canceller = QueryCanceller::default();
     let (Some(dir), None) = (&args.output_dir, &args.rows.output) else {
         // The rows are printed, and saved whole to --output: kept in memory.
         let (rows, out) = {
-            let (query, tables) = (query.clone(), tables.clone());
+            let (query, tables, stops) = (query.clone(), tables.clone(), canceller.clone());
             deadline::run(rt, limit, &canceller, async move {
-                Ok(run_query(&query, &tables, backend, &options).await?)
+                Ok(run_query_with(&query, &tables, backend, &options, &stops).await?)
             })?
         };
         super::rows::emit(&rows, &args.rows, out.runtime_s)?;
@@ -111,9 +120,9 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     // The query's task pushes rows into a sink this thread takes back at its
     // end, or at the deadline with the rows that arrived before it.
     let run = |mut sink: Box<dyn RowSink>| {
-        let (query, tables) = (query.clone(), tables.clone());
+        let (query, tables, stops) = (query.clone(), tables.clone(), canceller.clone());
         deadline::run(rt, limit, &canceller, async move {
-            Ok(run_query_into(&query, &tables, backend, &options, &mut *sink).await?)
+            Ok(run_query_into(&query, &tables, backend, &options, &stops, &mut *sink).await?)
         })
     };
     let (parquet, out) = match args.rows.print_limit() {
@@ -236,7 +245,7 @@ fn run_general(
     clear_output_dir(args)?;
     let options = super::connect::query_options(&args.backend, &args.cost, &args.limits, controls)?;
     let rt = super::runtime()?;
-    let (session, planned, backend, estimating) = rt.block_on(async {
+    let (session, planned, estimating) = rt.block_on(async {
         // Plan with a backend that asks nothing to learn the prompts (an oracle
         // loads only their labels), then run that plan with the backend they need.
         let planning = SqlSession::new(
@@ -279,9 +288,10 @@ fn run_general(
             };
         let session = SqlSession::new(backend.clone(), options, Evaluation::Operators)?;
         session.share_tables_from(&planning).await?;
-        Ok::<_, anyhow::Error>((session, planned, backend, estimating))
+        Ok::<_, anyhow::Error>((session, planned, estimating))
     })?;
-    let out = deadline::run(rt, args.limits.timeout_s, &backend, async move {
+    let canceller = session.canceller();
+    let out = deadline::run(rt, args.limits.timeout_s, &canceller, async move {
         Ok(session.run_plan(planned, std::time::Instant::now()).await?)
     })?;
     if let Some((estimator, estimating)) = estimating {

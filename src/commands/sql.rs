@@ -142,10 +142,11 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     }
     // Reading the tables, planning and running, within --timeout-s.
     let to_substrait = args.to_substrait.clone();
+    let canceller = session.canceller();
     let out = deadline::run(
         super::runtime()?,
         args.limits.timeout_s,
-        &backend,
+        &canceller,
         async move {
             sources.register(&session).await?;
             if let Some(path) = &to_substrait {

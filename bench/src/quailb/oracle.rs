@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use aisql_engine::inference::backend::{AiCall, AiKind, AiRequest, Answer, InferenceBackend};
+use aisql_engine::inference::backend::{AiCall, AiKind, AiRequest, Answer, Answerer};
 use aisql_engine::{EngineError, Result};
 
 use super::labels::LabelStore;
@@ -24,7 +24,7 @@ impl OracleBackend {
     }
 }
 
-impl InferenceBackend for OracleBackend {
+impl Answerer for OracleBackend {
     fn name(&self) -> &str {
         "oracle"
     }

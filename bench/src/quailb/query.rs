@@ -15,7 +15,7 @@ use aisql_engine::estimate::{Estimate, EstimatingBackend, Estimator, estimate_op
 use aisql_engine::exec::answers::AnswerTable;
 use aisql_engine::inference::backend::{AiKind, InferenceBackend};
 use aisql_engine::sql::options::QueryOptions;
-use aisql_engine::sql::{Evaluation, SqlSession};
+use aisql_engine::sql::{Evaluation, QueryCanceller, SqlSession};
 use aisql_engine::{EngineError, from_datafusion};
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::compute::cast;
@@ -52,9 +52,20 @@ pub async fn run_query(
     backend: Arc<dyn InferenceBackend>,
     options: &QueryOptions,
 ) -> Result<(RecordBatch, QueryOutput)> {
+    run_query_with(query, paths, backend, options, &QueryCanceller::default()).await
+}
+
+/// [`run_query`], its query reachable through `canceller`.
+pub async fn run_query_with(
+    query: &QueryPlan,
+    paths: &TablePaths,
+    backend: Arc<dyn InferenceBackend>,
+    options: &QueryOptions,
+    canceller: &QueryCanceller,
+) -> Result<(RecordBatch, QueryOutput)> {
     let schema = output_schema(query);
     let mut rows = MemoryRows::default();
-    let out = run_query_into(query, paths, backend, options, &mut rows).await?;
+    let out = run_query_into(query, paths, backend, options, canceller, &mut rows).await?;
     let rows = datafusion::arrow::compute::concat_batches(&schema, &rows.batches)?;
     Ok((rows, out))
 }
@@ -74,15 +85,17 @@ pub fn output_schema(query: &QueryPlan) -> SchemaRef {
 /// `sink` as they arrive. The plan that runs is the one `query`'s view was
 /// derived from (planned once, over the declared tables; in another prompt
 /// format, planned anew in it), its scans given the tables read from `paths`,
-/// and [`SqlSession`] runs it.
+/// and [`SqlSession`] runs it; `canceller` reaches its query from elsewhere.
 pub async fn run_query_into(
     query: &QueryPlan,
     paths: &TablePaths,
     backend: Arc<dyn InferenceBackend>,
     options: &QueryOptions,
+    canceller: &QueryCanceller,
     sink: &mut dyn RowSink,
 ) -> Result<QueryOutput> {
-    let session = SqlSession::new(backend.clone(), options.clone(), Evaluation::Operators)?;
+    let session = SqlSession::new(backend.clone(), options.clone(), Evaluation::Operators)?
+        .with_canceller(canceller);
     let planning_started = Instant::now();
     let analyzed = query.analyzed_in(options.format)?;
     let planning = match &analyzed {
@@ -299,17 +312,18 @@ fn conform(
 }
 
 /// The estimate of `query` over `tables`, run on `backend` (from
-/// [`Estimator::backend`]; cancel it to stop the estimate).
+/// [`Estimator::backend`]; `canceller` stops it).
 pub async fn estimate_query(
     estimator: &Estimator,
     backend: Arc<EstimatingBackend>,
     query: &QueryPlan,
     tables: &TablePaths,
     options: &QueryOptions,
+    canceller: &QueryCanceller,
 ) -> Result<Estimate> {
     let mut rows = aisql_engine::data::row_sink::CountedRows::default();
     let options = estimate_options(options);
-    run_query_into(query, tables, backend.clone(), &options, &mut rows).await?;
+    run_query_into(query, tables, backend.clone(), &options, canceller, &mut rows).await?;
     Ok(estimator.estimate(&backend))
 }
 

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use crate::error::{EngineError, Result};
 use crate::inference::backend::{
-    AiCall, AiKind, AiRequest, ContentHashBackend, Doc, InferenceBackend,
+    AiCall, AiKind, AiRequest, ContentHashBackend, Doc, InferenceBackend, QueryStart,
 };
 use crate::inference::prompt::{PromptFormat, call_pieces};
 use crate::inference::scheduler::{Executor as _, ScheduledBackend, SchedulerConfig, SimExecutor};
@@ -340,14 +340,14 @@ pub fn workloads() -> Result<Vec<(String, AiCall, Documents)>> {
 /// `key`: model, dtype, device): each workload timed on it, its work counted by
 /// the same scheduler over a virtual KV of `kv_bytes_per_token` per position.
 pub fn measure(
-    backend: &dyn InferenceBackend,
+    backend: &Arc<dyn InferenceBackend>,
     kv_bytes_per_token: usize,
     key: (&str, &str, &str),
     measured_at: String,
 ) -> Result<Calibration> {
     let mut measured = Vec::new();
     for (name, call, docs) in workloads()? {
-        let sim = ScheduledBackend::new(
+        let sim = Arc::new(ScheduledBackend::new(
             SimExecutor::answering(
                 Arc::new(ContentHashBackend::default()),
                 kv_bytes_per_token,
@@ -358,12 +358,11 @@ pub fn measure(
                 kv_budget_bytes: usize::MAX / 4,
                 ..SchedulerConfig::default()
             },
-        );
+        ));
         // Once to warm the model up (kernels, allocations), once timed.
         time_workload(backend, &call, &docs)?;
-        let seconds = time_workload(backend, &call, &docs)?;
-        let real = backend.measurements();
-        time_workload(&sim, &call, &docs)?;
+        let (seconds, real) = time_workload(backend, &call, &docs)?;
+        time_workload(&(sim.clone() as Arc<dyn InferenceBackend>), &call, &docs)?;
         let exec = sim.executor();
         let decoded = if call.kind.generates() {
             // What the model decoded: a text may end before `max_tokens`.
@@ -386,12 +385,13 @@ pub fn measure(
     Calibration::fit(key, measured_at, workloads)
 }
 
-/// Runs `call` over `docs` on `backend` as one query; its wall-clock seconds.
+/// Runs `call` over `docs` on `backend` as one query; its wall-clock seconds
+/// and what the query measured.
 pub fn time_workload(
-    backend: &dyn InferenceBackend,
+    backend: &Arc<dyn InferenceBackend>,
     call: &AiCall,
     docs: &[(String, String)],
-) -> Result<f64> {
+) -> Result<(f64, crate::inference::work::Work)> {
     let requests: Vec<AiRequest<'_>> = docs
         .iter()
         .map(|(id, text)| AiRequest {
@@ -399,13 +399,19 @@ pub fn time_workload(
             partner: None,
         })
         .collect();
-    backend.start_query(std::slice::from_ref(call));
+    let query = backend.clone().begin(QueryStart::one(call))?;
     let started = Instant::now();
-    let answers = backend.answer(call, &requests);
+    let answered = query.answer(call, &requests)?;
     let seconds = started.elapsed().as_secs_f64();
-    backend.end_query();
-    crate::inference::backend::check_answers(call, backend.name(), &answers?, requests.len())?;
-    Ok(seconds)
+    let work = query.work();
+    drop(query);
+    crate::inference::backend::check_answers(
+        call,
+        backend.name(),
+        &answered.answers,
+        requests.len(),
+    )?;
+    Ok((seconds, work))
 }
 
 #[cfg(test)]

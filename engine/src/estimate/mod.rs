@@ -20,7 +20,9 @@ use aisql_models::Tokenizer;
 use datafusion::arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt64Array};
 
 use crate::error::Result;
-use crate::inference::backend::{AiCall, AiRequest, Answer, Doc, InferenceBackend};
+use crate::inference::backend::{
+    AiCall, AiRequest, Answered, Doc, InferenceBackend, QueryBackend, QueryStart,
+};
 use crate::inference::scheduler::{ScheduledBackend, SchedulerConfig, SimExecutor};
 use calibration::{Calibration, Work};
 use sample::SampledAnswers;
@@ -149,8 +151,8 @@ struct Tally {
 /// The backend an estimate runs the query on: see the module docs.
 pub struct EstimatingBackend {
     sampled: Arc<SampledAnswers>,
-    sim: ScheduledBackend<SimExecutor>,
-    minimum: ScheduledBackend<SimExecutor>,
+    sim: Arc<ScheduledBackend<SimExecutor>>,
+    minimum: Arc<ScheduledBackend<SimExecutor>>,
     /// Per operator id, in the order they run.
     tallies: Mutex<Vec<(String, Tally)>>,
 }
@@ -170,7 +172,11 @@ impl EstimatingBackend {
                 config.max_positions,
             )
         };
-        let sim = ScheduledBackend::new(exec(), Tokenizer::vendored()?, config.scheduler.clone());
+        let sim = Arc::new(ScheduledBackend::new(
+            exec(),
+            Tokenizer::vendored()?,
+            config.scheduler.clone(),
+        ));
         let unlimited = SchedulerConfig {
             prefix_cache: true,
             lookahead: true,
@@ -179,7 +185,7 @@ impl EstimatingBackend {
             ..config.scheduler.clone()
         };
         Ok(Self {
-            minimum: ScheduledBackend::sharing_tokens(exec(), &sim, unlimited),
+            minimum: Arc::new(ScheduledBackend::sharing_tokens(exec(), &sim, unlimited)),
             sim,
             sampled,
             tallies: Mutex::new(Vec::new()),
@@ -245,7 +251,7 @@ impl EstimatingBackend {
             .collect();
         let total = Counts::of(&self.sim);
         let (seconds, usd) = price(&total);
-        let real = self.sampled.real().measurements();
+        let real = self.sampled.real_work();
         Estimate {
             fresh_tokens: total.fresh,
             input_tokens: total.input,
@@ -284,20 +290,33 @@ impl InferenceBackend for EstimatingBackend {
         "estimate"
     }
 
-    /// The sampled answers, after both simulations counted the call's work.
-    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
-        let (before, min_before) = (Counts::of(&self.sim), Counts::of(&self.minimum).fresh);
-        self.sampled.note_query_fresh(before.fresh);
-        let answers = self.sim.answer(call, requests)?;
-        self.minimum.answer(call, requests)?;
-        let work = Counts::of(&self.sim).since(before);
-        let minimum = Counts::of(&self.minimum).fresh - min_before;
-        self.tally(call, requests.len(), work, minimum);
-        Ok(answers)
-    }
-
-    fn measurements(&self) -> crate::inference::work::Work {
-        self.sim.measurements()
+    /// Begins the query on the real backend (for the sample) and on both
+    /// simulations; every operator gets a tally, in the order they run: one
+    /// whose questions the query's memo answers (another operator asked
+    /// them) asks nothing.
+    fn begin(self: Arc<Self>, start: QueryStart) -> Result<Arc<dyn QueryBackend>> {
+        self.sampled.begin_real(start.clone())?;
+        let sim = self.sim.clone().begin(start.clone())?;
+        let minimum = self.minimum.clone().begin(QueryStart {
+            spend: None,
+            ..start.clone()
+        })?;
+        *self.tallies.lock().expect("tallies lock") = start
+            .calls
+            .iter()
+            .map(|c| {
+                let tally = Tally {
+                    call: Some(c.clone()),
+                    ..Tally::default()
+                };
+                (c.op_id.clone(), tally)
+            })
+            .collect();
+        Ok(Arc::new(EstimatingQuery {
+            estimate: self,
+            sim,
+            minimum,
+        }))
     }
 
     fn kv_capacity_tokens(&self) -> Option<usize> {
@@ -319,47 +338,62 @@ impl InferenceBackend for EstimatingBackend {
         self.sim.reuses_work()
     }
 
+    fn turn_order(&self) -> Option<String> {
+        self.sampled.real().turn_order()
+    }
+}
+
+/// One estimated query: its queries on both simulations (the sample's is
+/// the [`SampledAnswers`]'s, ended with this).
+struct EstimatingQuery {
+    estimate: Arc<EstimatingBackend>,
+    sim: Arc<dyn QueryBackend>,
+    minimum: Arc<dyn QueryBackend>,
+}
+
+impl QueryBackend for EstimatingQuery {
+    /// The sampled answers, after both simulations counted the call's work.
+    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Answered> {
+        let e = &self.estimate;
+        let (before, min_before) = (Counts::of(&e.sim), Counts::of(&e.minimum).fresh);
+        e.sampled.note_query_fresh(before.fresh);
+        let answered = self.sim.answer(call, requests)?;
+        self.minimum.answer(call, requests)?;
+        let work = Counts::of(&e.sim).since(before);
+        let minimum = Counts::of(&e.minimum).fresh - min_before;
+        e.tally(call, requests.len(), work, minimum);
+        Ok(answered)
+    }
+
+    fn work(&self) -> crate::inference::work::Work {
+        self.sim.work()
+    }
+
     fn cancel(&self) {
         self.sim.cancel();
         self.minimum.cancel();
-        self.sampled.cancel();
+        if let Some(real) = self.estimate.sampled.real_query() {
+            real.cancel();
+        }
     }
 
     fn wait_stopped(&self) {
         self.sim.wait_stopped();
         self.minimum.wait_stopped();
-        self.sampled.wait_stopped();
-    }
-
-    fn start_query(&self, operators: &[AiCall]) {
-        self.sampled.start_query(operators);
-        self.sim.start_query(operators);
-        self.minimum.start_query(operators);
-        // Every operator is listed, in the order they run: one whose questions
-        // the query's memo answers (another operator asked them) asks nothing.
-        *self.tallies.lock().expect("tallies lock") = operators
-            .iter()
-            .map(|c| {
-                let tally = Tally {
-                    call: Some(c.clone()),
-                    ..Tally::default()
-                };
-                (c.op_id.clone(), tally)
-            })
-            .collect();
-    }
-
-    fn end_query(&self) {
-        self.sampled.end_query();
-    }
-
-    fn turn_order(&self) -> Option<String> {
-        self.sampled.turn_order()
+        if let Some(real) = self.estimate.sampled.real_query() {
+            real.wait_stopped();
+        }
     }
 
     fn partners_collected(&self, call: &AiCall, partners: &[Doc<'_>]) {
         self.sim.partners_collected(call, partners);
         self.minimum.partners_collected(call, partners);
+    }
+}
+
+impl Drop for EstimatingQuery {
+    fn drop(&mut self) {
+        self.estimate.sampled.end_real();
     }
 }
 

@@ -15,8 +15,10 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{EngineError, Result};
 use crate::inference::backend::{
-    AiCall, AiKind, AiRequest, Answer, InferenceBackend, check_answers,
+    AiCall, AiKind, AiRequest, Answer, Answerer, InferenceBackend, QueryBackend, QueryStart,
+    check_answers,
 };
+use crate::inference::work::Work;
 
 /// The seed of an estimate's sample: one fixed value, so that two estimates of
 /// one query over one table ask the same rows.
@@ -117,6 +119,11 @@ impl SampleStats {
 /// The sampled backend: see the module docs.
 pub struct SampledAnswers {
     real: Arc<dyn InferenceBackend>,
+    /// The estimated query's own query on `real`, which answers the sample
+    /// ([`Self::begin_real`]); none before the estimate's query begins.
+    real_query: Mutex<Option<Arc<dyn QueryBackend>>>,
+    /// What the last ended query on `real` measured.
+    real_ended: Mutex<Work>,
     /// Questions per operator asked of `real`.
     quota: usize,
     /// Fractions of TRUE by prompt template (`--selectivity`): such an
@@ -143,6 +150,8 @@ impl SampledAnswers {
     pub fn new(real: Arc<dyn InferenceBackend>, quota: usize, hints: HashMap<String, f64>) -> Self {
         Self {
             real,
+            real_query: Mutex::new(None),
+            real_ended: Mutex::default(),
             quota,
             hints,
             state: Mutex::new(State::default()),
@@ -160,13 +169,43 @@ impl SampledAnswers {
     /// Whether the sample's own tokens leave room to grow it.
     fn affordable(&self) -> bool {
         let query = self.query_fresh.load(std::sync::atomic::Ordering::Relaxed);
-        let sample = self.real.measurements().fresh();
+        let sample = self.real_work().fresh();
         sample == 0 || (sample as f64) < ADAPTIVE_TOKEN_SHARE * query as f64
     }
 
     /// The backend that answers the sample.
     pub fn real(&self) -> &Arc<dyn InferenceBackend> {
         &self.real
+    }
+
+    /// Begins the estimated query on the real backend, whose query answers
+    /// the sample until [`Self::end_real`].
+    pub fn begin_real(&self, start: QueryStart) -> Result<()> {
+        let query = self.real.clone().begin(start)?;
+        *self.real_query.lock().expect("sample query lock") = Some(query);
+        Ok(())
+    }
+
+    /// Ends the real backend's query (a worker serves its next coordinator).
+    pub fn end_real(&self) {
+        let ended = self.real_query.lock().expect("sample query lock").take();
+        if let Some(query) = ended {
+            *self.real_ended.lock().expect("sample work lock") = query.work();
+        }
+    }
+
+    /// The real backend's query, while one is begun.
+    pub fn real_query(&self) -> Option<Arc<dyn QueryBackend>> {
+        self.real_query.lock().expect("sample query lock").clone()
+    }
+
+    /// What answering the sample has cost on the real backend: so far in
+    /// the query begun, else in the last one ended.
+    pub fn real_work(&self) -> Work {
+        match self.real_query() {
+            Some(query) => query.work(),
+            None => self.real_ended.lock().expect("sample work lock").clone(),
+        }
     }
 
     /// What each operator's sample said, by operator id.
@@ -263,14 +302,20 @@ impl SampledAnswers {
     /// to the draw; any other error is the estimate's.
     fn ask_real(&self, call: &AiCall, asked: &[AiRequest<'_>]) -> Result<Vec<Option<Answer>>> {
         let usable = |a: Answer| (a.fits(call) && a.is_answer()).then_some(a);
-        match self.real.answer(call, asked) {
+        let real = self.real_query().ok_or_else(|| {
+            EngineError::Inference(format!(
+                "{}: the estimate asked its sample before its query began",
+                call.op_id
+            ))
+        })?;
+        match real.answer(call, asked).map(|a| a.answers) {
             Ok(answers) => {
                 check_answers(call, self.real.name(), &answers, asked.len())?;
                 Ok(answers.into_iter().map(usable).collect())
             }
             Err(EngineError::NoAnswer(_)) => asked
                 .iter()
-                .map(|r| match self.real.answer(call, std::slice::from_ref(r)) {
+                .map(|r| match real.answer(call, std::slice::from_ref(r)).map(|a| a.answers) {
                     Ok(mut a) if a.len() == 1 => Ok(a.pop().and_then(usable)),
                     Ok(a) => {
                         check_answers(call, self.real.name(), &a, 1)?;
@@ -285,7 +330,7 @@ impl SampledAnswers {
     }
 }
 
-impl InferenceBackend for SampledAnswers {
+impl Answerer for SampledAnswers {
     fn name(&self) -> &str {
         "estimate"
     }
@@ -369,25 +414,6 @@ impl InferenceBackend for SampledAnswers {
             .collect())
     }
 
-    fn start_query(&self, operators: &[AiCall]) {
-        self.real.start_query(operators);
-    }
-
-    fn end_query(&self) {
-        self.real.end_query();
-    }
-
-    fn cancel(&self) {
-        self.real.cancel();
-    }
-
-    fn wait_stopped(&self) {
-        self.real.wait_stopped();
-    }
-
-    fn turn_order(&self) -> Option<String> {
-        self.real.turn_order()
-    }
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ use datafusion::logical_expr::{Accumulator, AggregateUDFImpl, Expr, Signature, V
 
 use crate::error::{EngineError, Result};
 use crate::inference::backend::{
-    AiCall, AiKind, AiRequest, Answer, Doc, check_answers, require_answered,
+    AiCall, AiKind, AiRequest, Answer, Doc, ask_once, check_answers, require_answered,
 };
 use crate::inference::prompt::{PromptFormat, PromptPieces, shorten};
 
@@ -421,7 +421,7 @@ impl Accumulator for AiAggAccumulator {
             .unwrap_or(DEFAULT_CONTEXT_POSITIONS);
         let groups = vec![std::mem::take(&mut self.rows)];
         let answer = reduce_groups(&calls, context, &groups, |call, requests| {
-            backend.answer(call, requests)
+            ask_once(&backend, call, requests)
         })
         .and_then(|out| require_answered(out.into_iter().flatten().collect()))
         .map_err(DataFusionError::from)?;

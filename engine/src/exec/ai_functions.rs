@@ -35,7 +35,7 @@ use datafusion::prelude::SessionContext;
 use crate::error::{EngineError, Result};
 use crate::exec::answers::answer_array;
 use crate::inference::backend::{
-    AiCall, AiKind, AiRequest, Doc, InferenceBackend, check_answers, require_answered,
+    AiCall, AiKind, AiRequest, Doc, InferenceBackend, ask_once, require_answered,
 };
 use crate::inference::prompt::{PromptFormat, call_pieces, check_placeholders, extract_questions};
 
@@ -768,8 +768,8 @@ fn naive_eval(
             anchor: doc(docs[0], row),
             partner: docs.get(1).map(|d| doc(d, row)),
         };
-        let answer = naive.backend.answer(&call, &[request])?;
-        check_answers(&call, "the backend", &answer, 1)?;
+        // Each row a query of its own: the reference reuses nothing.
+        let answer = ask_once(&naive.backend, &call, &[request])?;
         answers.push(require_answered(answer)?.into_iter().next());
     }
     Ok(ColumnarValue::Array(answer_array(&call, &answers)?))

@@ -46,7 +46,8 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{EngineError, Result};
 use crate::inference::backend::{
-    AiCall, AiKind, AiRequest, Answer, Doc, InferenceBackend, check_answers,
+    AiCall, AiKind, AiRequest, Answer, Answered, Doc, InferenceBackend, QueryBackend, QueryStart,
+    check_answers,
 };
 use crate::inference::work::{Sum, Work};
 
@@ -626,11 +627,7 @@ fn open_in_folder(path: &Path, options: &mut OpenOptions) -> std::result::Result
 /// requests stays together) and recorded as soon as `inner` returns.
 pub struct CachedBackend {
     inner: std::sync::Arc<dyn InferenceBackend>,
-    cache: AnswerCache,
-    /// This query's questions answered from the cache.
-    reused: AtomicU64,
-    /// This query's questions asked of `inner`.
-    asked: AtomicU64,
+    cache: std::sync::Arc<AnswerCache>,
 }
 
 impl CachedBackend {
@@ -638,9 +635,7 @@ impl CachedBackend {
     pub fn new(inner: std::sync::Arc<dyn InferenceBackend>, cache: AnswerCache) -> Self {
         Self {
             inner,
-            cache,
-            reused: AtomicU64::new(0),
-            asked: AtomicU64::new(0),
+            cache: std::sync::Arc::new(cache),
         }
     }
 
@@ -655,7 +650,52 @@ impl InferenceBackend for CachedBackend {
         self.inner.name()
     }
 
-    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+    fn begin(
+        self: std::sync::Arc<Self>,
+        start: QueryStart,
+    ) -> Result<std::sync::Arc<dyn QueryBackend>> {
+        Ok(std::sync::Arc::new(CachedQuery {
+            inner: self.inner.clone().begin(start)?,
+            cache: self.cache.clone(),
+            reused: AtomicU64::new(0),
+            asked: AtomicU64::new(0),
+        }))
+    }
+
+    fn kv_capacity_tokens(&self) -> Option<usize> {
+        self.inner.kv_capacity_tokens()
+    }
+
+    fn context_positions(&self) -> Option<usize> {
+        self.inner.context_positions()
+    }
+
+    fn host_memory_allowance(&self) -> usize {
+        self.inner.host_memory_allowance()
+    }
+
+    fn reuses_work(&self) -> bool {
+        self.inner.reuses_work()
+    }
+
+    fn turn_order(&self) -> Option<String> {
+        self.inner.turn_order()
+    }
+}
+
+/// One query behind the answer cache: the inner backend's query and the
+/// counts of this query's questions answered from the cache and asked.
+struct CachedQuery {
+    inner: std::sync::Arc<dyn QueryBackend>,
+    cache: std::sync::Arc<AnswerCache>,
+    /// This query's questions answered from the cache.
+    reused: AtomicU64,
+    /// This query's questions asked of `inner`.
+    asked: AtomicU64,
+}
+
+impl QueryBackend for CachedQuery {
+    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Answered> {
         let mut questions = Vec::with_capacity(requests.len());
         // A run of requests with one anchor text hashes it once.
         let mut anchor: Option<(&str, Sha256)> = None;
@@ -682,14 +722,18 @@ impl InferenceBackend for CachedBackend {
         let missing: Vec<usize> = (0..requests.len())
             .filter(|&i| answers[i].is_none())
             .collect();
-        self.reused
-            .fetch_add((requests.len() - missing.len()) as u64, Ordering::Relaxed);
+        let reused = (requests.len() - missing.len()) as u64;
+        self.reused.fetch_add(reused, Ordering::Relaxed);
+        let mut work = Work::default();
         if !missing.is_empty() {
             let asked: Vec<AiRequest<'_>> = missing.iter().map(|&i| requests[i]).collect();
             let got = self.inner.answer(call, &asked)?;
+            work = got.work;
+            let got = got.answers;
             check_answers(call, "the backend", &got, asked.len())?;
-            let answered = got.iter().filter(|a| a.is_answer()).count();
-            self.asked.fetch_add(answered as u64, Ordering::Relaxed);
+            let answered = got.iter().filter(|a| a.is_answer()).count() as u64;
+            self.asked.fetch_add(answered, Ordering::Relaxed);
+            work.answer_cache_asked = Some(Sum(answered));
             let recorded: Vec<(QuestionHash, Answer)> = missing
                 .iter()
                 .zip(&got)
@@ -700,33 +744,21 @@ impl InferenceBackend for CachedBackend {
                 answers[i] = Some(a);
             }
         }
-        Ok(answers
-            .into_iter()
-            .map(|a| a.expect("every question answered"))
-            .collect())
+        work.answer_cache_reused = Some(Sum(reused));
+        Ok(Answered {
+            answers: answers
+                .into_iter()
+                .map(|a| a.expect("every question answered"))
+                .collect(),
+            work,
+        })
     }
 
-    fn measurements(&self) -> Work {
-        let mut m = self.inner.measurements();
+    fn work(&self) -> Work {
+        let mut m = self.inner.work();
         m.answer_cache_reused = Some(Sum(self.reused.load(Ordering::Relaxed)));
         m.answer_cache_asked = Some(Sum(self.asked.load(Ordering::Relaxed)));
         m
-    }
-
-    fn kv_capacity_tokens(&self) -> Option<usize> {
-        self.inner.kv_capacity_tokens()
-    }
-
-    fn context_positions(&self) -> Option<usize> {
-        self.inner.context_positions()
-    }
-
-    fn host_memory_allowance(&self) -> usize {
-        self.inner.host_memory_allowance()
-    }
-
-    fn reuses_work(&self) -> bool {
-        self.inner.reuses_work()
     }
 
     fn cancel(&self) {
@@ -735,20 +767,6 @@ impl InferenceBackend for CachedBackend {
 
     fn wait_stopped(&self) {
         self.inner.wait_stopped()
-    }
-
-    fn start_query(&self, operators: &[AiCall]) {
-        self.reused.store(0, Ordering::Relaxed);
-        self.asked.store(0, Ordering::Relaxed);
-        self.inner.start_query(operators)
-    }
-
-    fn meter_query(&self, spend: Option<std::sync::Arc<crate::limits::spend::Spend>>) {
-        self.inner.meter_query(spend)
-    }
-
-    fn end_query(&self) {
-        self.inner.end_query()
     }
 
     fn partners_collected(&self, call: &AiCall, partners: &[Doc<'_>]) {

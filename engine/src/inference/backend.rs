@@ -12,6 +12,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Fields};
 
 use crate::error::{EngineError, Result};
 use crate::inference::prompt::PromptPieces;
+use crate::inference::work::Work;
 use crate::limits::spend::Spend;
 
 /// What kind of question an operator asks, and so how its answer is read from
@@ -260,21 +261,73 @@ pub struct AiRequest<'a> {
     pub partner: Option<Doc<'a>>,
 }
 
-/// Answers AI questions in batches.
+/// What a query tells its backend as it begins ([`InferenceBackend::begin`]).
+#[derive(Debug, Clone, Default)]
+pub struct QueryStart {
+    /// The query's AI operators in the order they run (post-order of the
+    /// plan): a backend may plan around them.
+    pub calls: Vec<AiCall>,
+    /// The query's budget meter (`None`: no budget). A backend that runs model
+    /// work checks it before each forward batch, charges it what each batch
+    /// computed, and answers [`Answer::Unreached`] to the questions it did not
+    /// get to once a limit is reached. Backends that compute nothing (an
+    /// oracle) ignore it.
+    pub spend: Option<Arc<Spend>>,
+}
+
+impl QueryStart {
+    /// A query of one call and no budget: a tool's or a test's question.
+    pub fn one(call: &AiCall) -> Self {
+        Self {
+            calls: vec![call.clone()],
+            spend: None,
+        }
+    }
+}
+
+/// One batch's answers and what computing them cost.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Answered {
+    /// One answer per request, in order.
+    pub answers: Vec<Answer>,
+    /// The work this batch cost its query (fresh and decoded positions, each
+    /// worker's share): what the operator that asked adds to its metrics.
+    pub work: Work,
+}
+
+impl Answered {
+    /// Answers that cost nothing measured (an oracle's, a cache's).
+    pub fn free(answers: Vec<Answer>) -> Self {
+        Self {
+            answers,
+            work: Work::default(),
+        }
+    }
+}
+
+/// Answers AI questions for queries: the process-wide object (a model with its
+/// scheduler, an oracle, remote workers) that each query [`begins`](Self::begin).
+///
+/// # A query's lifecycle
+/// 1. [`InferenceBackend::begin`] with the query's calls and budget: the
+///    backend readies what the query needs (a worker is taken, shared
+///    workers in [`InferenceBackend::turn_order`]) and returns the query's own
+///    [`QueryBackend`]. Until 54's shared scheduler, a backend serves one query
+///    at a time: beginning a query stops the one before (after its forward
+///    batch in flight).
+/// 2. [`QueryBackend::answer`], batch by batch, from the query's AI operators;
+///    each batch comes back with the [`Work`] it cost. Meanwhile any thread
+///    may [`QueryBackend::cancel`] and then [`QueryBackend::wait_stopped`].
+/// 3. [`QueryBackend::work`] once the rows are out: the query's measurements.
+/// 4. Dropping the last handle on the [`QueryBackend`] ends the query: a
+///    backend shared with other coordinators (an `aisql worker`) may serve the
+///    next one.
 pub trait InferenceBackend: Send + Sync {
     /// Short name recorded in results (`oracle`, `model`, …).
     fn name(&self) -> &str;
 
-    /// One answer per request, in order, of the type `call.kind` asks for
-    /// ([`Answer::fits`]; callers check with [`check_answers`]).
-    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>>;
-
-    /// Engine measurements for the query so far (e.g. `fresh_tokens`), reset by
-    /// [`InferenceBackend::start_query`]. Keys follow SPEC §D.1; a backend that
-    /// measures nothing reports none.
-    fn measurements(&self) -> crate::inference::work::Work {
-        crate::inference::work::Work::default()
-    }
+    /// Begins a query (see the trait's lifecycle).
+    fn begin(self: Arc<Self>, start: QueryStart) -> Result<Arc<dyn QueryBackend>>;
 
     /// How many positions of KV the backend can hold, if it caches KV: input
     /// batches are cut so that one batch of documents fits in a fraction of it.
@@ -305,38 +358,44 @@ pub trait InferenceBackend: Send + Sync {
         false
     }
 
-    /// Asks work in flight to stop soon (a timed-out or interrupted query); calls
-    /// after this may fail with a "cancelled" error until the next query starts.
-    fn cancel(&self) {}
-
-    /// Blocks until no model work of a cancelled query is running any more (at
-    /// most one forward batch after [`Self::cancel`]). Call it off the async
-    /// threads.
-    fn wait_stopped(&self) {}
-
-    /// Called before a query runs with its AI operators in the order they run
-    /// (post-order of the plan): a backend may plan around them.
-    fn start_query(&self, _operators: &[AiCall]) {}
-
-    /// Called right after [`Self::start_query`] with the query's budget meter
-    /// (`None`: no budget). A backend that runs model work checks it before
-    /// each forward batch, charges it what each batch computed, and answers
-    /// [`Answer::Unreached`] to the questions it did not get to once a limit
-    /// is reached. Backends that compute nothing (the oracle) ignore it.
-    fn meter_query(&self, _spend: Option<Arc<Spend>>) {}
-
-    /// Called when the query started by [`Self::start_query`] is over (its rows
-    /// and measurements taken, or it failed): a backend shared with other
-    /// coordinators (an `aisql worker`) may serve the next one.
-    fn end_query(&self) {}
-
     /// Where this backend stands in the order queries take shared backends
-    /// (an `aisql worker`'s URL): a coordinator of several starts its query on
+    /// (an `aisql worker`'s URL): a coordinator of several begins its query on
     /// them in this order, so that two coordinators sharing workers never each
     /// hold one while waiting for the other's. `None`: not shared.
     fn turn_order(&self) -> Option<String> {
         None
     }
+}
+
+impl std::fmt::Debug for dyn InferenceBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "InferenceBackend({})", self.name())
+    }
+}
+
+/// One query on a backend, from [`InferenceBackend::begin`] until dropped.
+pub trait QueryBackend: Send + Sync {
+    /// One answer per request, in order, of the type `call.kind` asks for
+    /// ([`Answer::fits`]; callers check with [`check_answers`]), with the work
+    /// the batch cost.
+    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Answered>;
+
+    /// The query's measurements so far (SPEC §D.1 keys): the work of its
+    /// batches and what the backend measured of the query as a whole (KV
+    /// peaks, its settings). A backend that measures nothing reports none.
+    fn work(&self) -> Work {
+        Work::default()
+    }
+
+    /// Asks the query's work in flight to stop soon (a timed-out or
+    /// interrupted query); answers after this may fail with a "cancelled"
+    /// error.
+    fn cancel(&self) {}
+
+    /// Blocks until no model work of the cancelled query is running any more
+    /// (at most one forward batch after [`Self::cancel`]). Call it off the
+    /// async threads.
+    fn wait_stopped(&self) {}
 
     /// Called when an AI join without equality or residual conditions has
     /// collected its partner side, before its anchors stream in: every anchor
@@ -345,8 +404,60 @@ pub trait InferenceBackend: Send + Sync {
     fn partners_collected(&self, _call: &AiCall, _partners: &[Doc<'_>]) {}
 }
 
-/// Typed views of [`InferenceBackend::answer`] for callers that know the
-/// kind they ask (tests, tools): the answers checked and unwrapped.
+/// A backend that keeps nothing per query and measures no work (an oracle
+/// answering from labels, a hash): every query is the same to it. Each is an
+/// [`InferenceBackend`] whose queries only answer.
+pub trait Answerer: Send + Sync + 'static {
+    /// Short name recorded in results.
+    fn name(&self) -> &str;
+
+    /// One answer per request, in order, of the type `call.kind` asks for.
+    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>>;
+
+    /// The context in positions, if the answerer stands for a model with one.
+    fn context_positions(&self) -> Option<usize> {
+        None
+    }
+}
+
+impl<A: Answerer> InferenceBackend for A {
+    fn name(&self) -> &str {
+        Answerer::name(self)
+    }
+
+    fn begin(self: Arc<Self>, _start: QueryStart) -> Result<Arc<dyn QueryBackend>> {
+        Ok(Arc::new(AnswererQuery(self)))
+    }
+
+    fn context_positions(&self) -> Option<usize> {
+        Answerer::context_positions(self)
+    }
+}
+
+/// A query on an [`Answerer`].
+struct AnswererQuery<A>(Arc<A>);
+
+impl<A: Answerer> QueryBackend for AnswererQuery<A> {
+    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Answered> {
+        Ok(Answered::free(self.0.answer(call, requests)?))
+    }
+}
+
+/// `requests` of `call` answered in a query of their own on `backend`: a
+/// tool's or a test's one-off question (the answers checked).
+pub fn ask_once(
+    backend: &Arc<dyn InferenceBackend>,
+    call: &AiCall,
+    requests: &[AiRequest<'_>],
+) -> Result<Vec<Answer>> {
+    let query = backend.clone().begin(QueryStart::one(call))?;
+    let answers = query.answer(call, requests)?.answers;
+    check_answers(call, backend.name(), &answers, requests.len())?;
+    Ok(answers)
+}
+
+/// Typed views of a query's answers for callers that know the kind they ask
+/// (tests, tools): the answers checked and unwrapped.
 pub trait AskTyped {
     /// TRUE/FALSE answers of a filter or join call.
     fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>>;
@@ -354,10 +465,10 @@ pub trait AskTyped {
     fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>>;
 }
 
-impl<B: InferenceBackend + ?Sized> AskTyped for B {
+impl<Q: QueryBackend + ?Sized> AskTyped for Q {
     fn decide(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<bool>> {
-        let answers = self.answer(call, requests)?;
-        check_answers(call, self.name(), &answers, requests.len())?;
+        let answers = self.answer(call, requests)?.answers;
+        check_answers(call, "the backend", &answers, requests.len())?;
         Ok(require_answered(answers)?
             .iter()
             .filter_map(Answer::as_bool)
@@ -365,8 +476,8 @@ impl<B: InferenceBackend + ?Sized> AskTyped for B {
     }
 
     fn classify(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<usize>> {
-        let answers = self.answer(call, requests)?;
-        check_answers(call, self.name(), &answers, requests.len())?;
+        let answers = self.answer(call, requests)?.answers;
+        check_answers(call, "the backend", &answers, requests.len())?;
         Ok(require_answered(answers)?
             .iter()
             .filter_map(|a| match a {
@@ -465,7 +576,7 @@ impl ContentHashBackend {
     }
 }
 
-impl InferenceBackend for ContentHashBackend {
+impl Answerer for ContentHashBackend {
     fn name(&self) -> &str {
         "content-hash"
     }
@@ -567,7 +678,7 @@ pub(crate) fn test_requests(docs: &[(String, String)]) -> Vec<AiRequest<'_>> {
 pub(crate) struct NoAnswers;
 
 #[cfg(test)]
-impl InferenceBackend for NoAnswers {
+impl Answerer for NoAnswers {
     fn name(&self) -> &str {
         "no-answers"
     }

@@ -85,14 +85,13 @@ pub struct AnswerMemo {
 }
 
 impl AnswerMemo {
-    /// Forgets everything for a new query; `shared` says whether operators
-    /// share answers ([`crate::inference::backend::InferenceBackend::reuses_work`]).
-    pub fn reset(&mut self, shared: bool) {
-        self.prompts.clear();
-        self.documents.clear();
-        self.document_count = 0;
-        self.answers.clear();
-        self.per_operator = !shared;
+    /// An empty memo for a new query; `shared` says whether operators share
+    /// answers ([`crate::inference::backend::InferenceBackend::reuses_work`]).
+    pub fn new(shared: bool) -> Self {
+        Self {
+            per_operator: !shared,
+            ..Self::default()
+        }
     }
 
     /// The key of `request` asked by `call`.
@@ -189,8 +188,7 @@ mod tests {
     #[test]
     fn one_prompt_of_one_document_is_one_question() {
         let f = PromptFormat::default();
-        let mut memo = AnswerMemo::default();
-        memo.reset(true);
+        let mut memo = AnswerMemo::new(true);
         let j1 = call("join-1", AiKind::Join, join_pieces(f, "Does {0} cite {1}?"));
         let j3 = call("join-3", AiKind::Join, join_pieces(f, "Does {0} cite {1}?"));
         let j2 = call(
@@ -222,7 +220,7 @@ mod tests {
         let k1 = memo.key(&f1, &one);
         assert_eq!(memo.get(&k1), None);
         // Operators that do not share: the same prompt is another question.
-        memo.reset(false);
+        memo = AnswerMemo::new(false);
         assert_eq!(memo.get(&k), None);
         let k = memo.key(&j1, &r);
         memo.insert(k, Answer::Bool(true));
@@ -232,8 +230,7 @@ mod tests {
 
     #[test]
     fn what_an_answer_depends_on_beyond_the_pieces_makes_another_question() {
-        let mut memo = AnswerMemo::default();
-        memo.reset(true);
+        let mut memo = AnswerMemo::new(true);
         let one = AiRequest {
             anchor: Doc { id: "x", text: "" },
             partner: None,
@@ -266,8 +263,7 @@ mod tests {
     #[test]
     fn documents_are_told_apart_by_table_column_and_id() {
         let f = PromptFormat::default();
-        let mut memo = AnswerMemo::default();
-        memo.reset(true);
+        let mut memo = AnswerMemo::new(true);
         let mut join = call("join-1", AiKind::Join, join_pieces(f, "Does {0} cite {1}?"));
         let same_ids = AiRequest {
             anchor: Doc { id: "x", text: "" },

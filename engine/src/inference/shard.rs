@@ -36,7 +36,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::error::{EngineError, Result};
-use crate::inference::backend::{AiCall, AiRequest, Answer, Doc, InferenceBackend, check_answers};
+use crate::inference::backend::{
+    AiCall, AiRequest, Answer, Answered, Doc, InferenceBackend, QueryBackend, QueryStart,
+    check_answers,
+};
 use crate::inference::memo::DocKey;
 use crate::inference::work::{Config, Max, Work, WorkerShare};
 
@@ -179,17 +182,16 @@ fn prefix_hashes(text: &str) -> Vec<u64> {
         .collect()
 }
 
-/// One worker and what it did this query.
+/// One worker's query and what it did in it.
 struct Worker {
-    backend: std::sync::Arc<dyn InferenceBackend>,
+    query: std::sync::Arc<dyn QueryBackend>,
     questions: AtomicU64,
     busy_nanos: AtomicU64,
 }
 
 /// Several backends answering as one, each document's questions on its owner.
 pub struct ShardedBackend {
-    workers: Vec<Worker>,
-    router: Mutex<DocumentRouter>,
+    backends: Vec<std::sync::Arc<dyn InferenceBackend>>,
 }
 
 impl ShardedBackend {
@@ -198,20 +200,18 @@ impl ShardedBackend {
         if backends.is_empty() {
             return Err(EngineError::Inference("no workers to shard over".into()));
         }
-        let n = backends.len();
-        Ok(Self {
-            workers: backends
-                .into_iter()
-                .map(|backend| Worker {
-                    backend,
-                    questions: AtomicU64::new(0),
-                    busy_nanos: AtomicU64::new(0),
-                })
-                .collect(),
-            router: Mutex::new(DocumentRouter::new(n)),
-        })
+        Ok(Self { backends })
     }
+}
 
+/// One query over the workers: each worker's query, and which worker owns
+/// each document in it.
+struct ShardedQuery {
+    workers: Vec<Worker>,
+    router: Mutex<DocumentRouter>,
+}
+
+impl ShardedQuery {
     /// Requests' indices per worker, in their order. A run of requests is one
     /// anchor's questions in this batch ([`crate::inference::backend`] keeps them adjacent).
     fn split(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Vec<Vec<usize>> {
@@ -272,9 +272,9 @@ impl ShardedBackend {
     }
 
     /// Asks each worker its part at once and puts the answers back in order.
-    fn answer_split(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+    fn answer_split(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Answered> {
         let parts = self.split(call, requests);
-        let results: Vec<Result<Vec<Answer>>> = std::thread::scope(|scope| {
+        let results: Vec<Result<(Answered, u64)>> = std::thread::scope(|scope| {
             let handles: Vec<_> = parts
                 .iter()
                 .zip(&self.workers)
@@ -283,19 +283,18 @@ impl ShardedBackend {
                         .name("aisql-shard".into())
                         .spawn_scoped(scope, move || {
                             if part.is_empty() {
-                                return Ok(Vec::new());
+                                return Ok((Answered::default(), 0));
                             }
                             let mine: Vec<AiRequest<'_>> =
                                 part.iter().map(|&i| requests[i]).collect();
                             let start = Instant::now();
-                            let got = worker.backend.answer(call, &mine);
-                            worker
-                                .busy_nanos
-                                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                            let got = worker.query.answer(call, &mine);
+                            let busy = start.elapsed().as_nanos() as u64;
+                            worker.busy_nanos.fetch_add(busy, Ordering::Relaxed);
                             worker
                                 .questions
                                 .fetch_add(mine.len() as u64, Ordering::Relaxed);
-                            got
+                            got.map(|got| (got, busy))
                         })
                 })
                 .collect();
@@ -315,6 +314,8 @@ impl ShardedBackend {
                 .collect()
         });
         let mut answers: Vec<Option<Answer>> = vec![None; requests.len()];
+        let mut work = Vec::with_capacity(parts.len());
+        let mut busy = Vec::with_capacity(parts.len());
         for (w, (part, got)) in parts.iter().zip(results).enumerate() {
             let got = got.map_err(|e| match e {
                 // A remote worker names itself by address; add its index.
@@ -324,123 +325,150 @@ impl ShardedBackend {
                 },
                 e => EngineError::Inference(format!("{}: worker {w}: {e}", call.op_id)),
             })?;
-            check_answers(call, &format!("worker {w}"), &got, part.len())?;
-            for (&i, a) in part.iter().zip(got) {
+            let (got, nanos) = got;
+            check_answers(call, &format!("worker {w}"), &got.answers, part.len())?;
+            for (&i, a) in part.iter().zip(got.answers) {
                 answers[i] = Some(a);
             }
+            // A worker's KV peak is its query's so far, not the batch's.
+            let mut share = got.work;
+            share.kv_peak_bytes = self.workers[w].query.work().kv_peak_bytes;
+            work.push(share);
+            busy.push(nanos);
         }
-        Ok(answers
-            .into_iter()
-            .map(|a| a.expect("every part answered"))
-            .collect())
+        let questions: Vec<u64> = parts.iter().map(|p| p.len() as u64).collect();
+        Ok(Answered {
+            answers: answers
+                .into_iter()
+                .map(|a| a.expect("every part answered"))
+                .collect(),
+            work: combined(&self.workers, &work, &questions, &busy),
+        })
     }
 }
 
 impl InferenceBackend for ShardedBackend {
     fn name(&self) -> &str {
-        self.workers[0].backend.name()
+        self.backends[0].name()
     }
 
-    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
-        self.answer_split(call, requests)
-    }
-
-    fn measurements(&self) -> Work {
-        let mut total = Work::default();
-        let mut shares = Vec::new();
-        let mut fresh = Vec::new();
-        for w in &self.workers {
-            let m = w.backend.measurements();
-            total.merge(&m);
-            let fresh_tokens = m.fresh_tokens.map(|s| s.0);
-            fresh.extend(fresh_tokens);
-            shares.push(WorkerShare {
-                fresh_tokens,
-                questions: w.questions.load(Ordering::Relaxed),
-                busy_s: w.busy_nanos.load(Ordering::Relaxed) as f64 / 1e9,
-                kv_peak_bytes: m.kv_peak_bytes.map(|p| p.0),
-            });
+    /// Shared workers are taken in one order by every coordinator (see
+    /// [`InferenceBackend::turn_order`]), the rest in the given order; every
+    /// worker spends the one budget of the query.
+    fn begin(self: std::sync::Arc<Self>, start: QueryStart) -> Result<std::sync::Arc<dyn QueryBackend>> {
+        let mut order: Vec<usize> = (0..self.backends.len()).collect();
+        order.sort_by_cached_key(|&i| self.backends[i].turn_order());
+        let mut queries: Vec<Option<std::sync::Arc<dyn QueryBackend>>> =
+            vec![None; self.backends.len()];
+        for i in order {
+            queries[i] = Some(self.backends[i].clone().begin(start.clone())?);
         }
-        total.workers = Some(Config(shares));
-        let sum: u64 = fresh.iter().sum();
-        if fresh.len() == self.workers.len() && sum > 0 {
-            let mean = sum as f64 / fresh.len() as f64;
-            let max = *fresh.iter().max().expect("workers") as f64;
-            total.worker_fresh_max_over_mean = Some(Max(max / mean));
-        }
-        total
+        Ok(std::sync::Arc::new(ShardedQuery {
+            workers: queries
+                .into_iter()
+                .map(|q| Worker {
+                    query: q.expect("every worker begun"),
+                    questions: AtomicU64::new(0),
+                    busy_nanos: AtomicU64::new(0),
+                })
+                .collect(),
+            router: Mutex::new(DocumentRouter::new(self.backends.len())),
+        }))
     }
 
     fn context_positions(&self) -> Option<usize> {
-        self.workers
+        self.backends
             .iter()
-            .map(|w| w.backend.context_positions())
+            .map(|b| b.context_positions())
             .collect::<Option<Vec<_>>>()
             .and_then(|c| c.into_iter().min())
     }
 
     fn kv_capacity_tokens(&self) -> Option<usize> {
         // A batch is split over the workers; each must hold its part.
-        self.workers
+        self.backends
             .iter()
-            .map(|w| w.backend.kv_capacity_tokens())
+            .map(|b| b.kv_capacity_tokens())
             .collect::<Option<Vec<_>>>()
             .and_then(|c| c.into_iter().min())
     }
 
     fn host_memory_allowance(&self) -> usize {
-        self.workers
+        self.backends
             .iter()
-            .map(|w| w.backend.host_memory_allowance())
+            .map(|b| b.host_memory_allowance())
             .fold(0, usize::saturating_add)
     }
 
     fn reuses_work(&self) -> bool {
-        self.workers.iter().all(|w| w.backend.reuses_work())
+        self.backends.iter().all(|b| b.reuses_work())
+    }
+}
+
+/// The workers' figures combined ([`Work::merge`]) with each one's share
+/// under `workers`: `work` is each worker's, `questions` and `busy_nanos`
+/// its questions and seconds over the same span.
+fn combined(workers: &[Worker], work: &[Work], questions: &[u64], busy_nanos: &[u64]) -> Work {
+    let mut total = Work::default();
+    let mut shares = Vec::new();
+    let mut fresh = Vec::new();
+    for (i, m) in work.iter().enumerate() {
+        total.merge(m);
+        let fresh_tokens = m.fresh_tokens.map(|s| s.0);
+        fresh.extend(fresh_tokens);
+        shares.push(WorkerShare {
+            fresh_tokens,
+            questions: questions[i],
+            busy_s: busy_nanos[i] as f64 / 1e9,
+            kv_peak_bytes: m.kv_peak_bytes.map(|p| p.0),
+        });
+    }
+    total.workers = Some(Config(shares));
+    let sum: u64 = fresh.iter().sum();
+    if fresh.len() == workers.len() && sum > 0 {
+        let mean = sum as f64 / fresh.len() as f64;
+        let max = *fresh.iter().max().expect("workers") as f64;
+        total.worker_fresh_max_over_mean = Some(Max(max / mean));
+    }
+    total
+}
+
+impl QueryBackend for ShardedQuery {
+    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Answered> {
+        self.answer_split(call, requests)
+    }
+
+    fn work(&self) -> Work {
+        let work: Vec<Work> = self.workers.iter().map(|w| w.query.work()).collect();
+        let questions: Vec<u64> = self
+            .workers
+            .iter()
+            .map(|w| w.questions.load(Ordering::Relaxed))
+            .collect();
+        let busy: Vec<u64> = self
+            .workers
+            .iter()
+            .map(|w| w.busy_nanos.load(Ordering::Relaxed))
+            .collect();
+        combined(&self.workers, &work, &questions, &busy)
     }
 
     fn cancel(&self) {
         for w in &self.workers {
-            w.backend.cancel();
+            w.query.cancel();
         }
     }
 
     fn wait_stopped(&self) {
         for w in &self.workers {
-            w.backend.wait_stopped();
-        }
-    }
-
-    fn start_query(&self, operators: &[AiCall]) {
-        *self.router.lock().expect("router lock") = DocumentRouter::new(self.workers.len());
-        // Shared workers are taken in one order by every coordinator (see
-        // InferenceBackend::turn_order); the rest in the given order.
-        let mut order: Vec<&Worker> = self.workers.iter().collect();
-        order.sort_by_cached_key(|w| w.backend.turn_order());
-        for w in order {
-            w.questions.store(0, Ordering::Relaxed);
-            w.busy_nanos.store(0, Ordering::Relaxed);
-            w.backend.start_query(operators);
-        }
-    }
-
-    /// Every worker spends the one budget of the query.
-    fn meter_query(&self, spend: Option<std::sync::Arc<crate::limits::spend::Spend>>) {
-        for w in &self.workers {
-            w.backend.meter_query(spend.clone());
-        }
-    }
-
-    fn end_query(&self) {
-        for w in &self.workers {
-            w.backend.end_query();
+            w.query.wait_stopped();
         }
     }
 
     fn partners_collected(&self, call: &AiCall, partners: &[Doc<'_>]) {
         // Any worker may hold an anchor of this join.
         for w in &self.workers {
-            w.backend.partners_collected(call, partners);
+            w.query.partners_collected(call, partners);
         }
     }
 }

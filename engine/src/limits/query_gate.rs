@@ -56,6 +56,12 @@ impl QueryGate {
         self.cancelled_below.fetch_max(below, Ordering::SeqCst);
     }
 
+    /// Cancels the work of `ticket`'s query (and of any before it), never of a
+    /// later one: a query object cancels itself only.
+    pub fn cancel_query(&self, ticket: Ticket) {
+        self.cancelled_below.fetch_max(ticket.0 + 1, Ordering::SeqCst);
+    }
+
     /// Returns once no call is running: every call entered before has left, and
     /// the cancelled ones leave at their next check.
     pub fn wait_idle(&self) {
@@ -65,9 +71,12 @@ impl QueryGate {
     /// Starts a new query: the previous query's calls stop at their next check, and
     /// this returns once they have all left. Hold the guard while resetting
     /// per-query state.
-    pub fn next_query(&self) -> RwLockWriteGuard<'_, ()> {
-        self.current.fetch_add(1, Ordering::SeqCst);
-        self.in_flight.write().unwrap_or_else(|e| e.into_inner())
+    pub fn next_query(&self) -> (RwLockWriteGuard<'_, ()>, Ticket) {
+        let ticket = Ticket(self.current.fetch_add(1, Ordering::SeqCst) + 1);
+        (
+            self.in_flight.write().unwrap_or_else(|e| e.into_inner()),
+            ticket,
+        )
     }
 }
 
@@ -118,7 +127,7 @@ mod tests {
         entered_rx.recv().unwrap();
         // Without a cancel (the race this gate fixes): the next query's start alone
         // stops the old work, and returns only after the old call has left.
-        let started = gate.next_query();
+        let (started, _) = gate.next_query();
         let batches = stopped_rx
             .try_recv()
             .expect("the old call had left before the new query started");

@@ -42,7 +42,7 @@ use crate::exec::answers::{AnswerRecorder, AnswerTable};
 use crate::exec::coverage::QueryControls;
 use crate::exec::logical::ai_nodes;
 use crate::exec::physical::{AiQueryPlanner, AiRuntime};
-use crate::inference::backend::{AiCall, InferenceBackend};
+use crate::inference::backend::{AiCall, InferenceBackend, QueryBackend, QueryStart};
 use crate::inference::memo::AnswerMemo;
 use crate::limits::memory_guard::HeapBoundedPool;
 use crate::sql::options::QueryOptions;
@@ -65,11 +65,6 @@ pub enum Evaluation {
 pub struct SqlSession {
     ctx: SessionContext,
     backend: Arc<dyn InferenceBackend>,
-    recorder: Arc<AnswerRecorder>,
-    /// The answers of the running query, shared by its AI operators.
-    memo: Arc<Mutex<AnswerMemo>>,
-    /// The budget and row-error policy, and the running query's ledger.
-    controls: Arc<QueryControls>,
     context: Arc<Mutex<RewriteContext>>,
     options: QueryOptions,
     /// The memory pool of `--memory-limit`, bounding each query's heap too.
@@ -80,8 +75,8 @@ pub struct SqlSession {
     writes: Mutex<WritePolicy>,
     /// How strictly CSV tables are read.
     csv: Mutex<text_scan::CsvReading>,
-    /// The AI operators' live progress.
-    progress: Arc<crate::exec::progress::Progress>,
+    /// Reaches the running query on the backend from other threads.
+    canceller: QueryCanceller,
     /// Questions each AI operator is expected to ask (an estimate's), for
     /// the progress lines' totals.
     expected_rows: Mutex<std::collections::HashMap<String, u64>>,
@@ -121,20 +116,6 @@ impl SqlSession {
         options: QueryOptions,
         evaluation: Evaluation,
     ) -> Result<Self> {
-        let recorder = Arc::new(AnswerRecorder::default());
-        let memo = Arc::new(Mutex::new(AnswerMemo::default()));
-        let controls = Arc::new(QueryControls::new(options.budget, options.on_row_error));
-        let progress = Arc::new(crate::exec::progress::Progress::new(
-            options.progress,
-            options.progress_parent.clone(),
-        ));
-        let runtime = AiRuntime {
-            backend: backend.clone(),
-            recorder: recorder.clone(),
-            memo: memo.clone(),
-            controls: controls.clone(),
-            progress: progress.clone(),
-        };
         let pool = Arc::new(HeapBoundedPool::new(options.memory_limit));
         let runtime_env = RuntimeEnvBuilder::new()
             .with_memory_pool(pool.clone())
@@ -151,7 +132,7 @@ impl SqlSession {
                     .with_information_schema(true),
             )
             .with_default_features()
-            .with_query_planner(Arc::new(AiQueryPlanner::new(runtime)));
+            .with_query_planner(Arc::new(AiQueryPlanner::new(backend.clone())));
         let state = builder.build();
         let mut analyzers = state.analyzer().rules.clone();
         let mut optimizers = state.optimizers().to_vec();
@@ -193,16 +174,13 @@ impl SqlSession {
         Ok(Self {
             ctx,
             backend,
-            recorder,
-            memo,
-            controls,
             context,
             pool,
             first_batches: Mutex::default(),
             writes: Mutex::default(),
             csv: Mutex::default(),
             expected_rows: Mutex::new(options.expected_rows.clone()),
-            progress,
+            canceller: QueryCanceller::default(),
             options,
         })
     }
@@ -211,6 +189,18 @@ impl SqlSession {
     /// totals of the progress lines of the queries to come.
     pub fn set_expected_rows(&self, expected: std::collections::HashMap<String, u64>) {
         *self.expected_rows.lock().expect("expected rows lock") = expected;
+    }
+
+    /// This session, its running query reachable through `canceller` (and
+    /// through [`Self::canceller`]).
+    pub fn with_canceller(mut self, canceller: &QueryCanceller) -> Self {
+        self.canceller = canceller.clone();
+        self
+    }
+
+    /// A handle that stops this session's running query from another thread.
+    pub fn canceller(&self) -> QueryCanceller {
+        self.canceller.clone()
     }
 
     /// Sets which writing statements run (read-only by default).
@@ -576,38 +566,62 @@ impl SqlSession {
         }
         let nodes = ai_nodes(&plan);
         let calls: Vec<AiCall> = nodes.iter().map(|n| n.spec.call.clone()).collect();
-        self.backend.start_query(&calls);
-        self.progress.start_query(
+        let controls = Arc::new(QueryControls::new(
+            self.options.budget,
+            self.options.on_row_error,
+        ));
+        let spend = controls.start_query(&calls);
+        let progress = Arc::new(crate::exec::progress::Progress::new(
+            self.options.progress,
+            self.options.progress_parent.clone(),
+        ));
+        progress.start_query(
             self.expected_rows
                 .lock()
                 .expect("expected rows lock")
                 .clone(),
         );
+        let query = self.backend.clone().begin(QueryStart {
+            calls: calls.clone(),
+            spend,
+        })?;
         // Ends the query however this returns, after its measurements are taken.
-        let _ends = QueryEnd(self.backend.as_ref(), &self.progress);
-        self.backend.meter_query(self.controls.start_query(&calls));
-        self.recorder.take();
-        self.memo
-            .lock()
-            .expect("memo lock")
-            .reset(self.backend.reuses_work());
+        let mut ends = QueryEnd {
+            running: &self.canceller.running,
+            progress: &progress,
+            query: query.clone(),
+            finished: false,
+        };
+        *self.canceller.running.lock().expect("running query lock") = Some(query.clone());
+        let runtime = Arc::new(AiRuntime {
+            query: query.clone(),
+            recorder: Arc::new(AnswerRecorder::default()),
+            memo: Mutex::new(AnswerMemo::new(self.backend.reuses_work())),
+            controls: controls.clone(),
+            progress: progress.clone(),
+        });
         self.set_batch_size(&plan)?;
         let schema = Arc::new(plan.schema().as_arrow().clone());
-        let state = self.ctx.state();
+        // The query's own state: its runtime rides in its session config,
+        // where its AI operators find it when they execute.
+        let mut state = self.ctx.state();
+        state.config_mut().set_extension(runtime.clone());
+        let task = Arc::new(datafusion::execution::TaskContext::from(&state));
         without_panics(
             async {
                 let physical = state.create_physical_plan(&plan).await?;
                 let physical = crate::limits::heap_check::with_heap_checks(physical)?;
-                crate::data::row_sink::stream_rows(physical, self.ctx.task_ctx(), sink).await
+                crate::data::row_sink::stream_rows(physical, task, sink).await
             },
             |message| EngineError::Sql(format!("DataFusion failed on the query: {message}")),
         )
         .await?
         .map_err(from_datafusion)?;
-        self.controls.finish()?;
-        let mut measurements = self.backend.measurements();
-        measurements.merge(&self.controls.report());
-        let mut recorded = self.recorder.take();
+        ends.finished = true;
+        controls.finish()?;
+        let mut measurements = query.work();
+        measurements.merge(&controls.report());
+        let mut recorded = runtime.recorder.take();
         let answers = nodes
             .iter()
             .map(|n| {
@@ -634,16 +648,70 @@ impl SqlSession {
     }
 }
 
-/// Tells the backend (and the progress lines) its query is over when dropped.
-struct QueryEnd<'a>(
-    &'a dyn InferenceBackend,
-    &'a crate::exec::progress::Progress,
-);
+/// Ends the running query when dropped: a query stopped before its rows
+/// were all out (its future dropped, an error) is cancelled, the session lets
+/// go of its query object (the backend's query ends with the last handle) and
+/// the progress lines close.
+struct QueryEnd<'a> {
+    running: &'a Mutex<Option<Arc<dyn QueryBackend>>>,
+    progress: &'a crate::exec::progress::Progress,
+    query: Arc<dyn QueryBackend>,
+    finished: bool,
+}
 
 impl Drop for QueryEnd<'_> {
     fn drop(&mut self) {
-        self.1.finish_query();
-        self.0.end_query();
+        if !self.finished {
+            self.query.cancel();
+        }
+        self.progress.finish_query();
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+    }
+}
+
+/// Stops the query a session is running, from another thread (a deadline, a
+/// Ctrl-C, a client's cancel request): a handle on the session's running
+/// query, whichever it is when used. One made before the session
+/// ([`SqlSession::with_canceller`]) reaches the queries of the session made
+/// later, on another task.
+#[derive(Clone, Default)]
+pub struct QueryCanceller {
+    running: Arc<Mutex<Option<Arc<dyn QueryBackend>>>>,
+    /// The query [`Self::cancel`] stopped, until [`Self::wait_stopped`] has
+    /// waited for it: an aborted task lets go of its query before its last
+    /// forward batch ends.
+    cancelled: Arc<Mutex<Option<Arc<dyn QueryBackend>>>>,
+}
+
+impl QueryCanceller {
+    /// Asks the running query's model work to stop soon; nothing when no
+    /// query runs.
+    pub fn cancel(&self) {
+        let running = self
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(query) = running {
+            query.cancel();
+            *self.cancelled.lock().unwrap_or_else(|e| e.into_inner()) = Some(query);
+        }
+    }
+
+    /// Blocks until the cancelled query's model work has stopped (at most one
+    /// forward batch). Call it off the async threads.
+    pub fn wait_stopped(&self) {
+        let cancelled = self
+            .cancelled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(query) = cancelled {
+            query.wait_stopped();
+        }
     }
 }
 

@@ -223,7 +223,7 @@ pub(super) fn report_partners(state: &OpState, partner_batch: &RecordBatch) -> R
         .collect();
     state
         .runtime
-        .backend
+        .query
         .partners_collected(&state.spec.call, &docs);
     Ok(())
 }

@@ -47,7 +47,10 @@ use crate::exec::ai_aggregate::{AggCalls, DEFAULT_CONTEXT_POSITIONS, reduce_grou
 use crate::exec::answers::{AnswerRecorder, AnswerTable, answer_array};
 use crate::exec::coverage::{OnRowError, QueryControls};
 use crate::exec::logical::{AiNode, AiShape, AiSpec};
-use crate::inference::backend::{AiCall, AiRequest, Answer, Doc, InferenceBackend, check_answers};
+use crate::inference::backend::{
+    AiCall, AiRequest, Answer, Answered, Doc, InferenceBackend, QueryBackend, check_answers,
+};
+use crate::inference::work::{Config, Work};
 use crate::inference::memo::{AnswerMemo, MemoKey};
 use crate::inference::prompt::Excerpt;
 
@@ -61,15 +64,17 @@ use join::{
 /// it evicts); it splits the work into forward passes by tokens itself.
 const REQUESTS_PER_CALL: usize = usize::MAX;
 
-/// Shared by every AI operator of one query.
-#[derive(Clone)]
+/// One query's AI state, shared by its AI operators: made for each query by
+/// whoever runs it ([`crate::sql::SqlSession::run_plan_into`]) and handed to
+/// the operators in the query's task context ([`AiRuntime::of`]), so a
+/// physical plan holds nothing of any query.
 pub struct AiRuntime {
-    /// Who answers.
-    pub backend: Arc<dyn InferenceBackend>,
+    /// The query on the backend, which answers.
+    pub query: Arc<dyn QueryBackend>,
     /// Where answers are recorded.
     pub recorder: Arc<AnswerRecorder>,
     /// The query's answers so far, shared by its operators.
-    pub memo: Arc<std::sync::Mutex<AnswerMemo>>,
+    pub memo: std::sync::Mutex<AnswerMemo>,
     /// The budget and row-error policy, and the query's rows answered,
     /// failed and not reached per operator.
     pub controls: Arc<QueryControls>,
@@ -79,9 +84,24 @@ pub struct AiRuntime {
 
 impl fmt::Debug for AiRuntime {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AiRuntime")
-            .field("backend", &self.backend.name())
-            .finish()
+        f.debug_struct("AiRuntime").finish_non_exhaustive()
+    }
+}
+
+impl AiRuntime {
+    /// The runtime of the query `context` runs: an error outside a query
+    /// (a plan executed by hand, without one).
+    pub fn of(context: &TaskContext) -> DfResult<Arc<AiRuntime>> {
+        context
+            .session_config()
+            .get_extension::<AiRuntime>()
+            .ok_or_else(|| {
+                DataFusionError::Execution(
+                    "an AI operator runs only within a query: run the plan through the SQL \
+                     session (SqlSession::run_plan_into), which begins the query on its backend"
+                        .into(),
+                )
+            })
     }
 }
 
@@ -201,17 +221,18 @@ impl AiMetrics {
         }
     }
 
-    /// Adds the work between `before` and `after` to the totals and per worker.
-    fn add_work(&self, before: &WorkSoFar, after: &WorkSoFar) {
-        self.fresh_tokens
-            .add(after.fresh_tokens.saturating_sub(before.fresh_tokens) as usize);
-        self.decode_tokens
-            .add(after.decode_tokens.saturating_sub(before.decode_tokens) as usize);
-        if after.workers.len() < 2 {
+    /// Adds a batch's work to the totals and per worker.
+    fn add_work(&self, batch: &Work) {
+        self.fresh_tokens.add(batch.fresh() as usize);
+        self.decode_tokens.add(batch.decoded() as usize);
+        let Some(Config(shares)) = &batch.workers else {
+            return;
+        };
+        if shares.len() < 2 {
             return;
         }
         let mut workers = self.workers.lock().expect("worker metrics lock");
-        while workers.len() < after.workers.len() {
+        while workers.len() < shares.len() {
             let i = workers.len();
             let b = || MetricBuilder::new(&self.set);
             workers.push(WorkerMetrics {
@@ -221,61 +242,13 @@ impl AiMetrics {
                 kv_peak_bytes: b().gauge(format!("worker{i}_kv_peak_bytes"), 0),
             });
         }
-        let zero = WorkerWork::default();
-        for (i, now) in after.workers.iter().enumerate() {
-            let was = before.workers.get(i).unwrap_or(&zero);
-            let m = &workers[i];
-            m.fresh_tokens
-                .add(now.fresh_tokens.saturating_sub(was.fresh_tokens) as usize);
-            m.questions
-                .add(now.questions.saturating_sub(was.questions) as usize);
-            m.busy.add_duration(std::time::Duration::from_nanos(
-                now.busy_nanos.saturating_sub(was.busy_nanos),
-            ));
-            m.kv_peak_bytes.set_max(now.kv_peak_bytes as usize);
-        }
-    }
-}
-
-/// A worker's figures so far in the query, from the backend's `workers`
-/// measurement.
-#[derive(Debug, Clone, Copy, Default)]
-struct WorkerWork {
-    fresh_tokens: u64,
-    questions: u64,
-    busy_nanos: u64,
-    kv_peak_bytes: u64,
-}
-
-/// The backend's fresh tokens so far in the query, in all and per worker.
-#[derive(Debug, Clone, Default)]
-struct WorkSoFar {
-    fresh_tokens: u64,
-    decode_tokens: u64,
-    workers: Vec<WorkerWork>,
-}
-
-impl WorkSoFar {
-    fn of(runtime: &AiRuntime) -> Self {
-        let m = runtime.backend.measurements();
-        let workers = m
-            .workers
-            .as_ref()
-            .map(|ws| {
-                ws.0.iter()
-                    .map(|w| WorkerWork {
-                        fresh_tokens: w.fresh_tokens.unwrap_or(0),
-                        questions: w.questions,
-                        busy_nanos: (w.busy_s * 1e9) as u64,
-                        kv_peak_bytes: w.kv_peak_bytes.unwrap_or(0),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        Self {
-            fresh_tokens: m.fresh(),
-            decode_tokens: m.decoded(),
-            workers,
+        for (share, m) in shares.iter().zip(workers.iter()) {
+            m.fresh_tokens.add(share.fresh_tokens.unwrap_or(0) as usize);
+            m.questions.add(share.questions as usize);
+            m.busy
+                .add_duration(std::time::Duration::from_secs_f64(share.busy_s.max(0.0)));
+            m.kv_peak_bytes
+                .set_max(share.kv_peak_bytes.unwrap_or(0) as usize);
         }
     }
 }
@@ -287,8 +260,10 @@ struct OpState {
     spec: AiSpec,
     /// Where the documents sit in the input batches.
     layout: Layout,
-    /// The backend, answer recorder, memo and controls of the query.
-    runtime: AiRuntime,
+    /// The backend of the plan (its context, for `ai_agg`'s packing).
+    backend: Arc<dyn InferenceBackend>,
+    /// The query's backend, answer recorder, memo and controls.
+    runtime: Arc<AiRuntime>,
     /// This execution's metrics, registered in the operator's set.
     metrics: AiMetrics,
     /// The operator's output schema.
@@ -318,9 +293,9 @@ pub struct AiExec {
     /// The output schema: the input's (filters), the input's with the answer
     /// appended (projections, aggregates), or the join's.
     schema: SchemaRef,
-    /// Who answers, and what the query's AI operators share (memo, recorder,
-    /// budget and row-error controls, progress).
-    runtime: AiRuntime,
+    /// Who answers: the backend each query begins on (its queries' own
+    /// state comes with the task context, [`AiRuntime::of`]).
+    backend: Arc<dyn InferenceBackend>,
     /// Execution metrics: DataFusion's baseline (output rows, batches and
     /// bytes) and the AI work ([`AiMetrics`]).
     metrics: ExecutionPlanMetricsSet,
@@ -334,7 +309,7 @@ impl AiExec {
     pub fn try_new(
         node: &AiNode,
         inputs: Vec<Arc<dyn ExecutionPlan>>,
-        runtime: AiRuntime,
+        backend: Arc<dyn InferenceBackend>,
         session: &dyn Session,
     ) -> DfResult<Self> {
         let layout = Layout::of(node, session)?;
@@ -343,7 +318,7 @@ impl AiExec {
             layout,
             inputs,
             Arc::new(node.schema.as_arrow().clone()),
-            runtime,
+            backend,
         ))
     }
 
@@ -352,7 +327,7 @@ impl AiExec {
         layout: Layout,
         inputs: Vec<Arc<dyn ExecutionPlan>>,
         schema: SchemaRef,
-        runtime: AiRuntime,
+        backend: Arc<dyn InferenceBackend>,
     ) -> Self {
         let cache = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(schema.clone()),
@@ -365,7 +340,7 @@ impl AiExec {
             layout,
             inputs,
             schema,
-            runtime,
+            backend,
             metrics: ExecutionPlanMetricsSet::new(),
             cache,
         }
@@ -386,7 +361,7 @@ impl DisplayAs for AiExec {
                     spec.call.op_id,
                     spec.call.kind,
                     spec.shape,
-                    self.runtime.backend.name(),
+                    self.backend.name(),
                     spec.estimated_prompt_tokens()
                 )?;
                 if t == DisplayFormatType::Verbose {
@@ -400,7 +375,7 @@ impl DisplayAs for AiExec {
                 writeln!(f, "shape={:?}", spec.shape)?;
                 let docs: Vec<String> = spec.docs.iter().map(|d| d.text.to_string()).collect();
                 writeln!(f, "documents={}", docs.join(", "))?;
-                write!(f, "backend={}", self.runtime.backend.name())
+                write!(f, "backend={}", self.backend.name())
             }
         }
     }
@@ -484,7 +459,7 @@ impl ExecutionPlan for AiExec {
             self.layout.clone(),
             children,
             self.schema.clone(),
-            self.runtime.clone(),
+            self.backend.clone(),
         )))
     }
 
@@ -498,11 +473,13 @@ impl ExecutionPlan for AiExec {
                 "AiExec has one partition, asked for {partition}"
             )));
         }
+        let runtime = AiRuntime::of(&context)?;
         let state = Arc::new(OpState {
             spec: self.spec.clone(),
             layout: self.layout.clone(),
-            runtime: self.runtime.clone(),
-            metrics: AiMetrics::new(&self.metrics, &self.runtime.controls),
+            backend: self.backend.clone(),
+            metrics: AiMetrics::new(&self.metrics, &runtime.controls),
+            runtime,
             schema: self.schema.clone(),
             recorded: std::sync::Mutex::new(HashSet::new()),
         });
@@ -755,16 +732,16 @@ fn id_strings(batch: &RecordBatch, index: usize) -> Result<StringArray> {
 }
 
 /// Answers to `requests`, asked in chunks, each checked against the call.
-fn answer_all(
-    call: &AiCall,
-    runtime: &AiRuntime,
-    requests: &[AiRequest<'_>],
-) -> Result<Vec<Answer>> {
-    let mut out = Vec::with_capacity(requests.len());
+fn answer_all(call: &AiCall, runtime: &AiRuntime, requests: &[AiRequest<'_>]) -> Result<Answered> {
+    let mut out = Answered {
+        answers: Vec::with_capacity(requests.len()),
+        work: Work::default(),
+    };
     for chunk in requests.chunks(REQUESTS_PER_CALL) {
-        let answers = runtime.backend.answer(call, chunk)?;
-        check_answers(call, "the backend", &answers, chunk.len())?;
-        out.extend(answers);
+        let answered = runtime.query.answer(call, chunk)?;
+        check_answers(call, "the backend", &answered.answers, chunk.len())?;
+        out.answers.extend(answered.answers);
+        out.work.merge(&answered.work);
     }
     Ok(out)
 }
@@ -804,22 +781,17 @@ fn answer_call(
         ask.sort_by_key(|&i| first[requests[i].anchor.id]);
         let asked: Vec<AiRequest<'_>> = ask.iter().map(|&i| requests[i]).collect();
         state.runtime.progress.begin(&call.op_id);
-        let work_before = WorkSoFar::of(&state.runtime);
         let timer = state.metrics.model_time.timer();
-        let codes = answer_all(call, &state.runtime, &asked)?;
+        let answered = answer_all(call, &state.runtime, &asked)?;
         timer.done();
         state.metrics.prompts.add(asked.len());
-        let work_after = WorkSoFar::of(&state.runtime);
-        state.metrics.add_work(&work_before, &work_after);
-        state.runtime.progress.advance(
-            &call.op_id,
-            asked.len() as u64,
-            work_after
-                .fresh_tokens
-                .saturating_sub(work_before.fresh_tokens),
-        );
+        state.metrics.add_work(&answered.work);
+        state
+            .runtime
+            .progress
+            .advance(&call.op_id, asked.len() as u64, answered.work.fresh());
         let mut memo = state.runtime.memo.lock().expect("memo lock");
-        for (&i, c) in ask.iter().zip(codes) {
+        for (&i, c) in ask.iter().zip(answered.answers) {
             memo.insert(keys[i], c);
         }
     }
@@ -954,7 +926,6 @@ fn aggregate_batch(state: &OpState, batch: &RecordBatch) -> Result<RecordBatch> 
         },
     };
     let context = state
-        .runtime
         .backend
         .context_positions()
         .unwrap_or(DEFAULT_CONTEXT_POSITIONS);
@@ -1051,7 +1022,7 @@ fn append_column(batch: &RecordBatch, column: ArrayRef, schema: SchemaRef) -> Re
 /// Lowers [`AiNode`]s to [`AiExec`].
 #[derive(Debug)]
 pub struct AiExtensionPlanner {
-    runtime: AiRuntime,
+    backend: Arc<dyn InferenceBackend>,
 }
 
 #[async_trait]
@@ -1071,7 +1042,7 @@ impl ExtensionPlanner for AiExtensionPlanner {
         Ok(Some(Arc::new(AiExec::try_new(
             ai,
             physical_inputs.to_vec(),
-            self.runtime.clone(),
+            self.backend.clone(),
             session,
         )?)))
     }
@@ -1084,10 +1055,10 @@ pub struct AiQueryPlanner {
 }
 
 impl AiQueryPlanner {
-    /// A planner whose AI operators share `runtime`.
-    pub fn new(runtime: AiRuntime) -> Self {
+    /// A planner whose AI operators ask the queries of `backend`.
+    pub fn new(backend: Arc<dyn InferenceBackend>) -> Self {
         Self {
-            planner: Arc::new(AiExtensionPlanner { runtime }),
+            planner: Arc::new(AiExtensionPlanner { backend }),
         }
     }
 }

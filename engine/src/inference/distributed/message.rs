@@ -19,8 +19,9 @@ use crate::inference::answer_cache::AnswerIdentity;
 use crate::inference::backend::{AiCall, AiRequest, Answer, Doc};
 
 /// The protocol version both sides must speak (v4: an answer may be
-/// `Failed`, a row the model cannot answer, or `Unreached`).
-pub const PROTOCOL: &str = "aisql-worker-v4";
+/// `Failed`, a row the model cannot answer, or `Unreached`; v5: answers come
+/// with their work and the query's, and no message asks for measurements).
+pub const PROTOCOL: &str = "aisql-worker-v5";
 
 /// A coordinator's query, as its worker messages name it: random per query, so
 /// two coordinators of one worker never name the same query.
@@ -119,21 +120,22 @@ impl WireRequests {
 pub enum WorkerMessage {
     /// Who are you: answered with [`WorkerReply::Hello`].
     Hello,
-    /// [`InferenceBackend::start_query`](crate::inference::backend::InferenceBackend::start_query).
+    /// [`InferenceBackend::begin`](crate::inference::backend::InferenceBackend::begin):
+    /// waits for the worker's turn, then begins the query on its backend.
     StartQuery(Vec<AiCall>),
-    /// [`InferenceBackend::partners_collected`](crate::inference::backend::InferenceBackend::partners_collected).
+    /// [`QueryBackend::partners_collected`](crate::inference::backend::QueryBackend::partners_collected).
     PartnersCollected(AiCall, Vec<WireDoc>),
-    /// [`InferenceBackend::answer`](crate::inference::backend::InferenceBackend::answer).
+    /// [`QueryBackend::answer`](crate::inference::backend::QueryBackend::answer):
+    /// answered with [`WorkerReply::Answered`].
     Answer(AiCall, WireRequests),
-    /// [`InferenceBackend::measurements`](crate::inference::backend::InferenceBackend::measurements).
-    Measurements,
-    /// [`InferenceBackend::cancel`](crate::inference::backend::InferenceBackend::cancel).
+    /// [`QueryBackend::cancel`](crate::inference::backend::QueryBackend::cancel).
     Cancel,
-    /// [`InferenceBackend::wait_stopped`](crate::inference::backend::InferenceBackend::wait_stopped).
+    /// [`QueryBackend::wait_stopped`](crate::inference::backend::QueryBackend::wait_stopped).
     WaitStopped,
     /// Nothing: the second task of a one-worker stage (see [`super::remote`]).
     Nothing,
-    /// The coordinator's query is over: the worker may serve the next one.
+    /// The coordinator's query is over (its query object dropped): the worker
+    /// may serve the next one.
     EndQuery,
 }
 
@@ -167,12 +169,22 @@ pub enum WorkerReply {
     Hello(Box<WorkerHello>),
     /// Done, nothing to return.
     Done,
-    /// To [`WorkerMessage::Answer`]: typed answers, in request order.
-    Answered(Vec<Answer>),
-    /// To [`WorkerMessage::Measurements`].
-    Measurements(Box<crate::inference::work::Work>),
+    /// To [`WorkerMessage::Answer`]: typed answers, in request order, with
+    /// what they cost and the query's measurements so far on the worker.
+    Answered(Box<AnsweredReply>),
     /// The worker's backend failed; its error, as text.
     Failed(String),
+}
+
+/// A worker's answers to one [`WorkerMessage::Answer`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AnsweredReply {
+    /// One per request, in order.
+    pub answers: Vec<Answer>,
+    /// What this batch cost.
+    pub work: crate::inference::work::Work,
+    /// The query's measurements on the worker, this batch included.
+    pub query_work: crate::inference::work::Work,
 }
 
 /// A [`WorkerTask`] read back from the bytes a

@@ -63,7 +63,10 @@ use super::message::{
 };
 use super::task::{REPLY_COLUMN, WorkerTaskExec, reply_schema};
 use crate::error::{EngineError, Result};
-use crate::inference::backend::{AiCall, AiRequest, Answer, Doc, InferenceBackend, check_answers};
+use crate::inference::backend::{
+    AiCall, AiRequest, Answer, Answered, Doc, InferenceBackend, QueryBackend, QueryStart,
+    check_answers,
+};
 use crate::inference::work::Work;
 use crate::limits::spend::Spend;
 
@@ -312,11 +315,6 @@ pub struct RemoteWorker {
     /// waiting (each would wait out the timeout again before the query's
     /// failure is reported).
     lost: AtomicBool,
-    /// The running query's budget meter: checked before each call, charged
-    /// after it (the worker's scheduler does not see it).
-    spend: Mutex<Option<Arc<Spend>>>,
-    /// The worker's fresh tokens this query already charged to the budget.
-    charged_fresh: AtomicU64,
 }
 
 impl RemoteWorker {
@@ -379,8 +377,6 @@ impl RemoteWorker {
             call_timeout: options.call_timeout,
             keep_alive_timeout: options.keep_alive_timeout,
             lost: AtomicBool::new(false),
-            spend: Mutex::new(None),
-            charged_fresh: AtomicU64::new(0),
         })
     }
 
@@ -397,24 +393,6 @@ impl RemoteWorker {
     /// The query started last, if it has not ended.
     fn query(&self) -> Option<QueryId> {
         *self.query.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Asks `message` of the current query and waits for the reply; a failure
-    /// names the worker.
-    fn call(&self, message: WorkerMessage) -> Result<WorkerReply> {
-        let query = match self.query() {
-            // Questions outside a started query get a query of their own.
-            None if matches!(
-                message,
-                WorkerMessage::Answer(..) | WorkerMessage::PartnersCollected(..)
-            ) =>
-            {
-                self.start_query(&[]);
-                self.query()
-            }
-            q => q,
-        };
-        self.call_for(query, message)
     }
 
     /// Asks `message` of `query`, waiting at most the call timeout unless it
@@ -440,19 +418,54 @@ impl RemoteWorker {
         }
     }
 
-    /// A call whose reply carries nothing; a failure is logged, because the
-    /// trait's method has no way to return it and the next question will fail
-    /// the query anyway.
-    fn notify(&self, message: WorkerMessage) {
-        if let Err(e) = self.call(message) {
+    /// A call of `query` whose reply carries nothing; a failure is logged,
+    /// because the trait's method has no way to return it and the next
+    /// question will fail the query anyway.
+    fn notify(&self, query: QueryId, message: WorkerMessage) {
+        if let Err(e) = self.call_for(Some(query), message) {
             log::warn!("{e}");
         }
     }
 
-    /// Whether the query's tidying messages should reach it: it has a query,
-    /// and no call of it found the worker hung or gone.
-    fn reachable(&self) -> bool {
-        self.query().is_some() && !self.lost.load(Ordering::Relaxed)
+    /// Whether `query`'s tidying messages should reach it: it is the query
+    /// begun last, and no call of it found the worker hung or gone.
+    fn reachable(&self, query: QueryId) -> bool {
+        self.query() == Some(query) && !self.lost.load(Ordering::Relaxed)
+    }
+
+    /// Starts a query of `operators` on the worker (a query not ended yet
+    /// ends first: the worker serves one at a time), waiting while another
+    /// coordinator's query holds it.
+    fn start_query(&self, operators: &[AiCall]) -> QueryId {
+        self.end_query();
+        self.lost.store(false, Ordering::Relaxed);
+        let query = new_query_id();
+        *self.query.lock().unwrap_or_else(|e| e.into_inner()) = Some(query);
+        self.notify(query, WorkerMessage::StartQuery(operators.to_vec()));
+        query
+    }
+
+    /// Ends the query begun last, if it has not ended.
+    fn end_query(&self) {
+        let ended = self.query.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if ended.is_none() {
+            return;
+        }
+        if self.lost.load(Ordering::Relaxed) {
+            // Sent without waiting: a worker that only lost this connection is
+            // freed for other coordinators now, and a stopped one costs nothing.
+            let task = WorkerTask {
+                query: ended,
+                message: WorkerMessage::EndQuery,
+            };
+            let ctx = self.ctx.clone();
+            let bound = self.call_timeout;
+            WIRE.spawn(async move {
+                let _ = tokio::time::timeout(bound, ask(ctx, task)).await;
+            });
+        } else if let Err(e) = self.call_for(ended, WorkerMessage::EndQuery) {
+            log::warn!("{e}");
+        }
     }
 }
 
@@ -553,54 +566,14 @@ impl InferenceBackend for RemoteWorker {
         &self.hello.backend
     }
 
-    /// With a budget, the coordinator checks it before the call and charges
-    /// it the worker's fresh tokens and the call's time after: the worker
-    /// stops at the end of a call, not between its forward batches.
-    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
-        let spend = self.spend.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if spend.as_ref().is_some_and(|s| s.reached().is_some()) {
-            return Ok(vec![Answer::Unreached; requests.len()]);
-        }
-        let started = std::time::Instant::now();
-        let message = WorkerMessage::Answer(call.clone(), WireRequests::new(requests));
-        let answers = match self.call(message)? {
-            WorkerReply::Answered(answers) => {
-                check_answers(call, self.url.as_str(), &answers, requests.len())
-                    .map_err(|e| worker_error(&self.url, e.to_string()))?;
-                answers
-            }
-            other => return Err(unexpected(&self.url, "answer", &other)),
-        };
-        if let Some(spend) = spend {
-            let fresh = self.measurements().fresh();
-            let before = self.charged_fresh.swap(fresh, Ordering::Relaxed);
-            spend.charge(fresh.saturating_sub(before), started.elapsed());
-        }
-        Ok(answers)
-    }
-
-    fn meter_query(&self, spend: Option<Arc<Spend>>) {
-        // The worker's counts start from 0 with each query.
-        self.charged_fresh.store(0, Ordering::Relaxed);
-        *self.spend.lock().unwrap_or_else(|e| e.into_inner()) = spend;
-    }
-
-    fn measurements(&self) -> Work {
-        if !self.reachable() {
-            // The worker's counters are those of whichever query it serves.
-            return Default::default();
-        }
-        match self.call(WorkerMessage::Measurements) {
-            Ok(WorkerReply::Measurements(m)) => *m,
-            Ok(other) => {
-                log::warn!("{}", unexpected(&self.url, "measurements", &other));
-                Default::default()
-            }
-            Err(e) => {
-                log::warn!("{e}");
-                Default::default()
-            }
-        }
+    fn begin(self: Arc<Self>, start: QueryStart) -> Result<Arc<dyn QueryBackend>> {
+        let id = self.start_query(&start.calls);
+        Ok(Arc::new(RemoteQuery {
+            worker: self,
+            id,
+            spend: start.spend,
+            work: Mutex::default(),
+        }))
     }
 
     fn kv_capacity_tokens(&self) -> Option<usize> {
@@ -615,51 +588,63 @@ impl InferenceBackend for RemoteWorker {
         self.hello.reuses_work
     }
 
+    fn turn_order(&self) -> Option<String> {
+        Some(self.url.to_string())
+    }
+}
+
+/// One query on a remote worker: its id there, its budget meter (checked
+/// before each call, charged after it: the worker's scheduler does not see
+/// it) and the query's measurements the worker sent with its last answers.
+struct RemoteQuery {
+    worker: Arc<RemoteWorker>,
+    id: QueryId,
+    spend: Option<Arc<Spend>>,
+    work: Mutex<Work>,
+}
+
+impl QueryBackend for RemoteQuery {
+    /// With a budget, the coordinator checks it before the call and charges
+    /// it the worker's fresh tokens and the call's time after: the worker
+    /// stops at the end of a call, not between its forward batches.
+    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Answered> {
+        let worker = &self.worker;
+        if self.spend.as_ref().is_some_and(|s| s.reached().is_some()) {
+            return Ok(Answered::free(vec![Answer::Unreached; requests.len()]));
+        }
+        let started = std::time::Instant::now();
+        let message = WorkerMessage::Answer(call.clone(), WireRequests::new(requests));
+        let reply = match worker.call_for(Some(self.id), message)? {
+            WorkerReply::Answered(reply) => {
+                check_answers(call, worker.url.as_str(), &reply.answers, requests.len())
+                    .map_err(|e| worker_error(&worker.url, e.to_string()))?;
+                *reply
+            }
+            other => return Err(unexpected(&worker.url, "answer", &other)),
+        };
+        if let Some(spend) = &self.spend {
+            spend.charge(reply.work.fresh(), started.elapsed());
+        }
+        *self.work.lock().unwrap_or_else(|e| e.into_inner()) = reply.query_work;
+        Ok(Answered {
+            answers: reply.answers,
+            work: reply.work,
+        })
+    }
+
+    fn work(&self) -> Work {
+        self.work.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     fn cancel(&self) {
-        if self.reachable() {
-            self.notify(WorkerMessage::Cancel);
+        if self.worker.reachable(self.id) {
+            self.worker.notify(self.id, WorkerMessage::Cancel);
         }
     }
 
     fn wait_stopped(&self) {
-        if self.reachable() {
-            self.notify(WorkerMessage::WaitStopped);
-        }
-    }
-
-    fn start_query(&self, operators: &[AiCall]) {
-        // A query not ended yet ends here: the worker serves one at a time.
-        self.end_query();
-        self.lost.store(false, Ordering::Relaxed);
-        let query = new_query_id();
-        *self.query.lock().unwrap_or_else(|e| e.into_inner()) = Some(query);
-        // Waits while another coordinator's query holds the worker.
-        self.notify(WorkerMessage::StartQuery(operators.to_vec()));
-    }
-
-    fn turn_order(&self) -> Option<String> {
-        Some(self.url.to_string())
-    }
-
-    fn end_query(&self) {
-        let ended = self.query.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if ended.is_none() {
-            return;
-        }
-        if self.lost.load(Ordering::Relaxed) {
-            // Sent without waiting: a worker that only lost this connection is
-            // freed for other coordinators now, and a stopped one costs nothing.
-            let task = WorkerTask {
-                query: ended,
-                message: WorkerMessage::EndQuery,
-            };
-            let ctx = self.ctx.clone();
-            let bound = self.call_timeout;
-            WIRE.spawn(async move {
-                let _ = tokio::time::timeout(bound, ask(ctx, task)).await;
-            });
-        } else if let Err(e) = self.call_for(ended, WorkerMessage::EndQuery) {
-            log::warn!("{e}");
+        if self.worker.reachable(self.id) {
+            self.worker.notify(self.id, WorkerMessage::WaitStopped);
         }
     }
 
@@ -671,7 +656,18 @@ impl InferenceBackend for RemoteWorker {
                 text: d.text.to_string(),
             })
             .collect();
-        self.notify(WorkerMessage::PartnersCollected(call.clone(), docs));
+        self.worker
+            .notify(self.id, WorkerMessage::PartnersCollected(call.clone(), docs));
+    }
+}
+
+impl Drop for RemoteQuery {
+    /// Frees the worker for other coordinators now, unless a later query
+    /// has begun on it.
+    fn drop(&mut self) {
+        if self.worker.query() == Some(self.id) {
+            self.worker.end_query();
+        }
     }
 }
 

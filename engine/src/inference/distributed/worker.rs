@@ -26,10 +26,14 @@ use datafusion_distributed::{
 
 use super::codec::WorkerTaskCodec;
 use super::guard::{GuardLayer, MAX_MESSAGE_BYTES, TokenDigest, check_worker_plan};
-use super::message::{PROTOCOL, QueryId, WorkerHello, WorkerMessage, WorkerReply, WorkerTask};
+use super::message::{
+    AnsweredReply, PROTOCOL, QueryId, WorkerHello, WorkerMessage, WorkerReply, WorkerTask,
+};
 use crate::error::{EngineError, Result};
 use crate::inference::answer_cache::AnswerIdentity;
-use crate::inference::backend::{AiCall, AiKind, AiRequest, Doc, InferenceBackend};
+use crate::inference::backend::{
+    AiCall, AiKind, AiRequest, Doc, InferenceBackend, QueryBackend, QueryStart,
+};
 
 /// How long a served query may go without a message before another
 /// coordinator's query may take the worker over.
@@ -41,8 +45,11 @@ const MAX_CANCELLED: usize = 1024;
 
 /// The model a worker serves and what it tells coordinators about it.
 pub struct ServedModel {
-    /// The backend every message is answered by.
+    /// The backend every query begins on.
     backend: Arc<dyn InferenceBackend>,
+    /// The served query's object on `backend`, from its start to its end (or
+    /// until a waiting query takes the worker from an idle one).
+    query: Mutex<Option<(QueryId, Arc<dyn QueryBackend>)>>,
     /// The answer to [`WorkerMessage::Hello`].
     hello: WorkerHello,
     /// Whose query the backend serves now.
@@ -68,8 +75,22 @@ impl ServedModel {
         };
         Self {
             backend,
+            query: Mutex::new(None),
             hello,
             turns: QueryTurns::new(DEFAULT_QUERY_IDLE),
+        }
+    }
+
+    /// The served query's object.
+    fn query_lock(&self) -> std::sync::MutexGuard<'_, Option<(QueryId, Arc<dyn QueryBackend>)>> {
+        self.query.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The object of `query`, if it is the one begun here.
+    fn query_of(&self, query: QueryId) -> Option<Arc<dyn QueryBackend>> {
+        match &*self.query_lock() {
+            Some((id, q)) if *id == query => Some(q.clone()),
+            _ => None,
         }
     }
 
@@ -285,30 +306,51 @@ pub fn answer(served: &ServedModel, task: WorkerTask) -> WorkerReply {
         (Some(q), WorkerMessage::StartQuery(operators)) => {
             match operators.iter().try_for_each(|c| check_call(c, None)) {
                 Err(e) => Err(e),
-                Ok(()) => served.turns.start(q).map(|()| {
-                    served.backend.start_query(&operators);
+                Ok(()) => served.turns.start(q).and_then(|()| {
+                    // The query before, if it went idle, ends here.
+                    served.query_lock().take();
+                    let begun = served.backend.clone().begin(QueryStart {
+                        calls: operators,
+                        spend: None,
+                    });
+                    let reply = begun.map(|query| {
+                        *served.query_lock() = Some((q, query));
+                        WorkerReply::Done
+                    });
                     served.turns.leave(q);
-                    WorkerReply::Done
+                    reply
                 }),
             }
         }
         (Some(q), WorkerMessage::EndQuery) => {
+            let ended = {
+                let mut query = served.query_lock();
+                match &*query {
+                    Some((id, _)) if *id == q => query.take(),
+                    _ => None,
+                }
+            };
+            drop(ended);
             served.turns.end(q);
             Ok(WorkerReply::Done)
         }
         (Some(q), WorkerMessage::Cancel) => {
             // Only the served query's work is the backend's to stop; a query
             // still waiting gives up its turn instead.
-            if served.turns.serves(q) {
-                served.backend.cancel();
-            } else {
-                served.turns.cancel_waiting(q);
+            match served.query_of(q) {
+                Some(query) if served.turns.serves(q) => query.cancel(),
+                _ => served.turns.cancel_waiting(q),
             }
             Ok(WorkerReply::Done)
         }
         (Some(q), WorkerMessage::WaitStopped) if !served.turns.serves(q) => Ok(WorkerReply::Done),
         (Some(q), message) => served.turns.enter(q).and_then(|()| {
-            let reply = answer_in_turn(served.backend.as_ref(), message);
+            let reply = match served.query_of(q) {
+                Some(query) => answer_in_turn(query.as_ref(), message),
+                None => Err(EngineError::Inference(format!(
+                    "query {q:016x} has not started on this worker"
+                ))),
+            };
             served.turns.leave(q);
             reply
         }),
@@ -317,7 +359,7 @@ pub fn answer(served: &ServedModel, task: WorkerTask) -> WorkerReply {
 }
 
 /// Answers a message of the served query.
-fn answer_in_turn(backend: &dyn InferenceBackend, message: WorkerMessage) -> Result<WorkerReply> {
+fn answer_in_turn(query: &dyn QueryBackend, message: WorkerMessage) -> Result<WorkerReply> {
     match message {
         WorkerMessage::PartnersCollected(call, partners) => {
             check_call(&call, None)?;
@@ -328,19 +370,21 @@ fn answer_in_turn(backend: &dyn InferenceBackend, message: WorkerMessage) -> Res
                     text: &d.text,
                 })
                 .collect();
-            backend.partners_collected(&call, &docs);
+            query.partners_collected(&call, &docs);
             Ok(WorkerReply::Done)
         }
         WorkerMessage::Answer(call, wire) => {
             let requests = wire.requests()?;
             check_call(&call, Some(&requests))?;
-            backend.answer(&call, &requests).map(WorkerReply::Answered)
-        }
-        WorkerMessage::Measurements => {
-            Ok(WorkerReply::Measurements(Box::new(backend.measurements())))
+            let answered = query.answer(&call, &requests)?;
+            Ok(WorkerReply::Answered(Box::new(AnsweredReply {
+                answers: answered.answers,
+                work: answered.work,
+                query_work: query.work(),
+            })))
         }
         WorkerMessage::WaitStopped => {
-            backend.wait_stopped();
+            query.wait_stopped();
             Ok(WorkerReply::Done)
         }
         other => Err(EngineError::Inference(format!(
@@ -357,7 +401,6 @@ fn message_name(message: &WorkerMessage) -> &'static str {
         WorkerMessage::StartQuery(_) => "StartQuery",
         WorkerMessage::PartnersCollected(..) => "PartnersCollected",
         WorkerMessage::Answer(..) => "Answer",
-        WorkerMessage::Measurements => "Measurements",
         WorkerMessage::Cancel => "Cancel",
         WorkerMessage::WaitStopped => "WaitStopped",
         WorkerMessage::Nothing => "Nothing",

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use aisql_models::{ClassifyRequest, Continuation, GenerateRequest, KvHandle, Qwen3, Tokenizer};
 
 use crate::error::Result;
-use crate::inference::backend::{AiCall, AiKind, AiRequest, Answer, InferenceBackend};
+use crate::inference::backend::{AiCall, AiKind, AiRequest, Answer, Answerer};
 use crate::inference::kv_cache::KvOps;
 use crate::inference::prompt::Excerpt;
 
 /// What the scheduler asks of an execution engine (the model or a simulation).
-pub trait Executor: Send + Sync {
+pub trait Executor: Send + Sync + 'static {
     /// KV handle type.
     type Kv: KvOps + Send + Sync;
     /// Name recorded in results.
@@ -389,7 +389,7 @@ pub const QWEN3_4B_MAX_POSITIONS: usize = 40_960;
 /// The simulation: no forward passes; answers from another backend (the
 /// reference labels, or an estimate's sampled answers); counts positions.
 pub struct SimExecutor {
-    answers: Arc<dyn InferenceBackend>,
+    answers: Arc<dyn Answerer>,
     bytes_per_token: usize,
     max_positions: usize,
     fresh: std::sync::atomic::AtomicU64,
@@ -412,14 +412,14 @@ impl SimExecutor {
     /// A simulation answering from `answers` (the benchmark's oracle, say),
     /// charging `bytes_per_token` of KV per cached position (the model it
     /// stands for: Qwen3-4B's context).
-    pub fn new(answers: Arc<dyn InferenceBackend>, bytes_per_token: usize) -> Self {
+    pub fn new(answers: Arc<dyn Answerer>, bytes_per_token: usize) -> Self {
         Self::answering(answers, bytes_per_token, QWEN3_4B_MAX_POSITIONS)
     }
 
     /// A simulation of a model of `max_positions` whose answers come from
     /// `answers`.
     pub fn answering(
-        answers: Arc<dyn InferenceBackend>,
+        answers: Arc<dyn Answerer>,
         bytes_per_token: usize,
         max_positions: usize,
     ) -> Self {

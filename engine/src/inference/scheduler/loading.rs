@@ -10,7 +10,7 @@ use super::{
     gpu_kv_budget_bytes,
 };
 use crate::error::{EngineError, Result};
-use crate::inference::backend::InferenceBackend;
+use crate::inference::backend::Answerer;
 
 /// Which model to load and how to schedule it.
 #[derive(Debug, Clone)]
@@ -205,7 +205,7 @@ pub fn answer_identity(
 /// of `kv_bytes_per_token` per position, answering from `answers` (the
 /// benchmark's oracle over reference labels, say).
 pub fn simulation_backend(
-    answers: Arc<dyn InferenceBackend>,
+    answers: Arc<dyn Answerer>,
     config: SchedulerConfig,
     kv_bytes_per_token: usize,
 ) -> Result<Arc<ScheduledBackend<SimExecutor>>> {

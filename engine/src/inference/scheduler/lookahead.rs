@@ -80,8 +80,7 @@ pub struct Lookahead {
 impl Lookahead {
     /// The state for a query running `operators` in post-order.
     pub fn new(operators: &[AiCall]) -> Self {
-        let mut answers = AnswerMemo::default();
-        answers.reset(true);
+        let answers = AnswerMemo::new(true);
         let ops: Vec<PlannedOp> = if operators.len() > MAX_OPERATORS {
             Vec::new()
         } else {

@@ -75,7 +75,9 @@ use std::time::Instant;
 use aisql_models::Tokenizer;
 
 use crate::error::{EngineError, Result};
-use crate::inference::backend::{AiCall, AiKind, AiRequest, Answer, Doc, InferenceBackend};
+use crate::inference::backend::{
+    AiCall, AiKind, AiRequest, Answer, Answered, Doc, InferenceBackend, QueryBackend, QueryStart,
+};
 use crate::inference::kv_cache::{KvOps, NodeId, PrefixTrie};
 use crate::inference::memo::DocKey;
 use crate::inference::prompt::{Excerpt, label_continuations};
@@ -133,10 +135,6 @@ struct QueryState<K> {
     tiers: KvTiers<K>,
     /// Per AI operator in post-order: (op id, anchor table).
     ops: Vec<(String, String)>,
-    fresh_start: u64,
-    label_start: u64,
-    decode_start: u64,
-    decode_seconds_start: f64,
     current_op: Option<String>,
     /// Questions of later operators asked ahead.
     lookahead: Lookahead,
@@ -184,10 +182,6 @@ impl<E: Executor> ScheduledBackend<E> {
             state: Mutex::new(QueryState {
                 tiers,
                 ops: Vec::new(),
-                fresh_start: 0,
-                label_start: 0,
-                decode_start: 0,
-                decode_seconds_start: 0.0,
                 current_op: None,
                 lookahead: Lookahead::default(),
             }),
@@ -634,9 +628,9 @@ impl<E: Executor> ScheduledBackend<E> {
         Ok(())
     }
 
-    fn run(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+    fn run(&self, ticket: Ticket, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
         // Held until this call returns: the next query starts only after it.
-        let (_in_flight, ticket) = self.gate.enter();
+        let (_in_flight, _current) = self.gate.enter();
         self.gate.check(ticket, &call.op_id)?;
         if requests.is_empty() {
             return Ok(Vec::new());
@@ -1129,13 +1123,108 @@ fn chunk_by_tokens<T>(items: &[T], budget: usize, tokens: impl Fn(&T) -> usize) 
 /// score matrices), left to the model by a query's heap bound.
 const FORWARD_WORKING_BYTES: usize = 2 << 30;
 
+impl<E: Executor> ScheduledBackend<E> {
+    /// What the executor has computed so far, in all queries: a batch's work
+    /// is what these grew by while it ran, and only this query's batches run
+    /// between its begin and its end.
+    fn computed(&self) -> Computed {
+        Computed {
+            fresh: self.exec.fresh_tokens(),
+            label: self.exec.label_tokens(),
+            decode: self.exec.decode_tokens(),
+            decode_seconds: self.exec.decode_seconds(),
+        }
+    }
+
+    /// The query's measurements: what it computed since `start`, its KV tiers'
+    /// counters and the look-ahead's, and the scheduler's settings.
+    fn query_work(&self, start: &Computed) -> Work {
+        let state = self.state.lock().expect("scheduler lock");
+        let ahead = &state.lookahead;
+        let kv = state.tiers.counters();
+        let transfer = self.exec.simulated_link_bytes_per_second().map(|link| {
+            let moved = (kv.offloaded_bytes + kv.restored_bytes) as f64;
+            Sum(moved / link)
+        });
+        Work {
+            kv_peak_bytes: Some(Max(kv.peak_bytes as u64)),
+            kv_evictions: Some(Sum(kv.evictions)),
+            kv_host_budget_bytes: Some(Config(self.config.host_kv_budget_bytes as u64)),
+            kv_host_peak_bytes: Some(Max(kv.host_peak_bytes as u64)),
+            kv_offloads: Some(Sum(kv.offloads)),
+            restored_tokens: Some(Sum(kv.restored_tokens)),
+            speculative_tokens: Some(Sum(ahead.tokens)),
+            speculative_questions: Some(Sum(ahead.questions)),
+            speculative_unused: Some(Sum(ahead.unused() as u64)),
+            kv_restored_bytes: Some(Sum(kv.restored_bytes)),
+            kv_offloaded_bytes: Some(Sum(kv.offloaded_bytes)),
+            kv_transfer_seconds: transfer,
+            kv_budget_bytes: Some(Config(self.config.kv_budget_bytes as u64)),
+            batch_tokens: Some(Config(self.config.batch_tokens as u64)),
+            prefix_cache: Some(Config(self.config.prefix_cache)),
+            ..self.computed().since(start)
+        }
+    }
+}
+
+/// The executor's running counts ([`ScheduledBackend::computed`]).
+#[derive(Debug, Clone, Copy)]
+struct Computed {
+    fresh: u64,
+    label: u64,
+    decode: u64,
+    decode_seconds: f64,
+}
+
+impl Computed {
+    /// What was computed between `start` and these counts, as [`Work`].
+    fn since(&self, start: &Computed) -> Work {
+        Work {
+            fresh_tokens: Some(Sum(self.fresh - start.fresh)),
+            label_tokens: Some(Sum(self.label - start.label)),
+            decode_tokens: Some(Sum(self.decode - start.decode)),
+            decode_seconds: Some(Sum(self.decode_seconds - start.decode_seconds)),
+            ..Work::default()
+        }
+    }
+}
+
 impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
     fn name(&self) -> &str {
         self.exec.name()
     }
 
-    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
-        self.run(call, requests)
+    /// Stops the previous query's work and waits for it to leave (at most one
+    /// forward batch), so it cannot touch this query's state or counters; then
+    /// new KV tiers for this one.
+    fn begin(self: Arc<Self>, start: QueryStart) -> Result<Arc<dyn QueryBackend>> {
+        let ticket = {
+            let (_started, ticket) = self.gate.next_query();
+            self.keep_tokens_of(&start.calls);
+            let mut state = self.state.lock().expect("scheduler lock");
+            state.tiers = Self::empty_tiers(&self.exec, &self.config);
+            state.ops = start
+                .calls
+                .iter()
+                .map(|c| (c.op_id.clone(), c.tables[0].clone()))
+                .collect();
+            state.current_op = None;
+            state.lookahead = if self.config.lookahead {
+                Lookahead::new(&start.calls)
+            } else {
+                Lookahead::default()
+            };
+            self.charged_fresh
+                .store(self.exec.fresh_tokens(), Ordering::Relaxed);
+            *self.spend.lock().expect("spend lock") = start.spend;
+            ticket
+        };
+        let started = self.computed();
+        Ok(Arc::new(ScheduledQuery {
+            backend: self,
+            ticket,
+            started,
+        }))
     }
 
     fn reuses_work(&self) -> bool {
@@ -1160,88 +1249,49 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
             .saturating_add(self.config.host_kv_budget_bytes)
             .saturating_add(FORWARD_WORKING_BYTES)
     }
+}
+
+/// One query on a [`ScheduledBackend`]: its ticket at the backend's gate and
+/// the executor's counts when it began.
+struct ScheduledQuery<E: Executor> {
+    backend: Arc<ScheduledBackend<E>>,
+    ticket: Ticket,
+    started: Computed,
+}
+
+impl<E: Executor> QueryBackend for ScheduledQuery<E> {
+    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Answered> {
+        let before = self.backend.computed();
+        let answers = self.backend.run(self.ticket, call, requests)?;
+        Ok(Answered {
+            answers,
+            work: self.backend.computed().since(&before),
+        })
+    }
+
+    fn work(&self) -> Work {
+        self.backend.query_work(&self.started)
+    }
 
     fn cancel(&self) {
-        self.gate.cancel();
+        self.backend.gate.cancel_query(self.ticket);
     }
 
     fn wait_stopped(&self) {
-        self.gate.wait_idle();
-    }
-
-    fn start_query(&self, operators: &[AiCall]) {
-        // Stops the previous query's work and waits for it to leave (at most one
-        // forward batch), so it cannot touch this query's state or counters.
-        let _started = self.gate.next_query();
-        *self.spend.lock().expect("spend lock") = None;
-        self.keep_tokens_of(operators);
-        let mut state = self.state.lock().expect("scheduler lock");
-        // The tiers hold the KV and count what leaves it: new ones, new counts.
-        state.tiers = Self::empty_tiers(&self.exec, &self.config);
-        state.ops = operators
-            .iter()
-            .map(|c| (c.op_id.clone(), c.tables[0].clone()))
-            .collect();
-        state.fresh_start = self.exec.fresh_tokens();
-        state.label_start = self.exec.label_tokens();
-        state.decode_start = self.exec.decode_tokens();
-        state.decode_seconds_start = self.exec.decode_seconds();
-        state.current_op = None;
-        state.lookahead = if self.config.lookahead {
-            Lookahead::new(operators)
-        } else {
-            Lookahead::default()
-        };
-    }
-
-    fn meter_query(&self, spend: Option<Arc<Spend>>) {
-        self.charged_fresh
-            .store(self.exec.fresh_tokens(), Ordering::Relaxed);
-        *self.spend.lock().expect("spend lock") = spend;
+        self.backend.gate.wait_idle();
     }
 
     fn partners_collected(&self, call: &AiCall, partners: &[Doc<'_>]) {
-        if !self.config.prefix_cache || partners.len() > MAX_PARTNERS_AHEAD {
+        let backend = &self.backend;
+        if !backend.config.prefix_cache || partners.len() > MAX_PARTNERS_AHEAD {
             return;
         }
         let owned = partners
             .iter()
             .map(|d| (d.id.to_string(), d.text.to_string()))
             .collect();
-        let mut state = self.state.lock().expect("scheduler lock");
+        let mut state = backend.state.lock().expect("scheduler lock");
         state.lookahead.partners_collected(call, owned);
-    }
-
-    fn measurements(&self) -> Work {
-        let state = self.state.lock().expect("scheduler lock");
-        let ahead = &state.lookahead;
-        let kv = state.tiers.counters();
-        let transfer = self.exec.simulated_link_bytes_per_second().map(|link| {
-            let moved = (kv.offloaded_bytes + kv.restored_bytes) as f64;
-            Sum(moved / link)
-        });
-        Work {
-            fresh_tokens: Some(Sum(self.exec.fresh_tokens() - state.fresh_start)),
-            label_tokens: Some(Sum(self.exec.label_tokens() - state.label_start)),
-            decode_tokens: Some(Sum(self.exec.decode_tokens() - state.decode_start)),
-            decode_seconds: Some(Sum(self.exec.decode_seconds() - state.decode_seconds_start)),
-            prefix_cache: Some(Config(self.config.prefix_cache)),
-            kv_peak_bytes: Some(Max(kv.peak_bytes as u64)),
-            kv_evictions: Some(Sum(kv.evictions)),
-            kv_host_budget_bytes: Some(Config(self.config.host_kv_budget_bytes as u64)),
-            kv_host_peak_bytes: Some(Max(kv.host_peak_bytes as u64)),
-            kv_offloads: Some(Sum(kv.offloads)),
-            restored_tokens: Some(Sum(kv.restored_tokens)),
-            speculative_tokens: Some(Sum(ahead.tokens)),
-            speculative_questions: Some(Sum(ahead.questions)),
-            speculative_unused: Some(Sum(ahead.unused() as u64)),
-            kv_restored_bytes: Some(Sum(kv.restored_bytes)),
-            kv_offloaded_bytes: Some(Sum(kv.offloaded_bytes)),
-            kv_transfer_seconds: transfer,
-            kv_budget_bytes: Some(Config(self.config.kv_budget_bytes as u64)),
-            batch_tokens: Some(Config(self.config.batch_tokens as u64)),
-            ..Work::default()
-        }
     }
 }
 
