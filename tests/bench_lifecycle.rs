@@ -15,7 +15,9 @@ use aisql_bench::metrics::{Reason, Verdict};
 use aisql_bench::plans::PlanSource;
 use aisql_bench::quailb::oracle::OracleBackend;
 use aisql_bench::run_file::{RunFile, RunStatus};
-use aisql_engine::inference::backend::{AiCall, AiRequest, Answer, InferenceBackend};
+use aisql_engine::inference::backend::{
+    AiCall, AiRequest, Answer, Answered, Answerer, InferenceBackend, QueryBackend, QueryStart,
+};
 
 /// The oracle, counting queries started and sleeping once in its first answer when asked.
 struct TestBackend {
@@ -46,16 +48,16 @@ impl InferenceBackend for TestBackend {
     fn name(&self) -> &str {
         "test-oracle"
     }
-    fn answer(
-        &self,
-        call: &AiCall,
-        requests: &[AiRequest<'_>],
-    ) -> aisql_engine::Result<Vec<Answer>> {
-        self.nap();
-        self.oracle.answer(call, requests)
-    }
-    fn start_query(&self, _operators: &[aisql_engine::inference::backend::AiCall]) {
+    fn begin(self: Arc<Self>, _: QueryStart) -> aisql_engine::Result<Arc<dyn QueryBackend>> {
         self.started.fetch_add(1, Ordering::SeqCst);
+        Ok(self)
+    }
+}
+
+impl QueryBackend for TestBackend {
+    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> aisql_engine::Result<Answered> {
+        self.nap();
+        Ok(Answered::free(self.oracle.answer(call, requests)?))
     }
 }
 
@@ -374,7 +376,7 @@ struct OneBadRow {
     bad: std::sync::Mutex<Option<String>>,
 }
 
-impl InferenceBackend for OneBadRow {
+impl Answerer for OneBadRow {
     fn name(&self) -> &str {
         "one-bad-row"
     }

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use aisql_engine::inference::backend::{AiCall, AiRequest, Answer, InferenceBackend};
+use aisql_engine::inference::backend::{AiCall, AiRequest, Answer, Answerer};
 use aisql_engine::limits::alloc_meter::{self, MeteredAlloc};
 use aisql_engine::sql::options::QueryOptions;
 use aisql_engine::sql::{Evaluation, SqlSession};
@@ -20,7 +20,7 @@ static ALLOC: MeteredAlloc = MeteredAlloc::new();
 /// Says TRUE to every question: every pair of a join matches.
 struct AllTrue;
 
-impl InferenceBackend for AllTrue {
+impl Answerer for AllTrue {
     fn name(&self) -> &str {
         "all-true"
     }

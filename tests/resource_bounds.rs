@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use aisql_engine::inference::backend::{AiCall, AiRequest, Answer, InferenceBackend};
+use aisql_engine::inference::backend::{AiCall, AiRequest, Answer, Answerer};
 use aisql_engine::sql::options::QueryOptions;
 use assert_cmd::Command;
 use common::{Fails, collect_query};
@@ -207,7 +207,7 @@ fn a_kv_budget_smaller_than_one_document_names_the_document() {
 /// Answers every question FALSE at once: the engine's own cost per row.
 struct NoModel;
 
-impl InferenceBackend for NoModel {
+impl Answerer for NoModel {
     fn name(&self) -> &str {
         "no-model"
     }

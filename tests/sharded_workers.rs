@@ -299,6 +299,6 @@ async fn over_the_wire(
 /// The oracle over `store`, as a backend to simulate with.
 fn oracle(
     store: &Arc<aisql_bench::quailb::labels::LabelStore>,
-) -> Arc<dyn aisql_engine::inference::backend::InferenceBackend> {
+) -> Arc<dyn aisql_engine::inference::backend::Answerer> {
     Arc::new(OracleBackend::new(store.clone()))
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use aisql_engine::exec::ai_functions::{AiArgs, AiFunction};
 use aisql_engine::inference::backend::{
-    AiCall, AiRequest, Answer, Doc, InferenceBackend, require_answered,
+    AiCall, AiRequest, Answer, Doc, InferenceBackend, QueryStart, require_answered,
 };
 use aisql_engine::inference::prompt::PromptFormat;
 use aisql_engine::inference::scheduler::{
@@ -123,9 +123,16 @@ fn scores_equal_the_softmax_of_the_uncached_heads() {
         "ai_filter",
         vec![lit("Is the review {0} positive?"), col("body")],
     );
-    cached.start_query(&[score.clone(), decide.clone()]);
-    let scores = cached.answer(&score, &reqs).unwrap();
-    let decisions = cached.answer(&decide, &reqs).unwrap();
+    let scheduled = cached;
+    let cached = scheduled
+        .clone()
+        .begin(QueryStart {
+            calls: vec![score.clone(), decide.clone()],
+            spend: None,
+        })
+        .unwrap();
+    let scores = cached.answer(&score, &reqs).unwrap().answers;
+    let decisions = cached.answer(&decide, &reqs).unwrap().answers;
     let answer_ids = tokenizer.answer_ids().unwrap().all();
     for (i, (_, text)) in docs.iter().enumerate() {
         let ids = prompt_ids(&tokenizer, &score, text);
@@ -153,9 +160,15 @@ fn scores_equal_the_softmax_of_the_uncached_heads() {
     ];
     let probabilities = call("ai_classify_scores", args.clone());
     let classify = call("ai_classify", args);
-    cached.start_query(&[probabilities.clone(), classify.clone()]);
-    let got = cached.answer(&probabilities, &reqs).unwrap();
-    let chosen = cached.answer(&classify, &reqs).unwrap();
+    let cached = scheduled
+        .clone()
+        .begin(QueryStart {
+            calls: vec![probabilities.clone(), classify.clone()],
+            spend: None,
+        })
+        .unwrap();
+    let got = cached.answer(&probabilities, &reqs).unwrap().answers;
+    let chosen = cached.answer(&classify, &reqs).unwrap().answers;
     let label_ids: Vec<Vec<u32>> = labels
         .iter()
         .map(|l| tokenizer.encode(&format!(" {l}")).unwrap())
@@ -207,11 +220,17 @@ fn generation_over_shared_document_kv_gives_the_uncached_texts() {
     let mut runs = Vec::new();
     for prefix_cache in [true, false] {
         let b = backend(prefix_cache);
-        b.start_query(&[complete.clone(), extract.clone()]);
-        let texts = b.answer(&complete, &reqs).unwrap();
-        let fresh_complete = b.measurements().fresh();
-        let fields = b.answer(&extract, &reqs).unwrap();
-        let m = b.measurements();
+        let b = b
+            .clone()
+            .begin(QueryStart {
+                calls: vec![complete.clone(), extract.clone()],
+                spend: None,
+            })
+            .unwrap();
+        let texts = b.answer(&complete, &reqs).unwrap().answers;
+        let fresh_complete = b.work().fresh();
+        let fields = b.answer(&extract, &reqs).unwrap().answers;
+        let m = b.work();
         let fresh_extract = m.fresh() - fresh_complete;
         let decoded = m.decoded();
         runs.push((texts, fields, fresh_extract, decoded));
@@ -250,10 +269,10 @@ fn a_generating_call_past_the_context_names_its_row() {
     );
     complete.max_tokens = 40_960;
     let docs = documents();
-    b.start_query(std::slice::from_ref(&complete));
+    let b = b.begin(QueryStart::one(&complete)).unwrap();
     // Every row is answered as failed, naming it: what the query does with
     // it is the operator's policy (--on-row-error).
-    let answers = b.answer(&complete, &requests(&docs)).unwrap();
+    let answers = b.answer(&complete, &requests(&docs)).unwrap().answers;
     assert_eq!(answers.len(), docs.len());
     for (a, (id, _)) in answers.iter().zip(&docs) {
         let Answer::Failed(reason) = a else {

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use aisql_engine::inference::backend::{
-    AiCall, AiKind, AiRequest, Answer, AskTyped, Doc, InferenceBackend,
+    AiCall, AiKind, AiRequest, Answer, Answerer, AskTyped, Doc, InferenceBackend, QueryStart,
 };
 use aisql_engine::inference::prompt::{PromptFormat, filter_pieces, join_pieces};
 use aisql_engine::inference::scheduler::{
@@ -39,7 +39,7 @@ fn number(id: &str) -> usize {
         .expect("a numbered id")
 }
 
-impl InferenceBackend for PatternAnswers {
+impl Answerer for PatternAnswers {
     fn name(&self) -> &str {
         "pattern"
     }
@@ -124,17 +124,25 @@ fn bench(c: &mut Criterion) {
         })
         .collect();
     // Warm the token cache once: timing covers scheduling and the virtual cache.
-    backend.start_query(&calls);
-    backend.decide(&calls[0], &requests).unwrap();
+    let begin = |calls: &[AiCall]| {
+        backend
+            .clone()
+            .begin(QueryStart {
+                calls: calls.to_vec(),
+                spend: None,
+            })
+            .unwrap()
+    };
+    begin(&calls).decide(&calls[0], &requests).unwrap();
 
     let mut group = c.benchmark_group("scheduler");
     group.sample_size(10);
     group.throughput(Throughput::Elements((requests.len() * 3) as u64));
     group.bench_function("filter_chain_5000x3", |b| {
         b.iter(|| {
-            backend.start_query(&calls);
+            let query = begin(&calls);
             for call in &calls {
-                backend.decide(call, &requests).unwrap();
+                query.decide(call, &requests).unwrap();
             }
         })
     });
@@ -150,8 +158,9 @@ fn bench(c: &mut Criterion) {
     group.throughput(Throughput::Elements(pairs.len() as u64));
     group.bench_function("join_5000x12", |b| {
         b.iter(|| {
-            backend.start_query(std::slice::from_ref(&join));
-            backend.decide(&join, &pairs).unwrap();
+            begin(std::slice::from_ref(&join))
+                .decide(&join, &pairs)
+                .unwrap();
         })
     });
     group.finish();

@@ -36,8 +36,7 @@ pub fn estimator(
                 kv_bytes_per_token = (budget / cap).max(1);
             }
         }
-        scheduler.host_kv_budget_bytes =
-            u("kv_host_budget_bytes").unwrap_or(0);
+        scheduler.host_kv_budget_bytes = u("kv_host_budget_bytes").unwrap_or(0);
         max_positions = real.context_positions().unwrap_or(max_positions);
     }
     let (dtype, device) = profile_key(args, meta);

@@ -6,12 +6,12 @@ use aisql_bench::layout::Dataset;
 use aisql_bench::plans::{PlanSource, open_plan};
 use aisql_bench::quailb::output::ROWS_FILE;
 use aisql_bench::quailb::query::{estimate_query, output_schema, run_query_into, run_query_with};
-use aisql_engine::sql::QueryCanceller;
 use aisql_bench::resolve::resolve;
 use aisql_engine::data::row_sink::{HeadRows, ParquetRows, RowSink, SavedRows};
 use aisql_engine::data::tables::{TablePaths, tables_in_dir};
 use aisql_engine::data::write_guard::{OutputKind, WriteGuard};
 use aisql_engine::errln;
+use aisql_engine::sql::QueryCanceller;
 use aisql_engine::sql::options::QueryOptions;
 use datafusion::arrow::compute::concat_batches;
 

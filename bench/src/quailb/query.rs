@@ -323,7 +323,15 @@ pub async fn estimate_query(
 ) -> Result<Estimate> {
     let mut rows = aisql_engine::data::row_sink::CountedRows::default();
     let options = estimate_options(options);
-    run_query_into(query, tables, backend.clone(), &options, canceller, &mut rows).await?;
+    run_query_into(
+        query,
+        tables,
+        backend.clone(),
+        &options,
+        canceller,
+        &mut rows,
+    )
+    .await?;
     Ok(estimator.estimate(&backend))
 }
 

@@ -315,14 +315,19 @@ impl SampledAnswers {
             }
             Err(EngineError::NoAnswer(_)) => asked
                 .iter()
-                .map(|r| match real.answer(call, std::slice::from_ref(r)).map(|a| a.answers) {
-                    Ok(mut a) if a.len() == 1 => Ok(a.pop().and_then(usable)),
-                    Ok(a) => {
-                        check_answers(call, self.real.name(), &a, 1)?;
-                        Ok(None)
+                .map(|r| {
+                    match real
+                        .answer(call, std::slice::from_ref(r))
+                        .map(|a| a.answers)
+                    {
+                        Ok(mut a) if a.len() == 1 => Ok(a.pop().and_then(usable)),
+                        Ok(a) => {
+                            check_answers(call, self.real.name(), &a, 1)?;
+                            Ok(None)
+                        }
+                        Err(EngineError::NoAnswer(_)) => Ok(None),
+                        Err(e) => Err(e),
                     }
-                    Err(EngineError::NoAnswer(_)) => Ok(None),
-                    Err(e) => Err(e),
                 })
                 .collect(),
             Err(e) => Err(e),
@@ -413,13 +418,23 @@ impl Answerer for SampledAnswers {
             })
             .collect())
     }
-
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inference::backend::{ContentHashBackend, Doc, test_call};
+
+    /// A sample over `real` whose query has begun.
+    fn begun(
+        real: Arc<dyn InferenceBackend>,
+        quota: usize,
+        hints: HashMap<String, f64>,
+    ) -> SampledAnswers {
+        let sampled = SampledAnswers::new(real, quota, hints);
+        sampled.begin_real(QueryStart::default()).unwrap();
+        sampled
+    }
+    use crate::inference::backend::{Answered, ContentHashBackend, Doc, test_call};
 
     fn requests(ids: &[String]) -> Vec<AiRequest<'_>> {
         ids.iter()
@@ -433,7 +448,7 @@ mod tests {
     #[test]
     fn asks_at_most_the_quota_and_follows_the_sample() {
         let real = Arc::new(ContentHashBackend::default());
-        let sampled = SampledAnswers::new(real.clone(), 40, HashMap::new());
+        let sampled = begun(real.clone(), 40, HashMap::new());
         let call = test_call(AiKind::Filter, "Is {0} kind?", &[]);
         let ids: Vec<String> = (0..4000).map(|i| format!("row{i}")).collect();
         let reqs = requests(&ids);
@@ -477,10 +492,17 @@ mod tests {
             fn name(&self) -> &str {
                 "costly"
             }
-            fn answer(&self, _: &AiCall, r: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
-                Ok((0..r.len()).map(|i| Answer::Bool(i % 2 == 0)).collect())
+            fn begin(self: Arc<Self>, _: QueryStart) -> Result<Arc<dyn QueryBackend>> {
+                Ok(Arc::new(Costly))
             }
-            fn measurements(&self) -> Work {
+        }
+        impl QueryBackend for Costly {
+            fn answer(&self, _: &AiCall, r: &[AiRequest<'_>]) -> Result<Answered> {
+                Ok(Answered::free(
+                    (0..r.len()).map(|i| Answer::Bool(i % 2 == 0)).collect(),
+                ))
+            }
+            fn work(&self) -> Work {
                 Work {
                     fresh_tokens: Some(Sum(1_000_000)),
                     ..Work::default()
@@ -490,7 +512,7 @@ mod tests {
         let call = test_call(AiKind::Filter, "Is {0} kind?", &[]);
         let ids: Vec<String> = (0..4000).map(|i| format!("row{i}")).collect();
         for (query_fresh, asked) in [(10_000_000, 40), (100_000_000, 80)] {
-            let sampled = SampledAnswers::new(Arc::new(Costly), 40, HashMap::new());
+            let sampled = begun(Arc::new(Costly), 40, HashMap::new());
             sampled.note_query_fresh(query_fresh);
             for chunk in requests(&ids).chunks(256) {
                 sampled.answer(&call, chunk).unwrap();
@@ -506,7 +528,7 @@ mod tests {
     #[test]
     fn a_narrow_sample_stops_at_the_quota_and_join_draws_spread() {
         struct Always(bool);
-        impl InferenceBackend for Always {
+        impl Answerer for Always {
             fn name(&self) -> &str {
                 "always"
             }
@@ -514,7 +536,7 @@ mod tests {
                 Ok(vec![Answer::Bool(self.0); r.len()])
             }
         }
-        let sampled = SampledAnswers::new(Arc::new(Always(true)), 40, HashMap::new());
+        let sampled = begun(Arc::new(Always(true)), 40, HashMap::new());
         let call = test_call(AiKind::Filter, "Is {0} kind?", &[]);
         let ids: Vec<String> = (0..4000).map(|i| format!("row{i}")).collect();
         for chunk in requests(&ids).chunks(256) {
@@ -524,7 +546,7 @@ mod tests {
 
         // A rare join (the sample sees no TRUE in 300 x 300 x 2 %): the
         // pairs drawn TRUE reach many distinct partners.
-        let sampled = SampledAnswers::new(Arc::new(Always(false)), 40, HashMap::new());
+        let sampled = begun(Arc::new(Always(false)), 40, HashMap::new());
         let call = test_call(AiKind::Join, "Does {0} support {1}?", &[]);
         let anchors: Vec<String> = (0..300).map(|i| format!("a{i}")).collect();
         let partners: Vec<String> = (0..300).map(|i| format!("p{i}")).collect();
@@ -563,13 +585,13 @@ mod tests {
         let ids: Vec<String> = (0..200).map(|i| format!("row{i}")).collect();
         // An oracle with no labels: nothing sampled, every answer drawn.
         let oracle = Arc::new(crate::inference::backend::NoAnswers);
-        let sampled = SampledAnswers::new(oracle, 20, HashMap::new());
+        let sampled = begun(oracle, 20, HashMap::new());
         let answers = sampled.answer(&call, &requests(&ids)).unwrap();
         assert_eq!(answers.len(), 200);
         assert_eq!(sampled.stats()["op-1"].asked, 0);
         // A model that fails fails the estimate, never a silent draw.
         struct Broken;
-        impl InferenceBackend for Broken {
+        impl Answerer for Broken {
             fn name(&self) -> &str {
                 "broken"
             }
@@ -577,7 +599,7 @@ mod tests {
                 Err(EngineError::Inference("the model crashed".into()))
             }
         }
-        let sampled = SampledAnswers::new(Arc::new(Broken), 20, HashMap::new());
+        let sampled = begun(Arc::new(Broken), 20, HashMap::new());
         let err = sampled.answer(&call, &requests(&ids)).unwrap_err();
         assert!(err.to_string().contains("the model crashed"), "{err}");
     }
@@ -587,7 +609,7 @@ mod tests {
         let real = Arc::new(ContentHashBackend::default());
         let call = test_call(AiKind::Filter, "Is {0} kind?", &[]);
         let hints = HashMap::from([(call.template.clone(), 0.1)]);
-        let sampled = SampledAnswers::new(real.clone(), 40, hints);
+        let sampled = begun(real.clone(), 40, hints);
         let ids: Vec<String> = (0..2000).map(|i| format!("row{i}")).collect();
         let answers = sampled.answer(&call, &requests(&ids)).unwrap();
         assert_eq!(real.prompts(), 0);
@@ -598,7 +620,7 @@ mod tests {
     #[test]
     fn labels_follow_the_sample_and_generations_ask_nothing() {
         let real = Arc::new(ContentHashBackend::default());
-        let sampled = SampledAnswers::new(real.clone(), 30, HashMap::new());
+        let sampled = begun(real.clone(), 30, HashMap::new());
         let call = test_call(AiKind::Classify, "Tone of {0}?", &["a", "b", "c"]);
         let ids: Vec<String> = (0..900).map(|i| format!("row{i}")).collect();
         let answers = sampled.answer(&call, &requests(&ids)).unwrap();

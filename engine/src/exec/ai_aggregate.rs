@@ -441,7 +441,7 @@ impl Accumulator for AiAggAccumulator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inference::backend::{ContentHashBackend, InferenceBackend};
+    use crate::inference::backend::{Answerer, ContentHashBackend};
 
     #[test]
     fn rows_are_packed_in_order_and_reduced_until_one_answer_remains() {

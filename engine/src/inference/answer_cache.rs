@@ -777,7 +777,7 @@ impl QueryBackend for CachedQuery {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inference::backend::{ContentHashBackend, test_call as call};
+    use crate::inference::backend::{Answerer, ContentHashBackend, begun, test_call as call};
     use std::sync::Arc;
 
     fn identity(dtype: &str) -> AnswerIdentity {
@@ -848,7 +848,7 @@ mod tests {
         asked: AtomicU64,
     }
 
-    impl InferenceBackend for Flaky {
+    impl Answerer for Flaky {
         fn name(&self) -> &str {
             "flaky"
         }
@@ -889,10 +889,10 @@ mod tests {
 
         // First run: two batches of 10 answered, the third fails.
         let first = flaky(25);
-        let cached = CachedBackend::new(
+        let cached = begun(CachedBackend::new(
             first.clone(),
             AnswerCache::open(dir.path(), &identity("f32"), key()).unwrap(),
-        );
+        ));
         for chunk in requests.chunks(10).take(2) {
             cached.answer(&filter, chunk).unwrap();
         }
@@ -902,25 +902,24 @@ mod tests {
 
         // Rerun: the 20 recorded answers are reused, the other 20 asked.
         let second = flaky(usize::MAX);
-        let cached = CachedBackend::new(
+        let cached = begun(CachedBackend::new(
             second.clone(),
             AnswerCache::open(dir.path(), &identity("f32"), key()).unwrap(),
-        );
+        ));
         assert_eq!(cached.cache().len(), 20);
-        cached.start_query(&[]);
         assert_eq!(cached.answer(&filter, &requests).unwrap(), truth);
         assert_eq!(second.asked.load(Ordering::Relaxed), 20);
-        let m = cached.measurements();
+        let m = cached.work();
         assert_eq!(m.answer_cache_reused, Some(Sum(20)));
         assert_eq!(m.answer_cache_asked, Some(Sum(20)));
         drop(cached);
 
         // Another dtype is another identity: nothing reused.
         let third = flaky(usize::MAX);
-        let cached = CachedBackend::new(
+        let cached = begun(CachedBackend::new(
             third.clone(),
             AnswerCache::open(dir.path(), &identity("bf16"), key()).unwrap(),
-        );
+        ));
         assert_eq!(cached.answer(&filter, &requests).unwrap(), truth);
         assert_eq!(third.asked.load(Ordering::Relaxed), 40);
     }
@@ -966,10 +965,10 @@ mod tests {
             .map(|c| reference.answer(c, &singles).unwrap())
             .collect();
         let inner = flaky(usize::MAX);
-        let cached = CachedBackend::new(
+        let cached = begun(CachedBackend::new(
             inner.clone(),
             AnswerCache::open(dir.path(), &identity("f32"), key()).unwrap(),
-        );
+        ));
         // Half the pairs first, then all of them: the known half is not asked again.
         cached.answer(&join, &pairs[..6]).unwrap();
         assert_eq!(cached.answer(&join, &pairs).unwrap(), want_pairs);
@@ -979,10 +978,10 @@ mod tests {
         }
         assert_eq!(inner.asked.load(Ordering::Relaxed), 12 + 4 + 4 * 4);
         drop(cached);
-        let reopened = CachedBackend::new(
+        let reopened = begun(CachedBackend::new(
             flaky(0),
             AnswerCache::open(dir.path(), &identity("f32"), key()).unwrap(),
-        );
+        ));
         assert_eq!(reopened.answer(&join, &pairs).unwrap(), want_pairs);
         assert_eq!(reopened.answer(&classify, &singles).unwrap(), want_labels);
         for (c, want) in typed.iter().zip(&want_typed) {

@@ -659,6 +659,46 @@ pub(crate) fn test_call(kind: AiKind, template: &str, labels: &[&str]) -> AiCall
     }
 }
 
+/// A test's query on a backend, begun with no calls and no budget: it asks
+/// as the backend itself once did, and reaches the backend's own methods.
+#[cfg(test)]
+pub(crate) struct TestQuery<B> {
+    pub backend: Arc<B>,
+    pub query: Arc<dyn QueryBackend>,
+}
+
+#[cfg(test)]
+impl<B> TestQuery<B> {
+    /// The query's answers alone.
+    pub fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+        self.query.answer(call, requests).map(|a| a.answers)
+    }
+
+    /// The query's measurements.
+    pub fn work(&self) -> Work {
+        self.query.work()
+    }
+}
+
+#[cfg(test)]
+impl<B> std::ops::Deref for TestQuery<B> {
+    type Target = B;
+    fn deref(&self) -> &B {
+        &self.backend
+    }
+}
+
+/// A query begun on `backend` for a test.
+#[cfg(test)]
+pub(crate) fn begun<B: InferenceBackend + 'static>(backend: B) -> TestQuery<B> {
+    let backend = Arc::new(backend);
+    let query = backend
+        .clone()
+        .begin(QueryStart::default())
+        .expect("a query begins");
+    TestQuery { backend, query }
+}
+
 /// One request per `(id, text)` document, no partner: the batch a test asks.
 #[cfg(test)]
 pub(crate) fn test_requests(docs: &[(String, String)]) -> Vec<AiRequest<'_>> {

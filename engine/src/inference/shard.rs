@@ -347,15 +347,9 @@ impl ShardedQuery {
     }
 }
 
-impl InferenceBackend for ShardedBackend {
-    fn name(&self) -> &str {
-        self.backends[0].name()
-    }
-
-    /// Shared workers are taken in one order by every coordinator (see
-    /// [`InferenceBackend::turn_order`]), the rest in the given order; every
-    /// worker spends the one budget of the query.
-    fn begin(self: std::sync::Arc<Self>, start: QueryStart) -> Result<std::sync::Arc<dyn QueryBackend>> {
+impl ShardedBackend {
+    /// Begins a query on every worker (see [`InferenceBackend::begin`]).
+    fn query(&self, start: QueryStart) -> Result<ShardedQuery> {
         let mut order: Vec<usize> = (0..self.backends.len()).collect();
         order.sort_by_cached_key(|&i| self.backends[i].turn_order());
         let mut queries: Vec<Option<std::sync::Arc<dyn QueryBackend>>> =
@@ -363,7 +357,7 @@ impl InferenceBackend for ShardedBackend {
         for i in order {
             queries[i] = Some(self.backends[i].clone().begin(start.clone())?);
         }
-        Ok(std::sync::Arc::new(ShardedQuery {
+        Ok(ShardedQuery {
             workers: queries
                 .into_iter()
                 .map(|q| Worker {
@@ -373,7 +367,23 @@ impl InferenceBackend for ShardedBackend {
                 })
                 .collect(),
             router: Mutex::new(DocumentRouter::new(self.backends.len())),
-        }))
+        })
+    }
+}
+
+impl InferenceBackend for ShardedBackend {
+    fn name(&self) -> &str {
+        self.backends[0].name()
+    }
+
+    /// Shared workers are taken in one order by every coordinator (see
+    /// [`InferenceBackend::turn_order`]), the rest in the given order; every
+    /// worker spends the one budget of the query.
+    fn begin(
+        self: std::sync::Arc<Self>,
+        start: QueryStart,
+    ) -> Result<std::sync::Arc<dyn QueryBackend>> {
+        Ok(std::sync::Arc::new(self.query(start)?))
     }
 
     fn context_positions(&self) -> Option<usize> {
@@ -476,7 +486,9 @@ impl QueryBackend for ShardedQuery {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inference::backend::{AiKind, AskTyped, ContentHashBackend, test_call};
+    use crate::inference::backend::{
+        AiKind, Answerer, AskTyped, ContentHashBackend, begun, test_call,
+    };
     use crate::inference::work::Sum;
     use std::sync::Arc;
 
@@ -614,7 +626,7 @@ mod tests {
         anchors: Mutex<Vec<String>>,
     }
 
-    impl InferenceBackend for Recording {
+    impl Answerer for Recording {
         fn name(&self) -> &str {
             "recording"
         }
@@ -637,19 +649,12 @@ mod tests {
         fn name(&self) -> &str {
             "turn"
         }
-        fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
-            let one = if call.kind.has_labels() {
-                Answer::Label(0)
-            } else {
-                Answer::Bool(true)
-            };
-            Ok(vec![one; requests.len()])
+        fn begin(self: Arc<Self>, _: QueryStart) -> Result<Arc<dyn QueryBackend>> {
+            self.log.lock().unwrap().push(self.url.unwrap_or("local"));
+            Ok(begun(ContentHashBackend::default()).query)
         }
         fn turn_order(&self) -> Option<String> {
             self.url.map(String::from)
-        }
-        fn start_query(&self, _: &[AiCall]) {
-            self.log.lock().unwrap().push(self.url.unwrap_or("local"));
         }
     }
 
@@ -669,7 +674,7 @@ mod tests {
             Some("http://c:1/"),
         ];
         let sharded = ShardedBackend::try_new(listed.iter().map(|&u| turn(u)).collect()).unwrap();
-        sharded.start_query(&[]);
+        sharded.query(QueryStart::default()).unwrap();
         assert_eq!(
             *log.lock().unwrap(),
             ["local", "http://a:1/", "http://b:1/", "http://c:1/"]
@@ -715,8 +720,13 @@ mod tests {
                 partner: Some(doc(j)),
             })
             .collect();
-        sharded.start_query(&[filter.clone(), join.clone()]);
-        let reference = ContentHashBackend::default();
+        let sharded = sharded
+            .query(QueryStart {
+                calls: vec![filter.clone(), join.clone()],
+                spend: None,
+            })
+            .unwrap();
+        let reference = begun(ContentHashBackend::default()).query;
         assert_eq!(
             sharded.decide(&filter, &singles).unwrap(),
             reference.decide(&filter, &singles).unwrap()
@@ -735,7 +745,7 @@ mod tests {
             }
         }
         assert_eq!(owner.len(), 30);
-        let m = sharded.measurements();
+        let m = sharded.work();
         let questions: u64 = m.workers.unwrap().0.iter().map(|w| w.questions).sum();
         assert_eq!(questions, 30 + 120);
     }
@@ -762,10 +772,13 @@ mod tests {
                 }),
             })
             .collect();
-        sharded.start_query(std::slice::from_ref(&join));
+        let sharded = sharded.query(QueryStart::one(&join)).unwrap();
         assert_eq!(
             sharded.decide(&join, &pairs).unwrap(),
-            ContentHashBackend::default().decide(&join, &pairs).unwrap()
+            begun(ContentHashBackend::default())
+                .query
+                .decide(&join, &pairs)
+                .unwrap()
         );
         let load = sharded.router.lock().unwrap().load().to_vec();
         let (max, min) = (*load.iter().max().unwrap(), *load.iter().min().unwrap());
@@ -782,7 +795,7 @@ mod tests {
     /// Fails every call, like a lost worker.
     struct Lost;
 
-    impl InferenceBackend for Lost {
+    impl Answerer for Lost {
         fn name(&self) -> &str {
             "lost"
         }
@@ -810,6 +823,7 @@ mod tests {
                 partner: None,
             })
             .collect();
+        let sharded = sharded.query(QueryStart::default()).unwrap();
         let e = sharded.decide(&filter, &requests).unwrap_err().to_string();
         assert!(
             e.contains("worker 1") && e.contains("connection reset"),
@@ -825,10 +839,16 @@ mod tests {
         fn name(&self) -> &str {
             "measured"
         }
-        fn answer(&self, _: &AiCall, _: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+        fn begin(self: Arc<Self>, _: QueryStart) -> Result<Arc<dyn QueryBackend>> {
+            Ok(self)
+        }
+    }
+
+    impl QueryBackend for Measured {
+        fn answer(&self, _: &AiCall, _: &[AiRequest<'_>]) -> Result<Answered> {
             Err(EngineError::Inference("not asked".into()))
         }
-        fn measurements(&self) -> Work {
+        fn work(&self) -> Work {
             self.0.clone()
         }
     }
@@ -845,7 +865,8 @@ mod tests {
             })) as Arc<dyn InferenceBackend>
         };
         let sharded = ShardedBackend::try_new(vec![worker(10, 5), worker(30, 9)]).unwrap();
-        let total = serde_json::Value::Object(sharded.measurements().to_json());
+        let query = sharded.query(QueryStart::default()).unwrap();
+        let total = serde_json::Value::Object(query.work().to_json());
         assert_eq!(total["fresh_tokens"], 40);
         assert_eq!(total["kv_peak_bytes"], 9);
         assert_eq!(total["kv_budget_bytes"], 100);

@@ -59,7 +59,8 @@ impl QueryGate {
     /// Cancels the work of `ticket`'s query (and of any before it), never of a
     /// later one: a query object cancels itself only.
     pub fn cancel_query(&self, ticket: Ticket) {
-        self.cancelled_below.fetch_max(ticket.0 + 1, Ordering::SeqCst);
+        self.cancelled_below
+            .fetch_max(ticket.0 + 1, Ordering::SeqCst);
     }
 
     /// Returns once no call is running: every call entered before has left, and

@@ -50,9 +50,9 @@ use crate::exec::logical::{AiNode, AiShape, AiSpec};
 use crate::inference::backend::{
     AiCall, AiRequest, Answer, Answered, Doc, InferenceBackend, QueryBackend, check_answers,
 };
-use crate::inference::work::{Config, Work};
 use crate::inference::memo::{AnswerMemo, MemoKey};
 use crate::inference::prompt::Excerpt;
+use crate::inference::work::{Config, Work};
 
 mod join;
 use join::{
@@ -1094,7 +1094,7 @@ mod tests {
     use futures::{FutureExt, StreamExt, TryStreamExt};
 
     use super::*;
-    use crate::inference::backend::ContentHashBackend;
+    use crate::inference::backend::{Answerer, ContentHashBackend};
     use crate::sql::options::QueryOptions;
     use crate::sql::{Evaluation, SqlSession, row_lines};
 
@@ -1147,13 +1147,13 @@ mod tests {
         }
     }
 
-    impl InferenceBackend for Counting {
+    impl Answerer for Counting {
         fn name(&self) -> &str {
             "counting"
         }
 
         fn context_positions(&self) -> Option<usize> {
-            self.answers.context_positions()
+            Answerer::context_positions(&self.answers)
         }
 
         fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {

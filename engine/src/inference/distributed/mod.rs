@@ -51,8 +51,8 @@ mod tests {
     use crate::error::Result;
     use crate::inference::answer_cache::AnswerIdentity;
     use crate::inference::backend::{
-        AiCall, AiKind, AiRequest, Answer, AskTyped, ContentHashBackend, Doc, InferenceBackend,
-        test_call, test_requests,
+        AiCall, AiKind, AiRequest, Answer, Answered, Answerer, AskTyped, ContentHashBackend, Doc,
+        InferenceBackend, QueryBackend, QueryStart, test_call, test_requests,
     };
     use crate::inference::shard::ShardedBackend;
     use crate::inference::work::{Sum, Work};
@@ -89,18 +89,34 @@ mod tests {
         asked: std::sync::atomic::AtomicUsize,
     }
 
+    /// Its queries are itself: one "fresh token" a decision asked.
     impl InferenceBackend for ByLength {
         fn name(&self) -> &str {
             "model"
         }
-        fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
-            if call.kind.is_decision() {
+        fn begin(self: Arc<Self>, _: QueryStart) -> Result<Arc<dyn QueryBackend>> {
+            Ok(self)
+        }
+    }
+
+    impl QueryBackend for ByLength {
+        fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Answered> {
+            let asked = if call.kind.is_decision() {
                 self.asked
                     .fetch_add(requests.len(), std::sync::atomic::Ordering::Relaxed);
-            }
-            Ok(answers_by_length(call, requests))
+                requests.len() as u64
+            } else {
+                0
+            };
+            Ok(Answered {
+                answers: answers_by_length(call, requests),
+                work: Work {
+                    fresh_tokens: Some(Sum(asked)),
+                    ..Work::default()
+                },
+            })
         }
-        fn measurements(&self) -> Work {
+        fn work(&self) -> Work {
             let asked = self.asked.load(std::sync::atomic::Ordering::Relaxed);
             Work {
                 fresh_tokens: Some(Sum(asked as u64)),
@@ -176,7 +192,7 @@ mod tests {
                 })
             })
             .collect();
-        sharded.start_query(std::slice::from_ref(&join));
+        let sharded = Arc::new(sharded).begin(QueryStart::one(&join)).unwrap();
         assert_eq!(
             sharded.decide(&join, &pairs).unwrap(),
             local.decide(&join, &pairs).unwrap()
@@ -200,7 +216,7 @@ mod tests {
             .collect();
         assert_eq!(asked.iter().sum::<usize>(), pairs.len(), "{asked:?}");
         assert!(asked.iter().filter(|&&n| n > 0).count() >= 2, "{asked:?}");
-        let m = sharded.measurements();
+        let m = sharded.work();
         assert_eq!(m.fresh(), pairs.len() as u64);
         assert_eq!(m.workers.map(|w| w.0.len()), Some(3));
     }
@@ -211,6 +227,7 @@ mod tests {
             (0..2).map(|_| Arc::new(ContentHashBackend::default()) as Arc<dyn InferenceBackend>),
         );
         let local = ContentHashBackend::default();
+        let sharded = Arc::new(sharded);
         let texts: Vec<(String, String)> = (0..24)
             .map(|i| format!("document {i} é{}", "z".repeat(i)))
             .map(|t| (t.clone(), t))
@@ -228,14 +245,23 @@ mod tests {
             test_call(AiKind::Complete, "Summarise {0}.", &[]),
             extract,
         ];
-        sharded.start_query(&calls);
+        let query = sharded
+            .clone()
+            .begin(QueryStart {
+                calls: calls.to_vec(),
+                spend: None,
+            })
+            .unwrap();
         for call in &calls {
-            let got = sharded.answer(call, &docs).unwrap();
+            let got = query.answer(call, &docs).unwrap().answers;
             assert_eq!(got, local.answer(call, &docs).unwrap(), "{:?}", call.kind);
             assert!(got.iter().all(|a| a.fits(call)), "{:?}", call.kind);
         }
         // A worker's context reaches the coordinator (ai_agg packs by it).
-        assert_eq!(sharded.context_positions(), local.context_positions());
+        assert_eq!(
+            sharded.context_positions(),
+            Answerer::context_positions(&local)
+        );
     }
 
     /// [`ByLength`], but a document longer than 40 bytes is a failed row.
@@ -245,17 +271,23 @@ mod tests {
         fn name(&self) -> &str {
             "model"
         }
-        fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
-            let mut answers = self.0.answer(call, requests)?;
-            for (a, r) in answers.iter_mut().zip(requests) {
+        fn begin(self: Arc<Self>, _: QueryStart) -> Result<Arc<dyn QueryBackend>> {
+            Ok(self)
+        }
+    }
+
+    impl QueryBackend for LongFails {
+        fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Answered> {
+            let mut answered = self.0.answer(call, requests)?;
+            for (a, r) in answered.answers.iter_mut().zip(requests) {
                 if r.anchor.text.len() > 40 {
                     *a = Answer::Failed(format!("row {} is too long", r.anchor.id).into());
                 }
             }
-            Ok(answers)
+            Ok(answered)
         }
-        fn measurements(&self) -> Work {
-            self.0.measurements()
+        fn work(&self) -> Work {
+            self.0.work()
         }
     }
 
@@ -281,11 +313,15 @@ mod tests {
                 gpu_hourly_rate_usd: 3.5,
             },
         ));
-        sharded.start_query(std::slice::from_ref(&call));
-        sharded.meter_query(Some(spend.clone()));
+        let sharded = Arc::new(sharded)
+            .begin(QueryStart {
+                calls: vec![call.clone()],
+                spend: Some(spend.clone()),
+            })
+            .unwrap();
         // Under the limit: asked, and charged what the workers computed (one
         // "fresh token" a question here). Rows over 40 bytes come back failed.
-        let first = sharded.answer(&call, &docs).unwrap();
+        let first = sharded.answer(&call, &docs).unwrap().answers;
         for (a, (t, _)) in first.iter().zip(&texts) {
             if t.len() > 40 {
                 assert_eq!(*a, Answer::Failed(format!("row {t} is too long").into()));
@@ -296,11 +332,11 @@ mod tests {
         assert_eq!(spend.fresh_tokens(), 8);
         assert_eq!(spend.reached(), None);
         // Still under it: asked, and now past it.
-        assert_eq!(sharded.answer(&call, &docs).unwrap(), first);
+        assert_eq!(sharded.answer(&call, &docs).unwrap().answers, first);
         assert_eq!(spend.fresh_tokens(), 16);
         assert!(spend.reached().is_some());
         // Spent: nothing more is sent to the workers.
-        let third = sharded.answer(&call, &docs).unwrap();
+        let third = sharded.answer(&call, &docs).unwrap().answers;
         assert!(third.iter().all(|a| *a == Answer::Unreached), "{third:?}");
         let asked: usize = served
             .iter()
@@ -343,8 +379,10 @@ mod tests {
     fn a_worker_that_stops_fails_the_next_question_naming_it() {
         let mut served = start_worker(by_length(), "f32");
         let addr = served.addr().to_string();
-        let worker = RemoteWorker::connect(&addr).unwrap();
         let call = test_call(AiKind::Filter, "Is {0} even?", &[]);
+        let worker = Arc::new(RemoteWorker::connect(&addr).unwrap())
+            .begin(QueryStart::one(&call))
+            .unwrap();
         let doc = Doc {
             id: "1",
             text: "ab",

@@ -656,8 +656,10 @@ impl QueryBackend for RemoteQuery {
                 text: d.text.to_string(),
             })
             .collect();
-        self.worker
-            .notify(self.id, WorkerMessage::PartnersCollected(call.clone(), docs));
+        self.worker.notify(
+            self.id,
+            WorkerMessage::PartnersCollected(call.clone(), docs),
+        );
     }
 }
 

@@ -15,13 +15,15 @@ use datafusion_distributed::{
 };
 use datafusion_proto::physical_plan::{DefaultPhysicalProtoConverter, PhysicalExtensionCodec};
 
+use super::message::AnsweredReply;
 use super::message::{decode, encode};
 use super::worker::answer;
 use super::*;
 use crate::error::{EngineError, Result};
 use crate::inference::answer_cache::AnswerIdentity;
 use crate::inference::backend::{
-    AiCall, AiKind, AiRequest, Answer, AskTyped, InferenceBackend, test_call, test_requests,
+    AiCall, AiKind, AiRequest, Answer, Answered, Answerer, AskTyped, InferenceBackend,
+    QueryBackend, QueryStart, test_call, test_requests,
 };
 
 /// Answers by length, and fails a question of an operator other than the one
@@ -38,9 +40,19 @@ impl InferenceBackend for OneQueryAtATime {
     fn name(&self) -> &str {
         "model"
     }
-    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+    fn begin(self: Arc<Self>, start: QueryStart) -> Result<Arc<dyn QueryBackend>> {
+        *self.started.lock().unwrap() = start.calls.iter().map(|c| c.op_id.clone()).collect();
+        Ok(Arc::new(OneQuery(self)))
+    }
+}
+
+/// A query on [`OneQueryAtATime`].
+struct OneQuery(Arc<OneQueryAtATime>);
+
+impl QueryBackend for OneQuery {
+    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Answered> {
         if call.kind.is_decision() {
-            let started = self.started.lock().unwrap().clone();
+            let started = self.0.started.lock().unwrap().clone();
             if !started.contains(&call.op_id) {
                 return Err(EngineError::Inference(format!(
                     "{} asked during the query of {started:?}",
@@ -50,13 +62,12 @@ impl InferenceBackend for OneQueryAtATime {
             // A batch takes a while, so that two coordinators overlap.
             std::thread::sleep(Duration::from_millis(2));
         }
-        Ok(super::tests::answers_by_length(call, requests))
+        Ok(Answered::free(super::tests::answers_by_length(
+            call, requests,
+        )))
     }
     fn cancel(&self) {
-        self.cancels.fetch_add(1, Ordering::SeqCst);
-    }
-    fn start_query(&self, operators: &[AiCall]) {
-        *self.started.lock().unwrap() = operators.iter().map(|c| c.op_id.clone()).collect();
+        self.0.cancels.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -88,7 +99,11 @@ fn by_length(docs: &[(String, String)]) -> Vec<bool> {
 }
 
 fn answered_by_length(docs: &[(String, String)]) -> WorkerReply {
-    WorkerReply::Answered(by_length(docs).into_iter().map(Answer::Bool).collect())
+    WorkerReply::Answered(Box::new(AnsweredReply {
+        answers: by_length(docs).into_iter().map(Answer::Bool).collect(),
+        work: Default::default(),
+        query_work: Default::default(),
+    }))
 }
 
 fn task(query: u64, message: WorkerMessage) -> WorkerTask {
@@ -168,7 +183,7 @@ fn two_coordinators_queries_take_turns_and_cancel_only_their_own() {
     assert_eq!(decide(2, "b"), answered_by_length(&docs));
     assert!(failed(&decide(1, "a")).contains("not the query"));
     // A message of no query is refused.
-    let none = WorkerTask::outside_query(WorkerMessage::Measurements);
+    let none = WorkerTask::outside_query(WorkerMessage::WaitStopped);
     assert!(failed(&answer(&served, none)).contains("names no query"));
 }
 
@@ -263,20 +278,23 @@ fn two_coordinators_at_once_on_one_worker_each_get_their_own_answers() {
     let coordinator = |name: &'static str, salt: usize| {
         let addr = addr.clone();
         std::thread::spawn(move || -> std::result::Result<(), String> {
-            let worker = RemoteWorker::connect(&addr).map_err(|e| e.to_string())?;
+            let worker = Arc::new(RemoteWorker::connect(&addr).map_err(|e| e.to_string())?);
             for round in 0..3 {
                 let op = format!("{name}-{round}");
-                worker.start_query(&[filter(&op)]);
+                let query = worker
+                    .clone()
+                    .begin(QueryStart::one(&filter(&op)))
+                    .map_err(|e| e.to_string())?;
                 for batch in 0..4 {
                     let docs = texts(5 + batch, salt + batch);
-                    let got = worker
+                    let got = query
                         .decide(&filter(&op), &test_requests(&docs))
                         .map_err(|e| e.to_string())?;
                     if got != by_length(&docs) {
                         return Err(format!("{op}: wrong answers"));
                     }
                 }
-                worker.end_query();
+                drop(query);
             }
             Ok(())
         })
@@ -307,8 +325,9 @@ fn a_worker_with_a_token_refuses_calls_without_it() {
             "{wrong:?}: {err}"
         );
     }
-    let worker = with(Some("s3cret-token")).unwrap();
-    worker.start_query(&[filter("a")]);
+    let worker = Arc::new(with(Some("s3cret-token")).unwrap())
+        .begin(QueryStart::one(&filter("a")))
+        .unwrap();
     let docs = texts(3, 2);
     assert_eq!(
         worker.decide(&filter("a"), &test_requests(&docs)).unwrap(),
@@ -419,8 +438,9 @@ fn file_scans_and_sinks_sent_to_a_worker_are_refused_reading_and_writing_nothing
     });
     assert!(!written.exists(), "the worker wrote {}", written.display());
     // The worker still serves aisql's own stages.
-    let worker = RemoteWorker::connect(&addr).unwrap();
-    worker.start_query(&[filter("a")]);
+    let worker = Arc::new(RemoteWorker::connect(&addr).unwrap())
+        .begin(QueryStart::one(&filter("a")))
+        .unwrap();
     let docs = texts(2, 3);
     assert_eq!(
         worker.decide(&filter("a"), &test_requests(&docs)).unwrap(),
@@ -562,8 +582,9 @@ fn crafted_requests_are_refused_before_the_service_and_the_worker_keeps_serving(
             assert!(message.contains(why), "{why}: {status} {message}");
         }
     });
-    let worker = RemoteWorker::connect(&addr).unwrap();
-    worker.start_query(&[filter("a")]);
+    let worker = Arc::new(RemoteWorker::connect(&addr).unwrap())
+        .begin(QueryStart::one(&filter("a")))
+        .unwrap();
     let docs = texts(2, 4);
     assert_eq!(
         worker.decide(&filter("a"), &test_requests(&docs)).unwrap(),
@@ -750,8 +771,9 @@ fn a_tls_worker_is_reached_over_https_with_its_ca_and_token_only() {
             },
         )
     };
-    let worker = with(&https, Some("t0ken"), Some(&ca)).unwrap();
-    worker.start_query(&[filter("a")]);
+    let worker = Arc::new(with(&https, Some("t0ken"), Some(&ca)).unwrap())
+        .begin(QueryStart::one(&filter("a")))
+        .unwrap();
     let docs = texts(4, 6);
     assert_eq!(
         worker.decide(&filter("a"), &test_requests(&docs)).unwrap(),
@@ -783,24 +805,29 @@ fn coordinators_listing_shared_workers_in_other_orders_do_not_wait_on_each_other
     let coordinator = |addrs: Vec<String>, name: &'static str| {
         std::thread::spawn(move || -> std::result::Result<(), String> {
             let workers = connect_workers(&addrs).map_err(|e| e.to_string())?;
-            let sharded = crate::inference::shard::ShardedBackend::try_new(
-                workers
-                    .into_iter()
-                    .map(|w| Arc::new(w) as Arc<dyn InferenceBackend>)
-                    .collect(),
-            )
-            .map_err(|e| e.to_string())?;
+            let sharded = Arc::new(
+                crate::inference::shard::ShardedBackend::try_new(
+                    workers
+                        .into_iter()
+                        .map(|w| Arc::new(w) as Arc<dyn InferenceBackend>)
+                        .collect(),
+                )
+                .map_err(|e| e.to_string())?,
+            );
             for round in 0..4 {
                 let op = format!("{name}-{round}");
-                sharded.start_query(&[filter(&op)]);
+                let query = sharded
+                    .clone()
+                    .begin(QueryStart::one(&filter(&op)))
+                    .map_err(|e| e.to_string())?;
                 let docs = texts(6, round);
-                let got = sharded
+                let got = query
                     .decide(&filter(&op), &test_requests(&docs))
                     .map_err(|e| e.to_string())?;
                 if got != by_length(&docs) {
                     return Err(format!("{op}: wrong answers"));
                 }
-                sharded.end_query();
+                drop(query);
             }
             Ok(())
         })
@@ -821,7 +848,7 @@ fn coordinators_listing_shared_workers_in_other_orders_do_not_wait_on_each_other
 /// Answers by length after a pause as long as a model's batch.
 struct Slow(Duration);
 
-impl InferenceBackend for Slow {
+impl Answerer for Slow {
     fn name(&self) -> &str {
         "model"
     }
@@ -892,7 +919,7 @@ fn keep_alive_lets_a_long_batch_finish_and_a_worker_that_stops_answering_fails_t
     let server = start(Arc::new(Slow(Duration::from_millis(1500))), None);
     let relay = Relay::start(server.addr());
     let docs = texts(3, 1);
-    let ask = |worker: &RemoteWorker| worker.decide(&filter("a"), &test_requests(&docs));
+    let ask = |query: &Arc<dyn QueryBackend>| query.decide(&filter("a"), &test_requests(&docs));
 
     // Pings every 100 ms, each answered within 300 ms while the worker's model
     // spends 1.5 s on the batch.
@@ -901,8 +928,9 @@ fn keep_alive_lets_a_long_batch_finish_and_a_worker_that_stops_answering_fails_t
         keep_alive_timeout: Duration::from_millis(300),
         ..Default::default()
     };
-    let worker = RemoteWorker::connect_with(&relay.addr, &quick_pings).unwrap();
-    worker.start_query(&[filter("a")]);
+    let worker = Arc::new(RemoteWorker::connect_with(&relay.addr, &quick_pings).unwrap())
+        .begin(QueryStart::one(&filter("a")))
+        .unwrap();
     assert_eq!(ask(&worker).unwrap(), by_length(&docs));
     // Frozen, the connection stays open and only unanswered pings tell: the
     // call timeout (30 min by default) is far off.
@@ -926,9 +954,9 @@ fn keep_alive_lets_a_long_batch_finish_and_a_worker_that_stops_answering_fails_t
         call_timeout: Duration::from_secs(3),
         ..Default::default()
     };
-    let worker = RemoteWorker::connect_with(&relay.addr, &bounded).unwrap();
+    let connected = Arc::new(RemoteWorker::connect_with(&relay.addr, &bounded).unwrap());
     let starting = Instant::now();
-    worker.start_query(&[filter("a")]);
+    let worker = connected.begin(QueryStart::one(&filter("a"))).unwrap();
     assert!(starting.elapsed() < Duration::from_secs(30));
     assert_eq!(ask(&worker).unwrap(), by_length(&docs));
     relay.freeze(true);
@@ -942,7 +970,7 @@ fn keep_alive_lets_a_long_batch_finish_and_a_worker_that_stops_answering_fails_t
     assert!(waited < Duration::from_secs(8), "{waited:?}: {err}");
     // Nothing more is sent to it for this query: ending it does not wait.
     let ending = Instant::now();
-    worker.end_query();
+    drop(worker);
     assert!(ending.elapsed() < Duration::from_secs(1));
     eprintln!("keep-alive: {lost}\ncall timeout: {err}");
 }

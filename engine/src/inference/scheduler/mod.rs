@@ -628,7 +628,12 @@ impl<E: Executor> ScheduledBackend<E> {
         Ok(())
     }
 
-    fn run(&self, ticket: Ticket, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
+    fn run(
+        &self,
+        ticket: Ticket,
+        call: &AiCall,
+        requests: &[AiRequest<'_>],
+    ) -> Result<Vec<Answer>> {
         // Held until this call returns: the next query starts only after it.
         let (_in_flight, _current) = self.gate.enter();
         self.gate.check(ticket, &call.op_id)?;
@@ -1298,7 +1303,7 @@ impl<E: Executor> QueryBackend for ScheduledQuery<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inference::backend::{AiKind, test_call, test_requests};
+    use crate::inference::backend::{AiKind, Answerer, test_call, test_requests};
 
     fn tiny_backend() -> Arc<ScheduledBackend<ModelExecutor>> {
         let spec = ModelSpec {
@@ -1326,16 +1331,34 @@ mod tests {
             .collect()
     }
 
-    fn ask(backend: &dyn InferenceBackend, docs: &[(String, String)]) -> (Vec<bool>, usize) {
+    /// A query of `calls` on `backend`.
+    fn start<E: Executor>(
+        backend: &Arc<ScheduledBackend<E>>,
+        calls: &[AiCall],
+    ) -> Arc<dyn QueryBackend> {
+        backend
+            .clone()
+            .begin(QueryStart {
+                calls: calls.to_vec(),
+                spend: None,
+            })
+            .unwrap()
+    }
+
+    fn ask<E: Executor>(
+        backend: &Arc<ScheduledBackend<E>>,
+        docs: &[(String, String)],
+    ) -> (Vec<bool>, usize) {
         let call = test_call(AiKind::Filter, "Is the review {0} positive?", &[]);
-        backend.start_query(std::slice::from_ref(&call));
-        let answers: Vec<bool> = backend
+        let query = start(backend, std::slice::from_ref(&call));
+        let answers: Vec<bool> = query
             .answer(&call, &test_requests(docs))
             .unwrap()
+            .answers
             .iter()
             .map(|a| a.as_bool().unwrap())
             .collect();
-        let fresh = backend.measurements().fresh() as usize;
+        let fresh = query.work().fresh() as usize;
         (answers, fresh)
     }
 
@@ -1343,24 +1366,24 @@ mod tests {
     fn a_second_dataset_with_the_same_ids_is_answered_from_its_own_texts() {
         let first = dataset("a warm, funny and moving film that I loved", 12);
         let second = dataset("dull plot; wooden acting; I left early", 12);
-        let alone = ask(tiny_backend().as_ref(), &second);
+        let alone = ask(&tiny_backend(), &second);
         let reused = tiny_backend();
-        let before = ask(reused.as_ref(), &first);
+        let before = ask(&reused, &first);
         // The test can fail: the two datasets' answers and token counts differ.
         assert_ne!(before, alone);
-        assert_eq!(ask(reused.as_ref(), &second), alone);
+        assert_eq!(ask(&reused, &second), alone);
         // And back: the first dataset's texts are still told apart.
-        assert_eq!(ask(reused.as_ref(), &first), before);
+        assert_eq!(ask(&reused, &first), before);
     }
 
     /// A simulation answering from prompt hashes, one byte of KV per position.
     fn simulation(
         kv_budget_bytes: usize,
         host_kv_budget_bytes: usize,
-    ) -> ScheduledBackend<SimExecutor> {
-        let answers: Arc<dyn InferenceBackend> =
+    ) -> Arc<ScheduledBackend<SimExecutor>> {
+        let answers: Arc<dyn Answerer> =
             Arc::new(crate::inference::backend::ContentHashBackend::default());
-        ScheduledBackend::new(
+        Arc::new(ScheduledBackend::new(
             SimExecutor::answering(answers, 1, QWEN3_4B_MAX_POSITIONS),
             Tokenizer::vendored().unwrap(),
             SchedulerConfig {
@@ -1368,7 +1391,7 @@ mod tests {
                 host_kv_budget_bytes,
                 ..SchedulerConfig::default()
             },
-        )
+        ))
     }
 
     /// Long documents (past the stub a dropped document keeps), all different.
@@ -1381,14 +1404,14 @@ mod tests {
             .collect()
     }
 
-    fn measured(backend: &dyn InferenceBackend, key: &str) -> u64 {
-        backend.measurements().to_json()[key].as_u64().unwrap()
+    fn measured(query: &Arc<dyn QueryBackend>, key: &str) -> u64 {
+        query.work().to_json()[key].as_u64().unwrap()
     }
 
     /// Asks `call` about each document in a call of its own, twice over;
     /// returns the answers.
     fn ask_each_twice(
-        backend: &dyn InferenceBackend,
+        query: &Arc<dyn QueryBackend>,
         call: &AiCall,
         docs: &[(String, String)],
     ) -> Vec<Answer> {
@@ -1396,7 +1419,7 @@ mod tests {
         let mut answers = Vec::new();
         for _ in 0..2 {
             for r in &all {
-                answers.extend(backend.answer(call, std::slice::from_ref(r)).unwrap());
+                answers.extend(query.answer(call, std::slice::from_ref(r)).unwrap().answers);
             }
         }
         answers
@@ -1406,17 +1429,14 @@ mod tests {
     fn a_document_asked_again_reuses_its_kv() {
         let backend = simulation(1 << 30, 0);
         let call = test_call(AiKind::Filter, "Is the review {0} positive?", &[]);
-        backend.start_query(std::slice::from_ref(&call));
+        let query = start(&backend, std::slice::from_ref(&call));
         let docs = long_docs(4);
         let asked = test_requests(&docs);
-        let first = InferenceBackend::answer(&backend, &call, &asked).unwrap();
-        let fresh = measured(&backend, "fresh_tokens");
+        let first = query.answer(&call, &asked).unwrap().answers;
+        let fresh = measured(&query, "fresh_tokens");
         assert!(fresh > 4 * 120);
-        assert_eq!(
-            InferenceBackend::answer(&backend, &call, &asked).unwrap(),
-            first
-        );
-        assert_eq!(measured(&backend, "fresh_tokens"), fresh);
+        assert_eq!(query.answer(&call, &asked).unwrap().answers, first);
+        assert_eq!(measured(&query, "fresh_tokens"), fresh);
         // The answers are the answering backend's: caching changes no answer.
         let direct = crate::inference::backend::ContentHashBackend::default();
         assert_eq!(first, direct.answer(&call, &asked).unwrap());
@@ -1428,16 +1448,16 @@ mod tests {
         let docs = long_docs(6);
         let run = |device: usize, host: usize| {
             let backend = simulation(device, host);
-            backend.start_query(std::slice::from_ref(&call));
-            let answers = ask_each_twice(&backend, &call, &docs);
+            let query = start(&backend, std::slice::from_ref(&call));
+            let answers = ask_each_twice(&query, &call, &docs);
             let counts = [
                 "kv_evictions",
                 "kv_offloads",
                 "restored_tokens",
                 "fresh_tokens",
             ]
-            .map(|k| measured(&backend, k));
-            (answers, counts, backend)
+            .map(|k| measured(&query, k));
+            (answers, counts, (backend, query))
         };
         let (roomy, [evicted, offloaded, _, fresh], _) = run(1 << 30, 0);
         assert_eq!((evicted, offloaded), (0, 0));
@@ -1447,21 +1467,22 @@ mod tests {
         assert_eq!(tight, roomy);
         assert!(evicted > 0 && offloaded == 0 && restored == 0);
         assert!(tight_fresh > fresh);
-        assert!(measured(&backend, "kv_peak_bytes") > 1000);
+        assert!(measured(&backend.1, "kv_peak_bytes") > 1000);
         // A host tier for all of them: moved, then copied back, never recomputed.
         let (hosted, [evicted, offloaded, restored, hosted_fresh], backend) = run(1000, 1 << 20);
         assert_eq!(hosted, roomy);
         assert!(evicted == 0 && offloaded > 0 && restored > 0);
         assert_eq!(hosted_fresh, fresh);
         // A new query starts from nothing, counters included.
-        backend.start_query(std::slice::from_ref(&call));
+        let (backend, _ended) = backend;
+        let query = start(&backend, std::slice::from_ref(&call));
         for key in [
             "kv_offloads",
             "restored_tokens",
             "fresh_tokens",
             "kv_peak_bytes",
         ] {
-            assert_eq!(measured(&backend, key), 0, "{key}");
+            assert_eq!(measured(&query, key), 0, "{key}");
         }
     }
 
@@ -1472,10 +1493,10 @@ mod tests {
         let mut second = test_call(AiKind::Filter, "Is the plot {0} dull?", &[]);
         second.op_id = "op-2".into();
         second.tables = vec!["u".into()];
-        backend.start_query(&[first.clone(), second.clone()]);
+        let query = start(&backend, &[first.clone(), second.clone()]);
         let docs = long_docs(2);
-        InferenceBackend::answer(&backend, &first, &test_requests(&docs)).unwrap();
-        InferenceBackend::answer(&backend, &second, &test_requests(&docs[..1])).unwrap();
+        query.answer(&first, &test_requests(&docs)).unwrap();
+        query.answer(&second, &test_requests(&docs[..1])).unwrap();
         let state = backend.state.lock().unwrap();
         let tables: HashSet<&str> = state
             .tiers
