@@ -16,12 +16,11 @@ use aisql_bench::quailb::oracle::OracleBackend;
 use aisql_bench::quailb::plan::QueryPlan;
 use aisql_engine::sql::options::QueryOptions;
 use assert_cmd::Command;
+#[cfg(unix)]
+use common::cli::mkfifo;
+use common::cli::{aisql, table_arg};
 use common::*;
 use predicates::prelude::*;
-
-fn aisql() -> Command {
-    Command::cargo_bin("aisql").unwrap()
-}
 
 fn imdb1() -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(plans_dir().join("IMDB-1.json")).unwrap())
@@ -312,19 +311,6 @@ fn sql_fails(args: &[&str], needles: &[&str]) -> String {
     stderr
 }
 
-fn table(name: &str, path: &Path) -> String {
-    format!("{name}={}", path.display())
-}
-
-#[cfg(unix)]
-fn mkfifo(path: &Path) {
-    let made = std::process::Command::new("mkfifo")
-        .arg(path)
-        .status()
-        .unwrap();
-    assert!(made.success(), "mkfifo {}", path.display());
-}
-
 /// A FIFO would block the read forever and a device would read as an endless
 /// (or empty) file: each is refused by name, before it is opened.
 #[cfg(unix)]
@@ -336,7 +322,7 @@ fn input_files_that_are_not_regular_files_are_refused_by_name() {
     let fifo = dir.path().join("pipe.csv");
     mkfifo(&fifo);
     sql_fails(
-        &["SELECT * FROM t", "--table", &table("t", &fifo)],
+        &["SELECT * FROM t", "--table", &table_arg("t", &fifo)],
         &[
             &format!("table t ({})", fifo.display()),
             "a FIFO (named pipe), not a regular file",
@@ -349,14 +335,14 @@ fn input_files_that_are_not_regular_files_are_refused_by_name() {
     let part = folder.join("b.csv");
     mkfifo(&part);
     sql_fails(
-        &["SELECT * FROM t", "--table", &table("t", &folder)],
+        &["SELECT * FROM t", "--table", &table_arg("t", &folder)],
         &[&format!("({}): a FIFO", part.display())],
     );
     // A link to /dev/zero is not an empty table.
     let zero = dir.path().join("zero.parquet");
     std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
     sql_fails(
-        &["SELECT * FROM t", "--table", &table("t", &zero)],
+        &["SELECT * FROM t", "--table", &table_arg("t", &zero)],
         &[
             "zero.parquet",
             "a symbolic link to a character device (/dev/zero)",
@@ -370,7 +356,7 @@ fn input_files_that_are_not_regular_files_are_refused_by_name() {
             "-f",
             sql_fifo.to_str().unwrap(),
             "--table",
-            &table("t", &good),
+            &table_arg("t", &good),
         ],
         &["query.sql", "a FIFO (named pipe)"],
     );
@@ -408,7 +394,7 @@ fn malformed_csv_names_file_and_line_unless_read_leniently() {
     let open = dir.path().join("open.csv");
     std::fs::write(&open, "id,text\na,x\nb,\"it\nc,z\nd,w\n").unwrap();
     sql_fails(
-        &["SELECT * FROM t", "--table", &table("t", &open)],
+        &["SELECT * FROM t", "--table", &table_arg("t", &open)],
         &[&format!(
             "table t ({}): not readable as CSV: line 3: a quoted field opens here and is never closed",
             open.display()
@@ -417,7 +403,7 @@ fn malformed_csv_names_file_and_line_unless_read_leniently() {
     let ragged = dir.path().join("ragged.csv");
     std::fs::write(&ragged, "id,text\na,x\nb\nc,z,extra\n").unwrap();
     sql_fails(
-        &["SELECT * FROM t", "--table", &table("t", &ragged)],
+        &["SELECT * FROM t", "--table", &table_arg("t", &ragged)],
         &[&format!(
             "table t ({}): not readable as CSV: line 3: 1 field, the header (line 1) has 2",
             ragged.display()
@@ -429,7 +415,7 @@ fn malformed_csv_names_file_and_line_unless_read_leniently() {
             "SELECT * FROM t",
             "--lenient-csv",
             "--table",
-            &table("t", &ragged),
+            &table_arg("t", &ragged),
         ],
         &["ragged.csv", "line 4: 3 fields, the header (line 1) has 2"],
     );
@@ -441,7 +427,7 @@ fn malformed_csv_names_file_and_line_unless_read_leniently() {
         "--format",
         "csv",
         "--table",
-        &table("t", &short),
+        &table_arg("t", &short),
     ])
     .assert()
     .success()
@@ -458,7 +444,7 @@ fn tables_past_the_limits_fail_naming_file_line_and_limit() {
     let header: Vec<String> = (0..100_000).map(|i| format!("c{i}")).collect();
     std::fs::write(&wide, format!("{}\n", header.join(","))).unwrap();
     sql_fails(
-        &["SELECT * FROM t", "--table", &table("t", &wide)],
+        &["SELECT * FROM t", "--table", &table_arg("t", &wide)],
         &[&format!(
             "table t ({}): not readable as CSV: line 1: more than 10000 fields",
             wide.display()
@@ -475,7 +461,7 @@ fn tables_past_the_limits_fail_naming_file_line_and_limit() {
     f.write_all(b"\"\n").unwrap();
     drop(f);
     sql_fails(
-        &["SELECT * FROM t", "--table", &table("t", &huge)],
+        &["SELECT * FROM t", "--table", &table_arg("t", &huge)],
         &[&format!(
             "table t ({}): not readable as CSV: line 3: a field longer than 64 MiB",
             huge.display()
@@ -492,7 +478,7 @@ fn tables_past_the_limits_fail_naming_file_line_and_limit() {
     f.write_all(b"\"}\n").unwrap();
     drop(f);
     sql_fails(
-        &["SELECT * FROM t", "--table", &table("t", &long)],
+        &["SELECT * FROM t", "--table", &table_arg("t", &long)],
         &[&format!(
             "table t ({}): not readable as JSON lines: line 2: a line longer than 64 MiB",
             long.display()
@@ -510,7 +496,7 @@ fn a_json_lines_error_names_its_own_line() {
     )
     .unwrap();
     let stderr = sql_fails(
-        &["SELECT * FROM t", "--table", &table("t", &path)],
+        &["SELECT * FROM t", "--table", &table_arg("t", &path)],
         &[&format!(
             "table t ({}): not readable as JSON lines: line 2:",
             path.display()
@@ -528,7 +514,7 @@ fn an_output_into_a_missing_folder_names_the_folder() {
         let out = sql(&[
             "SELECT * FROM t",
             "--table",
-            &table("t", &table_file),
+            &table_arg("t", &table_file),
             flag,
             "some/missing/dir/x.csv",
         ])
@@ -560,7 +546,7 @@ fn a_context_length_error_quotes_a_prefix_of_the_document() {
         &[
             "SELECT ai_filter('Is {0} kind?', text) AS kind FROM t",
             "--table",
-            &table("t", &path),
+            &table_arg("t", &path),
         ],
         &[
             "max_position_embeddings",

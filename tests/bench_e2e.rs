@@ -7,31 +7,16 @@
 
 use std::path::Path;
 
-use assert_cmd::Command;
-
 mod common;
 use common::Fails;
+use common::cli::{aisql, read_json};
 use serde_json::Value;
-
-fn aisql() -> Command {
-    let mut c = Command::cargo_bin("aisql").unwrap();
-    c.env_remove("AISQL_ROOT").env_remove("AISQL_MODEL");
-    c
-}
-
-fn generate(root: &Path, sf: f64) {
-    aisql_standin::generate(root, sf).unwrap();
-}
-
-fn read_json(path: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
 
 #[test]
 fn oracle_bench_over_all_43_queries_is_good_and_reproducible() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("quailb");
-    generate(&root, 0.01);
+    aisql_standin::generate(&root, 0.01).unwrap();
     let run = tmp.path().join("run");
     aisql()
         .args([
@@ -260,7 +245,7 @@ fn oracle_bench_over_all_43_queries_is_good_and_reproducible() {
 fn simulated_fresh_tokens_give_prompt_pieces_minimum_and_regret() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("quailb");
-    generate(&root, 0.002);
+    aisql_standin::generate(&root, 0.002).unwrap();
     let run = tmp.path().join("run");
     aisql()
         .args([
@@ -345,7 +330,7 @@ fn simulated_fresh_tokens_give_prompt_pieces_minimum_and_regret() {
 fn a_non_empty_output_folder_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("quailb");
-    generate(&root, 0.002);
+    aisql_standin::generate(&root, 0.002).unwrap();
     let run = tmp.path().join("run");
     std::fs::create_dir_all(&run).unwrap();
     std::fs::write(run.join("keep.txt"), "mine").unwrap();
@@ -397,7 +382,7 @@ fn a_non_empty_output_folder_is_refused() {
 fn report_and_compare_refuse_outputs_changed_since_the_run() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("quailb");
-    generate(&root, 0.002);
+    aisql_standin::generate(&root, 0.002).unwrap();
     let run = tmp.path().join("run");
     aisql()
         .args(["bench", "--sf", "0.002", "--backend", "oracle"])
@@ -504,7 +489,7 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
 fn sigterm_leaves_a_consistent_run_that_resume_finishes() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("quailb");
-    generate(&root, 0.01);
+    aisql_standin::generate(&root, 0.01).unwrap();
     let run = tmp.path().join("run");
     let bin = assert_cmd::cargo::cargo_bin("aisql");
     let child = std::process::Command::new(&bin)
@@ -570,7 +555,7 @@ fn sigterm_leaves_a_consistent_run_that_resume_finishes() {
 fn outputs_inside_the_inputs_are_refused_before_anything_is_written() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("quailb");
-    generate(&root, 0.002);
+    aisql_standin::generate(&root, 0.002).unwrap();
     let inside = root.join("corpora").join("run");
     let err = aisql()
         .args([
@@ -613,7 +598,7 @@ fn outputs_inside_the_inputs_are_refused_before_anything_is_written() {
 fn a_result_that_would_not_fit_the_disk_is_kept_as_a_count_and_hash() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("quailb");
-    generate(&root, 0.002);
+    aisql_standin::generate(&root, 0.002).unwrap();
     let bench = |dir: &Path, reserve: Option<&str>| {
         let mut c = aisql();
         c.args(["bench", "--sf", "0.002", "--backend", "oracle"])

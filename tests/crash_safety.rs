@@ -10,19 +10,19 @@ use std::time::Instant;
 
 use serde_json::Value;
 
+mod common;
+use common::cli::aisql_process;
+
 const QUERIES: &str = "IMDB-1,IMDB-2,FEV-1";
 
 fn bench(root: &Path, cache: &Path, run: &Path, resume: bool) -> Command {
-    let mut c = Command::new(assert_cmd::cargo::cargo_bin("aisql"));
+    let mut c = aisql_process();
     c.args(["bench", "--sf", "0.002", "--cpu", "--queries", QUERIES])
         .arg("--root")
         .arg(root)
         .arg(if resume { "--resume" } else { "--output-dir" })
         .arg(run)
         .env("AISQL_CACHE_DIR", cache)
-        .env_remove("AISQL_ROOT")
-        .env_remove("AISQL_MODEL")
-        .env_remove("AISQL_QUAILB_PLANS")
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     c

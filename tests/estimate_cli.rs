@@ -3,32 +3,11 @@
 //! the estimate in run.json and report.md, and `--progress json`'s lines.
 
 mod common;
+use common::cli::{aisql, sql_data_table, stdout_json};
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use assert_cmd::Command;
 use serde_json::Value;
-
-fn aisql() -> Command {
-    Command::cargo_bin("aisql").unwrap()
-}
-
-/// Runs `c`, which must succeed, and reads its stdout as JSON.
-fn stdout_json(c: &mut Command) -> Value {
-    let out = c.output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"))
-}
-
-fn generate(root: &Path, sf: f64) {
-    aisql_standin::generate(root, sf).unwrap();
-}
-
-fn docs_table() -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sql/data/docs.csv");
-    format!("docs={}", path.display())
-}
 
 /// `aisql query ID` over `root` with the oracle's simulation, plus `extra`:
 /// (stdout, stderr).
@@ -63,7 +42,7 @@ fn reported_fresh(stderr: &str) -> u64 {
 fn estimates_follow_the_simulated_run_and_ask_only_a_sample() {
     let tmp = tempfile::tempdir().unwrap();
     let (root, cache) = (tmp.path().join("quailb"), tmp.path().join("cache"));
-    generate(&root, 0.05);
+    aisql_standin::generate(&root, 0.05).unwrap();
     for (id, within) in [
         ("IMDB-1", 0.0),
         ("IMDB-7", 0.15),
@@ -123,7 +102,14 @@ fn a_hint_replaces_the_sample() {
     let run = |extra: &[&str]| -> Value {
         stdout_json(
             aisql()
-                .args(["sql", query, "--table", &docs_table(), "--model", "tiny"])
+                .args([
+                    "sql",
+                    query,
+                    "--table",
+                    &sql_data_table("docs"),
+                    "--model",
+                    "tiny",
+                ])
                 .args(["--estimate", "--format", "json"])
                 .args(extra)
                 .env("AISQL_CACHE_DIR", &cache),
@@ -166,7 +152,14 @@ fn calibration_gives_seconds_and_dollars() {
     let query = "SELECT id FROM docs WHERE ai_filter('Is {0} about a phone?', body)";
     let e = stdout_json(
         aisql()
-            .args(["sql", query, "--table", &docs_table(), "--model", "tiny"])
+            .args([
+                "sql",
+                query,
+                "--table",
+                &sql_data_table("docs"),
+                "--model",
+                "tiny",
+            ])
             .args(["--estimate", "--format", "json", "--gpu-hour-usd", "7.2"])
             .env("AISQL_CACHE_DIR", &cache),
     );
@@ -186,7 +179,7 @@ fn calibration_gives_seconds_and_dollars() {
             "sql",
             query,
             "--table",
-            &docs_table(),
+            &sql_data_table("docs"),
             "--model",
             "tiny",
             "--estimate",
@@ -206,7 +199,7 @@ fn explain_prints_the_plan_and_the_estimate_and_estimates_never_write() {
             "sql",
             "EXPLAIN SELECT id FROM docs WHERE ai_filter('Is {0} about a phone?', body)",
         ])
-        .args(["--table", &docs_table(), "--model", "tiny"])
+        .args(["--table", &sql_data_table("docs"), "--model", "tiny"])
         .env("AISQL_CACHE_DIR", &cache)
         .output()
         .unwrap();
@@ -231,7 +224,7 @@ fn explain_prints_the_plan_and_the_estimate_and_estimates_never_write() {
             "sql",
             &format!("COPY (SELECT id FROM docs) TO '{}'", target.display()),
             "--table",
-            &docs_table(),
+            &sql_data_table("docs"),
             "--model",
             "tiny",
             "--allow-writes",
@@ -251,7 +244,7 @@ fn explain_prints_the_plan_and_the_estimate_and_estimates_never_write() {
                 target.display()
             ),
             "--table",
-            &docs_table(),
+            &sql_data_table("docs"),
             "--model",
             "tiny",
             "--allow-writes",
@@ -270,7 +263,14 @@ fn explain_prints_the_plan_and_the_estimate_and_estimates_never_write() {
 fn count_tokens_in_every_spelling() {
     let run = |query: &str| -> String {
         let out = aisql()
-            .args(["sql", query, "--table", &docs_table(), "--model", "tiny"])
+            .args([
+                "sql",
+                query,
+                "--table",
+                &sql_data_table("docs"),
+                "--model",
+                "tiny",
+            ])
             .args(["--format", "csv"])
             .output()
             .unwrap();
@@ -322,7 +322,7 @@ fn bench_records_each_estimate_beside_the_actual_figures() {
         tmp.path().join("cache"),
         tmp.path().join("run"),
     );
-    generate(&root, 0.002);
+    aisql_standin::generate(&root, 0.002).unwrap();
     let bench = |extra: &[&str]| {
         let mut c = aisql();
         c.args([
@@ -375,7 +375,7 @@ fn bench_records_each_estimate_beside_the_actual_figures() {
 fn progress_json_counts_each_operator_up_to_the_estimate() {
     let tmp = tempfile::tempdir().unwrap();
     let (root, cache) = (tmp.path().join("quailb"), tmp.path().join("cache"));
-    generate(&root, 0.02);
+    aisql_standin::generate(&root, 0.02).unwrap();
     let out = aisql()
         .args([
             "query", "IMDB-1", "--sf", "0.02", "--model", "tiny", "--format", "csv",
@@ -425,7 +425,7 @@ fn bad_estimate_flags_are_usage_errors_naming_the_flag() {
         (vec!["--progress", "loud"], "--progress"),
     ] {
         let out = aisql()
-            .args(["sql", "SELECT 1", "--table", &docs_table()])
+            .args(["sql", "SELECT 1", "--table", &sql_data_table("docs")])
             .args(&args)
             .output()
             .unwrap();

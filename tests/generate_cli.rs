@@ -9,7 +9,7 @@ mod common;
 
 use std::path::Path;
 
-use assert_cmd::Command;
+use common::cli::aisql;
 use serde_json::Value;
 
 const MAX_TOKENS: usize = 8;
@@ -21,10 +21,6 @@ const PROMPTS: [&str; 3] = [
     "DOCUMENT:\nThe film was long, but the ending paid for it.\nANSWER:",
     "<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n",
 ];
-
-fn aisql() -> Command {
-    Command::cargo_bin("aisql").unwrap()
-}
 
 /// `aisql model tiny --seed 3 --out DIR`.
 fn write_tiny(dir: &Path) {

@@ -9,16 +9,12 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use assert_cmd::Command;
 use sha2::{Digest, Sha256};
 
 mod common;
+use common::cli::aisql;
 
 const SF: &str = "0.002";
-
-fn aisql() -> Command {
-    Command::cargo_bin("aisql").unwrap()
-}
 
 /// Every file and folder under `dir`: size, modification time and (files) SHA-256.
 fn snapshot(dir: &Path) -> BTreeMap<PathBuf, (u64, SystemTime, String)> {

@@ -1,14 +1,14 @@
 //! A query past its `--timeout-s` stops its model work within about one forward
 //! batch of the deadline, and the run records how long after the deadline that was.
 
-use assert_cmd::Command;
+mod common;
+use common::cli::aisql;
 
 #[test]
 fn a_timed_out_query_says_when_its_model_work_stopped() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
-    Command::cargo_bin("aisql")
-        .unwrap()
+    aisql()
         .env("AISQL_CACHE_DIR", tmp.path().join("cache"))
         .args([
             "bench",

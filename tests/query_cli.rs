@@ -12,12 +12,13 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
+use common::cli::{aisql_process, stderr_of_success};
 use common::{Fails, cache_counts, log_bytes};
 
 const QUERY: &str = "IMDB-1";
 
 fn query(root: &Path, cache: &Path, rows: &Path, answers: Option<&Path>) -> Command {
-    let mut c = Command::new(assert_cmd::cargo::cargo_bin("aisql"));
+    let mut c = aisql_process();
     c.args([
         "query",
         QUERY,
@@ -32,22 +33,11 @@ fn query(root: &Path, cache: &Path, rows: &Path, answers: Option<&Path>) -> Comm
     .arg("--output")
     .arg(rows)
     .env("AISQL_CACHE_DIR", cache)
-    .env_remove("AISQL_ROOT")
-    .env_remove("AISQL_MODEL")
-    .env_remove("AISQL_ANSWER_CACHE")
-    .env_remove("AISQL_QUAILB_PLANS")
     .stdout(Stdio::null());
     if let Some(dir) = answers {
         c.arg("--answer-cache").arg(dir);
     }
     c
-}
-
-fn run_ok(c: &mut Command) -> String {
-    let out = c.stderr(Stdio::piped()).output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "{stderr}");
-    stderr
 }
 
 #[test]
@@ -60,7 +50,7 @@ fn a_killed_query_reruns_asking_the_model_only_what_was_missing() {
 
     // Uninterrupted, without a cache (this also generates the tiny model).
     let want = tmp.path().join("want.csv");
-    run_ok(&mut query(&root, &cache, &want, None));
+    stderr_of_success(&mut query(&root, &cache, &want, None));
 
     // Killed once some answers are on disk.
     let killed_rows = tmp.path().join("killed.csv");
@@ -88,7 +78,7 @@ fn a_killed_query_reruns_asking_the_model_only_what_was_missing() {
 
     // The rerun: same rows, part of the answers from the cache.
     let got = tmp.path().join("got.csv");
-    let stderr = run_ok(&mut query(&root, &cache, &got, Some(&answers)));
+    let stderr = stderr_of_success(&mut query(&root, &cache, &got, Some(&answers)));
     let (reused, asked) = cache_counts(&stderr);
     assert!(reused > 0 && asked > 0, "reused {reused}, asked {asked}");
     assert_eq!(
@@ -99,7 +89,7 @@ fn a_killed_query_reruns_asking_the_model_only_what_was_missing() {
     // Once more: nothing is asked, and every question of the query was either
     // reused or asked by the rerun.
     let again = tmp.path().join("again.csv");
-    let stderr = run_ok(&mut query(&root, &cache, &again, Some(&answers)));
+    let stderr = stderr_of_success(&mut query(&root, &cache, &again, Some(&answers)));
     assert_eq!(cache_counts(&stderr), (reused + asked, 0));
     assert!(stderr.contains("fresh tokens: 0"), "{stderr}");
     assert_eq!(
@@ -141,7 +131,7 @@ fn output_dir_streams_every_row_while_printing_the_limit() {
     aisql_standin::generate(&root, 0.01).unwrap();
     let cache = tmp.path().join("cache");
     let run = |extra: &[&str]| {
-        let out = Command::new(assert_cmd::cargo::cargo_bin("aisql"))
+        let out = aisql_process()
             .args([
                 "query",
                 "IMDB-2",
@@ -220,7 +210,7 @@ fn a_query_past_its_timeout_keeps_the_rows_it_streamed_whole() {
     aisql_standin::generate(&root, 0.01).unwrap();
     let dir = tmp.path().join("out");
     let started = Instant::now();
-    let out = Command::new(assert_cmd::cargo::cargo_bin("aisql"))
+    let out = aisql_process()
         .args([
             "query", "AGENT-1", "--sf", "0.01", "--cpu", "--model", "tiny",
         ])

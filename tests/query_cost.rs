@@ -10,7 +10,8 @@
 
 use std::path::{Path, PathBuf};
 
-use assert_cmd::Command;
+mod common;
+use common::cli::aisql;
 
 /// Scale factor of the stand-in corpus the budget tests run on (IMDB-1 has 100
 /// reviews, about 32,000 simulated fresh tokens).
@@ -19,10 +20,6 @@ const SF: &str = "0.002";
 /// Tokens per forward batch in the budget tests: the most a budget may be
 /// overshot by, per worker.
 const BATCH_TOKENS: u64 = 1024;
-
-fn aisql() -> Command {
-    Command::cargo_bin("aisql").unwrap()
-}
 
 /// A stand-in QUAIL-B corpus at [`SF`] under `dir`.
 fn corpus(dir: &Path) -> PathBuf {

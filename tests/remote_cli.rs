@@ -12,25 +12,21 @@
 
 #![cfg(unix)]
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
+use common::cli::{aisql_process, stderr_of_success};
+use common::server::{spawn_listening, stop};
 use common::{cache_counts, log_bytes};
 
 const QUERY: &str = "IMDB-1";
 
-fn aisql(cache: &Path) -> Command {
-    let mut c = Command::new(assert_cmd::cargo::cargo_bin("aisql"));
-    c.env("AISQL_CACHE_DIR", cache)
-        .env_remove("AISQL_ROOT")
-        .env_remove("AISQL_MODEL")
-        .env_remove("AISQL_ANSWER_CACHE")
-        .env_remove("AISQL_QUAILB_PLANS")
-        .env_remove("AISQL_WORKER_LISTEN")
-        .env_remove("AISQL_WORKER_TOKEN");
+/// `aisql` with its cache folder (model files, identities) in `cache`.
+fn aisql_with_cache(cache: &Path) -> Command {
+    let mut c = aisql_process();
+    c.env("AISQL_CACHE_DIR", cache);
     c
 }
 
@@ -42,22 +38,12 @@ struct Worker {
 
 impl Worker {
     fn start(cache: &Path, extra: &[&str]) -> Self {
-        let mut child = aisql(cache)
-            .args(["worker", "--listen", "127.0.0.1:0", "--cpu"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .strip_prefix("listening on ")
-            .and_then(|rest| rest.split(' ').next())
-            .unwrap_or_else(|| panic!("worker did not start: {line:?}"))
-            .to_string();
+        let (child, _, addr) = spawn_listening(
+            aisql_with_cache(cache)
+                .args(["worker", "--listen", "127.0.0.1:0", "--cpu"])
+                .args(extra)
+                .stderr(Stdio::null()),
+        );
         Self { child, addr }
     }
 
@@ -72,8 +58,7 @@ impl Worker {
     }
 
     fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        stop(&mut self.child);
     }
 }
 
@@ -131,7 +116,7 @@ fn query_at(s: &Setup, rows: &Path, addrs: &str) -> Command {
 
 /// `aisql query IMDB-1` over the test's root, saving its rows to `rows`.
 fn imdb_query(s: &Setup, rows: &Path) -> Command {
-    let mut c = aisql(&s.cache);
+    let mut c = aisql_with_cache(&s.cache);
     c.args(["query", QUERY, "--sf", "0.01", "--batch-rows", "8"])
         .arg("--root")
         .arg(&s.root)
@@ -149,24 +134,18 @@ fn run(c: &mut Command) -> (bool, String) {
     )
 }
 
-fn run_ok(c: &mut Command) -> String {
-    let (ok, stderr) = run(c);
-    assert!(ok, "{stderr}");
-    stderr
-}
-
 #[test]
 fn two_worker_processes_answer_as_one_and_a_killed_one_is_named_and_made_up_for() {
     let s = setup();
     // One process (this also generates the tiny model the workers load).
     let want = s.dir.join("want.csv");
-    run_ok(&mut query(&s, &want, None, None));
+    stderr_of_success(&mut query(&s, &want, None, None));
     let want = std::fs::read_to_string(&want).unwrap();
 
     let a = Worker::start(&s.cache, &[]);
     let mut b = Worker::start(&s.cache, &[]);
     let got = s.dir.join("got.csv");
-    let stderr = run_ok(&mut query(&s, &got, Some(&[&a, &b]), None));
+    let stderr = stderr_of_success(&mut query(&s, &got, Some(&[&a, &b]), None));
     assert_eq!(std::fs::read_to_string(&got).unwrap(), want);
     assert!(
         stderr.contains(&a.addr) && stderr.contains(&b.addr),
@@ -211,7 +190,7 @@ fn two_worker_processes_answer_as_one_and_a_killed_one_is_named_and_made_up_for(
     // A fresh worker in b's place; the cache makes up for what was answered.
     let c = Worker::start(&s.cache, &[]);
     let rerun = s.dir.join("rerun.csv");
-    let stderr = run_ok(&mut query(&s, &rerun, Some(&[&a, &c]), Some(&answers)));
+    let stderr = stderr_of_success(&mut query(&s, &rerun, Some(&[&a, &c]), Some(&answers)));
     let (reused, asked) = cache_counts(&stderr);
     assert!(reused > 0 && asked > 0, "reused {reused}, asked {asked}");
     assert_eq!(std::fs::read_to_string(&rerun).unwrap(), want);
@@ -228,7 +207,7 @@ fn a_stopped_worker_fails_the_query_within_the_timeout_naming_it() {
     const MARGIN: Duration = Duration::from_secs(12);
     let s = setup();
     // Generates the tiny model before the workers start.
-    run_ok(&mut query(&s, &s.dir.join("one.csv"), None, None));
+    stderr_of_success(&mut query(&s, &s.dir.join("one.csv"), None, None));
     let timeout = TIMEOUT_S.to_string();
     let stopped_fails = |child: std::process::Child, stopped: &Worker, since: Instant| {
         let out = child.wait_with_output().unwrap();
@@ -295,14 +274,14 @@ fn a_stopped_worker_fails_the_query_within_the_timeout_naming_it() {
 fn unreachable_mismatched_and_exposed_workers_are_refused_by_name() {
     let s = setup();
     // Generates the tiny model before the workers start.
-    run_ok(&mut query(&s, &s.dir.join("one.csv"), None, None));
+    stderr_of_success(&mut query(&s, &s.dir.join("one.csv"), None, None));
 
     // Nobody listens on a port just closed.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let gone = closed.local_addr().unwrap().to_string();
     drop(closed);
     let started = Instant::now();
-    let (ok, stderr) = run(aisql(&s.cache)
+    let (ok, stderr) = run(aisql_with_cache(&s.cache)
         .args(["sql", "SELECT 1", "--sf", "0.01", "--workers", &gone])
         .arg("--root")
         .arg(&s.root));
@@ -312,8 +291,8 @@ fn unreachable_mismatched_and_exposed_workers_are_refused_by_name() {
 
     // A worker of another model (other weights).
     let other = s.dir.join("other-tiny");
-    run_ok(
-        aisql(&s.cache)
+    stderr_of_success(
+        aisql_with_cache(&s.cache)
             .args(["model", "tiny", "--seed", "7", "--out"])
             .arg(&other),
     );
@@ -330,7 +309,7 @@ fn unreachable_mismatched_and_exposed_workers_are_refused_by_name() {
     assert!(!rows.exists());
 
     // A non-loopback address that did not come from --listen.
-    let out = aisql(&s.cache)
+    let out = aisql_with_cache(&s.cache)
         .args(["worker", "--cpu"])
         .env("AISQL_WORKER_LISTEN", "0.0.0.0:0")
         .output()
@@ -347,7 +326,7 @@ fn unreachable_mismatched_and_exposed_workers_are_refused_by_name() {
 fn token_and_tls_workers_serve_only_coordinators_that_have_them() {
     let s = setup();
     let want = s.dir.join("want.csv");
-    run_ok(&mut query(&s, &want, None, None));
+    stderr_of_success(&mut query(&s, &want, None, None));
     let want = std::fs::read_to_string(&want).unwrap();
     let token = s.dir.join("token");
     std::fs::write(&token, "s3cret-from-a-file\n").unwrap();
@@ -362,10 +341,12 @@ fn token_and_tls_workers_serve_only_coordinators_that_have_them() {
         "{stderr}"
     );
     assert!(!rows.exists());
-    run_ok(query_at(&s, &rows, &w.addr).args(["--worker-token-file", token_arg]));
+    stderr_of_success(query_at(&s, &rows, &w.addr).args(["--worker-token-file", token_arg]));
     assert_eq!(std::fs::read_to_string(&rows).unwrap(), want);
     let env_rows = s.dir.join("env.csv");
-    run_ok(query_at(&s, &env_rows, &w.addr).env("AISQL_WORKER_TOKEN", "s3cret-from-a-file"));
+    stderr_of_success(
+        query_at(&s, &env_rows, &w.addr).env("AISQL_WORKER_TOKEN", "s3cret-from-a-file"),
+    );
     assert_eq!(std::fs::read_to_string(&env_rows).unwrap(), want);
     drop(w);
 
@@ -380,7 +361,7 @@ fn token_and_tls_workers_serve_only_coordinators_that_have_them() {
         assert_eq!(mode & 0o077, 0, "{mode:o}");
     }
     let owner_rows = s.dir.join("owner.csv");
-    run_ok(&mut query_at(&s, &owner_rows, &w.addr));
+    stderr_of_success(&mut query_at(&s, &owner_rows, &w.addr));
     assert_eq!(std::fs::read_to_string(&owner_rows).unwrap(), want);
     let guess_rows = s.dir.join("guess.csv");
     let (ok, stderr) = run(query_at(&s, &guess_rows, &w.addr).env("AISQL_WORKER_TOKEN", "a-guess"));
@@ -413,7 +394,7 @@ fn token_and_tls_workers_serve_only_coordinators_that_have_them() {
     );
     let https = format!("https://{}", w.addr);
     let tls_rows = s.dir.join("tls.csv");
-    run_ok(query_at(&s, &tls_rows, &https).args([
+    stderr_of_success(query_at(&s, &tls_rows, &https).args([
         "--worker-token-file",
         token_arg,
         "--tls-ca",
@@ -429,7 +410,7 @@ fn token_and_tls_workers_serve_only_coordinators_that_have_them() {
     // A network address needs a token and TLS, or --insecure; a token file
     // must hold a token.
     let exposed = |extra: &[&str]| {
-        let out = aisql(&s.cache)
+        let out = aisql_with_cache(&s.cache)
             .args(["worker", "--cpu", "--listen", "0.0.0.0:0"])
             .args(extra)
             .output()

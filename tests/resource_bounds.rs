@@ -12,17 +12,13 @@ use std::time::Instant;
 
 use aisql_engine::inference::backend::{AiCall, AiRequest, Answer, Answerer};
 use aisql_engine::sql::options::QueryOptions;
-use assert_cmd::Command;
+use common::cli::aisql;
 use common::{Fails, collect_query};
 use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
 
 const SF: &str = "0.002";
-
-fn aisql() -> Command {
-    Command::cargo_bin("aisql").unwrap()
-}
 
 fn standin(dir: &Path) -> PathBuf {
     let root = dir.join("quailb");

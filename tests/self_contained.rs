@@ -8,6 +8,7 @@ use assert_cmd::Command;
 
 mod common;
 use common::Fails;
+use common::cli::aisql;
 
 /// Paths a file of the repository must not name. Built at run time so this file
 /// does not name them itself.
@@ -65,8 +66,8 @@ fn no_file_of_the_repository_names_the_reference_shelf() {
 }
 
 fn aisql_in(dir: &Path) -> Command {
-    let mut c = Command::cargo_bin("aisql").unwrap();
-    c.current_dir(dir).env_remove("AISQL_QUAILB_PLANS");
+    let mut c = aisql();
+    c.current_dir(dir);
     c
 }
 

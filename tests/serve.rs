@@ -5,11 +5,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use assert_cmd::cargo::CommandCargoExt;
+use common::cli::{aisql_process, mkfifo};
+use common::server::{spawn_listening, stop};
 
 /// A running `aisql serve`, stopped when dropped.
 struct Server {
@@ -29,24 +29,14 @@ impl Server {
 
     /// Starts `aisql serve --listen LISTEN ARGS`, as [`Self::start`].
     fn start_on(listen: &str, args: &[&str], env: &[(&str, &str)]) -> Server {
-        let mut child = Command::cargo_bin("aisql")
-            .unwrap()
-            .args(["serve", "--listen", listen, "--progress", "off"])
-            .args(args)
-            .env_remove("AISQL_PASSWORD")
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .strip_prefix("listening on ")
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no listening line, got {line:?}"));
+        let (child, line, addr) = spawn_listening(
+            aisql_process()
+                .args(["serve", "--listen", listen, "--progress", "off"])
+                .args(args)
+                .env_remove("AISQL_PASSWORD")
+                .envs(env.iter().copied())
+                .stderr(Stdio::inherit()),
+        );
         let port = addr.rsplit(':').next().unwrap().parse().unwrap();
         let password = line.split_once("the one in ").map(|(_, file)| {
             let file = file.trim_end().trim_end_matches(')');
@@ -62,8 +52,7 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        stop(&mut self.child);
     }
 }
 
@@ -121,8 +110,7 @@ fn stdout(out: &std::process::Output) -> String {
 
 /// The rows `aisql sql --format json` prints for `sql` over `table`.
 fn sql_json(table: &str, sql: &str) -> Vec<serde_json::Value> {
-    let out = Command::cargo_bin("aisql")
-        .unwrap()
+    let out = aisql_process()
         .args([
             "sql", sql, "--table", table, "--model", "tiny", "--format", "json",
         ])
@@ -434,7 +422,7 @@ fn tls_is_served_when_asked_and_a_network_address_needs_a_password() {
         ("0.0.0.0:0", "needs a password"),
         ("0.0.0.0:0", "needs TLS"),
     ] {
-        let mut cmd = Command::cargo_bin("aisql").unwrap();
+        let mut cmd = aisql_process();
         cmd.args(["serve", "--listen", listen, "--table", &table]);
         if wanted == "needs TLS" {
             cmd.env("AISQL_PASSWORD", "pw");
@@ -847,16 +835,9 @@ for i in range(n):
 fn start_up_files_must_be_regular_files() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("password");
-    assert!(
-        Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap()
-            .success()
-    );
+    mkfifo(&fifo);
     let started = std::time::Instant::now();
-    let out = Command::cargo_bin("aisql")
-        .unwrap()
+    let out = aisql_process()
         .args(["serve", "--listen", "127.0.0.1:0", "--password-file"])
         .arg(&fifo)
         .args(["--table", "t=nowhere.csv"])
@@ -873,8 +854,7 @@ fn start_up_files_must_be_regular_files() {
 
 #[test]
 fn a_flag_for_one_statement_is_a_usage_error() {
-    let out = Command::cargo_bin("aisql")
-        .unwrap()
+    let out = aisql_process()
         .args(["serve", "--estimate", "--table", "t=nowhere.csv"])
         .output()
         .unwrap();

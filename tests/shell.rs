@@ -3,9 +3,11 @@
 //! backslash commands, Ctrl-C stopping a running statement and clearing the
 //! prompt, `\q`, the history file; and without a terminal, the usage error.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
+use std::path::{Path, PathBuf};
+
+use common::cli::{aisql, aisql_process, mkfifo};
 use predicates::prelude::*;
 use rexpect::process::WaitStatus;
 use rexpect::session::{Options, PtySession, spawn_with_options};
@@ -37,7 +39,7 @@ fn shell(cache: &Path, table: &str, extra: &[&str]) -> PtySession {
 
 /// [`shell`], and what it printed before its first prompt.
 fn shell_said(cache: &Path, table: &str, extra: &[&str]) -> (PtySession, String) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_aisql"));
+    let mut c = aisql_process();
     c.env("AISQL_CACHE_DIR", cache)
         .env("TERM", "xterm")
         .args([
@@ -208,9 +210,7 @@ fn ctrl_d_quits_and_an_unusable_history_is_only_a_warning() {
     let history = cache.join("sql_history");
     let table = docs(dir.path(), 3);
     std::fs::create_dir_all(&cache).unwrap();
-    let fifo = std::ffi::CString::new(dir.path().join("fifo").to_str().unwrap()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    mkfifo(&dir.path().join("fifo"));
     let cases: [(&str, &dyn Fn()); 3] = [
         ("a folder", &|| std::fs::create_dir_all(&history).unwrap()),
         ("a FIFO", &|| {
@@ -279,7 +279,7 @@ fn one_statement_flags_are_refused_by_the_shell() {
         vec!["--estimate"],
         vec!["--selectivity", "kind=0.5"],
     ] {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_aisql"));
+        let mut c = aisql_process();
         c.env("AISQL_CACHE_DIR", dir.path().join("cache"))
             .args(["sql", "--table", &table])
             .args(&flags);
@@ -300,8 +300,7 @@ fn one_statement_flags_are_refused_by_the_shell() {
 fn without_a_terminal_a_statement_is_required() {
     let dir = tempfile::tempdir().unwrap();
     let table = docs(dir.path(), 3);
-    assert_cmd::Command::cargo_bin("aisql")
-        .unwrap()
+    aisql()
         .args(["sql", "--table", &table])
         .write_stdin("SELECT 1;\n")
         .assert()

@@ -5,20 +5,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use assert_cmd::Command;
+use common::cli::{aisql, sql_data_table};
 use common::*;
 use predicates::prelude::*;
-
-fn aisql() -> Command {
-    Command::cargo_bin("aisql").unwrap()
-}
-
-fn data(table: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/sql/data/{table}.csv"));
-    format!("{table}={}", path.display())
-}
 
 /// `aisql sql QUERY` over the corpus tables with the tiny model, plus `extra`.
 fn sql(query: &str, extra: &[&str]) -> Command {
@@ -27,9 +19,9 @@ fn sql(query: &str, extra: &[&str]) -> Command {
         "sql",
         query,
         "--table",
-        &data("docs"),
+        &sql_data_table("docs"),
         "--table",
-        &data("topics"),
+        &sql_data_table("topics"),
     ])
     .args(["--backend", "model", "--model", "tiny"])
     .args(extra);

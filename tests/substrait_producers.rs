@@ -6,12 +6,15 @@
 //! Hand-written plans use the fields DataFusion's consumer drops or trips on
 //! (a read's filter and mask, emits, fetch; `engine/src/sql/consume.rs`).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use aisql_engine::inference::backend::ContentHashBackend;
 use aisql_engine::sql::options::QueryOptions;
 use aisql_engine::sql::{Evaluation, SqlSession, row_lines};
+use common::cli::aisql;
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests")
@@ -134,8 +137,7 @@ async fn parquet_tables() -> tempfile::TempDir {
 
 /// `aisql query PLAN --tables DIR`: the plan's rows, or its error.
 fn query(plan: &str, tables: &Path) -> assert_cmd::assert::Assert {
-    assert_cmd::Command::cargo_bin("aisql")
-        .unwrap()
+    aisql()
         .arg("query")
         .arg(dir().join("substrait").join(plan))
         .arg("--tables")

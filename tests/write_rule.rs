@@ -12,14 +12,7 @@ use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
 use common::Fails;
-
-fn aisql() -> Command {
-    let mut c = Command::cargo_bin("aisql").unwrap();
-    c.env_remove("AISQL_ROOT")
-        .env_remove("AISQL_MODEL")
-        .env_remove("AISQL_ANSWER_CACHE");
-    c
-}
+use common::cli::aisql;
 
 /// Every file under `dir` with its bytes, sorted by path.
 fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {

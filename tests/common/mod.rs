@@ -5,7 +5,14 @@
 //! rows each, written as Parquet with nullable fields (as pyarrow writes them).
 //! Labels are drawn from a fixed hash so every run is identical; every document
 //! and pair of every predicate the plans use gets one.
+//!
+//! The helpers of the command-line tests are in [`cli`] (running `aisql`) and
+//! [`server`] (workers and servers they talk to). Each test file is its own crate
+//! and uses only some of this, hence the `dead_code` allowance.
 #![allow(dead_code)]
+
+pub mod cli;
+pub mod server;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
