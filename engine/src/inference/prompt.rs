@@ -14,7 +14,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::error::{EngineError, Result};
-use crate::inference::backend::AiKind;
+use crate::inference::call::AiKind;
 
 /// Instruction of filters and joins (raw-v1).
 pub const TASK_INSTRUCTION: &str = "Evaluate TRUE or FALSE for the following question: ";
