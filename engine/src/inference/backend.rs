@@ -196,27 +196,6 @@ impl ContentHashBackend {
     }
 }
 
-impl ContentHashBackend {
-    /// At most `max_tokens` words (1 to 7) naming `h`.
-    fn words(h: u64, max_tokens: u32) -> Box<str> {
-        let words = (h % 7 + 1).min(u64::from(max_tokens.max(1)));
-        let text: Vec<String> = (0..words)
-            .map(|w| format!("w{:x}", (h >> (w * 8)) & 0xff))
-            .collect();
-        text.join(" ").into()
-    }
-
-    /// `h` mixed with `text`: a field's own hash.
-    fn hash_text(h: u64, text: &str) -> u64 {
-        use sha2::{Digest, Sha256};
-        let digest = Sha256::new()
-            .chain_update(h.to_le_bytes())
-            .chain_update(text.as_bytes())
-            .finalize();
-        u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
-    }
-}
-
 impl InferenceBackend for ContentHashBackend {
     fn name(&self) -> &str {
         "content-hash"
@@ -236,35 +215,11 @@ impl InferenceBackend for ContentHashBackend {
     fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
         self.prompts
             .fetch_add(requests.len(), std::sync::atomic::Ordering::Relaxed);
-        let n = call.labels.len().max(1) as u64;
         Ok(requests
             .iter()
             .map(|r| {
                 let h = Self::hash(call, r);
-                match call.kind {
-                    AiKind::Filter | AiKind::Join => Answer::Bool(h % 100 < 45),
-                    AiKind::Score => Answer::Score(1.0 - (h % 100) as f64 / 99.0),
-                    AiKind::Classify => Answer::Label((h % n) as u32),
-                    AiKind::ClassifyScores => {
-                        let chosen = (h % n) as usize;
-                        let rest = 0.5 / (n as f64 - 1.0).max(1.0);
-                        Answer::LabelScores(
-                            (0..n as usize)
-                                .map(|j| if j == chosen { 0.5 } else { rest })
-                                .collect(),
-                        )
-                    }
-                    AiKind::Complete => Answer::Text(Self::words(h, call.max_tokens)),
-                    AiKind::Extract => Answer::Fields(
-                        call.descriptions
-                            .iter()
-                            .map(|q| {
-                                let field = Self::hash_text(h, q);
-                                Self::words(field, call.max_tokens)
-                            })
-                            .collect(),
-                    ),
-                }
+                call.kind.describe().hashed(call, h)
             })
             .collect())
     }
@@ -277,7 +232,7 @@ pub(crate) fn test_call(kind: AiKind, template: &str, labels: &[&str]) -> AiCall
     use crate::inference::prompt::PromptFormat;
     let f = PromptFormat::default();
     let labels: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
-    let pieces = crate::inference::prompt::call_pieces(
+    let pieces = crate::inference::kinds::call_pieces(
         f,
         kind,
         template,

@@ -4,14 +4,14 @@
 //! depends on nothing of the inference folder but the prompt pieces a call
 //! carries.
 
-use std::sync::Arc;
-
 use datafusion::arrow::datatypes::{DataType, Field, Fields};
 
 use crate::inference::prompt::PromptPieces;
-/// What kind of question an operator asks, and so how its answer is read from
-/// the model and what type it has (`"filter"`, `"join"`, `"classify"`, … in
-/// manifests and label sets). The SQL functions that ask each kind are in
+
+/// What kind of question an operator asks (`"filter"`, `"join"`,
+/// `"classify"`, … in manifests and label sets): a tag, whose
+/// [`AiKind::describe`] says what the kind is (its answer's type, how the
+/// model reads it, …). The SQL functions that ask each kind are in
 /// [`crate::exec::ai_functions`]'s registry.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
@@ -48,59 +48,6 @@ impl AiKind {
         AiKind::Complete,
         AiKind::Extract,
     ];
-
-    /// The name in manifests, label sets and answer files.
-    pub fn name(self) -> &'static str {
-        match self {
-            AiKind::Filter => "filter",
-            AiKind::Join => "join",
-            AiKind::Classify => "classify",
-            AiKind::Score => "score",
-            AiKind::ClassifyScores => "classify_scores",
-            AiKind::Complete => "complete",
-            AiKind::Extract => "extract",
-        }
-    }
-
-    /// Whether the answer is a label chosen among the call's labels (or a
-    /// probability for each).
-    pub fn has_labels(self) -> bool {
-        matches!(self, AiKind::Classify | AiKind::ClassifyScores)
-    }
-
-    /// Whether the answer is generated text, which costs decoding and which no
-    /// reference label set holds.
-    pub fn generates(self) -> bool {
-        matches!(self, AiKind::Complete | AiKind::Extract)
-    }
-
-    /// Whether the answer is TRUE/FALSE (the kinds an `ai_filter` or `ai_join`
-    /// operator can filter rows or pairs by).
-    pub fn is_decision(self) -> bool {
-        matches!(self, AiKind::Filter | AiKind::Join)
-    }
-
-    /// The Arrow type of the answers (an SQL call's value): label
-    /// probabilities are a list of `{label, probability}` in label order, an
-    /// extraction a struct of one text per field (named by `fields`).
-    pub fn return_type(self, fields: &[String]) -> DataType {
-        match self {
-            AiKind::Extract => DataType::Struct(
-                fields
-                    .iter()
-                    .map(|f| Field::new(f, DataType::Utf8, true))
-                    .collect(),
-            ),
-            AiKind::Filter | AiKind::Join => DataType::Boolean,
-            AiKind::Classify | AiKind::Complete => DataType::Utf8,
-            AiKind::Score => DataType::Float64,
-            AiKind::ClassifyScores => DataType::List(Arc::new(Field::new(
-                "item",
-                DataType::Struct(label_score_fields()),
-                true,
-            ))),
-        }
-    }
 }
 
 /// The fields of one label probability: `label` and `probability`.
@@ -112,11 +59,6 @@ pub fn label_score_fields() -> Fields {
 }
 
 impl AiCall {
-    /// The Arrow type of this call's answers.
-    pub fn return_type(&self) -> DataType {
-        self.kind.return_type(&self.labels)
-    }
-
     /// Whether `other` asks the same question of a document as this call: the
     /// same kind, pieces and what the answer depends on besides them (labels
     /// or fields, their descriptions or questions, `max_tokens`); operators
@@ -158,25 +100,6 @@ pub enum Answer {
 }
 
 impl Answer {
-    /// Whether this answer has the type `call` asks for (and a label index or
-    /// probability list that fits its labels): what every backend's and
-    /// worker's answers are checked with.
-    /// A failed or unreached question fits every kind.
-    pub fn fits(&self, call: &AiCall) -> bool {
-        match (call.kind, self) {
-            (_, Answer::Failed(_) | Answer::Unreached) => true,
-            (AiKind::Filter | AiKind::Join, Answer::Bool(_)) => true,
-            (AiKind::Classify, Answer::Label(i)) => (*i as usize) < call.labels.len(),
-            (AiKind::Score, Answer::Score(p)) => (0.0..=1.0).contains(p),
-            (AiKind::ClassifyScores, Answer::LabelScores(p)) => {
-                p.len() == call.labels.len() && p.iter().all(|p| (0.0..=1.0).contains(p))
-            }
-            (AiKind::Complete, Answer::Text(_)) => true,
-            (AiKind::Extract, Answer::Fields(f)) => f.len() == call.labels.len(),
-            _ => false,
-        }
-    }
-
     /// Whether this is an answer of the model (not [`Answer::Failed`] or
     /// [`Answer::Unreached`]): what may be cached, recorded and shown.
     pub fn is_answer(&self) -> bool {

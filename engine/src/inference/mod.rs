@@ -7,6 +7,7 @@ pub mod answer_cache;
 pub mod backend;
 pub mod call;
 pub mod distributed;
+pub mod kinds;
 pub mod kv_cache;
 pub mod memo;
 pub mod prompt;

@@ -75,7 +75,7 @@ use std::time::Instant;
 use aisql_models::Tokenizer;
 
 use crate::error::{EngineError, Result};
-use crate::inference::backend::{AiCall, AiKind, AiRequest, Answer, Doc, InferenceBackend};
+use crate::inference::backend::{AiCall, AiRequest, Answer, Doc, InferenceBackend};
 use crate::inference::kv_cache::{KvOps, NodeId, PrefixTrie};
 use crate::inference::memo::DocKey;
 use crate::inference::prompt::{Excerpt, label_continuations};
@@ -841,7 +841,7 @@ impl<E: Executor> ScheduledBackend<E> {
     /// The texts scored or prefilled after a prompt: label continuations, or
     /// an extraction's field questions.
     fn answer_pieces(&self, call: &AiCall) -> Vec<String> {
-        if call.kind == AiKind::Extract {
+        if call.kind.describe().asks_per_field() {
             call.descriptions.clone()
         } else {
             label_continuations(&call.labels)
