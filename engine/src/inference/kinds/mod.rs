@@ -120,10 +120,9 @@ pub trait AnswerKind: Send + Sync + fmt::Debug {
     /// what is wrong; the caller names the table.
     fn read_column(
         &self,
-        column: &TableColumn<'_>,
+        _column: &TableColumn<'_>,
         _labels: &mut Vec<String>,
     ) -> std::result::Result<Vec<Answer>, String> {
-        let _ = column;
         Err(format!(
             "{} answer tables are written, not read back",
             self.name()
@@ -334,4 +333,30 @@ fn hash_words(h: u64, max_tokens: u32) -> Box<str> {
         .map(|w| format!("w{:x}", (h >> (w * 8)) & 0xff))
         .collect();
     text.join(" ").into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The answer cache's files key every question by its kind's code: a
+    /// code that changed or collided would orphan or mix cached answers.
+    #[test]
+    fn cache_codes_are_the_recorded_ones_and_distinct() {
+        let codes: Vec<u8> = AiKind::ALL
+            .iter()
+            .map(|k| k.describe().cache_code())
+            .collect();
+        assert_eq!(codes, b"fjcspgx".to_vec());
+    }
+
+    /// Manifests, label sets and answer files spell a kind as its tag
+    /// serialises.
+    #[test]
+    fn names_are_the_serialised_tags() {
+        for kind in AiKind::ALL {
+            let json = serde_json::to_string(&kind).unwrap();
+            assert_eq!(json, format!("\"{}\"", kind.name()));
+        }
+    }
 }
