@@ -19,7 +19,8 @@ use crate::error::{EngineError, Result};
 use crate::inference::backend::{
     AiCall, AiKind, AiRequest, ContentHashBackend, Doc, InferenceBackend, QueryStart,
 };
-use crate::inference::prompt::{PromptFormat, call_pieces};
+use crate::inference::kinds::call_pieces;
+use crate::inference::prompt::PromptFormat;
 use crate::inference::scheduler::{Executor as _, ScheduledBackend, SchedulerConfig, SimExecutor};
 
 /// A measured throughput profile.

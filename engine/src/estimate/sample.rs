@@ -15,9 +15,9 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{EngineError, Result};
 use crate::inference::backend::{
-    AiCall, AiKind, AiRequest, Answer, Answerer, InferenceBackend, QueryBackend, QueryStart,
-    check_answers,
+    AiCall, AiRequest, Answer, Answerer, InferenceBackend, QueryBackend, QueryStart, check_answers,
 };
+use crate::inference::kinds::SampleSoFar;
 use crate::inference::work::Work;
 
 /// The seed of an estimate's sample: one fixed value, so that two estimates of
@@ -249,51 +249,13 @@ impl SampledAnswers {
     fn drawn(call: &AiCall, stats: &mut SampleStats, h: u128) -> Answer {
         // Low bits pick; the high bits decided whether it was a candidate.
         let u = (h as u64 >> 11) as f64 / (1u64 << 53) as f64;
-        let pick = |n: usize| ((u * n as f64) as usize).min(n.saturating_sub(1));
-        match call.kind {
-            // A join's pairs are drawn each on its own: error diffusion over
-            // pairs that come anchor by anchor, partners always in one order,
-            // is periodic and hits the same few partners again and again
-            // (FEV-8's first join matched 42 distinct passages where the
-            // labels match 225), and the distinct rows that match decide the
-            // next operator's questions.
-            AiKind::Join => Answer::Bool(u < stats.selectivity()),
-            AiKind::Filter => {
-                let p = stats.selectivity();
-                // The first owed fraction is the question's own draw.
-                let owed = stats.carry.get_or_insert(u);
-                *owed += p;
-                Answer::Bool(if *owed >= 1.0 {
-                    *owed -= 1.0;
-                    true
-                } else {
-                    false
-                })
-            }
-            AiKind::Classify => {
-                let n = call.labels.len().max(1);
-                // Each label's share of the sample, with half a question each.
-                let total = stats.label_counts.iter().sum::<usize>() as f64 + 0.5 * n as f64;
-                let mut at = u * total;
-                for i in 0..n {
-                    at -= stats.label_counts.get(i).copied().unwrap_or(0) as f64 + 0.5;
-                    if at < 0.0 {
-                        return Answer::Label(i as u32);
-                    }
-                }
-                Answer::Label((n - 1) as u32)
-            }
-            AiKind::Score | AiKind::ClassifyScores if !stats.examples.is_empty() => {
-                stats.examples[pick(stats.examples.len())].clone()
-            }
-            AiKind::Score => Answer::Score(0.5),
-            AiKind::ClassifyScores => {
-                let n = call.labels.len().max(1);
-                Answer::LabelScores(vec![1.0 / n as f64; call.labels.len()].into())
-            }
-            AiKind::Complete => Answer::Text("".into()),
-            AiKind::Extract => Answer::Fields(vec!["".into(); call.labels.len()].into()),
-        }
+        let sample = SampleSoFar {
+            selectivity: stats.selectivity(),
+            carry: &mut stats.carry,
+            label_counts: &stats.label_counts,
+            examples: &stats.examples,
+        };
+        call.kind.describe().drawn(call, sample, u)
     }
 
     /// Asks `real` the sampled questions. Those an oracle has no label for
@@ -434,7 +396,7 @@ mod tests {
         sampled.begin_real(QueryStart::default()).unwrap();
         sampled
     }
-    use crate::inference::backend::{Answered, ContentHashBackend, Doc, test_call};
+    use crate::inference::backend::{AiKind, Answered, ContentHashBackend, Doc, test_call};
 
     fn requests(ids: &[String]) -> Vec<AiRequest<'_>> {
         ids.iter()

@@ -37,7 +37,8 @@ use crate::exec::answers::answer_array;
 use crate::inference::backend::{
     AiCall, AiKind, AiRequest, Doc, InferenceBackend, ask_once, require_answered,
 };
-use crate::inference::prompt::{PromptFormat, call_pieces, check_placeholders, extract_questions};
+use crate::inference::kinds::call_pieces;
+use crate::inference::prompt::{PromptFormat, check_placeholders};
 
 /// URN under which QUAIL-B plans, and aisql's Substrait for the functions they
 /// use, declare the AI functions.
@@ -48,8 +49,8 @@ pub const DEFAULT_MAX_TOKENS: u32 = 256;
 
 /// One AI function: the registry's description of it. The planner rule, the
 /// naive evaluator, the SQL spellings, Substrait and the backends all read a
-/// call through this one entry; adding a function is an entry here, its
-/// prompt rendering ([`crate::inference::prompt::call_pieces`]) and its tests.
+/// call through this one entry; adding a function is an entry here and its
+/// tests, and, for a new kind of answer, the kind ([`crate::inference::kinds`]).
 #[derive(Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AiFunction {
     /// The registered (lowercase) name.
@@ -364,13 +365,9 @@ impl AiArgs {
             pieces,
             labels: self.labels.clone(),
             max_tokens: self.max_tokens,
-            // An extraction's questions travel rendered: each is what the
-            // model reads after the document.
-            descriptions: if kind == AiKind::Extract {
-                extract_questions(format, &self.descriptions)
-            } else {
-                self.descriptions.clone()
-            },
+            descriptions: kind
+                .describe()
+                .travelling_descriptions(format, &self.descriptions),
             relations: Vec::new(),
         })
     }

@@ -6,15 +6,12 @@
 
 use std::sync::{Arc, Mutex};
 
-use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, Float64Array, Float64Builder, ListBuilder, RecordBatch,
-    StringArray, StringBuilder, StructArray, StructBuilder,
-};
-use datafusion::arrow::buffer::NullBuffer;
-use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema};
+use datafusion::arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
 
 use crate::error::{EngineError, Result};
-use crate::inference::backend::{AiCall, AiKind, Answer, label_score_fields};
+use crate::inference::backend::{AiCall, AiKind, Answer};
+use crate::inference::kinds::TableColumn;
 
 /// The answers of `call`'s questions as a column of its return type, NULL
 /// where a row was not asked (a NULL document) or got no answer
@@ -30,129 +27,15 @@ pub fn answer_array(call: &AiCall, answers: &[Option<Answer>]) -> Result<ArrayRe
 fn typed_array<'a>(
     kind: AiKind,
     labels: &[String],
-    answers: impl ExactSizeIterator<Item = Option<&'a Answer>>,
+    answers: impl Iterator<Item = Option<&'a Answer>>,
 ) -> Result<ArrayRef> {
-    let wrong = |a: &Answer| {
-        EngineError::Inference(format!(
-            "a {} answer column was given {}",
-            kind.name(),
-            a.describe()
-        ))
-    };
-    Ok(match kind {
-        AiKind::Filter | AiKind::Join => Arc::new(
-            answers
-                .map(|a| a.map(|a| a.as_bool().ok_or_else(|| wrong(a))).transpose())
-                .collect::<Result<BooleanArray>>()?,
-        ),
-        AiKind::Score => Arc::new(
-            answers
-                .map(|a| {
-                    a.map(|a| match a {
-                        Answer::Score(p) => Ok(*p),
-                        other => Err(wrong(other)),
-                    })
-                    .transpose()
-                })
-                .collect::<Result<Float64Array>>()?,
-        ),
-        AiKind::Classify | AiKind::Complete => {
-            let mut b = StringBuilder::with_capacity(answers.len(), 0);
-            for a in answers {
-                match a {
-                    None => b.append_null(),
-                    Some(Answer::Label(i)) if kind == AiKind::Classify => {
-                        b.append_value(labels.get(*i as usize).ok_or_else(|| {
-                            EngineError::Inference(format!(
-                                "label index {i} of {} labels",
-                                labels.len()
-                            ))
-                        })?)
-                    }
-                    Some(Answer::Text(t)) if kind == AiKind::Complete => b.append_value(t),
-                    Some(other) => return Err(wrong(other)),
-                }
-            }
-            Arc::new(b.finish())
-        }
-        AiKind::Extract => {
-            let mut columns: Vec<StringBuilder> =
-                labels.iter().map(|_| StringBuilder::new()).collect();
-            let mut valid = Vec::with_capacity(answers.len());
-            for a in answers {
-                match a {
-                    None => {
-                        columns.iter_mut().for_each(StringBuilder::append_null);
-                        valid.push(false);
-                    }
-                    Some(Answer::Fields(f)) if f.len() == labels.len() => {
-                        for (c, text) in columns.iter_mut().zip(f.iter()) {
-                            c.append_value(text);
-                        }
-                        valid.push(true);
-                    }
-                    Some(other) => return Err(wrong(other)),
-                }
-            }
-            let DataType::Struct(fields) = kind.return_type(labels) else {
-                unreachable!("an extraction is a struct");
-            };
-            let arrays: Vec<ArrayRef> = columns
-                .iter_mut()
-                .map(|c| Arc::new(c.finish()) as ArrayRef)
-                .collect();
-            Arc::new(StructArray::try_new(
-                fields,
-                arrays,
-                Some(NullBuffer::from(valid)),
-            )?)
-        }
-        AiKind::ClassifyScores => {
-            let fields = label_score_fields();
-            let mut b = ListBuilder::new(StructBuilder::new(
-                fields.clone(),
-                vec![
-                    Box::new(StringBuilder::new()),
-                    Box::new(Float64Builder::new()),
-                ],
-            ))
-            .with_field(Arc::new(Field::new("item", DataType::Struct(fields), true)));
-            for a in answers {
-                match a {
-                    None => b.append_null(),
-                    Some(Answer::LabelScores(p)) if p.len() == labels.len() => {
-                        let entries = b.values();
-                        for (label, p) in labels.iter().zip(p.iter()) {
-                            entries
-                                .field_builder::<StringBuilder>(0)
-                                .expect("label field")
-                                .append_value(label);
-                            entries
-                                .field_builder::<Float64Builder>(1)
-                                .expect("probability field")
-                                .append_value(*p);
-                            entries.append(true);
-                        }
-                        b.append(true);
-                    }
-                    Some(other) => return Err(wrong(other)),
-                }
-            }
-            Arc::new(b.finish())
-        }
-    })
+    let answers: Vec<Option<&Answer>> = answers.collect();
+    kind.describe().column(labels, &answers)
 }
 
 /// The answer column's name in an answer table of `kind`.
 pub fn answer_column(kind: AiKind) -> &'static str {
-    match kind {
-        AiKind::Filter | AiKind::Join => "answer",
-        AiKind::Classify => "label",
-        AiKind::Score => "score",
-        AiKind::ClassifyScores => "scores",
-        AiKind::Complete => "text",
-        AiKind::Extract => "fields",
-    }
+    kind.describe().answer_column()
 }
 
 /// The answers of one operator.
@@ -252,91 +135,23 @@ impl AnswerTable {
             .iter()
             .map(|f| f.name().clone())
             .collect();
-        let no_nulls = |c: usize| -> Result<()> {
-            let col = batch.column(c);
-            match col
-                .nulls()
-                .and_then(|nulls| (0..col.len()).find(|&i| nulls.is_null(i)))
-            {
-                Some(row) => Err(bad(format!(
-                    "column {} has a null in row {row}",
-                    schema.field(c).name()
-                ))),
-                None => Ok(()),
-            }
-        };
-        let strings = |c: usize, what: &str| -> Result<Vec<String>> {
-            no_nulls(c)?;
-            let col = batch.column(c).as_string_opt::<i32>().ok_or_else(|| {
-                bad(format!(
-                    "{what} column {} is {}, not a string",
-                    schema.field(c).name(),
-                    schema.field(c).data_type()
-                ))
-            })?;
-            Ok(col
-                .iter()
-                .map(|v| v.unwrap_or_default().to_string())
-                .collect())
+        let column = |c: usize| TableColumn {
+            name: schema.field(c).name(),
+            array: batch.column(c),
         };
         let mut table = Self::new(op_id, kind, aliases, Vec::new());
         for c in 0..n - 1 {
-            table.ids[c] = strings(c, "id")?;
+            table.ids[c] = column(c).strings("id").map_err(bad)?;
         }
         let last = schema.field(n - 1).name();
         let want = answer_column(kind);
         if last != want {
             return Err(bad(format!("last column is {last:?}, expected {want:?}")));
         }
-        match kind {
-            AiKind::Classify => {
-                for label in strings(n - 1, "label")? {
-                    let i = match table.labels.iter().position(|l| *l == label) {
-                        Some(i) => i,
-                        None => {
-                            table.labels.push(label);
-                            table.labels.len() - 1
-                        }
-                    };
-                    table.answers.push(Answer::Label(i as u32));
-                }
-            }
-            AiKind::Complete => {
-                table.answers = strings(n - 1, "text")?
-                    .into_iter()
-                    .map(|t| Answer::Text(t.into()))
-                    .collect();
-            }
-            AiKind::Filter | AiKind::Join => {
-                no_nulls(n - 1)?;
-                let col = batch.column(n - 1).as_boolean_opt().ok_or_else(|| {
-                    bad(format!(
-                        "answer column is {}, not boolean",
-                        schema.field(n - 1).data_type()
-                    ))
-                })?;
-                table.answers = col.values().iter().map(Answer::Bool).collect();
-            }
-            AiKind::Score => {
-                no_nulls(n - 1)?;
-                let col = batch
-                    .column(n - 1)
-                    .as_primitive_opt::<Float64Type>()
-                    .ok_or_else(|| {
-                        bad(format!(
-                            "score column is {}, not float64",
-                            schema.field(n - 1).data_type()
-                        ))
-                    })?;
-                table.answers = col.values().iter().map(|&p| Answer::Score(p)).collect();
-            }
-            AiKind::ClassifyScores | AiKind::Extract => {
-                return Err(bad(format!(
-                    "{} answer tables are written, not read back",
-                    kind.name()
-                )));
-            }
-        }
+        table.answers = kind
+            .describe()
+            .read_column(&column(n - 1), &mut table.labels)
+            .map_err(bad)?;
         Ok(table)
     }
 }
@@ -371,6 +186,7 @@ impl AnswerRecorder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use datafusion::arrow::array::BooleanArray;
 
     fn table(kind: AiKind) -> AnswerTable {
         let aliases = match kind {

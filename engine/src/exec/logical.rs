@@ -23,7 +23,7 @@ use datafusion::common::{Column, DFSchema, DFSchemaRef, JoinType, TableReference
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore, build_join_schema};
 
-use crate::inference::backend::{AiCall, AiKind};
+use crate::inference::backend::AiCall;
 
 /// One document of a prompt: the columns holding its id and its text.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd)]
@@ -220,12 +220,7 @@ impl UserDefinedLogicalNodeCore for AiNode {
         match (self.spec.shape, self.spec.call.kind) {
             (AiShape::Filter, _) => "AiFilter",
             (AiShape::Join(_), _) => "AiJoin",
-            (AiShape::Project, AiKind::Classify) => "AiClassify",
-            (AiShape::Project, AiKind::Score) => "AiScore",
-            (AiShape::Project, AiKind::ClassifyScores) => "AiClassifyScores",
-            (AiShape::Project, AiKind::Complete) => "AiComplete",
-            (AiShape::Project, AiKind::Extract) => "AiExtract",
-            (AiShape::Project, _) => "AiPredicate",
+            (AiShape::Project, kind) => kind.describe().projection_node(),
             (AiShape::Aggregate, _) => "AiAgg",
         }
     }
@@ -400,7 +395,7 @@ mod tests {
     use datafusion::arrow::datatypes::Schema;
     use datafusion::logical_expr::{Extension, table_scan};
 
-    use crate::inference::backend::test_call;
+    use crate::inference::backend::{AiKind, test_call};
 
     /// An empty read of `table` with `fields`.
     fn scan(table: &str, fields: Vec<Field>) -> LogicalPlan {

@@ -46,7 +46,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{EngineError, Result};
 use crate::inference::backend::{
-    AiCall, AiKind, AiRequest, Answer, Answered, Doc, InferenceBackend, QueryBackend, QueryStart,
+    AiCall, AiRequest, Answer, Answered, Doc, InferenceBackend, QueryBackend, QueryStart,
     check_answers,
 };
 use crate::inference::work::{Sum, Work};
@@ -115,26 +115,19 @@ pub fn question_hash(call: &AiCall, request: &AiRequest<'_>) -> QuestionHash {
 fn anchor_state(call: &AiCall, anchor: Doc<'_>) -> Sha256 {
     let mut h = Sha256::new();
     h.update(b"aisql-question-v1\0");
-    h.update([match call.kind {
-        AiKind::Filter => b'f',
-        AiKind::Join => b'j',
-        AiKind::Classify => b'c',
-        AiKind::Score => b's',
-        AiKind::ClassifyScores => b'p',
-        AiKind::Complete => b'g',
-        AiKind::Extract => b'x',
-    }]);
-    if call.kind.generates() {
+    let kind = call.kind.describe();
+    h.update([kind.cache_code()]);
+    if kind.generates() {
         h.update(call.max_tokens.to_le_bytes());
     }
-    if call.kind.has_labels() || call.kind == AiKind::Extract {
+    if kind.has_labels() || kind.asks_per_field() {
         h.update((call.labels.len() as u64).to_le_bytes());
         for label in &call.labels {
             h.update((label.len() as u64).to_le_bytes());
             h.update(label.as_bytes());
         }
-        if call.kind == AiKind::Extract {
-            // An extraction's questions are part of its prompts.
+        if kind.asks_per_field() {
+            // The fields' questions are part of the prompts.
             for question in &call.descriptions {
                 h.update((question.len() as u64).to_le_bytes());
                 h.update(question.as_bytes());
@@ -777,7 +770,9 @@ impl QueryBackend for CachedQuery {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inference::backend::{Answerer, ContentHashBackend, begun, test_call as call};
+    use crate::inference::backend::{
+        AiKind, Answerer, ContentHashBackend, begun, test_call as call,
+    };
     use std::sync::Arc;
 
     fn identity(dtype: &str) -> AnswerIdentity {

@@ -8,258 +8,10 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::{DataType, Field, Fields};
-
 use crate::error::{EngineError, Result};
-use crate::inference::prompt::PromptPieces;
+pub use crate::inference::call::{AiCall, AiKind, AiRequest, Answer, Doc, label_score_fields};
 use crate::inference::work::Work;
 use crate::limits::spend::Spend;
-
-/// What kind of question an operator asks, and so how its answer is read from
-/// the model and what type it has (`"filter"`, `"join"`, `"classify"`, … in
-/// manifests and label sets). The SQL functions that ask each kind are in
-/// [`crate::exec::ai_functions`]'s registry.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum AiKind {
-    /// TRUE/FALSE about one document: one next-token decision (SPEC §B.5).
-    Filter,
-    /// TRUE/FALSE about a pair.
-    Join,
-    /// One label for a document or a pair: the best summed label log-probability.
-    Classify,
-    /// P(TRUE) over the restricted TRUE/FALSE head, for a document or a pair.
-    Score,
-    /// One probability per label: the softmax of the labels' summed
-    /// log-probabilities, from the pass that [`AiKind::Classify`] reads.
-    ClassifyScores,
-    /// Text: greedy decoding until the end of sequence or `max_tokens`.
-    Complete,
-    /// Several texts about one document, one per field (the call's labels
-    /// name the fields, its descriptions hold their questions), each decoded
-    /// after the document's shared KV.
-    Extract,
-}
-
-impl AiKind {
-    /// Every kind.
-    pub const ALL: [AiKind; 7] = [
-        AiKind::Filter,
-        AiKind::Join,
-        AiKind::Classify,
-        AiKind::Score,
-        AiKind::ClassifyScores,
-        AiKind::Complete,
-        AiKind::Extract,
-    ];
-
-    /// The name in manifests, label sets and answer files.
-    pub fn name(self) -> &'static str {
-        match self {
-            AiKind::Filter => "filter",
-            AiKind::Join => "join",
-            AiKind::Classify => "classify",
-            AiKind::Score => "score",
-            AiKind::ClassifyScores => "classify_scores",
-            AiKind::Complete => "complete",
-            AiKind::Extract => "extract",
-        }
-    }
-
-    /// Whether the answer is a label chosen among the call's labels (or a
-    /// probability for each).
-    pub fn has_labels(self) -> bool {
-        matches!(self, AiKind::Classify | AiKind::ClassifyScores)
-    }
-
-    /// Whether the answer is generated text, which costs decoding and which no
-    /// reference label set holds.
-    pub fn generates(self) -> bool {
-        matches!(self, AiKind::Complete | AiKind::Extract)
-    }
-
-    /// Whether the answer is TRUE/FALSE (the kinds an `ai_filter` or `ai_join`
-    /// operator can filter rows or pairs by).
-    pub fn is_decision(self) -> bool {
-        matches!(self, AiKind::Filter | AiKind::Join)
-    }
-
-    /// The Arrow type of the answers (an SQL call's value): label
-    /// probabilities are a list of `{label, probability}` in label order, an
-    /// extraction a struct of one text per field (named by `fields`).
-    pub fn return_type(self, fields: &[String]) -> DataType {
-        match self {
-            AiKind::Extract => DataType::Struct(
-                fields
-                    .iter()
-                    .map(|f| Field::new(f, DataType::Utf8, true))
-                    .collect(),
-            ),
-            AiKind::Filter | AiKind::Join => DataType::Boolean,
-            AiKind::Classify | AiKind::Complete => DataType::Utf8,
-            AiKind::Score => DataType::Float64,
-            AiKind::ClassifyScores => DataType::List(Arc::new(Field::new(
-                "item",
-                DataType::Struct(label_score_fields()),
-                true,
-            ))),
-        }
-    }
-}
-
-/// The fields of one label probability: `label` and `probability`.
-pub fn label_score_fields() -> Fields {
-    Fields::from(vec![
-        Field::new("label", DataType::Utf8, false),
-        Field::new("probability", DataType::Float64, false),
-    ])
-}
-
-impl AiCall {
-    /// The Arrow type of this call's answers.
-    pub fn return_type(&self) -> DataType {
-        self.kind.return_type(&self.labels)
-    }
-
-    /// Whether `other` asks the same question of a document as this call: the
-    /// same kind, pieces and what the answer depends on besides them (labels
-    /// or fields, their descriptions or questions, `max_tokens`); operators
-    /// and tables aside.
-    pub fn asks_as(&self, other: &AiCall) -> bool {
-        self.kind == other.kind
-            && self.pieces == other.pieces
-            && self.labels == other.labels
-            && self.descriptions == other.descriptions
-            && self.max_tokens == other.max_tokens
-    }
-}
-
-/// One answer to one prompt, typed by the kind of question ([`AiKind`]).
-/// Large variants are boxed so that the query's memo keeps 24 bytes a question.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub enum Answer {
-    /// A filter's or join's TRUE/FALSE.
-    Bool(bool),
-    /// A classification: the index of the chosen label in the call's labels.
-    Label(u32),
-    /// A score: P(TRUE) in [0, 1].
-    Score(f64),
-    /// One probability per label, in the call's label order, summing to 1.
-    LabelScores(Box<[f64]>),
-    /// Generated text.
-    Text(Box<str>),
-    /// One generated text per field of an extraction, in field order.
-    Fields(Box<[Box<str>]>),
-    /// No answer: the model cannot answer this row (its prompt is longer than
-    /// the model's context, its generated tokens are not text). The reason
-    /// names the operator and the row. Never cached; what the operator does
-    /// with it is `--on-row-error`'s ([`crate::exec::coverage`]).
-    Failed(Box<str>),
-    /// Not asked: the query's budget was spent first ([`crate::limits::spend`]).
-    /// Never cached; the operator fails or leaves the row out
-    /// ([`crate::exec::coverage`]).
-    Unreached,
-}
-
-impl Answer {
-    /// Whether this answer has the type `call` asks for (and a label index or
-    /// probability list that fits its labels): what every backend's and
-    /// worker's answers are checked with.
-    /// A failed or unreached question fits every kind.
-    pub fn fits(&self, call: &AiCall) -> bool {
-        match (call.kind, self) {
-            (_, Answer::Failed(_) | Answer::Unreached) => true,
-            (AiKind::Filter | AiKind::Join, Answer::Bool(_)) => true,
-            (AiKind::Classify, Answer::Label(i)) => (*i as usize) < call.labels.len(),
-            (AiKind::Score, Answer::Score(p)) => (0.0..=1.0).contains(p),
-            (AiKind::ClassifyScores, Answer::LabelScores(p)) => {
-                p.len() == call.labels.len() && p.iter().all(|p| (0.0..=1.0).contains(p))
-            }
-            (AiKind::Complete, Answer::Text(_)) => true,
-            (AiKind::Extract, Answer::Fields(f)) => f.len() == call.labels.len(),
-            _ => false,
-        }
-    }
-
-    /// Whether this is an answer of the model (not [`Answer::Failed`] or
-    /// [`Answer::Unreached`]): what may be cached, recorded and shown.
-    pub fn is_answer(&self) -> bool {
-        !matches!(self, Answer::Failed(_) | Answer::Unreached)
-    }
-
-    /// The TRUE/FALSE of a decision, `None` for other answers.
-    pub fn as_bool(&self) -> Option<bool> {
-        match self {
-            Answer::Bool(b) => Some(*b),
-            _ => None,
-        }
-    }
-
-    /// A short description for errors (never a whole generated text).
-    pub fn describe(&self) -> String {
-        match self {
-            Answer::Bool(b) => format!("TRUE/FALSE {b}"),
-            Answer::Label(i) => format!("label index {i}"),
-            Answer::Score(p) => format!("score {p}"),
-            Answer::LabelScores(p) => format!("{} label probabilities", p.len()),
-            Answer::Text(t) => format!("a text of {} bytes", t.len()),
-            Answer::Fields(f) => format!("{} field texts", f.len()),
-            Answer::Failed(_) => "a failed row".into(),
-            Answer::Unreached => "no answer (the budget was spent)".into(),
-        }
-    }
-}
-
-/// One AI operator as the backend sees it (and as it is sent to a worker).
-#[derive(
-    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-pub struct AiCall {
-    /// Operator id (`filter-1`, `join-2`, `classify-1`).
-    pub op_id: String,
-    /// Question kind.
-    pub kind: AiKind,
-    /// Prompt template as written in the plan.
-    pub template: String,
-    /// Tables of the `{0}` (and `{1}`) documents.
-    pub tables: Vec<String>,
-    /// Text columns of the `{0}` (and `{1}`) documents.
-    pub columns: Vec<String>,
-    /// Rendered fixed pieces of the operator's prompts.
-    pub pieces: PromptPieces,
-    /// Classification labels (tie-break order).
-    pub labels: Vec<String>,
-    /// Most tokens a generating call ([`AiKind::Complete`], each field of an
-    /// [`AiKind::Extract`]) decodes; 0 for other kinds.
-    pub max_tokens: u32,
-    /// One description per label ("" = none).
-    pub descriptions: Vec<String>,
-    /// Relations (aliases, as the plan names them) of the `{0}` (and `{1}`)
-    /// documents; empty when not known. One table read under two names is read
-    /// twice, which a scheduler may plan around.
-    pub relations: Vec<String>,
-}
-
-/// A document in a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Doc<'a> {
-    /// Row id.
-    pub id: &'a str,
-    /// Text the prompt embeds.
-    pub text: &'a str,
-}
-
-/// One prompt to answer: the anchor (`{0}`) document and, for two-document
-/// operators, the partner (`{1}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AiRequest<'a> {
-    /// The `{0}` document.
-    pub anchor: Doc<'a>,
-    /// The `{1}` document.
-    pub partner: Option<Doc<'a>>,
-}
 
 /// What a query tells its backend as it begins ([`InferenceBackend::begin`]).
 #[derive(Debug, Clone, Default)]
@@ -555,27 +307,6 @@ impl ContentHashBackend {
     }
 }
 
-impl ContentHashBackend {
-    /// At most `max_tokens` words (1 to 7) naming `h`.
-    fn words(h: u64, max_tokens: u32) -> Box<str> {
-        let words = (h % 7 + 1).min(u64::from(max_tokens.max(1)));
-        let text: Vec<String> = (0..words)
-            .map(|w| format!("w{:x}", (h >> (w * 8)) & 0xff))
-            .collect();
-        text.join(" ").into()
-    }
-
-    /// `h` mixed with `text`: a field's own hash.
-    fn hash_text(h: u64, text: &str) -> u64 {
-        use sha2::{Digest, Sha256};
-        let digest = Sha256::new()
-            .chain_update(h.to_le_bytes())
-            .chain_update(text.as_bytes())
-            .finalize();
-        u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
-    }
-}
-
 impl Answerer for ContentHashBackend {
     fn name(&self) -> &str {
         "content-hash"
@@ -595,35 +326,11 @@ impl Answerer for ContentHashBackend {
     fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
         self.prompts
             .fetch_add(requests.len(), std::sync::atomic::Ordering::Relaxed);
-        let n = call.labels.len().max(1) as u64;
         Ok(requests
             .iter()
             .map(|r| {
                 let h = Self::hash(call, r);
-                match call.kind {
-                    AiKind::Filter | AiKind::Join => Answer::Bool(h % 100 < 45),
-                    AiKind::Score => Answer::Score(1.0 - (h % 100) as f64 / 99.0),
-                    AiKind::Classify => Answer::Label((h % n) as u32),
-                    AiKind::ClassifyScores => {
-                        let chosen = (h % n) as usize;
-                        let rest = 0.5 / (n as f64 - 1.0).max(1.0);
-                        Answer::LabelScores(
-                            (0..n as usize)
-                                .map(|j| if j == chosen { 0.5 } else { rest })
-                                .collect(),
-                        )
-                    }
-                    AiKind::Complete => Answer::Text(Self::words(h, call.max_tokens)),
-                    AiKind::Extract => Answer::Fields(
-                        call.descriptions
-                            .iter()
-                            .map(|q| {
-                                let field = Self::hash_text(h, q);
-                                Self::words(field, call.max_tokens)
-                            })
-                            .collect(),
-                    ),
-                }
+                call.kind.describe().hashed(call, h)
             })
             .collect())
     }
@@ -636,7 +343,7 @@ pub(crate) fn test_call(kind: AiKind, template: &str, labels: &[&str]) -> AiCall
     use crate::inference::prompt::PromptFormat;
     let f = PromptFormat::default();
     let labels: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
-    let pieces = crate::inference::prompt::call_pieces(
+    let pieces = crate::inference::kinds::call_pieces(
         f,
         kind,
         template,

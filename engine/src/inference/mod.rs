@@ -1,10 +1,13 @@
-//! Answering AI calls: the backend trait and its prompts, the typed work
-//! measurements, and what serves a backend: the model scheduler with its KV
-//! tiers, the memo and answer cache, shards and remote workers.
+//! Answering AI calls: the call vocabulary and what each answer kind is, the
+//! backend trait and its prompts, the typed work measurements, and what serves
+//! a backend: the model scheduler with its KV tiers, the memo and answer
+//! cache, shards and remote workers.
 
 pub mod answer_cache;
 pub mod backend;
+pub mod call;
 pub mod distributed;
+pub mod kinds;
 pub mod kv_cache;
 pub mod memo;
 pub mod prompt;

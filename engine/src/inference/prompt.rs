@@ -14,7 +14,6 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::error::{EngineError, Result};
-use crate::inference::backend::AiKind;
 
 /// Instruction of filters and joins (raw-v1).
 pub const TASK_INSTRUCTION: &str = "Evaluate TRUE or FALSE for the following question: ";
@@ -284,44 +283,6 @@ pub fn pair_complete_pieces(format: PromptFormat, template: &str) -> PromptPiece
         tail: format!("\n\n{template}{}", format.cue()),
         pair: true,
     }
-}
-
-/// Pieces of one call's prompts: the one place a question kind chooses its
-/// rendering. A score asks its filter's or join's prompt; label probabilities
-/// their classification's.
-pub fn call_pieces(
-    format: PromptFormat,
-    kind: AiKind,
-    template: &str,
-    pair: bool,
-    labels: &[String],
-    descriptions: &[String],
-) -> Result<PromptPieces> {
-    Ok(match (kind, pair) {
-        (AiKind::Filter | AiKind::Score, false) => filter_pieces(format, template)?,
-        (AiKind::Filter | AiKind::Join | AiKind::Score, true) => join_pieces(format, template),
-        (AiKind::Join, false) => {
-            return Err(EngineError::InvalidPlan(format!(
-                "a join prompt needs two documents: {}",
-                shorten(template, 60)
-            )));
-        }
-        (AiKind::Classify | AiKind::ClassifyScores, false) => {
-            classify_pieces(format, template, labels, descriptions)?
-        }
-        (AiKind::Classify | AiKind::ClassifyScores, true) => {
-            pair_classify_pieces(format, template, labels, descriptions)
-        }
-        (AiKind::Complete, false) => complete_pieces(format, template)?,
-        (AiKind::Complete, true) => pair_complete_pieces(format, template),
-        (AiKind::Extract, _) => PromptPieces {
-            preamble: format.preamble().to_string(),
-            frame: String::new(),
-            label: String::new(),
-            tail: EXTRACT_SEPARATOR.to_string(),
-            pair: false,
-        },
-    })
 }
 
 /// Checks a template has exactly the placeholders `{0}..{n-1}` (SPEC §B.2):

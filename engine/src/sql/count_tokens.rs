@@ -21,7 +21,8 @@ use datafusion::logical_expr::{
 };
 
 use crate::inference::backend::AiKind;
-use crate::inference::prompt::{PromptFormat, PromptPieces, call_pieces};
+use crate::inference::kinds::call_pieces;
+use crate::inference::prompt::{PromptFormat, PromptPieces};
 
 /// The function's name in SQL.
 pub const NAME: &str = "ai_count_tokens";

@@ -20,7 +20,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use aisql_engine::inference::backend::AiKind;
-use aisql_engine::inference::prompt::{PromptFormat, PromptPieces, call_pieces};
+use aisql_engine::inference::kinds::call_pieces;
+use aisql_engine::inference::prompt::{PromptFormat, PromptPieces};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion_substrait::substrait::proto::{Plan, extensions, plan_rel, rel};
 use serde_json::json;

@@ -32,7 +32,7 @@ use super::message::{
 use crate::error::{EngineError, Result};
 use crate::inference::answer_cache::AnswerIdentity;
 use crate::inference::backend::{
-    AiCall, AiKind, AiRequest, Doc, InferenceBackend, QueryBackend, QueryStart,
+    AiCall, AiRequest, Doc, InferenceBackend, QueryBackend, QueryStart,
 };
 
 /// How long a served query may go without a message before another
@@ -276,9 +276,19 @@ fn check_call(call: &AiCall, requests: Option<&[AiRequest<'_>]>) -> Result<()> {
         )));
     }
     for r in requests.unwrap_or_default() {
-        match (call.kind, r.partner.is_some()) {
-            (AiKind::Join, false) => return Err(bad("a join question without a partner".into())),
-            (AiKind::Filter, true) => return Err(bad("a filter question with a partner".into())),
+        match (call.kind.describe().documents(), r.partner.is_some()) {
+            (Some(2), false) => {
+                return Err(bad(format!(
+                    "a {} question without a partner",
+                    call.kind.name()
+                )));
+            }
+            (Some(1), true) => {
+                return Err(bad(format!(
+                    "a {} question with a partner",
+                    call.kind.name()
+                )));
+            }
             (_, pair) if pair != call.pieces.pair => {
                 return Err(bad(format!(
                     "a question {} a partner for a prompt {} one",

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use aisql_models::{ClassifyRequest, Continuation, GenerateRequest, KvHandle, Qwen3, Tokenizer};
 
 use crate::error::Result;
-use crate::inference::backend::{AiCall, AiKind, AiRequest, Answer, Answerer};
+use crate::inference::backend::{AiCall, AiRequest, Answer, Answerer};
+use crate::inference::kinds::ModelReading;
+pub use crate::inference::kinds::{best_label, label_probabilities};
 use crate::inference::kv_cache::KvOps;
 use crate::inference::prompt::Excerpt;
 
@@ -151,26 +153,6 @@ impl ModelExecutor {
     }
 }
 
-/// The probability of each label: the softmax of their summed
-/// log-probabilities (`ai_classify_scores`), in f64.
-pub fn label_probabilities(scores: &[f32]) -> Box<[f64]> {
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let exp: Vec<f64> = scores.iter().map(|&s| (s as f64 - max).exp()).collect();
-    let sum: f64 = exp.iter().sum();
-    exp.iter().map(|e| e / sum).collect()
-}
-
-/// Index of the best score; ties go to the earlier label (SPEC §B.5).
-pub fn best_label(scores: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &s) in scores.iter().enumerate() {
-        if s > scores[best] {
-            best = i;
-        }
-    }
-    best
-}
-
 impl Executor for ModelExecutor {
     type Kv = KvHandle;
 
@@ -223,28 +205,15 @@ impl Executor for ModelExecutor {
                 .collect();
             Ok(self.model.classify(&reqs)?)
         };
-        Ok(match call.kind {
-            AiKind::Filter | AiKind::Join => self
-                .model
-                .decide(&conts(), &self.answers)?
-                .into_iter()
-                .map(|d| Answer::Bool(d.answer))
-                .collect(),
-            AiKind::Score => self
+        Ok(match call.kind.describe().reading() {
+            ModelReading::Decision(read) => self
                 .model
                 .decide(&conts(), &self.answers)?
                 .iter()
-                .map(|d| Answer::Score(d.p_true()))
+                .map(|d| read(d.answer, d.p_true()))
                 .collect(),
-            AiKind::Classify => label_scores()?
-                .iter()
-                .map(|s| Answer::Label(best_label(s) as u32))
-                .collect(),
-            AiKind::ClassifyScores => label_scores()?
-                .iter()
-                .map(|s| Answer::LabelScores(label_probabilities(s)))
-                .collect(),
-            AiKind::Complete => {
+            ModelReading::Labels(read) => label_scores()?.iter().map(|s| read(s)).collect(),
+            ModelReading::Text => {
                 let prompts: Vec<(Option<&KvHandle>, Vec<u32>)> =
                     items.iter().map(|(p, t)| (*p, t.to_vec())).collect();
                 self.generate(&prompts, call.max_tokens, stopped)?
@@ -256,7 +225,7 @@ impl Executor for ModelExecutor {
                     })
                     .collect()
             }
-            AiKind::Extract => {
+            ModelReading::FieldTexts => {
                 // Every field of an item continues the same prefix (the
                 // document's KV): its question, then the decoded answer.
                 let prompts: Vec<(Option<&KvHandle>, Vec<u32>)> = items
@@ -527,11 +496,13 @@ impl Executor for SimExecutor {
                 .fetch_add((label_tokens * items.len()) as u64, Relaxed);
         }
         if call.kind.generates() {
-            // An extraction prefills each field's question after the document
-            // and decodes each field.
-            let (questions, texts) = match call.kind {
-                AiKind::Extract => (labels.iter().map(Vec::len).sum(), labels.len()),
-                _ => (0, 1),
+            // A kind asked per field prefills each field's question after
+            // the document and decodes each field.
+            let per_field = matches!(call.kind.describe().reading(), ModelReading::FieldTexts);
+            let (questions, texts) = if per_field {
+                (labels.iter().map(Vec::len).sum(), labels.len())
+            } else {
+                (0, 1)
             };
             let steps = u64::from(call.max_tokens.saturating_sub(1));
             let decoded = steps * (texts * items.len()) as u64;
@@ -549,9 +520,10 @@ impl Executor for SimExecutor {
                 })
                 .sum();
             self.attended_decode.fetch_add(attended, Relaxed);
-            let empty = match call.kind {
-                AiKind::Extract => Answer::Fields(vec!["".into(); texts].into()),
-                _ => Answer::Text("".into()),
+            let empty = if per_field {
+                Answer::Fields(vec!["".into(); texts].into())
+            } else {
+                Answer::Text("".into())
             };
             return Ok(vec![empty; requests.len()]);
         }

@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::inference::backend::{AiCall, AiKind, AiRequest, Answer};
+use crate::inference::backend::{AiCall, AiRequest, Answer};
 use crate::inference::memo::{AnswerMemo, DocKey};
 
 /// A join's partner side is asked ahead only up to this many documents: past it
@@ -164,9 +164,9 @@ impl Lookahead {
             if self.disabled[pos] || !same_documents || !other_relation || asked_already {
                 continue;
             }
-            let partners = match (c.kind, c.pieces.pair) {
+            let partners = match (c.kind.describe().documents(), c.pieces.pair) {
                 (_, false) => Arc::new(Vec::new()),
-                (AiKind::Join, true) => {
+                (Some(2), true) => {
                     let known = self.partners.get(&c.op_id).or_else(|| {
                         self.collected
                             .get(&(c.tables[1].clone(), c.columns[1].clone()))
@@ -241,7 +241,7 @@ impl Lookahead {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inference::backend::Doc;
+    use crate::inference::backend::{AiKind, Doc};
     use crate::inference::prompt::{PromptFormat, filter_pieces, join_pieces};
 
     fn join(op: &str, relation: &str, template: &str) -> AiCall {

@@ -76,7 +76,7 @@ use aisql_models::Tokenizer;
 
 use crate::error::{EngineError, Result};
 use crate::inference::backend::{
-    AiCall, AiKind, AiRequest, Answer, Answered, Doc, InferenceBackend, QueryBackend, QueryStart,
+    AiCall, AiRequest, Answer, Answered, Doc, InferenceBackend, QueryBackend, QueryStart,
 };
 use crate::inference::kv_cache::{KvOps, NodeId, PrefixTrie};
 use crate::inference::memo::DocKey;
@@ -840,7 +840,7 @@ impl<E: Executor> ScheduledBackend<E> {
     /// The texts scored or prefilled after a prompt: label continuations, or
     /// an extraction's field questions.
     fn answer_pieces(&self, call: &AiCall) -> Vec<String> {
-        if call.kind == AiKind::Extract {
+        if call.kind.describe().asks_per_field() {
             call.descriptions.clone()
         } else {
             label_continuations(&call.labels)
