@@ -342,10 +342,9 @@ fn connect(
     // No --root and no sf: the tables are the ones given, not a QUAIL-B
     // dataset found on disk (register adds more).
     flags.connect.data.default_dataset = sf.is_some_and(|s| !s.is_none());
-    let inner = run_interruptible(py, async move {
-        EngineConnection::open(&flags.connect, allow_writes).await
-    })?
-    .map_err(engine_error)?;
+    let config = flags.connect.config(allow_writes).map_err(engine_error)?;
+    let inner = run_interruptible(py, async move { aisql::connect(&config).await })?
+        .map_err(engine_error)?;
     let connection = Connection {
         inner: Arc::new(inner),
     };

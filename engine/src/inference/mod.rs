@@ -4,6 +4,7 @@
 
 pub mod answer_cache;
 pub mod backend;
+pub mod backend_meta;
 pub mod distributed;
 pub mod kv_cache;
 pub mod memo;
