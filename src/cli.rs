@@ -927,3 +927,88 @@ pub struct BenchRunArgs {
     #[arg(long)]
     pub fail_fast: bool,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The typed configuration's defaults are the flags' defaults.
+    #[test]
+    fn engine_config_defaults_are_the_flags_defaults() {
+        #[derive(Parser)]
+        struct Flags {
+            #[command(flatten)]
+            connect: ConnectArgs,
+        }
+        // Variables that would stand for flags are not the defaults.
+        for var in [
+            "AISQL_MODEL",
+            "AISQL_ROOT",
+            "AISQL_ANSWER_CACHE",
+            "AISQL_CUDA_KERNELS",
+        ] {
+            if std::env::var_os(var).is_some() {
+                return;
+            }
+        }
+        let flags = Flags::try_parse_from(["aisql"]).unwrap();
+        let parsed = flags.connect.config(false).unwrap();
+        assert_eq!(
+            format!("{parsed:?}"),
+            format!("{:?}", EngineConfig::default())
+        );
+    }
+
+    #[test]
+    fn the_flags_fill_the_typed_fields() {
+        let args = Cli::try_parse_from([
+            "aisql",
+            "sql",
+            "SELECT 1",
+            "--table",
+            "t=x.csv",
+            "--backend",
+            "oracle",
+            "--simulate",
+            "--kv-budget-mb",
+            "64",
+            "--lookahead",
+            "off",
+            "--timeout-s",
+            "1.5",
+            "--max-fresh-tokens",
+            "10",
+            "--on-budget",
+            "partial",
+            "--progress",
+            "json",
+        ])
+        .unwrap();
+        let Command::Sql(sql) = args.command else {
+            panic!("not sql")
+        };
+        let config = ConnectArgs {
+            data: sql.data,
+            backend: sql.backend,
+            limits: sql.limits,
+            cost: sql.cost,
+        }
+        .config(true)
+        .unwrap();
+        assert_eq!(
+            config.tables.tables,
+            vec![("t".into(), PathBuf::from("x.csv"))]
+        );
+        assert_eq!(config.backend.kind, config::BackendKind::Oracle);
+        assert!(config.backend.simulate && !config.backend.scheduler.lookahead);
+        assert_eq!(config.backend.scheduler.config().kv_budget_bytes, 64 << 20);
+        assert_eq!(config.query.timeout, Some(Duration::from_millis(1500)));
+        assert_eq!(config.query.cost.max_fresh_tokens, Some(10));
+        assert_eq!(config.query.cost.on_budget, Some(config::OnBudget::Partial));
+        assert_eq!(
+            config.query.cost.progress,
+            aisql_engine::exec::progress::ProgressMode::Json
+        );
+        assert!(config.allow_writes);
+    }
+}

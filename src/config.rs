@@ -52,6 +52,19 @@ pub struct EngineConfig {
     pub allow_writes: bool,
 }
 
+impl Default for EngineConfig {
+    /// The command line's defaults: the tiny model on the CPU, the dataset
+    /// aisql finds, read-only statements.
+    fn default() -> Self {
+        Self {
+            tables: TablesConfig::default(),
+            backend: BackendSpec::default(),
+            query: QueryConfig::default(),
+            allow_writes: false,
+        }
+    }
+}
+
 /// Where a session's tables come from (`--table`, `--root`, ...).
 #[derive(Debug, Clone)]
 pub struct TablesConfig {

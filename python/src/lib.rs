@@ -1,6 +1,7 @@
-//! `aisql._aisql`, the native half of the Python package: `connect` opens a
-//! [`aisql::commands::connect::Connection`] from the same flags `aisql sql`
-//! takes, `register` adds tables (paths, or Arrow data through the PyCapsule
+//! `aisql._aisql`, the native half of the Python package: `connect` fills in
+//! an [`aisql::EngineConfig`] from the same flags `aisql sql` takes (its
+//! keyword arguments, read by the command line's parser for its checks and
+//! messages) and opens it with [`aisql::connect`], `register` adds tables (paths, or Arrow data through the PyCapsule
 //! interface), and `sql` returns a lazy [`Relation`] whose rows cross back to
 //! Python as Arrow without copies.
 
