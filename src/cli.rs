@@ -7,6 +7,12 @@ use std::time::Duration;
 use clap::builder::TypedValueParser;
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 
+use crate::config::{
+    self, BackendSpec, CostConfig, EngineConfig, ModelChoice, QueryConfig, RemoteWorkers,
+    RowErrorChoice, SchedulerSpec, TablesConfig, UsageError, fraction, non_negative, positive,
+    seconds,
+};
+
 /// aisql: SQL that calls a language model per row, from Substrait plans.
 #[derive(Debug, Parser)]
 #[command(name = "aisql", version, about, propagate_version = true)]
@@ -289,16 +295,91 @@ pub struct BackendArgs {
 }
 
 impl BackendArgs {
-    /// The model answering, as the user named it: `None` for the oracle,
-    /// which is no model (its simulation stands for one).
-    pub fn model_name(&self) -> Option<String> {
-        (self.backend == BackendKind::Model).then(|| self.model.name.clone())
+    /// The typed backend spec these flags give.
+    pub fn spec(&self) -> BackendSpec {
+        BackendSpec {
+            kind: match self.backend {
+                BackendKind::Oracle => config::BackendKind::Oracle,
+                BackendKind::Model => config::BackendKind::Model,
+            },
+            simulate: self.simulate,
+            model: self.model.choice(),
+            cpu_workers: self.cpu_workers,
+            workers: self.workers.as_ref().map(|addrs| RemoteWorkers {
+                addrs: addrs.clone(),
+                token_file: self.worker_token_file.clone(),
+                tls_ca: self.tls_ca.clone(),
+                call_timeout: Duration::from_secs(self.worker_timeout_s),
+            }),
+            answer_cache: self.answer_cache.clone(),
+            prompt_format: self.prompt_format.clone(),
+            cuda_kernels: match self.cuda_kernels {
+                CudaKernelsArg::Auto => aisql_kernels::CudaKernels::Auto,
+                CudaKernelsArg::All => aisql_kernels::CudaKernels::All,
+                CudaKernelsArg::Off => aisql_kernels::CudaKernels::Off,
+            },
+            scheduler: SchedulerSpec {
+                prefix_cache: self.prefix_cache == Switch::On,
+                lookahead: self.lookahead == Switch::On,
+                kv_budget_mb: self.kv_budget_mb,
+                kv_host_mb: self.kv_host_mb,
+                batch_tokens: self.batch_tokens,
+            },
+        }
     }
 
-    /// `--memory-limit`, else [`aisql_engine::limits::host_memory::default_memory_limit`].
-    pub fn memory_limit(&self) -> usize {
-        self.memory_limit
-            .unwrap_or_else(aisql_engine::limits::host_memory::default_memory_limit)
+    /// The statement options these flags give (with `limits` and `cost`).
+    pub fn query_config(&self, limits: Option<&LimitArgs>, cost: &CostArgs) -> QueryConfig {
+        let defaults = QueryConfig::default();
+        QueryConfig {
+            batch_rows: self.batch_rows,
+            memory_limit: self.memory_limit,
+            max_recursion: limits.map_or(defaults.max_recursion, |l| l.max_recursion),
+            timeout: limits.and_then(|l| l.timeout_s),
+            cost: cost.config(),
+        }
+    }
+}
+
+impl ModelArgs {
+    /// The typed model choice these flags give.
+    pub fn choice(&self) -> ModelChoice {
+        ModelChoice {
+            name: self.name.clone(),
+            gpu: self.gpu.clone(),
+            dtype: self.dtype.clone(),
+        }
+    }
+}
+
+impl TableArgs {
+    /// The typed table sources these flags give; a malformed `--table` is a
+    /// usage error.
+    pub fn config(&self) -> Result<TablesConfig, UsageError> {
+        Ok(TablesConfig {
+            tables: self
+                .tables
+                .iter()
+                .map(|t| config::table_arg(t))
+                .collect::<Result<_, _>>()?,
+            lenient_csv: self.lenient_csv,
+            root: self.root.clone(),
+            sf: self.sf,
+            collection: self.collection.clone(),
+            default_dataset: self.default_dataset,
+        })
+    }
+}
+
+impl ConnectArgs {
+    /// The engine configuration these flags give.
+    pub fn config(&self, allow_writes: bool) -> Result<EngineConfig, UsageError> {
+        Ok(EngineConfig {
+            tables: self.data.config()?,
+            backend: self.backend.spec(),
+            query: self.backend.query_config(Some(&self.limits), &self.cost),
+            allow_writes,
+        })
     }
 }
 
@@ -360,18 +441,6 @@ pub struct LimitArgs {
           default_value_t = aisql_engine::sql::recursion::DEFAULT_MAX_RECURSION,
           value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
     pub max_recursion: usize,
-}
-
-/// A number of seconds > 0 (`--timeout-s`).
-fn seconds(arg: &str) -> Result<Duration, String> {
-    let s: f64 = arg
-        .trim()
-        .parse()
-        .map_err(|_| format!("{arg:?} is not a number of seconds"))?;
-    if !(s.is_finite() && s > 0.0) {
-        return Err(format!("must be a number of seconds > 0, got {arg}"));
-    }
-    Duration::try_from_secs_f64(s).map_err(|e| format!("{arg} seconds: {e}"))
 }
 
 /// What a query may cost, what it is estimated to cost, and what one bad row
@@ -445,6 +514,28 @@ pub enum ProgressArg {
 }
 
 impl CostArgs {
+    /// The typed cost options these flags give.
+    pub fn config(&self) -> CostConfig {
+        CostConfig {
+            gpu_hourly_rate_usd: self.gpu_hourly_rate_usd,
+            estimate: self.estimate,
+            estimate_sample: self.estimate_sample,
+            max_fresh_tokens: self.max_fresh_tokens,
+            max_model_seconds: self.max_model_seconds,
+            max_cost_usd: self.max_cost_usd,
+            on_budget: self.on_budget.map(|b| match b {
+                OnBudget::Fail => config::OnBudget::Fail,
+                OnBudget::Partial => config::OnBudget::Partial,
+            }),
+            on_row_error: self.on_row_error.map(|e| match e {
+                OnRowError::Fail => RowErrorChoice::Fail,
+                OnRowError::Null => RowErrorChoice::Null,
+            }),
+            progress: self.progress_mode(),
+            max_error_ratio: self.max_error_ratio,
+        }
+    }
+
     /// How the AI operators' progress shows.
     pub fn progress_mode(&self) -> aisql_engine::exec::progress::ProgressMode {
         use aisql_engine::exec::progress::ProgressMode;
@@ -452,16 +543,6 @@ impl CostArgs {
             ProgressArg::Auto => ProgressMode::Terminal,
             ProgressArg::Json => ProgressMode::Json,
             ProgressArg::Off => ProgressMode::Hidden,
-        }
-    }
-
-    /// Whether progress will be seen: JSON lines, or lines on a terminal.
-    pub fn progress_shown(&self) -> bool {
-        use std::io::IsTerminal as _;
-        match self.progress {
-            ProgressArg::Auto => std::io::stderr().is_terminal(),
-            ProgressArg::Json => true,
-            ProgressArg::Off => false,
         }
     }
 }
@@ -482,36 +563,6 @@ pub enum OnRowError {
     Fail,
     /// NULL for that row's AI value, counted per operator.
     Null,
-}
-
-/// A finite number ≥ 0.
-fn non_negative(arg: &str) -> Result<f64, String> {
-    let v: f64 = arg
-        .trim()
-        .parse()
-        .map_err(|_| format!("{arg:?} is not a number"))?;
-    if !(v.is_finite() && v >= 0.0) {
-        return Err(format!("must be a finite number ≥ 0, got {arg}"));
-    }
-    Ok(v)
-}
-
-/// A finite number > 0.
-fn positive(arg: &str) -> Result<f64, String> {
-    match non_negative(arg) {
-        Ok(v) if v > 0.0 => Ok(v),
-        Err(e) if arg.trim().parse::<f64>().is_err() => Err(e),
-        _ => Err(format!("must be a finite number > 0, got {arg}")),
-    }
-}
-
-/// A fraction from 0 to 1.
-fn fraction(arg: &str) -> Result<f64, String> {
-    let v = non_negative(arg)?;
-    if v > 1.0 {
-        return Err(format!("must be a fraction from 0 to 1, got {arg}"));
-    }
-    Ok(v)
 }
 
 /// How result rows are printed.
@@ -875,4 +926,89 @@ pub struct BenchRunArgs {
     /// Stop at the first query that fails, times out or cannot be scored.
     #[arg(long)]
     pub fail_fast: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The typed configuration's defaults are the flags' defaults.
+    #[test]
+    fn engine_config_defaults_are_the_flags_defaults() {
+        #[derive(Parser)]
+        struct Flags {
+            #[command(flatten)]
+            connect: ConnectArgs,
+        }
+        // Variables that would stand for flags are not the defaults.
+        for var in [
+            "AISQL_MODEL",
+            "AISQL_ROOT",
+            "AISQL_ANSWER_CACHE",
+            "AISQL_CUDA_KERNELS",
+        ] {
+            if std::env::var_os(var).is_some() {
+                return;
+            }
+        }
+        let flags = Flags::try_parse_from(["aisql"]).unwrap();
+        let parsed = flags.connect.config(false).unwrap();
+        assert_eq!(
+            format!("{parsed:?}"),
+            format!("{:?}", EngineConfig::default())
+        );
+    }
+
+    #[test]
+    fn the_flags_fill_the_typed_fields() {
+        let args = Cli::try_parse_from([
+            "aisql",
+            "sql",
+            "SELECT 1",
+            "--table",
+            "t=x.csv",
+            "--backend",
+            "oracle",
+            "--simulate",
+            "--kv-budget-mb",
+            "64",
+            "--lookahead",
+            "off",
+            "--timeout-s",
+            "1.5",
+            "--max-fresh-tokens",
+            "10",
+            "--on-budget",
+            "partial",
+            "--progress",
+            "json",
+        ])
+        .unwrap();
+        let Command::Sql(sql) = args.command else {
+            panic!("not sql")
+        };
+        let config = ConnectArgs {
+            data: sql.data,
+            backend: sql.backend,
+            limits: sql.limits,
+            cost: sql.cost,
+        }
+        .config(true)
+        .unwrap();
+        assert_eq!(
+            config.tables.tables,
+            vec![("t".into(), PathBuf::from("x.csv"))]
+        );
+        assert_eq!(config.backend.kind, config::BackendKind::Oracle);
+        assert!(config.backend.simulate && !config.backend.scheduler.lookahead);
+        assert_eq!(config.backend.scheduler.config().kv_budget_bytes, 64 << 20);
+        assert_eq!(config.query.timeout, Some(Duration::from_millis(1500)));
+        assert_eq!(config.query.cost.max_fresh_tokens, Some(10));
+        assert_eq!(config.query.cost.on_budget, Some(config::OnBudget::Partial));
+        assert_eq!(
+            config.query.cost.progress,
+            aisql_engine::exec::progress::ProgressMode::Json
+        );
+        assert!(config.allow_writes);
+    }
 }

@@ -1,6 +1,7 @@
-//! `aisql._aisql`, the native half of the Python package: `connect` opens a
-//! [`aisql::commands::connect::Connection`] from the same flags `aisql sql`
-//! takes, `register` adds tables (paths, or Arrow data through the PyCapsule
+//! `aisql._aisql`, the native half of the Python package: `connect` fills in
+//! an [`aisql::EngineConfig`] from the same flags `aisql sql` takes (its
+//! keyword arguments, read by the command line's parser for its checks and
+//! messages) and opens it with [`aisql::connect`], `register` adds tables (paths, or Arrow data through the PyCapsule
 //! interface), and `sql` returns a lazy [`Relation`] whose rows cross back to
 //! Python as Arrow without copies.
 
@@ -342,10 +343,9 @@ fn connect(
     // No --root and no sf: the tables are the ones given, not a QUAIL-B
     // dataset found on disk (register adds more).
     flags.connect.data.default_dataset = sf.is_some_and(|s| !s.is_none());
-    let inner = run_interruptible(py, async move {
-        EngineConnection::open(&flags.connect, allow_writes).await
-    })?
-    .map_err(engine_error)?;
+    let config = flags.connect.config(allow_writes).map_err(engine_error)?;
+    let inner = run_interruptible(py, async move { aisql::connect(&config).await })?
+        .map_err(engine_error)?;
     let connection = Connection {
         inner: Arc::new(inner),
     };

@@ -1,4 +1,7 @@
-//! Building the inference backend a command asked for.
+//! Building the inference backend a [`BackendSpec`] names — oracle,
+//! simulation, a model on one or several devices or CPU workers, remote
+//! workers, sharded, behind the answer cache — and its [`BackendMeta`],
+//! filled here as the stack is built.
 
 use std::sync::Arc;
 
@@ -10,59 +13,25 @@ use aisql_engine::inference::answer_cache::{
     AnswerCache, AnswerIdentity, CachedBackend, KEY_FILE, RecordKey,
 };
 use aisql_engine::inference::backend::InferenceBackend;
+use aisql_engine::inference::backend_meta::BackendMeta;
 use aisql_engine::inference::distributed::{ConnectOptions, connect_workers_with};
 use aisql_engine::inference::prompt::PromptFormat;
 use aisql_engine::inference::scheduler::{
-    ModelSpec, QWEN3_4B_KV_BYTES_PER_TOKEN, SchedulerConfig, answer_identity,
-    default_kv_budget_bytes, load_model_backend, simulation_backend,
+    ModelSpec, QWEN3_4B_KV_BYTES_PER_TOKEN, answer_identity, load_model_backend, simulation_backend,
 };
 use aisql_engine::inference::shard::ShardedBackend;
 use anyhow::{Context, bail};
 
 use super::UsageError;
-use crate::cli::{BackendArgs, BackendKind, CudaKernelsArg, ModelArgs, Switch};
-
-/// KV budget the simulation assumes without `--kv-budget-mb`.
-const SIMULATED_KV_BUDGET_BYTES: usize = 100 << 30;
-
-/// Host KV tier the simulation assumes without `--kv-host-mb`: an H200's share of
-/// the host memory of an 8-GPU node (2 TiB).
-const SIMULATED_HOST_KV_BYTES: usize = 256 << 30;
+use crate::cli::ModelArgs;
+use crate::config::{BackendKind, BackendSpec, ModelChoice, RemoteWorkers};
 
 /// Said whenever the generated tiny model answers: its answers look confident
 /// and mean nothing.
 pub const TINY_MODEL_NOTE: &str = "note: --model tiny is a generated test model with random weights: its answers are random. Name a real Qwen3 with --model DIR (config.json, *.safetensors) or a Hugging Face id in the local cache (--model Qwen/Qwen3-4B).";
 
-/// The scheduling knobs of `args`.
-pub fn scheduler_config(args: &BackendArgs) -> SchedulerConfig {
-    SchedulerConfig {
-        prefix_cache: args.prefix_cache == Switch::On,
-        lookahead: args.lookahead == Switch::On,
-        kv_budget_bytes: args
-            .kv_budget_mb
-            .map_or_else(default_kv_budget_bytes, |mb| mb << 20),
-        host_kv_budget_bytes: args.kv_host_mb.map_or(0, |mb| mb << 20),
-        batch_tokens: args.batch_tokens.max(1),
-    }
-}
-
-/// The scheduling knobs of `args` for the simulated deployment the oracle
-/// stands for (`--simulate`, estimates): Qwen3-4B on an H200, unless
-/// `--kv-budget-mb`/`--kv-host-mb` say otherwise.
-pub fn simulated_config(args: &BackendArgs) -> SchedulerConfig {
-    let mut config = scheduler_config(args);
-    if args.kv_budget_mb.is_none() {
-        // Qwen3-4B on an H200 leaves about 100 GiB of its 141 GB for KV.
-        config.kv_budget_bytes = SIMULATED_KV_BUDGET_BYTES;
-    }
-    if args.kv_host_mb.is_none() {
-        config.host_kv_budget_bytes = SIMULATED_HOST_KV_BYTES;
-    }
-    config
-}
-
 /// `--dtype`: the weights format asked for, `None` for the device's default.
-pub fn dtype(args: &ModelArgs) -> anyhow::Result<Option<aisql_models::Precision>> {
+pub fn dtype(args: &ModelChoice) -> anyhow::Result<Option<aisql_models::Precision>> {
     args.dtype
         .as_deref()
         .map(|d| {
@@ -83,7 +52,7 @@ pub fn load_model(
     args: &ModelArgs,
 ) -> anyhow::Result<(aisql_models::Qwen3, aisql_models::Tokenizer)> {
     let gpu = one_gpu(args, "this command runs one model on one device")?;
-    let dtype = dtype(args)?;
+    let dtype = dtype(&args.choice())?;
     if args.name == "tiny" {
         errln!("{TINY_MODEL_NOTE}")?;
     }
@@ -105,7 +74,7 @@ pub fn one_gpu(args: &ModelArgs, why: &str) -> anyhow::Result<Option<usize>> {
 
 /// The devices of `args`' workers: one per `--gpu` device, `--cpu-workers` CPU
 /// workers, else the CPU alone.
-fn worker_devices(args: &BackendArgs) -> anyhow::Result<Vec<Option<usize>>> {
+fn worker_devices(args: &BackendSpec) -> anyhow::Result<Vec<Option<usize>>> {
     if let Some(gpus) = &args.model.gpu {
         let mut seen = std::collections::HashSet::new();
         if let Some(dup) = gpus.iter().find(|g| !seen.insert(**g)) {
@@ -114,7 +83,7 @@ fn worker_devices(args: &BackendArgs) -> anyhow::Result<Vec<Option<usize>>> {
         return Ok(gpus.iter().map(|&g| Some(g)).collect());
     }
     let workers = usize::from(args.cpu_workers.unwrap_or(1));
-    let simulated = args.backend == BackendKind::Oracle && args.simulate;
+    let simulated = args.kind == BackendKind::Oracle && args.simulate;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     if !simulated && workers > cores * CPU_WORKERS_PER_CORE {
         return Err(UsageError(format!(
@@ -135,34 +104,31 @@ const CPU_WORKERS_PER_CORE: usize = 4;
 /// One backend over several workers (or the one worker itself).
 fn over_workers(
     workers: Vec<Arc<dyn InferenceBackend>>,
-    meta: &mut serde_json::Map<String, serde_json::Value>,
+    meta: &mut BackendMeta,
 ) -> anyhow::Result<Arc<dyn InferenceBackend>> {
-    meta.insert("workers".into(), workers.len().into());
+    meta.workers = Some(workers.len());
     if workers.len() == 1 {
         return Ok(workers.into_iter().next().expect("one worker"));
     }
     Ok(Arc::new(ShardedBackend::try_new(workers)?))
 }
 
-/// The backend for `args` and metadata describing it. `templates` are the prompt
+/// The backend `args` names and its description. `templates` are the prompt
 /// templates the queries use (the oracle loads only their label sets; `None`:
 /// any query may come, every label set is loaded).
 pub fn build(
-    args: &BackendArgs,
+    args: &BackendSpec,
     dataset: Option<&Dataset>,
     templates: Option<&[String]>,
-) -> anyhow::Result<(
-    Arc<dyn InferenceBackend>,
-    serde_json::Map<String, serde_json::Value>,
-)> {
+) -> anyhow::Result<(Arc<dyn InferenceBackend>, BackendMeta)> {
     // The backend's description for run records: only what this backend uses (an
     // oracle run has no model, device or dtype).
-    if let Some(addrs) = &args.workers {
-        return remote_workers(args, addrs);
+    if let Some(remote) = &args.workers {
+        return remote_workers(args, remote);
     }
-    let mut meta = serde_json::Map::new();
+    let mut meta = BackendMeta::default();
     let devices = worker_devices(args)?;
-    match args.backend {
+    match args.kind {
         BackendKind::Oracle if args.answer_cache.is_some() => bail!(
             "--answer-cache keeps a model's answers: use it with --backend model (the oracle answers from labels)"
         ),
@@ -185,20 +151,14 @@ pub fn build(
                 }
                 return Ok((Arc::new(OracleBackend::new(labels)), meta));
             }
-            let config = simulated_config(args);
-            meta.insert("simulation".into(), true.into());
-            meta.insert("prefix_cache".into(), config.prefix_cache.into());
-            meta.insert("lookahead".into(), config.lookahead.into());
-            meta.insert("kv_budget_bytes".into(), config.kv_budget_bytes.into());
-            meta.insert(
-                "kv_host_budget_bytes".into(),
-                config.host_kv_budget_bytes.into(),
-            );
-            meta.insert("batch_tokens".into(), config.batch_tokens.into());
-            meta.insert(
-                "simulated_kv_bytes_per_token".into(),
-                QWEN3_4B_KV_BYTES_PER_TOKEN.into(),
-            );
+            let config = args.scheduler.simulated_config();
+            meta.simulation = Some(true);
+            meta.prefix_cache = Some(config.prefix_cache);
+            meta.lookahead = Some(config.lookahead);
+            meta.kv_budget_bytes = Some(config.kv_budget_bytes);
+            meta.kv_host_budget_bytes = Some(config.host_kv_budget_bytes);
+            meta.batch_tokens = Some(config.batch_tokens);
+            meta.simulated_kv_bytes_per_token = Some(QWEN3_4B_KV_BYTES_PER_TOKEN);
             // Each simulated device has the whole budget of one.
             let workers = devices
                 .iter()
@@ -224,20 +184,13 @@ pub fn build(
                 errln!("{TINY_MODEL_NOTE}")?;
             }
             let dtype = dtype(&args.model)?;
-            let kernels = match args.cuda_kernels {
-                CudaKernelsArg::Auto => aisql_kernels::CudaKernels::Auto,
-                CudaKernelsArg::All => aisql_kernels::CudaKernels::All,
-                CudaKernelsArg::Off => aisql_kernels::CudaKernels::Off,
-            };
+            let kernels = args.cuda_kernels;
             aisql_kernels::set_cuda_kernels(kernels);
             if args.model.gpu.is_some() {
-                meta.insert(
-                    "cuda_kernels".into(),
-                    format!("{kernels:?}").to_lowercase().into(),
-                );
+                meta.cuda_kernels = Some(format!("{kernels:?}").to_lowercase());
             }
-            let mut scheduler = scheduler_config(args);
-            if args.kv_budget_mb.is_none() && devices[0].is_none() {
+            let mut scheduler = args.scheduler.config();
+            if args.scheduler.kv_budget_mb.is_none() && devices[0].is_none() {
                 // CPU workers share the host's memory.
                 scheduler.kv_budget_bytes /= devices.len();
             }
@@ -250,31 +203,35 @@ pub fn build(
                     gpu,
                     dtype,
                     scheduler: scheduler.clone(),
-                    kv_budget_from_device: args.kv_budget_mb.is_none(),
-                    host_kv_from_memory: args.kv_host_mb.is_none(),
+                    kv_budget_from_device: args.scheduler.kv_budget_mb.is_none(),
+                    host_kv_from_memory: args.scheduler.kv_host_mb.is_none(),
                 };
                 let (backend, model_meta) = load_model_backend(&worker_spec)
                     .with_context(|| format!("loading model {:?}", args.model.name))?;
-                device_names.push(model_meta.get("device").cloned().unwrap_or_default());
+                device_names.push(model_meta.device().to_string());
                 if !described {
-                    meta.extend(model_meta);
+                    // The first worker's model facts; the flags' own
+                    // (cuda_kernels) stay.
+                    meta = BackendMeta {
+                        cuda_kernels: meta.cuda_kernels.take(),
+                        ..model_meta
+                    };
                     described = true;
                 }
                 workers.push(backend);
             }
             if workers.len() > 1 {
-                meta.insert("devices".into(), device_names.into());
+                meta.devices = Some(device_names);
             }
             let backend = over_workers(workers, &mut meta)?;
             let Some(dir) = &args.answer_cache else {
                 return Ok((backend, meta));
             };
-            let identity = answer_identity(
-                &args.model.name,
-                meta_text(&meta, "dtype"),
-                args.prompt_format.parse()?,
-            )
-            .with_context(|| format!("hashing model {:?} for --answer-cache", args.model.name))?;
+            let identity =
+                answer_identity(&args.model.name, meta.dtype(), args.prompt_format.parse()?)
+                    .with_context(|| {
+                        format!("hashing model {:?} for --answer-cache", args.model.name)
+                    })?;
             with_answer_cache(backend, dir, &identity, meta)
         }
     }
@@ -296,22 +253,20 @@ fn is_loopback_worker(addr: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-/// `--workers`: one backend over the `aisql worker`s at `addrs`, which must serve
-/// one model; the run metadata describes the model and device of the first.
+/// `--workers`: one backend over the `aisql worker`s `remote` names, which must
+/// serve one model; the run metadata describes the model and device of the first.
 fn remote_workers(
-    args: &BackendArgs,
-    addrs: &[String],
-) -> anyhow::Result<(
-    Arc<dyn InferenceBackend>,
-    serde_json::Map<String, serde_json::Value>,
-)> {
-    if args.backend != BackendKind::Model || args.simulate {
+    args: &BackendSpec,
+    remote: &RemoteWorkers,
+) -> anyhow::Result<(Arc<dyn InferenceBackend>, BackendMeta)> {
+    let addrs = &remote.addrs;
+    if args.kind != BackendKind::Model || args.simulate {
         bail!(
             "--workers sends questions to the models of `aisql worker`s: use it with --backend model (the default), without --simulate"
         );
     }
     let mut token = super::worker::worker_token(
-        args.worker_token_file.as_deref(),
+        remote.token_file.as_deref(),
         "--worker-token-file",
         std::env::var(super::worker::TOKEN_ENV).ok(),
     )?;
@@ -323,28 +278,21 @@ fn remote_workers(
     }
     let options = ConnectOptions {
         token,
-        tls_ca: args
+        tls_ca: remote
             .tls_ca
             .as_deref()
             .map(|f| super::worker::read_pem(f, "--tls-ca"))
             .transpose()?,
-        call_timeout: std::time::Duration::from_secs(args.worker_timeout_s),
+        call_timeout: remote.call_timeout,
         ..Default::default()
     };
     let workers = connect_workers_with(addrs, &options)?;
     let mut meta = workers[0].hello().meta.clone();
-    meta.insert(
-        "worker_addresses".into(),
+    meta.worker_addresses = Some(workers.iter().map(|w| w.url().to_string()).collect());
+    meta.devices = Some(
         workers
             .iter()
-            .map(|w| serde_json::Value::from(w.url().as_str()))
-            .collect(),
-    );
-    meta.insert(
-        "devices".into(),
-        workers
-            .iter()
-            .map(|w| w.hello().meta.get("device").cloned().unwrap_or_default())
+            .map(|w| w.hello().meta.device().to_string())
             .collect(),
     );
     let mut identity = workers[0].hello().identity.clone();
@@ -359,7 +307,7 @@ fn remote_workers(
             w.url(),
             w.hello().identity.model,
             w.hello().identity.dtype,
-            meta_text(&w.hello().meta, "device")
+            w.hello().meta.device()
         )?;
     }
     let workers = workers
@@ -378,11 +326,8 @@ fn with_answer_cache(
     backend: Arc<dyn InferenceBackend>,
     dir: &std::path::Path,
     identity: &AnswerIdentity,
-    mut meta: serde_json::Map<String, serde_json::Value>,
-) -> anyhow::Result<(
-    Arc<dyn InferenceBackend>,
-    serde_json::Map<String, serde_json::Value>,
-)> {
+    mut meta: BackendMeta,
+) -> anyhow::Result<(Arc<dyn InferenceBackend>, BackendMeta)> {
     // The key that signs the answers lives outside every answer folder.
     let key_path = aisql_engine::data::cache_dir::cache_dir().join(KEY_FILE);
     let mut key_guard = WriteGuard::new();
@@ -402,16 +347,8 @@ fn with_answer_cache(
             ),
         }
     )?;
-    meta.insert(
-        "answer_cache".into(),
-        cache.log_path().display().to_string().into(),
-    );
+    meta.answer_cache = Some(cache.log_path().display().to_string());
     Ok((Arc::new(CachedBackend::new(backend, cache)), meta))
-}
-
-/// The text value `key` of run metadata, "" when absent.
-pub fn meta_text<'a>(meta: &'a serde_json::Map<String, serde_json::Value>, key: &str) -> &'a str {
-    meta.get(key).and_then(|v| v.as_str()).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use aisql_engine::data::write_guard::{OutputKind, WriteGuard};
 use aisql_engine::{errln, outln};
 use anyhow::{Context, bail};
 
-use crate::cli::{BackendKind, BenchAction, BenchArgs, BenchRunArgs};
+use crate::cli::{BenchAction, BenchArgs, BenchRunArgs};
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.action {
@@ -112,7 +112,9 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
         bail!("aisql bench needs a QUAIL-B data root with reference labels (--root), not --tables");
     }
     let timeout = args.timeout_s;
-    let controls = super::budget::controls(&args.cost, &args.backend)?;
+    let spec = args.backend.spec();
+    let qc = args.backend.query_config(None, &args.cost);
+    let controls = super::budget::controls(&qc.cost, &spec)?;
     let plans = PlanSource::choose(args.plans.dir.as_deref());
     let (output_dir, resume) = match &args.resume {
         Some(dir) => (dir.clone(), true),
@@ -146,21 +148,21 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
     let mut guard = WriteGuard::new();
     super::paths::add_dataset(&mut guard, &dataset);
     super::paths::add_plans(&mut guard, &args.plans);
-    super::paths::add_backend_files(&mut guard, &args.backend);
+    super::paths::add_backend_files(&mut guard, &args.backend.spec());
     guard.check(&output_dir, "the run folder", OutputKind::Folder)?;
-    super::paths::check_answer_cache(&guard, &args.backend)?;
+    super::paths::check_answer_cache(&guard, &args.backend.spec())?;
     let templates = templates_of(queries.iter().map(|(_, p)| p));
     let user_metadata = user_metadata(&args.metadata)?;
     let (backend, backend_metadata) =
-        super::backend::build(&args.backend, Some(&dataset), Some(&templates))?;
+        super::backend::build(&spec, Some(&dataset), Some(&templates))?;
     // Estimates where the backend computes tokens to compare them with (a
     // model, or the simulation); `--estimate` alone runs nothing else.
-    let computes_tokens = args.backend.backend == BackendKind::Model || args.backend.simulate;
+    let computes_tokens = spec.computes_tokens();
     let estimator = (computes_tokens || args.cost.estimate)
         .then(|| {
             super::estimate::estimator(
-                &args.backend,
-                &args.cost,
+                &spec,
+                &qc.cost,
                 &backend,
                 &backend_metadata,
                 Default::default(),
@@ -184,13 +186,13 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
                 .map_or(1, |g| g.len().max(1) as u32)
         }),
         gpu_hourly_rate_usd: args.cost.gpu_hourly_rate_usd,
-        backend_metadata,
+        backend_metadata: backend_metadata.to_json(),
         plans: plans.describe(),
         user_metadata,
         format,
-        progress: args.cost.progress_mode(),
-        batch_rows: args.backend.batch_rows,
-        memory_limit: args.backend.memory_limit(),
+        progress: qc.cost.progress,
+        batch_rows: qc.batch_rows,
+        memory_limit: qc.memory_limit(),
         budget: controls.budget,
         on_row_error: controls.on_row_error,
         estimator,
@@ -226,7 +228,7 @@ fn estimate_only(
     let options = aisql_engine::sql::options::QueryOptions {
         format: args.backend.prompt_format.parse()?,
         batch_rows: args.backend.batch_rows,
-        memory_limit: args.backend.memory_limit(),
+        memory_limit: args.backend.query_config(None, &args.cost).memory_limit(),
         ..Default::default()
     };
     let rt = super::runtime()?;

@@ -8,7 +8,7 @@ use aisql_engine::exec::coverage::OnRowError;
 use aisql_engine::limits::spend::{Budget, BudgetLimits, OnBudget};
 
 use super::UsageError;
-use crate::cli::{self, BackendArgs, BackendKind, CostArgs};
+use crate::config::{self, BackendKind, BackendSpec, CostConfig, RowErrorChoice};
 
 /// What a query may spend and what a failed row does.
 #[derive(Debug, Clone, Copy)]
@@ -20,7 +20,7 @@ pub struct Controls {
 }
 
 /// The controls `cost` asks for, for queries answered by `backend`.
-pub fn controls(cost: &CostArgs, backend: &BackendArgs) -> anyhow::Result<Controls> {
+pub fn controls(cost: &CostConfig, backend: &BackendSpec) -> anyhow::Result<Controls> {
     Ok(Controls {
         budget: budget(cost, backend)?,
         on_row_error: on_row_error(cost)?,
@@ -29,9 +29,9 @@ pub fn controls(cost: &CostArgs, backend: &BackendArgs) -> anyhow::Result<Contro
 
 /// `--on-row-error` and `--max-error-ratio`: null alone allows any fraction,
 /// the ratio alone implies null, and fail with a ratio is a contradiction.
-fn on_row_error(cost: &CostArgs) -> anyhow::Result<OnRowError> {
+fn on_row_error(cost: &CostConfig) -> anyhow::Result<OnRowError> {
     Ok(match (cost.on_row_error, cost.max_error_ratio) {
-        (Some(cli::OnRowError::Fail), Some(r)) => {
+        (Some(RowErrorChoice::Fail), Some(r)) => {
             return Err(UsageError(format!(
                 "--on-row-error fail and --max-error-ratio {r} contradict each other: the ratio \
                  is how many of an operator's rows may be NULL under --on-row-error null; give \
@@ -39,10 +39,10 @@ fn on_row_error(cost: &CostArgs) -> anyhow::Result<OnRowError> {
             ))
             .into());
         }
-        (Some(cli::OnRowError::Null), r) | (None, r @ Some(_)) => OnRowError::Null {
+        (Some(RowErrorChoice::Null), r) | (None, r @ Some(_)) => OnRowError::Null {
             max_ratio: r.unwrap_or(1.0),
         },
-        (Some(cli::OnRowError::Fail) | None, None) => OnRowError::Fail,
+        (Some(RowErrorChoice::Fail) | None, None) => OnRowError::Fail,
     })
 }
 
@@ -50,7 +50,7 @@ fn on_row_error(cost: &CostArgs) -> anyhow::Result<OnRowError> {
 /// `--max-cost-usd`, if any is given. A backend that runs no model has
 /// nothing to spend: the plain oracle takes none, a simulation only fresh
 /// tokens (it computes no forward passes, so it has no model seconds).
-fn budget(cost: &CostArgs, backend: &BackendArgs) -> anyhow::Result<Option<Budget>> {
+fn budget(cost: &CostConfig, backend: &BackendSpec) -> anyhow::Result<Option<Budget>> {
     let flags: Vec<&str> = [
         (cost.max_fresh_tokens.is_some(), "--max-fresh-tokens"),
         (cost.max_model_seconds.is_some(), "--max-model-seconds"),
@@ -63,7 +63,7 @@ fn budget(cost: &CostArgs, backend: &BackendArgs) -> anyhow::Result<Option<Budge
         return Ok(None);
     };
     let usage = |m: String| anyhow::Error::from(UsageError(m));
-    if backend.backend == BackendKind::Oracle && !backend.simulate {
+    if backend.kind == BackendKind::Oracle && !backend.simulate {
         return Err(usage(format!(
             "{first}: --backend oracle answers from reference labels and runs no model, so a \
              query has nothing to spend; give --backend model, or --simulate to count the \
@@ -94,10 +94,7 @@ fn budget(cost: &CostArgs, backend: &BackendArgs) -> anyhow::Result<Option<Budge
         cost_usd: cost.max_cost_usd,
         gpu_hourly_rate_usd: rate,
     };
-    let on_spent = match cost.on_budget {
-        Some(cli::OnBudget::Partial) => OnBudget::Partial,
-        Some(cli::OnBudget::Fail) | None => OnBudget::Fail,
-    };
+    let on_spent: OnBudget = cost.on_budget.unwrap_or(config::OnBudget::Fail);
     Ok(Some(
         Budget::new(limits, on_spent).map_err(|e| usage(e.to_string()))?,
     ))

@@ -19,25 +19,24 @@ use datafusion::logical_expr::LogicalPlan;
 
 use super::UsageError;
 use super::budget::Controls;
-use crate::cli::{BackendArgs, ConnectArgs, CostArgs, LimitArgs, TableArgs};
+use crate::config::{BackendSpec, EngineConfig, QueryConfig, TablesConfig};
 
 /// The options every statement of `aisql query`, `aisql sql` and a
 /// connection runs with: prompt format, batch rows, memory and recursion
 /// limits, the model's name, progress lines, budget and row-error policy.
 pub fn query_options(
-    backend: &BackendArgs,
-    cost: &CostArgs,
-    limits: &LimitArgs,
+    backend: &BackendSpec,
+    query: &QueryConfig,
     controls: Controls,
 ) -> anyhow::Result<QueryOptions> {
     Ok(QueryOptions {
         format: backend.prompt_format.parse()?,
-        progress: cost.progress_mode(),
+        progress: query.cost.progress,
         progress_parent: None,
         expected_rows: Default::default(),
-        batch_rows: backend.batch_rows,
-        memory_limit: backend.memory_limit(),
-        max_recursion: limits.max_recursion,
+        batch_rows: query.batch_rows,
+        memory_limit: query.memory_limit(),
+        max_recursion: query.max_recursion,
         model: backend.model_name(),
         budget: controls.budget,
         on_row_error: controls.on_row_error,
@@ -47,16 +46,6 @@ pub fn query_options(
 /// What a refused write tells the user of `aisql sql` and its shell.
 pub const HOW_TO_ALLOW_WRITES: &str =
     "run it with --allow-writes to let statements write or change the session";
-
-/// `NAME=PATH`.
-pub fn table_arg(arg: &str) -> anyhow::Result<(String, PathBuf)> {
-    match arg.split_once('=') {
-        Some((name, path)) if !name.trim().is_empty() && !path.is_empty() => {
-            Ok((name.trim().to_string(), PathBuf::from(path)))
-        }
-        _ => Err(UsageError(format!("--table {arg}: expected NAME=PATH")).into()),
-    }
-}
 
 /// The tables a command names and the QUAIL-B dataset it reads, if any.
 pub struct Sources {
@@ -69,13 +58,10 @@ pub struct Sources {
 }
 
 impl Sources {
-    /// The sources `args` name: usage errors before any table is read.
-    pub fn from_args(args: &TableArgs) -> anyhow::Result<Self> {
-        let tables = args
-            .tables
-            .iter()
-            .map(|t| table_arg(t))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+    /// The sources `args` name; the dataset is found (or refused) here,
+    /// before any table is read.
+    pub fn from_config(args: &TablesConfig) -> anyhow::Result<Self> {
+        let tables = args.tables.clone();
         let dataset = if args.root.is_some() || (tables.is_empty() && args.default_dataset) {
             Some(resolve(
                 args.root.as_deref(),
@@ -137,24 +123,25 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// Opens the tables and loads the model `args` name. Statements may write
-    /// (under the one write rule) only when `allow_writes`; a refused one says
-    /// [`HOW_TO_ALLOW_WRITES`].
-    pub async fn open(args: &ConnectArgs, allow_writes: bool) -> anyhow::Result<Self> {
-        Self::open_with(args, allow_writes, Some(HOW_TO_ALLOW_WRITES)).await
+    /// Opens the tables and loads the model `config` names. Statements may
+    /// write (under the one write rule) only when `config.allow_writes`; a
+    /// refused one says [`HOW_TO_ALLOW_WRITES`].
+    pub async fn open(config: &EngineConfig) -> anyhow::Result<Self> {
+        Self::open_with(config, config.allow_writes, Some(HOW_TO_ALLOW_WRITES)).await
     }
 
-    /// Opens a connection whose statements never write (`aisql serve`).
-    pub async fn open_read_only(args: &ConnectArgs) -> anyhow::Result<Self> {
-        Self::open_with(args, false, None).await
+    /// Opens a connection whose statements never write (`aisql serve`),
+    /// whatever `config.allow_writes` says.
+    pub async fn open_read_only(config: &EngineConfig) -> anyhow::Result<Self> {
+        Self::open_with(config, false, None).await
     }
 
     async fn open_with(
-        args: &ConnectArgs,
+        args: &EngineConfig,
         allow_writes: bool,
         how_to_allow: Option<&str>,
     ) -> anyhow::Result<Self> {
-        if args.cost.estimate {
+        if args.query.cost.estimate {
             return Err(UsageError(
                 "--estimate estimates one statement without running it: give it to aisql sql \
                  or aisql query with that statement"
@@ -162,13 +149,13 @@ impl Connection {
             )
             .into());
         }
-        let controls = super::budget::controls(&args.cost, &args.backend)?;
-        let sources = Sources::from_args(&args.data)?;
+        let controls = super::budget::controls(&args.query.cost, &args.backend)?;
+        let sources = Sources::from_config(&args.tables)?;
         let mut guard = WriteGuard::new();
         sources.add_inputs(&mut guard);
         super::paths::add_backend_files(&mut guard, &args.backend);
         super::paths::check_answer_cache(&guard, &args.backend)?;
-        let options = query_options(&args.backend, &args.cost, &args.limits, controls)?;
+        let options = query_options(&args.backend, &args.query, controls)?;
         // Any statement may come: the oracle loads every label set.
         let (backend, _meta) =
             super::backend::build(&args.backend, sources.dataset.as_ref(), None)?;
@@ -185,7 +172,7 @@ impl Connection {
             base,
             options,
             policy: std::sync::Mutex::new(policy),
-            timeout: args.limits.timeout_s,
+            timeout: args.query.timeout,
             turn: tokio::sync::Mutex::new(()),
         })
     }

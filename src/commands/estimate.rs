@@ -11,32 +11,33 @@ use aisql_engine::inference::backend::InferenceBackend;
 use aisql_engine::inference::scheduler::{QWEN3_4B_KV_BYTES_PER_TOKEN, QWEN3_4B_MAX_POSITIONS};
 use aisql_engine::outln;
 
-use super::backend::{meta_text, simulated_config};
-use crate::cli::{BackendArgs, BackendKind, CostArgs, RowFormat};
+use aisql_engine::inference::backend_meta::BackendMeta;
+
+use crate::cli::RowFormat;
+use crate::config::{BackendKind, BackendSpec, CostConfig};
 
 /// The estimator of queries run with `real` (built from `args`, described by
 /// `meta`), with `hints` as selectivities by template.
 pub fn estimator(
-    args: &BackendArgs,
-    cost: &CostArgs,
+    args: &BackendSpec,
+    cost: &CostConfig,
     real: &Arc<dyn InferenceBackend>,
-    meta: &serde_json::Map<String, serde_json::Value>,
+    meta: &BackendMeta,
     hints: HashMap<String, f64>,
 ) -> anyhow::Result<Estimator> {
     // The oracle stands for the simulated deployment (as --simulate does);
     // a model for itself: its KV budget, context and KV bytes per position.
-    let mut scheduler = simulated_config(args);
+    let mut scheduler = args.scheduler.simulated_config();
     let (mut kv_bytes_per_token, mut max_positions) =
         (QWEN3_4B_KV_BYTES_PER_TOKEN, QWEN3_4B_MAX_POSITIONS);
-    if args.backend == BackendKind::Model {
-        let u = |k: &str| meta.get(k).and_then(|v| v.as_u64()).map(|v| v as usize);
-        if let Some(budget) = u("kv_budget_bytes") {
+    if args.kind == BackendKind::Model {
+        if let Some(budget) = meta.kv_budget_bytes {
             scheduler.kv_budget_bytes = budget;
             if let Some(cap) = real.kv_capacity_tokens().filter(|&c| c > 0) {
                 kv_bytes_per_token = (budget / cap).max(1);
             }
         }
-        scheduler.host_kv_budget_bytes = u("kv_host_budget_bytes").unwrap_or(0);
+        scheduler.host_kv_budget_bytes = meta.kv_host_budget_bytes.unwrap_or(0);
         max_positions = real.context_positions().unwrap_or(max_positions);
     }
     let (dtype, device) = profile_key(args, meta);
@@ -59,18 +60,15 @@ pub fn estimator(
 /// The dtype and device of the throughput profile an estimate is priced
 /// with: those the backend loaded (described by `meta`), else those the flags
 /// name (the oracle loads no model).
-pub fn profile_key(
-    args: &BackendArgs,
-    meta: &serde_json::Map<String, serde_json::Value>,
-) -> (String, String) {
-    let device = match meta_text(meta, "device") {
+pub fn profile_key(args: &BackendSpec, meta: &BackendMeta) -> (String, String) {
+    let device = match meta.device() {
         "" => match args.model.gpu.as_deref() {
             Some([n, ..]) => format!("cuda:{n}"),
             _ => "cpu".to_string(),
         },
         d => d.to_string(),
     };
-    let dtype = match (meta_text(meta, "dtype"), args.model.dtype.as_deref()) {
+    let dtype = match (meta.dtype(), args.model.dtype.as_deref()) {
         ("", Some(d)) => d.to_string(),
         ("", None) if device == "cpu" => "f32".to_string(),
         ("", None) => "bf16".to_string(),
@@ -141,8 +139,8 @@ pub fn render_queries(estimates: &[(String, Estimate)]) -> anyhow::Result<String
 /// Whether a query's progress lines want an estimate made first (their rows'
 /// totals and ETA): a model backend whose progress will be seen, when the
 /// query is not an estimate itself.
-pub fn progress_wants_estimate(args: &BackendArgs, cost: &CostArgs) -> bool {
-    args.backend == BackendKind::Model && cost.progress_shown() && !cost.estimate
+pub fn progress_wants_estimate(args: &BackendSpec, cost: &CostConfig) -> bool {
+    args.kind == BackendKind::Model && cost.progress_shown() && !cost.estimate
 }
 
 /// The rows (questions) `estimate` expects of each AI operator, by id.

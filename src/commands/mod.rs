@@ -56,17 +56,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// A mistake in how aisql was called (exit code 2), found after argument parsing.
-#[derive(Debug)]
-pub struct UsageError(pub String);
-
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
+/// A mistake in how aisql was called (exit code 2), found after argument
+/// parsing; the configuration's field checks make the same kind.
+pub use crate::config::UsageError;
 
 /// Stack of the threads that plan and run queries (address space; pages are
 /// touched only as deep as a query goes).

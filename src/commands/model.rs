@@ -288,15 +288,14 @@ fn calibrate(args: &CalibrateArgs) -> anyhow::Result<()> {
     let spec = aisql_engine::inference::scheduler::ModelSpec {
         model: args.model.name.clone(),
         gpu,
-        dtype: super::backend::dtype(&args.model)?,
+        dtype: super::backend::dtype(&args.model.choice())?,
         scheduler: Default::default(),
         kv_budget_from_device: true,
         host_kv_from_memory: true,
     };
     let (backend, meta) = aisql_engine::inference::scheduler::load_model_backend(&spec)
         .with_context(|| format!("loading model {:?}", args.model.name))?;
-    let text = |k: &str| super::backend::meta_text(&meta, k).to_string();
-    let (dtype, device) = (text("dtype"), text("device"));
+    let (dtype, device) = (meta.dtype().to_string(), meta.device().to_string());
     let bytes_per_token = {
         use aisql_engine::inference::scheduler::Executor as _;
         backend.executor().kv_bytes_per_token()

@@ -6,18 +6,19 @@
 use aisql_bench::layout::Dataset;
 use aisql_engine::data::write_guard::{OutputKind, WriteGuard};
 
-use crate::cli::{BackendArgs, BackendKind, PlansArg};
+use crate::cli::PlansArg;
+use crate::config::{BackendKind, BackendSpec};
 
 /// Adds the model files `args` loads (none with the oracle or `--workers`),
 /// and the worker token and CA files it reads.
-pub fn add_backend_files(guard: &mut WriteGuard, args: &BackendArgs) {
-    if let Some(file) = &args.worker_token_file {
+pub fn add_backend_files(guard: &mut WriteGuard, args: &BackendSpec) {
+    if let Some(file) = args.workers.as_ref().and_then(|w| w.token_file.as_ref()) {
         guard.add(file, "the --worker-token-file");
     }
-    if let Some(file) = &args.tls_ca {
+    if let Some(file) = args.workers.as_ref().and_then(|w| w.tls_ca.as_ref()) {
         guard.add(file, "the --tls-ca file");
     }
-    if args.backend != BackendKind::Model || args.workers.is_some() {
+    if args.kind != BackendKind::Model || args.workers.is_some() {
         return;
     }
     for path in aisql_engine::inference::scheduler::model_input_paths(&args.model.name) {
@@ -38,7 +39,7 @@ pub fn add_plans(guard: &mut WriteGuard, plans: &PlansArg) {
 }
 
 /// Checks `--answer-cache` (a folder aisql writes) against the inputs.
-pub fn check_answer_cache(guard: &WriteGuard, args: &BackendArgs) -> anyhow::Result<()> {
+pub fn check_answer_cache(guard: &WriteGuard, args: &BackendSpec) -> anyhow::Result<()> {
     if let Some(dir) = &args.answer_cache {
         guard.check(dir, "--answer-cache", OutputKind::Folder)?;
     }

@@ -39,7 +39,9 @@ pub fn resolve_tables(
 
 pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     // Usage errors before any plan, table or model is opened.
-    let controls = super::budget::controls(&args.cost, &args.backend)?;
+    let spec = args.backend.spec();
+    let qc = args.backend.query_config(Some(&args.limits), &args.cost);
+    let controls = super::budget::controls(&qc.cost, &spec)?;
     let source = PlanSource::choose(args.plans.dir.as_deref());
     let query = match open_plan(&args.plan, &source, args.backend.prompt_format.parse()?) {
         Ok(q) => q,
@@ -49,17 +51,16 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
         }
         Err(e) => return Err(e.into()),
     };
-    let options = super::connect::query_options(&args.backend, &args.cost, &args.limits, controls)?;
+    let options = super::connect::query_options(&spec, &qc, controls)?;
     let needed: Vec<&str> = query.relations.iter().map(|r| r.table.as_str()).collect();
     let (tables, dataset) = resolve_tables(&args.data, &needed)?;
     check_outputs(&args, dataset.as_ref())?;
     clear_output_dir(&args)?;
-    let (backend, meta) =
-        super::backend::build(&args.backend, dataset.as_ref(), Some(&query.templates()))?;
+    let (backend, meta) = super::backend::build(&spec, dataset.as_ref(), Some(&query.templates()))?;
     let rt = super::runtime()?;
     let limit = args.limits.timeout_s;
     if args.cost.estimate {
-        let estimator = estimator(&args.backend, &args.cost, &backend, &meta, HashMap::new())?;
+        let estimator = estimator(&spec, &qc.cost, &backend, &meta, HashMap::new())?;
         let estimating = estimator.backend(backend)?;
         let canceller = QueryCanceller::default();
         let stops = canceller.clone();
@@ -71,8 +72,8 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     // Progress lines count up to an estimate's rows, made first for a model
     // (not under --timeout-s, which bounds the query alone).
     let mut options = options;
-    if super::estimate::progress_wants_estimate(&args.backend, &args.cost) && limit.is_none() {
-        let estimator = estimator(&args.backend, &args.cost, &backend, &meta, HashMap::new())?;
+    if super::estimate::progress_wants_estimate(&spec, &qc.cost) && limit.is_none() {
+        let estimator = estimator(&spec, &qc.cost, &backend, &meta, HashMap::new())?;
         let estimate = rt.block_on(async {
             let estimating = estimator.backend(backend.clone())?;
             let quiet = QueryOptions {
@@ -192,7 +193,7 @@ fn check_outputs(args: &QueryArgs, dataset: Option<&Dataset>) -> anyhow::Result<
     if let Some(dataset) = dataset {
         super::paths::add_dataset(&mut guard, dataset);
     }
-    super::paths::add_backend_files(&mut guard, &args.backend);
+    super::paths::add_backend_files(&mut guard, &args.backend.spec());
     if let Some(dir) = &args.output_dir {
         guard.check(dir, "--output-dir", OutputKind::Folder)?;
     }
@@ -200,7 +201,7 @@ fn check_outputs(args: &QueryArgs, dataset: Option<&Dataset>) -> anyhow::Result<
         guard.check(file, "--output", OutputKind::File)?;
         aisql_engine::data::files::check_output_folder(file, "--output")?;
     }
-    super::paths::check_answer_cache(&guard, &args.backend)?;
+    super::paths::check_answer_cache(&guard, &args.backend.spec())?;
     Ok(())
 }
 
@@ -243,7 +244,9 @@ fn run_general(
     };
     check_outputs(args, dataset.as_ref())?;
     clear_output_dir(args)?;
-    let options = super::connect::query_options(&args.backend, &args.cost, &args.limits, controls)?;
+    let spec = args.backend.spec();
+    let qc = args.backend.query_config(Some(&args.limits), &args.cost);
+    let options = super::connect::query_options(&spec, &qc, controls)?;
     let rt = super::runtime()?;
     let (session, planned, estimating) = rt.block_on(async {
         // Plan with a backend that asks nothing to learn the prompts (an oracle
@@ -271,11 +274,10 @@ fn run_general(
             .into_iter()
             .map(|n| n.spec.call.template)
             .collect();
-        let (backend, meta) =
-            super::backend::build(&args.backend, dataset.as_ref(), Some(&templates))?;
+        let (backend, meta) = super::backend::build(&spec, dataset.as_ref(), Some(&templates))?;
         // An estimate runs the plan on the estimating backend over that one.
         let estimating = if args.cost.estimate {
-            let estimator = estimator(&args.backend, &args.cost, &backend, &meta, HashMap::new())?;
+            let estimator = estimator(&spec, &qc.cost, &backend, &meta, HashMap::new())?;
             let estimating = estimator.backend(backend.clone())?;
             Some((estimator, estimating))
         } else {

@@ -63,14 +63,15 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         ))
         .into());
     }
-    let connect = ConnectArgs {
+    let config = ConnectArgs {
         data: args.data,
         backend: args.backend,
         limits: args.limits,
         cost: args.cost,
-    };
+    }
+    .config(args.allow_writes)?;
     let runtime = super::runtime()?;
-    let connection = runtime.block_on(Connection::open(&connect, args.allow_writes))?;
+    let connection = runtime.block_on(Connection::open(&config))?;
     let mut shell = Shell {
         runtime,
         connection,

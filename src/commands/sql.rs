@@ -51,7 +51,9 @@ fn selectivity_arg<'t>(arg: &str, templates: &'t [String]) -> anyhow::Result<(&'
 
 pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     // Usage errors before any table or model is opened.
-    let controls = super::budget::controls(&args.cost, &args.backend)?;
+    let spec = args.backend.spec();
+    let qc = args.backend.query_config(Some(&args.limits), &args.cost);
+    let controls = super::budget::controls(&qc.cost, &spec)?;
     let sql = match (&args.query, &args.file) {
         (Some(q), _) => q.clone(),
         (None, Some(f)) => aisql_engine::data::input_file::read_to_string(f)
@@ -59,7 +61,7 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         (None, None) if super::shell::on_terminal() => return super::shell::run(args),
         (None, None) => return Err(UsageError("give a SQL statement or -f FILE".into()).into()),
     };
-    let sources = Sources::from_args(&args.data)?;
+    let sources = Sources::from_config(&args.data.config()?)?;
     let guard = inputs(&args, &sources);
     if let Some(out) = &args.rows.output {
         guard.check(out, "--output", OutputKind::File)?;
@@ -70,8 +72,8 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         guard.check(out, "--to-substrait", OutputKind::File)?;
         check_output_folder(out, "--to-substrait")?;
     }
-    super::paths::check_answer_cache(&guard, &args.backend)?;
-    let options = super::connect::query_options(&args.backend, &args.cost, &args.limits, controls)?;
+    super::paths::check_answer_cache(&guard, &args.backend.spec())?;
+    let options = super::connect::query_options(&spec, &qc, controls)?;
     let wanted = templates(&sql)?;
     // Writing the plan asks nothing: no model to load (that took seconds, or
     // failed for a model not at hand), an oracle without labels in its place.
@@ -94,19 +96,18 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     let (backend, estimating): (Arc<dyn InferenceBackend>, _) = if args.to_substrait.is_some() {
         (Arc::new(OracleBackend::new(Default::default())), None)
     } else {
-        let (real, meta) =
-            super::backend::build(&args.backend, sources.dataset.as_ref(), Some(&wanted))?;
-        if super::estimate::progress_wants_estimate(&args.backend, &args.cost) {
+        let (real, meta) = super::backend::build(&spec, sources.dataset.as_ref(), Some(&wanted))?;
+        if super::estimate::progress_wants_estimate(&spec, &qc.cost) {
             let hints = hints.iter().cloned().collect();
-            let estimator = estimator(&args.backend, &args.cost, &real, &meta, hints)?;
+            let estimator = estimator(&spec, &qc.cost, &real, &meta, hints)?;
             progress_estimate = Some((estimator, real.clone()));
         }
         if estimate {
             // The query runs on the estimating backend, which asks the real one
             // only about its sample.
             let estimator = estimator(
-                &args.backend,
-                &args.cost,
+                &spec,
+                &qc.cost,
                 &real,
                 &meta,
                 hints.iter().cloned().collect(),
@@ -234,7 +235,7 @@ fn inputs(args: &SqlArgs, sources: &Sources) -> WriteGuard {
         guard.add(file, "the SQL file");
     }
     sources.add_inputs(&mut guard);
-    super::paths::add_backend_files(&mut guard, &args.backend);
+    super::paths::add_backend_files(&mut guard, &args.backend.spec());
     guard
 }
 

@@ -13,7 +13,6 @@ use aisql_engine::{errln, outln};
 use anyhow::{Context, bail};
 
 use super::UsageError;
-use super::backend::meta_text;
 use crate::cli::{BackendKind, WorkerArgs};
 
 /// Where a worker listens without `--listen` or `AISQL_WORKER_LISTEN`.
@@ -127,9 +126,9 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         _ => None,
     };
     exposure_check(listen, token.is_some(), tls.is_some(), args.insecure)?;
-    let (backend, meta) = super::backend::build(b, None, Some(&[]))?;
-    let dtype = meta_text(&meta, "dtype").to_string();
-    let device = meta_text(&meta, "device").to_string();
+    let (backend, meta) = super::backend::build(&b.spec(), None, Some(&[]))?;
+    let dtype = meta.dtype().to_string();
+    let device = meta.device().to_string();
     // Prompts arrive rendered: the coordinator names the format.
     let identity = answer_identity(&b.model.name, &dtype, Default::default())
         .with_context(|| format!("hashing model {:?}", b.model.name))?;

@@ -5,6 +5,7 @@
 
 pub mod answer_cache;
 pub mod backend;
+pub mod backend_meta;
 pub mod call;
 pub mod distributed;
 pub mod kinds;

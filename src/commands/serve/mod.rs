@@ -53,7 +53,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let rt = super::runtime()?;
     rt.block_on(async move {
         // Statements may never write: the server has no --allow-writes.
-        let connection = Arc::new(Connection::open_read_only(&args.connect).await?);
+        let config = args.connect.config(false)?;
+        let connection = Arc::new(Connection::open_read_only(&config).await?);
         let handlers = Arc::new(statements::Handlers::new(
             connection,
             password.map(auth::Verifier::new),

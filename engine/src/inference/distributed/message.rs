@@ -152,7 +152,7 @@ pub struct WorkerHello {
     /// `prompt_format` is the coordinator's to set: prompts arrive rendered.
     pub identity: AnswerIdentity,
     /// Device and model facts for run records (`device`, `dtype`, …).
-    pub meta: serde_json::Map<String, serde_json::Value>,
+    pub meta: crate::inference::backend_meta::BackendMeta,
     /// [`InferenceBackend::kv_capacity_tokens`](crate::inference::backend::InferenceBackend::kv_capacity_tokens).
     pub kv_capacity_tokens: Option<usize>,
     /// [`InferenceBackend::context_positions`](crate::inference::backend::InferenceBackend::context_positions).

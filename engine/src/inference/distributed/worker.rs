@@ -61,7 +61,7 @@ impl ServedModel {
     pub fn new(
         backend: Arc<dyn InferenceBackend>,
         identity: AnswerIdentity,
-        meta: serde_json::Map<String, serde_json::Value>,
+        meta: crate::inference::backend_meta::BackendMeta,
     ) -> Self {
         let hello = WorkerHello {
             protocol: PROTOCOL.to_string(),

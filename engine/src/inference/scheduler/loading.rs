@@ -11,6 +11,7 @@ use super::{
 };
 use crate::error::{EngineError, Result};
 use crate::inference::backend::Answerer;
+use crate::inference::backend_meta::BackendMeta;
 
 /// Which model to load and how to schedule it.
 #[derive(Debug, Clone)]
@@ -106,24 +107,21 @@ pub fn model_source(model: &str) -> Result<String> {
     })
 }
 
-/// Metadata describing a backend (model, device, dtype, budgets), for run records.
-pub type RunMetadata = serde_json::Map<String, serde_json::Value>;
-
 /// Loads the model of `spec` and wraps it in the scheduled backend. Also returns
-/// metadata describing it (model, device, dtype, budgets).
+/// what describes it (model, device, dtype, budgets).
 pub fn load_model_backend(
     spec: &ModelSpec,
-) -> Result<(Arc<ScheduledBackend<ModelExecutor>>, RunMetadata)> {
+) -> Result<(Arc<ScheduledBackend<ModelExecutor>>, BackendMeta)> {
     let source = model_source(&spec.model)?;
     let device = aisql_models::device(spec.gpu)?;
     let (model, tokenizer) = aisql_models::load(&source, &device, spec.dtype)?;
     let mut scheduler = spec.scheduler.clone();
-    let mut meta = serde_json::Map::new();
+    let mut meta = BackendMeta::default();
     if spec.kv_budget_from_device
         && let Some(free) = aisql_models::device_free_memory(&device)
     {
         scheduler.kv_budget_bytes = gpu_kv_budget_bytes(free);
-        meta.insert("device_free_bytes_after_weights".into(), free.into());
+        meta.device_free_bytes_after_weights = Some(free);
     }
     if spec.host_kv_from_memory {
         scheduler.host_kv_budget_bytes = match spec.gpu {
@@ -131,24 +129,17 @@ pub fn load_model_backend(
             None => 0,
         };
     }
-    meta.insert("model".into(), spec.model.clone().into());
-    meta.insert("model_path".into(), source.into());
-    meta.insert(
-        "device".into(),
-        match spec.gpu {
-            Some(n) => format!("cuda:{n}"),
-            None => "cpu".to_string(),
-        }
-        .into(),
-    );
-    meta.insert("dtype".into(), model.weights_name().into());
-    meta.insert("prefix_cache".into(), scheduler.prefix_cache.into());
-    meta.insert("kv_budget_bytes".into(), scheduler.kv_budget_bytes.into());
-    meta.insert(
-        "kv_host_budget_bytes".into(),
-        scheduler.host_kv_budget_bytes.into(),
-    );
-    meta.insert("batch_tokens".into(), scheduler.batch_tokens.into());
+    meta.model = Some(spec.model.clone());
+    meta.model_path = Some(source);
+    meta.device = Some(match spec.gpu {
+        Some(n) => format!("cuda:{n}"),
+        None => "cpu".to_string(),
+    });
+    meta.dtype = Some(model.weights_name().to_string());
+    meta.prefix_cache = Some(scheduler.prefix_cache);
+    meta.kv_budget_bytes = Some(scheduler.kv_budget_bytes);
+    meta.kv_host_budget_bytes = Some(scheduler.host_kv_budget_bytes);
+    meta.batch_tokens = Some(scheduler.batch_tokens);
     let exec = ModelExecutor::new(Arc::new(model), &tokenizer, "model")?;
     Ok((
         Arc::new(ScheduledBackend::new(exec, tokenizer, scheduler)),

@@ -63,7 +63,7 @@ pub use executors::{
     SIMULATED_LINK_BYTES_PER_SECOND, SimExecutor, VirtualKv, best_label, label_probabilities,
 };
 pub use loading::{
-    ModelSpec, RunMetadata, answer_identity, load_model_backend, model_input_paths, model_source,
+    ModelSpec, answer_identity, load_model_backend, model_input_paths, model_source,
     simulation_backend, tiny_model_dir, tiny_model_path,
 };
 
