@@ -129,7 +129,7 @@ impl QueryControls {
 
     /// Starts a query with AI operators `calls` (post-order): a fresh ledger,
     /// and a fresh meter when there is a budget, returned for the backend
-    /// ([`crate::inference::backend::InferenceBackend::meter_query`]).
+    /// ([`crate::inference::backend::QueryStart::spend`]).
     pub fn start_query(&self, calls: &[AiCall]) -> Option<Arc<Spend>> {
         let spend = self.budget.map(|b| Arc::new(Spend::new(b.limits)));
         let mut ledger = self.ledger();

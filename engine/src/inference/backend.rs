@@ -1,7 +1,10 @@
-//! The inference-backend trait the AI operators call, and the oracle backend
-//! that answers from a collection's reference labels.
+//! The backend traits the AI operators call: [`InferenceBackend`], the
+//! process-wide object each query begins on; [`QueryBackend`], one query's
+//! own object, which answers and measures it (the lifecycle is on
+//! [`InferenceBackend`]); and [`Answerer`], for backends that keep nothing per
+//! query (the content-hash reference here, the benchmark's oracle).
 //!
-//! Operators call a backend once per batch of requests, never per row. A batch
+//! Operators call a query once per batch of requests, never per row. A batch
 //! belongs to one operator ([`AiCall`]) and its requests are ordered so that those
 //! sharing an anchor document are adjacent — the order a model backend needs to
 //! reuse the document's KV for every partner or question.

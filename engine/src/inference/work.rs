@@ -2,7 +2,8 @@
 //! the measurements (`fresh_tokens`, `kv_peak_bytes`, …) and whose field types
 //! say how two workers' figures combine ([`Sum`], [`Max`], [`Config`]).
 //!
-//! A backend reports its `Work` ([`crate::inference::backend::InferenceBackend::measurements`]);
+//! A query on a backend reports its `Work` with each batch of answers and in
+//! all ([`crate::inference::backend::QueryBackend`]);
 //! a sharded backend and a coordinator of remote workers combine theirs with
 //! [`Work::merge`]; the query adds its budget and row-error reports; run.json's
 //! `measurements` object, the reply a remote worker sends, the AI operator's

@@ -13,8 +13,8 @@
 //! [`ShardedBackend`](crate::inference::shard::ShardedBackend)'s router.
 //!
 //! Every call carries the coordinator's query id (a fresh random one per
-//! [`InferenceBackend::start_query`]), and [`InferenceBackend::end_query`] (or
-//! dropping the worker) tells the worker the query is over, so a worker shared
+//! [`InferenceBackend::begin`]), and dropping the query's object (or the
+//! worker) tells the worker the query is over, so a worker shared
 //! by several coordinators serves their queries one after the other. Every gRPC
 //! call carries the worker token ([`ConnectOptions`]); `https://` workers are
 //! reached over TLS with the given CA.
