@@ -54,56 +54,26 @@ use crate::inference::memo::{AnswerMemo, MemoKey};
 use crate::inference::prompt::Excerpt;
 use crate::inference::work::{Config, Work};
 
+mod ask;
 mod join;
+mod metrics;
+mod planner;
+mod rows;
+mod runtime;
+
+use ask::{answer, answer_call, settle, settle_rows};
 use join::{
     JoinSides, PartnerMarks, compact_views, join_batch, report_partners, unmatched_partners,
 };
+use metrics::AiMetrics;
+pub use planner::{AiExtensionPlanner, AiQueryPlanner};
+use rows::{RowDocs, id_strings, one_input};
+pub use runtime::AiRuntime;
 
 /// Requests per backend call. One input batch is asked in one call, so the
 /// backend knows every document that batch still needs (it keeps their KV while
 /// it evicts); it splits the work into forward passes by tokens itself.
 const REQUESTS_PER_CALL: usize = usize::MAX;
-
-/// One query's AI state, shared by its AI operators: made for each query by
-/// whoever runs it ([`crate::sql::SqlSession::run_plan_into`]) and handed to
-/// the operators in the query's task context ([`AiRuntime::of`]), so a
-/// physical plan holds nothing of any query.
-pub struct AiRuntime {
-    /// The query on the backend, which answers.
-    pub query: Arc<dyn QueryBackend>,
-    /// Where answers are recorded.
-    pub recorder: Arc<AnswerRecorder>,
-    /// The query's answers so far, shared by its operators.
-    pub memo: std::sync::Mutex<AnswerMemo>,
-    /// The budget and row-error policy, and the query's rows answered,
-    /// failed and not reached per operator.
-    pub controls: Arc<QueryControls>,
-    /// The query's live progress.
-    pub progress: Arc<crate::exec::progress::Progress>,
-}
-
-impl fmt::Debug for AiRuntime {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AiRuntime").finish_non_exhaustive()
-    }
-}
-
-impl AiRuntime {
-    /// The runtime of the query `context` runs: an error outside a query
-    /// (a plan executed by hand, without one).
-    pub fn of(context: &TaskContext) -> DfResult<Arc<AiRuntime>> {
-        context
-            .session_config()
-            .get_extension::<AiRuntime>()
-            .ok_or_else(|| {
-                DataFusionError::Execution(
-                    "an AI operator runs only within a query: run the plan through the SQL \
-                     session (SqlSession::run_plan_into), which begins the query on its backend"
-                        .into(),
-                )
-            })
-    }
-}
 
 /// Where an AI operator's columns sit in its input (left ‖ right for joins),
 /// resolved from the node's named columns when the physical plan is built.
@@ -168,88 +138,6 @@ impl Layout {
             left_width,
             residual,
         })
-    }
-}
-
-/// An AI operator's metrics, shown by `EXPLAIN ANALYZE`.
-#[derive(Debug)]
-struct AiMetrics {
-    baseline: BaselineMetrics,
-    input_rows: Count,
-    prompts: Count,
-    fresh_tokens: Count,
-    /// Positions decoded by generating calls (part of `fresh_tokens`).
-    decode_tokens: Count,
-    model_time: Time,
-    /// Rows the model could not answer, NULL under `--on-row-error null`
-    /// (registered under that policy only).
-    rows_failed: Option<Count>,
-    /// Rows left out because the budget was spent (registered with a budget).
-    rows_not_reached: Option<Count>,
-    /// Where per-worker metrics are added once workers report.
-    set: ExecutionPlanMetricsSet,
-    /// `workerN_fresh_tokens`, `workerN_questions`, `workerN_busy` and
-    /// `workerN_kv_peak_bytes` of this operator, on several workers.
-    workers: std::sync::Mutex<Vec<WorkerMetrics>>,
-}
-
-/// One worker's share of an operator's work.
-#[derive(Debug)]
-struct WorkerMetrics {
-    fresh_tokens: Count,
-    questions: Count,
-    busy: Time,
-    kv_peak_bytes: Gauge,
-}
-
-impl AiMetrics {
-    fn new(set: &ExecutionPlanMetricsSet, controls: &QueryControls) -> Self {
-        let null_rows = matches!(controls.on_row_error(), OnRowError::Null { .. });
-        Self {
-            baseline: BaselineMetrics::new(set, 0),
-            input_rows: MetricBuilder::new(set).counter("input_rows", 0),
-            prompts: MetricBuilder::new(set).counter("model_calls", 0),
-            fresh_tokens: MetricBuilder::new(set).counter("fresh_tokens", 0),
-            decode_tokens: MetricBuilder::new(set).counter("decode_tokens", 0),
-            model_time: MetricBuilder::new(set).subset_time("model_time", 0),
-            rows_failed: null_rows.then(|| MetricBuilder::new(set).counter("rows_failed", 0)),
-            rows_not_reached: controls
-                .budget()
-                .map(|_| MetricBuilder::new(set).counter("rows_not_reached", 0)),
-            set: set.clone(),
-            workers: Default::default(),
-        }
-    }
-
-    /// Adds a batch's work to the totals and per worker.
-    fn add_work(&self, batch: &Work) {
-        self.fresh_tokens.add(batch.fresh() as usize);
-        self.decode_tokens.add(batch.decoded() as usize);
-        let Some(Config(shares)) = &batch.workers else {
-            return;
-        };
-        if shares.len() < 2 {
-            return;
-        }
-        let mut workers = self.workers.lock().expect("worker metrics lock");
-        while workers.len() < shares.len() {
-            let i = workers.len();
-            let b = || MetricBuilder::new(&self.set);
-            workers.push(WorkerMetrics {
-                fresh_tokens: b().counter(format!("worker{i}_fresh_tokens"), 0),
-                questions: b().counter(format!("worker{i}_questions"), 0),
-                busy: b().subset_time(format!("worker{i}_busy"), 0),
-                kv_peak_bytes: b().gauge(format!("worker{i}_kv_peak_bytes"), 0),
-            });
-        }
-        for (share, m) in shares.iter().zip(workers.iter()) {
-            m.fresh_tokens.add(share.fresh_tokens.unwrap_or(0) as usize);
-            m.questions.add(share.questions as usize);
-            m.busy
-                .add_duration(std::time::Duration::from_secs_f64(share.busy_s.max(0.0)));
-            m.kv_peak_bytes
-                .set_max(share.kv_peak_bytes.unwrap_or(0) as usize);
-        }
     }
 }
 
@@ -683,399 +571,6 @@ async fn blocking<T: Send + 'static>(
         .map_err(DataFusionError::from)
 }
 
-/// A text column: plain `Utf8`, or `Utf8View` (how tables are registered, so
-/// that joins copy 16-byte views instead of document texts).
-enum Texts<'a> {
-    Plain(&'a StringArray),
-    View(&'a datafusion::arrow::array::StringViewArray),
-}
-
-impl<'a> Texts<'a> {
-    fn value(&self, i: usize) -> &'a str {
-        match self {
-            Texts::Plain(a) => a.value(i),
-            Texts::View(a) => a.value(i),
-        }
-    }
-
-    fn is_null(&self, i: usize) -> bool {
-        match self {
-            Texts::Plain(a) => a.is_null(i),
-            Texts::View(a) => a.is_null(i),
-        }
-    }
-}
-
-fn texts<'a>(batch: &'a RecordBatch, index: usize, what: &str) -> Result<Texts<'a>> {
-    let col = batch.column(index);
-    match col.data_type() {
-        DataType::Utf8 => Ok(Texts::Plain(col.as_string::<i32>())),
-        DataType::LargeUtf8 => Err(EngineError::Data(format!(
-            "{what}: text column {index} is LargeUtf8; cast it to VARCHAR"
-        ))),
-        DataType::Utf8View => Ok(Texts::View(col.as_string_view())),
-        other => Err(EngineError::Data(format!(
-            "{what}: text column {index} is {other} (expected a string)"
-        ))),
-    }
-}
-
-/// A column of ids as strings, whatever its type (a table's ids may be numbers).
-fn id_strings(batch: &RecordBatch, index: usize) -> Result<StringArray> {
-    let col = batch.column(index);
-    let col = if col.data_type() == &DataType::Utf8 {
-        col.clone()
-    } else {
-        cast(col, &DataType::Utf8)?
-    };
-    Ok(col.as_string::<i32>().clone())
-}
-
-/// Answers to `requests`, asked in chunks, each checked against the call.
-fn answer_all(call: &AiCall, runtime: &AiRuntime, requests: &[AiRequest<'_>]) -> Result<Answered> {
-    let mut out = Answered {
-        answers: Vec::with_capacity(requests.len()),
-        work: Work::default(),
-    };
-    for chunk in requests.chunks(REQUESTS_PER_CALL) {
-        let answered = runtime.query.answer(call, chunk)?;
-        check_answers(call, "the backend", &answered.answers, chunk.len())?;
-        out.answers.extend(answered.answers);
-        out.work.merge(&answered.work);
-    }
-    Ok(out)
-}
-
-/// Answers to `requests`, in order: from the query's memo where any operator
-/// asked the question before, else from the backend (requests sharing an anchor
-/// document asked together). Tuples this operator has not recorded yet go into
-/// its answer table, each once.
-fn answer(state: &OpState, requests: &[AiRequest<'_>]) -> Result<Vec<Answer>> {
-    answer_call(state, &state.spec.call, requests, true)
-}
-
-/// [`answer`] for `call` (an `ai_agg` round's), recording the tuples in the
-/// operator's answer table only when `record`.
-fn answer_call(
-    state: &OpState,
-    call: &AiCall,
-    requests: &[AiRequest<'_>],
-    record: bool,
-) -> Result<Vec<Answer>> {
-    let spec = &state.spec;
-    let (keys, mut ask) = {
-        let mut memo = state.runtime.memo.lock().expect("memo lock");
-        let keys: Vec<MemoKey> = memo.keys(call, requests);
-        let mut seen = HashSet::new();
-        let ask: Vec<usize> = (0..requests.len())
-            .filter(|&i| memo.get(&keys[i]).is_none() && seen.insert(&keys[i]))
-            .collect();
-        (keys, ask)
-    };
-    if !ask.is_empty() {
-        // Requests sharing an anchor document arrive together (stable: first-seen order within).
-        let mut first: HashMap<&str, usize> = HashMap::new();
-        for (n, &i) in ask.iter().enumerate() {
-            first.entry(requests[i].anchor.id).or_insert(n);
-        }
-        ask.sort_by_key(|&i| first[requests[i].anchor.id]);
-        let asked: Vec<AiRequest<'_>> = ask.iter().map(|&i| requests[i]).collect();
-        state.runtime.progress.begin(&call.op_id);
-        let timer = state.metrics.model_time.timer();
-        let answered = answer_all(call, &state.runtime, &asked)?;
-        timer.done();
-        state.metrics.prompts.add(asked.len());
-        state.metrics.add_work(&answered.work);
-        state
-            .runtime
-            .progress
-            .advance(&call.op_id, asked.len() as u64, answered.work.fresh());
-        let mut memo = state.runtime.memo.lock().expect("memo lock");
-        for (&i, c) in ask.iter().zip(answered.answers) {
-            memo.insert(keys[i], c);
-        }
-    }
-    let answers: Vec<Answer> = {
-        let memo = state.runtime.memo.lock().expect("memo lock");
-        keys.iter()
-            .map(|k| memo.get(k).expect("every question answered").clone())
-            .collect()
-    };
-    if !record {
-        return Ok(answers);
-    }
-    let aliases = spec.docs.iter().map(|d| d.alias.clone()).collect();
-    let mut table = AnswerTable::new(&call.op_id, call.kind, aliases, call.labels.clone());
-    let mut recorded = state.recorded.lock().expect("recorded lock");
-    // A row without an answer (failed, unreached) was not evaluated.
-    for ((r, answer), key) in requests.iter().zip(&answers).zip(&keys) {
-        if !answer.is_answer() || !recorded.insert(*key) {
-            continue;
-        }
-        table.ids[0].push(r.anchor.id.to_string());
-        if spec.docs.len() > 1 {
-            table.ids[1].push(r.partner.map_or(String::new(), |p| p.id.to_string()));
-        }
-        table.answers.push(answer.clone());
-    }
-    if !table.is_empty() {
-        state.runtime.recorder.record(table);
-    }
-    Ok(answers)
-}
-
-/// Applies the query's policies to the answers of `requests`
-/// ([`QueryControls::settle`]): a failed row fails the query or stays
-/// [`Answer::Failed`] (NULL), an unreached one fails it or stays
-/// [`Answer::Unreached`] (left out); both are counted in the operator's
-/// metrics.
-fn settle(state: &OpState, requests: &[AiRequest<'_>], answers: &[Answer]) -> Result<()> {
-    settle_rows(state, answers, |i| row_name(&requests[i]))
-}
-
-/// [`settle`] with `row(i)` naming answer `i`'s row.
-fn settle_rows(state: &OpState, answers: &[Answer], row: impl Fn(usize) -> String) -> Result<()> {
-    let settled = state
-        .runtime
-        .controls
-        .settle(&state.spec.call.op_id, answers, row)?;
-    if let Some(c) = &state.metrics.rows_failed {
-        c.add(settled.failed);
-    }
-    if let Some(c) = &state.metrics.rows_not_reached {
-        c.add(settled.unreached);
-    }
-    Ok(())
-}
-
-/// A request's row as failure lists name it: its document's id, and its
-/// partner's for a pair (excerpts: an id may be the document).
-fn row_name(r: &AiRequest<'_>) -> String {
-    match r.partner {
-        Some(p) => format!("{} × {}", Excerpt(r.anchor.id), Excerpt(p.id)),
-        None => Excerpt(r.anchor.id).to_string(),
-    }
-}
-
-/// The documents of `docs` ((id, text) column pairs) in each row of `batch`,
-/// `None` where one of them is NULL.
-struct RowDocs<'a> {
-    ids: Vec<StringArray>,
-    texts: Vec<Texts<'a>>,
-}
-
-impl<'a> RowDocs<'a> {
-    fn new(batch: &'a RecordBatch, docs: &[(usize, usize)], op: &str) -> Result<Self> {
-        Ok(Self {
-            ids: docs
-                .iter()
-                .map(|&(id, _)| id_strings(batch, id))
-                .collect::<Result<_>>()?,
-            texts: docs
-                .iter()
-                .map(|&(_, text)| texts(batch, text, op))
-                .collect::<Result<_>>()?,
-        })
-    }
-
-    fn doc(&self, slot: usize, row: usize) -> Option<Doc<'_>> {
-        let (ids, texts) = (&self.ids[slot], &self.texts[slot]);
-        (ids.is_valid(row) && !texts.is_null(row)).then(|| Doc {
-            id: ids.value(row),
-            text: texts.value(row),
-        })
-    }
-}
-
-/// `ai_agg` over each row's list of texts (a group's rows), the prompts of
-/// all rows of the batch asked together round by round. Its sub-questions are
-/// not recorded: their documents are chunks of many rows.
-fn aggregate_batch(state: &OpState, batch: &RecordBatch) -> Result<RecordBatch> {
-    let spec = &state.spec;
-    state.metrics.input_rows.add(batch.num_rows());
-    let (_, text) = state.layout.docs[0];
-    let lists = batch.column(text).as_list_opt::<i32>().ok_or_else(|| {
-        EngineError::Data(format!(
-            "{}: the rows column is {}, not a list",
-            spec.call.op_id,
-            batch.column(text).data_type()
-        ))
-    })?;
-    let groups: Vec<Vec<String>> = (0..lists.len())
-        .map(|row| -> Result<Vec<String>> {
-            if lists.is_null(row) {
-                return Ok(Vec::new());
-            }
-            let values = cast(&lists.value(row), &DataType::Utf8)?;
-            Ok(values
-                .as_string::<i32>()
-                .iter()
-                .flatten()
-                .map(str::to_string)
-                .collect())
-        })
-        .collect::<Result<_>>()?;
-    let calls = AggCalls {
-        first: spec.call.clone(),
-        combine: AiCall {
-            pieces: spec
-                .combine
-                .clone()
-                .unwrap_or_else(|| spec.call.pieces.clone()),
-            ..spec.call.clone()
-        },
-    };
-    let context = state
-        .backend
-        .context_positions()
-        .unwrap_or(DEFAULT_CONTEXT_POSITIONS);
-    let answers = reduce_groups(&calls, context, &groups, |call, requests| {
-        answer_call(state, call, requests, false)
-    })?;
-    // A group is one row: named by its first text.
-    let present: Vec<usize> = (0..answers.len())
-        .filter(|&g| answers[g].is_some())
-        .collect();
-    let outcomes: Vec<Answer> = present.iter().filter_map(|&g| answers[g].clone()).collect();
-    settle_rows(state, &outcomes, |i| {
-        let first = groups[present[i]].first().map_or("", String::as_str);
-        format!("the group of {}", Excerpt(first))
-    })?;
-    let column: StringArray = answers
-        .iter()
-        .map(|a| match a {
-            Some(Answer::Text(t)) => Some(t.as_ref()),
-            _ => None,
-        })
-        .collect();
-    let out = append_column(batch, Arc::new(column), state.schema.clone())?;
-    let out = leave_out_unreached(out, answers.iter().map(Option::as_ref))?;
-    Ok(out)
-}
-
-/// Filters, classifications and AI predicates over one input, one batch at a time.
-fn one_input(state: &OpState, batch: &RecordBatch) -> Result<RecordBatch> {
-    let spec = &state.spec;
-    if spec.shape == AiShape::Aggregate {
-        return aggregate_batch(state, batch);
-    }
-    state.metrics.input_rows.add(batch.num_rows());
-    let docs = RowDocs::new(batch, &state.layout.docs, &spec.call.op_id)?;
-    let two = spec.docs.len() > 1;
-    let request = |row: usize| -> Option<AiRequest<'_>> {
-        let anchor = docs.doc(0, row)?;
-        let partner = if two { Some(docs.doc(1, row)?) } else { None };
-        Some(AiRequest { anchor, partner })
-    };
-    let requests: Vec<Option<AiRequest<'_>>> = (0..batch.num_rows()).map(request).collect();
-    let asked: Vec<AiRequest<'_>> = requests.iter().flatten().copied().collect();
-    let answered = answer(state, &asked)?;
-    settle(state, &asked, &answered)?;
-    let mut answered = answered.into_iter();
-    let answers: Vec<Option<Answer>> = requests
-        .iter()
-        .map(|r| r.as_ref().and_then(|_| answered.next()))
-        .collect();
-    let out = match spec.shape {
-        // Failed (NULL) and unreached rows are not TRUE: not kept.
-        AiShape::Filter => {
-            let mask: BooleanArray = answers
-                .iter()
-                .map(|a| Some(*a == Some(Answer::Bool(true))))
-                .collect();
-            let kept = filter_record_batch(batch, &mask)?;
-            RecordBatch::try_new(state.schema.clone(), kept.columns().to_vec())?
-        }
-        _ => leave_out_unreached(
-            append_column(
-                batch,
-                answer_array(&spec.call, &answers)?,
-                state.schema.clone(),
-            )?,
-            answers.iter().map(Option::as_ref),
-        )?,
-    };
-    Ok(out)
-}
-
-/// `batch` without the rows whose answer is [`Answer::Unreached`]: the budget
-/// was spent before they were asked, and a row is never given a made-up value.
-fn leave_out_unreached<'a>(
-    batch: RecordBatch,
-    answers: impl Iterator<Item = Option<&'a Answer>>,
-) -> Result<RecordBatch> {
-    let reached: BooleanArray = answers
-        .map(|a| Some(a != Some(&Answer::Unreached)))
-        .collect();
-    if reached.true_count() == reached.len() {
-        return Ok(batch);
-    }
-    Ok(filter_record_batch(&batch, &reached)?)
-}
-
-fn append_column(batch: &RecordBatch, column: ArrayRef, schema: SchemaRef) -> Result<RecordBatch> {
-    let mut columns = batch.columns().to_vec();
-    columns.push(column);
-    Ok(RecordBatch::try_new(schema, columns)?)
-}
-
-/// Lowers [`AiNode`]s to [`AiExec`].
-#[derive(Debug)]
-pub struct AiExtensionPlanner {
-    backend: Arc<dyn InferenceBackend>,
-}
-
-#[async_trait]
-impl ExtensionPlanner for AiExtensionPlanner {
-    async fn plan_extension(
-        &self,
-        _planner: &dyn PhysicalPlanner,
-        node: &dyn UserDefinedLogicalNode,
-        _logical_inputs: &[&LogicalPlan],
-        physical_inputs: &[Arc<dyn ExecutionPlan>],
-        session: &dyn Session,
-        _ctx: &PhysicalPlanningContext,
-    ) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
-        let Some(ai) = node.as_any().downcast_ref::<AiNode>() else {
-            return Ok(None);
-        };
-        Ok(Some(Arc::new(AiExec::try_new(
-            ai,
-            physical_inputs.to_vec(),
-            self.backend.clone(),
-            session,
-        )?)))
-    }
-}
-
-/// The query planner that knows AI operators.
-#[derive(Debug)]
-pub struct AiQueryPlanner {
-    planner: Arc<AiExtensionPlanner>,
-}
-
-impl AiQueryPlanner {
-    /// A planner whose AI operators ask the queries of `backend`.
-    pub fn new(backend: Arc<dyn InferenceBackend>) -> Self {
-        Self {
-            planner: Arc::new(AiExtensionPlanner { backend }),
-        }
-    }
-}
-
-#[async_trait]
-impl QueryPlanner for AiQueryPlanner {
-    async fn create_physical_plan(
-        &self,
-        logical_plan: &LogicalPlan,
-        session: &dyn Session,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        DefaultPhysicalPlanner::with_extension_planners(vec![self.planner.clone()])
-            .create_physical_plan(logical_plan, session)
-            .await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     //! [`AiExec`] run through a SQL session over in-memory tables, answered by
@@ -1094,7 +589,7 @@ mod tests {
     use futures::{FutureExt, StreamExt, TryStreamExt};
 
     use super::*;
-    use crate::inference::backend::{Answerer, ContentHashBackend};
+    use crate::inference::backend::{Answerer, ContentHashBackend, QueryStart};
     use crate::sql::options::QueryOptions;
     use crate::sql::{Evaluation, SqlSession, row_lines};
 
@@ -1247,9 +742,29 @@ mod tests {
         }
     }
 
+    /// A task context carrying a query begun on the backend of `node` (an
+    /// [`AiExec`] or a plan above one), as a query run by the session has.
+    fn query_task(session: &SqlSession, node: &Arc<dyn ExecutionPlan>) -> Arc<TaskContext> {
+        let options = QueryOptions::default();
+        let runtime = Arc::new(AiRuntime {
+            query: ai_exec(node)
+                .backend
+                .clone()
+                .begin(QueryStart::default())
+                .unwrap(),
+            recorder: Arc::default(),
+            memo: std::sync::Mutex::new(AnswerMemo::new(true)),
+            controls: Arc::new(QueryControls::new(options.budget, options.on_row_error)),
+            progress: Arc::new(crate::exec::progress::Progress::new(options.progress, None)),
+        });
+        let mut state = session.context().state();
+        state.config_mut().set_extension(runtime);
+        Arc::new(TaskContext::from(&state))
+    }
+
     /// The rows of running `node` alone, its batches as emitted.
     async fn run_node(session: &SqlSession, node: &Arc<dyn ExecutionPlan>) -> Vec<RecordBatch> {
-        let stream = node.execute(0, session.context().task_ctx()).unwrap();
+        let stream = node.execute(0, query_task(session, node)).unwrap();
         assert_eq!(stream.schema(), node.schema());
         stream.try_collect().await.unwrap()
     }
@@ -1382,7 +897,7 @@ mod tests {
         let ops = session(backend.clone(), Evaluation::Operators);
         let plan = physical(&ops, CLASSIFY).await;
         let node = ai_node(&plan).unwrap();
-        let mut stream = node.execute(0, ops.context().task_ctx()).unwrap();
+        let mut stream = node.execute(0, query_task(&ops, &node)).unwrap();
         // The first poll starts the first batch's call, which waits at the gate.
         assert!(stream.next().now_or_never().is_none());
         started.recv_timeout(Duration::from_secs(10)).unwrap();
