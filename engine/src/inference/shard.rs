@@ -342,7 +342,7 @@ impl ShardedQuery {
                 .into_iter()
                 .map(|a| a.expect("every part answered"))
                 .collect(),
-            work: combined(&self.workers, &work, &questions, &busy),
+            work: combined(&work, &questions, &busy),
         })
     }
 }
@@ -418,7 +418,7 @@ impl InferenceBackend for ShardedBackend {
 /// The workers' figures combined ([`Work::merge`]) with each one's share
 /// under `workers`: `work` is each worker's, `questions` and `busy_nanos`
 /// its questions and seconds over the same span.
-fn combined(workers: &[Worker], work: &[Work], questions: &[u64], busy_nanos: &[u64]) -> Work {
+fn combined(work: &[Work], questions: &[u64], busy_nanos: &[u64]) -> Work {
     let mut total = Work::default();
     let mut shares = Vec::new();
     let mut fresh = Vec::new();
@@ -435,7 +435,7 @@ fn combined(workers: &[Worker], work: &[Work], questions: &[u64], busy_nanos: &[
     }
     total.workers = Some(Config(shares));
     let sum: u64 = fresh.iter().sum();
-    if fresh.len() == workers.len() && sum > 0 {
+    if fresh.len() == work.len() && sum > 0 {
         let mean = sum as f64 / fresh.len() as f64;
         let max = *fresh.iter().max().expect("workers") as f64;
         total.worker_fresh_max_over_mean = Some(Max(max / mean));
@@ -460,7 +460,7 @@ impl QueryBackend for ShardedQuery {
             .iter()
             .map(|w| w.busy_nanos.load(Ordering::Relaxed))
             .collect();
-        combined(&self.workers, &work, &questions, &busy)
+        combined(&work, &questions, &busy)
     }
 
     fn cancel(&self) {
