@@ -13,7 +13,7 @@ use aisql_engine::data::write_guard::WriteGuard;
 use aisql_engine::inference::backend::InferenceBackend;
 use aisql_engine::sql::options::QueryOptions;
 use aisql_engine::sql::text_scan::CsvReading;
-use aisql_engine::sql::{Evaluation, QueryCanceller, SqlOutput, SqlSession, WritePolicy};
+use aisql_engine::sql::{Evaluation, SqlOutput, SqlSession, WritePolicy};
 use datafusion::common::ParamValues;
 use datafusion::logical_expr::LogicalPlan;
 
@@ -242,13 +242,8 @@ impl Connection {
         statement_timeout: Option<Duration>,
     ) -> anyhow::Result<SqlOutput> {
         let started = Instant::now();
-        self.in_turn(
-            session,
-            async { session.run(sql).await },
-            started,
-            statement_timeout,
-        )
-        .await
+        self.in_turn(async { session.run(sql).await }, started, statement_timeout)
+            .await
     }
 
     /// Runs a plan `session` made, as [`Self::run`].
@@ -259,7 +254,6 @@ impl Connection {
     ) -> anyhow::Result<SqlOutput> {
         let started = Instant::now();
         self.in_turn(
-            session,
             async { session.run_plan(plan, started).await },
             started,
             None,
@@ -281,22 +275,20 @@ impl Connection {
             let plan = session.plan_with_params(sql, Some(params)).await?;
             session.run_plan(plan, started).await
         };
-        self.in_turn(session, work, started, statement_timeout)
-            .await
+        self.in_turn(work, started, statement_timeout).await
     }
 
     async fn in_turn(
         &self,
-        session: &SqlSession,
         work: impl Future<Output = aisql_engine::Result<SqlOutput>>,
         started: Instant,
         statement_timeout: Option<Duration>,
     ) -> anyhow::Result<SqlOutput> {
         let _turn = self.turn.lock().await;
-        let mut stop = StopOnDrop {
-            canceller: session.canceller(),
-            finished: false,
-        };
+        // A statement dropped or timed out before its last row drops its
+        // query, which stops its model work after the forward batch in
+        // flight (`SqlSession::run_plan_into`); the next statement starts
+        // once that batch has left.
         // The sooner of the command's limit and the session's.
         let limit = [
             self.timeout.map(|t| (t, "--timeout-s")),
@@ -318,24 +310,6 @@ impl Connection {
                 })?
             }
         };
-        stop.finished = true;
         Ok(out?)
-    }
-}
-
-/// Stops the session's query when a statement ends before its last row (its
-/// future dropped, or its time up): the model stops after the forward batch
-/// in flight, and the next statement starts once that batch has left. (A
-/// query whose future is dropped first stops itself as it ends.)
-struct StopOnDrop {
-    canceller: QueryCanceller,
-    finished: bool,
-}
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        if !self.finished {
-            self.canceller.cancel();
-        }
     }
 }
