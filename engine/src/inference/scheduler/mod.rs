@@ -20,7 +20,7 @@
 //! QUAIL-B's minimum-token rule (SPEC §D.4), so with enough KV memory the fresh
 //! tokens equal the minimum. Inserting a batch's sequences before computing them
 //! makes every distinct prefix computed once, in waves of packed forward passes
-//! bounded by a token budget.
+//! bounded by `batch_tokens`.
 //!
 //! The cache lives for one query (fresh tokens are per query). When it outgrows
 //! the KV budget, least recently used documents (with their questions) leave
@@ -34,11 +34,11 @@
 //! The same code runs over a virtual KV ([`SimExecutor`]): the simulation mode
 //! answers from labels and reports the fresh tokens the model would compute.
 //!
-//! Every forward batch goes through one gate ([`ScheduledBackend::forward`]):
-//! it does not start once the query is cancelled or its budget
-//! ([`crate::limits::spend`]) is spent, and what it computed is charged to the budget.
-//! With a budget, a call's requests are asked about one forward batch at a
-//! time, so the answers of those done before the budget ran out are kept and
+//! Every forward batch goes through one gate ([`SpendGate::forward`]):
+//! it does not start once the query is cancelled or its spend budget
+//! ([`crate::limits::spend`]) is spent, and what it computed is charged to it
+//! ([`spend_gate`]). With a spend budget, a call's requests are asked about one
+//! forward batch at a time, so the answers of those done before it ran out are kept and
 //! the rest come back [`Answer::Unreached`]. A row whose prompt is longer than
 //! the model's context is answered [`Answer::Failed`], naming it; the other
 //! rows of its batch are answered as usual.
@@ -46,31 +46,31 @@
 //! The module's jobs, one file each: scheduling (here), tokenizing
 //! ([`tokenize`]), the KV tiers and what leaves them ([`tiers`], in the order
 //! of a [`policy`]), questions asked ahead ([`lookahead`]), the executors that
-//! compute KV ([`executors`]), the KV budget ([`budget`]) and model loading
+//! compute KV ([`executors`]), the KV memory budget ([`kv_budget`]), the spend budget's gate
+//! ([`spend_gate`]) and model loading
 //! ([`loading`]).
 
-mod budget;
 mod executors;
+mod kv_budget;
 mod loading;
 mod lookahead;
 mod policy;
+mod spend_gate;
 mod tiers;
 mod tokenize;
 
-pub use budget::{default_host_kv_budget_bytes, default_kv_budget_bytes, gpu_kv_budget_bytes};
 pub use executors::{
     Executor, ModelExecutor, QWEN3_4B_KV_BYTES_PER_TOKEN, QWEN3_4B_MAX_POSITIONS,
     SIMULATED_LINK_BYTES_PER_SECOND, SimExecutor, VirtualKv, best_label, label_probabilities,
 };
+pub use kv_budget::{default_host_kv_budget_bytes, default_kv_budget_bytes, gpu_kv_budget_bytes};
 pub use loading::{
     ModelSpec, answer_identity, load_model_backend, model_input_paths, model_source,
     simulation_backend, tiny_model_dir, tiny_model_path,
 };
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use aisql_models::Tokenizer;
 
@@ -83,8 +83,8 @@ use crate::inference::memo::DocKey;
 use crate::inference::prompt::{Excerpt, label_continuations};
 use crate::inference::work::{Config, Max, Sum, Work};
 use crate::limits::query_gate::{QueryGate, Ticket};
-use crate::limits::spend::Spend;
 use lookahead::{AheadQuestion, Lookahead, MAX_PARTNERS_AHEAD};
+use spend_gate::{SpendGate, unreached_after};
 use tiers::{BeforeDrop, KvTiers};
 use tokenize::TokenCache;
 
@@ -149,11 +149,8 @@ pub struct ScheduledBackend<E: Executor> {
     tokens: TokenCache,
     state: Mutex<QueryState<E::Kv>>,
     gate: QueryGate,
-    /// The running query's budget meter, if it has a budget.
-    spend: Mutex<Option<Arc<Spend>>>,
-    /// The executor's fresh tokens already charged to the budget: a batch
-    /// charges what the count grew by since, so work is never charged twice.
-    charged_fresh: AtomicU64,
+    /// Whether a forward batch may run, and what it costs the spend budget.
+    spend_gate: SpendGate,
 }
 
 impl<E: Executor> ScheduledBackend<E> {
@@ -186,8 +183,7 @@ impl<E: Executor> ScheduledBackend<E> {
                 lookahead: Lookahead::default(),
             }),
             gate: QueryGate::default(),
-            spend: Mutex::new(None),
-            charged_fresh: AtomicU64::new(0),
+            spend_gate: SpendGate::default(),
         }
     }
 
@@ -292,101 +288,24 @@ impl<E: Executor> ScheduledBackend<E> {
             .collect())
     }
 
-    /// The running query's budget meter, if it has a budget.
-    fn spend(&self) -> Option<Arc<Spend>> {
-        self.spend.lock().expect("spend lock").clone()
-    }
-
-    /// Whether the running query's budget is spent.
-    fn budget_spent(&self) -> bool {
-        self.spend().is_some_and(|s| s.reached().is_some())
-    }
-
-    /// Runs one forward batch of `op_id`'s work: `work(stopped)` calls the
-    /// model, where `stopped()` tells a generation to give up between two
-    /// decode steps. The batch does not start once the query is cancelled or
-    /// its budget is spent ([`EngineError::OverBudget`]); what it computed
-    /// (fresh tokens, wall time) is charged to the budget after.
+    /// Runs one forward batch of `op_id`'s work through the spend gate
+    /// ([`SpendGate::forward`]).
     fn forward<T>(
         &self,
         ticket: Ticket,
         op_id: &str,
         work: impl FnOnce(&dyn Fn() -> bool) -> Result<T>,
     ) -> Result<T> {
-        self.gate.check(ticket, op_id)?;
-        let Some(spend) = self.spend() else {
-            return work(&|| self.gate.check(ticket, op_id).is_err());
-        };
-        if let Some(limit) = spend.reached() {
-            return Err(EngineError::OverBudget(spend.describe(limit)));
-        }
-        let started = Instant::now();
-        let uncharged = || {
-            (self.exec.fresh_tokens()).saturating_sub(self.charged_fresh.load(Ordering::Relaxed))
-        };
-        let stopped = || {
-            self.gate.check(ticket, op_id).is_err()
-                || spend.reached_with(uncharged(), started.elapsed()).is_some()
-        };
-        let out = work(&stopped);
-        let fresh = self.exec.fresh_tokens();
-        let before = self.charged_fresh.swap(fresh, Ordering::Relaxed);
-        spend.charge(fresh.saturating_sub(before), started.elapsed());
-        out
+        let fresh_tokens = || self.exec.fresh_tokens();
+        self.spend_gate
+            .forward(&self.gate, ticket, op_id, &fresh_tokens, work)
     }
 
-    /// `Ok` when `e` is model work the spent budget stopped (a batch refused
-    /// before it started, a generation given up between decode steps) in a
-    /// query not cancelled: the questions left are unreached. `Err(e)`
-    /// otherwise.
+    /// `Ok` when `e` is work the spent budget stopped, `Err(e)` otherwise
+    /// ([`SpendGate::stopped_by_spend`]).
     fn spent_stop(&self, ticket: Ticket, op_id: &str, e: EngineError) -> Result<()> {
-        self.gate.check(ticket, op_id)?;
-        let stopped = matches!(
-            e,
-            EngineError::OverBudget(_) | EngineError::Model(aisql_models::ModelError::Stopped)
-        );
-        if stopped && self.budget_spent() {
-            Ok(())
-        } else {
-            Err(e)
-        }
-    }
-
-    /// `fitting` (indices of `requests`) cut into runs of about one forward
-    /// batch (`batch_tokens` of document tokens, each anchor counted once)
-    /// when the query has a budget: each run is answered before the next
-    /// starts, so a spent budget loses at most one run's answers. Without a
-    /// budget: one run.
-    fn budget_runs(
-        &self,
-        requests: &[AiRequest<'_>],
-        fitting: &[usize],
-        anchors: &[Arc<Vec<u32>>],
-        partners: &[Arc<Vec<u32>>],
-    ) -> Vec<Vec<usize>> {
-        if self.spend().is_none() {
-            return vec![fitting.to_vec()];
-        }
-        let mut runs = Vec::new();
-        let mut run = Vec::new();
-        let mut tokens = 0;
-        let mut seen: HashSet<&str> = HashSet::new();
-        for &i in fitting {
-            let mut cost = partners.get(i).map_or(0, |p| p.len());
-            if seen.insert(requests[i].anchor.id) {
-                cost += anchors[i].len();
-            }
-            if !run.is_empty() && tokens + cost > self.config.batch_tokens {
-                runs.push(std::mem::take(&mut run));
-                tokens = 0;
-            }
-            run.push(i);
-            tokens += cost;
-        }
-        if !run.is_empty() {
-            runs.push(run);
-        }
-        runs
+        self.spend_gate
+            .stopped_by_spend(&self.gate, ticket, op_id, e)
     }
 
     /// Positions of the longest label continuation a classification scores after
@@ -485,7 +404,7 @@ impl<E: Executor> ScheduledBackend<E> {
         scored: bool,
     ) -> Result<Vec<(DocKey, NodeId)>> {
         let preamble = self.piece(&call.pieces.preamble)?;
-        let budget_tokens = self.config.kv_budget_bytes / self.exec.kv_bytes_per_token().max(1);
+        let kv_budget_tokens = self.config.kv_budget_bytes / self.exec.kv_bytes_per_token().max(1);
         tiers.keep_stubs_of(preamble.len() + DROPPED_DOCUMENT_STUB_TOKENS);
         let mut leaves = Vec::with_capacity(requests.len());
         let mut keys = Vec::with_capacity(requests.len());
@@ -493,9 +412,9 @@ impl<E: Executor> ScheduledBackend<E> {
             // Past the model's context the request was answered Failed before
             // it got here ([`Self::overflowing`]).
             let len = preamble.len() + doc.len() + suffix.len();
-            if len > budget_tokens {
+            if len > kv_budget_tokens {
                 return Err(EngineError::Inference(format!(
-                    "{}: document {} of {} needs {len} positions of KV, over the KV budget of {budget_tokens} ({} MiB)",
+                    "{}: document {} of {} needs {len} positions of KV, over the KV budget of {kv_budget_tokens} ({} MiB)",
                     call.op_id,
                     Excerpt(r.anchor.id),
                     call.tables[0],
@@ -640,8 +559,8 @@ impl<E: Executor> ScheduledBackend<E> {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        // Once the budget is spent nothing more is asked, nor cached.
-        if self.budget_spent() {
+        // Once the spend budget is spent nothing more is asked, nor cached.
+        if self.spend_gate.spent() {
             return Ok(vec![Answer::Unreached; requests.len()]);
         }
         if !self.config.prefix_cache {
@@ -686,8 +605,8 @@ impl<E: Executor> ScheduledBackend<E> {
     /// Answers `requests` with the model, reusing and extending the cache. A
     /// request whose prompt does not fit the model's context is answered
     /// [`Answer::Failed`] ([`Self::overflowing`]), the others as usual. With a
-    /// budget they are asked in runs of about one forward batch
-    /// ([`Self::budget_runs`]); once it is spent the rest are
+    /// spend budget they are asked in runs of about one forward batch
+    /// ([`SpendGate::runs`]); once it is spent the rest are
     /// [`Answer::Unreached`].
     fn answer(
         &self,
@@ -712,8 +631,14 @@ impl<E: Executor> ScheduledBackend<E> {
             .filter(|&i| answers[i].is_none())
             .collect();
         let mut spent = false;
-        for run in self.budget_runs(requests, &fitting, &anchors, &partners) {
-            spent = spent || self.budget_spent();
+        for run in self.spend_gate.runs(
+            requests,
+            &fitting,
+            &anchors,
+            &partners,
+            self.config.batch_tokens,
+        ) {
+            spent = spent || self.spend_gate.spent();
             let got = if spent {
                 None
             } else {
@@ -792,7 +717,7 @@ impl<E: Executor> ScheduledBackend<E> {
     /// A generating call is asked [`GENERATING_REQUESTS_PER_CALL`] requests at
     /// a time, so that a stopped query (`--timeout-s`, an interrupt, a spent
     /// budget) waits for at most one such group's decoding, not a whole
-    /// batch's. Requests left when the budget ran out are [`Answer::Unreached`].
+    /// batch's. Requests left when the spend budget ran out are [`Answer::Unreached`].
     fn ask_one(
         &self,
         ticket: Ticket,
@@ -896,7 +821,7 @@ impl<E: Executor> ScheduledBackend<E> {
 
     /// Asks `requests` in chunks of at most `batch_tokens` suffix positions;
     /// `item(i)` is request `i`'s (prefix KV, suffix) and `tokens(i)` its suffix length.
-    /// Requests left when the budget ran out are [`Answer::Unreached`].
+    /// Requests left when the spend budget ran out are [`Answer::Unreached`].
     fn ask_in_chunks<'a>(
         &self,
         ticket: Ticket,
@@ -1099,22 +1024,14 @@ impl<E: Executor> BeforeDrop<E::Kv> for AskAhead<'_, E> {
     }
 }
 
-/// Fills `answers` up to `want` with [`Answer::Unreached`]: the requests a
-/// spent budget stopped before.
-fn unreached_after(answers: &mut Vec<Answer>, want: usize) {
-    if answers.len() < want {
-        answers.resize(want, Answer::Unreached);
-    }
-}
-
-/// Splits `items` into consecutive chunks of at most `budget` tokens (at least one item each).
-fn chunk_by_tokens<T>(items: &[T], budget: usize, tokens: impl Fn(&T) -> usize) -> Vec<&[T]> {
+/// Splits `items` into consecutive chunks of at most `max_tokens` tokens (at least one item each).
+fn chunk_by_tokens<T>(items: &[T], max_tokens: usize, tokens: impl Fn(&T) -> usize) -> Vec<&[T]> {
     let mut out = Vec::new();
     let mut start = 0;
     while start < items.len() {
         let mut end = start;
         let mut used = 0;
-        while end < items.len() && (end == start || used + tokens(&items[end]) <= budget) {
+        while end < items.len() && (end == start || used + tokens(&items[end]) <= max_tokens) {
             used += tokens(&items[end]);
             end += 1;
         }
@@ -1219,9 +1136,7 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
             } else {
                 Lookahead::default()
             };
-            self.charged_fresh
-                .store(self.exec.fresh_tokens(), Ordering::Relaxed);
-            *self.spend.lock().expect("spend lock") = start.spend;
+            self.spend_gate.begin(start.spend, self.exec.fresh_tokens());
             ticket
         };
         let started = self.computed();
