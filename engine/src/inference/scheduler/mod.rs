@@ -20,7 +20,7 @@
 //! QUAIL-B's minimum-token rule (SPEC §D.4), so with enough KV memory the fresh
 //! tokens equal the minimum. Inserting a batch's sequences before computing them
 //! makes every distinct prefix computed once, in waves of packed forward passes
-//! bounded by a token budget.
+//! bounded by `batch_tokens`.
 //!
 //! The cache lives for one query (fresh tokens are per query). When it outgrows
 //! the KV budget, least recently used documents (with their questions) leave
@@ -34,43 +34,51 @@
 //! The same code runs over a virtual KV ([`SimExecutor`]): the simulation mode
 //! answers from labels and reports the fresh tokens the model would compute.
 //!
-//! Every forward batch goes through one gate ([`ScheduledBackend::forward`]):
-//! it does not start once the query is cancelled or its budget
-//! ([`crate::limits::spend`]) is spent, and what it computed is charged to the budget.
-//! With a budget, a call's requests are asked about one forward batch at a
-//! time, so the answers of those done before the budget ran out are kept and
+//! Every forward batch goes through one gate ([`SpendGate::forward`]):
+//! it does not start once the query is cancelled or its spend budget
+//! ([`crate::limits::spend`]) is spent, and what it computed is charged to it
+//! ([`spend_gate`]). With a spend budget, a call's requests are asked about one
+//! forward batch at a time, so the answers of those done before it ran out are kept and
 //! the rest come back [`Answer::Unreached`]. A row whose prompt is longer than
 //! the model's context is answered [`Answer::Failed`], naming it; the other
 //! rows of its batch are answered as usual.
 //!
-//! The module's jobs, one file each: scheduling (here), tokenizing
-//! ([`tokenize`]), the KV tiers and what leaves them ([`tiers`], in the order
-//! of a [`policy`]), questions asked ahead ([`lookahead`]), the executors that
-//! compute KV ([`executors`]), the KV budget ([`budget`]) and model loading
-//! ([`loading`]).
+//! The module's jobs, one file each: the order of work (here: a query's
+//! start, a call's path through look-ahead, the context check, spend runs,
+//! KV building and asking, then making room), tokenizing ([`tokenize`]),
+//! prompt token ids and the context check ([`prompts`]), the KV tiers, which
+//! alone touch their tries, and what leaves them ([`tiers`], in the order of
+//! a [`policy`]), building a call's KV in them ([`prefill`]), asking the
+//! model ([`ask`]), questions asked ahead ([`lookahead`]), the spend
+//! budget's gate on every forward batch ([`spend_gate`]), the KV memory
+//! budget ([`kv_budget`]), the executors that compute KV ([`executors`]), a
+//! query's measurements ([`measure`]) and model loading ([`loading`]).
 
-mod budget;
+mod ask;
 mod executors;
+mod kv_budget;
 mod loading;
 mod lookahead;
+mod measure;
 mod policy;
+mod prefill;
+mod prompts;
+mod spend_gate;
 mod tiers;
 mod tokenize;
 
-pub use budget::{default_host_kv_budget_bytes, default_kv_budget_bytes, gpu_kv_budget_bytes};
 pub use executors::{
     Executor, ModelExecutor, QWEN3_4B_KV_BYTES_PER_TOKEN, QWEN3_4B_MAX_POSITIONS,
     SIMULATED_LINK_BYTES_PER_SECOND, SimExecutor, VirtualKv, best_label, label_probabilities,
 };
+pub use kv_budget::{default_host_kv_budget_bytes, default_kv_budget_bytes, gpu_kv_budget_bytes};
 pub use loading::{
     ModelSpec, answer_identity, load_model_backend, model_input_paths, model_source,
     simulation_backend, tiny_model_dir, tiny_model_path,
 };
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use aisql_models::Tokenizer;
 
@@ -78,13 +86,13 @@ use crate::error::{EngineError, Result};
 use crate::inference::backend::{
     AiCall, AiRequest, Answer, Answered, Doc, InferenceBackend, QueryBackend, QueryStart,
 };
-use crate::inference::kv_cache::{KvOps, NodeId, PrefixTrie};
 use crate::inference::memo::DocKey;
-use crate::inference::prompt::{Excerpt, label_continuations};
-use crate::inference::work::{Config, Max, Sum, Work};
+use crate::inference::work::Work;
 use crate::limits::query_gate::{QueryGate, Ticket};
-use crate::limits::spend::Spend;
 use lookahead::{AheadQuestion, Lookahead, MAX_PARTNERS_AHEAD};
+use measure::Computed;
+use prompts::PromptTokens;
+use spend_gate::SpendGate;
 use tiers::{BeforeDrop, KvTiers};
 use tokenize::TokenCache;
 
@@ -149,11 +157,8 @@ pub struct ScheduledBackend<E: Executor> {
     tokens: TokenCache,
     state: Mutex<QueryState<E::Kv>>,
     gate: QueryGate,
-    /// The running query's budget meter, if it has a budget.
-    spend: Mutex<Option<Arc<Spend>>>,
-    /// The executor's fresh tokens already charged to the budget: a batch
-    /// charges what the count grew by since, so work is never charged twice.
-    charged_fresh: AtomicU64,
+    /// Whether a forward batch may run, and what it costs the spend budget.
+    spend_gate: SpendGate,
 }
 
 impl<E: Executor> ScheduledBackend<E> {
@@ -186,8 +191,7 @@ impl<E: Executor> ScheduledBackend<E> {
                 lookahead: Lookahead::default(),
             }),
             gate: QueryGate::default(),
-            spend: Mutex::new(None),
-            charged_fresh: AtomicU64::new(0),
+            spend_gate: SpendGate::default(),
         }
     }
 
@@ -209,201 +213,24 @@ impl<E: Executor> ScheduledBackend<E> {
         self.tokens.piece(text)
     }
 
-    /// Refuses a prompt of `len` positions (label continuations included) that is
-    /// longer than the model's context: past `max_position_embeddings` its answer
-    /// would be silently wrong, so the row is named instead.
-    /// `row` and `table` are formatted only for the error (this runs for every
-    /// pair); a row is named by its id, an [`Excerpt`] (the id may be the document).
-    fn check_context(
-        &self,
-        op_id: &str,
-        row: impl std::fmt::Display,
-        table: impl std::fmt::Display,
-        len: usize,
-    ) -> Result<()> {
-        match self.context_overflow(op_id, row, table, len) {
-            Some(message) => Err(EngineError::Inference(message)),
-            None => Ok(()),
-        }
-    }
-
-    /// Why a prompt of `len` positions does not fit the model's context
-    /// ([`Self::check_context`]'s error), `None` when it does.
-    fn context_overflow(
-        &self,
-        op_id: &str,
-        row: impl std::fmt::Display,
-        table: impl std::fmt::Display,
-        len: usize,
-    ) -> Option<String> {
-        let max = self.exec.max_positions();
-        (len > max).then(|| {
-            format!(
-                "{op_id}: the prompt for row {row} of {table} is {len} tokens with its \
-                 answer's (the longest label, or a generation's max_tokens), longer than the \
-                 model's context of {max} positions (max_position_embeddings); shorten that \
-                 document or max_tokens, leave the row out with a WHERE clause, or give \
-                 --on-row-error null to make its value NULL"
-            )
-        })
-    }
-
-    /// Per request, [`Answer::Failed`] naming its row when its prompt with its
-    /// answer's positions is longer than the model's context (past
-    /// `max_position_embeddings` an answer would be silently wrong); `None`
-    /// for the requests that fit. `anchors` and `partners` are the requests'
-    /// documents' token ids (no partners for one-document calls).
-    fn overflowing(
-        &self,
-        call: &AiCall,
-        requests: &[AiRequest<'_>],
-        anchors: &[Arc<Vec<u32>>],
-        partners: &[Arc<Vec<u32>>],
-    ) -> Result<Vec<Option<Answer>>> {
-        let p = &call.pieces;
-        let mut fixed = self.piece(&p.preamble)?.len()
-            + self.piece(&p.tail)?.len()
-            + self.longest_label(call)?;
-        if p.pair {
-            fixed += self.piece(&p.frame)?.len() + self.piece(&p.label)?.len();
-        }
-        let failed = |m: String| Answer::Failed(m.into());
-        Ok(requests
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let len = fixed + anchors[i].len() + partners.get(i).map_or(0, |t| t.len());
-                match r.partner {
-                    Some(partner) => self.context_overflow(
-                        &call.op_id,
-                        format_args!("{} × {}", Excerpt(r.anchor.id), Excerpt(partner.id)),
-                        format_args!("{} × {}", call.tables[0], call.tables[1]),
-                        len,
-                    ),
-                    None => self.context_overflow(
-                        &call.op_id,
-                        Excerpt(r.anchor.id),
-                        &call.tables[0],
-                        len,
-                    ),
-                }
-                .map(failed)
-            })
-            .collect())
-    }
-
-    /// The running query's budget meter, if it has a budget.
-    fn spend(&self) -> Option<Arc<Spend>> {
-        self.spend.lock().expect("spend lock").clone()
-    }
-
-    /// Whether the running query's budget is spent.
-    fn budget_spent(&self) -> bool {
-        self.spend().is_some_and(|s| s.reached().is_some())
-    }
-
-    /// Runs one forward batch of `op_id`'s work: `work(stopped)` calls the
-    /// model, where `stopped()` tells a generation to give up between two
-    /// decode steps. The batch does not start once the query is cancelled or
-    /// its budget is spent ([`EngineError::OverBudget`]); what it computed
-    /// (fresh tokens, wall time) is charged to the budget after.
+    /// Runs one forward batch of `op_id`'s work through the spend gate
+    /// ([`SpendGate::forward`]).
     fn forward<T>(
         &self,
         ticket: Ticket,
         op_id: &str,
         work: impl FnOnce(&dyn Fn() -> bool) -> Result<T>,
     ) -> Result<T> {
-        self.gate.check(ticket, op_id)?;
-        let Some(spend) = self.spend() else {
-            return work(&|| self.gate.check(ticket, op_id).is_err());
-        };
-        if let Some(limit) = spend.reached() {
-            return Err(EngineError::OverBudget(spend.describe(limit)));
-        }
-        let started = Instant::now();
-        let uncharged = || {
-            (self.exec.fresh_tokens()).saturating_sub(self.charged_fresh.load(Ordering::Relaxed))
-        };
-        let stopped = || {
-            self.gate.check(ticket, op_id).is_err()
-                || spend.reached_with(uncharged(), started.elapsed()).is_some()
-        };
-        let out = work(&stopped);
-        let fresh = self.exec.fresh_tokens();
-        let before = self.charged_fresh.swap(fresh, Ordering::Relaxed);
-        spend.charge(fresh.saturating_sub(before), started.elapsed());
-        out
+        let fresh_tokens = || self.exec.fresh_tokens();
+        self.spend_gate
+            .forward(&self.gate, ticket, op_id, &fresh_tokens, work)
     }
 
-    /// `Ok` when `e` is model work the spent budget stopped (a batch refused
-    /// before it started, a generation given up between decode steps) in a
-    /// query not cancelled: the questions left are unreached. `Err(e)`
-    /// otherwise.
+    /// `Ok` when `e` is work the spent budget stopped, `Err(e)` otherwise
+    /// ([`SpendGate::stopped_by_spend`]).
     fn spent_stop(&self, ticket: Ticket, op_id: &str, e: EngineError) -> Result<()> {
-        self.gate.check(ticket, op_id)?;
-        let stopped = matches!(
-            e,
-            EngineError::OverBudget(_) | EngineError::Model(aisql_models::ModelError::Stopped)
-        );
-        if stopped && self.budget_spent() {
-            Ok(())
-        } else {
-            Err(e)
-        }
-    }
-
-    /// `fitting` (indices of `requests`) cut into runs of about one forward
-    /// batch (`batch_tokens` of document tokens, each anchor counted once)
-    /// when the query has a budget: each run is answered before the next
-    /// starts, so a spent budget loses at most one run's answers. Without a
-    /// budget: one run.
-    fn budget_runs(
-        &self,
-        requests: &[AiRequest<'_>],
-        fitting: &[usize],
-        anchors: &[Arc<Vec<u32>>],
-        partners: &[Arc<Vec<u32>>],
-    ) -> Vec<Vec<usize>> {
-        if self.spend().is_none() {
-            return vec![fitting.to_vec()];
-        }
-        let mut runs = Vec::new();
-        let mut run = Vec::new();
-        let mut tokens = 0;
-        let mut seen: HashSet<&str> = HashSet::new();
-        for &i in fitting {
-            let mut cost = partners.get(i).map_or(0, |p| p.len());
-            if seen.insert(requests[i].anchor.id) {
-                cost += anchors[i].len();
-            }
-            if !run.is_empty() && tokens + cost > self.config.batch_tokens {
-                runs.push(std::mem::take(&mut run));
-                tokens = 0;
-            }
-            run.push(i);
-            tokens += cost;
-        }
-        if !run.is_empty() {
-            runs.push(run);
-        }
-        runs
-    }
-
-    /// Positions of the longest label continuation a classification scores after
-    /// its prompt (0 for yes/no questions).
-    /// Positions an answer adds after its prompt: the longest label of a
-    /// classification, the `max_tokens` of a generating call.
-    fn longest_label(&self, call: &AiCall) -> Result<usize> {
-        let longest = self
-            .answer_pieces(call)
-            .iter()
-            .map(|l| self.piece(l).map(|v| v.len()))
-            .try_fold(0, |m, n| n.map(|n| m.max(n)))?;
-        Ok(if call.kind.generates() {
-            longest + call.max_tokens as usize
-        } else {
-            longest
-        })
+        self.spend_gate
+            .stopped_by_spend(&self.gate, ticket, op_id, e)
     }
 
     /// Forgets the token ids of documents in tables that `operators` do not
@@ -447,187 +274,10 @@ impl<E: Executor> ScheduledBackend<E> {
         Ok(())
     }
 
-    /// Computes the pending nodes of a trie in waves of at most `batch_tokens`.
-    fn materialize(
-        &self,
-        ticket: Ticket,
-        op_id: &str,
-        trie: &mut PrefixTrie<E::Kv>,
-        targets: &[NodeId],
-    ) -> Result<()> {
-        for wave in trie.pending(targets) {
-            for chunk in chunk_by_tokens(&wave, self.config.batch_tokens, |&id| trie.edge(id).len())
-            {
-                let items: Vec<(Option<&E::Kv>, &[u32])> = chunk
-                    .iter()
-                    .map(|&id| (trie.parent_kv(id), trie.edge(id)))
-                    .collect();
-                let handles = self.forward(ticket, op_id, |_| self.exec.prefill(&items))?;
-                for (&id, h) in chunk.iter().zip(handles) {
-                    trie.set_kv(id, h);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The KV of `preamble + document` for each request's anchor (its token
-    /// ids in `tokens`), computed once.
-    #[allow(clippy::too_many_arguments)]
-    fn anchor_prompts(
-        &self,
-        ticket: Ticket,
-        tiers: &mut KvTiers<E::Kv>,
-        call: &AiCall,
-        requests: &[AiRequest<'_>],
-        tokens: &[Arc<Vec<u32>>],
-        suffix: &[u32],
-        scored: bool,
-    ) -> Result<Vec<(DocKey, NodeId)>> {
-        let preamble = self.piece(&call.pieces.preamble)?;
-        let budget_tokens = self.config.kv_budget_bytes / self.exec.kv_bytes_per_token().max(1);
-        tiers.keep_stubs_of(preamble.len() + DROPPED_DOCUMENT_STUB_TOKENS);
-        let mut leaves = Vec::with_capacity(requests.len());
-        let mut keys = Vec::with_capacity(requests.len());
-        for (r, doc) in requests.iter().zip(tokens) {
-            // Past the model's context the request was answered Failed before
-            // it got here ([`Self::overflowing`]).
-            let len = preamble.len() + doc.len() + suffix.len();
-            if len > budget_tokens {
-                return Err(EngineError::Inference(format!(
-                    "{}: document {} of {} needs {len} positions of KV, over the KV budget of {budget_tokens} ({} MiB)",
-                    call.op_id,
-                    Excerpt(r.anchor.id),
-                    call.tables[0],
-                    self.config.kv_budget_bytes >> 20
-                )));
-            }
-            let mut seq = Vec::with_capacity(preamble.len() + doc.len());
-            seq.extend_from_slice(&preamble);
-            seq.extend_from_slice(doc);
-            let key = DocKey::new(&call.tables[0], &call.columns[0], r.anchor.id);
-            leaves.push(tiers.insert_doc(key.clone(), &seq)?);
-            keys.push(key);
-        }
-        tiers.docs_used(&keys);
-        // KV moved to the host comes back by copy, never recomputed.
-        let mut restored = 0;
-        for &leaf in &leaves {
-            restored += tiers.docs.restore_path(leaf)?;
-        }
-        self.materialize(ticket, &call.op_id, &mut tiers.docs, &leaves)?;
-        tiers.count_restored(restored);
-        let targets = self.question_nodes(ticket, tiers, &call.op_id, &keys, suffix, scored)?;
-        Ok(keys
-            .into_iter()
-            .map(|k| {
-                let n = targets[&k];
-                (k, n)
-            })
-            .collect())
-    }
-
-    /// The KV of `suffix` after each document of `keys` (whose own KV is held):
-    /// a node of the document's question trie, computed once per document.
-    fn question_nodes(
-        &self,
-        ticket: Ticket,
-        tiers: &mut KvTiers<E::Kv>,
-        op_id: &str,
-        keys: &[DocKey],
-        suffix: &[u32],
-        scored: bool,
-    ) -> Result<HashMap<DocKey, NodeId>> {
-        // Question tries: rooted at each document's KV; the suffix computed once per document.
-        let mut targets: HashMap<DocKey, NodeId> = HashMap::new();
-        for key in keys {
-            if targets.contains_key(key) {
-                continue;
-            }
-            let doc_kv = tiers
-                .doc_nodes
-                .get(key)
-                .and_then(|&n| tiers.docs.kv(n).cloned());
-            let trie = tiers
-                .suffixes
-                .entry(key.clone())
-                .or_insert_with(|| PrefixTrie::new(doc_kv));
-            let node = trie.insert(suffix)?;
-            targets.insert(key.clone(), node);
-        }
-        let mut restored = 0;
-        for (key, &node) in &targets {
-            restored += tiers.suffixes[key].restore_path(node)?;
-        }
-        tiers.count_restored(restored);
-        // Compute all questions in waves across documents: gather pending items.
-        self.materialize_suffixes(ticket, op_id, &mut tiers.suffixes, &targets)?;
-        // A scored question ending on a view (its exact text is a prefix of
-        // another question) needs its last position computed again.
-        for (key, &node) in targets.iter().filter(|_| scored) {
-            let trie = tiers.suffixes.get_mut(key).expect("trie exists");
-            if node != 0 && trie.is_view(node) {
-                let kv = trie.kv(node).expect("view has kv").clone();
-                // The view covers the document and the question: all of it
-                // but the last position, whose hidden state is computed again.
-                let shorter = kv.prefix(kv.len() - 1)?;
-                let last = [suffix[suffix.len() - 1]];
-                let h = self
-                    .forward(ticket, op_id, |_| {
-                        self.exec.prefill(&[(Some(&shorter), &last[..])])
-                    })?
-                    .remove(0);
-                trie.set_kv(node, h);
-            }
-        }
-        Ok(targets)
-    }
-
-    /// Like [`Self::materialize`] over many per-document tries at once, so the
-    /// questions of a whole batch of documents share forward passes.
-    fn materialize_suffixes(
-        &self,
-        ticket: Ticket,
-        op_id: &str,
-        suffixes: &mut HashMap<DocKey, PrefixTrie<E::Kv>>,
-        targets: &HashMap<DocKey, NodeId>,
-    ) -> Result<()> {
-        let mut waves: Vec<Vec<(DocKey, NodeId)>> = Vec::new();
-        for (key, &node) in targets {
-            let trie = &suffixes[key];
-            for (level, wave) in trie.pending(&[node]).into_iter().enumerate() {
-                if waves.len() <= level {
-                    waves.resize(level + 1, Vec::new());
-                }
-                waves[level].extend(wave.into_iter().map(|n| (key.clone(), n)));
-            }
-        }
-        for wave in waves {
-            for chunk in chunk_by_tokens(&wave, self.config.batch_tokens, |(k, n)| {
-                suffixes[k].edge(*n).len()
-            }) {
-                let items: Vec<(Option<&E::Kv>, &[u32])> = chunk
-                    .iter()
-                    .map(|(k, n)| {
-                        let t = &suffixes[k];
-                        (t.parent_kv(*n), t.edge(*n))
-                    })
-                    .collect();
-                let handles = self.forward(ticket, op_id, |_| self.exec.prefill(&items))?;
-                let done: Vec<(DocKey, NodeId, E::Kv)> = chunk
-                    .iter()
-                    .cloned()
-                    .zip(handles)
-                    .map(|((k, n), h)| (k, n, h))
-                    .collect();
-                for (k, n, h) in done {
-                    suffixes.get_mut(&k).expect("trie").set_kv(n, h);
-                }
-            }
-        }
-        Ok(())
-    }
-
+    /// One call's order of work: questions asked ahead answer what they
+    /// can, the model the rest ([`Self::answer`]), then the tiers make room
+    /// within the KV budget, asking documents about to leave their later
+    /// operators' questions first.
     fn run(
         &self,
         ticket: Ticket,
@@ -640,8 +290,8 @@ impl<E: Executor> ScheduledBackend<E> {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        // Once the budget is spent nothing more is asked, nor cached.
-        if self.budget_spent() {
+        // Once the spend budget is spent nothing more is asked, nor cached.
+        if self.spend_gate.spent() {
             return Ok(vec![Answer::Unreached; requests.len()]);
         }
         if !self.config.prefix_cache {
@@ -686,8 +336,8 @@ impl<E: Executor> ScheduledBackend<E> {
     /// Answers `requests` with the model, reusing and extending the cache. A
     /// request whose prompt does not fit the model's context is answered
     /// [`Answer::Failed`] ([`Self::overflowing`]), the others as usual. With a
-    /// budget they are asked in runs of about one forward batch
-    /// ([`Self::budget_runs`]); once it is spent the rest are
+    /// spend budget they are asked in runs of about one forward batch
+    /// ([`SpendGate::runs`]); once it is spent the rest are
     /// [`Answer::Unreached`].
     fn answer(
         &self,
@@ -696,24 +346,21 @@ impl<E: Executor> ScheduledBackend<E> {
         call: &AiCall,
         requests: &[AiRequest<'_>],
     ) -> Result<Vec<Answer>> {
-        let anchor_texts: Vec<&str> = requests.iter().map(|r| r.anchor.text).collect();
-        let anchors = self.docs(&call.tables[0], &anchor_texts)?;
-        let partners = if call.pieces.pair {
-            let texts: Vec<&str> = requests
-                .iter()
-                .map(|r| r.partner.expect("pair requests have partners").text)
-                .collect();
-            self.docs(&call.tables[1], &texts)?
-        } else {
-            Vec::new()
-        };
-        let mut answers = self.overflowing(call, requests, &anchors, &partners)?;
+        let tokens = self.prompt_tokens(call)?;
+        let (anchors, partners) = self.request_docs(call, requests)?;
+        let mut answers = self.overflowing(call, &tokens, requests, &anchors, &partners);
         let fitting: Vec<usize> = (0..requests.len())
             .filter(|&i| answers[i].is_none())
             .collect();
         let mut spent = false;
-        for run in self.budget_runs(requests, &fitting, &anchors, &partners) {
-            spent = spent || self.budget_spent();
+        for run in self.spend_gate.runs(
+            requests,
+            &fitting,
+            &anchors,
+            &partners,
+            self.config.batch_tokens,
+        ) {
+            spent = spent || self.spend_gate.spent();
             let got = if spent {
                 None
             } else {
@@ -729,6 +376,7 @@ impl<E: Executor> ScheduledBackend<E> {
                     ticket,
                     tiers,
                     call,
+                    &tokens,
                     &asked,
                     &pick(&anchors),
                     &pick(&partners),
@@ -761,301 +409,28 @@ impl<E: Executor> ScheduledBackend<E> {
     }
 
     /// [`Self::answer`] for requests that fit the context, with their
-    /// documents' token ids.
+    /// documents' token ids: one-document questions are asked on the KV of
+    /// `preamble + document + tail`; a pair's anchor has
+    /// `preamble + anchor + frame` cached and its partners packed after it.
+    /// Each pair is asked once per query: the operators' memo
+    /// ([`crate::inference::memo`]) answers repeats before they get here.
+    #[allow(clippy::too_many_arguments)]
     fn answer_fitting(
         &self,
         ticket: Ticket,
         tiers: &mut KvTiers<E::Kv>,
         call: &AiCall,
+        tokens: &PromptTokens,
         requests: &[AiRequest<'_>],
         anchors: &[Arc<Vec<u32>>],
         partners: &[Arc<Vec<u32>>],
     ) -> Result<Vec<Answer>> {
-        let pieces = &call.pieces;
-        if !pieces.pair {
-            // One document: preamble + doc, then the tail as the question.
-            let tail = self.piece(&pieces.tail)?;
-            let nodes = self.anchor_prompts(ticket, tiers, call, requests, anchors, &tail, true)?;
-            self.ask_one(ticket, tiers, call, &nodes, requests)
+        let nodes = self.anchor_prompts(ticket, tiers, call, tokens, requests, anchors)?;
+        if call.pieces.pair {
+            self.ask_pairs(ticket, tiers, call, tokens, &nodes, requests, partners)
         } else {
-            // Pairs: preamble + anchor + frame cached, partners packed as suffixes.
-            // Each pair is asked once per query: the operators' memo
-            // ([`crate::inference::memo`]) answers repeats before they get here.
-            let frame = self.piece(&pieces.frame)?;
-            let nodes =
-                self.anchor_prompts(ticket, tiers, call, requests, anchors, &frame, false)?;
-            self.ask_pairs(ticket, tiers, call, &nodes, requests, partners)
+            self.ask_one(ticket, tiers, call, tokens, &nodes, requests)
         }
-    }
-
-    /// One-document questions whose whole prompt is the KV of `nodes` (one per request).
-    /// A generating call is asked [`GENERATING_REQUESTS_PER_CALL`] requests at
-    /// a time, so that a stopped query (`--timeout-s`, an interrupt, a spent
-    /// budget) waits for at most one such group's decoding, not a whole
-    /// batch's. Requests left when the budget ran out are [`Answer::Unreached`].
-    fn ask_one(
-        &self,
-        ticket: Ticket,
-        tiers: &KvTiers<E::Kv>,
-        call: &AiCall,
-        nodes: &[(DocKey, NodeId)],
-        requests: &[AiRequest<'_>],
-    ) -> Result<Vec<Answer>> {
-        let items: Vec<(Option<&E::Kv>, &[u32])> = nodes
-            .iter()
-            .map(|(k, n)| (tiers.suffixes[k].kv(*n), &[][..]))
-            .collect();
-        let labels = self.labels(call)?;
-        let group = if call.kind.generates() {
-            GENERATING_REQUESTS_PER_CALL
-        } else {
-            requests.len().max(1)
-        };
-        let mut answers = Vec::with_capacity(requests.len());
-        for (items, group) in items.chunks(group).zip(requests.chunks(group)) {
-            let asked = self.forward(ticket, &call.op_id, |stopped| {
-                self.exec.answer(call, group, items, &labels, stopped)
-            });
-            match asked {
-                Ok(got) => answers.extend(got),
-                Err(e) => {
-                    self.spent_stop(ticket, &call.op_id, e)?;
-                    unreached_after(&mut answers, requests.len());
-                    break;
-                }
-            }
-        }
-        Ok(answers)
-    }
-
-    /// Token ids of `call`'s label continuations.
-    /// For an extraction: each field's question and answer cue.
-    fn labels(&self, call: &AiCall) -> Result<Vec<Vec<u32>>> {
-        self.answer_pieces(call)
-            .iter()
-            .map(|l| self.piece(l).map(|v| v.as_ref().clone()))
-            .collect()
-    }
-
-    /// The texts scored or prefilled after a prompt: label continuations, or
-    /// an extraction's field questions.
-    fn answer_pieces(&self, call: &AiCall) -> Vec<String> {
-        if call.kind.describe().asks_per_field() {
-            call.descriptions.clone()
-        } else {
-            label_continuations(&call.labels)
-        }
-    }
-
-    /// Pair questions: `label + partner + tail` packed after the KV of `nodes`
-    /// (`preamble + anchor + frame`, one per request); `partners` are the
-    /// partner documents' token ids.
-    fn ask_pairs(
-        &self,
-        ticket: Ticket,
-        tiers: &KvTiers<E::Kv>,
-        call: &AiCall,
-        nodes: &[(DocKey, NodeId)],
-        requests: &[AiRequest<'_>],
-        partners: &[Arc<Vec<u32>>],
-    ) -> Result<Vec<Answer>> {
-        let pieces = &call.pieces;
-        let label = self.piece(&pieces.label)?;
-        let tail = self.piece(&pieces.tail)?;
-        let suffixes: Vec<Vec<u32>> = partners
-            .iter()
-            .map(|p| [label.as_slice(), p.as_slice(), tail.as_slice()].concat())
-            .collect();
-        let label_tokens = self.longest_label(call)?;
-        for (j, r) in requests.iter().enumerate() {
-            let (k, n) = &nodes[j];
-            let anchor_len = tiers.suffixes[k].kv(*n).map_or(0, |kv| kv.len());
-            let len = anchor_len + suffixes[j].len() + label_tokens;
-            self.check_context(
-                &call.op_id,
-                format_args!(
-                    "{} × {}",
-                    Excerpt(r.anchor.id),
-                    Excerpt(r.partner.map_or("", |p| p.id))
-                ),
-                format_args!("{} × {}", call.tables[0], call.tables[1]),
-                len,
-            )?;
-        }
-        self.ask_in_chunks(
-            ticket,
-            call,
-            requests,
-            |j| suffixes[j].len(),
-            |j| {
-                let (k, n) = &nodes[j];
-                (tiers.suffixes[k].kv(*n), suffixes[j].as_slice())
-            },
-        )
-    }
-
-    /// Asks `requests` in chunks of at most `batch_tokens` suffix positions;
-    /// `item(i)` is request `i`'s (prefix KV, suffix) and `tokens(i)` its suffix length.
-    /// Requests left when the budget ran out are [`Answer::Unreached`].
-    fn ask_in_chunks<'a>(
-        &self,
-        ticket: Ticket,
-        call: &AiCall,
-        requests: &[AiRequest<'_>],
-        tokens: impl Fn(usize) -> usize,
-        item: impl Fn(usize) -> (Option<&'a E::Kv>, &'a [u32]),
-    ) -> Result<Vec<Answer>>
-    where
-        E::Kv: 'a,
-    {
-        let labels = self.labels(call)?;
-        let order: Vec<usize> = (0..requests.len()).collect();
-        let mut answers = Vec::with_capacity(requests.len());
-        let most = if call.kind.generates() {
-            GENERATING_REQUESTS_PER_CALL
-        } else {
-            usize::MAX
-        };
-        'chunks: for chunk in chunk_by_tokens(&order, self.config.batch_tokens, |&i| tokens(i)) {
-            for group in chunk.chunks(most) {
-                let items: Vec<(Option<&E::Kv>, &[u32])> = group.iter().map(|&i| item(i)).collect();
-                let reqs: Vec<AiRequest<'_>> = group.iter().map(|&i| requests[i]).collect();
-                let asked = self.forward(ticket, &call.op_id, |stopped| {
-                    self.exec.answer(call, &reqs, &items, &labels, stopped)
-                });
-                match asked {
-                    Ok(got) => answers.extend(got),
-                    Err(e) => {
-                        self.spent_stop(ticket, &call.op_id, e)?;
-                        unreached_after(&mut answers, requests.len());
-                        break 'chunks;
-                    }
-                }
-            }
-        }
-        Ok(answers)
-    }
-
-    /// Asks `doc` (its KV held) one later operator's questions and keeps the
-    /// answers for it.
-    fn ask_ahead_one(
-        &self,
-        ticket: Ticket,
-        tiers: &mut KvTiers<E::Kv>,
-        lookahead: &mut Lookahead,
-        doc: &DocKey,
-        q: &AheadQuestion,
-    ) -> Result<()> {
-        let call = &q.call;
-        let pieces = &call.pieces;
-        let suffix = self.piece(if pieces.pair {
-            &pieces.frame
-        } else {
-            &pieces.tail
-        })?;
-        let one = std::slice::from_ref(doc);
-        let node =
-            self.question_nodes(ticket, tiers, &call.op_id, one, &suffix, !pieces.pair)?[doc];
-        // The document's text is in its KV; executors read the ids.
-        let anchor = Doc {
-            id: &doc.id,
-            text: "",
-        };
-        let requests: Vec<AiRequest<'_>> = if pieces.pair {
-            q.partners
-                .iter()
-                .map(|(id, text)| AiRequest {
-                    anchor,
-                    partner: Some(Doc { id, text }),
-                })
-                .collect()
-        } else {
-            vec![AiRequest {
-                anchor,
-                partner: None,
-            }]
-        };
-        let nodes = vec![(doc.clone(), node); requests.len()];
-        let answers = if pieces.pair {
-            let texts: Vec<&str> = q.partners.iter().map(|(_, text)| text.as_str()).collect();
-            let partners = self.docs(&call.tables[1], &texts)?;
-            self.ask_pairs(ticket, tiers, call, &nodes, &requests, &partners)?
-        } else {
-            self.ask_one(ticket, tiers, call, &nodes, &requests)?
-        };
-        lookahead.store(call, &requests, answers);
-        Ok(())
-    }
-
-    /// `--prefix-cache off`: every prompt from its first token.
-    fn run_uncached(
-        &self,
-        ticket: Ticket,
-        call: &AiCall,
-        requests: &[AiRequest<'_>],
-    ) -> Result<Vec<Answer>> {
-        let pieces = &call.pieces;
-        let preamble = self.piece(&pieces.preamble)?;
-        let anchors: Vec<&str> = requests.iter().map(|r| r.anchor.text).collect();
-        let anchor_tokens = self.docs(&call.tables[0], &anchors)?;
-        let partner_tokens = if pieces.pair {
-            let ps: Vec<&str> = requests
-                .iter()
-                .map(|r| r.partner.expect("pair").text)
-                .collect();
-            Some(self.docs(&call.tables[1], &ps)?)
-        } else {
-            None
-        };
-        let frame = self.piece(&pieces.frame)?;
-        let label = self.piece(&pieces.label)?;
-        let tail = self.piece(&pieces.tail)?;
-        let prompts: Vec<Vec<u32>> = (0..requests.len())
-            .map(|i| {
-                let mut v = Vec::new();
-                v.extend_from_slice(&preamble);
-                v.extend_from_slice(&anchor_tokens[i]);
-                v.extend_from_slice(&frame);
-                if let Some(p) = &partner_tokens {
-                    v.extend_from_slice(&label);
-                    v.extend_from_slice(&p[i]);
-                }
-                v.extend_from_slice(&tail);
-                v
-            })
-            .collect();
-        let label_tokens = self.longest_label(call)?;
-        let mut answers: Vec<Option<Answer>> = requests
-            .iter()
-            .zip(&prompts)
-            .map(|(r, p)| {
-                self.context_overflow(
-                    &call.op_id,
-                    Excerpt(r.anchor.id),
-                    &call.tables[0],
-                    p.len() + label_tokens,
-                )
-                .map(|m| Answer::Failed(m.into()))
-            })
-            .collect();
-        let fitting: Vec<usize> = (0..requests.len())
-            .filter(|&i| answers[i].is_none())
-            .collect();
-        let asked: Vec<AiRequest<'_>> = fitting.iter().map(|&i| requests[i]).collect();
-        let got = self.ask_in_chunks(
-            ticket,
-            call,
-            &asked,
-            |j| prompts[fitting[j]].len(),
-            |j| (None, prompts[fitting[j]].as_slice()),
-        )?;
-        for (&i, a) in fitting.iter().zip(got) {
-            answers[i] = Some(a);
-        }
-        Ok(answers
-            .into_iter()
-            .map(|a| a.expect("every request answered or failed"))
-            .collect())
     }
 }
 
@@ -1099,22 +474,14 @@ impl<E: Executor> BeforeDrop<E::Kv> for AskAhead<'_, E> {
     }
 }
 
-/// Fills `answers` up to `want` with [`Answer::Unreached`]: the requests a
-/// spent budget stopped before.
-fn unreached_after(answers: &mut Vec<Answer>, want: usize) {
-    if answers.len() < want {
-        answers.resize(want, Answer::Unreached);
-    }
-}
-
-/// Splits `items` into consecutive chunks of at most `budget` tokens (at least one item each).
-fn chunk_by_tokens<T>(items: &[T], budget: usize, tokens: impl Fn(&T) -> usize) -> Vec<&[T]> {
+/// Splits `items` into consecutive chunks of at most `max_tokens` tokens (at least one item each).
+fn chunk_by_tokens<T>(items: &[T], max_tokens: usize, tokens: impl Fn(&T) -> usize) -> Vec<&[T]> {
     let mut out = Vec::new();
     let mut start = 0;
     while start < items.len() {
         let mut end = start;
         let mut used = 0;
-        while end < items.len() && (end == start || used + tokens(&items[end]) <= budget) {
+        while end < items.len() && (end == start || used + tokens(&items[end]) <= max_tokens) {
             used += tokens(&items[end]);
             end += 1;
         }
@@ -1127,72 +494,6 @@ fn chunk_by_tokens<T>(items: &[T], budget: usize, tokens: impl Fn(&T) -> usize) 
 /// Host memory a forward batch may use besides the KV cache (activations,
 /// score matrices), left to the model by a query's heap bound.
 const FORWARD_WORKING_BYTES: usize = 2 << 30;
-
-impl<E: Executor> ScheduledBackend<E> {
-    /// What the executor has computed so far, in all queries: a batch's work
-    /// is what these grew by while it ran, and only this query's batches run
-    /// between its begin and its end.
-    fn computed(&self) -> Computed {
-        Computed {
-            fresh: self.exec.fresh_tokens(),
-            label: self.exec.label_tokens(),
-            decode: self.exec.decode_tokens(),
-            decode_seconds: self.exec.decode_seconds(),
-        }
-    }
-
-    /// The query's measurements: what it computed since `start`, its KV tiers'
-    /// counters and the look-ahead's, and the scheduler's settings.
-    fn query_work(&self, start: &Computed) -> Work {
-        let state = self.state.lock().expect("scheduler lock");
-        let ahead = &state.lookahead;
-        let kv = state.tiers.counters();
-        let transfer = self.exec.simulated_link_bytes_per_second().map(|link| {
-            let moved = (kv.offloaded_bytes + kv.restored_bytes) as f64;
-            Sum(moved / link)
-        });
-        Work {
-            kv_peak_bytes: Some(Max(kv.peak_bytes as u64)),
-            kv_evictions: Some(Sum(kv.evictions)),
-            kv_host_budget_bytes: Some(Config(self.config.host_kv_budget_bytes as u64)),
-            kv_host_peak_bytes: Some(Max(kv.host_peak_bytes as u64)),
-            kv_offloads: Some(Sum(kv.offloads)),
-            restored_tokens: Some(Sum(kv.restored_tokens)),
-            speculative_tokens: Some(Sum(ahead.tokens)),
-            speculative_questions: Some(Sum(ahead.questions)),
-            speculative_unused: Some(Sum(ahead.unused() as u64)),
-            kv_restored_bytes: Some(Sum(kv.restored_bytes)),
-            kv_offloaded_bytes: Some(Sum(kv.offloaded_bytes)),
-            kv_transfer_seconds: transfer,
-            kv_budget_bytes: Some(Config(self.config.kv_budget_bytes as u64)),
-            batch_tokens: Some(Config(self.config.batch_tokens as u64)),
-            prefix_cache: Some(Config(self.config.prefix_cache)),
-            ..self.computed().since(start)
-        }
-    }
-}
-
-/// The executor's running counts ([`ScheduledBackend::computed`]).
-#[derive(Debug, Clone, Copy)]
-struct Computed {
-    fresh: u64,
-    label: u64,
-    decode: u64,
-    decode_seconds: f64,
-}
-
-impl Computed {
-    /// What was computed between `start` and these counts, as [`Work`].
-    fn since(&self, start: &Computed) -> Work {
-        Work {
-            fresh_tokens: Some(Sum(self.fresh - start.fresh)),
-            label_tokens: Some(Sum(self.label - start.label)),
-            decode_tokens: Some(Sum(self.decode - start.decode)),
-            decode_seconds: Some(Sum(self.decode_seconds - start.decode_seconds)),
-            ..Work::default()
-        }
-    }
-}
 
 impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
     fn name(&self) -> &str {
@@ -1219,9 +520,7 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
             } else {
                 Lookahead::default()
             };
-            self.charged_fresh
-                .store(self.exec.fresh_tokens(), Ordering::Relaxed);
-            *self.spend.lock().expect("spend lock") = start.spend;
+            self.spend_gate.begin(start.spend, self.exec.fresh_tokens());
             ticket
         };
         let started = self.computed();
@@ -1304,6 +603,7 @@ impl<E: Executor> QueryBackend for ScheduledQuery<E> {
 mod tests {
     use super::*;
     use crate::inference::backend::{AiKind, Answerer, test_call, test_requests};
+    use spend_gate::unreached_after;
 
     fn tiny_backend() -> Arc<ScheduledBackend<ModelExecutor>> {
         let spec = ModelSpec {
@@ -1498,12 +798,7 @@ mod tests {
         query.answer(&first, &test_requests(&docs)).unwrap();
         query.answer(&second, &test_requests(&docs[..1])).unwrap();
         let state = backend.state.lock().unwrap();
-        let tables: HashSet<&str> = state
-            .tiers
-            .doc_nodes
-            .keys()
-            .map(|k| k.table.as_str())
-            .collect();
+        let tables: HashSet<&str> = state.tiers.doc_keys().map(|k| k.table.as_str()).collect();
         assert_eq!(tables, HashSet::from(["u"]));
     }
 

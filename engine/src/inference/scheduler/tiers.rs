@@ -7,9 +7,13 @@
 //! tier holds KV moved off the device (`host_kv_budget_bytes`), whence it comes
 //! back by copy before its next use (restored positions, not fresh ones).
 //!
-//! As TGI's queue asks its block allocator for room and the allocator evicts
-//! from its radix tree, the scheduler tells the tiers what a call used and then
-//! asks [`KvTiers::make_room`] to come back within the budget; the order in
+//! The tries are the tiers' alone: as TGI's queue calls a block allocator
+//! that alone touches its radix tree, the scheduler inserts a call's prompts,
+//! asks which nodes still need KV ([`KvTiers::doc_waves`],
+//! [`KvTiers::question_waves`]), hands back what the model computed for them
+//! ([`KvTiers::set_kv`]), reads the KV of the prompts it asks about
+//! ([`KvTiers::question_kv`]), tells the tiers what a call used and then
+//! asks [`KvTiers::make_room`] to come back within the KV budget; the order in
 //! which documents leave comes from an [`EvictionPolicy`] ([`Lru`] unless
 //! told otherwise). A document that must leave for good is first handed to the
 //! scheduler's [`BeforeDrop`], which may ask it the questions of later
@@ -55,14 +59,24 @@ pub trait BeforeDrop<K, P = Lru> {
     fn dropped(&mut self, doc: &DocKey);
 }
 
+/// A node of the tiers' tries whose KV the model computes: a document's
+/// `preamble + document`, or a question asked of a document.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum KvNode {
+    /// A node of the document trie.
+    Doc(NodeId),
+    /// A node of a document's question trie.
+    Question(DocKey, NodeId),
+}
+
 /// Device and host KV of one query, within budgets, in a policy's order.
 pub struct KvTiers<K, P = Lru> {
     /// `preamble + document` for every document asked about.
-    pub docs: PrefixTrie<K>,
+    docs: PrefixTrie<K>,
     /// Each document's node in [`Self::docs`].
-    pub doc_nodes: HashMap<DocKey, NodeId>,
+    doc_nodes: HashMap<DocKey, NodeId>,
     /// Per document, the questions asked of it, rooted at its KV.
-    pub suffixes: HashMap<DocKey, PrefixTrie<K>>,
+    suffixes: HashMap<DocKey, PrefixTrie<K>>,
     /// A dropped document keeps its KV up to this depth (preamble and first
     /// tokens): documents to come that start the same way reuse it.
     stub_depth: usize,
@@ -138,6 +152,107 @@ impl<K: KvOps, P: EvictionPolicy> KvTiers<K, P> {
         self.policy.nodes_used(&self.docs.path(leaf));
         self.doc_nodes.insert(key, leaf);
         Ok(leaf)
+    }
+
+    /// Brings the KV of documents `leaves` back from the host (by copy,
+    /// never recomputed); returns the positions restored, for
+    /// [`Self::count_restored`].
+    pub fn restore_docs(&mut self, leaves: &[NodeId]) -> Result<usize> {
+        let mut restored = 0;
+        for &leaf in leaves {
+            restored += self.docs.restore_path(leaf)?;
+        }
+        Ok(restored)
+    }
+
+    /// The document-trie nodes `leaves` still need, in waves: a wave's
+    /// parents are all computed by the waves before.
+    pub fn doc_waves(&self, leaves: &[NodeId]) -> Vec<Vec<KvNode>> {
+        self.docs
+            .pending(leaves)
+            .into_iter()
+            .map(|wave| wave.into_iter().map(KvNode::Doc).collect())
+            .collect()
+    }
+
+    /// Adds question `suffix` to document `key`'s question trie (made on
+    /// first use, rooted at the document's KV) and returns its node.
+    pub fn insert_question(&mut self, key: &DocKey, suffix: &[u32]) -> Result<NodeId> {
+        let doc_kv = self
+            .doc_nodes
+            .get(key)
+            .and_then(|&n| self.docs.kv(n).cloned());
+        let trie = self
+            .suffixes
+            .entry(key.clone())
+            .or_insert_with(|| PrefixTrie::new(doc_kv));
+        trie.insert(suffix)
+    }
+
+    /// Brings the KV of the questions `targets` back from the host; returns
+    /// the positions restored, for [`Self::count_restored`].
+    pub fn restore_questions(&mut self, targets: &HashMap<DocKey, NodeId>) -> Result<usize> {
+        let mut restored = 0;
+        for (key, &node) in targets {
+            restored += self.suffixes[key].restore_path(node)?;
+        }
+        Ok(restored)
+    }
+
+    /// The question-trie nodes `targets` still need, in waves across
+    /// documents, so the questions of many documents share forward passes.
+    pub fn question_waves(&self, targets: &HashMap<DocKey, NodeId>) -> Vec<Vec<KvNode>> {
+        let mut waves: Vec<Vec<KvNode>> = Vec::new();
+        for (key, &node) in targets {
+            let trie = &self.suffixes[key];
+            for (level, wave) in trie.pending(&[node]).into_iter().enumerate() {
+                if waves.len() <= level {
+                    waves.resize(level + 1, Vec::new());
+                }
+                waves[level].extend(wave.into_iter().map(|n| KvNode::Question(key.clone(), n)));
+            }
+        }
+        waves
+    }
+
+    /// What the model computes for `node`: its parent's KV (none at a
+    /// root without one) and the tokens of its edge.
+    pub fn pending_item(&self, node: &KvNode) -> (Option<&K>, &[u32]) {
+        match node {
+            KvNode::Doc(n) => (self.docs.parent_kv(*n), self.docs.edge(*n)),
+            KvNode::Question(key, n) => {
+                let trie = &self.suffixes[key];
+                (trie.parent_kv(*n), trie.edge(*n))
+            }
+        }
+    }
+
+    /// Takes back the KV the model computed for `node`.
+    pub fn set_kv(&mut self, node: &KvNode, kv: K) {
+        match node {
+            KvNode::Doc(n) => self.docs.set_kv(*n, kv),
+            KvNode::Question(key, n) => self.suffixes.get_mut(key).expect("trie").set_kv(*n, kv),
+        }
+    }
+
+    /// The KV of question `node` asked of document `key`: the whole prompt
+    /// up to the answer.
+    pub fn question_kv(&self, key: &DocKey, node: NodeId) -> Option<&K> {
+        self.suffixes[key].kv(node)
+    }
+
+    /// The KV of question `node` of `key` when it ends on a view (its text
+    /// is a prefix of another question's): its last position's hidden state
+    /// is not kept, so a scored question computes it again.
+    pub fn question_view(&self, key: &DocKey, node: NodeId) -> Option<K> {
+        let trie = self.suffixes.get(key).expect("trie exists");
+        (node != 0 && trie.is_view(node)).then(|| trie.kv(node).expect("view has kv").clone())
+    }
+
+    /// The documents held, on either tier.
+    #[cfg(test)]
+    pub fn doc_keys(&self) -> impl Iterator<Item = &DocKey> {
+        self.doc_nodes.keys()
     }
 
     /// The documents of one call were used.

@@ -1,5 +1,6 @@
-//! How much KV memory a query may hold: the default on a CPU and the budget
-//! left on a GPU once the weights are loaded.
+//! The KV memory budget: how many bytes of KV a query may hold, by default on
+//! a CPU and on a GPU once the weights are loaded. Not the spend budget
+//! ([`super::spend_gate`]), which bounds the model's work.
 
 /// A quarter of the memory available now (within the process's cgroup and
 /// address-space limits), at most 16 GiB.
