@@ -1056,4 +1056,238 @@ mod tests {
         );
         assert!(config.allow_writes);
     }
+
+    /// The message `flags` get from `aisql sql SELECT 1`: clap's for a bad
+    /// value (its first line, without `error: `), else the typed
+    /// configuration's validation's.
+    fn flag_message(flags: &[&str]) -> String {
+        let args = ["aisql", "sql", "SELECT 1"].iter().chain(flags);
+        match Cli::try_parse_from(args) {
+            Err(e) => {
+                let text = e.render().to_string();
+                let first = text.lines().next().unwrap_or_default();
+                first.trim_start_matches("error: ").to_string()
+            }
+            Ok(cli) => match cli.validate() {
+                Err(e) => e.0,
+                Ok(()) => panic!("{flags:?} were accepted"),
+            },
+        }
+    }
+
+    /// The message the same options get by name, as Python's keyword
+    /// arguments give them.
+    fn keyword_message(options: &[(&str, config::OptionValue)]) -> String {
+        let mut builder = config::ConfigBuilder::default();
+        let set = options
+            .iter()
+            .try_for_each(|(name, value)| builder.set(Names::Keywords, name, value));
+        match set.and_then(|()| builder.build(Names::Keywords)) {
+            Err(e) => e.0,
+            Ok(_) => panic!("{options:?} were accepted"),
+        }
+    }
+
+    /// A flag's message as a keyword's: `'--timeout-s <SECONDS>'` (clap
+    /// names the flag with its value's name) becomes `'timeout_s'`, every
+    /// other `--max-fresh-tokens` becomes `max_fresh_tokens`.
+    fn in_keywords(message: &str) -> String {
+        let mut out = String::new();
+        let mut rest = message;
+        while let Some(at) = rest.find("--") {
+            out.push_str(&rest[..at]);
+            let flag = &rest[at + 2..];
+            let end = flag
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                .unwrap_or(flag.len());
+            out.push_str(&flag[..end].replace('-', "_"));
+            rest = &flag[end..];
+            // clap's ` <VALUE_NAME>` after the flag, in its quotes.
+            if rest.starts_with(" <")
+                && let Some(close) = rest.find(">'")
+            {
+                rest = &rest[close + 1..];
+            }
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// A bad value and a broken rule read the same through the flags and
+    /// through the keyword arguments, the option named each one's way.
+    #[test]
+    fn flags_and_keywords_get_one_message() {
+        use config::OptionValue::{Bool, List, Text};
+        let text = |t: &str| Text(t.into());
+        let cases: Vec<(Vec<&str>, Vec<(&str, config::OptionValue)>)> = vec![
+            (
+                vec!["--timeout-s", "soon"],
+                vec![("timeout_s", text("soon"))],
+            ),
+            (vec!["--timeout-s", "0"], vec![("timeout_s", text("0"))]),
+            (
+                vec!["--max-fresh-tokens", "0"],
+                vec![("max_fresh_tokens", text("0"))],
+            ),
+            (
+                vec!["--max-fresh-tokens", "lots"],
+                vec![("max_fresh_tokens", text("lots"))],
+            ),
+            (
+                vec!["--max-model-seconds", "nan"],
+                vec![("max_model_seconds", text("nan"))],
+            ),
+            (
+                vec!["--max-cost-usd", "-0.5"],
+                vec![("max_cost_usd", text("-0.5"))],
+            ),
+            (
+                vec!["--gpu-hourly-rate-usd", "-3"],
+                vec![("gpu_hourly_rate_usd", text("-3"))],
+            ),
+            (
+                vec!["--max-error-ratio", "2"],
+                vec![("max_error_ratio", text("2"))],
+            ),
+            (
+                vec!["--max-recursion", "0"],
+                vec![("max_recursion", text("0"))],
+            ),
+            (
+                vec!["--estimate-sample", "0"],
+                vec![("estimate_sample", text("0"))],
+            ),
+            (vec!["--cpu-workers", "0"], vec![("cpu_workers", text("0"))]),
+            (
+                vec!["--worker-timeout-s", "0"],
+                vec![("worker_timeout_s", text("0"))],
+            ),
+            (
+                vec!["--batch-rows", "many"],
+                vec![("batch_rows", text("many"))],
+            ),
+            (
+                vec!["--memory-limit", "lots"],
+                vec![("memory_limit", text("lots"))],
+            ),
+            // The rules between options.
+            (
+                vec!["--on-budget", "partial"],
+                vec![("on_budget", text("partial"))],
+            ),
+            (
+                vec!["--worker-token-file", "t"],
+                vec![("worker_token_file", text("t"))],
+            ),
+            (
+                vec!["--workers", "a:1", "--cpu-workers", "2"],
+                vec![
+                    ("workers", List(vec!["a:1".into()])),
+                    ("cpu_workers", text("2")),
+                ],
+            ),
+            (
+                vec!["--workers", "a:1", "--dtype", "bf16"],
+                vec![("workers", text("a:1")), ("dtype", text("bf16"))],
+            ),
+            (
+                vec!["--cpu-workers", "2", "--gpu", "0"],
+                vec![("cpu_workers", text("2")), ("gpu", text("0"))],
+            ),
+            (
+                vec![
+                    "--max-model-seconds",
+                    "1",
+                    "--backend",
+                    "oracle",
+                    "--simulate",
+                ],
+                vec![
+                    ("max_model_seconds", text("1")),
+                    ("backend", text("oracle")),
+                    ("simulate", Bool(true)),
+                ],
+            ),
+        ];
+        for (flags, options) in cases {
+            // Python names devices with `device=`, not an option of the table.
+            let options: Vec<_> = options
+                .into_iter()
+                .filter(|(name, _)| *name != "gpu")
+                .collect();
+            let by_flags = flag_message(&flags);
+            let by_keywords = if flags.contains(&"--gpu") {
+                let mut builder = config::ConfigBuilder::default();
+                for (name, value) in &options {
+                    builder.set(Names::Keywords, name, value).unwrap();
+                }
+                builder.config.backend.model.gpu = Some(vec![0]);
+                builder.build(Names::Keywords).unwrap_err().0
+            } else {
+                keyword_message(&options)
+            };
+            let expected = in_keywords(&by_flags)
+                .replace("gpu", "device")
+                .replace("device_hourly", "gpu_hourly")
+                .replace("simulate runs", "simulate=True runs");
+            assert_eq!(by_keywords, expected, "{flags:?}: {by_flags}");
+        }
+    }
+
+    /// The rules that quote a value name it in each front end's syntax.
+    #[test]
+    fn rules_quote_values_in_each_front_ends_syntax() {
+        use config::OptionValue::Text;
+        assert!(
+            flag_message(&["--on-row-error", "fail", "--max-error-ratio", "0.5"])
+                .starts_with("--on-row-error fail and --max-error-ratio 0.5 contradict")
+        );
+        let keywords = keyword_message(&[
+            ("on_row_error", Text("fail".into())),
+            ("max_error_ratio", Text("0.5".into())),
+        ]);
+        assert!(
+            keywords.starts_with("on_row_error=\"fail\" and max_error_ratio=0.5 contradict"),
+            "{keywords}"
+        );
+        let keywords = keyword_message(&[
+            ("backend", Text("oracle".into())),
+            ("max_fresh_tokens", Text("9".into())),
+        ]);
+        assert!(
+            keywords.starts_with("max_fresh_tokens: backend=\"oracle\" answers"),
+            "{keywords}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_option_is_named_with_the_known_ones() {
+        let err = config::ConfigBuilder::default()
+            .set(Names::Keywords, "no_such", &config::OptionValue::Bool(true))
+            .unwrap_err()
+            .0;
+        assert!(
+            err.contains("\"no_such\"") && err.contains("max_fresh_tokens"),
+            "{err}"
+        );
+    }
+
+    /// Every option by name is a flag of `aisql sql` (the old name
+    /// `gpu_hour_usd` is the alias of one).
+    #[test]
+    fn every_option_is_a_flag() {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        let sql = cli.find_subcommand("sql").unwrap();
+        for name in config::option_names() {
+            let flag = name.replace('_', "-");
+            assert!(
+                sql.get_arguments()
+                    .any(|a| a.get_long() == Some(flag.as_str())
+                        || a.get_all_aliases()
+                            .is_some_and(|al| al.contains(&flag.as_str()))),
+                "{name}"
+            );
+        }
+    }
 }
