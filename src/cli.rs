@@ -1,16 +1,24 @@
 //! Command-line arguments (clap derive). Every flag is documented; defaults are
 //! the ones a first run on a laptop needs (stand-in data, tiny model, CPU).
+//!
+//! Clap reads each flag's value with the parsers of [`crate::config`] and
+//! checks only what has no typed field (`--cpu`, which is the absence of
+//! `--gpu`; `--file` or a statement). The rules between the options of the
+//! engine's configuration (`--on-budget` needs a budget, `--workers` instead
+//! of local devices, ...) are [`EngineConfig::validate`]'s, run by
+//! [`Cli::validate`] once clap is done, so the Python package, which fills the
+//! same fields from keyword arguments, is held to the same rules.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::builder::TypedValueParser;
-use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{
-    self, BackendSpec, CostConfig, EngineConfig, ModelChoice, QueryConfig, RemoteWorkers,
-    RowErrorChoice, SchedulerSpec, TablesConfig, UsageError, fraction, non_negative, positive,
-    seconds,
+    self, BackendSpec, CostConfig, EngineConfig, ModelChoice, Names, QueryConfig,
+    RemoteWorkerParts, RowErrorChoice, SchedulerSpec, TablesConfig, UsageError, fraction,
+    non_negative, positive, seconds,
 };
 
 /// aisql: SQL that calls a language model per row, from Substrait plans.
@@ -20,6 +28,22 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// Checks the flags of the commands that fill in the engine's typed
+    /// configuration by its rules ([`EngineConfig::validate`]), once clap has
+    /// read them and before anything runs.
+    pub fn validate(&self) -> Result<(), UsageError> {
+        match &self.command {
+            Command::Query(args) => args.backend.validate(Some(&args.limits), &args.cost),
+            Command::Sql(args) => args.backend.validate(Some(&args.limits), &args.cost),
+            Command::Bench(args) => args.run.backend.validate(None, &args.run.cost),
+            Command::Worker(args) => args.backend.spec().map(drop),
+            Command::Serve(args) => args.connect.config(false).map(drop),
+            Command::Explain { .. } | Command::Data(_) | Command::Model(_) => Ok(()),
+        }
+    }
 }
 
 /// Subcommands.
@@ -224,32 +248,34 @@ pub struct BackendArgs {
     /// Run N workers on the CPU, each with its own copy of the model and its share
     /// of the KV budget, each document's questions on one of them (with
     /// --simulate: N simulated devices).
-    #[arg(long, value_name = "N", conflicts_with = "gpu",
-          value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, value_name = "N", value_parser = config::worker_count)]
     pub cpu_workers: Option<u16>,
     /// Send the questions to `aisql worker`s at these addresses (HOST:PORT,
     /// comma-separated), each document's questions to one of them; the workers'
     /// model answers (they must all serve one model and dtype).
-    #[arg(long, value_name = "ADDR[,ADDR...]", value_delimiter = ',', num_args = 1,
-          conflicts_with_all = ["gpu", "cpu_workers", "cpu", "dtype"])]
+    #[arg(
+        long,
+        value_name = "ADDR[,ADDR...]",
+        value_delimiter = ',',
+        num_args = 1,
+        conflicts_with = "cpu"
+    )]
     pub workers: Option<Vec<String>>,
     /// File holding the shared token of the --workers (their --token-file);
     /// sent on every call. Without it: AISQL_WORKER_TOKEN, if set.
-    #[arg(long, value_name = "FILE", requires = "workers")]
+    #[arg(long, value_name = "FILE")]
     pub worker_token_file: Option<PathBuf>,
     /// PEM certificate(s) of the CA that signed the TLS certificates of
     /// https:// --workers.
-    #[arg(long, value_name = "FILE", requires = "workers")]
+    #[arg(long, value_name = "FILE")]
     pub tls_ca: Option<PathBuf>,
     /// The longest one call to a --workers worker (its share of a batch, a
     /// measurement) may wait for the answer before the query fails naming the
     /// worker. A stopped or unreachable worker is caught sooner, within about
     /// 30 s, by HTTP/2 keep-alive; this bounds a worker that answers those but
-    /// never its work.
-    #[arg(long, value_name = "SECONDS", requires = "workers",
-          default_value_t = aisql_engine::inference::distributed::DEFAULT_CALL_TIMEOUT.as_secs(),
-          value_parser = clap::value_parser!(u64).range(1..))]
-    pub worker_timeout_s: u64,
+    /// never its work. Default: 1800.
+    #[arg(long, value_name = "SECONDS", value_parser = config::at_least_one::<u64>)]
+    pub worker_timeout_s: Option<u64>,
     /// Reuse document KV across questions, partners and rows (off: every prompt from scratch).
     #[arg(long, value_enum, default_value = "on")]
     pub prefix_cache: Switch,
@@ -260,19 +286,19 @@ pub struct BackendArgs {
     pub lookahead: Switch,
     /// KV memory budget in MiB (default on CPU: a quarter of free memory, at most
     /// 16 GiB; on a GPU: 70 % of its memory left free by the weights, less 4 GiB).
-    #[arg(long)]
+    #[arg(long, value_parser = config::number::<usize>)]
     pub kv_budget_mb: Option<usize>,
     /// Host memory in MiB for KV moved off the device, brought back by copy
     /// instead of recomputed (0: none; default on a GPU: a quarter of free host
     /// memory; on the CPU: none; in simulation: 256 GiB, an H200's share of its host).
-    #[arg(long)]
+    #[arg(long, value_parser = config::number::<usize>)]
     pub kv_host_mb: Option<usize>,
     /// Tokens per forward batch.
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, default_value_t = 8192, value_parser = config::number::<usize>)]
     pub batch_tokens: usize,
     /// Rows streamed through the AI operators at a time: a chain of operators
     /// finishes one batch of documents while their KV is still cached.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = config::number::<usize>)]
     pub batch_rows: usize,
     /// Memory DataFusion's operators may hold per query (AI-join partner sides,
     /// hash tables, sorts, result rows), e.g. 8G or 512M; default half of the
@@ -295,9 +321,16 @@ pub struct BackendArgs {
 }
 
 impl BackendArgs {
-    /// The typed backend spec these flags give.
-    pub fn spec(&self) -> BackendSpec {
-        BackendSpec {
+    /// The typed backend spec these flags give, validated.
+    pub fn spec(&self) -> Result<BackendSpec, UsageError> {
+        let workers = RemoteWorkerParts {
+            addrs: self.workers.clone(),
+            token_file: self.worker_token_file.clone(),
+            tls_ca: self.tls_ca.clone(),
+            call_timeout: self.worker_timeout_s.map(Duration::from_secs),
+        }
+        .join(Names::Flags)?;
+        let spec = BackendSpec {
             kind: match self.backend {
                 BackendKind::Oracle => config::BackendKind::Oracle,
                 BackendKind::Model => config::BackendKind::Model,
@@ -305,12 +338,7 @@ impl BackendArgs {
             simulate: self.simulate,
             model: self.model.choice(),
             cpu_workers: self.cpu_workers,
-            workers: self.workers.as_ref().map(|addrs| RemoteWorkers {
-                addrs: addrs.clone(),
-                token_file: self.worker_token_file.clone(),
-                tls_ca: self.tls_ca.clone(),
-                call_timeout: Duration::from_secs(self.worker_timeout_s),
-            }),
+            workers,
             answer_cache: self.answer_cache.clone(),
             prompt_format: self.prompt_format.clone(),
             cuda_kernels: match self.cuda_kernels {
@@ -325,19 +353,36 @@ impl BackendArgs {
                 kv_host_mb: self.kv_host_mb,
                 batch_tokens: self.batch_tokens,
             },
-        }
+        };
+        spec.validate(Names::Flags)?;
+        Ok(spec)
     }
 
-    /// The statement options these flags give (with `limits` and `cost`).
-    pub fn query_config(&self, limits: Option<&LimitArgs>, cost: &CostArgs) -> QueryConfig {
+    /// The statement options these flags give (with `limits` and `cost`),
+    /// validated.
+    pub fn query_config(
+        &self,
+        limits: Option<&LimitArgs>,
+        cost: &CostArgs,
+    ) -> Result<QueryConfig, UsageError> {
         let defaults = QueryConfig::default();
-        QueryConfig {
+        let query = QueryConfig {
             batch_rows: self.batch_rows,
             memory_limit: self.memory_limit,
             max_recursion: limits.map_or(defaults.max_recursion, |l| l.max_recursion),
             timeout: limits.and_then(|l| l.timeout_s),
             cost: cost.config(),
-        }
+        };
+        query.validate(Names::Flags)?;
+        Ok(query)
+    }
+
+    /// Checks these flags with `limits` and `cost` as the typed
+    /// configuration's rules do ([`EngineConfig::validate`]).
+    pub fn validate(&self, limits: Option<&LimitArgs>, cost: &CostArgs) -> Result<(), UsageError> {
+        let spec = self.spec()?;
+        let query = self.query_config(limits, cost)?;
+        config::check_spend(&query.cost, &spec, Names::Flags)
     }
 }
 
@@ -372,14 +417,16 @@ impl TableArgs {
 }
 
 impl ConnectArgs {
-    /// The engine configuration these flags give.
+    /// The engine configuration these flags give, validated.
     pub fn config(&self, allow_writes: bool) -> Result<EngineConfig, UsageError> {
-        Ok(EngineConfig {
+        let config = EngineConfig {
             tables: self.data.config()?,
-            backend: self.backend.spec(),
-            query: self.backend.query_config(Some(&self.limits), &self.cost),
+            backend: self.backend.spec()?,
+            query: self.backend.query_config(Some(&self.limits), &self.cost)?,
             allow_writes,
-        })
+        };
+        config.validate(Names::Flags)?;
+        Ok(config)
     }
 }
 
@@ -439,15 +486,13 @@ pub struct LimitArgs {
     /// query fails naming the CTE.
     #[arg(long, value_name = "N",
           default_value_t = aisql_engine::sql::recursion::DEFAULT_MAX_RECURSION,
-          value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+          value_parser = config::at_least_one::<usize>)]
     pub max_recursion: usize,
 }
 
 /// What a query may cost, what it is estimated to cost, and what one bad row
 /// does (`aisql query`, `aisql sql`, `aisql bench`).
 #[derive(Debug, Clone, Args)]
-#[command(group(ArgGroup::new("budget").multiple(true)
-    .args(["max_fresh_tokens", "max_model_seconds", "max_cost_usd"])))]
 pub struct CostArgs {
     /// Price of one GPU-hour in USD: the dollars of estimates and of
     /// --max-cost-usd (default for those: the benchmark's price,
@@ -464,11 +509,11 @@ pub struct CostArgs {
     /// Rows per AI operator an estimate asks the backend about (the rest follow
     /// the sample's answers, or a --selectivity hint).
     #[arg(long, value_name = "N", default_value_t = 48,
-          value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+          value_parser = config::at_least_one::<usize>)]
     pub estimate_sample: usize,
     /// Stop model work once the query has computed N fresh tokens (checked
     /// before every forward batch).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..),
+    #[arg(long, value_name = "N", value_parser = config::at_least_one::<u64>,
           allow_negative_numbers = true)]
     pub max_fresh_tokens: Option<u64>,
     /// Stop model work once the model has run S seconds in this query.
@@ -480,7 +525,7 @@ pub struct CostArgs {
     pub max_cost_usd: Option<f64>,
     /// What a spent budget does: fail (the default) or partial (the rows
     /// completed so far, with each AI operator's coverage).
-    #[arg(long, value_enum, value_name = "fail|partial", requires = "budget")]
+    #[arg(long, value_enum, value_name = "fail|partial")]
     pub on_budget: Option<OnBudget>,
     /// What a row the model cannot answer does (a prompt longer than the
     /// model's context, generated tokens that are not text): fail the query
@@ -1010,5 +1055,239 @@ mod tests {
             aisql_engine::exec::progress::ProgressMode::Json
         );
         assert!(config.allow_writes);
+    }
+
+    /// The message `flags` get from `aisql sql SELECT 1`: clap's for a bad
+    /// value (its first line, without `error: `), else the typed
+    /// configuration's validation's.
+    fn flag_message(flags: &[&str]) -> String {
+        let args = ["aisql", "sql", "SELECT 1"].iter().chain(flags);
+        match Cli::try_parse_from(args) {
+            Err(e) => {
+                let text = e.render().to_string();
+                let first = text.lines().next().unwrap_or_default();
+                first.trim_start_matches("error: ").to_string()
+            }
+            Ok(cli) => match cli.validate() {
+                Err(e) => e.0,
+                Ok(()) => panic!("{flags:?} were accepted"),
+            },
+        }
+    }
+
+    /// The message the same options get by name, as Python's keyword
+    /// arguments give them.
+    fn keyword_message(options: &[(&str, config::OptionValue)]) -> String {
+        let mut builder = config::ConfigBuilder::default();
+        let set = options
+            .iter()
+            .try_for_each(|(name, value)| builder.set(Names::Keywords, name, value));
+        match set.and_then(|()| builder.build(Names::Keywords)) {
+            Err(e) => e.0,
+            Ok(_) => panic!("{options:?} were accepted"),
+        }
+    }
+
+    /// A flag's message as a keyword's: `'--timeout-s <SECONDS>'` (clap
+    /// names the flag with its value's name) becomes `'timeout_s'`, every
+    /// other `--max-fresh-tokens` becomes `max_fresh_tokens`.
+    fn in_keywords(message: &str) -> String {
+        let mut out = String::new();
+        let mut rest = message;
+        while let Some(at) = rest.find("--") {
+            out.push_str(&rest[..at]);
+            let flag = &rest[at + 2..];
+            let end = flag
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                .unwrap_or(flag.len());
+            out.push_str(&flag[..end].replace('-', "_"));
+            rest = &flag[end..];
+            // clap's ` <VALUE_NAME>` after the flag, in its quotes.
+            if rest.starts_with(" <")
+                && let Some(close) = rest.find(">'")
+            {
+                rest = &rest[close + 1..];
+            }
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// A bad value and a broken rule read the same through the flags and
+    /// through the keyword arguments, the option named each one's way.
+    #[test]
+    fn flags_and_keywords_get_one_message() {
+        use config::OptionValue::{Bool, List, Text};
+        let text = |t: &str| Text(t.into());
+        let cases: Vec<(Vec<&str>, Vec<(&str, config::OptionValue)>)> = vec![
+            (
+                vec!["--timeout-s", "soon"],
+                vec![("timeout_s", text("soon"))],
+            ),
+            (vec!["--timeout-s", "0"], vec![("timeout_s", text("0"))]),
+            (
+                vec!["--max-fresh-tokens", "0"],
+                vec![("max_fresh_tokens", text("0"))],
+            ),
+            (
+                vec!["--max-fresh-tokens", "lots"],
+                vec![("max_fresh_tokens", text("lots"))],
+            ),
+            (
+                vec!["--max-model-seconds", "nan"],
+                vec![("max_model_seconds", text("nan"))],
+            ),
+            (
+                vec!["--max-cost-usd", "-0.5"],
+                vec![("max_cost_usd", text("-0.5"))],
+            ),
+            (
+                vec!["--gpu-hourly-rate-usd", "-3"],
+                vec![("gpu_hourly_rate_usd", text("-3"))],
+            ),
+            (
+                vec!["--max-error-ratio", "2"],
+                vec![("max_error_ratio", text("2"))],
+            ),
+            (
+                vec!["--max-recursion", "0"],
+                vec![("max_recursion", text("0"))],
+            ),
+            (
+                vec!["--estimate-sample", "0"],
+                vec![("estimate_sample", text("0"))],
+            ),
+            (vec!["--cpu-workers", "0"], vec![("cpu_workers", text("0"))]),
+            (
+                vec!["--worker-timeout-s", "0"],
+                vec![("worker_timeout_s", text("0"))],
+            ),
+            (
+                vec!["--batch-rows", "many"],
+                vec![("batch_rows", text("many"))],
+            ),
+            (
+                vec!["--memory-limit", "lots"],
+                vec![("memory_limit", text("lots"))],
+            ),
+            // The rules between options.
+            (
+                vec!["--on-budget", "partial"],
+                vec![("on_budget", text("partial"))],
+            ),
+            (
+                vec!["--worker-token-file", "t"],
+                vec![("worker_token_file", text("t"))],
+            ),
+            (
+                vec!["--workers", "a:1", "--cpu-workers", "2"],
+                vec![
+                    ("workers", List(vec!["a:1".into()])),
+                    ("cpu_workers", text("2")),
+                ],
+            ),
+            (
+                vec!["--workers", "a:1", "--dtype", "bf16"],
+                vec![("workers", text("a:1")), ("dtype", text("bf16"))],
+            ),
+            (
+                vec!["--cpu-workers", "2", "--gpu", "0"],
+                vec![("cpu_workers", text("2")), ("gpu", text("0"))],
+            ),
+            (
+                vec![
+                    "--max-model-seconds",
+                    "1",
+                    "--backend",
+                    "oracle",
+                    "--simulate",
+                ],
+                vec![
+                    ("max_model_seconds", text("1")),
+                    ("backend", text("oracle")),
+                    ("simulate", Bool(true)),
+                ],
+            ),
+        ];
+        for (flags, options) in cases {
+            // Python names devices with `device=`, not an option of the table.
+            let options: Vec<_> = options
+                .into_iter()
+                .filter(|(name, _)| *name != "gpu")
+                .collect();
+            let by_flags = flag_message(&flags);
+            let by_keywords = if flags.contains(&"--gpu") {
+                let mut builder = config::ConfigBuilder::default();
+                for (name, value) in &options {
+                    builder.set(Names::Keywords, name, value).unwrap();
+                }
+                builder.config.backend.model.gpu = Some(vec![0]);
+                builder.build(Names::Keywords).unwrap_err().0
+            } else {
+                keyword_message(&options)
+            };
+            let expected = in_keywords(&by_flags)
+                .replace("gpu", "device")
+                .replace("device_hourly", "gpu_hourly")
+                .replace("simulate runs", "simulate=True runs");
+            assert_eq!(by_keywords, expected, "{flags:?}: {by_flags}");
+        }
+    }
+
+    /// The rules that quote a value name it in each front end's syntax.
+    #[test]
+    fn rules_quote_values_in_each_front_ends_syntax() {
+        use config::OptionValue::Text;
+        assert!(
+            flag_message(&["--on-row-error", "fail", "--max-error-ratio", "0.5"])
+                .starts_with("--on-row-error fail and --max-error-ratio 0.5 contradict")
+        );
+        let keywords = keyword_message(&[
+            ("on_row_error", Text("fail".into())),
+            ("max_error_ratio", Text("0.5".into())),
+        ]);
+        assert!(
+            keywords.starts_with("on_row_error=\"fail\" and max_error_ratio=0.5 contradict"),
+            "{keywords}"
+        );
+        let keywords = keyword_message(&[
+            ("backend", Text("oracle".into())),
+            ("max_fresh_tokens", Text("9".into())),
+        ]);
+        assert!(
+            keywords.starts_with("max_fresh_tokens: backend=\"oracle\" answers"),
+            "{keywords}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_option_is_named_with_the_known_ones() {
+        let err = config::ConfigBuilder::default()
+            .set(Names::Keywords, "no_such", &config::OptionValue::Bool(true))
+            .unwrap_err()
+            .0;
+        assert!(
+            err.contains("\"no_such\"") && err.contains("max_fresh_tokens"),
+            "{err}"
+        );
+    }
+
+    /// Every option by name is a flag of `aisql sql` (the old name
+    /// `gpu_hour_usd` is the alias of one).
+    #[test]
+    fn every_option_is_a_flag() {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        let sql = cli.find_subcommand("sql").unwrap();
+        for name in config::option_names() {
+            let flag = name.replace('_', "-");
+            assert!(
+                sql.get_arguments()
+                    .any(|a| a.get_long() == Some(flag.as_str())
+                        || a.get_all_aliases()
+                            .is_some_and(|al| al.contains(&flag.as_str()))),
+                "{name}"
+            );
+        }
     }
 }

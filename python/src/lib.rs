@@ -1,18 +1,19 @@
 //! `aisql._aisql`, the native half of the Python package: `connect` fills in
-//! an [`aisql::EngineConfig`] from the same flags `aisql sql` takes (its
-//! keyword arguments, read by the command line's parser for its checks and
-//! messages) and opens it with [`aisql::connect`], `register` adds tables (paths, or Arrow data through the PyCapsule
-//! interface), and `sql` returns a lazy [`Relation`] whose rows cross back to
-//! Python as Arrow without copies.
+//! an [`aisql::EngineConfig`] from its keyword arguments, each set through
+//! the table of [`aisql::config::OPTIONS`] (the value parsers the flags use)
+//! and the whole checked by [`aisql::EngineConfig::validate`], its messages
+//! naming keywords, and opens it with [`aisql::connect`]; `register` adds
+//! tables (paths, or Arrow data through the PyCapsule interface), and `sql`
+//! returns a lazy [`Relation`] whose rows cross back to Python as Arrow
+//! without copies.
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock, mpsc};
 use std::time::Duration;
 
-use aisql::cli::ConnectArgs;
 use aisql::commands::connect::Connection as EngineConnection;
+use aisql::config::{ConfigBuilder, Names, OptionValue, UsageError};
 use aisql_engine::sql::SqlOutput;
-use clap::Parser as _;
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::error::ArrowError;
@@ -89,47 +90,26 @@ fn run_interruptible<T: Send + 'static>(
     }
 }
 
-/// `connect()`'s keyword arguments as `aisql sql` flags, parsed by the
-/// command line's own parser (its checks and defaults).
-#[derive(clap::Parser)]
-#[command(name = "aisql.connect", no_binary_name = true)]
-struct ConnectFlags {
-    #[command(flatten)]
-    connect: ConnectArgs,
-}
-
-/// `--flag=value` for `key` (the value joined to its flag, so a value that
-/// starts with `-` is never read as a flag): `True` is a bare flag, `False` and
-/// `None` no flag, a list or tuple one flag per item.
-fn push_flag(args: &mut Vec<String>, key: &str, value: &Bound<'_, PyAny>) -> PyResult<()> {
-    if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        return Err(PyTypeError::new_err(format!(
-            "connect() got an unexpected keyword argument {key:?}"
-        )));
-    }
-    let flag = format!("--{}", key.replace('_', "-"));
-    if value.is_none() {
-        return Ok(());
-    }
+/// A keyword argument's value as the option table reads it: `True` / `False`
+/// for a switch, a list or tuple item by item, paths through `os.fspath`,
+/// the rest through `str` (so `timeout_s=5` reads as `--timeout-s 5` does).
+fn option_value(value: &Bound<'_, PyAny>) -> PyResult<OptionValue> {
     if let Ok(b) = value.cast::<pyo3::types::PyBool>() {
-        if b.is_true() {
-            args.push(flag);
-        }
-        return Ok(());
+        return Ok(OptionValue::Bool(b.is_true()));
     }
     if value.is_instance_of::<pyo3::types::PyList>()
         || value.is_instance_of::<pyo3::types::PyTuple>()
     {
-        for item in value.try_iter()? {
-            args.push(format!("{flag}={}", value_text(&item?)?));
-        }
-        return Ok(());
+        let items = value
+            .try_iter()?
+            .map(|item| value_text(&item?))
+            .collect::<PyResult<_>>()?;
+        return Ok(OptionValue::List(items));
     }
-    args.push(format!("{flag}={}", value_text(value)?));
-    Ok(())
+    Ok(OptionValue::Text(value_text(value)?))
 }
 
-/// A flag's value as text: paths through `os.fspath`, the rest through `str`.
+/// A value as text: paths through `os.fspath`, the rest through `str`.
 fn value_text(value: &Bound<'_, PyAny>) -> PyResult<String> {
     if !value.is_instance_of::<PyString>()
         && let Ok(path) = value.extract::<PathBuf>()
@@ -139,13 +119,53 @@ fn value_text(value: &Bound<'_, PyAny>) -> PyResult<String> {
     Ok(value.str()?.to_string())
 }
 
-/// `device=`: `"cpu"` is the default, `"cuda"` / `"cuda:N"` is `--gpu N`.
-fn device_flags(device: &str) -> PyResult<Vec<String>> {
+/// A value the configuration refused: Python's `ValueError`.
+fn usage_error(e: UsageError) -> PyErr {
+    PyValueError::new_err(e.0)
+}
+
+/// Sets keyword `key` to `value` (`None`: the default, as if not given); an
+/// unknown keyword is a `TypeError` naming it and listing the known ones.
+fn set_keyword(config: &mut ConfigBuilder, key: &str, value: &Bound<'_, PyAny>) -> PyResult<()> {
+    if !aisql::config::option_names().any(|name| name == key) {
+        // The flags with no keyword of their own say which one to use.
+        let instead = match key {
+            "gpu" | "cpu" => " (use device=)",
+            "table" => " (use tables=)",
+            _ => "",
+        };
+        let mut known: Vec<&str> = aisql::config::option_names().collect();
+        known.extend(["device", "tables", "allow_writes"]);
+        known.sort_unstable();
+        return Err(PyTypeError::new_err(format!(
+            "connect() got an unexpected keyword argument '{key}'{instead}; the keywords are {}",
+            known.join(", ")
+        )));
+    }
+    if value.is_none() {
+        return Ok(());
+    }
+    config
+        .set(Names::Keywords, key, &option_value(value)?)
+        .map_err(usage_error)
+}
+
+/// The settings the environment gives, as the command line reads them from
+/// its variables (a keyword argument overrides each).
+const ENVIRONMENT: &[(&str, &str)] = &[
+    ("AISQL_MODEL", "model"),
+    ("AISQL_ROOT", "root"),
+    ("AISQL_ANSWER_CACHE", "answer_cache"),
+    ("AISQL_CUDA_KERNELS", "cuda_kernels"),
+];
+
+/// `device=`: `"cpu"` is the default, `"cuda"` / `"cuda:N"` is GPU N.
+fn device_gpus(device: &str) -> PyResult<Option<Vec<usize>>> {
     match device.trim() {
-        "cpu" => Ok(vec![]),
-        "cuda" => Ok(vec!["--gpu=0".into()]),
+        "cpu" => Ok(None),
+        "cuda" => Ok(Some(vec![0])),
         d => match d.strip_prefix("cuda:").map(|n| n.parse::<usize>()) {
-            Some(Ok(n)) => Ok(vec![format!("--gpu={n}")]),
+            Some(Ok(n)) => Ok(Some(vec![n])),
             _ => Err(PyValueError::new_err(format!(
                 "device={device:?}: expected \"cpu\", \"cuda\" or \"cuda:N\""
             ))),
@@ -291,8 +311,9 @@ fn utf8_strings(
 
 /// Opens a connection: `model` (`tiny`, a folder or a Hugging Face id),
 /// `device` (`cpu`, `cuda:N`), tables (`tables={name: path or data}`, or a
-/// QUAIL-B `root`/`sf`), and any other `aisql sql` flag as a keyword
-/// (`backend="oracle"`, `max_fresh_tokens=1000`, `timeout_s=5`, ...).
+/// QUAIL-B `root`/`sf`), and any option of `aisql sql` by its flag's name as
+/// a keyword (`backend="oracle"`, `max_fresh_tokens=1000`, `timeout_s=5`,
+/// `simulate=True`, ...; see `aisql::config::OPTIONS`).
 #[pyfunction]
 #[pyo3(signature = (model=None, device=None, root=None, sf=None, answer_cache=None,
                     tables=None, allow_writes=false, **options))]
@@ -308,7 +329,15 @@ fn connect(
     allow_writes: bool,
     options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Connection> {
-    let mut args = Vec::new();
+    let mut config = ConfigBuilder::default();
+    for (var, key) in ENVIRONMENT {
+        if let Some(value) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+            let value = OptionValue::Text(value.to_string_lossy().into_owned());
+            config
+                .set(Names::Keywords, key, &value)
+                .map_err(|e| PyValueError::new_err(format!("{var}: {e}")))?;
+        }
+    }
     let none = py.None().into_bound(py);
     for (key, value) in [
         ("model", model),
@@ -316,34 +345,30 @@ fn connect(
         ("sf", sf),
         ("answer_cache", answer_cache),
     ] {
-        push_flag(&mut args, key, value.unwrap_or(&none))?;
+        set_keyword(&mut config, key, value.unwrap_or(&none))?;
     }
     if let Some(device) = device {
-        args.extend(device_flags(device)?);
+        config.config.backend.model.gpu = device_gpus(device)?;
     }
     let mut in_memory = Vec::new();
     for (name, data) in tables.iter().flat_map(|t| t.iter()) {
         let name: String = name.extract()?;
+        if name.trim().is_empty() {
+            return Err(PyValueError::new_err("tables: a table's name is empty"));
+        }
         match TableSource::extract(&name, &data)? {
-            TableSource::Path(path) => args.push(format!("--table={name}={}", path.display())),
+            TableSource::Path(path) => config.config.tables.tables.push((name.trim().into(), path)),
             arrow => in_memory.push((name, arrow)),
         }
     }
     for (key, value) in options.iter().flat_map(|o| o.iter()) {
-        let key: String = key.extract()?;
-        if matches!(key.as_str(), "gpu" | "cpu" | "table") {
-            let instead = if key == "table" { "tables" } else { "device" };
-            return Err(PyTypeError::new_err(format!(
-                "connect() got an unexpected keyword argument '{key}' (use {instead}=)"
-            )));
-        }
-        push_flag(&mut args, &key, &value)?;
+        set_keyword(&mut config, &key.extract::<String>()?, &value)?;
     }
-    let mut flags = ConnectFlags::try_parse_from(&args).map_err(|e| flag_error(e, &args))?;
-    // No --root and no sf: the tables are the ones given, not a QUAIL-B
+    // No root and no sf: the tables are the ones given, not a QUAIL-B
     // dataset found on disk (register adds more).
-    flags.connect.data.default_dataset = sf.is_some_and(|s| !s.is_none());
-    let config = flags.connect.config(allow_writes).map_err(engine_error)?;
+    config.config.tables.default_dataset = sf.is_some_and(|s| !s.is_none());
+    config.config.allow_writes = allow_writes;
+    let config = config.build(Names::Keywords).map_err(usage_error)?;
     let inner = run_interruptible(py, async move { aisql::connect(&config).await })?
         .map_err(engine_error)?;
     let connection = Connection {
@@ -353,35 +378,6 @@ fn connect(
         connection.add_table(py, &name, source)?;
     }
     Ok(connection)
-}
-
-/// A flag the command line refused: an unknown one is an unexpected keyword
-/// (TypeError, as Python says it), a bad value a ValueError with clap's words.
-fn flag_error(e: clap::Error, args: &[String]) -> PyErr {
-    use clap::error::{ContextKind, ContextValue, ErrorKind};
-    if e.kind() == ErrorKind::UnknownArgument {
-        let flag = match e.get(ContextKind::InvalidArg) {
-            Some(ContextValue::String(s)) => s.clone(),
-            _ => args.join(" "),
-        };
-        let name = flag
-            .trim_start_matches('-')
-            .split('=')
-            .next()
-            .unwrap_or_default();
-        let key = name.replace('-', "_");
-        return PyTypeError::new_err(format!(
-            "connect() got an unexpected keyword argument '{key}'"
-        ));
-    }
-    // clap's message without its usage lines, which name flags, not keywords.
-    let text = e.render().to_string();
-    let message = text
-        .lines()
-        .take_while(|l| !l.starts_with("Usage:"))
-        .collect::<Vec<_>>()
-        .join("\n");
-    PyValueError::new_err(message.trim().trim_start_matches("error: ").to_string())
 }
 
 /// A statement's finished run.

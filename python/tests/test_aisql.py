@@ -168,6 +168,30 @@ def test_bad_keywords_and_values_raise():
         aisql.connect(model="--allow-writes")
     with pytest.raises(ValueError, match="cuda:N"):
         aisql.connect(model="tiny", device="tpu")
+    # The keywords set the typed fields: the flags' parsers and rules, with
+    # the option named as a keyword.
+    with pytest.raises(TypeError, match="the keywords are .*max_fresh_tokens"):
+        aisql.connect(model="tiny", no_such_option=1)
+    with pytest.raises(TypeError, match="use device="):
+        aisql.connect(model="tiny", gpu=0)
+    with pytest.raises(
+        ValueError, match="^invalid value 'soon' for 'timeout_s': \"soon\" is not a number of seconds$"
+    ):
+        aisql.connect(model="tiny", timeout_s="soon")
+    with pytest.raises(ValueError, match="^invalid value '0' for 'max_fresh_tokens'"):
+        aisql.connect(model="tiny", max_fresh_tokens=0)
+    with pytest.raises(ValueError, match="^on_budget needs a budget to act on: give max_fresh_tokens"):
+        aisql.connect(model="tiny", on_budget="partial")
+    with pytest.raises(ValueError, match="possible values: fail, partial"):
+        aisql.connect(model="tiny", max_fresh_tokens=9, on_budget="some")
+    with pytest.raises(ValueError, match="^workers cannot be used with device"):
+        aisql.connect(model="tiny", device="cuda:0", workers=["127.0.0.1:1"])
+    with pytest.raises(ValueError, match="^worker_token_file is for remote workers: give workers too"):
+        aisql.connect(model="tiny", worker_token_file="t")
+    with pytest.raises(ValueError, match="'simulate': expected True or False"):
+        aisql.connect(model="tiny", simulate="yes")
+    with pytest.raises(ValueError, match=r"^max_fresh_tokens: backend=\"oracle\" answers"):
+        aisql.connect(backend="oracle", max_fresh_tokens=9)
     with pytest.raises(TypeError, match="expected a path"):
         aisql.connect(model="tiny").register("t", 42)
     with pytest.raises(aisql.Error, match="no_such_file"):

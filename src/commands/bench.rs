@@ -112,8 +112,8 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
         bail!("aisql bench needs a QUAIL-B data root with reference labels (--root), not --tables");
     }
     let timeout = args.timeout_s;
-    let spec = args.backend.spec();
-    let qc = args.backend.query_config(None, &args.cost);
+    let spec = args.backend.spec()?;
+    let qc = args.backend.query_config(None, &args.cost)?;
     let controls = super::budget::controls(&qc.cost, &spec)?;
     let plans = PlanSource::choose(args.plans.dir.as_deref());
     let (output_dir, resume) = match &args.resume {
@@ -148,9 +148,9 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
     let mut guard = WriteGuard::new();
     super::paths::add_dataset(&mut guard, &dataset);
     super::paths::add_plans(&mut guard, &args.plans);
-    super::paths::add_backend_files(&mut guard, &args.backend.spec());
+    super::paths::add_backend_files(&mut guard, &args.backend.spec()?);
     guard.check(&output_dir, "the run folder", OutputKind::Folder)?;
-    super::paths::check_answer_cache(&guard, &args.backend.spec())?;
+    super::paths::check_answer_cache(&guard, &args.backend.spec()?)?;
     let templates = templates_of(queries.iter().map(|(_, p)| p));
     let user_metadata = user_metadata(&args.metadata)?;
     let (backend, backend_metadata) =
@@ -228,7 +228,7 @@ fn estimate_only(
     let options = aisql_engine::sql::options::QueryOptions {
         format: args.backend.prompt_format.parse()?,
         batch_rows: args.backend.batch_rows,
-        memory_limit: args.backend.query_config(None, &args.cost).memory_limit(),
+        memory_limit: args.backend.query_config(None, &args.cost)?.memory_limit(),
         ..Default::default()
     };
     let rt = super::runtime()?;

@@ -8,7 +8,7 @@ use aisql_engine::exec::coverage::OnRowError;
 use aisql_engine::limits::spend::{Budget, BudgetLimits, OnBudget};
 
 use super::UsageError;
-use crate::config::{self, BackendKind, BackendSpec, CostConfig, RowErrorChoice};
+use crate::config::{self, BackendSpec, CostConfig, Names, RowErrorChoice};
 
 /// What a query may spend and what a failed row does.
 #[derive(Debug, Clone, Copy)]
@@ -19,75 +19,43 @@ pub struct Controls {
     pub on_row_error: OnRowError,
 }
 
-/// The controls `cost` asks for, for queries answered by `backend`.
+/// The controls `cost` asks for, for queries answered by `backend`. The
+/// rules between the options are the typed configuration's
+/// ([`CostConfig::validate`], [`config::check_spend`]), checked again here
+/// for the callers that filled the fields themselves.
 pub fn controls(cost: &CostConfig, backend: &BackendSpec) -> anyhow::Result<Controls> {
+    cost.validate(Names::Flags)?;
+    config::check_spend(cost, backend, Names::Flags)?;
     Ok(Controls {
-        budget: budget(cost, backend)?,
-        on_row_error: on_row_error(cost)?,
+        budget: budget(cost)?,
+        on_row_error: on_row_error(cost),
     })
 }
 
 /// `--on-row-error` and `--max-error-ratio`: null alone allows any fraction,
-/// the ratio alone implies null, and fail with a ratio is a contradiction.
-fn on_row_error(cost: &CostConfig) -> anyhow::Result<OnRowError> {
-    Ok(match (cost.on_row_error, cost.max_error_ratio) {
-        (Some(RowErrorChoice::Fail), Some(r)) => {
-            return Err(UsageError(format!(
-                "--on-row-error fail and --max-error-ratio {r} contradict each other: the ratio \
-                 is how many of an operator's rows may be NULL under --on-row-error null; give \
-                 one of them"
-            ))
-            .into());
-        }
+/// the ratio alone implies null (fail with a ratio is refused by
+/// [`CostConfig::validate`]).
+fn on_row_error(cost: &CostConfig) -> OnRowError {
+    match (cost.on_row_error, cost.max_error_ratio) {
         (Some(RowErrorChoice::Null), r) | (None, r @ Some(_)) => OnRowError::Null {
             max_ratio: r.unwrap_or(1.0),
         },
-        (Some(RowErrorChoice::Fail) | None, None) => OnRowError::Fail,
-    })
+        (Some(RowErrorChoice::Fail), _) | (None, None) => OnRowError::Fail,
+    }
 }
 
 /// The budget of `--max-fresh-tokens`, `--max-model-seconds` and
-/// `--max-cost-usd`, if any is given. A backend that runs no model has
-/// nothing to spend: the plain oracle takes none, a simulation only fresh
-/// tokens (it computes no forward passes, so it has no model seconds).
-fn budget(cost: &CostConfig, backend: &BackendSpec) -> anyhow::Result<Option<Budget>> {
-    let flags: Vec<&str> = [
-        (cost.max_fresh_tokens.is_some(), "--max-fresh-tokens"),
-        (cost.max_model_seconds.is_some(), "--max-model-seconds"),
-        (cost.max_cost_usd.is_some(), "--max-cost-usd"),
-    ]
-    .into_iter()
-    .filter_map(|(given, flag)| given.then_some(flag))
-    .collect();
-    let Some(&first) = flags.first() else {
-        return Ok(None);
-    };
-    let usage = |m: String| anyhow::Error::from(UsageError(m));
-    if backend.kind == BackendKind::Oracle && !backend.simulate {
-        return Err(usage(format!(
-            "{first}: --backend oracle answers from reference labels and runs no model, so a \
-             query has nothing to spend; give --backend model, or --simulate to count the \
-             fresh tokens the model would compute"
-        )));
-    }
-    if backend.simulate
-        && let Some(timed) = flags.iter().find(|f| **f != "--max-fresh-tokens")
+/// `--max-cost-usd`, if any is given.
+fn budget(cost: &CostConfig) -> anyhow::Result<Option<Budget>> {
+    if cost.max_fresh_tokens.is_none()
+        && cost.max_model_seconds.is_none()
+        && cost.max_cost_usd.is_none()
     {
-        return Err(usage(format!(
-            "{timed}: --simulate runs no forward passes, so it has no model time to spend; \
-             cap a simulation with --max-fresh-tokens"
-        )));
+        return Ok(None);
     }
     let rate = cost
         .gpu_hourly_rate_usd
         .unwrap_or(DEFAULT_GPU_HOURLY_RATE_USD);
-    if cost.max_cost_usd.is_some() && rate == 0.0 {
-        return Err(usage(
-            "--max-cost-usd with --gpu-hourly-rate-usd 0: at $0 an hour the model's time costs \
-             nothing and the cap never stops it; give a price above 0 or --max-model-seconds"
-                .into(),
-        ));
-    }
     let limits = BudgetLimits {
         fresh_tokens: cost.max_fresh_tokens,
         model_seconds: cost.max_model_seconds,
@@ -96,6 +64,6 @@ fn budget(cost: &CostConfig, backend: &BackendSpec) -> anyhow::Result<Option<Bud
     };
     let on_spent: OnBudget = cost.on_budget.unwrap_or(config::OnBudget::Fail);
     Ok(Some(
-        Budget::new(limits, on_spent).map_err(|e| usage(e.to_string()))?,
+        Budget::new(limits, on_spent).map_err(|e| UsageError(e.to_string()))?,
     ))
 }

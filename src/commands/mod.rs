@@ -21,6 +21,7 @@ use crate::cli::{Cli, Command};
 
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
+    cli.validate()?;
     match cli.command {
         Command::Explain {
             plan,

@@ -39,8 +39,8 @@ pub fn resolve_tables(
 
 pub fn run(args: QueryArgs) -> anyhow::Result<()> {
     // Usage errors before any plan, table or model is opened.
-    let spec = args.backend.spec();
-    let qc = args.backend.query_config(Some(&args.limits), &args.cost);
+    let spec = args.backend.spec()?;
+    let qc = args.backend.query_config(Some(&args.limits), &args.cost)?;
     let controls = super::budget::controls(&qc.cost, &spec)?;
     let source = PlanSource::choose(args.plans.dir.as_deref());
     let query = match open_plan(&args.plan, &source, args.backend.prompt_format.parse()?) {
@@ -193,7 +193,7 @@ fn check_outputs(args: &QueryArgs, dataset: Option<&Dataset>) -> anyhow::Result<
     if let Some(dataset) = dataset {
         super::paths::add_dataset(&mut guard, dataset);
     }
-    super::paths::add_backend_files(&mut guard, &args.backend.spec());
+    super::paths::add_backend_files(&mut guard, &args.backend.spec()?);
     if let Some(dir) = &args.output_dir {
         guard.check(dir, "--output-dir", OutputKind::Folder)?;
     }
@@ -201,7 +201,7 @@ fn check_outputs(args: &QueryArgs, dataset: Option<&Dataset>) -> anyhow::Result<
         guard.check(file, "--output", OutputKind::File)?;
         aisql_engine::data::files::check_output_folder(file, "--output")?;
     }
-    super::paths::check_answer_cache(&guard, &args.backend.spec())?;
+    super::paths::check_answer_cache(&guard, &args.backend.spec()?)?;
     Ok(())
 }
 
@@ -244,8 +244,8 @@ fn run_general(
     };
     check_outputs(args, dataset.as_ref())?;
     clear_output_dir(args)?;
-    let spec = args.backend.spec();
-    let qc = args.backend.query_config(Some(&args.limits), &args.cost);
+    let spec = args.backend.spec()?;
+    let qc = args.backend.query_config(Some(&args.limits), &args.cost)?;
     let options = super::connect::query_options(&spec, &qc, controls)?;
     let rt = super::runtime()?;
     let (session, planned, estimating) = rt.block_on(async {

@@ -20,6 +20,7 @@ use super::connect::Sources;
 use super::estimate::estimator;
 use super::{UsageError, deadline};
 use crate::cli::{RowOutputArgs, SqlArgs};
+use crate::config::BackendSpec;
 
 /// `TEXT=FRACTION`: the one prompt template of `templates` containing TEXT.
 fn selectivity_arg<'t>(arg: &str, templates: &'t [String]) -> anyhow::Result<(&'t str, f64)> {
@@ -51,8 +52,8 @@ fn selectivity_arg<'t>(arg: &str, templates: &'t [String]) -> anyhow::Result<(&'
 
 pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     // Usage errors before any table or model is opened.
-    let spec = args.backend.spec();
-    let qc = args.backend.query_config(Some(&args.limits), &args.cost);
+    let spec = args.backend.spec()?;
+    let qc = args.backend.query_config(Some(&args.limits), &args.cost)?;
     let controls = super::budget::controls(&qc.cost, &spec)?;
     let sql = match (&args.query, &args.file) {
         (Some(q), _) => q.clone(),
@@ -62,7 +63,7 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         (None, None) => return Err(UsageError("give a SQL statement or -f FILE".into()).into()),
     };
     let sources = Sources::from_config(&args.data.config()?)?;
-    let guard = inputs(&args, &sources);
+    let guard = inputs(&args, &spec, &sources);
     if let Some(out) = &args.rows.output {
         guard.check(out, "--output", OutputKind::File)?;
         check_output_folder(out, "--output")?;
@@ -72,7 +73,7 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         guard.check(out, "--to-substrait", OutputKind::File)?;
         check_output_folder(out, "--to-substrait")?;
     }
-    super::paths::check_answer_cache(&guard, &args.backend.spec())?;
+    super::paths::check_answer_cache(&guard, &spec)?;
     let options = super::connect::query_options(&spec, &qc, controls)?;
     let wanted = templates(&sql)?;
     // Writing the plan asks nothing: no model to load (that took seconds, or
@@ -229,13 +230,13 @@ pub(super) fn print_output(out: &SqlOutput, rows: &RowOutputArgs) -> anyhow::Res
 
 /// What `aisql sql` reads: the SQL file, each `--table` path, the dataset's
 /// root and the model.
-fn inputs(args: &SqlArgs, sources: &Sources) -> WriteGuard {
+fn inputs(args: &SqlArgs, spec: &BackendSpec, sources: &Sources) -> WriteGuard {
     let mut guard = WriteGuard::new();
     if let Some(file) = &args.file {
         guard.add(file, "the SQL file");
     }
     sources.add_inputs(&mut guard);
-    super::paths::add_backend_files(&mut guard, &args.backend.spec());
+    super::paths::add_backend_files(&mut guard, spec);
     guard
 }
 

@@ -126,7 +126,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         _ => None,
     };
     exposure_check(listen, token.is_some(), tls.is_some(), args.insecure)?;
-    let (backend, meta) = super::backend::build(&b.spec(), None, Some(&[]))?;
+    let (backend, meta) = super::backend::build(&b.spec()?, None, Some(&[]))?;
     let dtype = meta.dtype().to_string();
     let device = meta.device().to_string();
     // Prompts arrive rendered: the coordinator names the format.
