@@ -1119,7 +1119,9 @@ mod tests {
     fn flags_and_keywords_get_one_message() {
         use config::OptionValue::{Bool, List, Text};
         let text = |t: &str| Text(t.into());
-        let cases: Vec<(Vec<&str>, Vec<(&str, config::OptionValue)>)> = vec![
+        // (flags, the same through keyword arguments)
+        type Case<'a> = (Vec<&'a str>, Vec<(&'a str, config::OptionValue)>);
+        let cases: Vec<Case> = vec![
             (
                 vec!["--timeout-s", "soon"],
                 vec![("timeout_s", text("soon"))],
