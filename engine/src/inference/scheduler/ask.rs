@@ -8,19 +8,18 @@ use super::lookahead::{AheadQuestion, Lookahead};
 use super::prompts::PromptTokens;
 use super::spend_gate::unreached_after;
 use super::tiers::KvTiers;
-use super::{Executor, GENERATING_REQUESTS_PER_CALL, ScheduledBackend, chunk_by_tokens};
+use super::{QueryTicket, Executor, GENERATING_REQUESTS_PER_CALL, ScheduledBackend, chunk_by_tokens};
 use crate::error::{EngineError, Result};
 use crate::inference::backend::{AiCall, AiRequest, Answer, Doc};
 use crate::inference::kv_cache::{KvOps, NodeId};
 use crate::inference::memo::DocKey;
-use crate::limits::query_gate::Ticket;
 
 impl<E: Executor> ScheduledBackend<E> {
     /// One-document questions whose whole prompt is the KV of `nodes` (one
     /// per request).
     pub(super) fn ask_one(
         &self,
-        ticket: Ticket,
+        ticket: &QueryTicket,
         tiers: &KvTiers<E::Kv>,
         call: &AiCall,
         tokens: &PromptTokens,
@@ -48,7 +47,7 @@ impl<E: Executor> ScheduledBackend<E> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn ask_pairs(
         &self,
-        ticket: Ticket,
+        ticket: &QueryTicket,
         tiers: &KvTiers<E::Kv>,
         call: &AiCall,
         tokens: &PromptTokens,
@@ -87,7 +86,7 @@ impl<E: Executor> ScheduledBackend<E> {
     /// spend budget ran out are [`Answer::Unreached`].
     pub(super) fn ask<'a>(
         &self,
-        ticket: Ticket,
+        ticket: &QueryTicket,
         call: &AiCall,
         tokens: &PromptTokens,
         requests: &[AiRequest<'_>],
@@ -130,7 +129,7 @@ impl<E: Executor> ScheduledBackend<E> {
     /// answers for it.
     pub(super) fn ask_ahead_one(
         &self,
-        ticket: Ticket,
+        ticket: &QueryTicket,
         tiers: &mut KvTiers<E::Kv>,
         lookahead: &mut Lookahead,
         doc: &DocKey,
@@ -176,7 +175,7 @@ impl<E: Executor> ScheduledBackend<E> {
     /// `--prefix-cache off`: every prompt from its first token.
     pub(super) fn run_uncached(
         &self,
-        ticket: Ticket,
+        ticket: &QueryTicket,
         call: &AiCall,
         requests: &[AiRequest<'_>],
     ) -> Result<Vec<Answer>> {

@@ -2,7 +2,7 @@
 //! and decoded tokens), what its KV tiers and look-ahead did, and the
 //! scheduler's settings.
 
-use super::{Executor, ScheduledBackend};
+use super::{Executor, ScheduledBackend, ScheduledQuery};
 use crate::inference::work::{Config, Max, Sum, Work};
 
 impl<E: Executor> ScheduledBackend<E> {
@@ -18,12 +18,19 @@ impl<E: Executor> ScheduledBackend<E> {
         }
     }
 
-    /// The query's measurements: what it computed since `start`, its KV tiers'
-    /// counters and the look-ahead's, and the scheduler's settings.
-    pub(super) fn query_work(&self, start: &Computed) -> Work {
-        let state = self.state.lock().expect("scheduler lock");
+    /// The query's measurements: what the executor computed for its calls,
+    /// what the KV tiers did since it began, the look-ahead's counters and
+    /// the scheduler's settings. (Locks in [`Self::run`]'s order: the query's
+    /// state, then the tiers.)
+    pub(super) fn query_work(&self, query: &ScheduledQuery<E>) -> Work {
+        let state = query.state.lock().expect("query state lock");
+        let kv = self
+            .kv
+            .lock()
+            .expect("scheduler KV lock")
+            .counters()
+            .since(&query.tiers_start);
         let ahead = &state.lookahead;
-        let kv = state.tiers.counters();
         let transfer = self.exec.simulated_link_bytes_per_second().map(|link| {
             let moved = (kv.offloaded_bytes + kv.restored_bytes) as f64;
             Sum(moved / link)
@@ -44,7 +51,7 @@ impl<E: Executor> ScheduledBackend<E> {
             kv_budget_bytes: Some(Config(self.config.kv_budget_bytes as u64)),
             batch_tokens: Some(Config(self.config.batch_tokens as u64)),
             prefix_cache: Some(Config(self.config.prefix_cache)),
-            ..self.computed().since(start)
+            ..query.work.lock().expect("query work lock").clone()
         }
     }
 }

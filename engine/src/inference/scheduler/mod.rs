@@ -78,6 +78,7 @@ pub use loading::{
 };
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use aisql_models::Tokenizer;
@@ -88,12 +89,11 @@ use crate::inference::backend::{
 };
 use crate::inference::memo::DocKey;
 use crate::inference::work::Work;
-use crate::limits::query_gate::{QueryGate, Ticket};
+use crate::limits::query_gate::Ticket;
 use lookahead::{AheadQuestion, Lookahead, MAX_PARTNERS_AHEAD};
-use measure::Computed;
 use prompts::PromptTokens;
 use spend_gate::SpendGate;
-use tiers::{BeforeDrop, KvTiers};
+use tiers::{BeforeDrop, KvTiers, TierCounters};
 use tokenize::TokenCache;
 
 /// A document dropped from both tiers keeps the KV of its first positions after
@@ -124,6 +124,11 @@ pub struct SchedulerConfig {
     pub host_kv_budget_bytes: usize,
     /// Tokens per forward batch.
     pub batch_tokens: usize,
+    /// Keep the KV of documents and questions after the query that computed
+    /// them, for the queries after it (within the KV budget). Off: a query
+    /// that runs alone starts with empty tiers, and its fresh tokens are all
+    /// its own work (the benchmark's rule).
+    pub keep_kv_across_queries: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -134,13 +139,13 @@ impl Default for SchedulerConfig {
             kv_budget_bytes: default_kv_budget_bytes(),
             host_kv_budget_bytes: 0,
             batch_tokens: 8192,
+            keep_kv_across_queries: false,
         }
     }
 }
 
-struct QueryState<K> {
-    /// The KV held and what leaves it (with the counters of the tiers).
-    tiers: KvTiers<K>,
+/// What one query keeps of its own between its calls.
+struct QueryState {
     /// Per AI operator in post-order: (op id, anchor table).
     ops: Vec<(String, String)>,
     current_op: Option<String>,
@@ -148,17 +153,32 @@ struct QueryState<K> {
     lookahead: Lookahead,
 }
 
+/// One query's stop signal and spend gate, handed to each of its forward
+/// batches.
+pub(super) struct QueryTicket {
+    stop: Ticket,
+    /// Whether a forward batch may run, and what it costs the spend budget.
+    spend: SpendGate,
+}
+
 /// The model backend: plan-aware scheduling over an [`Executor`].
+///
+/// Several queries run on it at once: each is a [`ScheduledQuery`] with its
+/// own operators, look-ahead, spend gate and stop signal, and they share the
+/// executor and the KV tiers. A call holds the tiers (and so the executor)
+/// while it runs; calls of different queries take turns. KV outlives its
+/// query when [`SchedulerConfig::keep_kv_across_queries`] says so; otherwise
+/// a query that starts while no other runs finds the tiers empty.
 pub struct ScheduledBackend<E: Executor> {
     exec: E,
     config: SchedulerConfig,
     /// Shared with another backend over the same tokenizer
     /// ([`Self::sharing_tokens`]), which then tokenizes each document once.
     tokens: TokenCache,
-    state: Mutex<QueryState<E::Kv>>,
-    gate: QueryGate,
-    /// Whether a forward batch may run, and what it costs the spend budget.
-    spend_gate: SpendGate,
+    /// The KV held and what leaves it, for every query.
+    kv: Mutex<KvTiers<E::Kv>>,
+    /// Queries begun and not yet ended.
+    live: AtomicUsize,
 }
 
 impl<E: Executor> ScheduledBackend<E> {
@@ -184,14 +204,8 @@ impl<E: Executor> ScheduledBackend<E> {
             exec,
             config,
             tokens,
-            state: Mutex::new(QueryState {
-                tiers,
-                ops: Vec::new(),
-                current_op: None,
-                lookahead: Lookahead::default(),
-            }),
-            gate: QueryGate::default(),
-            spend_gate: SpendGate::default(),
+            kv: Mutex::new(tiers),
+            live: AtomicUsize::new(0),
         }
     }
 
@@ -217,20 +231,20 @@ impl<E: Executor> ScheduledBackend<E> {
     /// ([`SpendGate::forward`]).
     fn forward<T>(
         &self,
-        ticket: Ticket,
+        ticket: &QueryTicket,
         op_id: &str,
         work: impl FnOnce(&dyn Fn() -> bool) -> Result<T>,
     ) -> Result<T> {
         let fresh_tokens = || self.exec.fresh_tokens();
-        self.spend_gate
-            .forward(&self.gate, ticket, op_id, &fresh_tokens, work)
+        ticket
+            .spend
+            .forward(&ticket.stop, op_id, &fresh_tokens, work)
     }
 
     /// `Ok` when `e` is work the spent budget stopped, `Err(e)` otherwise
     /// ([`SpendGate::stopped_by_spend`]).
-    fn spent_stop(&self, ticket: Ticket, op_id: &str, e: EngineError) -> Result<()> {
-        self.spend_gate
-            .stopped_by_spend(&self.gate, ticket, op_id, e)
+    fn spent_stop(&self, ticket: &QueryTicket, op_id: &str, e: EngineError) -> Result<()> {
+        ticket.spend.stopped_by_spend(&ticket.stop, op_id, e)
     }
 
     /// Forgets the token ids of documents in tables that `operators` do not
@@ -259,47 +273,89 @@ impl<E: Executor> ScheduledBackend<E> {
     /// remaining operator asks about.
     /// Shared prefixes and the stubs of dropped documents stay: documents of
     /// the tables still read may start the same way.
-    fn enter_operator(&self, state: &mut QueryState<E::Kv>, op_id: &str) -> Result<()> {
+    /// Not while the tiers are kept for later queries, nor while another
+    /// query runs: their documents are not this query's to drop.
+    fn enter_operator(
+        &self,
+        state: &mut QueryState,
+        tiers: &mut KvTiers<E::Kv>,
+        op_id: &str,
+    ) -> Result<()> {
         if state.current_op.as_deref() == Some(op_id) {
             return Ok(());
         }
         state.current_op = Some(op_id.to_string());
+        if !self.query_owns_tiers() {
+            return Ok(());
+        }
         let Some(pos) = state.ops.iter().position(|(id, _)| id == op_id) else {
             return Ok(());
         };
         let needed: HashSet<String> = state.ops[pos..].iter().map(|(_, t)| t.clone()).collect();
-        for k in state.tiers.drop_tables_but(&needed)? {
+        for k in tiers.drop_tables_but(&needed)? {
             state.lookahead.forget(&k);
         }
         Ok(())
     }
 
+    /// Whether the running query may treat the tiers as its own: they are
+    /// not kept for later queries and no other query runs.
+    fn query_owns_tiers(&self) -> bool {
+        !self.config.keep_kv_across_queries && self.live.load(Ordering::SeqCst) <= 1
+    }
+
     /// One call's order of work: questions asked ahead answer what they
     /// can, the model the rest ([`Self::answer`]), then the tiers make room
     /// within the KV budget, asking documents about to leave their later
-    /// operators' questions first.
+    /// operators' questions first. The call holds the tiers, and so the
+    /// executor, throughout: what the executor computed meanwhile is this
+    /// call's work, returned with its answers.
     fn run(
         &self,
-        ticket: Ticket,
+        query: &ScheduledQuery<E>,
+        call: &AiCall,
+        requests: &[AiRequest<'_>],
+    ) -> Result<Answered> {
+        let ticket = &*query.ticket;
+        // Held until this call returns: whoever waits for the query to stop
+        // waits for it.
+        let _in_flight = ticket.stop.enter();
+        ticket.stop.check(&call.op_id)?;
+        if requests.is_empty() {
+            return Ok(Answered::default());
+        }
+        // Once the spend budget is spent nothing more is asked, nor cached.
+        if ticket.spend.spent() {
+            return Ok(Answered {
+                answers: vec![Answer::Unreached; requests.len()],
+                work: Work::default(),
+            });
+        }
+        let mut state = query.state.lock().expect("query state lock");
+        let state = &mut *state;
+        let mut tiers = self.kv.lock().expect("scheduler KV lock");
+        let before = self.computed();
+        let answers = if self.config.prefix_cache {
+            self.run_cached(ticket, state, &mut tiers, call, requests)?
+        } else {
+            self.run_uncached(ticket, call, requests)?
+        };
+        Ok(Answered {
+            answers,
+            work: self.computed().since(&before),
+        })
+    }
+
+    /// [`Self::run`] with the prefix cache.
+    fn run_cached(
+        &self,
+        ticket: &QueryTicket,
+        state: &mut QueryState,
+        tiers: &mut KvTiers<E::Kv>,
         call: &AiCall,
         requests: &[AiRequest<'_>],
     ) -> Result<Vec<Answer>> {
-        // Held until this call returns: the next query starts only after it.
-        let (_in_flight, _current) = self.gate.enter();
-        self.gate.check(ticket, &call.op_id)?;
-        if requests.is_empty() {
-            return Ok(Vec::new());
-        }
-        // Once the spend budget is spent nothing more is asked, nor cached.
-        if self.spend_gate.spent() {
-            return Ok(vec![Answer::Unreached; requests.len()]);
-        }
-        if !self.config.prefix_cache {
-            return self.run_uncached(ticket, call, requests);
-        }
-        let mut guard = self.state.lock().expect("scheduler lock");
-        let state = &mut *guard;
-        self.enter_operator(state, &call.op_id)?;
+        self.enter_operator(state, tiers, &call.op_id)?;
         let keep: Vec<DocKey> = requests
             .iter()
             .map(|r| DocKey::new(&call.tables[0], &call.columns[0], r.anchor.id))
@@ -312,7 +368,7 @@ impl<E: Executor> ScheduledBackend<E> {
             .collect();
         if !todo.is_empty() {
             let asked: Vec<AiRequest<'_>> = todo.iter().map(|&i| requests[i]).collect();
-            let got = self.answer(ticket, &mut state.tiers, call, &asked)?;
+            let got = self.answer(ticket, tiers, call, &asked)?;
             for (&i, a) in todo.iter().zip(got) {
                 answers[i] = Some(a);
             }
@@ -326,7 +382,7 @@ impl<E: Executor> ScheduledBackend<E> {
             lookahead: &mut state.lookahead,
             questions: Vec::new(),
         };
-        state.tiers.make_room(&keep, &mut ahead)?;
+        tiers.make_room(&keep, &mut ahead)?;
         Ok(answers
             .into_iter()
             .map(|a| a.expect("every request answered"))
@@ -341,7 +397,7 @@ impl<E: Executor> ScheduledBackend<E> {
     /// [`Answer::Unreached`].
     fn answer(
         &self,
-        ticket: Ticket,
+        ticket: &QueryTicket,
         tiers: &mut KvTiers<E::Kv>,
         call: &AiCall,
         requests: &[AiRequest<'_>],
@@ -353,14 +409,14 @@ impl<E: Executor> ScheduledBackend<E> {
             .filter(|&i| answers[i].is_none())
             .collect();
         let mut spent = false;
-        for run in self.spend_gate.runs(
+        for run in ticket.spend.runs(
             requests,
             &fitting,
             &anchors,
             &partners,
             self.config.batch_tokens,
         ) {
-            spent = spent || self.spend_gate.spent();
+            spent = spent || ticket.spend.spent();
             let got = if spent {
                 None
             } else {
@@ -417,7 +473,7 @@ impl<E: Executor> ScheduledBackend<E> {
     #[allow(clippy::too_many_arguments)]
     fn answer_fitting(
         &self,
-        ticket: Ticket,
+        ticket: &QueryTicket,
         tiers: &mut KvTiers<E::Kv>,
         call: &AiCall,
         tokens: &PromptTokens,
@@ -439,7 +495,7 @@ impl<E: Executor> ScheduledBackend<E> {
 /// answers for them.
 struct AskAhead<'a, E: Executor> {
     backend: &'a ScheduledBackend<E>,
-    ticket: Ticket,
+    ticket: &'a QueryTicket,
     lookahead: &'a mut Lookahead,
     /// The questions [`BeforeDrop::wants`] found, asked by [`BeforeDrop::ask`].
     questions: Vec<AheadQuestion>,
@@ -461,7 +517,7 @@ impl<E: Executor> BeforeDrop<E::Kv> for AskAhead<'_, E> {
             if asked.is_err() {
                 // Cancelled: stop. Otherwise the operator asks in its turn,
                 // where a failure is reported with its row.
-                self.backend.gate.check(self.ticket, &q.call.op_id)?;
+                self.ticket.stop.check(&q.call.op_id)?;
                 self.lookahead.disable(&q.call.op_id);
             }
         }
@@ -504,30 +560,48 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
     /// forward batch), so it cannot touch this query's state or counters; then
     /// new KV tiers for this one.
     fn begin(self: Arc<Self>, start: QueryStart) -> Result<Arc<dyn QueryBackend>> {
-        let ticket = {
-            let (_started, ticket) = self.gate.next_query();
-            self.keep_tokens_of(&start.calls);
-            let mut state = self.state.lock().expect("scheduler lock");
-            state.tiers = Self::empty_tiers(&self.exec, &self.config);
-            state.ops = start
+        let alone = self.live.fetch_add(1, Ordering::SeqCst) == 0;
+        // Counts the query as live from here: ending it (dropping the
+        // object) counts it out, whatever happens below.
+        let live = LiveQuery(self.clone());
+        let tiers_start = {
+            let mut tiers = self.kv.lock().expect("scheduler KV lock");
+            if alone && !self.config.keep_kv_across_queries {
+                // A query that has the backend to itself starts from nothing.
+                self.keep_tokens_of(&start.calls);
+                *tiers = Self::empty_tiers(&self.exec, &self.config);
+            }
+            if alone {
+                tiers.restart_peaks();
+            }
+            tiers.counters()
+        };
+        let state = QueryState {
+            ops: start
                 .calls
                 .iter()
                 .map(|c| (c.op_id.clone(), c.tables[0].clone()))
-                .collect();
-            state.current_op = None;
-            state.lookahead = if self.config.lookahead {
+                .collect(),
+            current_op: None,
+            lookahead: if self.config.lookahead {
                 Lookahead::new(&start.calls)
             } else {
                 Lookahead::default()
-            };
-            self.spend_gate.begin(start.spend, self.exec.fresh_tokens());
-            ticket
+            },
         };
-        let started = self.computed();
         Ok(Arc::new(ScheduledQuery {
-            backend: self,
-            ticket,
-            started,
+            ticket: Arc::new(QueryTicket {
+                stop: Ticket::default(),
+                spend: SpendGate::new(start.spend),
+            }),
+            state: Mutex::new(state),
+            tiers_start,
+            // Nothing computed yet: zeros, not unknowns.
+            work: Mutex::new({
+                let now = self.computed();
+                now.since(&now)
+            }),
+            live,
         }))
     }
 
@@ -557,36 +631,56 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
 
 /// One query on a [`ScheduledBackend`]: its ticket at the backend's gate and
 /// the executor's counts when it began.
+/// Counts a query among the backend's live ones until dropped.
+struct LiveQuery<E: Executor>(Arc<ScheduledBackend<E>>);
+
+impl<E: Executor> Drop for LiveQuery<E> {
+    fn drop(&mut self) {
+        self.0.live.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// One query on a [`ScheduledBackend`].
 struct ScheduledQuery<E: Executor> {
-    backend: Arc<ScheduledBackend<E>>,
-    ticket: Ticket,
-    started: Computed,
+    ticket: Arc<QueryTicket>,
+    state: Mutex<QueryState>,
+    /// The tiers' counters when the query began.
+    tiers_start: TierCounters,
+    /// What the executor computed for the query's calls so far.
+    work: Mutex<Work>,
+    live: LiveQuery<E>,
+}
+
+impl<E: Executor> ScheduledQuery<E> {
+    fn backend(&self) -> &ScheduledBackend<E> {
+        &self.live.0
+    }
 }
 
 impl<E: Executor> QueryBackend for ScheduledQuery<E> {
     fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Answered> {
-        let before = self.backend.computed();
-        let answers = self.backend.run(self.ticket, call, requests)?;
-        Ok(Answered {
-            answers,
-            work: self.backend.computed().since(&before),
-        })
+        let answered = self.backend().run(self, call, requests)?;
+        self.work
+            .lock()
+            .expect("query work lock")
+            .merge(&answered.work);
+        Ok(answered)
     }
 
     fn work(&self) -> Work {
-        self.backend.query_work(&self.started)
+        self.backend().query_work(self)
     }
 
     fn cancel(&self) {
-        self.backend.gate.cancel_query(self.ticket);
+        self.ticket.stop.cancel();
     }
 
     fn wait_stopped(&self) {
-        self.backend.gate.wait_idle();
+        self.ticket.stop.wait_idle();
     }
 
     fn partners_collected(&self, call: &AiCall, partners: &[Doc<'_>]) {
-        let backend = &self.backend;
+        let backend = self.backend();
         if !backend.config.prefix_cache || partners.len() > MAX_PARTNERS_AHEAD {
             return;
         }
@@ -594,7 +688,7 @@ impl<E: Executor> QueryBackend for ScheduledQuery<E> {
             .iter()
             .map(|d| (d.id.to_string(), d.text.to_string()))
             .collect();
-        let mut state = backend.state.lock().expect("scheduler lock");
+        let mut state = self.state.lock().expect("query state lock");
         state.lookahead.partners_collected(call, owned);
     }
 }
@@ -606,12 +700,18 @@ mod tests {
     use spend_gate::unreached_after;
 
     fn tiny_backend() -> Arc<ScheduledBackend<ModelExecutor>> {
+        tiny_backend_keeping(false)
+    }
+
+    /// The tiny model, its KV kept across queries when `keep`.
+    fn tiny_backend_keeping(keep: bool) -> Arc<ScheduledBackend<ModelExecutor>> {
         let spec = ModelSpec {
             model: "tiny".into(),
             gpu: None,
             dtype: None,
             scheduler: SchedulerConfig {
                 kv_budget_bytes: 256 << 20,
+                keep_kv_across_queries: keep,
                 ..SchedulerConfig::default()
             },
             kv_budget_from_device: false,
@@ -773,8 +873,9 @@ mod tests {
         assert_eq!(hosted, roomy);
         assert!(evicted == 0 && offloaded > 0 && restored > 0);
         assert_eq!(hosted_fresh, fresh);
-        // A new query starts from nothing, counters included.
-        let (backend, _ended) = backend;
+        // A new query that runs alone starts from nothing, counters included.
+        let (backend, ended) = backend;
+        drop(ended);
         let query = start(&backend, std::slice::from_ref(&call));
         for key in [
             "kv_offloads",
@@ -797,9 +898,131 @@ mod tests {
         let docs = long_docs(2);
         query.answer(&first, &test_requests(&docs)).unwrap();
         query.answer(&second, &test_requests(&docs[..1])).unwrap();
-        let state = backend.state.lock().unwrap();
-        let tables: HashSet<&str> = state.tiers.doc_keys().map(|k| k.table.as_str()).collect();
+        let tiers = backend.kv.lock().unwrap();
+        let tables: HashSet<&str> = tiers.doc_keys().map(|k| k.table.as_str()).collect();
         assert_eq!(tables, HashSet::from(["u"]));
+    }
+
+    /// Scores (P(TRUE), which any KV change moves) of `docs` and the fresh
+    /// tokens of a query of its own.
+    fn scores<E: Executor>(
+        backend: &Arc<ScheduledBackend<E>>,
+        docs: &[(String, String)],
+    ) -> (Vec<Answer>, u64) {
+        let call = test_call(AiKind::Score, "Is the review {0} positive?", &[]);
+        let query = start(backend, std::slice::from_ref(&call));
+        let answers = query.answer(&call, &test_requests(docs)).unwrap().answers;
+        (answers, query.work().fresh())
+    }
+
+    #[test]
+    fn kept_kv_of_a_text_that_changed_under_its_id_is_not_used() {
+        let first = dataset("a warm, funny and moving film that I loved", 12);
+        let second = dataset("dull plot; wooden acting; I left early", 12);
+        let (alone, _) = scores(&tiny_backend(), &second);
+        let kept = tiny_backend_keeping(true);
+        let (before, first_fresh) = scores(&kept, &first);
+        assert_ne!(before, alone);
+        // The same ids, other texts: scored on their own KV, not the kept one.
+        assert_eq!(scores(&kept, &second).0, alone);
+        // The first texts again: the same scores, their documents' KV kept.
+        let (again, again_fresh) = scores(&kept, &first);
+        assert_eq!(again, before);
+        assert!(again_fresh < first_fresh, "{again_fresh} fresh, first {first_fresh}");
+    }
+
+    fn keeping_simulation() -> Arc<ScheduledBackend<SimExecutor>> {
+        let answers: Arc<dyn Answerer> =
+            Arc::new(crate::inference::backend::ContentHashBackend::default());
+        Arc::new(ScheduledBackend::new(
+            SimExecutor::answering(answers, 1, QWEN3_4B_MAX_POSITIONS),
+            Tokenizer::vendored().unwrap(),
+            SchedulerConfig {
+                kv_budget_bytes: 1 << 30,
+                keep_kv_across_queries: true,
+                ..SchedulerConfig::default()
+            },
+        ))
+    }
+
+    #[test]
+    fn a_later_query_reuses_the_kept_kv_of_its_documents() {
+        let docs = long_docs(20);
+        let asked = test_requests(&docs);
+        let positive = test_call(AiKind::Filter, "Is the review {0} positive?", &[]);
+        let funny = test_call(AiKind::Filter, "Is the film in {0} funny?", &[]);
+        let backend = keeping_simulation();
+        let first = start(&backend, std::slice::from_ref(&positive));
+        first.answer(&positive, &asked).unwrap();
+        let first_fresh = measured(&first, "fresh_tokens");
+        drop(first);
+        let second = start(&backend, std::slice::from_ref(&funny));
+        let answers = second.answer(&funny, &asked).unwrap().answers;
+        let second_fresh = measured(&second, "fresh_tokens");
+        // Only the question after each document is computed.
+        assert!(
+            second_fresh * 100 <= first_fresh * 15,
+            "second {second_fresh}, first {first_fresh}"
+        );
+        let direct = crate::inference::backend::ContentHashBackend::default();
+        assert_eq!(answers, direct.answer(&funny, &asked).unwrap());
+        // Without keeping, the second query computes its documents again.
+        let fresh_each = simulation(1 << 30, 0);
+        drop(start(&fresh_each, std::slice::from_ref(&positive)));
+        let alone = start(&fresh_each, std::slice::from_ref(&funny));
+        alone.answer(&funny, &asked).unwrap();
+        assert!(measured(&alone, "fresh_tokens") > first_fresh * 9 / 10);
+    }
+
+    #[test]
+    fn queries_at_once_get_their_own_answers_and_stop_alone() {
+        let docs = long_docs(12);
+        let positive = test_call(AiKind::Filter, "Is the review {0} positive?", &[]);
+        let mut funny = test_call(AiKind::Filter, "Is the film in {0} funny?", &[]);
+        funny.op_id = "filter-2".into();
+        let backend = simulation(1 << 30, 0);
+        let one = start(&backend, std::slice::from_ref(&positive));
+        let other = start(&backend, std::slice::from_ref(&funny));
+        // Their calls interleave, from two threads.
+        let asks = |query: Arc<dyn QueryBackend>, call: AiCall| {
+            let docs = docs.clone();
+            std::thread::spawn(move || {
+                let mut answers = Vec::new();
+                for r in test_requests(&docs) {
+                    answers.extend(query.answer(&call, &[r]).unwrap().answers);
+                }
+                (answers, query.work().fresh())
+            })
+        };
+        let (a, b) = (
+            asks(one.clone(), positive.clone()),
+            asks(other.clone(), funny.clone()),
+        );
+        let ((one_answers, one_fresh), (other_answers, other_fresh)) =
+            (a.join().unwrap(), b.join().unwrap());
+        let direct = crate::inference::backend::ContentHashBackend::default();
+        let asked = test_requests(&docs);
+        assert_eq!(one_answers, direct.answer(&positive, &asked).unwrap());
+        assert_eq!(other_answers, direct.answer(&funny, &asked).unwrap());
+        // A document's KV is computed once, by whichever query asked first;
+        // each query counts what was computed for its own calls.
+        let alone = {
+            let backend = simulation(1 << 30, 0);
+            let q = start(&backend, std::slice::from_ref(&positive));
+            q.answer(&positive, &asked).unwrap();
+            q.work().fresh()
+        };
+        assert!(one_fresh + other_fresh < alone * 13 / 10);
+        assert!(one_fresh > 0 && other_fresh > 0);
+        // Cancelling one query stops its work only.
+        one.cancel();
+        one.wait_stopped();
+        let e = one.answer(&positive, &asked[..1]).unwrap_err().to_string();
+        assert!(e.contains("cancelled"), "{e}");
+        assert_eq!(
+            other.answer(&funny, &asked[..1]).unwrap().answers,
+            direct.answer(&funny, &asked[..1]).unwrap()
+        );
     }
 
     #[test]

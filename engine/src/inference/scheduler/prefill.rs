@@ -8,13 +8,12 @@ use std::sync::Arc;
 
 use super::prompts::PromptTokens;
 use super::tiers::{KvNode, KvTiers};
-use super::{DROPPED_DOCUMENT_STUB_TOKENS, Executor, ScheduledBackend, chunk_by_tokens};
+use super::{QueryTicket, DROPPED_DOCUMENT_STUB_TOKENS, Executor, ScheduledBackend, chunk_by_tokens};
 use crate::error::{EngineError, Result};
 use crate::inference::backend::{AiCall, AiRequest};
 use crate::inference::kv_cache::{KvOps, NodeId};
 use crate::inference::memo::DocKey;
 use crate::inference::prompt::Excerpt;
-use crate::limits::query_gate::Ticket;
 
 impl<E: Executor> ScheduledBackend<E> {
     /// Computes the KV of `waves` (from the tiers: each wave's parents are
@@ -22,7 +21,7 @@ impl<E: Executor> ScheduledBackend<E> {
     /// `batch_tokens`, and hands it to the tiers.
     pub(super) fn compute(
         &self,
-        ticket: Ticket,
+        ticket: &QueryTicket,
         op_id: &str,
         tiers: &mut KvTiers<E::Kv>,
         waves: Vec<Vec<KvNode>>,
@@ -47,7 +46,7 @@ impl<E: Executor> ScheduledBackend<E> {
     /// it: each request's node in its document's question trie.
     pub(super) fn anchor_prompts(
         &self,
-        ticket: Ticket,
+        ticket: &QueryTicket,
         tiers: &mut KvTiers<E::Kv>,
         call: &AiCall,
         prompt: &PromptTokens,
@@ -102,7 +101,7 @@ impl<E: Executor> ScheduledBackend<E> {
     /// a node of the document's question trie, computed once per document.
     pub(super) fn question_nodes(
         &self,
-        ticket: Ticket,
+        ticket: &QueryTicket,
         tiers: &mut KvTiers<E::Kv>,
         op_id: &str,
         keys: &[DocKey],

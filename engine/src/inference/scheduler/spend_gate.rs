@@ -9,39 +9,32 @@
 //! batch is charged once, right after it ran.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::{EngineError, Result};
 use crate::inference::backend::{AiRequest, Answer};
-use crate::limits::query_gate::{QueryGate, Ticket};
+use crate::limits::query_gate::Ticket;
 use crate::limits::spend::Spend;
 
-/// The running query's spend meter and what of the executor's work it was
-/// charged.
+/// One query's spend meter, the gate of each of its forward batches.
 #[derive(Default)]
 pub(super) struct SpendGate {
-    /// The running query's spend meter, if it has a spend budget.
-    meter: Mutex<Option<Arc<Spend>>>,
-    /// The executor's fresh tokens already charged: a batch charges what the
-    /// count grew by since, so work is never charged twice.
-    charged_fresh: AtomicU64,
+    /// The query's spend meter, if it has a spend budget.
+    meter: Option<Arc<Spend>>,
 }
 
 impl SpendGate {
-    /// A new query with `meter` (if it has a spend budget), when the
-    /// executor has computed `fresh_tokens` in all.
-    pub(super) fn begin(&self, meter: Option<Arc<Spend>>, fresh_tokens: u64) {
-        self.charged_fresh.store(fresh_tokens, Ordering::Relaxed);
-        *self.meter.lock().expect("spend lock") = meter;
+    /// The gate of a query with `meter` (if it has a spend budget).
+    pub(super) fn new(meter: Option<Arc<Spend>>) -> Self {
+        Self { meter }
     }
 
     fn meter(&self) -> Option<Arc<Spend>> {
-        self.meter.lock().expect("spend lock").clone()
+        self.meter.clone()
     }
 
-    /// Whether the running query's spend budget is spent.
+    /// Whether the query's spend budget is spent.
     pub(super) fn spent(&self) -> bool {
         self.meter().is_some_and(|s| s.reached().is_some())
     }
@@ -49,35 +42,34 @@ impl SpendGate {
     /// Runs one forward batch of `op_id`'s work: `work(stopped)` calls the
     /// model, where `stopped()` tells a generation to give up between two
     /// decode steps. The batch does not start once the query is cancelled
-    /// (`gate`) or its spend budget is spent ([`EngineError::OverBudget`]);
-    /// what it computed (the growth of `fresh_tokens()`, wall time) is
-    /// charged after.
+    /// (`stop`) or its spend budget is spent ([`EngineError::OverBudget`]);
+    /// what it computed (the growth of `fresh_tokens()` while it ran, wall
+    /// time) is charged after. The executor runs one batch at a time (the
+    /// scheduler holds its KV lock), so that growth is this batch's alone,
+    /// whatever other queries run on the backend.
     pub(super) fn forward<T>(
         &self,
-        gate: &QueryGate,
-        ticket: Ticket,
+        stop: &Ticket,
         op_id: &str,
         fresh_tokens: &dyn Fn() -> u64,
         work: impl FnOnce(&dyn Fn() -> bool) -> Result<T>,
     ) -> Result<T> {
-        gate.check(ticket, op_id)?;
+        stop.check(op_id)?;
         let Some(spend) = self.meter() else {
-            return work(&|| gate.check(ticket, op_id).is_err());
+            return work(&|| stop.check(op_id).is_err());
         };
         if let Some(limit) = spend.reached() {
             return Err(EngineError::OverBudget(spend.describe(limit)));
         }
         let started = Instant::now();
-        let uncharged =
-            || fresh_tokens().saturating_sub(self.charged_fresh.load(Ordering::Relaxed));
+        let before = fresh_tokens();
+        let uncharged = || fresh_tokens().saturating_sub(before);
         let stopped = || {
-            gate.check(ticket, op_id).is_err()
+            stop.check(op_id).is_err()
                 || spend.reached_with(uncharged(), started.elapsed()).is_some()
         };
         let out = work(&stopped);
-        let fresh = fresh_tokens();
-        let before = self.charged_fresh.swap(fresh, Ordering::Relaxed);
-        spend.charge(fresh.saturating_sub(before), started.elapsed());
+        spend.charge(uncharged(), started.elapsed());
         out
     }
 
@@ -85,14 +77,8 @@ impl SpendGate {
     /// before it started, a generation given up between decode steps) in a
     /// query not cancelled: the questions left are unreached. `Err(e)`
     /// otherwise.
-    pub(super) fn stopped_by_spend(
-        &self,
-        gate: &QueryGate,
-        ticket: Ticket,
-        op_id: &str,
-        e: EngineError,
-    ) -> Result<()> {
-        gate.check(ticket, op_id)?;
+    pub(super) fn stopped_by_spend(&self, stop: &Ticket, op_id: &str, e: EngineError) -> Result<()> {
+        stop.check(op_id)?;
         let stopped = matches!(
             e,
             EngineError::OverBudget(_) | EngineError::Model(aisql_models::ModelError::Stopped)

@@ -48,6 +48,22 @@ pub struct TierCounters {
     pub offloaded_bytes: u64,
 }
 
+impl TierCounters {
+    /// What was done since `start`, an earlier reading of the same tiers:
+    /// counts as differences, peaks as they are now.
+    pub fn since(&self, start: &TierCounters) -> TierCounters {
+        TierCounters {
+            peak_bytes: self.peak_bytes,
+            host_peak_bytes: self.host_peak_bytes,
+            evictions: self.evictions - start.evictions,
+            offloads: self.offloads - start.offloads,
+            restored_tokens: self.restored_tokens - start.restored_tokens,
+            restored_bytes: self.restored_bytes - start.restored_bytes,
+            offloaded_bytes: self.offloaded_bytes - start.offloaded_bytes,
+        }
+    }
+}
+
 /// Told by [`KvTiers::make_room`] about a document about to leave both tiers.
 pub trait BeforeDrop<K, P = Lru> {
     /// Whether something must be done with `doc`'s KV before it goes; when so,
@@ -131,6 +147,13 @@ impl<K: KvOps, P: EvictionPolicy> KvTiers<K, P> {
                 .sum::<usize>()
     }
 
+    /// Peaks start again from what is held now: a query that finds the
+    /// tiers of queries before it reports its own peaks.
+    pub fn restart_peaks(&mut self) {
+        self.counters.peak_bytes = self.bytes();
+        self.counters.host_peak_bytes = self.host_bytes();
+    }
+
     /// What the tiers did so far, peaks including what is held now.
     pub fn counters(&self) -> TierCounters {
         TierCounters {
@@ -147,10 +170,19 @@ impl<K: KvOps, P: EvictionPolicy> KvTiers<K, P> {
 
     /// Adds document `key`'s `preamble + document` sequence (structure only,
     /// [`PrefixTrie::insert`]) and returns its node; the policy sees the path used.
+    ///
+    /// A key whose text is not the one its KV was computed for (a table
+    /// registered again under its name, between two queries that share the
+    /// tiers) loses the questions asked of the old text: they are rooted at
+    /// the old text's KV.
     pub fn insert_doc(&mut self, key: DocKey, seq: &[u32]) -> Result<NodeId> {
         let leaf = self.docs.insert(seq)?;
         self.policy.nodes_used(&self.docs.path(leaf));
-        self.doc_nodes.insert(key, leaf);
+        if let Some(old) = self.doc_nodes.insert(key.clone(), leaf)
+            && old != leaf
+        {
+            self.suffixes.remove(&key);
+        }
         Ok(leaf)
     }
 
