@@ -296,6 +296,13 @@ pub struct BackendArgs {
     /// Tokens per forward batch.
     #[arg(long, default_value_t = 8192, value_parser = config::number::<usize>)]
     pub batch_tokens: usize,
+    /// Keep documents' KV after the query that computed them, within the KV
+    /// budget, so that later queries over the same documents compute only
+    /// their questions (default: on; `aisql bench` starts each query from
+    /// nothing unless told `--keep-kv on`, so that its fresh tokens are the
+    /// query's own).
+    #[arg(long, value_enum)]
+    pub keep_kv: Option<Switch>,
     /// Rows streamed through the AI operators at a time: a chain of operators
     /// finishes one batch of documents while their KV is still cached.
     #[arg(long, default_value_t = 256, value_parser = config::number::<usize>)]
@@ -352,6 +359,7 @@ impl BackendArgs {
                 kv_budget_mb: self.kv_budget_mb,
                 kv_host_mb: self.kv_host_mb,
                 batch_tokens: self.batch_tokens,
+                keep_kv: self.keep_kv.map(|s| s == Switch::On),
             },
         };
         spec.validate(Names::Flags)?;

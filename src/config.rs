@@ -214,6 +214,10 @@ pub struct SchedulerSpec {
     pub kv_host_mb: Option<usize>,
     /// Tokens per forward batch.
     pub batch_tokens: usize,
+    /// Keep documents' KV after the query that computed them, for the
+    /// queries after it (`None`: the command's default; on, but a benchmark
+    /// run starts each query from nothing).
+    pub keep_kv: Option<bool>,
 }
 
 impl Default for SchedulerSpec {
@@ -224,6 +228,7 @@ impl Default for SchedulerSpec {
             kv_budget_mb: None,
             kv_host_mb: None,
             batch_tokens: 8192,
+            keep_kv: None,
         }
     }
 }
@@ -239,6 +244,7 @@ impl SchedulerSpec {
                 .map_or_else(default_kv_budget_bytes, |mb| mb << 20),
             host_kv_budget_bytes: self.kv_host_mb.map_or(0, |mb| mb << 20),
             batch_tokens: self.batch_tokens.max(1),
+            keep_kv_across_queries: self.keep_kv.unwrap_or(true),
         }
     }
 
@@ -966,6 +972,9 @@ pub const OPTIONS: &[(&str, SetOption)] = &[
             &mut b.config.backend.scheduler.kv_host_mb,
             v.parse(number).map(Some),
         )
+    }),
+    ("keep_kv", |b, v| {
+        put(&mut b.config.backend.scheduler.keep_kv, v.switch().map(Some))
     }),
     ("batch_tokens", |b, v| {
         put(

@@ -112,7 +112,10 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
         bail!("aisql bench needs a QUAIL-B data root with reference labels (--root), not --tables");
     }
     let timeout = args.timeout_s;
-    let spec = args.backend.spec()?;
+    let mut spec = args.backend.spec()?;
+    // Each query starts from nothing unless `--keep-kv on`: its fresh tokens
+    // are its own work, the benchmark's rule.
+    spec.scheduler.keep_kv.get_or_insert(false);
     let qc = args.backend.query_config(None, &args.cost)?;
     let controls = super::budget::controls(&qc.cost, &spec)?;
     let plans = PlanSource::choose(args.plans.dir.as_deref());

@@ -108,8 +108,10 @@ impl Sources {
 }
 
 /// One model and one set of tables that many statements, from one or many
-/// sessions, run on. The model answers one statement at a time: the others
-/// wait their turn, so no two queries' questions are ever mixed up.
+/// sessions, run on at once. Each statement is a query of its own on the
+/// backend, with its own answers, measurements, budget and stop; their model
+/// work takes turns call by call, and a statement without AI calls never
+/// waits for it.
 pub struct Connection {
     backend: Arc<dyn InferenceBackend>,
     /// The session the tables were registered in; others share them.
@@ -118,8 +120,6 @@ pub struct Connection {
     /// Where statements may write: tables registered later join its inputs.
     policy: std::sync::Mutex<WritePolicy>,
     timeout: Option<Duration>,
-    /// Held by the statement the model is answering.
-    turn: tokio::sync::Mutex<()>,
 }
 
 impl Connection {
@@ -173,7 +173,6 @@ impl Connection {
             options,
             policy: std::sync::Mutex::new(policy),
             timeout: args.query.timeout,
-            turn: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -225,7 +224,7 @@ impl Connection {
             .clone())
     }
 
-    /// Runs `sql` on `session` when the model is free. Dropping the returned
+    /// Runs `sql` on `session`. Dropping the returned
     /// future (a cancel, Ctrl-C) stops the statement: DataFusion at once, the
     /// model after its forward batch in flight. Past `--timeout-s` it stops
     /// the same way and fails naming the limit.
@@ -242,7 +241,7 @@ impl Connection {
         statement_timeout: Option<Duration>,
     ) -> anyhow::Result<SqlOutput> {
         let started = Instant::now();
-        self.in_turn(async { session.run(sql).await }, started, statement_timeout)
+        self.within_limits(async { session.run(sql).await }, started, statement_timeout)
             .await
     }
 
@@ -253,7 +252,7 @@ impl Connection {
         plan: LogicalPlan,
     ) -> anyhow::Result<SqlOutput> {
         let started = Instant::now();
-        self.in_turn(
+        self.within_limits(
             async { session.run_plan(plan, started).await },
             started,
             None,
@@ -275,20 +274,18 @@ impl Connection {
             let plan = session.plan_with_params(sql, Some(params)).await?;
             session.run_plan(plan, started).await
         };
-        self.in_turn(work, started, statement_timeout).await
+        self.within_limits(work, started, statement_timeout).await
     }
 
-    async fn in_turn(
+    async fn within_limits(
         &self,
         work: impl Future<Output = aisql_engine::Result<SqlOutput>>,
         started: Instant,
         statement_timeout: Option<Duration>,
     ) -> anyhow::Result<SqlOutput> {
-        let _turn = self.turn.lock().await;
         // A statement dropped or timed out before its last row drops its
         // query, which stops its model work after the forward batch in
-        // flight (`SqlSession::run_plan_into`); the next statement starts
-        // once that batch has left.
+        // flight (`SqlSession::run_plan_into`).
         // The sooner of the command's limit and the session's.
         let limit = [
             self.timeout.map(|t| (t, "--timeout-s")),

@@ -9,7 +9,7 @@
 //! sharing an anchor document are adjacent — the order a model backend needs to
 //! reuse the document's KV for every partner or question.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::error::{EngineError, Result};
 pub use crate::inference::call::{AiCall, AiKind, AiRequest, Answer, Doc, label_score_fields};
@@ -157,6 +157,74 @@ pub trait QueryBackend: Send + Sync {
     /// will be paired with each of these documents (distinct by id). A backend
     /// may ask the join's questions ahead of time.
     fn partners_collected(&self, _call: &AiCall, _partners: &[Doc<'_>]) {}
+}
+
+/// The query of a plan without AI operators: nothing of the backend is
+/// touched unless a call comes after all (none should), when the backend's
+/// query begins. A plain statement never waits for the model, whatever
+/// other queries it is running.
+pub struct QueryWithoutCalls {
+    backend: Arc<dyn InferenceBackend>,
+    spend: Option<Arc<Spend>>,
+    begun: Mutex<Option<Arc<dyn QueryBackend>>>,
+    cancelled: std::sync::atomic::AtomicBool,
+}
+
+impl QueryWithoutCalls {
+    /// A query on `backend` that declared no calls, under `spend`.
+    pub fn new(backend: Arc<dyn InferenceBackend>, spend: Option<Arc<Spend>>) -> Self {
+        Self {
+            backend,
+            spend,
+            begun: Mutex::new(None),
+            cancelled: Default::default(),
+        }
+    }
+
+    fn begun(&self) -> Option<Arc<dyn QueryBackend>> {
+        self.begun.lock().expect("query lock").clone()
+    }
+}
+
+impl QueryBackend for QueryWithoutCalls {
+    fn answer(&self, call: &AiCall, requests: &[AiRequest<'_>]) -> Result<Answered> {
+        let query = {
+            let mut begun = self.begun.lock().expect("query lock");
+            if self.cancelled.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(EngineError::Inference(format!("{}: cancelled", call.op_id)));
+            }
+            match &*begun {
+                Some(q) => q.clone(),
+                None => {
+                    let q = self.backend.clone().begin(QueryStart {
+                        calls: Vec::new(),
+                        spend: self.spend.clone(),
+                    })?;
+                    *begun = Some(q.clone());
+                    q
+                }
+            }
+        };
+        query.answer(call, requests)
+    }
+
+    fn work(&self) -> Work {
+        self.begun().map(|q| q.work()).unwrap_or_default()
+    }
+
+    fn cancel(&self) {
+        self.cancelled
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(q) = self.begun() {
+            q.cancel();
+        }
+    }
+
+    fn wait_stopped(&self) {
+        if let Some(q) = self.begun() {
+            q.wait_stopped();
+        }
+    }
 }
 
 /// A backend that keeps nothing per query and measures no work (an oracle

@@ -155,6 +155,11 @@ work_fields! {
     kv_budget_bytes: Config<u64>,
     /// Tokens per forward batch.
     batch_tokens: Config<u64>,
+    /// Whether KV outlives its query (reported only when it does).
+    kv_kept_across_queries: Config<bool>,
+    /// KV positions held when the query began: what earlier queries left it
+    /// (reported only when KV outlives its query).
+    kv_held_at_start_tokens: Sum<u64>,
     /// Each worker's share (sharded backends only).
     workers: Config<Vec<WorkerShare>>,
     /// The busiest worker's fresh tokens over the mean (sharded backends
@@ -272,6 +277,8 @@ mod tests {
             "kv_transfer_seconds",
             "kv_budget_bytes",
             "batch_tokens",
+            "kv_kept_across_queries",
+            "kv_held_at_start_tokens",
             "workers",
             "worker_fresh_max_over_mean",
             "answer_cache_reused",

@@ -42,7 +42,9 @@ use crate::exec::answers::{AnswerRecorder, AnswerTable};
 use crate::exec::coverage::QueryControls;
 use crate::exec::logical::ai_nodes;
 use crate::exec::physical::{AiQueryPlanner, AiRuntime};
-use crate::inference::backend::{AiCall, InferenceBackend, QueryBackend, QueryStart};
+use crate::inference::backend::{
+    AiCall, InferenceBackend, QueryBackend, QueryStart, QueryWithoutCalls,
+};
 use crate::inference::memo::AnswerMemo;
 use crate::limits::memory_guard::HeapBoundedPool;
 use crate::sql::options::QueryOptions;
@@ -80,6 +82,10 @@ pub struct SqlSession {
     /// Questions each AI operator is expected to ask (an estimate's), for
     /// the progress lines' totals.
     expected_rows: Mutex<std::collections::HashMap<String, u64>>,
+    /// Held by the session's running statement: a session runs one at a
+    /// time (its heap ceiling and canceller are its running query's), while
+    /// other sessions on the same backend run theirs.
+    one_statement: tokio::sync::Mutex<()>,
 }
 
 /// What one statement returns.
@@ -181,6 +187,7 @@ impl SqlSession {
             csv: Mutex::default(),
             expected_rows: Mutex::new(options.expected_rows.clone()),
             canceller: QueryCanceller::default(),
+            one_statement: tokio::sync::Mutex::new(()),
             options,
         })
     }
@@ -537,6 +544,7 @@ impl SqlSession {
         started: Instant,
         sink: &mut dyn RowSink,
     ) -> Result<SqlOutput> {
+        let _one_statement = self.one_statement.lock().await;
         self.check_writes(&plan)?;
         // The heap the query may add is measured from here.
         self.pool.start_query(self.backend.host_memory_allowance());
@@ -581,10 +589,21 @@ impl SqlSession {
                 .expect("expected rows lock")
                 .clone(),
         );
-        let query = self.backend.clone().begin(QueryStart {
-            calls: calls.clone(),
-            spend,
-        })?;
+        let query: Arc<dyn QueryBackend> = if calls.is_empty() {
+            // A plain statement never waits for the model.
+            Arc::new(QueryWithoutCalls::new(self.backend.clone(), spend))
+        } else {
+            // Beginning may wait (for the tiers another query holds through
+            // its forward batch, for a worker's turn): off the async threads.
+            let backend = self.backend.clone();
+            let start = QueryStart {
+                calls: calls.clone(),
+                spend,
+            };
+            tokio::task::spawn_blocking(move || backend.begin(start))
+                .await
+                .map_err(|e| EngineError::Inference(format!("beginning the query failed: {e}")))??
+        };
         // Ends the query however this returns, after its measurements are taken.
         let mut ends = QueryEnd {
             running: &self.canceller.running,

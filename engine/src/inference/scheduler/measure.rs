@@ -24,6 +24,7 @@ impl<E: Executor> ScheduledBackend<E> {
     /// state, then the tiers.)
     pub(super) fn query_work(&self, query: &ScheduledQuery<E>) -> Work {
         let state = query.state.lock().expect("query state lock");
+        let keep = self.config.keep_kv_across_queries;
         let kv = self
             .kv
             .lock()
@@ -51,6 +52,8 @@ impl<E: Executor> ScheduledBackend<E> {
             kv_budget_bytes: Some(Config(self.config.kv_budget_bytes as u64)),
             batch_tokens: Some(Config(self.config.batch_tokens as u64)),
             prefix_cache: Some(Config(self.config.prefix_cache)),
+            kv_kept_across_queries: keep.then_some(Config(true)),
+            kv_held_at_start_tokens: keep.then_some(Sum(query.held_at_start_tokens)),
             ..query.work.lock().expect("query work lock").clone()
         }
     }

@@ -564,7 +564,7 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         // Counts the query as live from here: ending it (dropping the
         // object) counts it out, whatever happens below.
         let live = LiveQuery(self.clone());
-        let tiers_start = {
+        let (tiers_start, held_at_start_tokens) = {
             let mut tiers = self.kv.lock().expect("scheduler KV lock");
             if alone && !self.config.keep_kv_across_queries {
                 // A query that has the backend to itself starts from nothing.
@@ -574,7 +574,8 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
             if alone {
                 tiers.restart_peaks();
             }
-            tiers.counters()
+            let held = (tiers.bytes() + tiers.host_bytes()) / self.exec.kv_bytes_per_token().max(1);
+            (tiers.counters(), held as u64)
         };
         let state = QueryState {
             ops: start
@@ -596,6 +597,7 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
             }),
             state: Mutex::new(state),
             tiers_start,
+            held_at_start_tokens,
             // Nothing computed yet: zeros, not unknowns.
             work: Mutex::new({
                 let now = self.computed();
@@ -646,6 +648,8 @@ struct ScheduledQuery<E: Executor> {
     state: Mutex<QueryState>,
     /// The tiers' counters when the query began.
     tiers_start: TierCounters,
+    /// KV positions the tiers held when it began.
+    held_at_start_tokens: u64,
     /// What the executor computed for the query's calls so far.
     work: Mutex<Work>,
     live: LiveQuery<E>,
