@@ -108,7 +108,7 @@ async fn sessions_at_once_get_their_own_rows_and_share_the_documents_kv() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn plain_sql_runs_while_another_session_asks_the_model() {
     let dir = tempfile::tempdir().unwrap();
-    let table = reviews(dir.path(), 600);
+    let table = reviews(dir.path(), 2000);
     let connection = Arc::new(aisql::connect(&config(&table, true)).await.unwrap());
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let ai = {
@@ -124,7 +124,7 @@ async fn plain_sql_runs_while_another_session_asks_the_model() {
     // Let the AI statement reach the model.
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let (rows, _) = run(&connection, "SELECT count(*) AS n FROM docs").await;
-    assert!(rows.contains("600"), "{rows}");
+    assert!(rows.contains("2000"), "{rows}");
     assert!(
         !ai.is_finished(),
         "the AI statement ended before the plain one could show it did not wait"
