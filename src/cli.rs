@@ -359,7 +359,6 @@ impl BackendArgs {
                 kv_budget_mb: self.kv_budget_mb,
                 kv_host_mb: self.kv_host_mb,
                 batch_tokens: self.batch_tokens,
-                keep_kv: self.keep_kv.map(|s| s == Switch::On),
             },
         };
         spec.validate(Names::Flags)?;
@@ -380,6 +379,7 @@ impl BackendArgs {
             max_recursion: limits.map_or(defaults.max_recursion, |l| l.max_recursion),
             timeout: limits.and_then(|l| l.timeout_s),
             cost: cost.config(),
+            keep_kv: self.keep_kv.map(|s| s == Switch::On),
         };
         query.validate(Names::Flags)?;
         Ok(query)

@@ -214,10 +214,6 @@ pub struct SchedulerSpec {
     pub kv_host_mb: Option<usize>,
     /// Tokens per forward batch.
     pub batch_tokens: usize,
-    /// Keep documents' KV after the query that computed them, for the
-    /// queries after it (`None`: the command's default; on, but a benchmark
-    /// run starts each query from nothing).
-    pub keep_kv: Option<bool>,
 }
 
 impl Default for SchedulerSpec {
@@ -228,7 +224,6 @@ impl Default for SchedulerSpec {
             kv_budget_mb: None,
             kv_host_mb: None,
             batch_tokens: 8192,
-            keep_kv: None,
         }
     }
 }
@@ -244,7 +239,6 @@ impl SchedulerSpec {
                 .map_or_else(default_kv_budget_bytes, |mb| mb << 20),
             host_kv_budget_bytes: self.kv_host_mb.map_or(0, |mb| mb << 20),
             batch_tokens: self.batch_tokens.max(1),
-            keep_kv_across_queries: self.keep_kv.unwrap_or(true),
         }
     }
 
@@ -345,6 +339,10 @@ pub struct QueryConfig {
     pub timeout: Option<Duration>,
     /// Budget, row errors, progress and estimates.
     pub cost: CostConfig,
+    /// Whether a statement uses the KV earlier statements left, computing
+    /// only what it does not find (`None`: the command's default, on; a
+    /// benchmark run starts each query from nothing unless told).
+    pub keep_kv: Option<bool>,
 }
 
 impl Default for QueryConfig {
@@ -355,6 +353,7 @@ impl Default for QueryConfig {
             max_recursion: aisql_engine::sql::recursion::DEFAULT_MAX_RECURSION,
             timeout: None,
             cost: CostConfig::default(),
+            keep_kv: None,
         }
     }
 }
@@ -974,7 +973,7 @@ pub const OPTIONS: &[(&str, SetOption)] = &[
         )
     }),
     ("keep_kv", |b, v| {
-        put(&mut b.config.backend.scheduler.keep_kv, v.switch().map(Some))
+        put(&mut b.config.query.keep_kv, v.switch().map(Some))
     }),
     ("batch_tokens", |b, v| {
         put(

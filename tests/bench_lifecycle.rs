@@ -78,6 +78,7 @@ fn options(dir: &Path, resume: bool, timeout: Option<Duration>, fail_fast: bool)
         memory_limit: aisql_engine::limits::host_memory::default_memory_limit(),
         budget: None,
         on_row_error: Default::default(),
+        reuse_earlier_kv: false,
         estimator: None,
     }
 }

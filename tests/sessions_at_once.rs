@@ -18,10 +18,14 @@ use datafusion::arrow::util::pretty::pretty_format_batches;
 /// question, as the reviews of IMDB are (a second question can save no more
 /// than the documents' share of the first one's tokens).
 fn reviews(dir: &Path, n: usize) -> std::path::PathBuf {
-    let words = ["good", "bad", "film", "plot", "great", "boring", "actor", "scene"];
+    let words = [
+        "good", "bad", "film", "plot", "great", "boring", "actor", "scene",
+    ];
     let mut text = String::from("id,body\n");
     for i in 0..n {
-        let body: Vec<&str> = (0..120).map(|w| words[(i * 7 + w * w * 3 + i / 5) % 8]).collect();
+        let body: Vec<&str> = (0..120)
+            .map(|w| words[(i * 7 + w * w * 3 + i / 5) % 8])
+            .collect();
         text.push_str(&format!("{i},review {i}: {}\n", body.join(" ")));
     }
     let path = dir.join("reviews.csv");
@@ -33,7 +37,7 @@ fn config(table: &Path, keep_kv: bool) -> EngineConfig {
     let mut config = EngineConfig::default();
     config.tables.tables = vec![("docs".into(), table.to_path_buf())];
     config.tables.default_dataset = false;
-    config.backend.scheduler.keep_kv = Some(keep_kv);
+    config.query.keep_kv = Some(keep_kv);
     config
 }
 
@@ -102,7 +106,10 @@ async fn sessions_at_once_get_their_own_rows_and_share_the_documents_kv() {
     }
     let one = alone[0].1;
     eprintln!("fresh tokens: four sessions at once {together}, one question alone {one}");
-    assert!(together * 10 <= one * 13, "{together} fresh tokens for four, {one} for one");
+    assert!(
+        together * 10 <= one * 13,
+        "{together} fresh tokens for four, {one} for one"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -116,7 +123,8 @@ async fn plain_sql_runs_while_another_session_asks_the_model() {
         tokio::spawn(async move {
             let session = connection.new_session().await.unwrap();
             started_tx.send(()).unwrap();
-            let sql = "SELECT count(*) FROM docs WHERE ai_filter('Is the review {0} positive?', body)";
+            let sql =
+                "SELECT count(*) FROM docs WHERE ai_filter('Is the review {0} positive?', body)";
             connection.run(&session, sql).await.unwrap();
         })
     };

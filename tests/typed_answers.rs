@@ -129,6 +129,7 @@ fn scores_equal_the_softmax_of_the_uncached_heads() {
         .begin(QueryStart {
             calls: vec![score.clone(), decide.clone()],
             spend: None,
+            ..QueryStart::default()
         })
         .unwrap();
     let scores = cached.answer(&score, &reqs).unwrap().answers;
@@ -165,6 +166,7 @@ fn scores_equal_the_softmax_of_the_uncached_heads() {
         .begin(QueryStart {
             calls: vec![probabilities.clone(), classify.clone()],
             spend: None,
+            ..QueryStart::default()
         })
         .unwrap();
     let got = cached.answer(&probabilities, &reqs).unwrap().answers;
@@ -225,6 +227,7 @@ fn generation_over_shared_document_kv_gives_the_uncached_texts() {
             .begin(QueryStart {
                 calls: vec![complete.clone(), extract.clone()],
                 spend: None,
+                ..QueryStart::default()
             })
             .unwrap();
         let texts = b.answer(&complete, &reqs).unwrap().answers;

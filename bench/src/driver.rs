@@ -75,6 +75,9 @@ pub struct BenchOptions {
     pub budget: Option<Budget>,
     /// What a row the model cannot answer does.
     pub on_row_error: OnRowError,
+    /// Whether each query uses the KV the queries before it left (`--keep-kv
+    /// on`); off, each starts from nothing and its fresh tokens are its own.
+    pub reuse_earlier_kv: bool,
     /// Estimates each query before it runs and records the estimate beside
     /// the actual figures (a backend that computes tokens: a model, or the
     /// simulation).
@@ -601,6 +604,7 @@ impl<'a> QueryRunner<'a> {
             memory_limit: opts.memory_limit,
             budget: opts.budget,
             on_row_error: opts.on_row_error,
+            reuse_earlier_kv: opts.reuse_earlier_kv,
             ..QueryOptions::default()
         };
         QueryRunner {
@@ -988,6 +992,7 @@ mod tests {
             memory_limit: aisql_engine::limits::host_memory::default_memory_limit(),
             budget: None,
             on_row_error: Default::default(),
+            reuse_earlier_kv: false,
             estimator: None,
         }
     }

@@ -60,6 +60,50 @@ fn metrics(q: &QueryRecord) -> Option<&QueryMetrics> {
     }
 }
 
+/// Under `--keep-kv on` (queries found the KV earlier ones left): the whole
+/// run's fresh tokens against the sum of the queries' minimums, each of
+/// which assumes the query starts from nothing. Empty for a run whose
+/// queries each started from nothing.
+fn kept_kv_section(run: &RunFile) -> Vec<String> {
+    let kept = run.queries.iter().any(|q| {
+        q.measurements
+            .as_ref()
+            .is_some_and(|w| w.kv_kept_across_queries.as_ref().is_some_and(|k| k.0))
+    });
+    if !kept {
+        return Vec::new();
+    }
+    let complete: Vec<&QueryMetrics> = run
+        .queries
+        .iter()
+        .filter(|q| q.status == QueryStatus::Complete)
+        .filter_map(metrics)
+        .collect();
+    let fresh: u64 = complete.iter().filter_map(|m| m.fresh_tokens).sum();
+    let minimum: u64 = complete.iter().filter_map(|m| m.minimum_tokens).sum();
+    let saving = (minimum > 0).then(|| 100.0 * (1.0 - fresh as f64 / minimum as f64));
+    vec![
+        String::new(),
+        "## KV kept across queries".into(),
+        String::new(),
+        "Queries ran with `--keep-kv on`: each found the KV the queries before it left, so a \
+         query's fresh tokens may fall below its minimum (which assumes it starts from nothing) \
+         and its KV regret is not the benchmark's."
+            .into(),
+        String::new(),
+        "| Complete queries | Fresh tokens, whole run | Σ minimum tokens | Saving across queries (%) |"
+            .into(),
+        "| --- | --- | --- | --- |".into(),
+        format!(
+            "| {} | {} | {} | {} |",
+            complete.len(),
+            fresh,
+            minimum,
+            num(saving)
+        ),
+    ]
+}
+
 /// The report text.
 pub fn report_markdown(run: &RunFile, charts: &[(String, String)]) -> String {
     let status = match run.status {
@@ -222,6 +266,7 @@ pub fn report_markdown(run: &RunFile, charts: &[(String, String)]) -> String {
         }
         l.pop();
     }
+    l.extend(kept_kv_section(run));
     l.extend([
         String::new(),
         "## Configuration".into(),

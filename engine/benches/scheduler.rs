@@ -129,7 +129,7 @@ fn bench(c: &mut Criterion) {
             .clone()
             .begin(QueryStart {
                 calls: calls.to_vec(),
-                spend: None,
+                ..QueryStart::default()
             })
             .unwrap()
     };

@@ -299,6 +299,7 @@ impl Fixture {
             memory_limit: 1 << 30,
             budget: None,
             on_row_error: Default::default(),
+            reuse_earlier_kv: false,
             estimator: None,
         }
     }
@@ -434,7 +435,10 @@ impl Fixture {
                         &self.served,
                         WorkerTask {
                             query: Some(q),
-                            message: WorkerMessage::StartQuery(vec![]),
+                            message: WorkerMessage::StartQuery {
+                                calls: vec![],
+                                reuse_earlier_kv: false,
+                            },
                         },
                     );
                 }
@@ -802,7 +806,10 @@ fn worker_seeds() -> Result<Vec<Vec<u8>>, String> {
     };
     let tasks = [
         WorkerMessage::Hello,
-        WorkerMessage::StartQuery(vec![call(AiKind::Filter, &[])]),
+        WorkerMessage::StartQuery {
+            calls: vec![call(AiKind::Filter, &[])],
+            reuse_earlier_kv: false,
+        },
         WorkerMessage::Answer(call(AiKind::Join, &[]), docs.clone()),
         WorkerMessage::Answer(call(AiKind::Classify, &["x", "y"]), docs.clone()),
         WorkerMessage::Answer(call(AiKind::Score, &[]), docs.clone()),

@@ -112,10 +112,7 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
         bail!("aisql bench needs a QUAIL-B data root with reference labels (--root), not --tables");
     }
     let timeout = args.timeout_s;
-    let mut spec = args.backend.spec()?;
-    // Each query starts from nothing unless `--keep-kv on`: its fresh tokens
-    // are its own work, the benchmark's rule.
-    spec.scheduler.keep_kv.get_or_insert(false);
+    let spec = args.backend.spec()?;
     let qc = args.backend.query_config(None, &args.cost)?;
     let controls = super::budget::controls(&qc.cost, &spec)?;
     let plans = PlanSource::choose(args.plans.dir.as_deref());
@@ -198,6 +195,9 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
         memory_limit: qc.memory_limit(),
         budget: controls.budget,
         on_row_error: controls.on_row_error,
+        // Each query starts from nothing unless `--keep-kv on`: its fresh
+        // tokens are its own work, the benchmark's rule.
+        reuse_earlier_kv: qc.keep_kv.unwrap_or(false),
         estimator,
     };
     let rt = super::runtime()?;

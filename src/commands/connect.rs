@@ -40,6 +40,7 @@ pub fn query_options(
         model: backend.model_name(),
         budget: controls.budget,
         on_row_error: controls.on_row_error,
+        reuse_earlier_kv: query.keep_kv.unwrap_or(true),
     })
 }
 

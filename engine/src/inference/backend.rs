@@ -28,6 +28,12 @@ pub struct QueryStart {
     /// get to once a limit is reached. Backends that compute nothing (an
     /// oracle) ignore it.
     pub spend: Option<Arc<Spend>>,
+    /// Whether the query may use the KV that earlier queries left (a
+    /// session's later question over the same documents computes only what
+    /// it does not find). `false`: a query that runs alone starts from
+    /// nothing, so that its fresh tokens are all its own work (the
+    /// benchmark's rule, and a tool's or a test's question).
+    pub reuse_earlier_kv: bool,
 }
 
 impl QueryStart {
@@ -35,7 +41,7 @@ impl QueryStart {
     pub fn one(call: &AiCall) -> Self {
         Self {
             calls: vec![call.clone()],
-            spend: None,
+            ..Self::default()
         }
     }
 }
@@ -165,17 +171,17 @@ pub trait QueryBackend: Send + Sync {
 /// other queries it is running.
 pub struct QueryWithoutCalls {
     backend: Arc<dyn InferenceBackend>,
-    spend: Option<Arc<Spend>>,
+    start: QueryStart,
     begun: Mutex<Option<Arc<dyn QueryBackend>>>,
     cancelled: std::sync::atomic::AtomicBool,
 }
 
 impl QueryWithoutCalls {
-    /// A query on `backend` that declared no calls, under `spend`.
-    pub fn new(backend: Arc<dyn InferenceBackend>, spend: Option<Arc<Spend>>) -> Self {
+    /// A query on `backend` that declared no calls (`start.calls` is empty).
+    pub fn new(backend: Arc<dyn InferenceBackend>, start: QueryStart) -> Self {
         Self {
             backend,
-            spend,
+            start,
             begun: Mutex::new(None),
             cancelled: Default::default(),
         }
@@ -196,10 +202,7 @@ impl QueryBackend for QueryWithoutCalls {
             match &*begun {
                 Some(q) => q.clone(),
                 None => {
-                    let q = self.backend.clone().begin(QueryStart {
-                        calls: Vec::new(),
-                        spend: self.spend.clone(),
-                    })?;
+                    let q = self.backend.clone().begin(self.start.clone())?;
                     *begun = Some(q.clone());
                     q
                 }

@@ -724,6 +724,7 @@ mod tests {
             .query(QueryStart {
                 calls: vec![filter.clone(), join.clone()],
                 spend: None,
+                ..QueryStart::default()
             })
             .unwrap();
         let reference = begun(ContentHashBackend::default()).query;

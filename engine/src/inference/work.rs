@@ -155,10 +155,11 @@ work_fields! {
     kv_budget_bytes: Config<u64>,
     /// Tokens per forward batch.
     batch_tokens: Config<u64>,
-    /// Whether KV outlives its query (reported only when it does).
+    /// Whether the query used the KV earlier queries left (reported only
+    /// when it did).
     kv_kept_across_queries: Config<bool>,
     /// KV positions held when the query began: what earlier queries left it
-    /// (reported only when KV outlives its query).
+    /// (reported only when it used them).
     kv_held_at_start_tokens: Sum<u64>,
     /// Each worker's share (sharded backends only).
     workers: Config<Vec<WorkerShare>>,

@@ -589,17 +589,18 @@ impl SqlSession {
                 .expect("expected rows lock")
                 .clone(),
         );
+        let start = QueryStart {
+            calls: calls.clone(),
+            spend,
+            reuse_earlier_kv: self.options.reuse_earlier_kv,
+        };
         let query: Arc<dyn QueryBackend> = if calls.is_empty() {
             // A plain statement never waits for the model.
-            Arc::new(QueryWithoutCalls::new(self.backend.clone(), spend))
+            Arc::new(QueryWithoutCalls::new(self.backend.clone(), start))
         } else {
             // Beginning may wait (for the tiers another query holds through
             // its forward batch, for a worker's turn): off the async threads.
             let backend = self.backend.clone();
-            let start = QueryStart {
-                calls: calls.clone(),
-                spend,
-            };
             tokio::task::spawn_blocking(move || backend.begin(start))
                 .await
                 .map_err(|e| EngineError::Inference(format!("beginning the query failed: {e}")))??

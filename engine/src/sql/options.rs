@@ -37,6 +37,9 @@ pub struct QueryOptions {
     pub budget: Option<Budget>,
     /// What a row the model cannot answer does ([`crate::exec::coverage`]).
     pub on_row_error: OnRowError,
+    /// Whether each query may use the KV earlier queries left
+    /// ([`crate::inference::backend::QueryStart::reuse_earlier_kv`]).
+    pub reuse_earlier_kv: bool,
 }
 
 impl Default for QueryOptions {
@@ -52,6 +55,7 @@ impl Default for QueryOptions {
             model: None,
             budget: None,
             on_row_error: OnRowError::Fail,
+            reuse_earlier_kv: false,
         }
     }
 }

@@ -316,6 +316,9 @@ impl QueryHook for EngineStatements {
                 )
                 .await
                 .map_err(user_error)?;
+            if let Some(notice) = work_notice(&out) {
+                client.send_message(notice).await?;
+            }
             rows_response(out, &Format::UnifiedText, client.metadata())
         };
         Some(run.await)
@@ -424,6 +427,9 @@ impl ExtendedQueryHandler for Statements {
             .run_with_params(&session, sql, params, statement_timeout(&*client))
             .await
             .map_err(user_error)?;
+        if let Some(notice) = work_notice(&out) {
+            futures::SinkExt::send(client, notice).await?;
+        }
         rows_response(out, &portal.result_column_format, client.metadata())
     }
 }
@@ -493,6 +499,25 @@ fn check_parameter_casts(plan: &LogicalPlan, params: &ParamValues) -> PgWireResu
         ))));
     }
     Ok(())
+}
+
+/// What a statement with AI calls cost the model, as a NOTICE before its
+/// rows (psql prints it; psycopg hands it to a notice handler): its fresh
+/// tokens, and the KV positions earlier statements left it.
+fn work_notice(out: &SqlOutput) -> Option<PgWireBackendMessage> {
+    if out.calls.is_empty() {
+        return None;
+    }
+    let fresh = out.measurements.fresh_tokens.map(|f| f.0)?;
+    let mut text = format!("fresh tokens: {fresh} (positions computed by the model)");
+    if let Some(held) = out.measurements.kv_held_at_start_tokens {
+        text.push_str(&format!(
+            "; the KV earlier statements left held {} positions when it began",
+            held.0
+        ));
+    }
+    let notice = ErrorInfo::new("NOTICE".into(), "00000".into(), text);
+    Some(PgWireBackendMessage::NoticeResponse(notice.into()))
 }
 
 /// A statement's rows as PostgreSQL rows, in `format` (text or binary per

@@ -20,8 +20,9 @@ use crate::inference::backend::{AiCall, AiRequest, Answer, Doc};
 
 /// The protocol version both sides must speak (v4: an answer may be
 /// `Failed`, a row the model cannot answer, or `Unreached`; v5: answers come
-/// with their work and the query's, and no message asks for measurements).
-pub const PROTOCOL: &str = "aisql-worker-v5";
+/// with their work and the query's, and no message asks for measurements;
+/// v6: a query's start says whether it may use the KV earlier queries left).
+pub const PROTOCOL: &str = "aisql-worker-v6";
 
 /// A coordinator's query, as its worker messages name it: random per query, so
 /// two coordinators of one worker never name the same query.
@@ -122,7 +123,12 @@ pub enum WorkerMessage {
     Hello,
     /// [`InferenceBackend::begin`](crate::inference::backend::InferenceBackend::begin):
     /// waits for the worker's turn, then begins the query on its backend.
-    StartQuery(Vec<AiCall>),
+    StartQuery {
+        /// The query's AI operators, in the order they run.
+        calls: Vec<AiCall>,
+        /// [`QueryStart::reuse_earlier_kv`](crate::inference::backend::QueryStart::reuse_earlier_kv).
+        reuse_earlier_kv: bool,
+    },
     /// [`QueryBackend::partners_collected`](crate::inference::backend::QueryBackend::partners_collected).
     PartnersCollected(AiCall, Vec<WireDoc>),
     /// [`QueryBackend::answer`](crate::inference::backend::QueryBackend::answer):

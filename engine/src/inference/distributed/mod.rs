@@ -250,6 +250,7 @@ mod tests {
             .begin(QueryStart {
                 calls: calls.to_vec(),
                 spend: None,
+                ..QueryStart::default()
             })
             .unwrap();
         for call in &calls {
@@ -317,6 +318,7 @@ mod tests {
             .begin(QueryStart {
                 calls: vec![call.clone()],
                 spend: Some(spend.clone()),
+                ..QueryStart::default()
             })
             .unwrap();
         // Under the limit: asked, and charged what the workers computed (one

@@ -34,7 +34,7 @@
 //! for another coordinator's whole query.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Condvar, LazyLock, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -306,6 +306,9 @@ pub struct RemoteWorker {
     hello: WorkerHello,
     /// The query this coordinator runs on it, between start and end.
     query: Mutex<Option<QueryId>>,
+    /// Told when that query ends: the next query of this coordinator
+    /// (another session's) waits for it, as the worker serves one at a time.
+    query_ended: Condvar,
     /// See [`ConnectOptions::call_timeout`].
     call_timeout: Duration,
     /// See [`ConnectOptions::keep_alive_timeout`].
@@ -374,6 +377,7 @@ impl RemoteWorker {
             ctx,
             hello: *hello,
             query: Mutex::new(None),
+            query_ended: Condvar::new(),
             call_timeout: options.call_timeout,
             keep_alive_timeout: options.keep_alive_timeout,
             lost: AtomicBool::new(false),
@@ -399,7 +403,7 @@ impl RemoteWorker {
     /// starts a query (which waits its turn behind other coordinators').
     fn call_for(&self, query: Option<QueryId>, message: WorkerMessage) -> Result<WorkerReply> {
         let timeout = match message {
-            WorkerMessage::StartQuery(_) => None,
+            WorkerMessage::StartQuery { .. } => None,
             _ => Some((self.call_timeout, "--worker-timeout-s")),
         };
         let task = WorkerTask { query, message };
@@ -433,15 +437,30 @@ impl RemoteWorker {
         self.query() == Some(query) && !self.lost.load(Ordering::Relaxed)
     }
 
-    /// Starts a query of `operators` on the worker (a query not ended yet
-    /// ends first: the worker serves one at a time), waiting while another
-    /// coordinator's query holds it.
-    fn start_query(&self, operators: &[AiCall]) -> QueryId {
-        self.end_query();
-        self.lost.store(false, Ordering::Relaxed);
+    /// Starts a query of `operators` on the worker once this coordinator's
+    /// query before it has ended (the worker serves one at a time: a
+    /// session's query waits for another session's), waiting while another
+    /// coordinator's query holds it. Called off the async threads.
+    fn start_query(&self, operators: &[AiCall], reuse_earlier_kv: bool) -> QueryId {
         let query = new_query_id();
-        *self.query.lock().unwrap_or_else(|e| e.into_inner()) = Some(query);
-        self.notify(query, WorkerMessage::StartQuery(operators.to_vec()));
+        {
+            let mut slot = self.query.lock().unwrap_or_else(|e| e.into_inner());
+            while slot.is_some() {
+                slot = self
+                    .query_ended
+                    .wait(slot)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+            *slot = Some(query);
+        }
+        self.lost.store(false, Ordering::Relaxed);
+        self.notify(
+            query,
+            WorkerMessage::StartQuery {
+                calls: operators.to_vec(),
+                reuse_earlier_kv,
+            },
+        );
         query
     }
 
@@ -451,6 +470,7 @@ impl RemoteWorker {
         if ended.is_none() {
             return;
         }
+        self.query_ended.notify_one();
         if self.lost.load(Ordering::Relaxed) {
             // Sent without waiting: a worker that only lost this connection is
             // freed for other coordinators now, and a stopped one costs nothing.
@@ -567,7 +587,7 @@ impl InferenceBackend for RemoteWorker {
     }
 
     fn begin(self: Arc<Self>, start: QueryStart) -> Result<Arc<dyn QueryBackend>> {
-        let id = self.start_query(&start.calls);
+        let id = self.start_query(&start.calls, start.reuse_earlier_kv);
         Ok(Arc::new(RemoteQuery {
             worker: self,
             id,

@@ -142,7 +142,13 @@ fn two_coordinators_queries_take_turns_and_cancel_only_their_own() {
         std::thread::spawn(move || {
             let _ = tx.send(answer(
                 &served,
-                task(q, WorkerMessage::StartQuery(vec![filter(&op)])),
+                task(
+                    q,
+                    WorkerMessage::StartQuery {
+                        calls: vec![filter(&op)],
+                        reuse_earlier_kv: false,
+                    },
+                ),
             ));
         });
         rx
@@ -151,7 +157,13 @@ fn two_coordinators_queries_take_turns_and_cancel_only_their_own() {
     assert_eq!(
         answer(
             &served,
-            task(1, WorkerMessage::StartQuery(vec![filter("a")]))
+            task(
+                1,
+                WorkerMessage::StartQuery {
+                    calls: vec![filter("a")],
+                    reuse_earlier_kv: false,
+                }
+            )
         ),
         WorkerReply::Done
     );
@@ -199,13 +211,25 @@ fn a_silent_query_loses_the_worker_after_the_idle_timeout() {
     );
     answer(
         &served,
-        task(1, WorkerMessage::StartQuery(vec![filter("a")])),
+        task(
+            1,
+            WorkerMessage::StartQuery {
+                calls: vec![filter("a")],
+                reuse_earlier_kv: false,
+            },
+        ),
     );
     let started = std::time::Instant::now();
     assert_eq!(
         answer(
             &served,
-            task(2, WorkerMessage::StartQuery(vec![filter("b")]))
+            task(
+                2,
+                WorkerMessage::StartQuery {
+                    calls: vec![filter("b")],
+                    reuse_earlier_kv: false,
+                }
+            )
         ),
         WorkerReply::Done
     );
@@ -223,7 +247,16 @@ fn malformed_calls_are_answered_with_errors_not_panics() {
         identity(),
         Default::default(),
     );
-    answer(&served, task(9, WorkerMessage::StartQuery(vec![])));
+    answer(
+        &served,
+        task(
+            9,
+            WorkerMessage::StartQuery {
+                calls: vec![],
+                reuse_earlier_kv: false,
+            },
+        ),
+    );
     let one = WireRequests {
         docs: vec![WireDoc {
             id: "1".into(),
@@ -679,7 +712,13 @@ fn worker_decoding_never_panics_on_random_or_mutated_bytes() {
                 WireRequests::new(&test_requests(&docs)),
             ),
         )),
-        encode(&task(7, WorkerMessage::StartQuery(vec![filter("a")]))),
+        encode(&task(
+            7,
+            WorkerMessage::StartQuery {
+                calls: vec![filter("a")],
+                reuse_earlier_kv: false,
+            },
+        )),
         encode(&WorkerTask::outside_query(WorkerMessage::Hello)),
         execute_task(0, 1),
         set_plan(0, 2, &worker_task_plan()),
@@ -700,7 +739,16 @@ fn worker_decoding_never_panics_on_random_or_mutated_bytes() {
         if let Ok(mut t) = decode::<WorkerTask>(&input, "fuzz input") {
             // Whatever the task says, it is answered (or refused) in the one
             // served query, without a panic.
-            answer(&served, task(7, WorkerMessage::StartQuery(vec![])));
+            answer(
+                &served,
+                task(
+                    7,
+                    WorkerMessage::StartQuery {
+                        calls: vec![],
+                        reuse_earlier_kv: false,
+                    },
+                ),
+            );
             t.query = Some(7);
             let _ = answer(&served, t);
         }

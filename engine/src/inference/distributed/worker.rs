@@ -313,7 +313,13 @@ pub fn answer(served: &ServedModel, task: WorkerTask) -> WorkerReply {
             "{} names no query",
             message_name(&other)
         ))),
-        (Some(q), WorkerMessage::StartQuery(operators)) => {
+        (
+            Some(q),
+            WorkerMessage::StartQuery {
+                calls: operators,
+                reuse_earlier_kv,
+            },
+        ) => {
             match operators.iter().try_for_each(|c| check_call(c, None)) {
                 Err(e) => Err(e),
                 Ok(()) => served.turns.start(q).and_then(|()| {
@@ -322,6 +328,7 @@ pub fn answer(served: &ServedModel, task: WorkerTask) -> WorkerReply {
                     let begun = served.backend.clone().begin(QueryStart {
                         calls: operators,
                         spend: None,
+                        reuse_earlier_kv,
                     });
                     let reply = begun.map(|query| {
                         *served.query_lock() = Some((q, query));
@@ -408,7 +415,7 @@ fn answer_in_turn(query: &dyn QueryBackend, message: WorkerMessage) -> Result<Wo
 fn message_name(message: &WorkerMessage) -> &'static str {
     match message {
         WorkerMessage::Hello => "Hello",
-        WorkerMessage::StartQuery(_) => "StartQuery",
+        WorkerMessage::StartQuery { .. } => "StartQuery",
         WorkerMessage::PartnersCollected(..) => "PartnersCollected",
         WorkerMessage::Answer(..) => "Answer",
         WorkerMessage::Cancel => "Cancel",

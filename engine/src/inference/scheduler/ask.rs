@@ -8,7 +8,9 @@ use super::lookahead::{AheadQuestion, Lookahead};
 use super::prompts::PromptTokens;
 use super::spend_gate::unreached_after;
 use super::tiers::KvTiers;
-use super::{QueryTicket, Executor, GENERATING_REQUESTS_PER_CALL, ScheduledBackend, chunk_by_tokens};
+use super::{
+    Executor, GENERATING_REQUESTS_PER_CALL, QueryTicket, ScheduledBackend, chunk_by_tokens,
+};
 use crate::error::{EngineError, Result};
 use crate::inference::backend::{AiCall, AiRequest, Answer, Doc};
 use crate::inference::kv_cache::{KvOps, NodeId};

@@ -24,7 +24,7 @@ impl<E: Executor> ScheduledBackend<E> {
     /// state, then the tiers.)
     pub(super) fn query_work(&self, query: &ScheduledQuery<E>) -> Work {
         let state = query.state.lock().expect("query state lock");
-        let keep = self.config.keep_kv_across_queries;
+        let keep = state.reuse_earlier_kv;
         let kv = self
             .kv
             .lock()

@@ -124,11 +124,6 @@ pub struct SchedulerConfig {
     pub host_kv_budget_bytes: usize,
     /// Tokens per forward batch.
     pub batch_tokens: usize,
-    /// Keep the KV of documents and questions after the query that computed
-    /// them, for the queries after it (within the KV budget). Off: a query
-    /// that runs alone starts with empty tiers, and its fresh tokens are all
-    /// its own work (the benchmark's rule).
-    pub keep_kv_across_queries: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -139,13 +134,14 @@ impl Default for SchedulerConfig {
             kv_budget_bytes: default_kv_budget_bytes(),
             host_kv_budget_bytes: 0,
             batch_tokens: 8192,
-            keep_kv_across_queries: false,
         }
     }
 }
 
 /// What one query keeps of its own between its calls.
 struct QueryState {
+    /// [`QueryStart::reuse_earlier_kv`].
+    reuse_earlier_kv: bool,
     /// Per AI operator in post-order: (op id, anchor table).
     ops: Vec<(String, String)>,
     current_op: Option<String>,
@@ -166,9 +162,10 @@ pub(super) struct QueryTicket {
 /// Several queries run on it at once: each is a [`ScheduledQuery`] with its
 /// own operators, look-ahead, spend gate and stop signal, and they share the
 /// executor and the KV tiers. A call holds the tiers (and so the executor)
-/// while it runs; calls of different queries take turns. KV outlives its
-/// query when [`SchedulerConfig::keep_kv_across_queries`] says so; otherwise
-/// a query that starts while no other runs finds the tiers empty.
+/// while it runs; calls of different queries take turns. The KV a query
+/// leaves stays for the next one, which uses it when its
+/// [`QueryStart::reuse_earlier_kv`] says so; otherwise a query that starts
+/// while no other runs finds the tiers empty.
 pub struct ScheduledBackend<E: Executor> {
     exec: E,
     config: SchedulerConfig,
@@ -273,7 +270,7 @@ impl<E: Executor> ScheduledBackend<E> {
     /// remaining operator asks about.
     /// Shared prefixes and the stubs of dropped documents stay: documents of
     /// the tables still read may start the same way.
-    /// Not while the tiers are kept for later queries, nor while another
+    /// Not by a query that reuses what earlier ones left, nor while another
     /// query runs: their documents are not this query's to drop.
     fn enter_operator(
         &self,
@@ -285,7 +282,7 @@ impl<E: Executor> ScheduledBackend<E> {
             return Ok(());
         }
         state.current_op = Some(op_id.to_string());
-        if !self.query_owns_tiers() {
+        if !self.query_owns_tiers(state) {
             return Ok(());
         }
         let Some(pos) = state.ops.iter().position(|(id, _)| id == op_id) else {
@@ -298,10 +295,11 @@ impl<E: Executor> ScheduledBackend<E> {
         Ok(())
     }
 
-    /// Whether the running query may treat the tiers as its own: they are
-    /// not kept for later queries and no other query runs.
-    fn query_owns_tiers(&self) -> bool {
-        !self.config.keep_kv_across_queries && self.live.load(Ordering::SeqCst) <= 1
+    /// Whether a query may treat the tiers as its own: it does not reuse
+    /// what earlier queries left (nor, then, leave its own KV for later
+    /// ones beyond what the budget holds) and no other query runs.
+    fn query_owns_tiers(&self, state: &QueryState) -> bool {
+        !state.reuse_earlier_kv && self.live.load(Ordering::SeqCst) <= 1
     }
 
     /// One call's order of work: questions asked ahead answer what they
@@ -566,7 +564,7 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         let live = LiveQuery(self.clone());
         let (tiers_start, held_at_start_tokens) = {
             let mut tiers = self.kv.lock().expect("scheduler KV lock");
-            if alone && !self.config.keep_kv_across_queries {
+            if alone && !start.reuse_earlier_kv {
                 // A query that has the backend to itself starts from nothing.
                 self.keep_tokens_of(&start.calls);
                 *tiers = Self::empty_tiers(&self.exec, &self.config);
@@ -578,6 +576,7 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
             (tiers.counters(), held as u64)
         };
         let state = QueryState {
+            reuse_earlier_kv: start.reuse_earlier_kv,
             ops: start
                 .calls
                 .iter()
@@ -704,18 +703,12 @@ mod tests {
     use spend_gate::unreached_after;
 
     fn tiny_backend() -> Arc<ScheduledBackend<ModelExecutor>> {
-        tiny_backend_keeping(false)
-    }
-
-    /// The tiny model, its KV kept across queries when `keep`.
-    fn tiny_backend_keeping(keep: bool) -> Arc<ScheduledBackend<ModelExecutor>> {
         let spec = ModelSpec {
             model: "tiny".into(),
             gpu: None,
             dtype: None,
             scheduler: SchedulerConfig {
                 kv_budget_bytes: 256 << 20,
-                keep_kv_across_queries: keep,
                 ..SchedulerConfig::default()
             },
             kv_budget_from_device: false,
@@ -735,16 +728,27 @@ mod tests {
             .collect()
     }
 
-    /// A query of `calls` on `backend`.
+    /// A query of `calls` on `backend`, from nothing when it runs alone.
     fn start<E: Executor>(
         backend: &Arc<ScheduledBackend<E>>,
         calls: &[AiCall],
+    ) -> Arc<dyn QueryBackend> {
+        start_reusing(backend, calls, false)
+    }
+
+    /// A query of `calls` on `backend` that uses the KV earlier queries
+    /// left when `reuse`.
+    fn start_reusing<E: Executor>(
+        backend: &Arc<ScheduledBackend<E>>,
+        calls: &[AiCall],
+        reuse: bool,
     ) -> Arc<dyn QueryBackend> {
         backend
             .clone()
             .begin(QueryStart {
                 calls: calls.to_vec(),
                 spend: None,
+                reuse_earlier_kv: reuse,
             })
             .unwrap()
     }
@@ -908,13 +912,15 @@ mod tests {
     }
 
     /// Scores (P(TRUE), which any KV change moves) of `docs` and the fresh
-    /// tokens of a query of its own.
+    /// tokens of a query of its own, which uses the KV earlier queries left
+    /// when `reuse`.
     fn scores<E: Executor>(
         backend: &Arc<ScheduledBackend<E>>,
         docs: &[(String, String)],
+        reuse: bool,
     ) -> (Vec<Answer>, u64) {
         let call = test_call(AiKind::Score, "Is the review {0} positive?", &[]);
-        let query = start(backend, std::slice::from_ref(&call));
+        let query = start_reusing(backend, std::slice::from_ref(&call), reuse);
         let answers = query.answer(&call, &test_requests(docs)).unwrap().answers;
         (answers, query.work().fresh())
     }
@@ -923,59 +929,45 @@ mod tests {
     fn kept_kv_of_a_text_that_changed_under_its_id_is_not_used() {
         let first = dataset("a warm, funny and moving film that I loved", 12);
         let second = dataset("dull plot; wooden acting; I left early", 12);
-        let (alone, _) = scores(&tiny_backend(), &second);
-        let kept = tiny_backend_keeping(true);
-        let (before, first_fresh) = scores(&kept, &first);
+        let (alone, _) = scores(&tiny_backend(), &second, false);
+        let kept = tiny_backend();
+        let (before, first_fresh) = scores(&kept, &first, true);
         assert_ne!(before, alone);
         // The same ids, other texts: scored on their own KV, not the kept one.
-        assert_eq!(scores(&kept, &second).0, alone);
+        assert_eq!(scores(&kept, &second, true).0, alone);
         // The first texts again: the same scores, their documents' KV kept.
-        let (again, again_fresh) = scores(&kept, &first);
+        let (again, again_fresh) = scores(&kept, &first, true);
         assert_eq!(again, before);
-        assert!(again_fresh < first_fresh, "{again_fresh} fresh, first {first_fresh}");
-    }
-
-    fn keeping_simulation() -> Arc<ScheduledBackend<SimExecutor>> {
-        let answers: Arc<dyn Answerer> =
-            Arc::new(crate::inference::backend::ContentHashBackend::default());
-        Arc::new(ScheduledBackend::new(
-            SimExecutor::answering(answers, 1, QWEN3_4B_MAX_POSITIONS),
-            Tokenizer::vendored().unwrap(),
-            SchedulerConfig {
-                kv_budget_bytes: 1 << 30,
-                keep_kv_across_queries: true,
-                ..SchedulerConfig::default()
-            },
-        ))
+        assert!(
+            again_fresh < first_fresh,
+            "{again_fresh} fresh, first {first_fresh}"
+        );
     }
 
     #[test]
-    fn a_later_query_reuses_the_kept_kv_of_its_documents() {
+    fn a_later_query_reuses_the_kept_kv_of_its_documents_when_told() {
         let docs = long_docs(20);
         let asked = test_requests(&docs);
         let positive = test_call(AiKind::Filter, "Is the review {0} positive?", &[]);
         let funny = test_call(AiKind::Filter, "Is the film in {0} funny?", &[]);
-        let backend = keeping_simulation();
-        let first = start(&backend, std::slice::from_ref(&positive));
-        first.answer(&positive, &asked).unwrap();
-        let first_fresh = measured(&first, "fresh_tokens");
-        drop(first);
-        let second = start(&backend, std::slice::from_ref(&funny));
-        let answers = second.answer(&funny, &asked).unwrap().answers;
-        let second_fresh = measured(&second, "fresh_tokens");
+        let second_fresh = |reuse: bool| {
+            let backend = simulation(1 << 30, 0);
+            let first = start_reusing(&backend, std::slice::from_ref(&positive), reuse);
+            first.answer(&positive, &asked).unwrap();
+            let first_fresh = measured(&first, "fresh_tokens");
+            drop(first);
+            let second = start_reusing(&backend, std::slice::from_ref(&funny), reuse);
+            let answers = second.answer(&funny, &asked).unwrap().answers;
+            let direct = crate::inference::backend::ContentHashBackend::default();
+            assert_eq!(answers, direct.answer(&funny, &asked).unwrap());
+            (measured(&second, "fresh_tokens"), first_fresh)
+        };
         // Only the question after each document is computed.
-        assert!(
-            second_fresh * 100 <= first_fresh * 15,
-            "second {second_fresh}, first {first_fresh}"
-        );
-        let direct = crate::inference::backend::ContentHashBackend::default();
-        assert_eq!(answers, direct.answer(&funny, &asked).unwrap());
-        // Without keeping, the second query computes its documents again.
-        let fresh_each = simulation(1 << 30, 0);
-        drop(start(&fresh_each, std::slice::from_ref(&positive)));
-        let alone = start(&fresh_each, std::slice::from_ref(&funny));
-        alone.answer(&funny, &asked).unwrap();
-        assert!(measured(&alone, "fresh_tokens") > first_fresh * 9 / 10);
+        let (reused, first) = second_fresh(true);
+        assert!(reused * 100 <= first * 15, "second {reused}, first {first}");
+        // A query told to start from nothing computes its documents again.
+        let (again, first) = second_fresh(false);
+        assert!(again > first * 9 / 10, "second {again}, first {first}");
     }
 
     #[test]

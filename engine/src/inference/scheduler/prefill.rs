@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use super::prompts::PromptTokens;
 use super::tiers::{KvNode, KvTiers};
-use super::{QueryTicket, DROPPED_DOCUMENT_STUB_TOKENS, Executor, ScheduledBackend, chunk_by_tokens};
+use super::{
+    DROPPED_DOCUMENT_STUB_TOKENS, Executor, QueryTicket, ScheduledBackend, chunk_by_tokens,
+};
 use crate::error::{EngineError, Result};
 use crate::inference::backend::{AiCall, AiRequest};
 use crate::inference::kv_cache::{KvOps, NodeId};

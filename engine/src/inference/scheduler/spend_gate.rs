@@ -77,7 +77,12 @@ impl SpendGate {
     /// before it started, a generation given up between decode steps) in a
     /// query not cancelled: the questions left are unreached. `Err(e)`
     /// otherwise.
-    pub(super) fn stopped_by_spend(&self, stop: &Ticket, op_id: &str, e: EngineError) -> Result<()> {
+    pub(super) fn stopped_by_spend(
+        &self,
+        stop: &Ticket,
+        op_id: &str,
+        e: EngineError,
+    ) -> Result<()> {
         stop.check(op_id)?;
         let stopped = matches!(
             e,
