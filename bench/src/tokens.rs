@@ -394,8 +394,13 @@ pub fn token_metrics(counts: Option<PieceCounts>, measurements: &Work) -> Result
     // run, so its fresh tokens may be below the minimum of a run from scratch:
     // regret is not defined.
     let from_cache = measurements.answer_cache_reused.is_some_and(|n| n.0 > 0);
+    // Likewise KV that earlier queries left (`--keep-kv on`).
+    let kept_kv = measurements
+        .kv_kept_across_queries
+        .as_ref()
+        .is_some_and(|k| k.0);
     let regret = match (fresh, minimum) {
-        _ if from_cache => None,
+        _ if from_cache || kept_kv => None,
         (Some(f), Some(m)) if approximate => Some((f as i64 - m as i64).max(0)),
         (Some(f), Some(m)) => {
             if f < m {
@@ -599,6 +604,11 @@ mod tests {
         m.insert("answer_cache_reused".into(), json!(0));
         assert!(token_metrics(counts, &work(&m)).is_err());
         m.remove("answer_cache_reused");
+        // So is KV that earlier queries left (`--keep-kv on`).
+        m.insert("kv_kept_across_queries".into(), json!(true));
+        let t = token_metrics(counts, &work(&m)).unwrap();
+        assert_eq!((t.regret_tokens, t.kv_regret_percent), (None, None));
+        m.remove("kv_kept_across_queries");
         m.insert("input_tokens".into(), json!(100));
         let t = token_metrics(counts, &work(&m)).unwrap();
         assert_eq!(
