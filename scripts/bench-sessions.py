@@ -132,13 +132,21 @@ def at_once(args, docs):
     server = Server(args, docs, [])
     try:
         cons = [server.connect() for _ in QUESTIONS]
-        threads = [threading.Thread(target=timed, args=(c, statement(q)))
-                   for c, q in zip(cons, QUESTIONS)]
+        ended = {}
+
+        def run(i, con, question):
+            timed(con, statement(question))
+            ended[i] = time.monotonic()
+
+        threads = [threading.Thread(target=run, args=(i, c, q))
+                   for i, (c, q) in enumerate(zip(cons, QUESTIONS))]
         started = time.monotonic()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        finished = ", ".join(f"{ended[i] - started:.2f}" for i in sorted(ended))
+        print(f"   at once, each session's statement ended after (s): {finished}")
         return time.monotonic() - started, [f for c in cons for f in c.fresh]
     finally:
         server.stop()
