@@ -108,6 +108,21 @@ fn stdout(out: &std::process::Output) -> String {
     String::from_utf8(out.stdout.clone()).unwrap()
 }
 
+/// The fresh tokens and the KV positions held at its start that a
+/// statement's NOTICE reports, if psql printed one.
+fn notice(out: &std::process::Output) -> Option<(u64, u64)> {
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err.lines().find(|l| l.starts_with("NOTICE:"))?;
+    let number_after = |words: &str| -> u64 {
+        let rest = &line[line.find(words).unwrap_or_else(|| panic!("{line}")) + words.len()..];
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"))
+    };
+    Some((number_after("fresh tokens: "), number_after("left held ")))
+}
+
 /// The rows `aisql sql --format json` prints for `sql` over `table`.
 fn sql_json(table: &str, sql: &str) -> Vec<serde_json::Value> {
     let out = aisql_process()
@@ -143,11 +158,33 @@ fn psql_reads_the_catalog_and_runs_plain_ai_and_explain_analyze() {
         "{columns}"
     );
 
-    let plain = stdout(&psql(&server, "SELECT count(*), max(id) FROM docs", None));
-    assert_eq!(plain.trim(), "40|39");
+    let plain = psql(&server, "SELECT count(*), max(id) FROM docs", None);
+    assert_eq!(stdout(&plain).trim(), "40|39");
+    // A statement without AI calls has no model work to report.
+    assert!(
+        notice(&plain).is_none(),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
 
     // The same rows `aisql sql` gives for the same statement and model.
-    let served: Vec<i64> = stdout(&psql(&server, AI_QUERY, None))
+    let first = psql(&server, AI_QUERY, None);
+    // Its model work comes as a NOTICE; a second question over the same
+    // documents finds their KV, which the first left.
+    let (fresh, held) = notice(&first).expect("a NOTICE of the AI statement's work");
+    assert!(fresh > 0 && held == 0, "fresh {fresh}, held {held}");
+    let second = psql(
+        &server,
+        "SELECT id FROM docs WHERE ai_filter('Does the review {0} mention the plot?', body)",
+        None,
+    );
+    stdout(&second);
+    let (again, held) = notice(&second).expect("a NOTICE of the second statement's work");
+    assert!(
+        again < fresh / 2 && held > 0,
+        "fresh {again} after {fresh}, held {held}"
+    );
+    let served: Vec<i64> = stdout(&first)
         .lines()
         .map(|l| l.trim().parse().unwrap())
         .collect();
