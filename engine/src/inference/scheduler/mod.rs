@@ -22,14 +22,17 @@
 //! makes every distinct prefix computed once, in waves of packed forward passes
 //! bounded by `batch_tokens`.
 //!
-//! The cache lives for one query (fresh tokens are per query). When it outgrows
-//! the KV budget, least recently used documents (with their questions) leave
+//! The cache is shared by the queries running on the backend, and what one
+//! query leaves stays for the next; a query uses it only when its
+//! [`QueryStart::reuse_earlier_kv`] says so, and otherwise (the benchmark's
+//! rule: fresh tokens per query) starts from empty tiers when it runs alone.
+//! When it outgrows the KV budget, least recently used documents (with their questions) leave
 //! the device (with the start of their KV no document left there needs): to
 //! the host tier while it has room (`host_kv_budget_bytes`),
 //! whence they come back by copy before their next use (restored tokens, not
 //! fresh ones), else evicted — costing recomputation, never a wrong answer. Documents of
-//! tables no later operator reads are dropped as soon as their last operator
-//! starts.
+//! tables no later operator of a query that owns the tiers reads are dropped
+//! as soon as their last operator starts.
 //!
 //! The same code runs over a virtual KV ([`SimExecutor`]): the simulation mode
 //! answers from labels and reports the fresh tokens the model would compute.
@@ -314,7 +317,7 @@ impl<E: Executor> ScheduledBackend<E> {
         call: &AiCall,
         requests: &[AiRequest<'_>],
     ) -> Result<Answered> {
-        let ticket = &*query.ticket;
+        let ticket = &query.ticket;
         // Held until this call returns: whoever waits for the query to stop
         // waits for it.
         let _in_flight = ticket.stop.enter();
@@ -590,10 +593,10 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
             },
         };
         Ok(Arc::new(ScheduledQuery {
-            ticket: Arc::new(QueryTicket {
+            ticket: QueryTicket {
                 stop: Ticket::default(),
                 spend: SpendGate::new(start.spend),
-            }),
+            },
             state: Mutex::new(state),
             tiers_start,
             held_at_start_tokens,
@@ -643,7 +646,7 @@ impl<E: Executor> Drop for LiveQuery<E> {
 
 /// One query on a [`ScheduledBackend`].
 struct ScheduledQuery<E: Executor> {
-    ticket: Arc<QueryTicket>,
+    ticket: QueryTicket,
     state: Mutex<QueryState>,
     /// The tiers' counters when the query began.
     tiers_start: TierCounters,
