@@ -744,30 +744,42 @@ impl<'a> KeyCursor<'a> {
         if !in_place {
             copy.clear();
         }
-        for j in 0..nb {
+        // The block's keys, a row each; rows past `nb` read zeros.
+        let zeros = [0f32; D];
+        let mut rows: [&[f32]; K_BLOCK] = [&zeros; K_BLOCK];
+        for row in rows.iter_mut().take(nb) {
             while self.row * D >= self.sources[self.source].0.len() {
                 self.source += 1;
                 self.row = 0;
             }
             let (ks, vs) = self.sources[self.source];
-            let kj = &ks[self.row * D..][..D];
-            for (c, &x) in kj.iter().enumerate() {
-                kt[c * K_BLOCK + j] = x;
-            }
+            *row = &ks[self.row * D..][..D];
             if !in_place {
                 copy.extend_from_slice(&vs[self.row * D..][..D]);
             }
             self.row += 1;
         }
-        if nb < K_BLOCK {
-            for c in 0..D {
-                kt[c * K_BLOCK + nb..(c + 1) * K_BLOCK].fill(0.0);
-            }
-        }
+        transpose_block::<D>(&rows, kt);
         if in_place {
             &vs[first_row * D..(first_row + nb) * D]
         } else {
             copy
+        }
+    }
+}
+
+/// `kt[c · K_BLOCK + j] = rows[j][c]`: a key block transposed (each row `D` long).
+/// Moves values only, so every build gives the same bits.
+fn transpose_block<const D: usize>(rows: &[&[f32]; K_BLOCK], kt: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if D.is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F is present; rows hold D values each and kt D × K_BLOCK.
+        unsafe { avx512::transpose_block::<D>(rows, kt) };
+        return;
+    }
+    for (j, row) in rows.iter().enumerate() {
+        for (c, &x) in row[..D].iter().enumerate() {
+            kt[c * K_BLOCK + j] = x;
         }
     }
 }
@@ -1262,6 +1274,26 @@ mod tests {
         .unwrap();
         let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         assert_eq!(flat(&part(&a, p, n)), flat(&b));
+    }
+
+    #[test]
+    fn key_blocks_transpose_exactly() {
+        let values: Vec<f32> = (0..K_BLOCK * 128).map(|i| i as f32 * 0.5 - 7.0).collect();
+        let zeros = [0f32; 128];
+        for nb in [64, 37, 1] {
+            let mut rows: [&[f32]; K_BLOCK] = [&zeros; K_BLOCK];
+            for (j, row) in rows.iter_mut().enumerate().take(nb) {
+                *row = &values[j * 128..(j + 1) * 128];
+            }
+            let mut kt = vec![f32::NAN; 128 * K_BLOCK];
+            transpose_block::<128>(&rows, &mut kt);
+            for c in 0..128 {
+                for j in 0..K_BLOCK {
+                    let want = if j < nb { values[j * 128 + c] } else { 0.0 };
+                    assert_eq!(kt[c * K_BLOCK + j], want, "nb {nb}, key {j}, column {c}");
+                }
+            }
+        }
     }
 
     #[test]

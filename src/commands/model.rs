@@ -208,7 +208,7 @@ fn bench(args: &ModelBenchArgs) -> anyhow::Result<()> {
     // before the clock starts, as a document is), each sequence adds one token of
     // its own, and the timed generation feeds that token and the N - 1 generated
     // after it: N forwards of one position per sequence, N tokens each.
-    let decode = |round: u64| -> anyhow::Result<(f64, Option<f64>)> {
+    let decode = |round: u64| -> anyhow::Result<(f64, Option<Usage>)> {
         let prefix = if args.prompt_tokens > 1 {
             Some(model.prefill(None, &prompt(round, 0, args.prompt_tokens - 1))?)
         } else {
@@ -221,10 +221,10 @@ fn bench(args: &ModelBenchArgs) -> anyhow::Result<()> {
             .iter()
             .map(|t| aisql_models::GenerateRequest::new(prefix.as_ref(), t, args.decode_tokens))
             .collect();
-        let (cpu0, t0) = (process_cpu_seconds(), std::time::Instant::now());
+        let (usage0, t0) = (Usage::now(), std::time::Instant::now());
         let generated = model.generate(&requests, &[], args.sequences)?;
         let wall = t0.elapsed().as_secs_f64();
-        let cpu = process_cpu_seconds().zip(cpu0).map(|(b, a)| b - a);
+        let usage = Usage::since(usage0);
         if let Some(h) = prefix {
             h.release();
         }
@@ -235,17 +235,17 @@ fn bench(args: &ModelBenchArgs) -> anyhow::Result<()> {
             args.sequences,
             args.decode_tokens
         );
-        Ok((wall, cpu))
+        Ok((wall, usage))
     };
-    let measure = |round: u64| -> anyhow::Result<(f64, Option<f64>)> {
+    let measure = |round: u64| -> anyhow::Result<(f64, Option<Usage>)> {
         if args.decode_tokens > 0 {
             return decode(round);
         }
         let input = prompts(round);
-        let (cpu0, t0) = (process_cpu_seconds(), std::time::Instant::now());
+        let (usage0, t0) = (Usage::now(), std::time::Instant::now());
         forward(&input)?;
         let wall = t0.elapsed().as_secs_f64();
-        Ok((wall, process_cpu_seconds().zip(cpu0).map(|(b, a)| b - a)))
+        Ok((wall, Usage::since(usage0)))
     };
     // An uncounted warm-up.
     measure(0)?;
@@ -259,7 +259,8 @@ fn bench(args: &ModelBenchArgs) -> anyhow::Result<()> {
     };
     let mut rates = Vec::with_capacity(args.rounds);
     for round in 1..=args.rounds {
-        let (wall, cpu) = measure(round as u64)?;
+        let (wall, usage) = measure(round as u64)?;
+        let cpu = usage.map(|u| u.cpu_s);
         let rate = tokens as f64 / wall;
         rates.push(rate);
         match args.format {
@@ -278,13 +279,16 @@ fn bench(args: &ModelBenchArgs) -> anyhow::Result<()> {
                     "cpu_s": cpu,
                     "tokens_per_s": rate,
                     "cpu_s_per_token": cpu.map(|c| c / tokens as f64),
+                    "minor_faults": usage.map(|u| u.minor_faults),
                 })
             )?,
             GenerateFormat::Text => outln!(
                 "round {round}: {tokens} {what} tokens in {wall:.3} s, {rate:.1} tokens/s{}",
-                cpu.map_or(String::new(), |c| format!(
-                    ", {c:.3} CPU s ({:.2} cores busy)",
-                    c / wall
+                usage.map_or(String::new(), |u| format!(
+                    ", {:.3} CPU s ({:.2} cores busy), {} minor page faults",
+                    u.cpu_s,
+                    u.cpu_s / wall,
+                    u.minor_faults
                 ))
             )?,
         }
@@ -309,23 +313,45 @@ fn bench(args: &ModelBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// CPU seconds (user + system) this process has used, where the platform says.
-fn process_cpu_seconds() -> Option<f64> {
-    #[cfg(unix)]
-    {
-        let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-        // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is always valid.
-        let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
-        if rc != 0 {
-            return None;
+/// What this process has used, where the platform says: CPU seconds (user +
+/// system) and minor page faults (pages the kernel mapped in, 4 KiB each unless
+/// huge).
+#[derive(Debug, Clone, Copy)]
+struct Usage {
+    cpu_s: f64,
+    minor_faults: u64,
+}
+
+impl Usage {
+    fn now() -> Option<Self> {
+        #[cfg(unix)]
+        {
+            let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+            // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is always valid.
+            let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
+            if rc != 0 {
+                return None;
+            }
+            // SAFETY: initialised by the successful call above.
+            let u = unsafe { usage.assume_init() };
+            let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+            Some(Self {
+                cpu_s: secs(u.ru_utime) + secs(u.ru_stime),
+                minor_faults: u.ru_minflt as u64,
+            })
         }
-        // SAFETY: initialised by the successful call above.
-        let u = unsafe { usage.assume_init() };
-        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-        Some(secs(u.ru_utime) + secs(u.ru_stime))
+        #[cfg(not(unix))]
+        None
     }
-    #[cfg(not(unix))]
-    None
+
+    /// What was used since `start` (a [`Usage::now`]).
+    fn since(start: Option<Self>) -> Option<Self> {
+        let (now, start) = (Self::now()?, start?);
+        Some(Self {
+            cpu_s: now.cpu_s - start.cpu_s,
+            minor_faults: now.minor_faults.saturating_sub(start.minor_faults),
+        })
+    }
 }
 
 /// `aisql model calibrate`: the model's throughput profile, measured through
