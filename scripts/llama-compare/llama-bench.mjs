@@ -11,7 +11,8 @@
 // With --decode-tokens D (decoding, llama-bench's `tg`): every sequence first
 // evaluates the same P - 1 prompt ids (not timed; llama.cpp keeps a copy of them
 // in each sequence's KV), then, timed, its own last prompt id and D - 1 generated
-// tokens with sequence.evaluate (greedy: temperature 0), all S sequences at once so
+// tokens with sequence.evaluate (greedy: temperature 0; past an end-of-generation
+// token, as a random model may pick, decoding goes on from it), all S sequences at once so
 // that node-llama-cpp packs each step's S tokens into one batch: D evaluations of
 // one token per sequence, D tokens each. tokens = S * D.
 //
@@ -187,10 +188,16 @@ async function bench(opts) {
       await Promise.all(seqs.map((s) => s.evaluateWithoutGeneratingNewTokens(shared)));
     const generate = async (s, ids) => {
       let n = 0;
+      let next = ids;
       // temperature 0: greedy. Leaving the loop after the D-th token stops the
-      // generator before it evaluates that token.
-      for await (const _token of s.evaluate(ids, { temperature: 0 })) {
-        if (++n >= D) break;
+      // generator before it evaluates that token. A random model may pick an
+      // end-of-generation token, which ends the generator: it is yielded, and
+      // decoding goes on from it, one evaluation per token as before.
+      while (n < D) {
+        for await (const token of s.evaluate(next, { temperature: 0, yieldEogToken: true })) {
+          next = [token];
+          if (++n >= D) break;
+        }
       }
       return n;
     };
