@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Compares aisql's CPU prefill (prompt processing) speed with llama.cpp's on the same
-# random model, interleaved, every measurement in a fresh process.
+# Compares aisql's CPU prefill (prompt processing) and decoding speed with llama.cpp's
+# on the same random model, interleaved, every measurement in a fresh process.
 #
 #   scripts/llama-compare.sh [--aisql PATH] [--work DIR] [--rounds N] [--threads N]
 #                            [--shape qwen3-0.6b] [--cases LIST] [--systems LIST]
@@ -12,7 +12,10 @@
 #   --threads N      CPU threads for both engines (default 2): RAYON_NUM_THREADS for
 #                    aisql, node-llama-cpp's threads for llama.cpp
 #   --shape NAME     model shape for `aisql model random` (default and only: qwen3-0.6b)
-#   --cases LIST     PxS,... prompt tokens x sequences (default 300x1,300x16,2048x1)
+#   --cases LIST     PxS,... prompt tokens x sequences (default 300x1,300x16,2048x1);
+#                    PxS+D decodes instead: D tokens for each of S sequences after one
+#                    shared P-token prompt (e.g. 300x1+64 is llama-bench's tg 64 at
+#                    depth 300; 300x16+32 is 16 parallel sequences over one prompt)
 #   --systems LIST   default aisql-f32,aisql-bf16,aisql-q8_0,aisql-q4k,llama-f16,llama-q8_0,llama-q4_k_m;
 #                    also numpy-sgemm: the f32 GEMM bar (numpy's sgemm on the prefill's
 #                    projection GEMMs alone, scripts/llama-compare/sgemm.py), for aisql-f32
@@ -26,13 +29,17 @@
 # `aisql model gguf` -> WORK/model-F16.gguf, model-Q8_0.gguf, model-Q4_K_M.gguf.
 # Then, for each round, case and system in order, it runs one measurement:
 #   aisql-f32/bf16/q8_0/q4k: RAYON_NUM_THREADS=N aisql model bench --model M [--dtype bf16]
-#                            --prompt-tokens P --sequences S --rounds 1 --format json
+#                            --prompt-tokens P --sequences S [--decode-tokens D] --rounds 1
+#                            --format json
 #   llama-f16/q8_0/q4_k_m:   node scripts/llama-compare/llama-bench.mjs --model WORK/model-X.gguf
-#                            --threads N --prompt-tokens P --sequences S --rounds 1
+#                            --threads N --prompt-tokens P --sequences S [--decode-tokens D]
+#                            --rounds 1
 #   numpy-sgemm:             OPENBLAS_NUM_THREADS=N python scripts/llama-compare/sgemm.py
 #                            --prompt-tokens P --sequences S --rounds 1
 # Both print JSON lines (prompt_tokens, sequences, tokens, wall_s, cpu_s, tokens_per_s)
-# for the measured forward only, after an uncounted warm-up; loading is not counted.
+# for the measured forward (or the D decoding steps) only, after an uncounted warm-up;
+# loading, and for decoding the shared prompt, are not counted. aisql caches the shared
+# prompt once and every sequence reads it; llama.cpp holds a copy in each sequence.
 # Prints machine facts and a table of medians (tokens/s, CPU s per 1k tokens, CPU
 # util = cpu_s/wall_s); writes the raw lines (tagged with system, case, round) to
 # WORK/results.jsonl and the facts and table to WORK/results.md.
@@ -83,8 +90,8 @@ IFS=',' read -r -a SYSTEM_LIST <<< "$SYSTEMS"
 [[ ${#CASE_LIST[@]} -gt 0 ]] || { echo "llama-compare: --cases is empty" >&2; exit 2; }
 [[ ${#SYSTEM_LIST[@]} -gt 0 ]] || { echo "llama-compare: --systems is empty" >&2; exit 2; }
 for c in "${CASE_LIST[@]}"; do
-  [[ "$c" =~ ^[1-9][0-9]*x[1-9][0-9]*$ ]] \
-    || { echo "llama-compare: case '$c' is not PROMPT_TOKENSxSEQUENCES (e.g. 300x16)" >&2; exit 2; }
+  [[ "$c" =~ ^[1-9][0-9]*x[1-9][0-9]*(\+[1-9][0-9]*)?$ ]] \
+    || { echo "llama-compare: case '$c' is not PROMPT_TOKENSxSEQUENCES[+DECODED] (e.g. 300x16 or 300x16+32)" >&2; exit 2; }
 done
 
 # System -> model file (relative to WORK) and extra aisql flags.
@@ -227,7 +234,7 @@ if [[ $NEED_LLAMA == 1 ]]; then
     console.log(`llama.cpp system info: ${i.system_info.trim()}`);' "$LLAMA_INFO")
   FACTS+=("${LLAMA_FACTS[@]}")
   if [[ $LLAMA_BATCH -gt 0 ]]; then LB="$LLAMA_BATCH"; else LB="min(P*S, 4096)"; fi
-  FACTS+=("llama.cpp settings: gpu false, gpuLayers 0, batchSize $LB (n_batch = n_ubatch), context per sequence P+64 rounded up to 256, flash attention auto, KV cache f16, no logits (evaluateWithoutGeneratingNewTokens)")
+  FACTS+=("llama.cpp settings: gpu false, gpuLayers 0, batchSize $LB (n_batch = n_ubatch), context per sequence P+D+64 rounded up to 256, flash attention auto, KV cache f16; prefill without logits (evaluateWithoutGeneratingNewTokens), decoding greedy (evaluate, temperature 0)")
 fi
 printf '%s\n' "${FACTS[@]}"
 echo
@@ -238,18 +245,21 @@ RESULTS="$WORK/results.jsonl"
 OUT_FILE="$WORK/measure.stdout"; ERR_FILE="$WORK/measure.stderr"
 
 measure() {  # measure ROUND CASE SYSTEM
-  local round="$1" case="$2" system="$3" p="${2%x*}" s="${2#*x}" model cmd=()
+  local round="$1" case="$2" system="$3" p="${2%%x*}" rest="${2#*x}" model cmd=()
+  local s="${rest%%+*}" d=0
+  [[ "$rest" == *+* ]] && d="${rest#*+}"
   model="$WORK/$(model_of "$system")"
   case "$system" in
     aisql-*)
       cmd=(env "RAYON_NUM_THREADS=$THREADS" "$AISQL" model bench --model "$model")
       if [[ "$system" == aisql-bf16 ]]; then cmd+=(--dtype bf16); fi
-      cmd+=(--prompt-tokens "$p" --sequences "$s" --rounds 1 --format json) ;;
+      cmd+=(--prompt-tokens "$p" --sequences "$s" --decode-tokens "$d" --rounds 1 --format json) ;;
     llama-*)
       cmd=(node "$HELPERS/llama-bench.mjs" --node-dir "$NODE_DIR" --model "$model" --threads "$THREADS"
-           --prompt-tokens "$p" --sequences "$s" --rounds 1)
+           --prompt-tokens "$p" --sequences "$s" --decode-tokens "$d" --rounds 1)
       if [[ $LLAMA_BATCH -gt 0 ]]; then cmd+=(--batch-size "$LLAMA_BATCH"); fi ;;
     numpy-*)
+      [[ $d == 0 ]] || { echo "llama-compare: numpy-sgemm measures prefill GEMMs only, not decoding case $case" >&2; exit 2; }
       cmd=(env "OPENBLAS_NUM_THREADS=$THREADS" "$PYTHON" "$HELPERS/sgemm.py"
            --prompt-tokens "$p" --sequences "$s" --rounds 1) ;;
   esac
@@ -289,7 +299,7 @@ rm -f "$OUT_FILE" "$ERR_FILE"
 # ---- report -----------------------------------------------------------------------
 TABLE="$(node "$HELPERS/report.mjs" "$RESULTS")"
 {
-  echo "# aisql vs llama.cpp: CPU prefill"
+  echo "# aisql vs llama.cpp: CPU prefill and decoding"
   echo
   printf -- '- %s\n' "${FACTS[@]}"
   echo

@@ -857,7 +857,13 @@ pub struct ModelBenchArgs {
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u64).range(1..=4096).map(|n| n as usize))]
     pub sequences: usize,
-    /// Measured forwards.
+    /// Measure greedy decoding instead of prefill: N tokens generated for each
+    /// sequence, all continuing one cached prompt of --prompt-tokens (its last
+    /// token each sequence's own); 0 measures prefill.
+    #[arg(long, value_name = "N", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=131_072).map(|n| n as usize))]
+    pub decode_tokens: usize,
+    /// Measured forwards (measured generations with --decode-tokens).
     #[arg(long, value_name = "N", default_value_t = 3,
           value_parser = clap::value_parser!(u64).range(1..=1000).map(|n| n as usize))]
     pub rounds: usize,

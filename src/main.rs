@@ -15,6 +15,9 @@ static ALLOC: aisql_engine::limits::alloc_meter::MeteredAlloc =
     aisql_engine::limits::alloc_meter::MeteredAlloc::new();
 
 fn main() -> ExitCode {
+    // Before any thread starts: decoding reuses freed pages instead of faulting
+    // fresh ones in on every step (see the module's measurements).
+    aisql_kernels::malloc::keep_freed_pages();
     let args = cli::Cli::parse();
     // Panics that aisql catches become errors; none prints a trace of its own.
     aisql_engine::panic_hook::install();

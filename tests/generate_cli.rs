@@ -314,4 +314,33 @@ fn model_bench_reports_each_round() {
         assert!(r["tokens_per_s"].as_f64().unwrap() > 0.0, "{r}");
         assert!(r["cpu_s"].as_f64().is_some(), "{r}");
     }
+    // Decoding: 5 tokens for each of 3 sequences over one cached 40-token prompt.
+    let out = aisql()
+        .args([
+            "model",
+            "bench",
+            "--prompt-tokens",
+            "40",
+            "--sequences",
+            "3",
+        ])
+        .args([
+            "--decode-tokens",
+            "5",
+            "--rounds",
+            "1",
+            "--format",
+            "json",
+            "--model",
+        ])
+        .arg(tmp.path())
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let r: Value = serde_json::from_str(String::from_utf8(out).unwrap().trim()).unwrap();
+    assert_eq!(r["tokens"], 15, "{r}");
+    assert_eq!(r["decode_tokens"], 5, "{r}");
+    assert!(r["minor_faults"].as_u64().is_some(), "{r}");
 }

@@ -6,7 +6,9 @@
 //! Layouts are head-major throughout, matching the KV cache:
 //! * queries `q`: `(num_heads, total, head_dim)`, all suffixes packed along `total`;
 //! * suffix keys/values `k`, `v`: `(num_kv_heads, total, head_dim)`;
-//! * each prefix segment's K/V: `(num_kv_heads, seg_len, head_dim)`;
+//! * each prefix segment's K/V: `(num_kv_heads, seg_len, head_dim)`, or a view of
+//!   the first `seg_len` positions of a longer buffer (a decoding sequence's open KV
+//!   block, written in place), read where it lies;
 //! * output: `(num_heads, total, head_dim)`.
 //!
 //! GQA: query head `h` reads KV head `h / (num_heads / num_kv_heads)`.
@@ -32,15 +34,26 @@ pub struct AttnDims {
     pub scale: f32,
 }
 
-/// One cached KV segment as f32 slices, layout `(num_kv_heads, len, head_dim)`.
+/// One cached KV segment as f32 slices, layout `(num_kv_heads, len, head_dim)` with
+/// KV head `g`'s keys starting `g · stride · head_dim` values in.
 #[derive(Debug, Clone, Copy)]
 pub struct KvSlice<'a> {
-    /// Keys.
+    /// Keys: `(num_kv_heads - 1) · stride · head_dim + len · head_dim` values.
     pub k: &'a [f32],
-    /// Values.
+    /// Values, laid out as the keys.
     pub v: &'a [f32],
     /// Positions in the segment.
     pub len: usize,
+    /// Positions from one KV head's first key to the next's: `len` for a segment of
+    /// its own, the buffer's capacity for a view of the start of a longer one.
+    pub stride: usize,
+}
+
+impl KvSlice<'_> {
+    /// Values `k` and `v` must hold for `num_kv_heads` heads of width `d`.
+    fn values(&self, num_kv_heads: usize, d: usize) -> usize {
+        (num_kv_heads.max(1) - 1) * self.stride * d + self.len * d
+    }
 }
 
 /// One suffix of a packed batch, slice form: its prefix segments (oldest first) and
@@ -150,10 +163,14 @@ pub fn prefix_suffix_attention_slices(
     }
     for (i, s) in seqs.iter().enumerate() {
         for seg in &s.prefix {
-            if seg.k.len() != num_kv_heads * seg.len * d || seg.v.len() != seg.k.len() {
+            if seg.stride < seg.len
+                || seg.k.len() != seg.values(num_kv_heads, d)
+                || seg.v.len() != seg.k.len()
+            {
                 return Err(bad(format!(
-                    "suffix {i}: prefix segment of len {} has {} K values",
+                    "suffix {i}: prefix segment of len {} (head stride {}) has {} K values",
                     seg.len,
+                    seg.stride,
                     seg.k.len()
                 )));
             }
@@ -206,7 +223,7 @@ pub fn prefix_suffix_attention_slices(
                 let qi = &q_head[(seq.start + i) * d..(seq.start + i + 1) * d];
                 scores.clear();
                 for seg in &seq.prefix {
-                    let ks = &seg.k[g * seg.len * d..(g + 1) * seg.len * d];
+                    let ks = &seg.k[g * seg.stride * d..][..seg.len * d];
                     scores.extend(ks.chunks_exact(d).map(|kj| dot(qi, kj) * scale));
                 }
                 let own = &k_head[seq.start * d..(seq.start + i + 1) * d];
@@ -222,7 +239,7 @@ pub fn prefix_suffix_attention_slices(
                 o.fill(0.0);
                 let mut j = 0;
                 for seg in &seq.prefix {
-                    let vs = &seg.v[g * seg.len * d..(g + 1) * seg.len * d];
+                    let vs = &seg.v[g * seg.stride * d..][..seg.len * d];
                     for vj in vs.chunks_exact(d) {
                         axpy(o, scores[j], vj);
                         j += 1;
@@ -328,6 +345,17 @@ struct Scratch {
     o: Vec<f32>,
     m: Vec<f32>,
     l: Vec<f32>,
+    /// One key block gathered for a suffix without [`KeyBlocks`].
+    block: BlockScratch,
+}
+
+/// One key block as [`KeyBlocks`] holds it, gathered by the task that reads it.
+#[derive(Default)]
+struct BlockScratch {
+    /// Keys transposed, `D × K_BLOCK`, zero past the block's keys.
+    kt: Vec<f32>,
+    /// Values, when the block's keys span two segments (else read in place).
+    v: Vec<f32>,
 }
 
 /// Flash-attention style kernel for head width `D`: parallel over (KV head, suffix,
@@ -378,14 +406,24 @@ fn tiled<const D: usize>(
         }
     }
     let heads = dims.num_kv_heads;
+    // A suffix of one query tile (every decode step's one new position) has one
+    // task per KV head, which reads each key block once: its task gathers the block
+    // as it goes, instead of a copy of the whole prefix made first (at 16 decoding
+    // sequences over a 300-token prefix, that copy was a gigabyte of fresh memory
+    // per step).
     let inputs = TileInputs {
         q,
+        k,
+        v,
         seqs,
         dims,
         total,
         blocks: (0..seqs.len() * heads)
             .into_par_iter()
-            .map(|i| KeyBlocks::new::<D>(&seqs[i / heads], k, v, i % heads, total))
+            .map(|i| {
+                let seq = &seqs[i / heads];
+                (seq.len > Q_TILE).then(|| KeyBlocks::new::<D>(seq, k, v, i % heads, total))
+            })
             .collect(),
     };
     let inputs = &inputs;
@@ -406,13 +444,17 @@ fn tiled<const D: usize>(
 struct TileInputs<'a> {
     /// Queries `(num_heads, total, D)`.
     q: &'a [f32],
+    /// The suffixes' own keys and values `(num_kv_heads, total, D)`.
+    k: &'a [f32],
+    v: &'a [f32],
     /// The suffixes.
     seqs: &'a [SeqSlices<'a>],
     dims: AttnDims,
     /// Packed suffix rows.
     total: usize,
-    /// The [`KeyBlocks`] of each (suffix, KV head), suffix-major.
-    blocks: Vec<KeyBlocks>,
+    /// The [`KeyBlocks`] of each (suffix, KV head), suffix-major; `None` for a
+    /// suffix of one query tile, whose task gathers its blocks itself.
+    blocks: Vec<Option<KeyBlocks>>,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -550,20 +592,37 @@ fn tile<const D: usize, R: BlockRows>(
     let prefix_len: usize = seq.prefix.iter().map(|p| p.len).sum();
     // Keys up to the last one this tile's queries can see, block by block.
     let upto = prefix_len + i1;
-    for b in 0..upto.div_ceil(K_BLOCK) {
-        let first = b * K_BLOCK;
-        let nb = (upto - first).min(K_BLOCK);
-        let kt = &blocks.kt[b * D * K_BLOCK..][..D * K_BLOCK];
-        let vb = &blocks.v[b * K_BLOCK * D..][..nb * D];
-        let view = BlockView {
-            first,
-            keys: nb,
-            prefix_len,
-            i0,
-            n,
-        };
-        // SAFETY: `R` is chosen by the caller for this CPU; `sc.q` is padded.
-        unsafe { R::block::<D>(sc, kt, vb, view) };
+    let view = |b: usize| BlockView {
+        first: b * K_BLOCK,
+        keys: (upto - b * K_BLOCK).min(K_BLOCK),
+        prefix_len,
+        i0,
+        n,
+    };
+    match blocks {
+        Some(blocks) => {
+            for b in 0..upto.div_ceil(K_BLOCK) {
+                let view = view(b);
+                let kt = &blocks.kt[b * D * K_BLOCK..][..D * K_BLOCK];
+                let vb = &blocks.v[b * K_BLOCK * D..][..view.keys * D];
+                // SAFETY: `R` is chosen by the caller for this CPU; `sc.q` is padded.
+                unsafe { R::block::<D>(sc, kt, vb, view) };
+            }
+        }
+        None => {
+            // One tile reads every key of its suffix (upto is all of them).
+            let mut gathered = std::mem::take(&mut sc.block);
+            gathered.kt.resize(D * K_BLOCK, 0.0);
+            let mut keys = KeyCursor::new::<D>(seq, inputs.k, inputs.v, g, total);
+            for b in 0..upto.div_ceil(K_BLOCK) {
+                let view = view(b);
+                let vb = keys.next_block::<D>(view.keys, &mut gathered.kt, &mut gathered.v);
+                // SAFETY: as above; `kt` holds `D × K_BLOCK` values, `vb` the
+                // block's rows.
+                unsafe { R::block::<D>(sc, &gathered.kt, vb, view) };
+            }
+            sc.block = gathered;
+        }
     }
     for (hh, block) in task.outs.iter_mut().enumerate() {
         for ii in 0..n {
@@ -592,7 +651,7 @@ fn key_sources<'a, const D: usize>(
     seq.prefix
         .iter()
         .map(move |p| {
-            let r = g * p.len * D..(g + 1) * p.len * D;
+            let r = g * p.stride * D..g * p.stride * D + p.len * D;
             (&p.k[r.clone()], &p.v[r])
         })
         .chain(std::iter::once((&k[own.clone()], &v[own])))
@@ -633,6 +692,95 @@ impl KeyBlocks {
             }
         }
         Self { kt, v: vs }
+    }
+}
+
+/// A suffix's keys and values from one KV head (as [`key_sources`] gives them),
+/// read a key block at a time into the layout of [`KeyBlocks`].
+struct KeyCursor<'a> {
+    sources: Vec<(&'a [f32], &'a [f32])>,
+    /// The source holding the next key, and the key's row in it.
+    source: usize,
+    row: usize,
+}
+
+impl<'a> KeyCursor<'a> {
+    fn new<const D: usize>(
+        seq: &'a SeqSlices<'a>,
+        k: &'a [f32],
+        v: &'a [f32],
+        g: usize,
+        total: usize,
+    ) -> Self {
+        Self {
+            sources: key_sources::<D>(seq, k, v, g, total).collect(),
+            source: 0,
+            row: 0,
+        }
+    }
+
+    /// The next `nb` keys transposed into `kt` (`D × K_BLOCK`, zero past them, the
+    /// values [`KeyBlocks`] would hold), and their values: read in place when one
+    /// segment holds them all, else copied into `copy`. The caller asks for no
+    /// more keys than the sources hold.
+    fn next_block<'s, const D: usize>(
+        &mut self,
+        nb: usize,
+        kt: &mut [f32],
+        copy: &'s mut Vec<f32>,
+    ) -> &'s [f32]
+    where
+        'a: 's,
+    {
+        // Skip exhausted (and empty) sources first, so the one-segment check sees
+        // where the block starts.
+        while self.row * D >= self.sources[self.source].0.len() {
+            self.source += 1;
+            self.row = 0;
+        }
+        let (ks, vs) = self.sources[self.source];
+        let in_place = (self.row + nb) * D <= ks.len();
+        let first_row = self.row;
+        if !in_place {
+            copy.clear();
+        }
+        // The block's keys, a row each; rows past `nb` read zeros.
+        let zeros = [0f32; D];
+        let mut rows: [&[f32]; K_BLOCK] = [&zeros; K_BLOCK];
+        for row in rows.iter_mut().take(nb) {
+            while self.row * D >= self.sources[self.source].0.len() {
+                self.source += 1;
+                self.row = 0;
+            }
+            let (ks, vs) = self.sources[self.source];
+            *row = &ks[self.row * D..][..D];
+            if !in_place {
+                copy.extend_from_slice(&vs[self.row * D..][..D]);
+            }
+            self.row += 1;
+        }
+        transpose_block::<D>(&rows, kt);
+        if in_place {
+            &vs[first_row * D..(first_row + nb) * D]
+        } else {
+            copy
+        }
+    }
+}
+
+/// `kt[c · K_BLOCK + j] = rows[j][c]`: a key block transposed (each row `D` long).
+/// Moves values only, so every build gives the same bits.
+fn transpose_block<const D: usize>(rows: &[&[f32]; K_BLOCK], kt: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if D.is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F is present; rows hold D values each and kt D × K_BLOCK.
+        unsafe { avx512::transpose_block::<D>(rows, kt) };
+        return;
+    }
+    for (j, row) in rows.iter().enumerate() {
+        for (c, &x) in row[..D].iter().enumerate() {
+            kt[c * K_BLOCK + j] = x;
+        }
     }
 }
 
@@ -753,20 +901,33 @@ pub fn prefix_suffix_attention(
         return prefix_suffix_attention_reference(q, k, v, seqs, scale);
     }
     let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+    // Segments are read where they lie, views of a longer buffer included; only
+    // another layout is copied.
     let prefix: Vec<Vec<(Tensor, Tensor)>> = seqs
         .iter()
         .map(|s| {
             s.prefix
                 .iter()
-                .map(|(a, b)| Ok((a.contiguous()?, b.contiguous()?)))
+                .map(|(a, b)| Ok((head_strided(a)?, head_strided(b)?)))
                 .collect::<Result<_>>()
         })
         .collect::<Result<_>>()?;
-    let guards: Vec<Vec<(CpuF32<'_>, CpuF32<'_>, usize)>> = prefix
+    let guards: Vec<Vec<(CpuF32<'_>, CpuF32<'_>, usize, usize)>> = prefix
         .iter()
         .map(|p| {
             p.iter()
-                .map(|(a, b)| Ok((CpuF32::new(KERNEL, a)?, CpuF32::new(KERNEL, b)?, a.dim(1)?)))
+                .map(|(a, b)| {
+                    let (ga, stride) = CpuF32::heads(KERNEL, a)?;
+                    let (gb, v_stride) = CpuF32::heads(KERNEL, b)?;
+                    if v_stride != stride || a.dims() != b.dims() {
+                        return Err(bad(format!(
+                            "a prefix segment's keys {:?} and values {:?} are laid out apart",
+                            a.layout(),
+                            b.layout()
+                        )));
+                    }
+                    Ok((ga, gb, a.dim(1)?, stride))
+                })
                 .collect()
         })
         .collect::<Result<_>>()?;
@@ -774,11 +935,12 @@ pub fn prefix_suffix_attention(
     for (s, g) in seqs.iter().zip(&guards) {
         let prefix = g
             .iter()
-            .map(|(a, b, len)| {
+            .map(|(a, b, len, stride)| {
                 Ok(KvSlice {
                     k: a.slice()?,
                     v: b.slice()?,
                     len: *len,
+                    stride: *stride,
                 })
             })
             .collect::<Result<_>>()?;
@@ -813,6 +975,17 @@ pub fn prefix_suffix_attention(
         (num_heads, total, head_dim),
         q.device(),
     )?)
+}
+
+/// `t` itself when [`CpuF32::heads`] can read it in place (contiguous, or the
+/// first positions of a longer `(heads, capacity, d)` buffer), else a contiguous
+/// copy.
+fn head_strided(t: &Tensor) -> Result<Tensor> {
+    if CpuF32::head_stride(t).is_some() {
+        Ok(t.clone())
+    } else {
+        Ok(t.contiguous()?)
+    }
 }
 
 /// The same attention written with plain candle ops (concatenate the prefix, repeat KV
@@ -1006,6 +1179,7 @@ mod tests {
                         k: &seg_k,
                         v: &seg_v,
                         len: 130,
+                        stride: 130,
                     })
                     .collect(),
                 start: s.start,
@@ -1100,6 +1274,82 @@ mod tests {
         .unwrap();
         let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         assert_eq!(flat(&part(&a, p, n)), flat(&b));
+    }
+
+    #[test]
+    fn key_blocks_transpose_exactly() {
+        let values: Vec<f32> = (0..K_BLOCK * 128).map(|i| i as f32 * 0.5 - 7.0).collect();
+        let zeros = [0f32; 128];
+        for nb in [64, 37, 1] {
+            let mut rows: [&[f32]; K_BLOCK] = [&zeros; K_BLOCK];
+            for (j, row) in rows.iter_mut().enumerate().take(nb) {
+                *row = &values[j * 128..(j + 1) * 128];
+            }
+            let mut kt = vec![f32::NAN; 128 * K_BLOCK];
+            transpose_block::<128>(&rows, &mut kt);
+            for c in 0..128 {
+                for j in 0..K_BLOCK {
+                    let want = if j < nb { values[j * 128 + c] } else { 0.0 };
+                    assert_eq!(kt[c * K_BLOCK + j], want, "nb {nb}, key {j}, column {c}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn short_suffixes_give_the_bits_of_the_whole_prompt() {
+        // Suffixes of one query tile gather their key blocks as they go (decode
+        // steps: one position each); they must give the bits that the rows get when
+        // the whole prompt runs at once through the precomputed blocks. Prefixes
+        // cut anywhere, in several segments (an empty one too), and several
+        // suffixes over one shared prefix in one call.
+        let (h, kvh, d) = (4, 2, 128);
+        let total = 160;
+        let (q, k, v) = (
+            (randn((h, total, d), 51) * 3.0).unwrap(),
+            randn((kvh, total, d), 52),
+            randn((kvh, total, d), 53),
+        );
+        let part =
+            |t: &Tensor, at: usize, len: usize| t.narrow(1, at, len).unwrap().contiguous().unwrap();
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let whole = [SeqKv {
+            prefix: vec![],
+            start: 0,
+            len: total,
+        }];
+        let a = prefix_suffix_attention(&q, &k, &v, &whole, 0.09).unwrap();
+        for (cuts, n) in [
+            (vec![64], 1),
+            (vec![70], 1),
+            (vec![40, 40, 40], 1),
+            (vec![3, 0, 61, 1], 5),
+            (vec![127], 32),
+            (vec![100, 28], 32),
+        ] {
+            let p: usize = cuts.iter().sum();
+            let mut at = 0;
+            let prefix: Vec<(Tensor, Tensor)> = cuts
+                .iter()
+                .map(|&len| {
+                    let seg = (part(&k, at, len), part(&v, at, len));
+                    at += len;
+                    seg
+                })
+                .collect();
+            // Three suffixes over the same prefix: positions p.., each the same
+            // rows, so each must equal the whole prompt's rows.
+            let seqs = SeqKv::packed((0..3).map(|_| (n, prefix.clone())));
+            let rep = |t: &Tensor| Tensor::cat(&[&part(t, p, n); 3], 1).unwrap();
+            let b = prefix_suffix_attention(&rep(&q), &rep(&k), &rep(&v), &seqs, 0.09).unwrap();
+            for s in 0..3 {
+                assert_eq!(
+                    flat(&part(&a, p, n)),
+                    flat(&part(&b, s * n, n)),
+                    "prefix {cuts:?}, suffix {n}, copy {s}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -32,6 +32,53 @@ impl<'a> CpuF32<'a> {
         Ok(Self { guard, start, end })
     }
 
+    /// A `(heads, len, d)` f32 CPU tensor, contiguous or the first `len` positions
+    /// of a `(heads, capacity, d)` buffer, with its head stride in positions: the
+    /// slice runs from the first head's first value to the last head's last.
+    pub(crate) fn heads(kernel: &'static str, t: &'a Tensor) -> Result<(Self, usize)> {
+        let Some(stride) = Self::head_stride(t) else {
+            return Err(KernelError::BadInput {
+                kernel,
+                message: format!(
+                    "tensor {:?} is not (heads, len, d) with rows of d side by side",
+                    t.layout()
+                ),
+            });
+        };
+        let (guard, layout) = t.storage_and_layout();
+        if !matches!(&*guard, Storage::Cpu(_)) {
+            return Err(KernelError::BadInput {
+                kernel,
+                message: "tensor is not on the CPU".into(),
+            });
+        }
+        let (heads, len, d) = (layout.dims()[0], layout.dims()[1], layout.dims()[2]);
+        let start = layout.start_offset();
+        let end = start + (heads.max(1) - 1) * stride * d + len * d;
+        Ok((Self { guard, start, end }, stride))
+    }
+
+    /// The head stride (positions) of a rank-3 tensor [`Self::heads`] can read, or
+    /// `None`.
+    pub(crate) fn head_stride(t: &Tensor) -> Option<usize> {
+        let layout = t.layout();
+        let (dims, strides) = (layout.dims(), layout.stride());
+        let [heads, len, d] = *dims else {
+            return None;
+        };
+        if t.is_contiguous() {
+            return Some(len);
+        }
+        // Rows of d side by side, heads a whole number of rows apart, no overlap.
+        let ok = strides[2] == 1
+            && strides[1] == d
+            && d > 0
+            && strides[0] % d == 0
+            && strides[0] / d >= len;
+        (ok || heads <= 1 && strides[2] == 1 && strides[1] == d)
+            .then(|| if heads <= 1 { len } else { strides[0] / d })
+    }
+
     pub(crate) fn slice(&self) -> Result<&[f32]> {
         match &*self.guard {
             Storage::Cpu(cpu) => Ok(&cpu.as_slice::<f32>()?[self.start..self.end]),

@@ -26,6 +26,7 @@ pub mod f32_gemm;
 pub mod grouped;
 pub mod head;
 mod launch;
+pub mod malloc;
 mod panel_gemm;
 pub mod q8_gemm;
 #[cfg(test)]

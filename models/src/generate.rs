@@ -7,19 +7,19 @@
 //! Each sequence's KV is a chain of [`KvHandle`]s: the caller's prefix (shared by
 //! every sequence over it, never copied), the prompt's segment, then the generated
 //! positions. A one-position segment per step would leave attention walking
-//! hundreds of tiny segments, and each costs far more than its one key: the CPU
-//! kernel pads every segment to a 64-key block, the CUDA path copies each one
-//! separately into its prefix buffer. So generated positions are gathered into
-//! blocks of [`BLOCK`] positions: the open block is copied once per step with the
-//! new position appended (at most `BLOCK - 1` positions copied), and closed, as a
-//! segment of its own, once full. A sequence of `n` generated tokens then has at
-//! most `n / BLOCK + 1` generated segments. Measured on the tiny model (CPU, 16
-//! sequences × 256 tokens after a shared 128-token prompt, `decode_block_sizes`):
-//! 800 tokens/s with one-position segments, 960 with blocks of 8, 1130 with
-//! blocks of 64, 1190 with 256. The copy is what bounds the block: negligible at
-//! the tiny shape, at Qwen3-0.6B's (28 layers × 8 KV heads × 128, f32) an open
-//! block of 64 copies 7 MB per sequence and step on average, one of 256 four
-//! times that.
+//! hundreds of tiny segments, and each costs far more than its one key (the CUDA
+//! path copies each one separately into its prefix buffer). So generated positions
+//! are gathered into blocks of [`BLOCK`] positions, closed, as a segment of its
+//! own, once full: a sequence of `n` generated tokens has at most `n / BLOCK + 1`
+//! generated segments. Measured on the tiny model (CPU, 16 sequences × 256 tokens
+//! after a shared 128-token prompt, `decode_block_sizes`): 800 tokens/s with
+//! one-position segments, 960 with blocks of 8, 1130 with blocks of 64, 1190 with
+//! 256. On the CPU the open block is a buffer of `BLOCK` positions per layer that
+//! each step writes its position into, in place, its segment a view of the
+//! positions written (the attention kernel reads such views where they lie); on a
+//! GPU it is copied once per step with the new position appended (at Qwen3-0.6B's
+//! shape, 28 layers × 8 KV heads × 128, f32, 7 MB per sequence and step on
+//! average).
 
 use std::sync::Arc;
 
@@ -88,6 +88,9 @@ struct Running {
     closed: KvHandle,
     /// Generated positions after `closed`, fewer than a block, as one segment.
     open: Option<KvHandle>,
+    /// On the CPU, the open block's buffers, `(num_kv_heads, block, head_dim)` per
+    /// layer, of which `open` views the positions written.
+    buffers: Option<Vec<LayerKv>>,
     /// Handles this generation made (its prompt, its closed blocks): released
     /// when it ends. The caller's prefix is never among them.
     made: Vec<KvHandle>,
@@ -213,7 +216,8 @@ impl Qwen3 {
         let packed = if seqs.is_empty() {
             None
         } else {
-            Some(self.forward_packed(&tokens, &seqs, true)?)
+            // Running sequences come first, one generated token each.
+            Some(self.forward_packed(&tokens, &seqs, true, running.len())?)
         };
         self.count_decode_tokens(running.len());
 
@@ -274,6 +278,7 @@ impl Qwen3 {
                 tokens: Vec::with_capacity(request.max_tokens.min(1024)),
                 closed,
                 open: None,
+                buffers: None,
                 made,
             });
         }
@@ -283,23 +288,28 @@ impl Qwen3 {
         Ok(())
     }
 
-    /// Appends one fed position's KV to `r`'s chain: to its open block (a copy of
-    /// the block with the position added), which closes once `block` positions long.
+    /// Appends one fed position's KV to `r`'s chain: to its open block (written in
+    /// place on the CPU, else a copy of the block with the position added), which
+    /// closes once `block` positions long.
     fn append_generated(&self, r: &mut Running, layers: Vec<LayerKv>, block: usize) -> Result<()> {
-        let layers = match r.open.take() {
-            None => layers,
-            Some(open) => {
-                let old = open.segment()?;
-                let joined = old
-                    .layers
-                    .iter()
-                    .zip(layers)
-                    .map(|((ok, ov), (k, v))| {
-                        Ok((Tensor::cat(&[ok, &k], 1)?, Tensor::cat(&[ov, &v], 1)?))
-                    })
-                    .collect::<Result<Vec<LayerKv>>>()?;
-                open.release();
-                joined
+        let layers = if self.device().is_cpu() {
+            self.write_in_place(r, layers, block)?
+        } else {
+            match r.open.take() {
+                None => layers,
+                Some(open) => {
+                    let old = open.segment()?;
+                    let joined = old
+                        .layers
+                        .iter()
+                        .zip(layers)
+                        .map(|((ok, ov), (k, v))| {
+                            Ok((Tensor::cat(&[ok, &k], 1)?, Tensor::cat(&[ov, &v], 1)?))
+                        })
+                        .collect::<Result<Vec<LayerKv>>>()?;
+                    open.release();
+                    joined
+                }
             }
         };
         // Never scored: each position's next token is read when it is fed.
@@ -311,27 +321,79 @@ impl Qwen3 {
         if handle.segment_len() >= block {
             r.made.push(handle.clone());
             r.closed = handle;
+            r.buffers = None;
         } else {
             r.open = Some(handle);
         }
         Ok(())
     }
 
+    /// Writes one position's KV (`(num_kv_heads, 1, head_dim)` per layer) after
+    /// the open block's positions in its buffers (made when the block opens) and
+    /// returns the views of the positions written, the block's new segment; the
+    /// old open segment is released (its views share the buffers).
+    fn write_in_place(
+        &self,
+        r: &mut Running,
+        layers: Vec<LayerKv>,
+        block: usize,
+    ) -> Result<Vec<LayerKv>> {
+        let written = match r.open.take() {
+            Some(open) => {
+                let n = open.segment_len();
+                open.release();
+                n
+            }
+            None => 0,
+        };
+        let buffers = match &mut r.buffers {
+            Some(b) if written > 0 => b,
+            slot => {
+                let new = layers
+                    .iter()
+                    .map(|(k, v)| {
+                        let (heads, _, d) = k.dims3()?;
+                        let buffer =
+                            |t: &Tensor| Tensor::zeros((heads, block, d), t.dtype(), t.device());
+                        Ok((buffer(k)?, buffer(v)?))
+                    })
+                    .collect::<Result<Vec<LayerKv>>>()?;
+                slot.insert(new)
+            }
+        };
+        buffers
+            .iter()
+            .zip(layers)
+            .map(|((bk, bv), (k, v))| {
+                bk.slice_set(&k.contiguous()?, 1, written)?;
+                bv.slice_set(&v.contiguous()?, 1, written)?;
+                Ok((bk.narrow(1, 0, written + 1)?, bv.narrow(1, 0, written + 1)?))
+            })
+            .collect()
+    }
+
     /// The argmax token of each row of `hidden` `(n, hidden)`, ties to the lowest id.
     fn greedy(&self, hidden: &Tensor) -> Result<Vec<u32>> {
-        // Logits transposed, `(vocab, n)`: the head's rows stream through the
-        // matmul in their stored order (on the CPU about 3× faster than
-        // `hidden · headᵀ` at the tiny shape).
-        let logits = self
-            .lm_head()
-            .matmul(&hidden.t()?.contiguous()?)?
-            .to_dtype(DType::F32)?;
-        // On the CPU the logits are host memory already: one scan. On a device,
-        // reduce there so only `n` ids come back.
-        let picks = if logits.device().is_cpu() {
-            argmax_columns_host(&logits)?
-        } else {
-            argmax_columns_device(&logits)?
+        let picks = match self.block_head_logits(hidden)? {
+            // A head in the file's block format (a quantized GGUF): its own kernel,
+            // rows `(n, vocab)`.
+            Some(logits) => argmax_rows_host(&logits)?,
+            None => {
+                // Logits transposed, `(vocab, n)`: the head's rows stream through
+                // the matmul in their stored order (on the CPU about 3× faster than
+                // `hidden · headᵀ` at the tiny shape).
+                let logits = self
+                    .lm_head()
+                    .matmul(&hidden.t()?.contiguous()?)?
+                    .to_dtype(DType::F32)?;
+                // On the CPU the logits are host memory already: one scan. On a
+                // device, reduce there so only `n` ids come back.
+                if logits.device().is_cpu() {
+                    argmax_columns_host(&logits)?
+                } else {
+                    argmax_columns_device(&logits)?
+                }
+            }
         };
         picks
             .into_iter()
@@ -418,6 +480,28 @@ fn argmax_columns_host(logits: &Tensor) -> Result<Vec<Option<u32>>> {
         .into_iter()
         .zip(nan)
         .map(|(id, nan)| (!nan).then_some(id))
+        .collect())
+}
+
+/// Per row of `logits` `(n, vocab)` f32 on the CPU, the index of its largest
+/// value, ties to the lowest index; `None` for a row holding NaN.
+fn argmax_rows_host(logits: &Tensor) -> Result<Vec<Option<u32>>> {
+    let vocab = logits.dim(1)?;
+    let values = logits.flatten_all()?.to_vec1::<f32>()?;
+    Ok(values
+        .chunks_exact(vocab)
+        .map(|row| {
+            let mut best = 0;
+            let mut best_value = f32::NEG_INFINITY;
+            for (id, &x) in row.iter().enumerate() {
+                // Strictly greater: an equal value later in the vocabulary loses.
+                if x > best_value {
+                    best_value = x;
+                    best = id as u32;
+                }
+            }
+            (!row.iter().any(|x| x.is_nan())).then_some(best)
+        })
         .collect())
 }
 
@@ -761,6 +845,8 @@ mod tests {
         let want = [Some(1), Some(0), Some(4), None, Some(2), Some(0)];
         assert_eq!(argmax_columns_host(&logits).unwrap(), want);
         assert_eq!(argmax_columns_device(&logits).unwrap(), want);
+        let rows = logits.t().unwrap().contiguous().unwrap();
+        assert_eq!(argmax_rows_host(&rows).unwrap(), want);
     }
 
     /// Decode speed by block size (a measurement, not a check): run with

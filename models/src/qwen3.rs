@@ -198,6 +198,14 @@ enum LinearWeight {
     /// Q8_0 or bf16 weights re-laid as bf16 for the CPU's AMX tile units (where it
     /// has them).
     Amx(std::sync::Arc<AmxMatrix>),
+    /// Q8_0 weights on AMX for prompt rows, and as Q8_0 for the VNNI kernel for
+    /// decode rows ([`Linear::forward_rows`]): a decode step multiplies a few rows
+    /// by every weight, so it is bound by the bytes it reads, and bf16 tiles are
+    /// twice Q8_0's.
+    AmxAndQ8 {
+        tiles: std::sync::Arc<AmxMatrix>,
+        q8: std::sync::Arc<Q8Matrix>,
+    },
     /// f32 weights packed for the AVX-512 GEMM (where the CPU has AVX-512F).
     PackedF32(std::sync::Arc<F32Matrix>),
     /// Q8_0 weights re-laid for the AVX-512 VNNI GEMM (where the CPU has VNNI but
@@ -220,6 +228,37 @@ impl Linear {
     }
 }
 
+impl Linear {
+    /// `x Wᵀ (+ b)` where the first `decode` rows of `x` are decode positions (a
+    /// generated token fed back) and the rest prompt positions. A weight held twice
+    /// ([`LinearWeight::AmxAndQ8`]) gives the decode rows to its Q8_0 kernel and
+    /// the others to AMX; a row's kernel depends only on its kind, never on what it
+    /// is batched with, so its bits do not either.
+    fn forward_rows(&self, x: &Tensor, decode: usize) -> candle_core::Result<Tensor> {
+        let LinearWeight::AmxAndQ8 { q8, .. } = &self.weight else {
+            return self.forward(x);
+        };
+        let total = x.dim(0)?;
+        if decode == 0 {
+            return self.forward(x);
+        }
+        let decode_rows = |x: &Tensor| -> candle_core::Result<Tensor> {
+            let y = aisql_kernels::q8_gemm::q8_linear(x, q8)
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+            match &self.bias {
+                Some(b) => y.broadcast_add(b),
+                None => Ok(y),
+            }
+        };
+        if decode >= total {
+            return decode_rows(x);
+        }
+        let head = decode_rows(&x.narrow(0, 0, decode)?)?;
+        let rest = self.forward(&x.narrow(0, decode, total - decode)?)?;
+        Tensor::cat(&[&head, &rest], 0)
+    }
+}
+
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         // `Module` speaks candle's error type; the kernels' errors travel as text.
@@ -229,7 +268,9 @@ impl Module for Linear {
         let y = match &self.weight {
             LinearWeight::Float(w) => x.matmul(&w.t()?)?,
             LinearWeight::Quantized(q) => q.forward(&x.contiguous()?)?,
-            LinearWeight::Amx(w) => kernel(aisql_kernels::amx_gemm::amx_linear(x, w))?,
+            LinearWeight::Amx(w) | LinearWeight::AmxAndQ8 { tiles: w, .. } => {
+                kernel(aisql_kernels::amx_gemm::amx_linear(x, w))?
+            }
             LinearWeight::PackedF32(w) => kernel(aisql_kernels::f32_gemm::f32_linear(x, w))?,
             LinearWeight::Q8(w) => kernel(aisql_kernels::q8_gemm::q8_linear(x, w))?,
             LinearWeight::Bf16(w) => kernel(aisql_kernels::bf16_gemm::bf16_linear(x, w))?,
@@ -317,20 +358,7 @@ impl Loader<'_> {
     fn linear_weight(&self, name: &str, shape: &[usize]) -> Result<LinearWeight> {
         let quantized = |q: QTensor| -> Result<LinearWeight> {
             self.held_in(block_format_name(q.dtype()));
-            let (n, k) = (shape[0], shape[1]);
-            if q.dtype() == candle_core::quantized::GgmlDType::Q8_0 && self.on_amx(n, k) {
-                let tiles = AmxMatrix::from_q8_0(&q.data()?, n, k)?;
-                return Ok(LinearWeight::Amx(std::sync::Arc::new(tiles)));
-            }
-            if q.dtype() == candle_core::quantized::GgmlDType::Q8_0
-                && self.device.is_cpu()
-                && Q8Matrix::fits(n, k)
-                && aisql_kernels::q8_gemm::q8_gemm_available()
-            {
-                let panels = Q8Matrix::from_q8_0(&q.data()?, n, k)?;
-                return Ok(LinearWeight::Q8(std::sync::Arc::new(panels)));
-            }
-            Ok(LinearWeight::Quantized(QMatMul::from_qtensor(q)?))
+            self.block_weight(q, shape[0], shape[1])
         };
         // bf16 weights on AMX or AVX-512 BF16: candle's CPU matmul widens both operands
         // to f32. f32 weights on AVX-512: candle's CPU matmul runs AVX2 kernels on
@@ -388,6 +416,57 @@ impl Loader<'_> {
                 }
             },
             None => float(self.get_as(name, shape, self.precision.weight_dtype())?),
+        }
+    }
+
+    /// A block-format weight `(n, k)` on the fastest kernel this CPU has for it.
+    fn block_weight(&self, q: QTensor, n: usize, k: usize) -> Result<LinearWeight> {
+        let q8_0 = q.dtype() == candle_core::quantized::GgmlDType::Q8_0;
+        let on_vnni = q8_0
+            && self.device.is_cpu()
+            && Q8Matrix::fits(n, k)
+            && aisql_kernels::q8_gemm::q8_gemm_available();
+        if q8_0 && self.on_amx(n, k) {
+            let tiles = std::sync::Arc::new(AmxMatrix::from_q8_0(&q.data()?, n, k)?);
+            if on_vnni {
+                let q8 = std::sync::Arc::new(Q8Matrix::from_q8_0(&q.data()?, n, k)?);
+                return Ok(LinearWeight::AmxAndQ8 { tiles, q8 });
+            }
+            return Ok(LinearWeight::Amx(tiles));
+        }
+        if on_vnni {
+            let panels = Q8Matrix::from_q8_0(&q.data()?, n, k)?;
+            return Ok(LinearWeight::Q8(std::sync::Arc::new(panels)));
+        }
+        Ok(LinearWeight::Quantized(QMatMul::from_qtensor(q)?))
+    }
+
+    /// The output head in the GGUF's own block format (`name` is `lm_head.weight`,
+    /// or the embedding for a tied head), for greedy decoding: one decode step reads
+    /// the whole head, and a Q8_0 head is a quarter of the bytes of the f32 copy
+    /// that embeddings and scoring use. `None` when the file holds it as floats.
+    fn decode_head(&self, name: &str, shape: &[usize]) -> Result<Option<Linear>> {
+        let Source::Gguf(g) = self.source else {
+            return Ok(None);
+        };
+        match g.stored_type(name) {
+            Some(t) if t.block_size() > 1 => {
+                let q = g.qtensor(name, shape, self.device)?;
+                let (n, k) = (shape[0], shape[1]);
+                // Only decode rows read it: the Q8_0 kernel where there is one, even
+                // on AMX (whose bf16 tiles are twice the bytes).
+                let weight = if q.dtype() == candle_core::quantized::GgmlDType::Q8_0
+                    && self.device.is_cpu()
+                    && Q8Matrix::fits(n, k)
+                    && aisql_kernels::q8_gemm::q8_gemm_available()
+                {
+                    LinearWeight::Q8(std::sync::Arc::new(Q8Matrix::from_q8_0(&q.data()?, n, k)?))
+                } else {
+                    self.block_weight(q, n, k)?
+                };
+                Ok(Some(Linear { weight, bias: None }))
+            }
+            _ => Ok(None),
         }
     }
 
@@ -466,13 +545,17 @@ impl Mlp {
 }
 
 impl Mlp {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (gate, up) = (x.apply(&self.gate_proj)?, x.apply(&self.up_proj)?);
+    /// The MLP of packed rows `x`, the first `decode` of them decode positions.
+    fn forward(&self, x: &Tensor, decode: usize) -> Result<Tensor> {
+        let (gate, up) = (
+            self.gate_proj.forward_rows(x, decode)?,
+            self.up_proj.forward_rows(x, decode)?,
+        );
         let h = match self.act {
             Activation::Silu => aisql_kernels::elementwise::swiglu(&gate, &up)?,
             act => (gate.apply(&act)? * up)?,
         };
-        Ok(h.apply(&self.down_proj)?)
+        Ok(self.down_proj.forward_rows(&h, decode)?)
     }
 }
 
@@ -512,28 +595,29 @@ impl Attention {
         })
     }
 
-    /// Attention for packed rows `x` `(total, hidden)`; returns the output and this
-    /// call's keys/values `(num_kv_heads, total, head_dim)` for caching.
+    /// Attention for packed rows `x` `(total, hidden)`, the first `decode` of them
+    /// decode positions; returns the output and this call's keys/values
+    /// `(num_kv_heads, total, head_dim)` for caching.
     fn forward(
         &self,
         x: &Tensor,
         rope: &RopeBatch,
         seqs: &[aisql_kernels::SeqKv],
+        decode: usize,
     ) -> Result<(Tensor, LayerKv)> {
         let total = x.dim(0)?;
         let d = self.head_dim;
         // 1. Project; 2. per-head RMSNorm on q and k (Qwen3's addition over Qwen2).
-        let q =
-            self.q_norm
-                .forward(&x.apply(&self.q_proj)?.reshape((total, self.num_heads, d))?)?;
-        let k = self.k_norm.forward(&x.apply(&self.k_proj)?.reshape((
-            total,
-            self.num_kv_heads,
-            d,
-        ))?)?;
-        let v = x
-            .apply(&self.v_proj)?
-            .reshape((total, self.num_kv_heads, d))?;
+        let project = |w: &Linear, heads: usize| -> Result<Tensor> {
+            Ok(w.forward_rows(x, decode)?.reshape((total, heads, d))?)
+        };
+        let q = self
+            .q_norm
+            .forward(&project(&self.q_proj, self.num_heads)?)?;
+        let k = self
+            .k_norm
+            .forward(&project(&self.k_proj, self.num_kv_heads)?)?;
+        let v = project(&self.v_proj, self.num_kv_heads)?;
         // 3. Head-major, the layout of the cache and the kernel (copied on all the
         // CPU's threads: candle's strided copy runs on one).
         use aisql_kernels::elementwise::transpose_01;
@@ -545,10 +629,8 @@ impl Attention {
         let scale = 1.0 / (d as f32).sqrt();
         let y = aisql_kernels::prefix_suffix_attention(&q, &k, &v, seqs, scale)?;
         // 6. Back to rows and out-project.
-        let y = transpose_01(&y)?
-            .reshape((total, self.num_heads * d))?
-            .apply(&self.o_proj)?;
-        Ok((y, (k, v)))
+        let y = transpose_01(&y)?.reshape((total, self.num_heads * d))?;
+        Ok((self.o_proj.forward_rows(&y, decode)?, (k, v)))
     }
 }
 
@@ -608,6 +690,9 @@ pub struct Qwen3 {
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Tensor,
+    /// The head in the file's block format, which greedy decoding reads (scoring
+    /// and embeddings read [`Self::lm_head`]); `None` for float heads.
+    decode_head: Option<Linear>,
     rotary: Rotary,
     device: Device,
     dtype: DType,
@@ -729,11 +814,12 @@ impl Qwen3 {
         let norm = RmsNorm::load(&w, "model.norm", h)?;
         // Tied checkpoints sometimes still store `lm_head.weight`; like transformers we
         // follow the config and share the embedding.
-        let lm_head = if cfg.tie_word_embeddings {
-            embed_tokens.clone()
+        let (lm_head, head_name) = if cfg.tie_word_embeddings {
+            (embed_tokens.clone(), "model.embed_tokens.weight")
         } else {
-            w.get("lm_head.weight", &[v, h])?
+            (w.get("lm_head.weight", &[v, h])?, "lm_head.weight")
         };
+        let decode_head = w.decode_head(head_name, &[v, h])?;
         let formats = w.formats.into_inner();
         let formats = formats.into_iter().collect::<Vec<_>>().join("+");
         let weights_name = match source {
@@ -749,6 +835,7 @@ impl Qwen3 {
             layers,
             norm,
             lm_head,
+            decode_head,
             device: device.clone(),
             dtype,
             uid: NEXT_MODEL_UID.fetch_add(1, Ordering::Relaxed),
@@ -815,6 +902,16 @@ impl Qwen3 {
         &self.lm_head
     }
 
+    /// Logits `(n, vocab)` f32 of final-normed `hidden` `(n, hidden)` from the head
+    /// in the file's block format, or `None` when the model has none
+    /// ([`Self::lm_head`] is the head then).
+    pub(crate) fn block_head_logits(&self, hidden: &Tensor) -> Result<Option<Tensor>> {
+        match &self.decode_head {
+            Some(head) => Ok(Some(head.forward(&hidden.contiguous()?)?)),
+            None => Ok(None),
+        }
+    }
+
     /// KV bytes one cached position takes: layers × 2 × kv_heads × head_dim × dtype size.
     pub fn kv_bytes_per_token(&self) -> usize {
         let c = &self.cfg;
@@ -852,11 +949,15 @@ impl Qwen3 {
 
     /// Runs the decoder over packed sequences. `tokens` holds every sequence's tokens
     /// back to back (`seqs[i].len` each); sequence `i` continues `seqs[i].prefix`.
+    /// The first `decode_rows` rows are decode positions (generated tokens fed
+    /// back), which a projection held in two formats computes with its decode
+    /// kernel ([`Linear::forward_rows`]).
     pub(crate) fn forward_packed(
         &self,
         tokens: &[u32],
         seqs: &[PackedSeq],
         keep_kv: bool,
+        decode_rows: usize,
     ) -> Result<Packed> {
         let total: usize = seqs.iter().map(|s| s.len).sum();
         if total != tokens.len() || total == 0 {
@@ -904,11 +1005,11 @@ impl Qwen3 {
                 })
                 .collect();
             let h = layer.input_layernorm.forward(&x)?;
-            let (h, (k, v)) = layer.self_attn.forward(&h, &rope, &kseqs)?;
+            let (h, (k, v)) = layer.self_attn.forward(&h, &rope, &kseqs, decode_rows)?;
             x = aisql_kernels::elementwise::add(&x, &h)?;
             let h = layer
                 .mlp
-                .forward(&layer.post_attention_layernorm.forward(&x)?)?;
+                .forward(&layer.post_attention_layernorm.forward(&x)?, decode_rows)?;
             x = aisql_kernels::elementwise::add(&x, &h)?;
             if keep_kv {
                 for (i, (s, &start)) in seqs.iter().zip(&starts).enumerate() {

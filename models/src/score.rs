@@ -116,7 +116,7 @@ impl Qwen3 {
             )));
         }
         if !seqs.is_empty() {
-            let packed = self.forward_packed(&tokens, &seqs, true)?;
+            let packed = self.forward_packed(&tokens, &seqs, true, 0)?;
             let kv = packed.kv.expect("keep_kv was requested");
             for ((layers, &(item, start)), seq) in kv.into_iter().zip(&rows).zip(&seqs) {
                 let last_hidden = packed.hidden.get(start + seq.len - 1)?;
@@ -147,7 +147,7 @@ impl Qwen3 {
             }
         }
         if !seqs.is_empty() {
-            let packed = self.forward_packed(&tokens, &seqs, false)?;
+            let packed = self.forward_packed(&tokens, &seqs, false, 0)?;
             for (&(item, start), seq) in rows.iter().zip(&seqs) {
                 out[item] = Some(packed.hidden.get(start + seq.len - 1)?);
             }
@@ -193,7 +193,7 @@ impl Qwen3 {
             .map(|_| Tensor::zeros((0, self.config().vocab_size), DType::F32, self.device()))
             .collect::<candle_core::Result<_>>()?;
         if !seqs.is_empty() {
-            let packed = self.forward_packed(&tokens, &seqs, false)?;
+            let packed = self.forward_packed(&tokens, &seqs, false, 0)?;
             let all = packed
                 .hidden
                 .matmul(&self.lm_head().t()?)?
@@ -242,7 +242,7 @@ impl Qwen3 {
         let packed = if seqs.is_empty() {
             None
         } else {
-            Some(self.forward_packed(&tokens, &seqs, false)?)
+            Some(self.forward_packed(&tokens, &seqs, false, 0)?)
         };
         let mut fed_start = vec![None; conts.len()];
         for &(item, start) in &rows {

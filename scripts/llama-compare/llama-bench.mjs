@@ -1,11 +1,20 @@
 #!/usr/bin/env node
-// Prompt-processing (prefill) benchmark of llama.cpp on the CPU through
-// node-llama-cpp (pinned in package.json next to this file), the llama.cpp side of
-// scripts/llama-compare.sh.
+// Prompt-processing (prefill) and decoding benchmark of llama.cpp on the CPU
+// through node-llama-cpp (pinned in package.json next to this file), the llama.cpp
+// side of scripts/llama-compare.sh.
 //
 //   node llama-bench.mjs --model M.gguf --threads T --prompt-tokens P --sequences S
-//                        [--rounds N] [--batch-size B] [--seed X] [--node-dir DIR]
+//                        [--decode-tokens D] [--rounds N] [--batch-size B] [--seed X]
+//                        [--node-dir DIR]
 //   node llama-bench.mjs --info [--node-dir DIR]
+//
+// With --decode-tokens D (decoding, llama-bench's `tg`): every sequence first
+// evaluates the same P - 1 prompt ids (not timed; llama.cpp keeps a copy of them
+// in each sequence's KV), then, timed, its own last prompt id and D - 1 generated
+// tokens with sequence.evaluate (greedy: temperature 0; past an end-of-generation
+// token, as a random model may pick, decoding goes on from it), all S sequences at once so
+// that node-llama-cpp packs each step's S tokens into one batch: D evaluations of
+// one token per sequence, D tokens each. tokens = S * D.
 //
 // Loads the model on the CPU only (getLlama({gpu: false}), gpuLayers 0, never
 // building llama.cpp from source), makes one context of S sequences with a
@@ -31,7 +40,7 @@ import { pathToFileURL } from "node:url";
 import { performance } from "node:perf_hooks";
 
 const USAGE = `usage: llama-bench.mjs --model FILE.gguf --threads T --prompt-tokens P --sequences S
-                       [--rounds N] [--batch-size B] [--seed X] [--node-dir DIR]
+                       [--decode-tokens D] [--rounds N] [--batch-size B] [--seed X] [--node-dir DIR]
        llama-bench.mjs --info [--node-dir DIR]`;
 
 function fail(msg) {
@@ -40,9 +49,9 @@ function fail(msg) {
 }
 
 function parseArgs(argv) {
-  const opts = { rounds: 1, seed: 0, info: false, nodeDir: process.env.LLAMA_COMPARE_NODE_DIR || "" };
+  const opts = { rounds: 1, seed: 0, decodeTokens: 0, info: false, nodeDir: process.env.LLAMA_COMPARE_NODE_DIR || "" };
   const ints = { "--threads": "threads", "--prompt-tokens": "promptTokens", "--sequences": "sequences",
-    "--rounds": "rounds", "--batch-size": "batchSize", "--seed": "seed" };
+    "--rounds": "rounds", "--batch-size": "batchSize", "--seed": "seed", "--decode-tokens": "decodeTokens" };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     if (a === "-h" || a === "--help") { process.stdout.write(USAGE + "\n"); process.exit(0); }
@@ -141,15 +150,15 @@ async function info(opts) {
 
 async function bench(opts) {
   const { mod, version } = await importNodeLlamaCpp(opts.nodeDir);
-  const P = opts.promptTokens, S = opts.sequences, T = opts.threads;
+  const P = opts.promptTokens, S = opts.sequences, T = opts.threads, D = opts.decodeTokens;
   const batchSize = opts.batchSize || Math.min(P * S, 4096);
   const llama = await loadLlama(mod, T);
   const model = await llama.loadModel({ modelPath: opts.model, gpuLayers: 0 });
-  if (P + 1 > model.trainContextSize)
-    fail(`--prompt-tokens ${P} does not fit the model's context length ${model.trainContextSize}`);
+  if (P + D + 1 > model.trainContextSize)
+    fail(`--prompt-tokens ${P} + --decode-tokens ${D} do not fit the model's context length ${model.trainContextSize}`);
   const context = await model.createContext({
     sequences: S,
-    contextSize: Math.min(P + 64, model.trainContextSize),
+    contextSize: Math.min(P + D + 64, model.trainContextSize),
     batchSize,
     threads: { ideal: T, min: T },
   });
@@ -170,17 +179,51 @@ async function bench(opts) {
     return { wall, cpu: (cpu.user + cpu.system) / 1e6 };
   };
 
-  await evaluate(-1); // warm-up, not counted
+  const decode = async (round) => {
+    await Promise.all(seqs.map((s) => s.clearHistory()));
+    // One shared prompt (the ids of sequence 0), each sequence's own last id.
+    const shared = tokenIds(P, opts.seed, round, 0).slice(0, P - 1);
+    const own = seqs.map((_, i) => tokenIds(1, opts.seed, round, i + 1));
+    if (shared.length > 0)
+      await Promise.all(seqs.map((s) => s.evaluateWithoutGeneratingNewTokens(shared)));
+    const generate = async (s, ids) => {
+      let n = 0;
+      let next = ids;
+      // temperature 0: greedy. Leaving the loop after the D-th token stops the
+      // generator before it evaluates that token. A random model may pick an
+      // end-of-generation token, which ends the generator: it is yielded, and
+      // decoding goes on from it, one evaluation per token as before.
+      while (n < D) {
+        for await (const token of s.evaluate(next, { temperature: 0, yieldEogToken: true })) {
+          next = [token];
+          if (++n >= D) break;
+        }
+      }
+      return n;
+    };
+    const cpu0 = process.cpuUsage();
+    const t0 = performance.now();
+    const made = await Promise.all(seqs.map((s, i) => generate(s, own[i])));
+    const wall = (performance.now() - t0) / 1000;
+    const cpu = process.cpuUsage(cpu0);
+    if (made.some((n) => n !== D)) fail(`sequences generated ${made.join(", ")} tokens, expected ${D} each`);
+    return { wall, cpu: (cpu.user + cpu.system) / 1e6 };
+  };
+
+  const measure = D > 0 ? decode : evaluate;
+  const tokens = D > 0 ? D * S : P * S;
+  await measure(-1); // warm-up, not counted
   for (let r = 0; r < opts.rounds; r++) {
-    const { wall, cpu } = await evaluate(r);
+    const { wall, cpu } = await measure(r);
     process.stdout.write(JSON.stringify({
       engine: "llama.cpp",
       prompt_tokens: P,
       sequences: S,
-      tokens: P * S,
+      decode_tokens: D,
+      tokens,
       wall_s: wall,
       cpu_s: cpu,
-      tokens_per_s: (P * S) / wall,
+      tokens_per_s: tokens / wall,
       threads: T,
       batch_size: context.batchSize,
       context_size_per_sequence: context.contextSize,

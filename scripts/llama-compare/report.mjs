@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Summarises scripts/llama-compare.sh's results.jsonl as a Markdown table: per case
-// (prompt tokens x sequences) and system, in the order first seen, the medians over
+// (prompt tokens x sequences, + tokens decoded per sequence) and system, in the order first seen, the medians over
 // rounds of tokens/s, CPU seconds per 1,000 tokens and CPU utilisation
 // (cpu_s / wall_s), with the tokens/s range.
 //
@@ -36,7 +36,7 @@ readFileSync(file, "utf8").split("\n").forEach((line, i) => {
 });
 
 const out = [
-  "| case (tokens x seqs) | system | tokens/s (median) | tokens/s (min-max) | CPU s / 1k tokens | CPU util | rounds |",
+  "| case (prompt tokens x seqs [+ decoded per seq]) | system | tokens/s (median) | tokens/s (min-max) | CPU s / 1k tokens | CPU util | rounds |",
   "|---|---|---:|---:|---:|---:|---:|",
 ];
 let lastCase = null;

@@ -166,33 +166,34 @@ fn gguf(model: &str, out: &Path, file_type: &str) -> anyhow::Result<()> {
 }
 
 /// `aisql model bench`: the model's prefill speed over packed prompts of
-/// distinct pseudo-random tokens.
+/// distinct pseudo-random tokens or, with `--decode-tokens N`, its greedy
+/// decoding speed: `N` tokens for each of the sequences, all continuing one
+/// shared cached prompt.
 fn bench(args: &ModelBenchArgs) -> anyhow::Result<()> {
     let (model, _) = super::backend::load_model(&args.model)?;
     let context = model.config().max_position_embeddings;
-    if args.prompt_tokens > context {
+    if args.prompt_tokens.saturating_add(args.decode_tokens) > context {
         return Err(UsageError(format!(
-            "--prompt-tokens {}: the model's context holds {context} positions",
-            args.prompt_tokens
+            "--prompt-tokens {} + --decode-tokens {}: the model's context holds {context} positions",
+            args.prompt_tokens, args.decode_tokens
         ))
         .into());
     }
     let vocab = model.config().vocab_size as u64;
     // Ids in [1000, 100000) where the vocabulary allows, distinct per prompt and
     // round so no prefix is shared and nothing is cached.
+    let prompt = |round: u64, s: u64, len: usize| -> Vec<u32> {
+        (0..len as u64)
+            .map(|i| {
+                let x =
+                    (round * 1_000_003 + s * 7919 + i).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20;
+                (1000.min(vocab - 1) + x % vocab.saturating_sub(1000).clamp(1, 99_000)) as u32
+            })
+            .collect()
+    };
     let prompts = |round: u64| -> Vec<Vec<u32>> {
         (0..args.sequences as u64)
-            .map(|s| {
-                (0..args.prompt_tokens as u64)
-                    .map(|i| {
-                        let x = (round * 1_000_003 + s * 7919 + i)
-                            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                            >> 20;
-                        (1000.min(vocab - 1) + x % vocab.saturating_sub(1000).clamp(1, 99_000))
-                            as u32
-                    })
-                    .collect()
-            })
+            .map(|s| prompt(round, s, args.prompt_tokens))
             .collect()
     };
     let forward = |tokens: &[Vec<u32>]| -> anyhow::Result<()> {
@@ -203,19 +204,63 @@ fn bench(args: &ModelBenchArgs) -> anyhow::Result<()> {
         model.prefill_batch(&items)?;
         Ok(())
     };
-    forward(&prompts(0))?;
+    // Decoding: the prompt's first P - 1 tokens are one cached prefix (prefilled
+    // before the clock starts, as a document is), each sequence adds one token of
+    // its own, and the timed generation feeds that token and the N - 1 generated
+    // after it: N forwards of one position per sequence, N tokens each.
+    let decode = |round: u64| -> anyhow::Result<(f64, Option<Usage>)> {
+        let prefix = if args.prompt_tokens > 1 {
+            Some(model.prefill(None, &prompt(round, 0, args.prompt_tokens - 1))?)
+        } else {
+            None
+        };
+        let own: Vec<Vec<u32>> = (0..args.sequences as u64)
+            .map(|s| prompt(round, s + 1, 1))
+            .collect();
+        let requests: Vec<aisql_models::GenerateRequest> = own
+            .iter()
+            .map(|t| aisql_models::GenerateRequest::new(prefix.as_ref(), t, args.decode_tokens))
+            .collect();
+        let (usage0, t0) = (Usage::now(), std::time::Instant::now());
+        let generated = model.generate(&requests, &[], args.sequences)?;
+        let wall = t0.elapsed().as_secs_f64();
+        let usage = Usage::since(usage0);
+        if let Some(h) = prefix {
+            h.release();
+        }
+        let made: usize = generated.iter().map(|g| g.token_ids.len()).sum();
+        anyhow::ensure!(
+            made == args.sequences * args.decode_tokens,
+            "decoding made {made} tokens, not {} × {}",
+            args.sequences,
+            args.decode_tokens
+        );
+        Ok((wall, usage))
+    };
+    let measure = |round: u64| -> anyhow::Result<(f64, Option<Usage>)> {
+        if args.decode_tokens > 0 {
+            return decode(round);
+        }
+        let input = prompts(round);
+        let (usage0, t0) = (Usage::now(), std::time::Instant::now());
+        forward(&input)?;
+        let wall = t0.elapsed().as_secs_f64();
+        Ok((wall, Usage::since(usage0)))
+    };
+    // An uncounted warm-up.
+    measure(0)?;
     let threads = std::env::var("RAYON_NUM_THREADS")
         .ok()
         .and_then(|n| n.parse::<usize>().ok())
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let tokens = args.prompt_tokens * args.sequences;
+    let (tokens, what) = match args.decode_tokens {
+        0 => (args.prompt_tokens * args.sequences, "prompt"),
+        n => (n * args.sequences, "decoded"),
+    };
     let mut rates = Vec::with_capacity(args.rounds);
     for round in 1..=args.rounds {
-        let input = prompts(round as u64);
-        let (cpu0, t0) = (process_cpu_seconds(), std::time::Instant::now());
-        forward(&input)?;
-        let wall = t0.elapsed().as_secs_f64();
-        let cpu = process_cpu_seconds().zip(cpu0).map(|(b, a)| b - a);
+        let (wall, usage) = measure(round as u64)?;
+        let cpu = usage.map(|u| u.cpu_s);
         let rate = tokens as f64 / wall;
         rates.push(rate);
         match args.format {
@@ -228,54 +273,85 @@ fn bench(args: &ModelBenchArgs) -> anyhow::Result<()> {
                     "threads": threads,
                     "prompt_tokens": args.prompt_tokens,
                     "sequences": args.sequences,
+                    "decode_tokens": args.decode_tokens,
                     "tokens": tokens,
                     "wall_s": wall,
                     "cpu_s": cpu,
                     "tokens_per_s": rate,
                     "cpu_s_per_token": cpu.map(|c| c / tokens as f64),
+                    "minor_faults": usage.map(|u| u.minor_faults),
                 })
             )?,
             GenerateFormat::Text => outln!(
-                "round {round}: {tokens} tokens in {wall:.3} s, {rate:.1} tokens/s{}",
-                cpu.map_or(String::new(), |c| format!(
-                    ", {c:.3} CPU s ({:.2} cores busy)",
-                    c / wall
+                "round {round}: {tokens} {what} tokens in {wall:.3} s, {rate:.1} tokens/s{}",
+                usage.map_or(String::new(), |u| format!(
+                    ", {:.3} CPU s ({:.2} cores busy), {} minor page faults",
+                    u.cpu_s,
+                    u.cpu_s / wall,
+                    u.minor_faults
                 ))
             )?,
         }
     }
     if args.format == GenerateFormat::Text {
         rates.sort_by(f64::total_cmp);
+        let shape = match args.decode_tokens {
+            0 => format!("{} × {} prompt tokens", args.sequences, args.prompt_tokens),
+            n => format!(
+                "{} × {n} tokens decoded after a shared {}-token prompt",
+                args.sequences, args.prompt_tokens
+            ),
+        };
         outln!(
-            "{} {} on {} threads, {} × {} tokens: median {:.1} tokens/s",
+            "{} {} on {} threads, {shape}: median {:.1} tokens/s",
             args.model.name,
             model.weights_name(),
             threads,
-            args.sequences,
-            args.prompt_tokens,
             rates[rates.len() / 2]
         )?;
     }
     Ok(())
 }
 
-/// CPU seconds (user + system) this process has used, where the platform says.
-fn process_cpu_seconds() -> Option<f64> {
-    #[cfg(unix)]
-    {
-        let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-        // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is always valid.
-        let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
-        if rc != 0 {
-            return None;
+/// What this process has used, where the platform says: CPU seconds (user +
+/// system) and minor page faults (pages the kernel mapped in, 4 KiB each unless
+/// huge).
+#[derive(Debug, Clone, Copy)]
+struct Usage {
+    cpu_s: f64,
+    minor_faults: u64,
+}
+
+impl Usage {
+    fn now() -> Option<Self> {
+        #[cfg(unix)]
+        {
+            let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+            // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is always valid.
+            let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
+            if rc != 0 {
+                return None;
+            }
+            // SAFETY: initialised by the successful call above.
+            let u = unsafe { usage.assume_init() };
+            let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+            Some(Self {
+                cpu_s: secs(u.ru_utime) + secs(u.ru_stime),
+                minor_faults: u.ru_minflt as u64,
+            })
         }
-        // SAFETY: initialised by the successful call above.
-        let u = unsafe { usage.assume_init() };
-        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-        Some(secs(u.ru_utime) + secs(u.ru_stime))
+        #[cfg(not(unix))]
+        None
     }
-    #[cfg(not(unix))]
-    None
+
+    /// What was used since `start` (a [`Usage::now`]).
+    fn since(start: Option<Self>) -> Option<Self> {
+        let (now, start) = (Self::now()?, start?);
+        Some(Self {
+            cpu_s: now.cpu_s - start.cpu_s,
+            minor_faults: now.minor_faults.saturating_sub(start.minor_faults),
+        })
+    }
 }
 
 /// `aisql model calibrate`: the model's throughput profile, measured through

@@ -206,3 +206,78 @@ fn exp_nonpositive_x16(x: __m512) -> __m512 {
     let pow2 = _mm512_slli_epi32::<23>(_mm512_sub_epi32(_mm512_castps_si512(t), bias));
     mul(y, _mm512_castsi512_ps(pow2))
 }
+
+/// `kt[c · K_BLOCK + j] = rows[j][c]` in 16 × 16 tiles transposed in registers
+/// (a scalar scatter of a 64-key block was as slow as the attention over it).
+///
+/// # Safety
+/// AVX-512F must be available; `D` is a multiple of 16, every row holds `D`
+/// values and `kt` holds `D × K_BLOCK`.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn transpose_block<const D: usize>(rows: &[&[f32]; K_BLOCK], kt: &mut [f32]) {
+    debug_assert!(D.is_multiple_of(LANES) && kt.len() >= D * K_BLOCK);
+    debug_assert!(rows.iter().all(|r| r.len() >= D));
+    for j0 in (0..K_BLOCK).step_by(LANES) {
+        for c0 in (0..D).step_by(LANES) {
+            // SAFETY: each row has D values (c0 + 16 <= D); the stores write row
+            // c0 + i of kt, 16 values from column j0 (j0 + 16 <= K_BLOCK).
+            unsafe {
+                let r: [__m512; LANES] =
+                    std::array::from_fn(|i| _mm512_loadu_ps(rows[j0 + i].as_ptr().add(c0)));
+                let t = transpose16(r);
+                for (i, v) in t.iter().enumerate() {
+                    _mm512_storeu_ps(kt.as_mut_ptr().add((c0 + i) * K_BLOCK + j0), *v);
+                }
+            }
+        }
+    }
+}
+
+/// Sixteen registers of sixteen lanes transposed: lane `j` of output `i` is lane
+/// `i` of input `j`.
+#[inline(always)]
+unsafe fn transpose16(r: [__m512; LANES]) -> [__m512; LANES] {
+    // SAFETY: register shuffles only; the caller has AVX-512F.
+    unsafe {
+        // Pairs of rows interleaved by lane, then by lane pairs: each 128-bit lane
+        // of u[4q + p] holds a 4 × 4 transposed sub-block.
+        let t: [__m512; LANES] = std::array::from_fn(|i| {
+            let (a, b) = (r[i & !1], r[i | 1]);
+            if i % 2 == 0 {
+                _mm512_unpacklo_ps(a, b)
+            } else {
+                _mm512_unpackhi_ps(a, b)
+            }
+        });
+        let pd = _mm512_castps_pd;
+        let u: [__m512; LANES] = std::array::from_fn(|i| {
+            // Group of four rows g, slot s: pairs (t[4g], t[4g + 2]) and
+            // (t[4g + 1], t[4g + 3]), low and high halves.
+            let (g, s) = (i / 4, i % 4);
+            let (a, b) = (t[4 * g + s / 2], t[4 * g + 2 + s / 2]);
+            _mm512_castpd_ps(if s % 2 == 0 {
+                _mm512_unpacklo_pd(pd(a), pd(b))
+            } else {
+                _mm512_unpackhi_pd(pd(a), pd(b))
+            })
+        });
+        // 128-bit lanes: first between row groups 0/1 and 2/3, then 0/2.
+        let v: [__m512; LANES] = std::array::from_fn(|i| {
+            let (half, s) = (i / 8, i % 8);
+            let (a, b) = (u[8 * half + s % 4], u[8 * half + 4 + s % 4]);
+            if s < 4 {
+                _mm512_shuffle_f32x4::<0x88>(a, b)
+            } else {
+                _mm512_shuffle_f32x4::<0xdd>(a, b)
+            }
+        });
+        std::array::from_fn(|i| {
+            let (a, b) = (v[i % 8], v[8 + i % 8]);
+            if i < 8 {
+                _mm512_shuffle_f32x4::<0x88>(a, b)
+            } else {
+                _mm512_shuffle_f32x4::<0xdd>(a, b)
+            }
+        })
+    }
+}

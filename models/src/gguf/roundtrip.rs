@@ -191,6 +191,84 @@ fn q8_0_decides_as_f32_quantized_at_load_and_from_gguf() {
     assert!(agree as f64 >= 0.99 * counted as f64, "{agree}/{counted}");
 }
 
+/// A Q8_0 GGUF decodes with its Q8_0 head (a quarter of the f32 head's bytes):
+/// every generated token is the argmax of that head over the uncached forward of
+/// the tokens before it, and the head's logits stay close to the f32 head's. On
+/// a CPU with AMX the uncached forward runs prompt rows on AMX (bf16) while
+/// decoding ran its rows on the Q8_0 kernel, so there a pick may differ where the
+/// random model's top logits lie within that rounding of each other.
+#[test]
+fn a_q8_0_gguf_decodes_with_its_q8_0_head() {
+    let (_tmp, file) = gguf_of(tiny_dir(), FileType::Q8_0);
+    let model = Qwen3::load(&file, &Device::Cpu, None).unwrap();
+    let doc = prompts(3)[2].clone();
+    let shared = model.prefill(None, &doc).unwrap();
+    let own = prompts(4);
+    let requests: Vec<crate::GenerateRequest> = own
+        .iter()
+        .map(|t| crate::GenerateRequest::new(Some(&shared), t, 7))
+        .collect();
+    let got = model.generate(&requests, &[], 4).unwrap();
+    let argmax = |row: &[f32]| {
+        let mut best = 0;
+        for (i, &x) in row.iter().enumerate() {
+            if x > row[best] {
+                best = i;
+            }
+        }
+        best as u32
+    };
+    // The two roundings of a decode row's activations (bf16 and Q8_0) move the tiny
+    // model's logits by up to a few hundredths.
+    let tolerance = if aisql_kernels::amx_gemm::amx_available() {
+        0.05
+    } else {
+        0.0
+    };
+    let mut widest = 0f32;
+    let mut near_ties = 0;
+    for (g, t) in got.iter().zip(&own) {
+        let mut context: Vec<u32> = doc.iter().chain(t).copied().collect();
+        for &token in &g.token_ids {
+            let whole = model.prefill(None, &context).unwrap();
+            let hidden = crate::score::final_hidden(&whole)
+                .unwrap()
+                .unsqueeze(0)
+                .unwrap();
+            let q8 = model
+                .block_head_logits(&hidden)
+                .unwrap()
+                .expect("a Q8_0 head");
+            let q8 = q8.squeeze(0).unwrap().to_vec1::<f32>().unwrap();
+            let want = argmax(&q8);
+            let gap = q8[want as usize] - q8[token as usize];
+            assert!(
+                token == want || gap <= tolerance,
+                "after {} tokens: {token}, the uncached forward's argmax {want} (gap {gap})",
+                context.len()
+            );
+            near_ties += usize::from(token != want);
+            let f32_logits = hidden
+                .matmul(&model.lm_head().t().unwrap())
+                .unwrap()
+                .squeeze(0)
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            let scale = f32_logits.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let diff = max_abs_diff(&[q8], &[f32_logits]);
+            widest = widest.max(diff / scale);
+            context.push(token);
+        }
+    }
+    eprintln!(
+        "Q8_0 head against the f32 head: largest difference {widest:.4} of the largest logit; \
+         {near_ties} near-ties"
+    );
+    assert!(near_ties * 4 <= got.len() * 7, "{near_ties} near-ties");
+    assert!(widest < 0.05, "{widest}");
+}
+
 #[test]
 fn q4k_agreement_is_reported() {
     let f32_model = Qwen3::load(tiny_dir(), &Device::Cpu, None).unwrap();
