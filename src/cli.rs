@@ -41,7 +41,10 @@ impl Cli {
             Command::Bench(args) => args.run.backend.validate(None, &args.run.cost),
             Command::Worker(args) => args.backend.spec().map(drop),
             Command::Serve(args) => args.connect.config(false).map(drop),
-            Command::Explain { .. } | Command::Data(_) | Command::Model(_) => Ok(()),
+            Command::Explain { .. }
+            | Command::Data(_)
+            | Command::Model(_)
+            | Command::KvStore(_) => Ok(()),
         }
     }
 }
@@ -84,6 +87,34 @@ pub enum Command {
     /// Serve SQL with AI functions over the PostgreSQL wire protocol (psql,
     /// psycopg, JDBC, BI tools), read-only, until interrupted.
     Serve(ServeArgs),
+    /// The on-disk KV store (`--kv-store DIR`): what it holds, whether its
+    /// blocks are sound, emptying it.
+    #[command(subcommand)]
+    KvStore(KvStoreCommand),
+}
+
+/// `aisql kv-store …`.
+#[derive(Debug, Subcommand)]
+pub enum KvStoreCommand {
+    /// Blocks and bytes per model identity.
+    Stats {
+        /// The store's folder.
+        dir: PathBuf,
+        /// text or json.
+        #[arg(long, default_value = "text")]
+        format: String,
+    },
+    /// Checks every block (its MAC, under this user's key, and its header);
+    /// exits 1 when any is damaged. Reads only.
+    Verify {
+        /// The store's folder.
+        dir: PathBuf,
+    },
+    /// Removes every block, keeping the store.
+    Clear {
+        /// The store's folder.
+        dir: PathBuf,
+    },
 }
 
 /// `aisql serve`.
@@ -296,6 +327,17 @@ pub struct BackendArgs {
     /// Tokens per forward batch.
     #[arg(long, default_value_t = 8192, value_parser = config::number::<usize>)]
     pub batch_tokens: usize,
+    /// Keep documents' KV in DIR, keyed by the model's weights, dtype and
+    /// device and the prompt's tokens, and read it back instead of computing
+    /// it again, in later queries and after a restart. Each block is checked
+    /// (a MAC) before use; a damaged or foreign one is computed again. DIR
+    /// must be new, empty or an earlier store.
+    #[arg(long, value_name = "DIR", env = "AISQL_KV_STORE")]
+    pub kv_store: Option<PathBuf>,
+    /// The KV store's bound, e.g. 4G or 512M (default 16G); least recently
+    /// used blocks leave first.
+    #[arg(long, value_name = "SIZE", value_parser = aisql_engine::limits::host_memory::parse_size)]
+    pub kv_store_size: Option<usize>,
     /// Keep documents' KV after the query that computed them, within the KV
     /// budget, so that later queries over the same documents compute only
     /// their questions (default: on; `aisql bench` starts each query from
@@ -358,6 +400,8 @@ impl BackendArgs {
                 lookahead: self.lookahead == Switch::On,
                 kv_budget_mb: self.kv_budget_mb,
                 kv_host_mb: self.kv_host_mb,
+                kv_store: self.kv_store.clone(),
+                kv_store_size: self.kv_store_size.map(|n| n as u64),
                 batch_tokens: self.batch_tokens,
             },
         };

@@ -21,7 +21,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use aisql_engine::exec::progress::ProgressMode;
-use aisql_engine::inference::scheduler::{SchedulerConfig, default_kv_budget_bytes};
+use aisql_engine::inference::scheduler::{
+    DEFAULT_KV_STORE_BYTES, KvStoreSpec, SchedulerConfig, default_kv_budget_bytes,
+};
 
 /// A mistake in how aisql was called (exit code 2 on the command line, a
 /// `ValueError` in Python), found after the flags were read.
@@ -214,6 +216,10 @@ pub struct SchedulerSpec {
     pub kv_host_mb: Option<usize>,
     /// Tokens per forward batch.
     pub batch_tokens: usize,
+    /// The on-disk KV store's folder (`--kv-store`).
+    pub kv_store: Option<PathBuf>,
+    /// Its bound in bytes (`--kv-store-size`).
+    pub kv_store_size: Option<u64>,
 }
 
 impl Default for SchedulerSpec {
@@ -224,11 +230,21 @@ impl Default for SchedulerSpec {
             kv_budget_mb: None,
             kv_host_mb: None,
             batch_tokens: 8192,
+            kv_store: None,
+            kv_store_size: None,
         }
     }
 }
 
 impl SchedulerSpec {
+    /// The on-disk KV store, when one is named.
+    pub fn kv_store_spec(&self) -> Option<KvStoreSpec> {
+        self.kv_store.as_ref().map(|dir| KvStoreSpec {
+            dir: dir.clone(),
+            size_bytes: self.kv_store_size.unwrap_or(DEFAULT_KV_STORE_BYTES),
+        })
+    }
+
     /// The engine's scheduler configuration for a model of our own.
     pub fn config(&self) -> SchedulerConfig {
         SchedulerConfig {
@@ -641,6 +657,46 @@ impl BackendSpec {
                 ));
             }
         }
+        let store = &self.scheduler;
+        if store.kv_store_size.is_some() && store.kv_store.is_none() {
+            return Err(UsageError(format!(
+                "{} bounds the KV store: give {} DIR too",
+                names.of("kv-store-size"),
+                names.of("kv-store")
+            )));
+        }
+        if store.kv_store_size == Some(0) {
+            return Err(invalid_value(
+                names,
+                "kv-store-size",
+                "0",
+                "give a size such as 4G",
+            ));
+        }
+        if store.kv_store.is_some() {
+            if self.kind != BackendKind::Model || self.simulate {
+                return Err(UsageError(format!(
+                    "{} keeps a model's KV: use it with the model backend, without simulation",
+                    names.of("kv-store")
+                )));
+            }
+            if self.workers.is_some() {
+                return Err(conflict(
+                    names,
+                    "kv-store",
+                    "workers",
+                    "the remote workers compute the KV; a store is theirs to keep",
+                ));
+            }
+            if !self.scheduler.prefix_cache {
+                return Err(conflict(
+                    names,
+                    "kv-store",
+                    "prefix-cache",
+                    "without the prefix cache no KV is reused, so none is stored",
+                ));
+            }
+        }
         if let Some(workers) = &self.workers {
             let local = [
                 ("gpu", self.model.gpu.is_some()),
@@ -971,6 +1027,14 @@ pub const OPTIONS: &[(&str, SetOption)] = &[
             &mut b.config.backend.scheduler.kv_host_mb,
             v.parse(number).map(Some),
         )
+    }),
+    ("kv_store", |b, v| {
+        put(&mut b.config.backend.scheduler.kv_store, v.path().map(Some))
+    }),
+    ("kv_store_size", |b, v| {
+        let size = v.parse(aisql_engine::limits::host_memory::parse_size)?;
+        b.config.backend.scheduler.kv_store_size = Some(size as u64);
+        Ok(())
     }),
     ("keep_kv", |b, v| {
         put(&mut b.config.query.keep_kv, v.switch().map(Some))

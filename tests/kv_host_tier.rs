@@ -237,6 +237,7 @@ async fn the_model_restores_offloaded_kv_and_answers_the_same() {
             },
             kv_budget_from_device: false,
             host_kv_from_memory: false,
+            kv_store: None,
         };
         let (paths, options, plan) = (corpus.paths(), options.clone(), plan.clone());
         async move {

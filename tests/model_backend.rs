@@ -259,6 +259,7 @@ async fn cached_equals_uncached_and_fresh_tokens_meet_the_minimum() {
         scheduler: config(cache),
         kv_budget_from_device: true, // on the CPU: keeps config(cache)'s budget
         host_kv_from_memory: false,
+        kv_store: None,
     };
     let (cached, _) = load_model_backend(&spec(true)).unwrap();
     let (uncached, _) = load_model_backend(&spec(false)).unwrap();
@@ -355,6 +356,7 @@ async fn a_document_larger_than_the_kv_budget_is_a_clear_error() {
         },
         kv_budget_from_device: false,
         host_kv_from_memory: false,
+        kv_store: None,
     };
     let (backend, _) = load_model_backend(&spec).unwrap();
     let q = QueryPlan::from_file(&plans_dir().join("AGENT-1.json")).unwrap();

@@ -166,6 +166,7 @@ async fn the_tiny_model_on_three_cpu_workers_in_process_and_over_the_wire_answer
         },
         kv_budget_from_device: false,
         host_kv_from_memory: false,
+        kv_store: None,
     };
     let load = || load_model_backend(&spec).unwrap().0 as Arc<dyn InferenceBackend>;
     let (_servers, remote) = over_the_wire((0..WORKERS).map(|_| load()).collect()).await;

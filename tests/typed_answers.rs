@@ -36,6 +36,7 @@ fn backend(prefix_cache: bool) -> Arc<ScheduledBackend<ModelExecutor>> {
         },
         kv_budget_from_device: false,
         host_kv_from_memory: false,
+        kv_store: None,
     };
     load_model_backend(&spec).unwrap().0
 }

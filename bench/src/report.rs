@@ -60,15 +60,17 @@ fn metrics(q: &QueryRecord) -> Option<&QueryMetrics> {
     }
 }
 
-/// Under `--keep-kv on` (queries found the KV earlier ones left): the whole
+/// Under `--keep-kv on` or `--kv-store` (queries found the KV earlier ones
+/// left, in memory or on disk): the whole
 /// run's fresh tokens against the sum of the queries' minimums, each of
 /// which assumes the query starts from nothing. Empty for a run whose
 /// queries each started from nothing.
 fn kept_kv_section(run: &RunFile) -> Vec<String> {
     let kept = run.queries.iter().any(|q| {
-        q.measurements
-            .as_ref()
-            .is_some_and(|w| w.kv_kept_across_queries.as_ref().is_some_and(|k| k.0))
+        q.measurements.as_ref().is_some_and(|w| {
+            w.kv_kept_across_queries.as_ref().is_some_and(|k| k.0)
+                || w.kv_store_read_tokens.is_some_and(|n| n.0 > 0)
+        })
     });
     if !kept {
         return Vec::new();
@@ -86,9 +88,10 @@ fn kept_kv_section(run: &RunFile) -> Vec<String> {
         String::new(),
         "## KV kept across queries".into(),
         String::new(),
-        "Queries ran with `--keep-kv on`: each found the KV the queries before it left, so a \
-         query's fresh tokens may fall below its minimum (which assumes it starts from nothing) \
-         and its KV regret is not the benchmark's."
+        "Queries ran with `--keep-kv on` or `--kv-store`: each found the KV the queries before \
+         it left (in memory, or in the on-disk store), so a query's fresh tokens may fall below \
+         its minimum (which assumes it starts from nothing) and its KV regret is not the \
+         benchmark's."
             .into(),
         String::new(),
         "| Complete queries | Fresh tokens, whole run | Σ minimum tokens | Saving across queries (%) |"

@@ -399,8 +399,10 @@ pub fn token_metrics(counts: Option<PieceCounts>, measurements: &Work) -> Result
         .kv_kept_across_queries
         .as_ref()
         .is_some_and(|k| k.0);
+    // And KV read from the on-disk store (`--kv-store`).
+    let stored_kv = measurements.kv_store_read_tokens.is_some_and(|n| n.0 > 0);
     let regret = match (fresh, minimum) {
-        _ if from_cache || kept_kv => None,
+        _ if from_cache || kept_kv || stored_kv => None,
         (Some(f), Some(m)) if approximate => Some((f as i64 - m as i64).max(0)),
         (Some(f), Some(m)) => {
             if f < m {
@@ -609,6 +611,14 @@ mod tests {
         let t = token_metrics(counts, &work(&m)).unwrap();
         assert_eq!((t.regret_tokens, t.kv_regret_percent), (None, None));
         m.remove("kv_kept_across_queries");
+        // And KV read from the store (`--kv-store`); a store that gave
+        // nothing leaves the regret defined.
+        m.insert("kv_store_read_tokens".into(), json!(30));
+        let t = token_metrics(counts, &work(&m)).unwrap();
+        assert_eq!((t.regret_tokens, t.kv_regret_percent), (None, None));
+        m.insert("kv_store_read_tokens".into(), json!(0));
+        assert!(token_metrics(counts, &work(&m)).is_err());
+        m.remove("kv_store_read_tokens");
         m.insert("input_tokens".into(), json!(100));
         let t = token_metrics(counts, &work(&m)).unwrap();
         assert_eq!(

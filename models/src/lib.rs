@@ -14,6 +14,7 @@ mod error;
 pub mod generate;
 pub mod gguf;
 pub mod kv;
+pub mod kv_bytes;
 pub mod precision;
 pub mod qwen3;
 pub mod regular_file;

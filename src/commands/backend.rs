@@ -205,6 +205,7 @@ pub fn build(
                     scheduler: scheduler.clone(),
                     kv_budget_from_device: args.scheduler.kv_budget_mb.is_none(),
                     host_kv_from_memory: args.scheduler.kv_host_mb.is_none(),
+                    kv_store: args.scheduler.kv_store_spec(),
                 };
                 let (backend, model_meta) = load_model_backend(&worker_spec)
                     .with_context(|| format!("loading model {:?}", args.model.name))?;

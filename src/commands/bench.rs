@@ -150,7 +150,7 @@ fn bench(args: BenchRunArgs) -> anyhow::Result<()> {
     super::paths::add_plans(&mut guard, &args.plans);
     super::paths::add_backend_files(&mut guard, &args.backend.spec()?);
     guard.check(&output_dir, "the run folder", OutputKind::Folder)?;
-    super::paths::check_answer_cache(&guard, &args.backend.spec()?)?;
+    super::paths::check_stores(&guard, &args.backend.spec()?)?;
     let templates = templates_of(queries.iter().map(|(_, p)| p));
     let user_metadata = user_metadata(&args.metadata)?;
     let (backend, backend_metadata) =

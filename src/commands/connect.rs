@@ -155,7 +155,7 @@ impl Connection {
         let mut guard = WriteGuard::new();
         sources.add_inputs(&mut guard);
         super::paths::add_backend_files(&mut guard, &args.backend);
-        super::paths::check_answer_cache(&guard, &args.backend)?;
+        super::paths::check_stores(&guard, &args.backend)?;
         let options = query_options(&args.backend, &args.query, controls)?;
         // Any statement may come: the oracle loads every label set.
         let (backend, _meta) =

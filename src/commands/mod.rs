@@ -7,6 +7,7 @@ pub mod connect;
 mod data;
 mod deadline;
 mod estimate;
+mod kv_store;
 mod model;
 mod owner_secret;
 mod paths;
@@ -54,6 +55,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(args),
         Command::Worker(args) => worker::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::KvStore(cmd) => kv_store::run(cmd),
     }
 }
 

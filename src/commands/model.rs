@@ -368,6 +368,7 @@ fn calibrate(args: &CalibrateArgs) -> anyhow::Result<()> {
         scheduler: Default::default(),
         kv_budget_from_device: true,
         host_kv_from_memory: true,
+        kv_store: None,
     };
     let (backend, meta) = aisql_engine::inference::scheduler::load_model_backend(&spec)
         .with_context(|| format!("loading model {:?}", args.model.name))?;

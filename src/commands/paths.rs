@@ -38,10 +38,14 @@ pub fn add_plans(guard: &mut WriteGuard, plans: &PlansArg) {
     }
 }
 
-/// Checks `--answer-cache` (a folder aisql writes) against the inputs.
-pub fn check_answer_cache(guard: &WriteGuard, args: &BackendSpec) -> anyhow::Result<()> {
+/// Checks the folders aisql keeps its stores in (`--answer-cache`,
+/// `--kv-store`) against the inputs.
+pub fn check_stores(guard: &WriteGuard, args: &BackendSpec) -> anyhow::Result<()> {
     if let Some(dir) = &args.answer_cache {
         guard.check(dir, "--answer-cache", OutputKind::Folder)?;
+    }
+    if let Some(dir) = &args.scheduler.kv_store {
+        guard.check(dir, "--kv-store", OutputKind::Folder)?;
     }
     Ok(())
 }

@@ -201,7 +201,7 @@ fn check_outputs(args: &QueryArgs, dataset: Option<&Dataset>) -> anyhow::Result<
         guard.check(file, "--output", OutputKind::File)?;
         aisql_engine::data::files::check_output_folder(file, "--output")?;
     }
-    super::paths::check_answer_cache(&guard, &args.backend.spec()?)?;
+    super::paths::check_stores(&guard, &args.backend.spec()?)?;
     Ok(())
 }
 

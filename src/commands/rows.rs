@@ -262,6 +262,18 @@ pub fn report_work(work: &Work) -> std::io::Result<()> {
     {
         errln!("answer cache: {reused} answers reused, {asked} questions asked of the model")?;
     }
+    if let Some(Sum(read)) = work.kv_store_read_tokens {
+        let written = work.kv_store_written_bytes.map_or(0, |w| w.0);
+        let rejected = work.kv_store_rejected.map_or(0, |r| r.0);
+        let rejected = if rejected > 0 {
+            format!(", {rejected} damaged or foreign block(s) computed again")
+        } else {
+            String::new()
+        };
+        errln!(
+            "KV store: {read} positions read instead of computed, {written} bytes written{rejected}"
+        )?;
+    }
     Ok(())
 }
 

@@ -73,7 +73,7 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         guard.check(out, "--to-substrait", OutputKind::File)?;
         check_output_folder(out, "--to-substrait")?;
     }
-    super::paths::check_answer_cache(&guard, &spec)?;
+    super::paths::check_stores(&guard, &spec)?;
     let options = super::connect::query_options(&spec, &qc, controls)?;
     let wanted = templates(&sql)?;
     // Writing the plan asks nothing: no model to load (that took seconds, or

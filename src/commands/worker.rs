@@ -126,7 +126,20 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         _ => None,
     };
     exposure_check(listen, token.is_some(), tls.is_some(), args.insecure)?;
-    let (backend, meta) = super::backend::build(&b.spec()?, None, Some(&[]))?;
+    let spec = b.spec()?;
+    let mut guard = aisql_engine::data::write_guard::WriteGuard::new();
+    super::paths::add_backend_files(&mut guard, &spec);
+    for (file, what) in [
+        (&args.token_file, "the --token-file"),
+        (&args.tls_cert, "the --tls-cert file"),
+        (&args.tls_key, "the --tls-key file"),
+    ] {
+        if let Some(file) = file {
+            guard.add(file, what);
+        }
+    }
+    super::paths::check_stores(&guard, &spec)?;
+    let (backend, meta) = super::backend::build(&spec, None, Some(&[]))?;
     let dtype = meta.dtype().to_string();
     let device = meta.device().to_string();
     // Prompts arrive rendered: the coordinator names the format.

@@ -11,10 +11,11 @@ use serde_json::Value;
 /// change what a test reads, which model answers, where answers are kept or
 /// where a worker listens, so no test inherits them (a test that wants one sets
 /// it after this).
-const USER_SETTINGS: [&str; 6] = [
+const USER_SETTINGS: [&str; 7] = [
     "AISQL_ROOT",
     "AISQL_MODEL",
     "AISQL_ANSWER_CACHE",
+    "AISQL_KV_STORE",
     "AISQL_QUAILB_PLANS",
     "AISQL_WORKER_LISTEN",
     "AISQL_WORKER_TOKEN",

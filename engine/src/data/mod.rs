@@ -9,5 +9,6 @@ pub mod parquet_headers;
 pub mod parquet_read;
 pub mod row_digest;
 pub mod row_sink;
+pub mod store_file;
 pub mod tables;
 pub mod write_guard;

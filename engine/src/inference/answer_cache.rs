@@ -44,12 +44,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 
+use crate::data::store_file::{StoreFileError, not_in_folder, open_in_folder};
 use crate::error::{EngineError, Result};
 use crate::inference::backend::{
     AiCall, AiRequest, Answer, Answered, Doc, InferenceBackend, QueryBackend, QueryStart,
     check_answers,
 };
 use crate::inference::work::{Sum, Work};
+
+/// What errors call this store, and what it keeps in regular files.
+const STORE: (&str, &str) = ("answer cache", "its answers");
 
 /// Bytes of a question hash: 128 bits, so that a collision among billions of
 /// questions has a probability far below that of a disk error.
@@ -294,6 +298,31 @@ impl RecordKey {
         Ok(Self(key))
     }
 
+    /// HMAC-SHA256 under this key of `parts` after `domain` (each store
+    /// signs under its own, so a record of one is never valid in another):
+    /// what the KV store signs its blocks with.
+    pub fn sign(&self, domain: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+        use hmac::Mac as _;
+        self.keyed(domain, parts).finalize().into_bytes().into()
+    }
+
+    /// Whether `tag` is [`Self::sign`]'s signature of `parts` (compared in
+    /// constant time).
+    pub fn verify_signature(&self, domain: &[u8], parts: &[&[u8]], tag: &[u8]) -> bool {
+        use hmac::Mac as _;
+        self.keyed(domain, parts).verify_slice(tag).is_ok()
+    }
+
+    fn keyed(&self, domain: &[u8], parts: &[&[u8]]) -> hmac::Hmac<Sha256> {
+        use hmac::Mac as _;
+        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key");
+        mac.update(domain);
+        for p in parts {
+            mac.update(p);
+        }
+        mac
+    }
+
     /// HMAC-SHA256 under this key, fed the identity's digest (`bound`) and
     /// then `body`: a record is valid for one identity only.
     fn hmac(&self, bound: &[u8; 32], body: &[u8]) -> hmac::Hmac<Sha256> {
@@ -361,7 +390,7 @@ impl AnswerCache {
         // The identity folder itself, not a link to a folder elsewhere.
         let meta = std::fs::symlink_metadata(&dir).map_err(|e| EngineError::io(&dir, e))?;
         if !meta.is_dir() {
-            return Err(not_in_folder(&dir, &meta, "a folder"));
+            return Err(not_in_folder(&dir, &meta, "a folder").into_engine(&dir, STORE));
         }
         let identity_path = dir.join(IDENTITY_FILE);
         let want = serde_json::to_string_pretty(identity).expect("identity serialises");
@@ -381,17 +410,17 @@ impl AnswerCache {
                     )));
                 }
             }
-            Err(OpenError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(StoreFileError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
                 crate::data::files::write_file_atomic(&identity_path, want.as_bytes())?;
             }
-            Err(e) => return Err(e.into_engine(&identity_path)),
+            Err(e) => return Err(e.into_engine(&identity_path, STORE)),
         }
         let log_path = dir.join(LOG_FILE);
         let mut log = open_in_folder(
             &log_path,
             OpenOptions::new().read(true).append(true).create(true),
         )
-        .map_err(|e| e.into_engine(&log_path))?;
+        .map_err(|e| e.into_engine(&log_path, STORE))?;
         log.try_lock().map_err(|e| match e {
             std::fs::TryLockError::WouldBlock => EngineError::Data(format!(
                 "answer cache {}: another aisql process is using it",
@@ -519,100 +548,6 @@ impl AnswerCache {
             .extend(answered.into_iter().cloned());
         Ok(())
     }
-}
-
-/// Why a file of the cache could not be opened.
-enum OpenError {
-    /// Something other than a regular file is there (a link, a FIFO, a
-    /// device): what it is, in words.
-    NotRegular(String),
-    Io(std::io::Error),
-}
-
-impl OpenError {
-    fn into_engine(self, path: &Path) -> EngineError {
-        match self {
-            Self::NotRegular(what) => EngineError::Data(format!(
-                "answer cache {}: {what}; an answer cache keeps its answers only in regular \
-                 files inside its folder (remove it, and aisql makes a new one)",
-                path.display()
-            )),
-            Self::Io(e) => EngineError::io(path, e),
-        }
-    }
-}
-
-/// The error for the cache's `path`, whose own (unfollowed) metadata is
-/// `meta`, when it is not `wanted`.
-fn not_in_folder(path: &Path, meta: &std::fs::Metadata, wanted: &str) -> EngineError {
-    OpenError::NotRegular(format!("{}, not {wanted}", file_kind(path, meta))).into_engine(path)
-}
-
-/// What `path` (unfollowed metadata `meta`) is, in words.
-fn file_kind(path: &Path, meta: &std::fs::Metadata) -> String {
-    let t = meta.file_type();
-    if t.is_symlink() {
-        let target = std::fs::read_link(path)
-            .map(|t| format!(" ({})", t.display()))
-            .unwrap_or_default();
-        return format!("a symbolic link{target}");
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        if t.is_fifo() {
-            return "a FIFO (named pipe)".into();
-        }
-        if t.is_char_device() || t.is_block_device() {
-            return "a device".into();
-        }
-        if t.is_socket() {
-            return "a socket".into();
-        }
-    }
-    if t.is_dir() {
-        "a folder".into()
-    } else if t.is_file() {
-        "a regular file".into()
-    } else {
-        "a special file".into()
-    }
-}
-
-/// `path`, a file of the cache, opened with `options` only when it is a
-/// regular file itself: never through a symbolic link (refused before the
-/// open, and by `O_NOFOLLOW` in the open should one appear in between), and
-/// never a FIFO or a device (the open does not block on a FIFO, and the open
-/// file is checked again).
-fn open_in_folder(path: &Path, options: &mut OpenOptions) -> std::result::Result<File, OpenError> {
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if !meta.is_file() => {
-            return Err(OpenError::NotRegular(format!(
-                "{}, not a regular file",
-                file_kind(path, &meta)
-            )));
-        }
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(OpenError::Io(e)),
-    }
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::custom_flags(options, libc::O_NOFOLLOW | libc::O_NONBLOCK);
-    let file = options.open(path).map_err(|e| {
-        #[cfg(unix)]
-        if e.raw_os_error() == Some(libc::ELOOP) {
-            return OpenError::NotRegular("a symbolic link, not a regular file".into());
-        }
-        OpenError::Io(e)
-    })?;
-    let meta = file.metadata().map_err(OpenError::Io)?;
-    if !meta.is_file() {
-        return Err(OpenError::NotRegular(format!(
-            "{}, not a regular file",
-            file_kind(path, &meta)
-        )));
-    }
-    Ok(file)
 }
 
 /// A backend behind an answer cache: questions answered before are answered from

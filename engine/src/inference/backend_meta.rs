@@ -67,6 +67,9 @@ pub struct BackendMeta {
     /// The answer cache's log file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer_cache: Option<String>,
+    /// The on-disk KV store's folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_store: Option<String>,
 }
 
 impl BackendMeta {

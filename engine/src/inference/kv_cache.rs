@@ -230,6 +230,28 @@ impl<K: KvOps> PrefixTrie<K> {
         n.view = false;
     }
 
+    /// Stores KV for a node that has no output at its last position (read
+    /// back from a store as part of a longer sequence): it can be continued,
+    /// not scored, as a split's view.
+    pub fn set_view_kv(&mut self, id: NodeId, kv: K) {
+        let n = &mut self.nodes[id];
+        n.kv = Some(kv);
+        n.view = true;
+    }
+
+    /// The nodes from `id` up that have no KV, topmost first (empty when
+    /// `id` has its KV): what computing `id` must compute.
+    pub fn missing_path(&self, id: NodeId) -> Vec<NodeId> {
+        let mut out = Vec::new();
+        let mut n = id;
+        while n != 0 && self.nodes[n].kv.is_none() {
+            out.push(n);
+            n = self.nodes[n].parent;
+        }
+        out.reverse();
+        out
+    }
+
     /// A node's KV, if computed.
     pub fn kv(&self, id: NodeId) -> Option<&K> {
         self.nodes[id].kv.as_ref()

@@ -10,6 +10,7 @@ pub mod call;
 pub mod distributed;
 pub mod kinds;
 pub mod kv_cache;
+pub mod kv_store;
 pub mod memo;
 pub mod prompt;
 pub mod scheduler;

@@ -161,6 +161,16 @@ work_fields! {
     /// KV positions held when the query began: what earlier queries left it
     /// (reported only when it used them).
     kv_held_at_start_tokens: Sum<u64>,
+    /// Positions read from the on-disk KV store instead of computed (with
+    /// `--kv-store` only).
+    kv_store_read_tokens: Sum<u64>,
+    /// Bytes read from it.
+    kv_store_read_bytes: Sum<u64>,
+    /// Bytes written to it.
+    kv_store_written_bytes: Sum<u64>,
+    /// Blocks found there that failed their checks (damaged, cut short,
+    /// another model's, another key's): computed instead, never used.
+    kv_store_rejected: Sum<u64>,
     /// Each worker's share (sharded backends only).
     workers: Config<Vec<WorkerShare>>,
     /// The busiest worker's fresh tokens over the mean (sharded backends
@@ -280,6 +290,10 @@ mod tests {
             "batch_tokens",
             "kv_kept_across_queries",
             "kv_held_at_start_tokens",
+            "kv_store_read_tokens",
+            "kv_store_read_bytes",
+            "kv_store_written_bytes",
+            "kv_store_rejected",
             "workers",
             "worker_fresh_max_over_mean",
             "answer_cache_reused",

@@ -49,6 +49,26 @@ pub trait Executor: Send + Sync + 'static {
     fn kv_bytes_per_token(&self) -> usize;
     /// Longest prompt the model was trained for (`max_position_embeddings`).
     fn max_positions(&self) -> usize;
+    /// Every position `kv` covers as bytes for the on-disk KV store
+    /// ([`crate::inference::kv_store`]); `None` where the executor holds no
+    /// tensors (the simulation).
+    fn kv_to_bytes(&self, _kv: &Self::Kv) -> Result<Option<Vec<u8>>> {
+        Ok(None)
+    }
+    /// Handles for the stored positions `cuts[i]..cuts[i + 1]` of `bytes`
+    /// ([`Self::kv_to_bytes`]'s), the first continuing `parent`; an error
+    /// when the bytes do not fit this model.
+    fn kv_from_bytes(
+        &self,
+        _parent: Option<&Self::Kv>,
+        _bytes: &[u8],
+        _cuts: &[usize],
+    ) -> Result<Vec<Self::Kv>> {
+        Err(crate::error::EngineError::Inference(format!(
+            "{} reads no stored KV",
+            self.name()
+        )))
+    }
     /// Bytes per second the simulation charges for moving KV between device
     /// and host memory; `None` where the moves really happen (their time is
     /// in the query's).
@@ -166,6 +186,19 @@ impl Executor for ModelExecutor {
             .map(|(p, t)| Continuation::new(*p, t))
             .collect();
         Ok(self.model.prefill_batch(&conts)?)
+    }
+
+    fn kv_to_bytes(&self, kv: &KvHandle) -> Result<Option<Vec<u8>>> {
+        Ok(Some(self.model.kv_to_bytes(kv)?))
+    }
+
+    fn kv_from_bytes(
+        &self,
+        parent: Option<&KvHandle>,
+        bytes: &[u8],
+        cuts: &[usize],
+    ) -> Result<Vec<KvHandle>> {
+        Ok(self.model.kv_from_bytes(parent, bytes, cuts)?)
     }
 
     fn answer(

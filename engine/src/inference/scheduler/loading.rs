@@ -31,7 +31,22 @@ pub struct ModelSpec {
     /// [`default_host_kv_budget_bytes`]; on the CPU, where the KV already lives
     /// in host memory, none.
     pub host_kv_from_memory: bool,
+    /// The on-disk KV store (`--kv-store`), if any.
+    pub kv_store: Option<KvStoreSpec>,
 }
+
+/// Where documents' KV is kept across queries and restarts, and how much of
+/// it ([`crate::inference::kv_store`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvStoreSpec {
+    /// The store's folder (`--kv-store`).
+    pub dir: std::path::PathBuf,
+    /// Its bound in bytes (`--kv-store-size`).
+    pub size_bytes: u64,
+}
+
+/// The store's bound when none is given: 16 GiB.
+pub const DEFAULT_KV_STORE_BYTES: u64 = 16 << 30;
 
 /// The folder `--model tiny` is kept in (whether generated yet or not).
 pub fn tiny_model_path() -> std::path::PathBuf {
@@ -141,10 +156,28 @@ pub fn load_model_backend(
     meta.kv_host_budget_bytes = Some(scheduler.host_kv_budget_bytes);
     meta.batch_tokens = Some(scheduler.batch_tokens);
     let exec = ModelExecutor::new(Arc::new(model), &tokenizer, "model")?;
-    Ok((
-        Arc::new(ScheduledBackend::new(exec, tokenizer, scheduler)),
-        meta,
-    ))
+    let mut backend = ScheduledBackend::new(exec, tokenizer, scheduler);
+    if let Some(store) = &spec.kv_store {
+        let (weights_sha256, tokenizer_sha256) = model_digests(&spec.model)?;
+        let identity = crate::inference::kv_store::KvIdentity {
+            weights_sha256,
+            tokenizer_sha256,
+            dtype: meta.dtype().to_string(),
+            device: if spec.gpu.is_some() { "cuda" } else { "cpu" }.to_string(),
+        };
+        let key_path =
+            crate::data::cache_dir::cache_dir().join(crate::inference::answer_cache::KEY_FILE);
+        let key = crate::inference::answer_cache::RecordKey::load_or_create(&key_path)?;
+        let opened = crate::inference::kv_store::KvStore::open(
+            &store.dir,
+            &identity,
+            key,
+            store.size_bytes,
+        )?;
+        meta.kv_store = Some(store.dir.display().to_string());
+        backend = backend.with_kv_store(Arc::new(opened));
+    }
+    Ok((Arc::new(backend), meta))
 }
 
 /// What the answers of `model` (as [`ModelSpec::model`] names it) depend on besides their prompts
@@ -157,6 +190,21 @@ pub fn answer_identity(
     dtype: &str,
     prompt_format: crate::inference::prompt::PromptFormat,
 ) -> Result<crate::inference::answer_cache::AnswerIdentity> {
+    let (weights_sha256, tokenizer_sha256) = model_digests(model)?;
+    Ok(crate::inference::answer_cache::AnswerIdentity {
+        model: model.to_string(),
+        weights_sha256,
+        tokenizer_sha256,
+        dtype: dtype.to_string(),
+        prompt_format: prompt_format.name().to_string(),
+    })
+}
+
+/// SHA-256 over the SHA-256s of `model`'s weight files, in load order, and
+/// the SHA-256 of its tokenizer (a GGUF's own file; the vendored tokenizer's
+/// when the model has none): what its outputs depend on besides dtype and
+/// prompt.
+fn model_digests(model: &str) -> Result<(String, String)> {
     use crate::data::cache_dir::sha256_of;
     use sha2::{Digest, Sha256};
     let source = model_source(model)?;
@@ -183,13 +231,7 @@ pub fn answer_identity(
         (Some(path), None) => file_hash(path)?,
         (None, None) => aisql_models::tokenizer::VENDORED_SHA256.to_string(),
     };
-    Ok(crate::inference::answer_cache::AnswerIdentity {
-        model: model.to_string(),
-        weights_sha256: hex::encode(weights.finalize()),
-        tokenizer_sha256,
-        dtype: dtype.to_string(),
-        prompt_format: prompt_format.name().to_string(),
-    })
+    Ok((hex::encode(weights.finalize()), tokenizer_sha256))
 }
 
 /// The simulation backend: the model backend's scheduler over a virtual KV cache

@@ -25,6 +25,7 @@ impl<E: Executor> ScheduledBackend<E> {
     pub(super) fn query_work(&self, query: &ScheduledQuery<E>) -> Work {
         let state = query.state.lock().expect("query state lock");
         let keep = state.reuse_earlier_kv;
+        let stored = self.store.is_some();
         let kv = self
             .kv
             .lock()
@@ -54,6 +55,10 @@ impl<E: Executor> ScheduledBackend<E> {
             prefix_cache: Some(Config(self.config.prefix_cache)),
             kv_kept_across_queries: keep.then_some(Config(true)),
             kv_held_at_start_tokens: keep.then_some(Sum(query.held_at_start_tokens)),
+            kv_store_read_tokens: stored.then_some(Sum(kv.stored_read_tokens)),
+            kv_store_read_bytes: stored.then_some(Sum(kv.stored_read_bytes)),
+            kv_store_written_bytes: stored.then_some(Sum(kv.stored_written_bytes)),
+            kv_store_rejected: stored.then_some(Sum(kv.stored_rejected)),
             ..query.work.lock().expect("query work lock").clone()
         }
     }

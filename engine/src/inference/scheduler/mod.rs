@@ -76,12 +76,12 @@ pub use executors::{
 };
 pub use kv_budget::{default_host_kv_budget_bytes, default_kv_budget_bytes, gpu_kv_budget_bytes};
 pub use loading::{
-    ModelSpec, answer_identity, load_model_backend, model_input_paths, model_source,
-    simulation_backend, tiny_model_dir, tiny_model_path,
+    DEFAULT_KV_STORE_BYTES, KvStoreSpec, ModelSpec, answer_identity, load_model_backend,
+    model_input_paths, model_source, simulation_backend, tiny_model_dir, tiny_model_path,
 };
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use aisql_models::Tokenizer;
@@ -90,6 +90,7 @@ use crate::error::{EngineError, Result};
 use crate::inference::backend::{
     AiCall, AiRequest, Answer, Answered, Doc, InferenceBackend, QueryBackend, QueryStart,
 };
+use crate::inference::kv_store::KvStore;
 use crate::inference::memo::DocKey;
 use crate::inference::work::Work;
 use crate::limits::query_gate::Ticket;
@@ -179,6 +180,11 @@ pub struct ScheduledBackend<E: Executor> {
     kv: Mutex<KvTiers<E::Kv>>,
     /// Queries begun and not yet ended.
     live: AtomicUsize,
+    /// The on-disk KV store: documents' KV kept across queries and restarts
+    /// ([`Self::with_kv_store`]).
+    store: Option<Arc<KvStore>>,
+    /// A write to the store failed (said once).
+    store_failed: AtomicBool,
 }
 
 impl<E: Executor> ScheduledBackend<E> {
@@ -206,7 +212,21 @@ impl<E: Executor> ScheduledBackend<E> {
             tokens,
             kv: Mutex::new(tiers),
             live: AtomicUsize::new(0),
+            store: None,
+            store_failed: AtomicBool::new(false),
         }
+    }
+
+    /// The backend reading documents' KV from `store` when neither tier
+    /// holds it, and keeping there what it computes.
+    pub fn with_kv_store(mut self, store: Arc<KvStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// The on-disk KV store, when there is one.
+    pub fn kv_store(&self) -> Option<&Arc<KvStore>> {
+        self.store.as_ref()
     }
 
     /// The executor.
@@ -716,6 +736,7 @@ mod tests {
             },
             kv_budget_from_device: false,
             host_kv_from_memory: false,
+            kv_store: None,
         };
         load_model_backend(&spec).unwrap().0
     }

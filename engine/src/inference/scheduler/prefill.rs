@@ -3,8 +3,9 @@
 //! forward batches through the spend gate and hands the KV back
 //! ([`KvTiers`] alone touches its tries).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use super::prompts::PromptTokens;
 use super::tiers::{KvNode, KvTiers};
@@ -14,6 +15,7 @@ use super::{
 use crate::error::{EngineError, Result};
 use crate::inference::backend::{AiCall, AiRequest};
 use crate::inference::kv_cache::{KvOps, NodeId};
+use crate::inference::kv_store::Lookup;
 use crate::inference::memo::DocKey;
 use crate::inference::prompt::Excerpt;
 
@@ -61,6 +63,11 @@ impl<E: Executor> ScheduledBackend<E> {
         tiers.keep_stubs_of(preamble.len() + DROPPED_DOCUMENT_STUB_TOKENS);
         let mut leaves = Vec::with_capacity(requests.len());
         let mut keys = Vec::with_capacity(requests.len());
+        let mut seqs = Vec::with_capacity(if self.store.is_some() {
+            requests.len()
+        } else {
+            0
+        });
         for (r, doc) in requests.iter().zip(anchors) {
             // Past the model's context the request was answered Failed before
             // it got here ([`Self::overflowing`]).
@@ -80,13 +87,19 @@ impl<E: Executor> ScheduledBackend<E> {
             let key = DocKey::new(&call.tables[0], &call.columns[0], r.anchor.id);
             leaves.push(tiers.insert_doc(key.clone(), &seq)?);
             keys.push(key);
+            if self.store.is_some() {
+                seqs.push(seq);
+            }
         }
         tiers.docs_used(&keys);
         // KV moved to the host comes back by copy, never recomputed.
         let restored = tiers.restore_docs(&leaves)?;
+        // What neither tier holds, the on-disk store may.
+        let computed = self.read_stored(tiers, &leaves, &seqs)?;
         let waves = tiers.doc_waves(&leaves);
         self.compute(ticket, &call.op_id, tiers, waves)?;
         tiers.count_restored(restored);
+        self.write_stored(tiers, &computed)?;
         // A pair's question (its frame) is not scored: the partner follows.
         let scored = !call.pieces.pair;
         let targets = self.question_nodes(ticket, tiers, &call.op_id, &keys, suffix, scored)?;
@@ -97,6 +110,94 @@ impl<E: Executor> ScheduledBackend<E> {
                 (k, n)
             })
             .collect())
+    }
+
+    /// Fills from the on-disk KV store ([`crate::inference::kv_store`]) the
+    /// KV of documents `leaves` (whole sequences `seqs`) that neither tier
+    /// holds; a block that fails its checks, or does not fit the model, is
+    /// counted and its KV computed. Returns the documents still to compute,
+    /// with their sequences, for [`Self::write_stored`]. Nothing without a
+    /// store.
+    fn read_stored<'s>(
+        &self,
+        tiers: &mut KvTiers<E::Kv>,
+        leaves: &[NodeId],
+        seqs: &'s [Vec<u32>],
+    ) -> Result<Vec<(NodeId, &'s [u32])>> {
+        let Some(store) = &self.store else {
+            return Ok(Vec::new());
+        };
+        let all: HashSet<NodeId> = leaves.iter().copied().collect();
+        let mut seen = HashSet::new();
+        let mut todo = Vec::new();
+        for (&leaf, seq) in leaves.iter().zip(seqs) {
+            if !seen.insert(leaf) || tiers.has_doc_kv(leaf) {
+                continue;
+            }
+            let (parent, path) = tiers.missing_doc_path(leaf);
+            let parent = parent.cloned();
+            // Another document of the call ending inside this one's path
+            // would get a view without an output: it is computed instead.
+            let inner_doc = path[..path.len() - 1].iter().any(|(n, _)| all.contains(n));
+            if !inner_doc {
+                match store.get(seq) {
+                    Lookup::Hit(bytes) => {
+                        let start = parent.as_ref().map_or(0, KvOps::len);
+                        let cuts: Vec<usize> = std::iter::once(start)
+                            .chain(path.iter().map(|&(_, depth)| depth))
+                            .collect();
+                        match self.exec.kv_from_bytes(parent.as_ref(), &bytes, &cuts) {
+                            Ok(handles) => {
+                                let nodes: Vec<NodeId> = path.iter().map(|&(n, _)| n).collect();
+                                tiers.set_stored(&nodes, handles, seq.len() - start, bytes.len());
+                                continue;
+                            }
+                            Err(_) => tiers.count_stored_rejected(),
+                        }
+                    }
+                    Lookup::Rejected(_) => tiers.count_stored_rejected(),
+                    Lookup::Miss => {}
+                }
+            }
+            todo.push((leaf, seq.as_slice()));
+        }
+        Ok(todo)
+    }
+
+    /// Keeps in the store the KV just computed for `computed` (of
+    /// [`Self::read_stored`]). A store that cannot be written (a full disk,
+    /// a folder made read-only) costs later queries their reuse, not this
+    /// query its answers: it is said once, on standard error.
+    fn write_stored(
+        &self,
+        tiers: &mut KvTiers<E::Kv>,
+        computed: &[(NodeId, &[u32])],
+    ) -> Result<()> {
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
+        for &(leaf, seq) in computed {
+            let Some(kv) = tiers.doc_kv_to_store(leaf) else {
+                continue;
+            };
+            let written = self
+                .exec
+                .kv_to_bytes(kv)
+                .and_then(|b| b.map_or(Ok(0), |bytes| store.put(seq, &bytes)));
+            match written {
+                Ok(n) => tiers.count_stored_written(n),
+                Err(e) => {
+                    if !self.store_failed.swap(true, Ordering::SeqCst) {
+                        let _ = crate::errln!(
+                            "warning: the KV store {} could not be written ({e}); queries go on without keeping their KV there",
+                            store.root().display()
+                        );
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The KV of `suffix` after each document of `keys` (whose own KV is held):

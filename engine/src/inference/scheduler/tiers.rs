@@ -46,6 +46,14 @@ pub struct TierCounters {
     pub restored_bytes: u64,
     /// Bytes moved to the host.
     pub offloaded_bytes: u64,
+    /// Positions read from the on-disk KV store instead of computed.
+    pub stored_read_tokens: u64,
+    /// Bytes read from it.
+    pub stored_read_bytes: u64,
+    /// Bytes written to it.
+    pub stored_written_bytes: u64,
+    /// Blocks found there that failed their checks: computed instead.
+    pub stored_rejected: u64,
 }
 
 impl TierCounters {
@@ -60,6 +68,10 @@ impl TierCounters {
             restored_tokens: self.restored_tokens - start.restored_tokens,
             restored_bytes: self.restored_bytes - start.restored_bytes,
             offloaded_bytes: self.offloaded_bytes - start.offloaded_bytes,
+            stored_read_tokens: self.stored_read_tokens - start.stored_read_tokens,
+            stored_read_bytes: self.stored_read_bytes - start.stored_read_bytes,
+            stored_written_bytes: self.stored_written_bytes - start.stored_written_bytes,
+            stored_rejected: self.stored_rejected - start.stored_rejected,
         }
     }
 }
@@ -205,6 +217,57 @@ impl<K: KvOps, P: EvictionPolicy> KvTiers<K, P> {
             .into_iter()
             .map(|wave| wave.into_iter().map(KvNode::Doc).collect())
             .collect()
+    }
+
+    /// The document-trie nodes on the way to `leaf` that have no KV,
+    /// topmost first, each with its depth, and the KV they continue (none
+    /// at the root): what a stored block of `leaf`'s whole sequence can fill
+    /// ([`Self::set_stored`]). Empty when `leaf` has its KV.
+    pub fn missing_doc_path(&self, leaf: NodeId) -> (Option<&K>, Vec<(NodeId, usize)>) {
+        let path = self.docs.missing_path(leaf);
+        let Some(&top) = path.first() else {
+            return (None, Vec::new());
+        };
+        let depths = path.iter().map(|&n| (n, self.docs.depth(n))).collect();
+        (self.docs.parent_kv(top), depths)
+    }
+
+    /// Takes KV read from the store for `nodes` (of [`Self::missing_doc_path`]),
+    /// one handle each; all but the last have no output at their last
+    /// position (views), and count `positions` and `bytes` read.
+    pub fn set_stored(&mut self, nodes: &[NodeId], kv: Vec<K>, positions: usize, bytes: usize) {
+        let last = nodes.len().saturating_sub(1);
+        for (i, (&n, h)) in nodes.iter().zip(kv).enumerate() {
+            if i == last {
+                self.docs.set_kv(n, h);
+            } else {
+                self.docs.set_view_kv(n, h);
+            }
+        }
+        self.counters.stored_read_tokens += positions as u64;
+        self.counters.stored_read_bytes += bytes as u64;
+    }
+
+    /// Whether document node `leaf` has its KV.
+    pub fn has_doc_kv(&self, leaf: NodeId) -> bool {
+        self.docs.kv(leaf).is_some()
+    }
+
+    /// The KV of document node `leaf` to keep in the store: computed, and
+    /// with an output at its last position (not a view of a longer
+    /// document's, which a read could not score).
+    pub fn doc_kv_to_store(&self, leaf: NodeId) -> Option<&K> {
+        self.docs.kv(leaf).filter(|_| !self.docs.is_view(leaf))
+    }
+
+    /// Counts a block written to the store.
+    pub fn count_stored_written(&mut self, bytes: u64) {
+        self.counters.stored_written_bytes += bytes;
+    }
+
+    /// Counts a stored block that failed its checks.
+    pub fn count_stored_rejected(&mut self) {
+        self.counters.stored_rejected += 1;
     }
 
     /// Adds question `suffix` to document `key`'s question trie (made on
