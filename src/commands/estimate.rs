@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use aisql_engine::errln;
 use aisql_engine::estimate::calibration::Calibration;
 use aisql_engine::estimate::{DEFAULT_GPU_HOURLY_RATE_USD, Estimate, EstimateConfig, Estimator};
 use aisql_engine::inference::backend::InferenceBackend;
@@ -141,6 +142,19 @@ pub fn render_queries(estimates: &[(String, Estimate)]) -> anyhow::Result<String
 /// query is not an estimate itself.
 pub fn progress_wants_estimate(args: &BackendSpec, cost: &CostConfig) -> bool {
     args.kind == BackendKind::Model && cost.progress_shown() && !cost.estimate
+}
+
+/// The rows (questions) the progress lines' `estimate` expects of each AI
+/// operator, by id; says on stderr what its sample computed, positions the
+/// query then finds in the KV cache and so does not count as its own fresh
+/// tokens.
+pub fn progress_expected_rows(estimate: &Estimate) -> std::io::Result<HashMap<String, u64>> {
+    errln!(
+        "progress estimate: {} fresh tokens computed for a sample of {} questions (the query reuses their KV)",
+        estimate.sample_fresh_tokens,
+        estimate.sample_questions
+    )?;
+    Ok(expected_rows(estimate))
 }
 
 /// The rows (questions) `estimate` expects of each AI operator, by id.

@@ -93,7 +93,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
             )
         });
         match estimate {
-            Ok(e) => options.expected_rows = super::estimate::expected_rows(&e),
+            Ok(e) => options.expected_rows = super::estimate::progress_expected_rows(&e)?,
             Err(e) => errln!("no estimate for the progress lines: {e:#}")?,
         }
     }

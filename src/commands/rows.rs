@@ -248,6 +248,9 @@ pub fn report_work(work: &Work) -> std::io::Result<()> {
     if let Some(Sum(fresh)) = work.fresh_tokens {
         errln!("fresh tokens: {fresh} (positions computed by the model)")?;
     }
+    if let Some(Sum(held)) = work.kv_held_at_start_tokens.filter(|h| h.0 > 0) {
+        errln!("kept KV: earlier statements left {held} positions when this one began")?;
+    }
     if let Some(decoded) = work.decode_tokens.map(|d| d.0).filter(|&d| d > 0) {
         let per_s = work
             .decode_seconds

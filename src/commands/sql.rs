@@ -189,9 +189,9 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
                     quiet.set_selectivity(template, *fraction)?;
                 }
                 match run_estimate(&quiet, &sql, false).await {
-                    Ok(true) => session.set_expected_rows(super::estimate::expected_rows(
+                    Ok(true) => session.set_expected_rows(super::estimate::progress_expected_rows(
                         &estimator.estimate(&estimating),
-                    )),
+                    )?),
                     Ok(false) => {}
                     Err(e) => errln!("no estimate for the progress lines: {e:#}")?,
                 }
