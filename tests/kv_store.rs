@@ -372,3 +372,29 @@ fn two_processes_writing_one_store_at_once_leave_it_whole() {
     assert!(read(&third) > 0, "{third}");
     assert_eq!(rejected(&third), 0, "{third}");
 }
+
+#[test]
+fn an_estimate_counts_as_fresh_only_what_the_store_does_not_hold() {
+    let s = setup();
+    let store = s.dir.join("kv");
+    let estimate = |with_store: bool| -> u64 {
+        let mut c = aisql_process();
+        c.args(["sql", Q2, "--table", &s.table, "--model", "tiny", "--cpu"])
+            .args(["--estimate", "--format", "json"])
+            .env("AISQL_CACHE_DIR", &s.cache);
+        if with_store {
+            c.arg("--kv-store").arg(&store);
+        }
+        let (out, _) = run(&mut c);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["fresh_tokens"].as_u64().unwrap()
+    };
+    let before = estimate(false);
+    run(&mut sql(&s, Q1, Some(&store), &[]));
+    let after = estimate(true);
+    let (_, second) = run(&mut sql(&s, Q2, Some(&store), &[]));
+    assert!(after * 4 < before, "estimate {after} with the store, {before} without");
+    // A filter's positions do not depend on its answers: the estimate is
+    // what the query then computes.
+    assert_eq!(after, fresh(&second), "{second}");
+}

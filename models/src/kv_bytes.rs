@@ -47,22 +47,16 @@ fn code_dtype(code: u8) -> Option<DType> {
 /// Appends `t`'s elements, row-major, as little-endian bytes.
 fn put_tensor(out: &mut Vec<u8>, t: &Tensor) -> Result<()> {
     let flat = t.flatten_all()?;
+    // One copy of the values into `out`: the bytes are the values' own on a
+    // little-endian machine, the order the format fixes.
     match t.dtype() {
-        DType::F32 => {
-            for v in flat.to_vec1::<f32>()? {
-                out.extend_from_slice(&v.to_le_bytes());
-            }
-        }
-        DType::BF16 => {
-            for v in flat.to_vec1::<half::bf16>()? {
-                out.extend_from_slice(&v.to_bits().to_le_bytes());
-            }
-        }
-        DType::F16 => {
-            for v in flat.to_vec1::<half::f16>()? {
-                out.extend_from_slice(&v.to_bits().to_le_bytes());
-            }
-        }
+        DType::F32 => put_values(out, &flat.to_vec1::<f32>()?, f32::to_le_bytes),
+        DType::BF16 => put_values(out, &flat.to_vec1::<half::bf16>()?, |v| {
+            v.to_bits().to_le_bytes()
+        }),
+        DType::F16 => put_values(out, &flat.to_vec1::<half::f16>()?, |v| {
+            v.to_bits().to_le_bytes()
+        }),
         other => {
             return Err(ModelError::Unsupported(format!(
                 "KV of dtype {other:?} cannot be stored"
@@ -72,33 +66,52 @@ fn put_tensor(out: &mut Vec<u8>, t: &Tensor) -> Result<()> {
     Ok(())
 }
 
-/// A tensor of `shape` and `dtype` on the CPU from little-endian `bytes`
-/// (exactly its size).
+/// Appends `values` to `out` little-endian: one copy where that is their
+/// layout in memory, value by value otherwise.
+fn put_values<T: bytemuck::Pod, const N: usize>(
+    out: &mut Vec<u8>,
+    values: &[T],
+    to_le: impl Fn(T) -> [u8; N],
+) {
+    if cfg!(target_endian = "little") {
+        out.extend_from_slice(bytemuck::cast_slice(values));
+    } else {
+        out.reserve(values.len() * N);
+        for &v in values {
+            out.extend_from_slice(&to_le(v));
+        }
+    }
+}
+
+/// `bytes` (little-endian values) as a vector of `T`, whatever their
+/// alignment.
+fn take_values<T: bytemuck::Pod, const N: usize>(
+    bytes: &[u8],
+    from_le: impl Fn([u8; N]) -> T,
+) -> Vec<T> {
+    if cfg!(target_endian = "little") {
+        bytemuck::pod_collect_to_vec(bytes)
+    } else {
+        bytes
+            .chunks_exact(N)
+            .map(|c| from_le(c.try_into().expect("N bytes")))
+            .collect()
+    }
+}
+
 fn take_tensor(bytes: &[u8], dtype: DType, shape: &[usize]) -> Result<Tensor> {
+    let cpu = &candle_core::Device::Cpu;
     let t = match dtype {
-        DType::F32 => Tensor::from_vec(
-            bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-                .collect::<Vec<_>>(),
-            shape,
-            &candle_core::Device::Cpu,
-        )?,
+        DType::F32 => Tensor::from_vec(take_values(bytes, f32::from_le_bytes), shape, cpu)?,
         DType::BF16 => Tensor::from_vec(
-            bytes
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])))
-                .collect::<Vec<_>>(),
+            take_values(bytes, |b| half::bf16::from_bits(u16::from_le_bytes(b))),
             shape,
-            &candle_core::Device::Cpu,
+            cpu,
         )?,
         _ => Tensor::from_vec(
-            bytes
-                .chunks_exact(2)
-                .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])))
-                .collect::<Vec<_>>(),
+            take_values(bytes, |b| half::f16::from_bits(u16::from_le_bytes(b))),
             shape,
-            &candle_core::Device::Cpu,
+            cpu,
         )?,
     };
     Ok(t)

@@ -160,6 +160,7 @@ pub struct EstimatingBackend {
 impl EstimatingBackend {
     /// An estimate of what `real` would do, as `config` describes it.
     pub fn new(real: Arc<dyn InferenceBackend>, config: &EstimateConfig) -> Result<Self> {
+        let store = real.kv_store();
         let sampled = Arc::new(SampledAnswers::new(
             real,
             config.sample,
@@ -172,11 +173,14 @@ impl EstimatingBackend {
                 config.max_positions,
             )
         };
-        let sim = Arc::new(ScheduledBackend::new(
-            exec(),
-            Tokenizer::vendored()?,
-            config.scheduler.clone(),
-        ));
+        // The fresh tokens count only what the query's store does not hold;
+        // the minimum is the query's own, from nothing.
+        let mut sim =
+            ScheduledBackend::new(exec(), Tokenizer::vendored()?, config.scheduler.clone());
+        if let Some(store) = store {
+            sim = sim.with_kv_store(store);
+        }
+        let sim = Arc::new(sim);
         let unlimited = SchedulerConfig {
             prefix_cache: true,
             lookahead: true,

@@ -609,6 +609,10 @@ impl InferenceBackend for CachedBackend {
     fn turn_order(&self) -> Option<String> {
         self.inner.turn_order()
     }
+
+    fn kv_store(&self) -> Option<std::sync::Arc<crate::inference::kv_store::KvStore>> {
+        self.inner.kv_store()
+    }
 }
 
 /// One query behind the answer cache: the inner backend's query and the

@@ -126,6 +126,13 @@ pub trait InferenceBackend: Send + Sync {
     fn turn_order(&self) -> Option<String> {
         None
     }
+
+    /// The on-disk KV store the backend reads documents' KV from
+    /// (`--kv-store`), if it has one: an estimate counts what it holds as
+    /// read, not computed.
+    fn kv_store(&self) -> Option<Arc<crate::inference::kv_store::KvStore>> {
+        None
+    }
 }
 
 impl std::fmt::Debug for dyn InferenceBackend {

@@ -109,9 +109,25 @@ pub enum Lookup {
     /// No block for these tokens.
     Miss,
     /// The block's payload, checked.
-    Hit(Vec<u8>),
+    Hit(Payload),
     /// A block was there but failed a check (why): not used.
     Rejected(String),
+}
+
+/// A checked block's payload, read in place: the block is not copied to
+/// take its header and MAC off (blocks run to tens of megabytes).
+#[derive(Debug)]
+pub struct Payload {
+    block: Vec<u8>,
+    range: std::ops::Range<usize>,
+}
+
+impl std::ops::Deref for Payload {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.block[self.range.clone()]
+    }
 }
 
 /// One identity's blocks in a store folder, within the store's bound.
@@ -349,9 +365,10 @@ impl KvStore {
         match self.check(&bytes, tokens) {
             Ok(range) => {
                 let _ = file.set_modified(SystemTime::now());
-                bytes.truncate(range.end);
-                bytes.drain(..range.start);
-                Lookup::Hit(bytes)
+                Lookup::Hit(Payload {
+                    block: bytes,
+                    range,
+                })
             }
             Err(why) => Lookup::Rejected(format!("{}: {why}", path.display())),
         }
@@ -416,20 +433,20 @@ impl KvStore {
     /// Keeps `payload` as the KV of `tokens`, making room within the bound;
     /// returns the bytes written (0 when the block alone is over the bound).
     pub fn put(&self, tokens: &[u32], payload: &[u8]) -> Result<u64> {
-        let mut block =
-            Vec::with_capacity(MAGIC.len() + 48 + tokens.len() * 4 + payload.len() + MAC_BYTES);
-        block.extend_from_slice(MAGIC);
-        block.extend_from_slice(&VERSION.to_le_bytes());
-        block.extend_from_slice(&self.identity);
-        block.extend_from_slice(&(tokens.len() as u32).to_le_bytes());
+        // The block is its head, the payload and the MAC of both, written
+        // in turn: the payload is not copied into a block first.
+        let mut head = Vec::with_capacity(MAGIC.len() + 48 + tokens.len() * 4);
+        head.extend_from_slice(MAGIC);
+        head.extend_from_slice(&VERSION.to_le_bytes());
+        head.extend_from_slice(&self.identity);
+        head.extend_from_slice(&(tokens.len() as u32).to_le_bytes());
         for t in tokens {
-            block.extend_from_slice(&t.to_le_bytes());
+            head.extend_from_slice(&t.to_le_bytes());
         }
-        block.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-        block.extend_from_slice(payload);
-        let tag = self.key.sign(MAC_DOMAIN, &[&block]);
-        block.extend_from_slice(&tag);
-        let size = block.len() as u64;
+        head.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        let tag = self.key.sign(MAC_DOMAIN, &[&head, payload]);
+        let block: [&[u8]; 3] = [&head, payload, &tag];
+        let size = block.iter().map(|p| p.len() as u64).sum::<u64>();
         if size > self.limit {
             return Ok(0);
         }
@@ -456,13 +473,13 @@ impl KvStore {
     }
 }
 
-/// Writes `block` at `path` whole or not at all, through a file of its own
-/// (no link followed).
-fn write_block(path: &Path, block: &[u8]) -> Result<()> {
+/// Writes the `parts` of a block at `path`, one after the other, whole or
+/// not at all, through a file of its own (no link followed).
+fn write_block(path: &Path, parts: &[&[u8]]) -> Result<()> {
     let tmp = crate::data::files::temp_path(path);
     let mut file = open_in_folder(&tmp, OpenOptions::new().write(true).create_new(true))
         .map_err(|e| e.into_engine(&tmp, STORE))?;
-    if let Err(e) = file.write_all(block) {
+    if let Err(e) = parts.iter().try_for_each(|p| file.write_all(p)) {
         let _ = std::fs::remove_file(&tmp);
         return Err(EngineError::io(&tmp, e));
     }
@@ -646,7 +663,7 @@ mod tests {
 
     fn hit(l: Lookup) -> Vec<u8> {
         match l {
-            Lookup::Hit(b) => b,
+            Lookup::Hit(b) => b.to_vec(),
             other => panic!("not a hit: {other:?}"),
         }
     }

@@ -69,6 +69,17 @@ pub trait Executor: Send + Sync + 'static {
             self.name()
         )))
     }
+    /// Stand-ins for the stored positions `cuts[i]..cuts[i + 1]` continuing
+    /// `parent`, for an executor that holds no tensors (the simulation): an
+    /// estimate counts what the store holds as read, without reading it.
+    /// `None` for an executor that reads the bytes ([`Self::kv_from_bytes`]).
+    fn stored_stand_ins(
+        &self,
+        _parent: Option<&Self::Kv>,
+        _cuts: &[usize],
+    ) -> Option<Vec<Self::Kv>> {
+        None
+    }
     /// Bytes per second the simulation charges for moving KV between device
     /// and host memory; `None` where the moves really happen (their time is
     /// in the query's).
@@ -477,6 +488,18 @@ impl Executor for SimExecutor {
 
     fn name(&self) -> &str {
         "simulation"
+    }
+
+    fn stored_stand_ins(
+        &self,
+        _parent: Option<&VirtualKv>,
+        cuts: &[usize],
+    ) -> Option<Vec<VirtualKv>> {
+        Some(
+            cuts.windows(2)
+                .map(|w| VirtualKv::new(w[1], w[1] - w[0], self.bytes_per_token, true))
+                .collect(),
+        )
     }
 
     fn prefill(&self, items: &[(Option<&VirtualKv>, &[u32])]) -> Result<Vec<VirtualKv>> {

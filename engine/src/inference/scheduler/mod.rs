@@ -637,6 +637,10 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         Some(self.exec.max_positions())
     }
 
+    fn kv_store(&self) -> Option<Arc<KvStore>> {
+        self.store.clone()
+    }
+
     fn kv_capacity_tokens(&self) -> Option<usize> {
         self.config
             .prefix_cache
