@@ -12,7 +12,7 @@ use std::process::Command;
 
 mod common;
 use common::Fails;
-use common::cli::{aisql, aisql_process, stderr_of_success, table_arg};
+use common::cli::{aisql, aisql_process, table_arg};
 
 struct Setup {
     _tmp: tempfile::TempDir,

@@ -324,8 +324,8 @@ mod tests {
         let err = |b: &[u8], cuts: &[usize]| {
             model
                 .kv_from_bytes(None, b, cuts)
-                .err()
-                .expect("refused")
+                .map(|h| h.len())
+                .expect_err("refused")
                 .to_string()
         };
         assert!(err(&bytes[..bytes.len() - 1], &[0, 5]).contains("bytes"));

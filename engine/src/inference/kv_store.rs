@@ -227,8 +227,8 @@ fn blocks_of(root: &Path) -> Result<Vec<(PathBuf, u64, SystemTime)>> {
         if !id.file_type().is_ok_and(|t| t.is_dir()) {
             continue;
         }
-        for shard in std::fs::read_dir(id.path()).map_err(|e| EngineError::io(&id.path(), e))? {
-            let shard = shard.map_err(|e| EngineError::io(&id.path(), e))?;
+        for shard in std::fs::read_dir(id.path()).map_err(|e| EngineError::io(id.path(), e))? {
+            let shard = shard.map_err(|e| EngineError::io(id.path(), e))?;
             if !shard.file_type().is_ok_and(|t| t.is_dir()) {
                 continue;
             }
