@@ -535,6 +535,16 @@ pub struct IdentityStats {
 
 /// Checks that `root` is a store, without making one.
 fn existing_root(root: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(root) {
+        Ok(m) if !m.is_dir() => {
+            return Err(EngineError::Data(format!(
+                "{}: not an aisql KV store (not a folder)",
+                root.display()
+            )));
+        }
+        Ok(_) => {}
+        Err(e) => return Err(EngineError::io(root, e)),
+    }
     let marker = root.join(MARKER_FILE);
     match open_in_folder(&marker, OpenOptions::new().read(true)) {
         Ok(file) => {
