@@ -306,6 +306,10 @@ impl Answerer for SampledAnswers {
         self.real.context_positions()
     }
 
+    fn embedding_dims(&self) -> Option<u32> {
+        self.real.embedding_dims()
+    }
+
     /// Sampled questions answered by the real backend, the others drawn; a
     /// generating call is never sampled (its answers decide no row, and its
     /// decoding is bounded by `max_tokens`).

@@ -31,7 +31,8 @@
 //! a FIFO or a device in their place is refused by name before it is read.
 //!
 //! The question hash is SHA-256 over the kind, the classification labels (an
-//! answer is an index into them), a generating call's `max_tokens` and the
+//! answer is an index into them), a generating call's `max_tokens` (an
+//! embedding's dimensions) and the
 //! rendered prompt, exactly as the model reads it: two operators, queries or plans that ask the same prompt share
 //! its answer, and a changed prompt, label list or model never does.
 
@@ -117,7 +118,7 @@ fn anchor_state(call: &AiCall, anchor: Doc<'_>) -> Sha256 {
     h.update(b"aisql-question-v1\0");
     let kind = call.kind.describe();
     h.update([kind.cache_code()]);
-    if kind.generates() {
+    if kind.keys_max_tokens() {
         h.update(call.max_tokens.to_le_bytes());
     }
     if kind.has_labels() || kind.asks_per_field() {
@@ -183,6 +184,12 @@ fn encode_answer(answer: &Answer) -> Option<Vec<u8>> {
                 out.extend(f.as_bytes());
             }
         }
+        Answer::Vector(v) => {
+            out.push(b'v');
+            for x in v.iter() {
+                out.extend(x.to_le_bytes());
+            }
+        }
     }
     Some(out)
 }
@@ -203,6 +210,11 @@ fn decode_answer(bytes: &[u8]) -> Option<Answer> {
         (b'l', v) if v.len() == 4 => Answer::Label(u32::from_le_bytes(v.try_into().ok()?)),
         (b's', v) if v.len() == 8 => Answer::Score(f64::from_le_bytes(v.try_into().ok()?)),
         (b'p', v) => Answer::LabelScores(f64s(v)?.into()),
+        (b'v', v) if v.len().is_multiple_of(4) => Answer::Vector(
+            v.chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect(),
+        ),
         (b't', v) => Answer::Text(std::str::from_utf8(v).ok()?.into()),
         (b'x', mut v) => {
             let mut fields = Vec::new();
@@ -661,6 +673,10 @@ impl InferenceBackend for CachedBackend {
 
     fn context_positions(&self) -> Option<usize> {
         self.inner.context_positions()
+    }
+
+    fn embedding_dims(&self) -> Option<u32> {
+        self.inner.embedding_dims()
     }
 
     fn host_memory_allowance(&self) -> usize {

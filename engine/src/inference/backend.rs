@@ -102,6 +102,12 @@ pub trait InferenceBackend: Send + Sync {
         None
     }
 
+    /// The size of the model's embeddings (its hidden size), if the backend
+    /// has a model: the dimensions of an `ai_embed` that gives none.
+    fn embedding_dims(&self) -> Option<u32> {
+        None
+    }
+
     /// Host memory the backend may add while a query runs, beyond the query's
     /// `--memory-limit`: a model's KV cache on the host and a forward batch's
     /// working memory. The query's heap bound ([`crate::limits::memory_guard`]) leaves

@@ -617,6 +617,10 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         Some(self.exec.max_positions())
     }
 
+    fn embedding_dims(&self) -> Option<u32> {
+        self.exec.embedding_dims()
+    }
+
     fn kv_capacity_tokens(&self) -> Option<usize> {
         self.config
             .prefix_cache

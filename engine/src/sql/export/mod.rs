@@ -143,7 +143,7 @@ mod tests {
     /// The analyzed plan of `sql` over `docs(id, body, score)` and `topics(id, name)`.
     async fn analyzed(sql: &str) -> LogicalPlan {
         let ctx = SessionContext::new();
-        crate::exec::ai_functions::register_ai_functions(&ctx, None);
+        crate::exec::ai_functions::register_ai_functions(&ctx, None, None);
         create_tables(&ctx).await;
         let state = ctx.state();
         let plan = state.create_logical_plan(sql).await.unwrap();
