@@ -306,10 +306,6 @@ impl Answerer for SampledAnswers {
         self.real.context_positions()
     }
 
-    fn embedding_dims(&self) -> Option<u32> {
-        self.real.embedding_dims()
-    }
-
     /// Sampled questions answered by the real backend, the others drawn; a
     /// generating call is never sampled (its answers decide no row, and its
     /// decoding is bounded by `max_tokens`).
@@ -363,7 +359,7 @@ impl Answerer for SampledAnswers {
                         }
                         stats.label_counts[l] += 1;
                     }
-                    Answer::Score(_) | Answer::LabelScores(_) => {
+                    Answer::Score(_) | Answer::LabelScores(_) | Answer::Vector(_) => {
                         stats.examples.push(answer.clone())
                     }
                     _ => {}

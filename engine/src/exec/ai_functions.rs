@@ -400,7 +400,8 @@ impl AiArgs {
                 Some(v) if (1..=i128::from(MAX_EMBEDDING_DIMS)).contains(&v) => v as u32,
                 _ => {
                     return Err(format!(
-                        "{name}: dims (argument {}) must be a positive integer literal of at                          most {MAX_EMBEDDING_DIMS}, not {e}",
+                        "{name}: dims (argument {}) must be a positive integer literal of at \
+                         most {MAX_EMBEDDING_DIMS}, not {e}",
                         args.len()
                     ));
                 }
@@ -430,7 +431,8 @@ impl AiArgs {
             (0, Some(m)) => self.max_tokens = m,
             (0, None) => {
                 return Err(format!(
-                    "{name}: no dims given, and the backend has no embedding model whose                      size would be the default; give dims"
+                    "{name}: no dims given, and the backend has no embedding model whose \
+                     size would be the default; give dims"
                 ));
             }
             (d, Some(m)) if d > m => {

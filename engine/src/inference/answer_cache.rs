@@ -949,6 +949,7 @@ mod tests {
         let complete = call(AiKind::Complete, "Summarise {0}.", &[]);
         let mut extract = call(AiKind::Extract, "", &["dish", "price"]);
         extract.descriptions = vec!["Which dish?\nANSWER:".into(), "Price?\nANSWER:".into()];
+        let embed = call(AiKind::Embed, "Find dishes", &[]);
         let a = ["a0", "a1", "a2"];
         let b = ["b0", "b1", "b2", "b3"];
         let pairs: Vec<AiRequest<'_>> = a
@@ -970,7 +971,7 @@ mod tests {
         let reference = ContentHashBackend::default();
         let want_pairs = reference.answer(&join, &pairs).unwrap();
         let want_labels = reference.answer(&classify, &singles).unwrap();
-        let typed = [&scores, &score, &complete, &extract];
+        let typed = [&scores, &score, &complete, &extract, &embed];
         let want_typed: Vec<Vec<Answer>> = typed
             .iter()
             .map(|c| reference.answer(c, &singles).unwrap())
@@ -987,7 +988,7 @@ mod tests {
         for (c, want) in typed.iter().zip(&want_typed) {
             assert_eq!(&cached.answer(c, &singles).unwrap(), want, "{:?}", c.kind);
         }
-        assert_eq!(inner.asked.load(Ordering::Relaxed), 12 + 4 + 4 * 4);
+        assert_eq!(inner.asked.load(Ordering::Relaxed), 12 + 4 + 5 * 4);
         drop(cached);
         let reopened = begun(CachedBackend::new(
             flaky(0),
@@ -1002,6 +1003,13 @@ mod tests {
         let mut longer = complete.clone();
         longer.max_tokens += 1;
         assert!(reopened.answer(&longer, &singles).is_err());
+        // An embedding of other dims, or under another instruction, is another
+        // question.
+        let mut shorter = embed.clone();
+        shorter.max_tokens = 4;
+        assert!(reopened.answer(&shorter, &singles).is_err());
+        let other = call(AiKind::Embed, "Find prices", &[]);
+        assert!(reopened.answer(&other, &singles).is_err());
     }
 
     /// Bytes of a record holding a TRUE/FALSE.

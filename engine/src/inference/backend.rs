@@ -440,7 +440,11 @@ pub(crate) fn test_call(kind: AiKind, template: &str, labels: &[&str]) -> AiCall
         columns: vec!["text".into(), "text".into()],
         pieces,
         labels,
-        max_tokens: if kind.generates() { 16 } else { 0 },
+        max_tokens: match kind {
+            AiKind::Embed => 8,
+            k if k.generates() => 16,
+            _ => 0,
+        },
         descriptions: Vec::new(),
         relations: Vec::new(),
     }
