@@ -162,6 +162,8 @@ fn assert_close(what: &str, ours: &[f32], reference: &[f64], tolerance: f64) {
         .zip(reference)
         .map(|(a, b)| (f64::from(*a) - b).abs())
         .fold(0.0, f64::max);
+    // Printed so a run reports how close the two forwards are (`--nocapture`).
+    eprintln!("{what}: max abs diff {worst:e}");
     assert!(
         worst <= tolerance,
         "{what}: aisql and the numpy reference differ by {worst:e} (> {tolerance:e})\n\
@@ -308,6 +310,77 @@ fn similarity_is_the_cosine_of_the_embeddings() {
     )
     .unwrap();
     assert!((distance[0].unwrap() - (1.0 - cosine)).abs() < 1e-6);
+    // A NULL text has no embedding, so no similarity.
+    let rows = numbers(
+        &t.session,
+        "SELECT ai_similarity(t, 'a loud film') FROM (VALUES ('a quiet film'), (NULL)) AS v(t)",
+    )
+    .unwrap();
+    assert_eq!(rows.len(), 2);
+    assert!((rows[0].unwrap() - cosine).abs() < 1e-6, "{rows:?}");
+    assert_eq!(rows[1], None);
+    // Embeddings of other dims are vectors of other lengths: an error naming
+    // the function and both lengths.
+    let e = numbers(
+        &t.session,
+        "SELECT vector_inner_product(ai_embed('x', 8), ai_embed('x', 16))",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("vector_inner_product: row 1: the vectors have 8 and 16 components"),
+        "{e}"
+    );
+}
+
+/// A query calling `ai_embed` written as Substrait (`--to-substrait`, the
+/// binary file's bytes) and read back (`aisql query`) gives the vectors the
+/// SQL gives.
+#[test]
+fn a_query_with_ai_embed_round_trips_through_substrait() {
+    use datafusion_substrait::substrait::proto::Plan;
+    use prost::Message;
+
+    let t = tiny();
+    let sql = "SELECT t, ai_embed(t, 'Find films', 16) AS e \
+               FROM (VALUES ('a quiet film'), ('a loud film'), (NULL)) AS v(t)";
+    let want = rt().block_on(t.session.run(sql)).unwrap();
+    let plan = rt().block_on(t.session.to_substrait(sql)).unwrap();
+    let bytes = crate::sql::export::encode(&plan);
+    let read = Plan::decode(bytes.as_slice()).unwrap();
+    let planned = rt().block_on(t.session.plan_substrait(&read)).unwrap();
+    let got = rt()
+        .block_on(t.session.run_plan(planned, std::time::Instant::now()))
+        .unwrap();
+    let rows = |out: &super::SqlOutput| -> Vec<Option<Vec<f32>>> {
+        out.batches
+            .iter()
+            .flat_map(|b| {
+                let col = b.column(1).as_fixed_size_list().clone();
+                (0..col.len())
+                    .map(|i| {
+                        col.is_valid(i).then(|| {
+                            col.value(i)
+                                .as_primitive::<Float32Type>()
+                                .values()
+                                .to_vec()
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let (want, got) = (rows(&want), rows(&got));
+    assert_eq!(want.len(), 3);
+    assert!(want[0].as_ref().is_some_and(|v| v.len() == 16), "{want:?}");
+    assert_eq!(got, want);
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
 }
 
 #[test]

@@ -243,6 +243,61 @@ mod tests {
         close("SELECT vector_cosine_similarity([1.0, 0.0], [-1.0, 0.0])", -1.0);
     }
 
+    /// Every row of a query's first column.
+    fn all(sql: &str) -> DfResult<Vec<Option<f64>>> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(query(sql))
+    }
+
+    #[test]
+    fn columns_of_lists_row_by_row_with_nulls() {
+        // Row 1: (1, 2)·(3, 4) = 11; row 2 a NULL list; row 3: (0, 5)·(2, 2) = 10.
+        let got = all(
+            "SELECT vector_inner_product(a, b) FROM (VALUES \
+             ([1.0, 2.0], [3.0, 4.0]), (NULL, [1.0, 1.0]), ([0.0, 5.0], [2.0, 2.0])) AS v(a, b)",
+        )
+        .unwrap();
+        assert_eq!(got, [Some(11.0), None, Some(10.0)]);
+        // The mismatch is named at its row, with both lengths.
+        let e = all(
+            "SELECT euclidean_distance(a, b) FROM (VALUES \
+             ([1.0, 2.0], [3.0, 4.0]), ([1.0, 2.0, 3.0], [1.0])) AS v(a, b)",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("euclidean_distance: row 2: the vectors have 3 and 1 components"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn fixed_size_and_large_lists_are_vectors_too() {
+        // (3, 4) − (0, 0) has length 5, whatever list type holds it.
+        close(
+            "SELECT vector_l2_distance(arrow_cast([3.0, 4.0], 'FixedSizeList(2, Float32)'), \
+             arrow_cast([0, 0], 'LargeList(Int32)'))",
+            5.0,
+        );
+        close(
+            "SELECT vector_inner_product(arrow_cast([1.0, 2.0], 'FixedSizeList(2, Float64)'), \
+             [3.0, 4.0])",
+            11.0,
+        );
+        let e = one(
+            "SELECT vector_cosine_similarity(arrow_cast([1.0, 2.0], 'FixedSizeList(2, Float64)'), \
+             [3.0, 4.0, 5.0])",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("vector_cosine_similarity: row 1: the vectors have 2 and 3 components"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn a_null_vector_gives_null() {
         assert_eq!(
