@@ -87,7 +87,9 @@ fn nested_names(t: &DataType, names: &mut Vec<String>) {
                 nested_names(f.data_type(), names);
             }
         }
-        DataType::List(item) | DataType::LargeList(item) => nested_names(item.data_type(), names),
+        DataType::List(item) | DataType::LargeList(item) | DataType::FixedSizeList(item, _) => {
+            nested_names(item.data_type(), names)
+        }
         DataType::Map(entries, _) => nested_names(entries.data_type(), names),
         _ => {}
     }
