@@ -386,7 +386,19 @@ impl AiArgs {
         let instruction = match &args[1..args.len() - usize::from(trailing)] {
             [] => String::new(),
             [e] => string_literal(e).ok_or_else(|| {
-                format!("{name}: the instruction (argument 2) must be a string literal, not {e}")
+                // Snowflake's AI_EMBED('model', text) reads as a literal text
+                // and a column instruction: say which form aisql reads.
+                let snowflake = if string_literal(&args[0]).is_some() {
+                    " (Snowflake's AI_EMBED('model', text) is not read: write \
+                     ai_embed(text [, 'instruction'] [, dims]), which embeds with the \
+                     loaded model)"
+                } else {
+                    ""
+                };
+                format!(
+                    "{name}: the instruction (argument 2) must be a string literal, not \
+                     {e}{snowflake}"
+                )
             })?,
             _ => unreachable!("documents() allows one instruction at most"),
         };

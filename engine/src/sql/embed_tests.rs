@@ -200,6 +200,9 @@ fn embeddings_equal_the_numpy_reference() {
         let norm: f64 = ours.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>();
         assert!((norm - 1.0).abs() < 1e-5, "{sql}: squared norm {norm}");
         let ids = prompt_ids(&t.tokenizer, instr, text);
+        // The pooled position is Qwen3's <|endoftext|> control token, not its
+        // spelling as text.
+        assert_eq!(ids.last(), Some(&151_643), "{sql}: {ids:?}");
         let reference = numpy_embedding(t.dir.path(), &ids, dims);
         assert_close(&sql, &ours, &reference, 1e-5);
     }
@@ -395,6 +398,14 @@ fn bad_embedding_calls_are_errors() {
     assert!(e.contains("dims (argument 2) must be a positive integer"), "{e}");
     let e = error(&t.session, "SELECT ai_embed(t, t) FROM (VALUES ('a')) AS v(t)");
     assert!(e.contains("the instruction (argument 2) must be a string literal"), "{e}");
+    let e = error(
+        &t.session,
+        "SELECT AI_EMBED('snowflake-arctic-embed-m', t) FROM (VALUES ('a')) AS v(t)",
+    );
+    assert!(
+        e.contains("Snowflake's AI_EMBED('model', text) is not read"),
+        "{e}"
+    );
     let e = error(&t.session, "SELECT ai_embed('x', 'i', 8, 9)");
     assert!(e.contains("ai_embed takes (text [, 'instruction'] [, dims])"), "{e}");
     let e = error(&t.session, "SELECT ai_similarity('x')");
