@@ -17,7 +17,7 @@ float rounding may pick either).
 With --embed it prints {"embedding": [...]} instead: Qwen3-Embedding's
 last-token pooling, the final hidden state (after the final norm, no output
 head) of the last prompt id, its first --dims components (all by default)
-divided by their L2 norm. tests/embeddings.rs holds `ai_embed` to it.
+divided by their L2 norm. engine/src/sql/embed_tests.rs holds `ai_embed` to it.
 """
 
 import argparse
