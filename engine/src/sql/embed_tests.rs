@@ -41,8 +41,7 @@ fn tiny() -> Tiny {
         tokenizer.clone(),
         SchedulerConfig::default(),
     ));
-    let session =
-        SqlSession::new(backend, QueryOptions::default(), Evaluation::Operators).unwrap();
+    let session = SqlSession::new(backend, QueryOptions::default(), Evaluation::Operators).unwrap();
     Tiny {
         dir,
         tokenizer,
@@ -61,12 +60,10 @@ fn vectors(session: &SqlSession, sql: &str) -> Result<Vec<Option<Vec<f32>>>> {
     for b in &out.batches {
         let col = b.column(0).as_fixed_size_list();
         for i in 0..col.len() {
-            rows.push(col.is_valid(i).then(|| {
-                col.value(i)
-                    .as_primitive::<Float32Type>()
-                    .values()
-                    .to_vec()
-            }));
+            rows.push(
+                col.is_valid(i)
+                    .then(|| col.value(i).as_primitive::<Float32Type>().values().to_vec()),
+            );
         }
     }
     Ok(rows)
@@ -183,7 +180,11 @@ fn embeddings_equal_the_numpy_reference() {
         ("Hello, world", "", None),
         ("The film was long, but the ending paid for it.", "", None),
         ("What is the capital of France?", instruction, None),
-        ("The film was long, but the ending paid for it.", "", Some(16)),
+        (
+            "The film was long, but the ending paid for it.",
+            "",
+            Some(16),
+        ),
         ("", "", None),
     ];
     for (text, instr, dims) in cases {
@@ -255,7 +256,12 @@ fn to_f64(v: &[f32]) -> Vec<f64> {
 fn a_row_in_a_batch_gets_the_vector_it_gets_alone() {
     let t = tiny();
     let texts: Vec<String> = (0..48)
-        .map(|i| format!("review {i}: {}", "a long and winding film ".repeat(i % 5 + 1)))
+        .map(|i| {
+            format!(
+                "review {i}: {}",
+                "a long and winding film ".repeat(i % 5 + 1)
+            )
+        })
         .collect();
     let values: Vec<String> = texts.iter().map(|s| format!("({})", quoted(s))).collect();
     let sql = format!(
@@ -300,7 +306,10 @@ fn similarity_is_the_cosine_of_the_embeddings() {
         "SELECT ai_similarity('a quiet film', 'a loud film')",
     )
     .unwrap();
-    assert!((got[0].unwrap() - cosine).abs() < 1e-6, "{got:?} vs {cosine}");
+    assert!(
+        (got[0].unwrap() - cosine).abs() < 1e-6,
+        "{got:?} vs {cosine}"
+    );
     let same = numbers(
         &t.session,
         "SELECT vector_cosine_similarity(ai_embed('x'), ai_embed('x'))",
@@ -362,12 +371,8 @@ fn a_query_with_ai_embed_round_trips_through_substrait() {
                 let col = b.column(1).as_fixed_size_list().clone();
                 (0..col.len())
                     .map(|i| {
-                        col.is_valid(i).then(|| {
-                            col.value(i)
-                                .as_primitive::<Float32Type>()
-                                .values()
-                                .to_vec()
-                        })
+                        col.is_valid(i)
+                            .then(|| col.value(i).as_primitive::<Float32Type>().values().to_vec())
                     })
                     .collect::<Vec<_>>()
             })
@@ -395,9 +400,18 @@ fn bad_embedding_calls_are_errors() {
         "{e}"
     );
     let e = error(&t.session, "SELECT ai_embed('x', 0)");
-    assert!(e.contains("dims (argument 2) must be a positive integer"), "{e}");
-    let e = error(&t.session, "SELECT ai_embed(t, t) FROM (VALUES ('a')) AS v(t)");
-    assert!(e.contains("the instruction (argument 2) must be a string literal"), "{e}");
+    assert!(
+        e.contains("dims (argument 2) must be a positive integer"),
+        "{e}"
+    );
+    let e = error(
+        &t.session,
+        "SELECT ai_embed(t, t) FROM (VALUES ('a')) AS v(t)",
+    );
+    assert!(
+        e.contains("the instruction (argument 2) must be a string literal"),
+        "{e}"
+    );
     let e = error(
         &t.session,
         "SELECT AI_EMBED('snowflake-arctic-embed-m', t) FROM (VALUES ('a')) AS v(t)",
@@ -407,7 +421,10 @@ fn bad_embedding_calls_are_errors() {
         "{e}"
     );
     let e = error(&t.session, "SELECT ai_embed('x', 'i', 8, 9)");
-    assert!(e.contains("ai_embed takes (text [, 'instruction'] [, dims])"), "{e}");
+    assert!(
+        e.contains("ai_embed takes (text [, 'instruction'] [, dims])"),
+        "{e}"
+    );
     let e = error(&t.session, "SELECT ai_similarity('x')");
     assert!(e.contains("takes two texts"), "{e}");
 }

@@ -9,9 +9,9 @@ mod bounded_functions;
 pub mod consume;
 pub mod count_tokens;
 mod decorrelate;
-pub mod export;
 #[cfg(test)]
 mod embed_tests;
+pub mod export;
 #[cfg(test)]
 mod limits_tests;
 pub mod options;

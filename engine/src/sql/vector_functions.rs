@@ -173,8 +173,10 @@ impl ScalarUDFImpl for VectorUdf {
         for row in 0..rows {
             let at = |m: String| self.error(format!("row {}: {m}", row + 1));
             let (x, y) = (row_values(&a, row), row_values(&b, row));
-            let (x, y) = match (x.map_err(|m| at(format!("the first vector's {m}")))?,
-                                y.map_err(|m| at(format!("the second vector's {m}")))?) {
+            let (x, y) = match (
+                x.map_err(|m| at(format!("the first vector's {m}")))?,
+                y.map_err(|m| at(format!("the second vector's {m}")))?,
+            ) {
                 (Some(x), Some(y)) => (x, y),
                 _ => {
                     out.push(None);
@@ -233,14 +235,32 @@ mod tests {
     #[test]
     fn each_function_against_hand_computed_values() {
         // a = (1, 2, 2): |a| = 3; b = (2, 0, 0): |b| = 2; a·b = 2.
-        close("SELECT vector_inner_product([1.0, 2.0, 2.0], [2.0, 0.0, 0.0])", 2.0);
-        close("SELECT vector_cosine_similarity([1.0, 2.0, 2.0], [2.0, 0.0, 0.0])", 1.0 / 3.0);
-        close("SELECT cosine_distance([1.0, 2.0, 2.0], [2.0, 0.0, 0.0])", 2.0 / 3.0);
+        close(
+            "SELECT vector_inner_product([1.0, 2.0, 2.0], [2.0, 0.0, 0.0])",
+            2.0,
+        );
+        close(
+            "SELECT vector_cosine_similarity([1.0, 2.0, 2.0], [2.0, 0.0, 0.0])",
+            1.0 / 3.0,
+        );
+        close(
+            "SELECT cosine_distance([1.0, 2.0, 2.0], [2.0, 0.0, 0.0])",
+            2.0 / 3.0,
+        );
         // a − b = (−1, 2, 2): its length is 3.
-        close("SELECT vector_l2_distance([1.0, 2.0, 2.0], [2.0, 0.0, 0.0])", 3.0);
+        close(
+            "SELECT vector_l2_distance([1.0, 2.0, 2.0], [2.0, 0.0, 0.0])",
+            3.0,
+        );
         close("SELECT euclidean_distance([1, 2, 2], [2, 0, 0])", 3.0);
-        close("SELECT vector_cosine_similarity([3.0, 4.0], [3.0, 4.0])", 1.0);
-        close("SELECT vector_cosine_similarity([1.0, 0.0], [-1.0, 0.0])", -1.0);
+        close(
+            "SELECT vector_cosine_similarity([3.0, 4.0], [3.0, 4.0])",
+            1.0,
+        );
+        close(
+            "SELECT vector_cosine_similarity([1.0, 0.0], [-1.0, 0.0])",
+            -1.0,
+        );
     }
 
     /// Every row of a query's first column.
@@ -254,17 +274,13 @@ mod tests {
     #[test]
     fn columns_of_lists_row_by_row_with_nulls() {
         // Row 1: (1, 2)·(3, 4) = 11; row 2 a NULL list; row 3: (0, 5)·(2, 2) = 10.
-        let got = all(
-            "SELECT vector_inner_product(a, b) FROM (VALUES \
-             ([1.0, 2.0], [3.0, 4.0]), (NULL, [1.0, 1.0]), ([0.0, 5.0], [2.0, 2.0])) AS v(a, b)",
-        )
+        let got = all("SELECT vector_inner_product(a, b) FROM (VALUES \
+             ([1.0, 2.0], [3.0, 4.0]), (NULL, [1.0, 1.0]), ([0.0, 5.0], [2.0, 2.0])) AS v(a, b)")
         .unwrap();
         assert_eq!(got, [Some(11.0), None, Some(10.0)]);
         // The mismatch is named at its row, with both lengths.
-        let e = all(
-            "SELECT euclidean_distance(a, b) FROM (VALUES \
-             ([1.0, 2.0], [3.0, 4.0]), ([1.0, 2.0, 3.0], [1.0])) AS v(a, b)",
-        )
+        let e = all("SELECT euclidean_distance(a, b) FROM (VALUES \
+             ([1.0, 2.0], [3.0, 4.0]), ([1.0, 2.0, 3.0], [1.0])) AS v(a, b)")
         .unwrap_err()
         .to_string();
         assert!(
@@ -324,7 +340,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("zero vector"), "{e}");
-        let e = one("SELECT cosine_distance('a', [1.0])").unwrap_err().to_string();
-        assert!(e.contains("cosine_distance: argument 1 must be a list of numbers"), "{e}");
+        let e = one("SELECT cosine_distance('a', [1.0])")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cosine_distance: argument 1 must be a list of numbers"),
+            "{e}"
+        );
     }
 }

@@ -82,7 +82,12 @@ impl AnswerKind for Classify {
         label_pieces(format, template, pair, labels, descriptions)
     }
 
-    fn column(&self, labels: &[String], _size: u32, answers: &[Option<&Answer>]) -> Result<ArrayRef> {
+    fn column(
+        &self,
+        labels: &[String],
+        _size: u32,
+        answers: &[Option<&Answer>],
+    ) -> Result<ArrayRef> {
         let mut b = StringBuilder::with_capacity(answers.len(), 0);
         for a in answers {
             match a {

@@ -73,7 +73,12 @@ impl AnswerKind for ClassifyScores {
         super::classify::label_pieces(format, template, pair, labels, descriptions)
     }
 
-    fn column(&self, labels: &[String], _size: u32, answers: &[Option<&Answer>]) -> Result<ArrayRef> {
+    fn column(
+        &self,
+        labels: &[String],
+        _size: u32,
+        answers: &[Option<&Answer>],
+    ) -> Result<ArrayRef> {
         let fields = label_score_fields();
         let mut b = ListBuilder::new(StructBuilder::new(
             fields.clone(),

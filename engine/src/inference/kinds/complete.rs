@@ -59,7 +59,12 @@ impl AnswerKind for Complete {
         }
     }
 
-    fn column(&self, _labels: &[String], _size: u32, answers: &[Option<&Answer>]) -> Result<ArrayRef> {
+    fn column(
+        &self,
+        _labels: &[String],
+        _size: u32,
+        answers: &[Option<&Answer>],
+    ) -> Result<ArrayRef> {
         let mut b = StringBuilder::with_capacity(answers.len(), 0);
         for a in answers {
             match a {

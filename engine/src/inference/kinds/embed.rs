@@ -135,7 +135,12 @@ impl AnswerKind for Embed {
         Ok(embedding_pieces(template))
     }
 
-    fn column(&self, _labels: &[String], size: u32, answers: &[Option<&Answer>]) -> Result<ArrayRef> {
+    fn column(
+        &self,
+        _labels: &[String],
+        size: u32,
+        answers: &[Option<&Answer>],
+    ) -> Result<ArrayRef> {
         let size = match size {
             0 => answers
                 .iter()

@@ -85,7 +85,12 @@ impl AnswerKind for Extract {
         extract_questions(format, descriptions)
     }
 
-    fn column(&self, labels: &[String], _size: u32, answers: &[Option<&Answer>]) -> Result<ArrayRef> {
+    fn column(
+        &self,
+        labels: &[String],
+        _size: u32,
+        answers: &[Option<&Answer>],
+    ) -> Result<ArrayRef> {
         let mut columns: Vec<StringBuilder> = labels.iter().map(|_| StringBuilder::new()).collect();
         let mut valid = Vec::with_capacity(answers.len());
         for a in answers {

@@ -57,7 +57,12 @@ impl AnswerKind for Filter {
         }
     }
 
-    fn column(&self, _labels: &[String], _size: u32, answers: &[Option<&Answer>]) -> Result<ArrayRef> {
+    fn column(
+        &self,
+        _labels: &[String],
+        _size: u32,
+        answers: &[Option<&Answer>],
+    ) -> Result<ArrayRef> {
         super::decision_column(self, answers)
     }
 

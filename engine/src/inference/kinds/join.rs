@@ -58,7 +58,12 @@ impl AnswerKind for Join {
         Ok(join_pieces(format, template))
     }
 
-    fn column(&self, _labels: &[String], _size: u32, answers: &[Option<&Answer>]) -> Result<ArrayRef> {
+    fn column(
+        &self,
+        _labels: &[String],
+        _size: u32,
+        answers: &[Option<&Answer>],
+    ) -> Result<ArrayRef> {
         super::decision_column(self, answers)
     }
 

@@ -121,7 +121,8 @@ pub trait AnswerKind: Send + Sync + fmt::Debug {
 
     /// The answers as a column of [`AnswerKind::return_type`] over `labels`
     /// and `size`, NULL where there is none (`size` 0: read from the answers).
-    fn column(&self, labels: &[String], size: u32, answers: &[Option<&Answer>]) -> Result<ArrayRef>;
+    fn column(&self, labels: &[String], size: u32, answers: &[Option<&Answer>])
+    -> Result<ArrayRef>;
 
     /// The answers of an answer table's last column, written by
     /// [`AnswerKind::column`] (or the QUAIL-B harness); a label answer indexes

@@ -56,7 +56,12 @@ impl AnswerKind for Score {
         }
     }
 
-    fn column(&self, _labels: &[String], _size: u32, answers: &[Option<&Answer>]) -> Result<ArrayRef> {
+    fn column(
+        &self,
+        _labels: &[String],
+        _size: u32,
+        answers: &[Option<&Answer>],
+    ) -> Result<ArrayRef> {
         Ok(Arc::new(
             answers
                 .iter()

@@ -266,9 +266,7 @@ impl Executor for ModelExecutor {
                     Ok(v) => Answer::Vector(v),
                     Err(e) => {
                         let row = requests.get(i).map_or("", |r| r.anchor.id);
-                        Answer::Failed(
-                            format!("{}: row {}: {e}", call.op_id, Excerpt(row)).into(),
-                        )
+                        Answer::Failed(format!("{}: row {}: {e}", call.op_id, Excerpt(row)).into())
                     }
                 })
                 .collect(),
