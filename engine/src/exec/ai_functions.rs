@@ -823,6 +823,16 @@ impl ScalarUDFImpl for AiUdf {
                 })
                 .collect();
             let mut parsed = AiArgs::parse(self.function, &exprs).map_err(DataFusionError::Plan)?;
+            if parsed.max_tokens == 0 && self.embedding_dims.is_none() {
+                // No model sizes it (`--to-substrait` loads none): a list of
+                // any length, so the plan can be written; running it needs a
+                // model, and the AI rewrite says so.
+                return Ok(Arc::new(Field::new(
+                    self.name(),
+                    DataType::new_list(DataType::Float32, true),
+                    true,
+                )));
+            }
             parsed
                 .resolve_dims(self.embedding_dims)
                 .map_err(DataFusionError::Plan)?;

@@ -384,6 +384,45 @@ fn a_query_with_ai_embed_round_trips_through_substrait() {
     assert_eq!(got, want);
 }
 
+/// A session without a model (as `--to-substrait` has) writes a plan whose
+/// embeddings have no dims, typed as lists; a session with the model runs it
+/// to the vectors and similarity the SQL gives there. Running it without a
+/// model is an error saying dims are missing.
+#[test]
+fn a_plan_written_without_a_model_runs_on_one() {
+    use crate::inference::backend::NoAnswers;
+
+    let sql = "SELECT ai_embed(t) AS e, ai_similarity(t, 'a loud film') AS s \
+               FROM (VALUES ('a quiet film'), (NULL)) AS v(t)";
+    let bare = SqlSession::new(
+        Arc::new(NoAnswers),
+        QueryOptions::default(),
+        Evaluation::Operators,
+    )
+    .unwrap();
+    let plan = rt().block_on(bare.to_substrait(sql)).unwrap();
+    let e = rt().block_on(bare.run(sql)).unwrap_err().to_string();
+    assert!(e.contains("ai_embed: no dims given"), "{e}");
+    let t = tiny();
+    let want = rt().block_on(t.session.run(sql)).unwrap();
+    let planned = rt().block_on(t.session.plan_substrait(&plan)).unwrap();
+    let got = rt()
+        .block_on(t.session.run_plan(planned, std::time::Instant::now()))
+        .unwrap();
+    let (want, got) = (&want.batches[0], &got.batches[0]);
+    assert_eq!(got.column(0).data_type(), want.column(0).data_type());
+    assert_eq!(got.column(0).len(), 2);
+    assert!(got.column(0).is_null(1));
+    assert_eq!(
+        got.column(0).as_fixed_size_list().value(0).as_ref(),
+        want.column(0).as_fixed_size_list().value(0).as_ref()
+    );
+    assert_eq!(
+        got.column(1).as_primitive::<datafusion::arrow::datatypes::Float64Type>(),
+        want.column(1).as_primitive::<datafusion::arrow::datatypes::Float64Type>()
+    );
+}
+
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
