@@ -418,8 +418,10 @@ fn a_plan_written_without_a_model_runs_on_one() {
         want.column(0).as_fixed_size_list().value(0).as_ref()
     );
     assert_eq!(
-        got.column(1).as_primitive::<datafusion::arrow::datatypes::Float64Type>(),
-        want.column(1).as_primitive::<datafusion::arrow::datatypes::Float64Type>()
+        got.column(1)
+            .as_primitive::<datafusion::arrow::datatypes::Float64Type>(),
+        want.column(1)
+            .as_primitive::<datafusion::arrow::datatypes::Float64Type>()
     );
 }
 
