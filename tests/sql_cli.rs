@@ -101,14 +101,34 @@ fn rows_are_printed_and_saved_in_each_format() {
 
 #[test]
 fn a_sql_query_written_as_substrait_runs_with_aisql_query() {
+    written_as_substrait_runs_the_same(
+        "SELECT r.id, a.id AS aspect FROM reviews r JOIN aspects a \
+         ON ai_join('Does the review {0} discuss {1}?', r.body, a.aspect) \
+         WHERE r.id <> 'rv1' ORDER BY r.id, aspect",
+    );
+}
+
+/// Embeddings through a plan file: `--to-substrait` loads no model, so
+/// `ai_similarity`'s embeddings (no dims) are written as lists, and `aisql
+/// query` sizes them by the model it loads.
+#[test]
+fn a_query_with_embeddings_written_as_substrait_runs_with_aisql_query() {
+    written_as_substrait_runs_the_same(
+        "SELECT r.id, ai_similarity(r.body, 'a long film') AS s, \
+         vector_l2_distance(ai_embed(r.body, 'Find reviews', 8), \
+         ai_embed('a long film', 'Find reviews', 8)) AS d FROM reviews r ORDER BY r.id",
+    );
+}
+
+/// `query` over the tiny corpus's reviews and aspects gives the same CSV run
+/// by `aisql sql` and written by `--to-substrait` (binary and JSON), then run
+/// by `aisql query`.
+fn written_as_substrait_runs_the_same(query: &str) {
     let dir = tempfile::tempdir().unwrap();
     let tables = dir.path().join("tables");
     TinyCorpus::write(&tables);
     let reviews = format!("reviews={}", tables.join("reviews.parquet").display());
     let aspects = format!("aspects={}", tables.join("aspects.parquet").display());
-    let query = "SELECT r.id, a.id AS aspect FROM reviews r JOIN aspects a \
-                 ON ai_join('Does the review {0} discuss {1}?', r.body, a.aspect) \
-                 WHERE r.id <> 'rv1' ORDER BY r.id, aspect";
     let run = |extra: &[&str]| {
         let mut c = aisql();
         c.args(["sql", query, "--table", &reviews, "--table", &aspects])

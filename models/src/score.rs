@@ -163,6 +163,17 @@ impl Qwen3 {
         Ok(Tensor::stack(&rows, 0)?)
     }
 
+    /// The final hidden state (after the final norm, before the output head) of
+    /// each item's last position, as f32: what an embedding pools (last-token
+    /// pooling, as Qwen3-Embedding). One packed forward for the batch; an item
+    /// with no tokens reads its prefix handle's.
+    pub fn final_hidden_states(&self, items: &[Continuation<'_>]) -> Result<Vec<Vec<f32>>> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(self.last_hidden(items)?.to_dtype(DType::F32)?.to_vec2()?)
+    }
+
     /// Next-token logits of `rows` (vocabulary ids) after each item: only those rows
     /// of the output head are multiplied. Returns `items × rows.len()` values.
     pub fn next_token_logits(

@@ -266,15 +266,27 @@ fn run_general(
                 }
             }
         }
-        let planned = planning
-            .plan_substrait(&plan)
-            .await
-            .with_context(|| format!("{not_quailb}; as a general query"))?;
-        let templates: Vec<String> = aisql_engine::exec::logical::ai_nodes(&planned)
-            .into_iter()
-            .map(|n| n.spec.call.template)
-            .collect();
-        let (backend, meta) = super::backend::build(&spec, dataset.as_ref(), Some(&templates))?;
+        // Only the oracle reads the templates. A plan the oracle cannot plan
+        // (an `ai_embed` without dims: no model to size it) learns none here,
+        // and is planned again below with the backend, which says what is
+        // wrong if it still cannot be.
+        let first = planning.plan_substrait(&plan).await;
+        let templates: Vec<String> = match &first {
+            Ok(planned) => aisql_engine::exec::logical::ai_nodes(planned)
+                .into_iter()
+                .map(|n| n.spec.call.template)
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        let (backend, meta) = match super::backend::build(&spec, dataset.as_ref(), Some(&templates))
+        {
+            Ok(built) => built,
+            Err(e) => {
+                // The plan's own error first, as when it was planned alone.
+                first.with_context(|| format!("{not_quailb}; as a general query"))?;
+                return Err(e);
+            }
+        };
         // An estimate runs the plan on the estimating backend over that one.
         let estimating = if args.cost.estimate {
             let estimator = estimator(&spec, &qc.cost, &backend, &meta, HashMap::new())?;
@@ -290,6 +302,15 @@ fn run_general(
             };
         let session = SqlSession::new(backend.clone(), options, Evaluation::Operators)?;
         session.share_tables_from(&planning).await?;
+        let planned = match first {
+            Ok(planned) => planned,
+            // Planned with the backend that runs it: an embedding's default
+            // dims are its model's.
+            Err(_) => session
+                .plan_substrait(&plan)
+                .await
+                .with_context(|| format!("{not_quailb}; as a general query"))?,
+        };
         Ok::<_, anyhow::Error>((session, planned, estimating))
     })?;
     let canceller = session.canceller();

@@ -3,6 +3,7 @@ numpy (float64), sharing no code with aisql or candle: tests/generate_cli.rs
 holds `aisql model generate` to the token ids this prints.
 
     python qwen3_numpy.py MODEL_DIR --prompt-ids 9707,11,1879 --max-tokens 8
+    python qwen3_numpy.py MODEL_DIR --prompt-ids 9707,11,151643 --embed [--dims 16]
 
 Reads MODEL_DIR/config.json, every MODEL_DIR/*.safetensors (the format parsed
 here: an 8-byte little-endian header length, a JSON header, raw tensors) and the
@@ -12,6 +13,11 @@ token is the argmax (ties to the lowest id). Prints one JSON object:
 {"token_ids": [...], "finish": "stop"|"length", "margins": [...]}, margins being
 each step's gap between the best and second-best logit (a near-tie is where
 float rounding may pick either).
+
+With --embed it prints {"embedding": [...]} instead: Qwen3-Embedding's
+last-token pooling, the final hidden state (after the final norm, no output
+head) of the last prompt id, its first --dims components (all by default)
+divided by their L2 norm. engine/src/sql/embed_tests.rs holds `ai_embed` to it.
 """
 
 import argparse
@@ -89,8 +95,9 @@ def linear(w, prefix, x, bias):
     return y + w[prefix + ".bias"] if bias else y
 
 
-def next_logits(w, cfg, tokens):
-    """Logits after the last of `tokens`: one full causal forward from position 0."""
+def final_hidden(w, cfg, tokens):
+    """The final-normed hidden state of the last of `tokens`: one full causal
+    forward from position 0."""
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     d = cfg.get("head_dim") or cfg["hidden_size"] // heads
     eps, theta = cfg.get("rms_norm_eps", 1e-6), cfg.get("rope_theta", 10000.0)
@@ -123,7 +130,12 @@ def next_logits(w, cfg, tokens):
         up = h @ w[f"{m}.up_proj.weight"].T
         silu = gate / (1.0 + np.exp(-gate))
         x = x + (silu * up) @ w[f"{m}.down_proj.weight"].T
-    last = rms_norm(x[-1], w["model.norm.weight"], eps)
+    return rms_norm(x[-1], w["model.norm.weight"], eps)
+
+
+def next_logits(w, cfg, tokens):
+    """Logits after the last of `tokens`."""
+    last = final_hidden(w, cfg, tokens)
     tied = cfg.get("tie_word_embeddings", False)
     head = w["model.embed_tokens.weight"] if tied else w["lm_head.weight"]
     return head @ last
@@ -133,8 +145,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("--prompt-ids", required=True, help="comma-separated token ids")
-    parser.add_argument("--max-tokens", type=int, required=True)
+    parser.add_argument("--max-tokens", type=int)
+    parser.add_argument("--embed", action="store_true", help="print the embedding")
+    parser.add_argument("--dims", type=int, help="embedding components kept")
     args = parser.parse_args()
+    if not args.embed and args.max_tokens is None:
+        parser.error("--max-tokens is required without --embed")
     cfg = json.loads((args.model_dir / "config.json").read_text())
     if cfg.get("hidden_act", "silu") != "silu":
         sys.exit(f"hidden_act {cfg['hidden_act']} is not implemented here")
@@ -143,6 +159,10 @@ def main():
     weights = load_tensors(args.model_dir)
     stops = stop_ids(args.model_dir)
     tokens = [int(t) for t in args.prompt_ids.split(",")]
+    if args.embed:
+        h = final_hidden(weights, cfg, tokens)[: args.dims or cfg["hidden_size"]]
+        print(json.dumps({"embedding": (h / np.linalg.norm(h)).tolist()}))
+        return
     generated, margins, finish = [], [], "length"
     for _ in range(args.max_tokens):
         logits = next_logits(weights, cfg, tokens + generated)

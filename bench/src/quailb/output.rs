@@ -57,6 +57,9 @@ pub struct OutputFiles {
     /// Extracted-field answer tables (`ai_extract`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extractions: Vec<KeyedFile>,
+    /// Embedding answer tables (`ai_embed`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub embeddings: Vec<KeyedFile>,
     /// `prompt_pieces.json` (SPEC §D.3), written by the benchmark when the token
     /// metrics can be computed (the engine reported fresh tokens).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -80,6 +83,7 @@ impl OutputFiles {
             .chain(&self.classification_scores)
             .chain(&self.completions)
             .chain(&self.extractions)
+            .chain(&self.embeddings)
         {
             out.push(f.path.as_str());
         }
@@ -120,6 +124,7 @@ pub fn layout_stem(kind: AiKind) -> &'static str {
         AiKind::ClassifyScores => "classification_scores",
         AiKind::Complete => "completions",
         AiKind::Extract => "extractions",
+        AiKind::Embed => "embeddings",
     }
 }
 
@@ -134,6 +139,7 @@ impl OutputFiles {
             AiKind::ClassifyScores => &mut self.classification_scores,
             AiKind::Complete => &mut self.completions,
             AiKind::Extract => &mut self.extractions,
+            AiKind::Embed => &mut self.embeddings,
         }
     }
 }

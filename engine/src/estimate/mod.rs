@@ -334,6 +334,10 @@ impl InferenceBackend for EstimatingBackend {
         self.sim.context_positions()
     }
 
+    fn embedding_dims(&self) -> Option<u32> {
+        self.sampled.real().embedding_dims()
+    }
+
     fn host_memory_allowance(&self) -> usize {
         self.sampled.real().host_memory_allowance()
     }

@@ -359,7 +359,7 @@ impl Answerer for SampledAnswers {
                         }
                         stats.label_counts[l] += 1;
                     }
-                    Answer::Score(_) | Answer::LabelScores(_) => {
+                    Answer::Score(_) | Answer::LabelScores(_) | Answer::Vector(_) => {
                         stats.examples.push(answer.clone())
                     }
                     _ => {}

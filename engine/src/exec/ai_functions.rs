@@ -76,6 +76,10 @@ pub struct AiFunction {
     pub arity: &'static str,
     /// Whether it is an aggregate (its document is a column's rows, grouped).
     pub aggregate: bool,
+    /// Whether it embeds its document (`ai_embed`): an optional instruction
+    /// literal, then optional integer `dims`, follow it; the instruction is
+    /// the call's template and the dimensions its `max_tokens`.
+    pub embeds: bool,
     /// The URN of the Substrait extension that declares it: QUAIL-B's for the
     /// functions its plans call, aisql's ([`AISQL_AI_URN`]) for the others.
     pub urn: &'static str,
@@ -86,7 +90,7 @@ pub struct AiFunction {
 pub const AISQL_AI_URN: &str = "extension:aisql:functions_ai";
 
 /// Every AI function.
-pub static AI_FUNCTIONS: [AiFunction; 7] = [
+pub static AI_FUNCTIONS: [AiFunction; 8] = [
     AiFunction {
         name: "ai_filter",
         aliases: &[],
@@ -98,6 +102,7 @@ pub static AI_FUNCTIONS: [AiFunction; 7] = [
         max_tokens: 0,
         arity: "(template, document) or (template, document, partner)",
         aggregate: false,
+        embeds: false,
         urn: AI_URN,
     },
     AiFunction {
@@ -111,6 +116,7 @@ pub static AI_FUNCTIONS: [AiFunction; 7] = [
         max_tokens: 0,
         arity: "(template, left document, right document)",
         aggregate: false,
+        embeds: false,
         urn: AI_URN,
     },
     AiFunction {
@@ -124,6 +130,7 @@ pub static AI_FUNCTIONS: [AiFunction; 7] = [
         max_tokens: 0,
         arity: "(template, document [, partner], [labels...], [descriptions...])",
         aggregate: false,
+        embeds: false,
         urn: AI_URN,
     },
     AiFunction {
@@ -137,6 +144,7 @@ pub static AI_FUNCTIONS: [AiFunction; 7] = [
         max_tokens: 0,
         arity: "(template, document [, partner])",
         aggregate: false,
+        embeds: false,
         urn: AI_URN,
     },
     AiFunction {
@@ -150,6 +158,7 @@ pub static AI_FUNCTIONS: [AiFunction; 7] = [
         max_tokens: 0,
         arity: "(template, document [, partner], [labels...], [descriptions...])",
         aggregate: false,
+        embeds: false,
         urn: AISQL_AI_URN,
     },
     AiFunction {
@@ -163,6 +172,7 @@ pub static AI_FUNCTIONS: [AiFunction; 7] = [
         max_tokens: DEFAULT_MAX_TOKENS,
         arity: "(template, document [, partner] [, max_tokens])",
         aggregate: false,
+        embeds: false,
         urn: AISQL_AI_URN,
     },
     AiFunction {
@@ -176,6 +186,21 @@ pub static AI_FUNCTIONS: [AiFunction; 7] = [
         max_tokens: DEFAULT_EXTRACT_TOKENS,
         arity: "(document, ['name: question', ...] [, max_tokens])",
         aggregate: false,
+        embeds: false,
+        urn: AISQL_AI_URN,
+    },
+    AiFunction {
+        name: "ai_embed",
+        aliases: &[],
+        kind: AiKind::Embed,
+        documents: (1, 1),
+        template: false,
+        labels: false,
+        fields: false,
+        max_tokens: 0,
+        arity: "(text [, 'instruction'] [, dims])",
+        aggregate: false,
+        embeds: true,
         urn: AISQL_AI_URN,
     },
 ];
@@ -192,6 +217,7 @@ pub static AI_AGGREGATES: [AiFunction; 1] = [AiFunction {
     max_tokens: DEFAULT_MAX_TOKENS,
     arity: "(instruction, column [, max_tokens])",
     aggregate: true,
+    embeds: false,
     urn: AISQL_AI_URN,
 }];
 
@@ -220,6 +246,10 @@ impl AiFunction {
     /// Whether a call's last argument is its `max_tokens`: a generating call
     /// of more than two arguments whose last is a number (a document is text).
     pub fn ends_with_max_tokens(&self, args: usize, last_is_number: bool) -> bool {
+        if self.embeds {
+            // An embedding's `dims`: after the text (and the instruction).
+            return args > 1 && last_is_number;
+        }
         self.max_tokens > 0 && args > 2 && last_is_number
     }
 
@@ -236,6 +266,16 @@ impl AiFunction {
         last_is_number: bool,
     ) -> std::result::Result<usize, String> {
         let trailing = usize::from(self.ends_with_max_tokens(args, last_is_number));
+        if self.embeds {
+            // The text, an optional instruction, optional dims.
+            return match args.checked_sub(trailing) {
+                Some(1 | 2) => Ok(1),
+                _ => Err(format!(
+                    "{} takes {}, not {args} argument(s)",
+                    self.name, self.arity
+                )),
+            };
+        }
         let fixed =
             self.leading() + if self.labels { 2 } else { 0 } + usize::from(self.fields) + trailing;
         let (low, high) = self.documents;
@@ -274,6 +314,9 @@ impl AiArgs {
         function: &'static AiFunction,
         args: &[Expr],
     ) -> std::result::Result<Self, String> {
+        if function.embeds {
+            return Self::parse_embed(function, args);
+        }
         let name = function.name;
         let last_is_number = args
             .last()
@@ -326,6 +369,92 @@ impl AiArgs {
             descriptions,
             max_tokens,
         })
+    }
+
+    /// `ai_embed(text [, 'instruction'] [, dims])`. `dims` left out is 0
+    /// until [`Self::resolve_dims`] sets the model's.
+    fn parse_embed(
+        function: &'static AiFunction,
+        args: &[Expr],
+    ) -> std::result::Result<Self, String> {
+        let name = function.name;
+        let last_is_number = args
+            .last()
+            .is_some_and(|e| string_literal(e).is_none() && is_literal(e));
+        function.documents(args.len(), last_is_number)?;
+        let trailing = function.ends_with_max_tokens(args.len(), last_is_number);
+        let instruction = match &args[1..args.len() - usize::from(trailing)] {
+            [] => String::new(),
+            [e] => string_literal(e).ok_or_else(|| {
+                // Snowflake's AI_EMBED('model', text) reads as a literal text
+                // and a column instruction: say which form aisql reads.
+                let snowflake = if string_literal(&args[0]).is_some() {
+                    " (Snowflake's AI_EMBED('model', text) is not read: write \
+                     ai_embed(text [, 'instruction'] [, dims]), which embeds with the \
+                     loaded model)"
+                } else {
+                    ""
+                };
+                format!(
+                    "{name}: the instruction (argument 2) must be a string literal, not \
+                     {e}{snowflake}"
+                )
+            })?,
+            _ => unreachable!("documents() allows one instruction at most"),
+        };
+        let dims = if trailing {
+            let e = &args[args.len() - 1];
+            let value = match e {
+                Expr::Negative(n) => integer_literal(n).map(|v| -v),
+                e => integer_literal(e),
+            };
+            match value {
+                Some(v) if (1..=i128::from(MAX_EMBEDDING_DIMS)).contains(&v) => v as u32,
+                _ => {
+                    return Err(format!(
+                        "{name}: dims (argument {}) must be a positive integer literal of at \
+                         most {MAX_EMBEDDING_DIMS}, not {e}",
+                        args.len()
+                    ));
+                }
+            }
+        } else {
+            0
+        };
+        Ok(Self {
+            function,
+            template: instruction,
+            documents: vec![args[0].clone()],
+            labels: Vec::new(),
+            descriptions: Vec::new(),
+            max_tokens: dims,
+        })
+    }
+
+    /// Sets an embedding's dimensions to the embedding model's `model` (its
+    /// hidden size) where the call gave none, and checks the ones it gave fit
+    /// them. Other calls are left as they are.
+    pub fn resolve_dims(&mut self, model: Option<u32>) -> std::result::Result<(), String> {
+        if !self.function.embeds {
+            return Ok(());
+        }
+        let name = self.function.name;
+        match (self.max_tokens, model) {
+            (0, Some(m)) => self.max_tokens = m,
+            (0, None) => {
+                return Err(format!(
+                    "{name}: no dims given, and the backend has no embedding model whose \
+                     size would be the default; give dims"
+                ));
+            }
+            (d, Some(m)) if d > m => {
+                return Err(format!(
+                    "{name}: dims {d} is more than the embedding model's {m} dimensions"
+                ));
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     /// The question kind.
@@ -447,6 +576,10 @@ fn max_tokens_literal(name: &str, position: usize, e: &Expr) -> std::result::Res
     }
 }
 
+/// The most dimensions an `ai_embed` may ask for (Qwen3-Embedding-8B has
+/// 4,096; a model's own size bounds it further when the call is planned).
+pub const MAX_EMBEDDING_DIMS: u32 = 65_536;
+
 /// The most tokens a call may ask to generate: the longest context of any
 /// Qwen3 (a call over the loaded model's context fails when it runs, naming
 /// that context).
@@ -531,6 +664,17 @@ pub fn ai_call_of(e: &Expr) -> Option<(&'static AiFunction, &[Expr])> {
     }
 }
 
+/// The embedding dimensions the AI function `e` calls defaults to, if it
+/// is one and its session has a model.
+pub fn embedding_dims_of(e: &Expr) -> Option<u32> {
+    match e {
+        Expr::ScalarFunction(ScalarFunction { func, .. }) => {
+            func.inner().downcast_ref::<AiUdf>()?.embedding_dims
+        }
+        _ => None,
+    }
+}
+
 /// Whether `e` calls an AI function anywhere.
 pub fn contains_ai_call(e: &Expr) -> bool {
     e.exists(|e| Ok(ai_call_of(e).is_some())).unwrap_or(false)
@@ -604,11 +748,15 @@ pub struct AiUdf {
     aliases: Vec<String>,
     signature: Signature,
     naive: Option<NaiveEvaluator>,
+    /// The embedding model's dimensions (`ai_embed` without dims), if the
+    /// session has a model.
+    embedding_dims: Option<u32>,
 }
 
 impl PartialEq for AiUdf {
     fn eq(&self, other: &Self) -> bool {
         self.function == other.function
+            && self.embedding_dims == other.embedding_dims
             && match (&self.naive, &other.naive) {
                 (None, None) => true,
                 (Some(a), Some(b)) => Arc::ptr_eq(&a.backend, &b.backend),
@@ -627,13 +775,19 @@ impl Hash for AiUdf {
 }
 
 impl AiUdf {
-    /// The function, evaluated row by row by `naive` if given.
-    pub fn new(function: &'static AiFunction, naive: Option<NaiveEvaluator>) -> Self {
+    /// The function, evaluated row by row by `naive` if given; an embedding
+    /// without dims has `embedding_dims`.
+    pub fn new(
+        function: &'static AiFunction,
+        naive: Option<NaiveEvaluator>,
+        embedding_dims: Option<u32>,
+    ) -> Self {
         Self {
             function,
             aliases: function.aliases.iter().map(|a| a.to_string()).collect(),
             signature: Signature::variadic_any(Volatility::Immutable),
             naive,
+            embedding_dims,
         }
     }
 }
@@ -652,12 +806,42 @@ impl ScalarUDFImpl for AiUdf {
     }
 
     fn return_type(&self, _arg_types: &[DataType]) -> DfResult<DataType> {
-        Ok(self.function.kind.return_type(&[]))
+        Ok(self.function.kind.return_type(&[], 0))
     }
 
     /// An extraction's struct has one field per `'name: question'`: read
     /// from the fields argument, a literal by the time the call is typed.
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> DfResult<FieldRef> {
+        if self.function.embeds {
+            // The dims are a literal (or the model's) by the time the call is typed.
+            let exprs: Vec<Expr> = args
+                .scalar_arguments
+                .iter()
+                .map(|v| match v {
+                    Some(v) => Expr::Literal((*v).clone(), None),
+                    None => Expr::Column(datafusion::common::Column::from_name("text")),
+                })
+                .collect();
+            let mut parsed = AiArgs::parse(self.function, &exprs).map_err(DataFusionError::Plan)?;
+            if parsed.max_tokens == 0 && self.embedding_dims.is_none() {
+                // No model sizes it (`--to-substrait` loads none): a list of
+                // any length, so the plan can be written; running it needs a
+                // model, and the AI rewrite says so.
+                return Ok(Arc::new(Field::new(
+                    self.name(),
+                    DataType::new_list(DataType::Float32, true),
+                    true,
+                )));
+            }
+            parsed
+                .resolve_dims(self.embedding_dims)
+                .map_err(DataFusionError::Plan)?;
+            return Ok(Arc::new(Field::new(
+                self.name(),
+                self.function.kind.return_type(&[], parsed.max_tokens),
+                true,
+            )));
+        }
         let names = if self.function.fields {
             let at = self.function.leading() + 1;
             let value = args.scalar_arguments.get(at).copied().flatten();
@@ -679,7 +863,7 @@ impl ScalarUDFImpl for AiUdf {
         };
         Ok(Arc::new(Field::new(
             self.name(),
-            self.function.kind.return_type(&names),
+            self.function.kind.return_type(&names, 0),
             true,
         )))
     }
@@ -692,14 +876,23 @@ impl ScalarUDFImpl for AiUdf {
                 self.function.name
             )));
         };
-        naive_eval(self.function, naive, args).map_err(DataFusionError::from)
+        naive_eval(self.function, naive, self.embedding_dims, args).map_err(DataFusionError::from)
     }
 }
 
-/// Registers the AI functions on `ctx`.
-pub fn register_ai_functions(ctx: &SessionContext, naive: Option<NaiveEvaluator>) {
+/// Registers the AI functions on `ctx`; `ai_embed` without dims has
+/// `embedding_dims` (the model's hidden size), if known.
+pub fn register_ai_functions(
+    ctx: &SessionContext,
+    naive: Option<NaiveEvaluator>,
+    embedding_dims: Option<u32>,
+) {
     for f in &AI_FUNCTIONS {
-        ctx.register_udf(ScalarUDF::new_from_impl(AiUdf::new(f, naive.clone())));
+        ctx.register_udf(ScalarUDF::new_from_impl(AiUdf::new(
+            f,
+            naive.clone(),
+            embedding_dims,
+        )));
     }
     ctx.register_udaf(datafusion::logical_expr::AggregateUDF::new_from_impl(
         crate::exec::ai_aggregate::AiAggUdf::new(naive),
@@ -711,6 +904,7 @@ pub fn register_ai_functions(ctx: &SessionContext, naive: Option<NaiveEvaluator>
 fn naive_eval(
     function: &'static AiFunction,
     naive: &NaiveEvaluator,
+    embedding_dims: Option<u32>,
     args: ScalarFunctionArgs,
 ) -> Result<ColumnarValue> {
     let rows = args.number_rows;
@@ -725,7 +919,10 @@ fn naive_eval(
             _ => Expr::Literal(ScalarValue::Utf8(Some(String::new())), None),
         })
         .collect();
-    let parsed = AiArgs::parse(function, &exprs).map_err(EngineError::Sql)?;
+    let mut parsed = AiArgs::parse(function, &exprs).map_err(EngineError::Sql)?;
+    parsed
+        .resolve_dims(embedding_dims)
+        .map_err(EngineError::Sql)?;
     // Documents are columns here; the parse above only checked the shape.
     let first = function.leading();
     let docs: Vec<ArrayRef> = args.args[first..first + parsed.documents.len()]
@@ -782,7 +979,7 @@ mod tests {
     }
 
     fn udf(f: &'static AiFunction) -> Arc<ScalarUDF> {
-        Arc::new(ScalarUDF::new_from_impl(AiUdf::new(f, None)))
+        Arc::new(ScalarUDF::new_from_impl(AiUdf::new(f, None, None)))
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub fn answer_array(call: &AiCall, answers: &[Option<Answer>]) -> Result<ArrayRe
     typed_array(
         call.kind,
         &call.labels,
+        call.max_tokens,
         answers.iter().map(|a| a.as_ref().filter(|a| a.is_answer())),
     )
 }
@@ -27,10 +28,11 @@ pub fn answer_array(call: &AiCall, answers: &[Option<Answer>]) -> Result<ArrayRe
 fn typed_array<'a>(
     kind: AiKind,
     labels: &[String],
+    size: u32,
     answers: impl Iterator<Item = Option<&'a Answer>>,
 ) -> Result<ArrayRef> {
     let answers: Vec<Option<&Answer>> = answers.collect();
-    kind.describe().column(labels, &answers)
+    kind.describe().column(labels, size, &answers)
 }
 
 /// The answer column's name in an answer table of `kind`.
@@ -105,7 +107,7 @@ impl AnswerTable {
             .iter()
             .map(|c| Arc::new(StringArray::from_iter_values(c)) as ArrayRef)
             .collect();
-        let answers = typed_array(self.kind, &self.labels, self.answers.iter().map(Some))
+        let answers = typed_array(self.kind, &self.labels, 0, self.answers.iter().map(Some))
             .map_err(|e| EngineError::Data(format!("answer table {}: {e}", self.op_id)))?;
         fields.push(Field::new(
             answer_column(self.kind),

@@ -31,7 +31,8 @@
 //! a FIFO or a device in their place is refused by name before it is read.
 //!
 //! The question hash is SHA-256 over the kind, the classification labels (an
-//! answer is an index into them), a generating call's `max_tokens` and the
+//! answer is an index into them), a generating call's `max_tokens` (an
+//! embedding's dimensions) and the
 //! rendered prompt, exactly as the model reads it: two operators, queries or plans that ask the same prompt share
 //! its answer, and a changed prompt, label list or model never does.
 
@@ -121,7 +122,7 @@ fn anchor_state(call: &AiCall, anchor: Doc<'_>) -> Sha256 {
     h.update(b"aisql-question-v1\0");
     let kind = call.kind.describe();
     h.update([kind.cache_code()]);
-    if kind.generates() {
+    if kind.keys_max_tokens() {
         h.update(call.max_tokens.to_le_bytes());
     }
     if kind.has_labels() || kind.asks_per_field() {
@@ -187,6 +188,12 @@ fn encode_answer(answer: &Answer) -> Option<Vec<u8>> {
                 out.extend(f.as_bytes());
             }
         }
+        Answer::Vector(v) => {
+            out.push(b'v');
+            for x in v.iter() {
+                out.extend(x.to_le_bytes());
+            }
+        }
     }
     Some(out)
 }
@@ -207,6 +214,11 @@ fn decode_answer(bytes: &[u8]) -> Option<Answer> {
         (b'l', v) if v.len() == 4 => Answer::Label(u32::from_le_bytes(v.try_into().ok()?)),
         (b's', v) if v.len() == 8 => Answer::Score(f64::from_le_bytes(v.try_into().ok()?)),
         (b'p', v) => Answer::LabelScores(f64s(v)?.into()),
+        (b'v', v) if v.len().is_multiple_of(4) => Answer::Vector(
+            v.chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect(),
+        ),
         (b't', v) => Answer::Text(std::str::from_utf8(v).ok()?.into()),
         (b'x', mut v) => {
             let mut fields = Vec::new();
@@ -598,6 +610,10 @@ impl InferenceBackend for CachedBackend {
         self.inner.context_positions()
     }
 
+    fn embedding_dims(&self) -> Option<u32> {
+        self.inner.embedding_dims()
+    }
+
     fn host_memory_allowance(&self) -> usize {
         self.inner.host_memory_allowance()
     }
@@ -872,6 +888,7 @@ mod tests {
         let complete = call(AiKind::Complete, "Summarise {0}.", &[]);
         let mut extract = call(AiKind::Extract, "", &["dish", "price"]);
         extract.descriptions = vec!["Which dish?\nANSWER:".into(), "Price?\nANSWER:".into()];
+        let embed = call(AiKind::Embed, "Find dishes", &[]);
         let a = ["a0", "a1", "a2"];
         let b = ["b0", "b1", "b2", "b3"];
         let pairs: Vec<AiRequest<'_>> = a
@@ -893,7 +910,7 @@ mod tests {
         let reference = ContentHashBackend::default();
         let want_pairs = reference.answer(&join, &pairs).unwrap();
         let want_labels = reference.answer(&classify, &singles).unwrap();
-        let typed = [&scores, &score, &complete, &extract];
+        let typed = [&scores, &score, &complete, &extract, &embed];
         let want_typed: Vec<Vec<Answer>> = typed
             .iter()
             .map(|c| reference.answer(c, &singles).unwrap())
@@ -910,7 +927,7 @@ mod tests {
         for (c, want) in typed.iter().zip(&want_typed) {
             assert_eq!(&cached.answer(c, &singles).unwrap(), want, "{:?}", c.kind);
         }
-        assert_eq!(inner.asked.load(Ordering::Relaxed), 12 + 4 + 4 * 4);
+        assert_eq!(inner.asked.load(Ordering::Relaxed), 12 + 4 + 5 * 4);
         drop(cached);
         let reopened = begun(CachedBackend::new(
             flaky(0),
@@ -925,6 +942,13 @@ mod tests {
         let mut longer = complete.clone();
         longer.max_tokens += 1;
         assert!(reopened.answer(&longer, &singles).is_err());
+        // An embedding of other dims, or under another instruction, is another
+        // question.
+        let mut shorter = embed.clone();
+        shorter.max_tokens = 4;
+        assert!(reopened.answer(&shorter, &singles).is_err());
+        let other = call(AiKind::Embed, "Find prices", &[]);
+        assert!(reopened.answer(&other, &singles).is_err());
     }
 
     /// Bytes of a record holding a TRUE/FALSE.

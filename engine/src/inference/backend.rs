@@ -102,6 +102,12 @@ pub trait InferenceBackend: Send + Sync {
         None
     }
 
+    /// The size of the model's embeddings (its hidden size), if the backend
+    /// has a model: the dimensions of an `ai_embed` that gives none.
+    fn embedding_dims(&self) -> Option<u32> {
+        None
+    }
+
     /// Host memory the backend may add while a query runs, beyond the query's
     /// `--memory-limit`: a model's KV cache on the host and a forward batch's
     /// working memory. The query's heap bound ([`crate::limits::memory_guard`]) leaves
@@ -441,7 +447,11 @@ pub(crate) fn test_call(kind: AiKind, template: &str, labels: &[&str]) -> AiCall
         columns: vec!["text".into(), "text".into()],
         pieces,
         labels,
-        max_tokens: if kind.generates() { 16 } else { 0 },
+        max_tokens: match kind {
+            AiKind::Embed => 8,
+            k if k.generates() => 16,
+            _ => 0,
+        },
         descriptions: Vec::new(),
         relations: Vec::new(),
     }

@@ -35,11 +35,15 @@ pub enum AiKind {
     /// name the fields, its descriptions hold their questions), each decoded
     /// after the document's shared KV.
     Extract,
+    /// A text's embedding: the final hidden state of its prompt's last
+    /// position, L2-normalised (Qwen3-Embedding's pooling); `max_tokens`
+    /// carries the dimensions kept.
+    Embed,
 }
 
 impl AiKind {
     /// Every kind.
-    pub const ALL: [AiKind; 7] = [
+    pub const ALL: [AiKind; 8] = [
         AiKind::Filter,
         AiKind::Join,
         AiKind::Classify,
@@ -47,6 +51,7 @@ impl AiKind {
         AiKind::ClassifyScores,
         AiKind::Complete,
         AiKind::Extract,
+        AiKind::Embed,
     ];
 }
 
@@ -88,6 +93,9 @@ pub enum Answer {
     Text(Box<str>),
     /// One generated text per field of an extraction, in field order.
     Fields(Box<[Box<str>]>),
+    /// An embedding: unit length, as many components as the call's
+    /// dimensions.
+    Vector(Box<[f32]>),
     /// No answer: the model cannot answer this row (its prompt is longer than
     /// the model's context, its generated tokens are not text). The reason
     /// names the operator and the row. Never cached; what the operator does
@@ -123,6 +131,7 @@ impl Answer {
             Answer::LabelScores(p) => format!("{} label probabilities", p.len()),
             Answer::Text(t) => format!("a text of {} bytes", t.len()),
             Answer::Fields(f) => format!("{} field texts", f.len()),
+            Answer::Vector(v) => format!("a vector of {} components", v.len()),
             Answer::Failed(_) => "a failed row".into(),
             Answer::Unreached => "no answer (the budget was spent)".into(),
         }
@@ -149,7 +158,8 @@ pub struct AiCall {
     /// Classification labels (tie-break order).
     pub labels: Vec<String>,
     /// Most tokens a generating call ([`AiKind::Complete`], each field of an
-    /// [`AiKind::Extract`]) decodes; 0 for other kinds.
+    /// [`AiKind::Extract`]) decodes; the dimensions an [`AiKind::Embed`]
+    /// keeps; 0 for other kinds.
     pub max_tokens: u32,
     /// One description per label ("" = none).
     pub descriptions: Vec<String>,

@@ -9,6 +9,8 @@ mod bounded_functions;
 pub mod consume;
 pub mod count_tokens;
 mod decorrelate;
+#[cfg(test)]
+mod embed_tests;
 pub mod export;
 #[cfg(test)]
 mod limits_tests;
@@ -22,6 +24,7 @@ pub mod rewrite;
 pub mod spelling;
 pub mod tables;
 pub mod text_scan;
+pub mod vector_functions;
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -172,11 +175,12 @@ impl SqlSession {
             backend: backend.clone(),
             format: options.format,
         });
-        register_ai_functions(&ctx, naive);
+        register_ai_functions(&ctx, naive, backend.embedding_dims());
         ctx.register_udf(datafusion::logical_expr::ScalarUDF::new_from_impl(
             count_tokens::CountTokens::new(aisql_models::Tokenizer::vendored()?, options.format),
         ));
         bounded_functions::register(&ctx, options.memory_limit);
+        vector_functions::register(&ctx);
         Ok(Self {
             ctx,
             backend,

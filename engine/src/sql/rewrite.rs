@@ -37,7 +37,9 @@ use datafusion::optimizer::analyzer::AnalyzerRule;
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 
 use crate::exec::ai_aggregate::{ai_agg_of, round_pieces};
-use crate::exec::ai_functions::{AiArgs, AiFunction, ai_call_of, contains_ai_call};
+use crate::exec::ai_functions::{
+    AiArgs, AiFunction, ai_call_of, contains_ai_call, embedding_dims_of,
+};
 use crate::exec::logical::{AiNode, AiShape, AiSpec, DocRef, check_text};
 use crate::inference::prompt::PromptFormat;
 
@@ -169,6 +171,7 @@ impl Rewriter<'_> {
     fn parse(&self, e: &Expr) -> DfResult<Call> {
         let (function, args) = ai_call_of(e).expect("an AI call");
         let parsed = AiArgs::parse(function, args)
+            .and_then(|mut a| a.resolve_dims(embedding_dims_of(e)).map(|()| a))
             .map_err(|m| plan_error(format!("{}: {m}", self.describe(e, None))))?;
         let text = self.describe(e, Some(&parsed));
         if let Some(inner) = args.iter().find(|a| contains_ai_call(a)) {
@@ -1030,7 +1033,7 @@ mod tests {
     /// `u`, each `(id BIGINT, body VARCHAR, n BIGINT)`.
     async fn planned(sql: &str) -> LogicalPlan {
         let ctx = SessionContext::new();
-        crate::exec::ai_functions::register_ai_functions(&ctx, None);
+        crate::exec::ai_functions::register_ai_functions(&ctx, None, None);
         let schema = Arc::new(Schema::new(vec![
             Field::new("id", DataType::Int64, false),
             Field::new("body", DataType::Utf8, true),

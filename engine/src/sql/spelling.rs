@@ -8,6 +8,7 @@
 //! | BigQuery | `AI.SCORE(('Rate ', r.body))` | `ai_score('Rate {0}', r.body)` |
 //! | BigQuery | `AI.GENERATE(('Summarise ', r.body))` | `ai_complete('Summarise {0}', r.body)` |
 //! | Snowflake | `AI_COMPLETE('qwen3-4b', PROMPT('Summarise {0}', r.body))` | `ai_complete('Summarise {0}', r.body)`, the model checked against the loaded one |
+//! | Snowflake | `AI_SIMILARITY(a.body, b.body)` | `vector_cosine_similarity(ai_embed(a.body), ai_embed(b.body))` |
 //!
 //! A BigQuery prompt tuple's strings are concatenated with each other element
 //! replaced by `{i}` in order. The checks that need the call's place in the text
@@ -36,7 +37,8 @@ pub type CallSites = HashMap<String, String>;
 const KNOWN: &str = "ai_filter(template, doc), ai_join(template, left, right), \
 ai_classify(template, doc, [labels], [descriptions]), ai_score(template, doc), \
 ai_classify_scores(template, doc, [labels], [descriptions]), \
-ai_complete(template, doc [, max_tokens]), AI_FILTER(PROMPT(template, doc...)), \
+ai_complete(template, doc [, max_tokens]), ai_embed(text [, instruction] [, dims]), \
+ai_similarity(text, text), AI_FILTER(PROMPT(template, doc...)), \
 AI_COMPLETE(model, PROMPT(template, doc...)), AI.IF((text, column, text...)), \
 AI.SCORE((...)), AI.GENERATE((...)), ai_count_tokens(template, doc) or (text), \
 AI_COUNT_TOKENS('ai_filter', PROMPT(...)) and AI.COUNT_TOKENS((...))";
@@ -296,6 +298,23 @@ fn normalize_expr(e: &mut Expr, found: &mut Spelled) -> Result<()> {
             args.swap(0, 1);
             Some(call("ai_agg", f, args))
         }
+        [name] if name == "ai_similarity" => {
+            // Snowflake: AI_SIMILARITY(a, b), the cosine of the texts' embeddings.
+            let args = positional(f, &spelled)?;
+            let [a, b] = args.as_slice() else {
+                return Err(sql_error(format!(
+                    "{spelled}{} takes two texts, not {} arguments",
+                    at(f),
+                    args.len()
+                )));
+            };
+            let embed = |t: &Expr| call("ai_embed", f, vec![t.clone()]);
+            Some(call(
+                "vector_cosine_similarity",
+                f,
+                vec![embed(a), embed(b)],
+            ))
+        }
         [name] if name == super::count_tokens::NAME => {
             snowflake_count_tokens(f, &spelled, &mut found.models)?
         }
@@ -539,6 +558,10 @@ fn check_max_tokens(f: &Function, function: &AiFunction, args: &[Expr]) -> Resul
     let e = &args[args.len() - 1];
     let value = e.to_string().replace(' ', "").parse::<i128>().ok();
     if value.is_some_and(|v| (1..=i128::from(MAX_TOKENS_LIMIT)).contains(&v)) {
+        return Ok(());
+    }
+    if function.embeds {
+        // The planner checks dims against the model's size.
         return Ok(());
     }
     Err(sql_error(format!(

@@ -51,11 +51,11 @@ impl AnswerKind for Classify {
         true
     }
 
-    fn return_type(&self, _fields: &[String]) -> DataType {
+    fn return_type(&self, _fields: &[String], _size: u32) -> DataType {
         DataType::Utf8
     }
 
-    fn fits(&self, answer: &Answer, labels: usize) -> bool {
+    fn fits(&self, answer: &Answer, labels: usize, _size: u32) -> bool {
         matches!(answer, Answer::Label(i) if (*i as usize) < labels)
     }
 
@@ -82,7 +82,12 @@ impl AnswerKind for Classify {
         label_pieces(format, template, pair, labels, descriptions)
     }
 
-    fn column(&self, labels: &[String], answers: &[Option<&Answer>]) -> Result<ArrayRef> {
+    fn column(
+        &self,
+        labels: &[String],
+        _size: u32,
+        answers: &[Option<&Answer>],
+    ) -> Result<ArrayRef> {
         let mut b = StringBuilder::with_capacity(answers.len(), 0);
         for a in answers {
             match a {

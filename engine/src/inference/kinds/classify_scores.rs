@@ -36,7 +36,7 @@ impl AnswerKind for ClassifyScores {
     }
 
     /// A list of `{label, probability}` in label order.
-    fn return_type(&self, _fields: &[String]) -> DataType {
+    fn return_type(&self, _fields: &[String], _size: u32) -> DataType {
         DataType::List(Arc::new(Field::new(
             "item",
             DataType::Struct(label_score_fields()),
@@ -44,7 +44,7 @@ impl AnswerKind for ClassifyScores {
         )))
     }
 
-    fn fits(&self, answer: &Answer, labels: usize) -> bool {
+    fn fits(&self, answer: &Answer, labels: usize, _size: u32) -> bool {
         matches!(answer, Answer::LabelScores(p)
             if p.len() == labels && p.iter().all(|p| (0.0..=1.0).contains(p)))
     }
@@ -73,7 +73,12 @@ impl AnswerKind for ClassifyScores {
         super::classify::label_pieces(format, template, pair, labels, descriptions)
     }
 
-    fn column(&self, labels: &[String], answers: &[Option<&Answer>]) -> Result<ArrayRef> {
+    fn column(
+        &self,
+        labels: &[String],
+        _size: u32,
+        answers: &[Option<&Answer>],
+    ) -> Result<ArrayRef> {
         let fields = label_score_fields();
         let mut b = ListBuilder::new(StructBuilder::new(
             fields.clone(),

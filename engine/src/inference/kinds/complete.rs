@@ -24,11 +24,11 @@ impl AnswerKind for Complete {
         true
     }
 
-    fn return_type(&self, _fields: &[String]) -> DataType {
+    fn return_type(&self, _fields: &[String], _size: u32) -> DataType {
         DataType::Utf8
     }
 
-    fn fits(&self, answer: &Answer, _labels: usize) -> bool {
+    fn fits(&self, answer: &Answer, _labels: usize, _size: u32) -> bool {
         matches!(answer, Answer::Text(_))
     }
 
@@ -59,7 +59,12 @@ impl AnswerKind for Complete {
         }
     }
 
-    fn column(&self, _labels: &[String], answers: &[Option<&Answer>]) -> Result<ArrayRef> {
+    fn column(
+        &self,
+        _labels: &[String],
+        _size: u32,
+        answers: &[Option<&Answer>],
+    ) -> Result<ArrayRef> {
         let mut b = StringBuilder::with_capacity(answers.len(), 0);
         for a in answers {
             match a {

@@ -32,7 +32,7 @@ impl AnswerKind for Extract {
     }
 
     /// A struct of one text per field, named by `fields`.
-    fn return_type(&self, fields: &[String]) -> DataType {
+    fn return_type(&self, fields: &[String], _size: u32) -> DataType {
         DataType::Struct(
             fields
                 .iter()
@@ -41,7 +41,7 @@ impl AnswerKind for Extract {
         )
     }
 
-    fn fits(&self, answer: &Answer, labels: usize) -> bool {
+    fn fits(&self, answer: &Answer, labels: usize, _size: u32) -> bool {
         matches!(answer, Answer::Fields(f) if f.len() == labels)
     }
 
@@ -85,7 +85,12 @@ impl AnswerKind for Extract {
         extract_questions(format, descriptions)
     }
 
-    fn column(&self, labels: &[String], answers: &[Option<&Answer>]) -> Result<ArrayRef> {
+    fn column(
+        &self,
+        labels: &[String],
+        _size: u32,
+        answers: &[Option<&Answer>],
+    ) -> Result<ArrayRef> {
         let mut columns: Vec<StringBuilder> = labels.iter().map(|_| StringBuilder::new()).collect();
         let mut valid = Vec::with_capacity(answers.len());
         for a in answers {
@@ -103,7 +108,7 @@ impl AnswerKind for Extract {
                 Some(other) => return Err(wrong(self, other)),
             }
         }
-        let DataType::Struct(fields) = self.return_type(labels) else {
+        let DataType::Struct(fields) = self.return_type(labels, 0) else {
             unreachable!("an extraction is a struct");
         };
         let arrays: Vec<ArrayRef> = columns

@@ -26,11 +26,11 @@ impl AnswerKind for Filter {
         Some(1)
     }
 
-    fn return_type(&self, _fields: &[String]) -> DataType {
+    fn return_type(&self, _fields: &[String], _size: u32) -> DataType {
         DataType::Boolean
     }
 
-    fn fits(&self, answer: &Answer, _labels: usize) -> bool {
+    fn fits(&self, answer: &Answer, _labels: usize, _size: u32) -> bool {
         matches!(answer, Answer::Bool(_))
     }
 
@@ -57,7 +57,12 @@ impl AnswerKind for Filter {
         }
     }
 
-    fn column(&self, _labels: &[String], answers: &[Option<&Answer>]) -> Result<ArrayRef> {
+    fn column(
+        &self,
+        _labels: &[String],
+        _size: u32,
+        answers: &[Option<&Answer>],
+    ) -> Result<ArrayRef> {
         super::decision_column(self, answers)
     }
 

@@ -25,11 +25,11 @@ impl AnswerKind for Join {
         Some(2)
     }
 
-    fn return_type(&self, _fields: &[String]) -> DataType {
+    fn return_type(&self, _fields: &[String], _size: u32) -> DataType {
         DataType::Boolean
     }
 
-    fn fits(&self, answer: &Answer, _labels: usize) -> bool {
+    fn fits(&self, answer: &Answer, _labels: usize, _size: u32) -> bool {
         matches!(answer, Answer::Bool(_))
     }
 
@@ -58,7 +58,12 @@ impl AnswerKind for Join {
         Ok(join_pieces(format, template))
     }
 
-    fn column(&self, _labels: &[String], answers: &[Option<&Answer>]) -> Result<ArrayRef> {
+    fn column(
+        &self,
+        _labels: &[String],
+        _size: u32,
+        answers: &[Option<&Answer>],
+    ) -> Result<ArrayRef> {
         super::decision_column(self, answers)
     }
 

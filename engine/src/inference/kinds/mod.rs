@@ -14,6 +14,7 @@
 mod classify;
 mod classify_scores;
 mod complete;
+mod embed;
 mod extract;
 mod filter;
 mod join;
@@ -27,6 +28,7 @@ use datafusion::arrow::datatypes::DataType;
 
 pub use classify::best_label;
 pub use classify_scores::label_probabilities;
+pub use embed::{embedding_of, embedding_pieces};
 
 use crate::error::{EngineError, Result};
 use crate::inference::call::{AiCall, AiKind, Answer};
@@ -71,12 +73,19 @@ pub trait AnswerKind: Send + Sync + fmt::Debug {
     }
 
     /// The Arrow type of the answers (an SQL call's value); `fields` are the
-    /// call's labels.
-    fn return_type(&self, fields: &[String]) -> DataType;
+    /// call's labels, `size` its `max_tokens` (an embedding's dimensions).
+    fn return_type(&self, fields: &[String], size: u32) -> DataType;
+
+    /// Whether the answer depends on the call's `max_tokens`, so that the
+    /// answer cache keys it: a generation's bound, an embedding's dimensions.
+    fn keys_max_tokens(&self) -> bool {
+        self.generates()
+    }
 
     /// Whether an answer of the model (not failed, not unreached) has this
-    /// kind's type and fits a call of `labels` labels.
-    fn fits(&self, answer: &Answer, labels: usize) -> bool;
+    /// kind's type and fits a call of `labels` labels and `max_tokens`
+    /// `size` (an embedding's dimensions).
+    fn fits(&self, answer: &Answer, labels: usize, size: u32) -> bool;
 
     /// The byte that opens a question's hash in the answer cache: changing
     /// one orphans every cached answer of the kind.
@@ -110,9 +119,10 @@ pub trait AnswerKind: Send + Sync + fmt::Debug {
         descriptions.to_vec()
     }
 
-    /// The answers as a column of [`AnswerKind::return_type`] over `labels`,
-    /// NULL where there is none.
-    fn column(&self, labels: &[String], answers: &[Option<&Answer>]) -> Result<ArrayRef>;
+    /// The answers as a column of [`AnswerKind::return_type`] over `labels`
+    /// and `size`, NULL where there is none (`size` 0: read from the answers).
+    fn column(&self, labels: &[String], size: u32, answers: &[Option<&Answer>])
+    -> Result<ArrayRef>;
 
     /// The answers of an answer table's last column, written by
     /// [`AnswerKind::column`] (or the QUAIL-B harness); a label answer indexes
@@ -155,6 +165,9 @@ pub enum ModelReading {
     Text,
     /// One text per field, each decoded after its question.
     FieldTexts,
+    /// The final hidden state of the prompt's last position, made an
+    /// embedding of the call's dimensions.
+    Embedding,
 }
 
 /// What an estimate's sample of one operator said so far: what a drawn
@@ -230,6 +243,7 @@ impl AiKind {
             AiKind::ClassifyScores => &classify_scores::ClassifyScores,
             AiKind::Complete => &complete::Complete,
             AiKind::Extract => &extract::Extract,
+            AiKind::Embed => &embed::Embed,
         }
     }
 
@@ -256,25 +270,29 @@ impl AiKind {
     /// The Arrow type of the answers (an SQL call's value): label
     /// probabilities are a list of `{label, probability}` in label order, an
     /// extraction a struct of one text per field (named by `fields`).
-    pub fn return_type(self, fields: &[String]) -> DataType {
-        self.describe().return_type(fields)
+    pub fn return_type(self, fields: &[String], size: u32) -> DataType {
+        self.describe().return_type(fields, size)
     }
 }
 
 impl AiCall {
     /// The Arrow type of this call's answers.
     pub fn return_type(&self) -> DataType {
-        self.kind.return_type(&self.labels)
+        self.kind.return_type(&self.labels, self.max_tokens)
     }
 }
 
 impl Answer {
     /// Whether this answer has the type `call` asks for (and a label index or
     /// probability list that fits its labels): what every backend's and
-    /// worker's answers are checked with.
-    /// A failed or unreached question fits every kind.
+    /// worker's answers are checked with (an embedding's length is the
+    /// call's `max_tokens`). A failed or unreached question fits every kind.
     pub fn fits(&self, call: &AiCall) -> bool {
-        !self.is_answer() || call.kind.describe().fits(self, call.labels.len())
+        !self.is_answer()
+            || call
+                .kind
+                .describe()
+                .fits(self, call.labels.len(), call.max_tokens)
     }
 }
 
@@ -347,7 +365,7 @@ mod tests {
             .iter()
             .map(|k| k.describe().cache_code())
             .collect();
-        assert_eq!(codes, b"fjcspgx".to_vec());
+        assert_eq!(codes, b"fjcspgxe".to_vec());
     }
 
     /// Manifests, label sets and answer files spell a kind as its tag

@@ -20,11 +20,11 @@ impl AnswerKind for Score {
         "score"
     }
 
-    fn return_type(&self, _fields: &[String]) -> DataType {
+    fn return_type(&self, _fields: &[String], _size: u32) -> DataType {
         DataType::Float64
     }
 
-    fn fits(&self, answer: &Answer, _labels: usize) -> bool {
+    fn fits(&self, answer: &Answer, _labels: usize, _size: u32) -> bool {
         matches!(answer, Answer::Score(p) if (0.0..=1.0).contains(p))
     }
 
@@ -56,7 +56,12 @@ impl AnswerKind for Score {
         }
     }
 
-    fn column(&self, _labels: &[String], answers: &[Option<&Answer>]) -> Result<ArrayRef> {
+    fn column(
+        &self,
+        _labels: &[String],
+        _size: u32,
+        answers: &[Option<&Answer>],
+    ) -> Result<ArrayRef> {
         Ok(Arc::new(
             answers
                 .iter()

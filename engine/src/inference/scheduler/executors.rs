@@ -8,7 +8,7 @@ use aisql_models::{ClassifyRequest, Continuation, GenerateRequest, KvHandle, Qwe
 
 use crate::error::Result;
 use crate::inference::backend::{AiCall, AiRequest, Answer, Answerer};
-use crate::inference::kinds::ModelReading;
+use crate::inference::kinds::{ModelReading, embedding_of};
 pub use crate::inference::kinds::{best_label, label_probabilities};
 use crate::inference::kv_cache::KvOps;
 use crate::inference::prompt::Excerpt;
@@ -78,6 +78,11 @@ pub trait Executor: Send + Sync + 'static {
         _parent: Option<&Self::Kv>,
         _cuts: &[usize],
     ) -> Option<Vec<Self::Kv>> {
+        None
+    }
+    /// The size of the model's embeddings (its hidden size); `None` for a
+    /// simulation, which stands for no particular model.
+    fn embedding_dims(&self) -> Option<u32> {
         None
     }
     /// Bytes per second the simulation charges for moving KV between device
@@ -296,6 +301,19 @@ impl Executor for ModelExecutor {
                     })
                     .collect()
             }
+            ModelReading::Embedding => self
+                .model
+                .final_hidden_states(&conts())?
+                .iter()
+                .enumerate()
+                .map(|(i, hidden)| match embedding_of(hidden, call.max_tokens) {
+                    Ok(v) => Answer::Vector(v),
+                    Err(e) => {
+                        let row = requests.get(i).map_or("", |r| r.anchor.id);
+                        Answer::Failed(format!("{}: row {}: {e}", call.op_id, Excerpt(row)).into())
+                    }
+                })
+                .collect(),
         })
     }
 
@@ -321,6 +339,10 @@ impl Executor for ModelExecutor {
 
     fn max_positions(&self) -> usize {
         self.model.config().max_position_embeddings
+    }
+
+    fn embedding_dims(&self) -> Option<u32> {
+        u32::try_from(self.model.config().hidden_size).ok()
     }
 }
 

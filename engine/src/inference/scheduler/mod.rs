@@ -641,6 +641,10 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
         self.store.clone()
     }
 
+    fn embedding_dims(&self) -> Option<u32> {
+        self.exec.embedding_dims()
+    }
+
     fn kv_capacity_tokens(&self) -> Option<usize> {
         self.config
             .prefix_cache

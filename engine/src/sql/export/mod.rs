@@ -87,7 +87,9 @@ fn nested_names(t: &DataType, names: &mut Vec<String>) {
                 nested_names(f.data_type(), names);
             }
         }
-        DataType::List(item) | DataType::LargeList(item) => nested_names(item.data_type(), names),
+        DataType::List(item) | DataType::LargeList(item) | DataType::FixedSizeList(item, _) => {
+            nested_names(item.data_type(), names)
+        }
         DataType::Map(entries, _) => nested_names(entries.data_type(), names),
         _ => {}
     }
@@ -143,7 +145,7 @@ mod tests {
     /// The analyzed plan of `sql` over `docs(id, body, score)` and `topics(id, name)`.
     async fn analyzed(sql: &str) -> LogicalPlan {
         let ctx = SessionContext::new();
-        crate::exec::ai_functions::register_ai_functions(&ctx, None);
+        crate::exec::ai_functions::register_ai_functions(&ctx, None, None);
         create_tables(&ctx).await;
         let state = ctx.state();
         let plan = state.create_logical_plan(sql).await.unwrap();

@@ -13,6 +13,8 @@
 //! - read projections that keep a one-column record a struct;
 //! - `make_array` of literals (ai_classify's labels) as the list literal the
 //!   AI extension declares;
+//! - fixed-size lists (`ai_embed`'s vectors) typed as lists, which Substrait
+//!   has and DataFusion's producer writes;
 //! - function anchors from 1, each declared under the extension that defines
 //!   it ([`super::extensions`]).
 //!
@@ -35,10 +37,14 @@ use datafusion_substrait::logical_plan::producer::{
     lambda_parameters_map, to_substrait_agg_measure, to_substrait_groupings, to_substrait_rex,
 };
 use datafusion_substrait::substrait::proto::expression::literal::LiteralType;
-use datafusion_substrait::substrait::proto::expression::{Literal, RexType};
+use datafusion_substrait::substrait::proto::expression::{
+    Literal, RexType, ScalarFunction as SubstraitCall,
+};
 use datafusion_substrait::substrait::proto::function_argument::ArgType;
 use datafusion_substrait::substrait::proto::rel::RelType;
-use datafusion_substrait::substrait::proto::{AggregateRel, CrossRel, Expression, Rel, Type};
+use datafusion_substrait::substrait::proto::{
+    AggregateRel, CrossRel, Expression, FunctionArgument, Rel, Type,
+};
 
 use super::extensions::{Family, Registry};
 
@@ -83,6 +89,7 @@ impl ExportProducer {
     /// The Substrait type of `field`. DataFusion's type mapping is private to
     /// its crate; a typed NULL literal is the public way to it.
     fn substrait_type(&mut self, field: FieldRef) -> DfResult<Type> {
+        let field = without_fixed_size_lists(&field);
         let null = Cast::new_from_field(Box::new(Expr::Literal(ScalarValue::Null, None)), field);
         let empty = Arc::new(DFSchema::empty());
         match from_cast(self, &null, &empty)?.rex_type {
@@ -94,10 +101,65 @@ impl ExportProducer {
         }
     }
 
+    /// A call returning `field`, which holds a fixed-size list (`ai_embed`),
+    /// as DataFusion's producer writes any call, its output type a list
+    /// ([`without_fixed_size_lists`]).
+    fn call_typed_as_list(
+        &mut self,
+        f: &ScalarFunction,
+        field: FieldRef,
+        schema: &DFSchemaRef,
+    ) -> DfResult<Expression> {
+        let arguments = f
+            .args
+            .iter()
+            .map(|a| {
+                Ok(FunctionArgument {
+                    arg_type: Some(ArgType::Value(self.handle_expr(a, schema)?)),
+                })
+            })
+            .collect::<DfResult<Vec<_>>>()?;
+        let output_type = self.substrait_type(field)?;
+        let function_reference = self.register_function(f.name().to_string());
+        // `args` is deprecated in Substrait but part of the struct.
+        #[allow(deprecated)]
+        Ok(Expression {
+            rex_type: Some(RexType::ScalarFunction(SubstraitCall {
+                function_reference,
+                arguments,
+                output_type: Some(output_type),
+                options: vec![],
+                args: vec![],
+            })),
+        })
+    }
+
     fn type_of(&mut self, expr: &Expr, schema: &DFSchemaRef) -> DfResult<Type> {
         let (_, field) = expr.to_field(schema.as_ref())?;
         self.substrait_type(field)
     }
+}
+
+/// `field` with every fixed-size list (an `ai_embed` vector) a list of the
+/// same items: Substrait has no fixed-size list type (DataFusion's producer
+/// refuses one), and the AI extension declares an embedding `list<fp32>`.
+/// A consumer that knows `ai_embed` types the call from its arguments again.
+fn without_fixed_size_lists(field: &FieldRef) -> FieldRef {
+    let relisted = match field.data_type() {
+        DataType::FixedSizeList(item, _) | DataType::List(item) => {
+            DataType::List(without_fixed_size_lists(item))
+        }
+        DataType::LargeList(item) => DataType::LargeList(without_fixed_size_lists(item)),
+        DataType::Struct(fields) => DataType::Struct(
+            fields
+                .iter()
+                .map(without_fixed_size_lists)
+                .collect::<Vec<_>>()
+                .into(),
+        ),
+        _ => return field.clone(),
+    };
+    Arc::new(field.as_ref().clone().with_data_type(relisted))
 }
 
 /// Whether `e` is a call the producer left without its output type.
@@ -208,6 +270,11 @@ impl SubstraitProducer for ExportProducer {
             return self.handle_literal(&list);
         }
         let family = Self::family(&f.args.iter().collect::<Vec<_>>(), schema)?;
+        let (_, field) = Expr::ScalarFunction(f.clone()).to_field(schema.as_ref())?;
+        if without_fixed_size_lists(&field) != field {
+            // DataFusion's producer refuses the output type: written here.
+            return self.within(family, |p| p.call_typed_as_list(f, field, schema));
+        }
         self.within(family, |p| from_scalar_function(p, f, schema))
     }
 
