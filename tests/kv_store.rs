@@ -393,7 +393,10 @@ fn an_estimate_counts_as_fresh_only_what_the_store_does_not_hold() {
     run(&mut sql(&s, Q1, Some(&store), &[]));
     let after = estimate(true);
     let (_, second) = run(&mut sql(&s, Q2, Some(&store), &[]));
-    assert!(after * 4 < before, "estimate {after} with the store, {before} without");
+    assert!(
+        after * 4 < before,
+        "estimate {after} with the store, {before} without"
+    );
     // A filter's positions do not depend on its answers: the estimate is
     // what the query then computes.
     assert_eq!(after, fresh(&second), "{second}");
