@@ -419,6 +419,19 @@ with psycopg.connect(dsn) as con:
         "SELECT id FROM docs WHERE ai_filter('Is the review {0} positive?', body) ORDER BY id").fetchall()]
     assert again == expected, again
     print(f"after the cancel: the next AI query answered in {time.monotonic() - cancelled_at:.2f} s")
+
+# The extended protocol (psycopg's Parse/Bind/Execute) gets the read-only
+# refusal of the simple one, not the parser's error.
+with psycopg.connect(dsn, autocommit=True) as con:
+    for refused in ["COPY docs TO STDOUT", "COPY docs FROM STDIN",
+                    "CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '/etc/passwd'"]:
+        try:
+            con.execute(refused, prepare=True)
+            raise SystemExit(f"{refused} was answered")
+        except psycopg.errors.ReadOnlySqlTransaction as e:
+            assert "read-only" in str(e) or "--table NAME=PATH" in str(e), (refused, str(e))
+    assert con.execute("SELECT count(*) FROM docs WHERE id >= %s", (0,)).fetchone()[0] == 40
+print("extended protocol: COPY and CREATE EXTERNAL TABLE refused as read-only")
 print("all checks passed")
 "#;
 
@@ -799,6 +812,67 @@ fn a_statement_over_the_size_limit_is_refused_and_the_session_goes_on() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--max-statement-bytes 100000"), "{err}");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "5", "{err}");
+    assert_eq!(stdout(&psql(&server, "SELECT 41 + 1", None)).trim(), "42");
+}
+
+/// A result larger than `--memory-limit` reaches a server's client: its rows
+/// are sent as the query makes them, a few batches ahead of the client,
+/// where `aisql sql` (which keeps the rows to print them) fails naming the
+/// limit. The rows are the same as a small result's.
+#[test]
+fn a_result_larger_than_the_memory_limit_streams_to_the_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = docs_csv(dir.path(), 20_000, 40);
+    let table = format!("docs={}", docs.display());
+    // About 250 bytes a body, 60 times over: 300 MB of text in all.
+    let big = "SELECT id, repeat(body, 60) AS body FROM docs";
+    let limit = ["--memory-limit", "128M"];
+    let kept = aisql_process()
+        .args([
+            "sql",
+            big,
+            "--table",
+            &table,
+            "--model",
+            "tiny",
+            "--progress",
+            "off",
+        ])
+        .args(limit)
+        .args(["--format", "csv"])
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    let kept_err = String::from_utf8_lossy(&kept.stderr);
+    assert!(
+        !kept.status.success(),
+        "aisql sql kept 300 MB under a 128M limit"
+    );
+    assert!(kept_err.contains("query result rows"), "{kept_err}");
+
+    let mut args = vec!["--table", table.as_str(), "--model", "tiny"];
+    args.extend(limit);
+    let server = Server::start(&args, &[]);
+    let sql = format!("SELECT count(*), sum(length(body)) FROM ({big}) t");
+    let expected = stdout(&psql(&server, &sql, None));
+    let out = Command::new("psql")
+        .args(["-X", "-h", "127.0.0.1", "-p", &server.port.to_string()])
+        .args(["-U", "u", "-d", "d", "-A", "-t", "-F", "\t"])
+        .args(["-c", big])
+        .env("PGCONNECT_TIMEOUT", "20")
+        .env("PGPASSWORD", server.password.as_deref().unwrap())
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    let (mut rows, mut bytes) = (0u64, 0u64);
+    for line in text.lines() {
+        let (_, body) = line.split_once('\t').expect("id<TAB>body");
+        rows += 1;
+        bytes += body.len() as u64;
+    }
+    assert!(bytes > 250_000_000, "{bytes} bytes");
+    assert_eq!(format!("{rows}|{bytes}"), expected.trim());
+    // The server goes on.
     assert_eq!(stdout(&psql(&server, "SELECT 41 + 1", None)).trim(), "42");
 }
 

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use aisql_bench::layout::Dataset;
 use aisql_bench::resolve::resolve;
+use aisql_engine::data::row_sink::ChannelRows;
 use aisql_engine::data::write_guard::WriteGuard;
 use aisql_engine::inference::backend::InferenceBackend;
 use aisql_engine::sql::options::QueryOptions;
@@ -276,6 +277,37 @@ impl Connection {
             session.run_plan(plan, started).await
         };
         self.within_limits(work, started, statement_timeout).await
+    }
+
+    /// Starts `plan` on `session` as a task of its own, its rows going to
+    /// `rows` as they come (a server streaming them to its client), under the
+    /// same limits as [`Self::run_within`]. The task ends when the statement
+    /// does, or soon after the reader of `rows` goes away: the statement is
+    /// then dropped, which stops its model work after the forward batch in
+    /// flight.
+    pub fn spawn_into(
+        self: &Arc<Self>,
+        session: Arc<SqlSession>,
+        plan: LogicalPlan,
+        statement_timeout: Option<Duration>,
+        mut rows: ChannelRows,
+    ) -> tokio::task::JoinHandle<anyhow::Result<SqlOutput>> {
+        let connection = self.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let reader_gone = rows.reader_gone();
+            let work = connection.within_limits(
+                session.run_plan_into(plan, started, &mut rows),
+                started,
+                statement_timeout,
+            );
+            tokio::select! {
+                out = work => out,
+                () = reader_gone => {
+                    anyhow::bail!("the reader of the rows went away; the statement was stopped")
+                }
+            }
+        })
     }
 
     async fn within_limits(

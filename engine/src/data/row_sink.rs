@@ -27,6 +27,14 @@ use crate::error::{EngineError, Result};
 
 /// Takes a query's result rows, one batch at a time, in the order they arrive.
 pub trait RowSink: Send {
+    /// Waits until the sink can take another batch: a sink that hands rows
+    /// to a reader (a server's client) makes the query wait for it, so that
+    /// a slow reader holds a bounded number of batches, not the result.
+    /// Most sinks can always take one.
+    fn ready(&mut self) -> futures::future::BoxFuture<'_, Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+
     /// Takes the next batch.
     fn push(&mut self, batch: RecordBatch) -> Result<()>;
 
@@ -51,6 +59,7 @@ pub(crate) async fn stream_rows(
         if sink.keeps_rows_in_memory() {
             reservation.try_grow(batch.get_array_memory_size())?;
         }
+        sink.ready().await?;
         sink.push(batch)?;
     }
     Ok(())
@@ -73,6 +82,79 @@ impl RowSink for MemoryRows {
 
     fn keeps_rows_in_memory(&self) -> bool {
         true
+    }
+}
+
+/// Rows handed to a reader through a channel of `capacity` batches (a
+/// server's client): the query waits while the reader is that far behind,
+/// and fails once the reader is gone, so that nobody computes rows no one
+/// will read.
+#[derive(Debug)]
+pub struct ChannelRows {
+    sender: tokio::sync::mpsc::Sender<RecordBatch>,
+    permit: Option<tokio::sync::mpsc::OwnedPermit<RecordBatch>>,
+}
+
+impl ChannelRows {
+    /// The sink and the reader's end.
+    pub fn channel(capacity: usize) -> (Self, tokio::sync::mpsc::Receiver<RecordBatch>) {
+        let (sender, receiver) = tokio::sync::mpsc::channel(capacity.max(1));
+        (
+            Self {
+                sender,
+                permit: None,
+            },
+            receiver,
+        )
+    }
+
+    /// A future that is ready once the reader's end is dropped (it holds
+    /// the channel open as a sender would, until it is dropped itself).
+    pub fn reader_gone(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let sender = self.sender.clone();
+        async move { sender.closed().await }
+    }
+
+    fn gone() -> EngineError {
+        EngineError::Data("the reader of the query's rows went away".into())
+    }
+}
+
+impl RowSink for ChannelRows {
+    fn ready(&mut self) -> futures::future::BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            if self.permit.is_none() {
+                let permit = self
+                    .sender
+                    .clone()
+                    .reserve_owned()
+                    .await
+                    .map_err(|_| Self::gone())?;
+                self.permit = Some(permit);
+            }
+            Ok(())
+        })
+    }
+
+    fn push(&mut self, batch: RecordBatch) -> Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        match self.permit.take() {
+            Some(permit) => {
+                permit.send(batch);
+                Ok(())
+            }
+            // A caller that did not wait for room: the batch goes only if
+            // there is some.
+            None => self.sender.try_send(batch).map_err(|e| match e {
+                tokio::sync::mpsc::error::TrySendError::Full(_) => EngineError::Data(
+                    "the reader of the query's rows is behind: wait for ready() before push()"
+                        .into(),
+                ),
+                tokio::sync::mpsc::error::TrySendError::Closed(_) => Self::gone(),
+            }),
+        }
     }
 }
 
@@ -475,6 +557,36 @@ mod tests {
     fn batch(values: &[&str]) -> RecordBatch {
         let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Utf8, false)]));
         RecordBatch::try_new(schema, vec![Arc::new(StringArray::from(values.to_vec()))]).unwrap()
+    }
+
+    #[tokio::test]
+    async fn channel_rows_wait_for_their_reader_and_fail_once_it_is_gone() {
+        let (mut sink, mut reader) = ChannelRows::channel(1);
+        sink.ready().await.unwrap();
+        sink.push(batch(&["a"])).unwrap();
+        // The one slot is taken: the next batch waits for the reader.
+        let waiting = tokio::time::timeout(std::time::Duration::from_millis(50), sink.ready());
+        assert!(
+            waiting.await.is_err(),
+            "ready() while the reader is a batch behind"
+        );
+        assert_eq!(reader.recv().await.unwrap().num_rows(), 1);
+        sink.ready().await.unwrap();
+        // Empty batches are not sent, and keep the room they were given.
+        sink.push(batch(&[])).unwrap();
+        sink.push(batch(&["b", "c"])).unwrap();
+        assert_eq!(reader.recv().await.unwrap().num_rows(), 2);
+        // Without waiting: refused while full, never blocking.
+        sink.push(batch(&["d"])).unwrap();
+        let full = sink.push(batch(&["e"])).unwrap_err().to_string();
+        assert!(full.contains("behind"), "{full}");
+        let gone = sink.reader_gone();
+        drop(reader);
+        tokio::time::timeout(std::time::Duration::from_secs(5), gone)
+            .await
+            .expect("reader_gone() after the reader was dropped");
+        let err = sink.ready().await.unwrap_err().to_string();
+        assert!(err.contains("went away"), "{err}");
     }
 
     fn named(name: &str) -> SchemaRef {

@@ -565,6 +565,7 @@ impl SqlSession {
                 .await
                 .map_err(from_datafusion)?;
             for batch in batches {
+                sink.ready().await?;
                 sink.push(batch)?;
             }
             return Ok(SqlOutput {

@@ -9,6 +9,7 @@ mod auth;
 mod connection;
 mod message_limit;
 mod statements;
+mod streamed;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

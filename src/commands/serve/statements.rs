@@ -15,7 +15,6 @@ use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::SessionContext;
 use datafusion::sql::sqlparser::ast::Statement;
 use datafusion_postgres::arrow_pg::datatypes::df::deserialize_parameters;
-use datafusion_postgres::arrow_pg::datatypes::{arrow_schema_to_pg_fields, encode_recordbatch};
 use datafusion_postgres::datafusion_pg_catalog::pg_catalog::context::EmptyContextProvider;
 use datafusion_postgres::datafusion_pg_catalog::pg_catalog::setup_pg_catalog;
 use datafusion_postgres::hooks::set_show::SetShowHook;
@@ -23,18 +22,20 @@ use datafusion_postgres::hooks::transactions::TransactionStatementHook;
 use datafusion_postgres::hooks::{HookClient, QueryHook};
 use datafusion_postgres::{DfSessionService, Parser};
 use futures::Sink;
+use pgwire::api::Type;
 use pgwire::api::auth::StartupHandler;
 use pgwire::api::cancel::{CancelHandler, DefaultCancelHandler};
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
-use pgwire::api::results::{QueryResponse, Response, Tag};
+use pgwire::api::results::{FieldInfo, Response, Tag};
+use pgwire::api::stmt::QueryParser;
 use pgwire::api::store::PortalStore;
 use pgwire::api::{ClientInfo, ClientPortalStore, ConnectionManager, PgWireServerHandlers};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::PgWireBackendMessage;
-use pgwire::types::format::FormatOptions;
 
 use super::auth::{Startup, Verifier};
+use super::streamed;
 use crate::commands::connect::Connection;
 use aisql_engine::sql::{SqlOutput, SqlSession};
 
@@ -307,19 +308,23 @@ impl QueryHook for EngineStatements {
         }
         let run = async {
             let session = self.session_of(&*client).await?;
-            let out = self
-                .connection
-                .run_within(
-                    &session,
-                    &statement.to_string(),
-                    statement_timeout(&*client),
-                )
+            let plan = session
+                .plan(&statement.to_string())
                 .await
-                .map_err(user_error)?;
-            if let Some(notice) = work_notice(&out) {
+                .map_err(|e| user_error(e.into()))?;
+            let sent = streamed::run(
+                &self.connection,
+                session,
+                plan,
+                statement_timeout(&*client),
+                &Format::UnifiedText,
+                client.metadata(),
+            )
+            .await?;
+            if let Some(notice) = sent.notice {
                 client.send_message(notice).await?;
             }
-            rows_response(out, &Format::UnifiedText, client.metadata())
+            Ok(sent.response)
         };
         Some(run.await)
     }
@@ -388,10 +393,10 @@ impl SimpleQueryHandler for Statements {
 #[async_trait]
 impl ExtendedQueryHandler for Statements {
     type Statement = <DfSessionService as ExtendedQueryHandler>::Statement;
-    type QueryParser = Parser;
+    type QueryParser = ReadOnlyParser;
 
     fn query_parser(&self) -> Arc<Self::QueryParser> {
-        self.front.query_parser()
+        Arc::new(ReadOnlyParser(self.front.query_parser()))
     }
 
     async fn do_query<C>(
@@ -421,16 +426,61 @@ impl ExtendedQueryHandler for Statements {
         let params = deserialize_parameters(portal, &type_refs)?;
         check_parameter_casts(plan, &params)?;
         let session = self.engine.session_of(&*client).await?;
-        let out = self
-            .engine
-            .connection
-            .run_with_params(&session, sql, params, statement_timeout(&*client))
+        let plan = session
+            .plan_with_params(sql, Some(params))
             .await
-            .map_err(user_error)?;
-        if let Some(notice) = work_notice(&out) {
+            .map_err(|e| user_error(e.into()))?;
+        let sent = streamed::run(
+            &self.engine.connection,
+            session,
+            plan,
+            statement_timeout(&*client),
+            &portal.result_column_format,
+            client.metadata(),
+        )
+        .await?;
+        if let Some(notice) = sent.notice {
             futures::SinkExt::send(client, notice).await?;
         }
-        rows_response(out, &portal.result_column_format, client.metadata())
+        Ok(sent.response)
+    }
+}
+
+/// datafusion-postgres's parser behind the read-only refusal: a `Parse`
+/// message (psycopg, JDBC: the extended protocol) of a `COPY` or `CREATE
+/// EXTERNAL TABLE` is refused as the simple protocol refuses it, not with
+/// the parser's error.
+struct ReadOnlyParser(Arc<Parser>);
+
+#[async_trait]
+impl QueryParser for ReadOnlyParser {
+    type Statement = <Parser as QueryParser>::Statement;
+
+    async fn parse_sql<C>(
+        &self,
+        client: &C,
+        sql: &str,
+        types: &[Option<Type>],
+    ) -> PgWireResult<Option<Self::Statement>>
+    where
+        C: ClientInfo + Unpin + Send + Sync,
+    {
+        if let Some(refused) = refused_by_its_words(sql) {
+            return Err(refused);
+        }
+        self.0.parse_sql(client, sql, types).await
+    }
+
+    fn get_parameter_types(&self, statement: &Self::Statement) -> PgWireResult<Vec<Type>> {
+        self.0.get_parameter_types(statement)
+    }
+
+    fn get_result_schema(
+        &self,
+        statement: &Self::Statement,
+        format: Option<&Format>,
+    ) -> PgWireResult<Vec<FieldInfo>> {
+        self.0.get_result_schema(statement, format)
     }
 }
 
@@ -504,7 +554,7 @@ fn check_parameter_casts(plan: &LogicalPlan, params: &ParamValues) -> PgWireResu
 /// What a statement with AI calls cost the model, as a NOTICE before its
 /// rows (psql prints it; psycopg hands it to a notice handler): its fresh
 /// tokens, and the KV positions earlier statements left it.
-fn work_notice(out: &SqlOutput) -> Option<PgWireBackendMessage> {
+pub(super) fn work_notice(out: &SqlOutput) -> Option<PgWireBackendMessage> {
     if out.calls.is_empty() {
         return None;
     }
@@ -520,33 +570,9 @@ fn work_notice(out: &SqlOutput) -> Option<PgWireBackendMessage> {
     Some(PgWireBackendMessage::NoticeResponse(notice.into()))
 }
 
-/// A statement's rows as PostgreSQL rows, in `format` (text or binary per
-/// column, as the client asked).
-fn rows_response(
-    out: SqlOutput,
-    format: &Format,
-    metadata: &std::collections::HashMap<String, String>,
-) -> PgWireResult<Response> {
-    let options = Arc::new(FormatOptions::from_client_metadata(metadata));
-    let fields = Arc::new(arrow_schema_to_pg_fields(
-        &out.schema,
-        format,
-        Some(options),
-    )?);
-    let rows_fields = fields.clone();
-    let rows = out
-        .batches
-        .into_iter()
-        .flat_map(move |batch| encode_recordbatch(rows_fields.clone(), batch));
-    Ok(Response::Query(QueryResponse::new(
-        fields,
-        futures::stream::iter(rows),
-    )))
-}
-
 /// An engine error as the client sees it: PostgreSQL's ERROR with the whole
 /// message.
-fn user_error(e: anyhow::Error) -> PgWireError {
+pub(super) fn user_error(e: anyhow::Error) -> PgWireError {
     PgWireError::UserError(Box::new(ErrorInfo::new(
         "ERROR".into(),
         "XX000".into(),
