@@ -537,3 +537,58 @@ fn a_closed_stdout_or_stderr_ends_the_command_quietly() {
         assert!(!String::from_utf8_lossy(&out.stdout).contains("panicked"));
     }
 }
+
+/// A statement without AI calls never loads the model: over a model whose
+/// configuration reads but whose weights are cut short, `SELECT 1` and a
+/// plain query answer, and the first AI statement fails naming the weights.
+#[test]
+fn the_model_is_loaded_only_when_a_statement_needs_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    aisql()
+        .args(["model", "tiny", "--out"])
+        .arg(&model)
+        .assert()
+        .success();
+    let weights = model.join("model.safetensors");
+    let bytes = std::fs::read(&weights).unwrap();
+    std::fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
+    let docs = tmp.path().join("docs.csv");
+    std::fs::write(&docs, "id,body\n1,a fine film\n2,a dull film\n").unwrap();
+    let table = format!("docs={}", docs.display());
+    let sql = |statement: &str| {
+        let mut c = aisql();
+        c.args([
+            "sql",
+            statement,
+            "--table",
+            &table,
+            "--progress",
+            "off",
+            "--model",
+        ])
+        .arg(&model);
+        c
+    };
+    sql("SELECT 1 AS one")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("one"));
+    sql("SELECT count(*) AS n, ai_count_tokens('a fine film') AS tokens FROM docs")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("| 2 "));
+    sql("SELECT id FROM docs WHERE ai_filter('Is {0} positive?', body)")
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("model.safetensors"));
+    // A model that is not there at all is an error at once, not at the
+    // first AI statement.
+    let mut missing = aisql();
+    missing
+        .args(["sql", "SELECT 1", "--table", &table, "--model"])
+        .arg(tmp.path().join("nowhere"))
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("nowhere"));
+}

@@ -36,6 +36,30 @@ pub use tokenizer::{AnswerIds, Tokenizer};
 
 pub use candle_core::{DType, Device};
 
+/// What [`load`] would give, without reading weights: the model's
+/// configuration and the dtype of its activations and KV cache on `device`
+/// (a backend sizes its work by them before the model is first needed).
+/// The same errors as [`load`] for a source that is not there, a
+/// configuration that is not Qwen3's, or a `precision` the file refuses.
+pub fn describe(
+    source: &str,
+    device: &Device,
+    precision: Option<Precision>,
+) -> Result<(Config, DType)> {
+    let files = ModelFiles::resolve(source)?;
+    if let Some(path) = files.gguf_file() {
+        let file = gguf::GgufFile::open(path)?;
+        let precision = Qwen3::gguf_precision(&file, precision)?;
+        return Ok((file.config()?, precision.compute_dtype(device)));
+    }
+    let config = files
+        .config
+        .as_ref()
+        .expect("safetensors models have a config");
+    let precision = precision.unwrap_or_else(|| default_precision(device));
+    Ok((Config::from_file(config)?, precision.compute_dtype(device)))
+}
+
 /// Loads a model and its tokenizer from `source`: a local directory or GGUF file,
 /// or a Hugging Face model id (`org/name`, or `org/name:QUANT` for a GGUF) read
 /// from the local HF cache. The tokenizer is a GGUF's own (from its metadata), the

@@ -86,6 +86,16 @@ fn default_max_pos() -> usize {
 }
 
 impl Config {
+    /// Bytes of KV cache one position takes at `dtype` (keys and values of
+    /// every layer).
+    pub fn kv_bytes_per_token(&self, dtype: DType) -> usize {
+        self.num_hidden_layers
+            * 2
+            * self.num_key_value_heads
+            * self.head_dim
+            * dtype.size_in_bytes()
+    }
+
     /// Parses a `config.json`; a missing key or bad value names the file and the key.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
@@ -758,6 +768,16 @@ impl Qwen3 {
         device: &Device,
         precision: Option<Precision>,
     ) -> Result<Self> {
+        let precision = Self::gguf_precision(file, precision)?;
+        Self::new(file.config()?, Source::Gguf(file), device, precision)
+    }
+
+    /// The precision a GGUF model runs in: f32, the compute dtype of its
+    /// block formats; another `--dtype` is refused.
+    pub(crate) fn gguf_precision(
+        file: &GgufFile,
+        precision: Option<Precision>,
+    ) -> Result<Precision> {
         if let Some(p) = precision.filter(|&p| p != Precision::F32) {
             return Err(ModelError::Unsupported(format!(
                 "--dtype {p} with a GGUF model: its weights are stored quantized in {}; \
@@ -765,7 +785,7 @@ impl Qwen3 {
                 file.path().display()
             )));
         }
-        Self::new(file.config()?, Source::Gguf(file), device, Precision::F32)
+        Ok(Precision::F32)
     }
 
     /// A model of shape `cfg` with seeded random weights generated directly on
@@ -914,8 +934,7 @@ impl Qwen3 {
 
     /// KV bytes one cached position takes: layers × 2 × kv_heads × head_dim × dtype size.
     pub fn kv_bytes_per_token(&self) -> usize {
-        let c = &self.cfg;
-        c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * self.dtype.size_in_bytes()
+        self.cfg.kv_bytes_per_token(self.dtype)
     }
 
     pub(crate) fn check_tokens(&self, tokens: &[u32]) -> Result<()> {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use aisql_bench::layout::Dataset;
 use aisql_bench::quailb::oracle::OracleBackend;
+use aisql_engine::EngineError;
 use aisql_engine::data::write_guard::{OutputKind, WriteGuard};
 use aisql_engine::errln;
 use aisql_engine::inference::answer_cache::{
@@ -15,9 +16,11 @@ use aisql_engine::inference::answer_cache::{
 use aisql_engine::inference::backend::InferenceBackend;
 use aisql_engine::inference::backend_meta::BackendMeta;
 use aisql_engine::inference::distributed::{ConnectOptions, connect_workers_with};
+use aisql_engine::inference::lazy::{LazyBackend, Load};
 use aisql_engine::inference::prompt::PromptFormat;
 use aisql_engine::inference::scheduler::{
-    ModelSpec, QWEN3_4B_KV_BYTES_PER_TOKEN, answer_identity, load_model_backend, simulation_backend,
+    ModelSpec, QWEN3_4B_KV_BYTES_PER_TOKEN, answer_identity, describe_model_backend,
+    load_model_backend, simulation_backend,
 };
 use aisql_engine::inference::shard::ShardedBackend;
 use anyhow::{Context, bail};
@@ -121,6 +124,18 @@ pub fn build(
     dataset: Option<&Dataset>,
     templates: Option<&[String]>,
 ) -> anyhow::Result<(Arc<dyn InferenceBackend>, BackendMeta)> {
+    if args.kind == BackendKind::Model && args.workers.is_none() && args.model.name == "tiny" {
+        errln!("{TINY_MODEL_NOTE}")?;
+    }
+    build_stack(args, dataset, templates)
+}
+
+/// [`build`], without its note.
+fn build_stack(
+    args: &BackendSpec,
+    dataset: Option<&Dataset>,
+    templates: Option<&[String]>,
+) -> anyhow::Result<(Arc<dyn InferenceBackend>, BackendMeta)> {
     // The backend's description for run records: only what this backend uses (an
     // oracle run has no model, device or dtype).
     if let Some(remote) = &args.workers {
@@ -180,9 +195,6 @@ pub fn build(
                     "--simulate runs the scheduler over reference labels: use it with --backend oracle"
                 );
             }
-            if args.model.name == "tiny" {
-                errln!("{TINY_MODEL_NOTE}")?;
-            }
             let dtype = dtype(&args.model)?;
             let kernels = args.cuda_kernels;
             aisql_kernels::set_cuda_kernels(kernels);
@@ -198,15 +210,7 @@ pub fn build(
             let mut device_names = Vec::new();
             let mut described = false;
             for &gpu in &devices {
-                let worker_spec = ModelSpec {
-                    model: args.model.name.clone(),
-                    gpu,
-                    dtype,
-                    scheduler: scheduler.clone(),
-                    kv_budget_from_device: args.scheduler.kv_budget_mb.is_none(),
-                    host_kv_from_memory: args.scheduler.kv_host_mb.is_none(),
-                    kv_store: args.scheduler.kv_store_spec(),
-                };
+                let worker_spec = model_spec(args, gpu, dtype, scheduler.clone());
                 let (backend, model_meta) = load_model_backend(&worker_spec)
                     .with_context(|| format!("loading model {:?}", args.model.name))?;
                 device_names.push(model_meta.device().to_string());
@@ -236,6 +240,67 @@ pub fn build(
             with_answer_cache(backend, dir, &identity, meta)
         }
     }
+}
+
+/// The model one worker of `args` loads on `gpu` (`None`: the CPU).
+fn model_spec(
+    args: &BackendSpec,
+    gpu: Option<usize>,
+    dtype: Option<aisql_models::Precision>,
+    scheduler: aisql_engine::inference::scheduler::SchedulerConfig,
+) -> ModelSpec {
+    ModelSpec {
+        model: args.model.name.clone(),
+        gpu,
+        dtype,
+        scheduler,
+        kv_budget_from_device: args.scheduler.kv_budget_mb.is_none(),
+        host_kv_from_memory: args.scheduler.kv_host_mb.is_none(),
+        kv_store: args.scheduler.kv_store_spec(),
+    }
+}
+
+/// The backend `args` names for sessions (`aisql sql`, the shell, `aisql
+/// serve`, Python), which may run many statements and none with AI calls:
+/// one local model whose facts its configuration gives (the CPU, or a GPU
+/// with `--kv-budget-mb`) is loaded when a statement first needs it
+/// ([`LazyBackend`]); its configuration is read now, so a model that is not
+/// there is still an error at once. Any other backend is built now (the
+/// oracle with the label sets of `templates`, all of them for `None`).
+pub fn build_for_sessions(
+    args: &BackendSpec,
+    dataset: Option<&Dataset>,
+    templates: Option<&[String]>,
+) -> anyhow::Result<Arc<dyn InferenceBackend>> {
+    let devices = worker_devices(args)?;
+    let one_local_model = args.kind == BackendKind::Model
+        && !args.simulate
+        && args.workers.is_none()
+        && devices.len() == 1;
+    if !one_local_model {
+        return Ok(build(args, dataset, templates)?.0);
+    }
+    let spec = model_spec(
+        args,
+        devices[0],
+        dtype(&args.model)?,
+        args.scheduler.config(),
+    );
+    let Some(facts) = describe_model_backend(&spec)
+        .with_context(|| format!("reading model {:?}", args.model.name))?
+    else {
+        return Ok(build(args, dataset, templates)?.0);
+    };
+    if args.model.name == "tiny" {
+        errln!("{TINY_MODEL_NOTE}")?;
+    }
+    let args = args.clone();
+    let load: Load = Box::new(move || {
+        build_stack(&args, None, None)
+            .map(|(backend, _meta)| backend)
+            .map_err(|e| EngineError::Inference(format!("{e:#}")))
+    });
+    Ok(Arc::new(LazyBackend::new(facts, load)))
 }
 
 /// Whether the worker at `addr` (`HOST:PORT` or a URL) is on this machine's

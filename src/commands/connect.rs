@@ -159,8 +159,8 @@ impl Connection {
         super::paths::check_stores(&guard, &args.backend)?;
         let options = query_options(&args.backend, &args.query, controls)?;
         // Any statement may come: the oracle loads every label set.
-        let (backend, _meta) =
-            super::backend::build(&args.backend, sources.dataset.as_ref(), None)?;
+        let backend =
+            super::backend::build_for_sessions(&args.backend, sources.dataset.as_ref(), None)?;
         let policy = WritePolicy {
             allow_writes,
             guard,

@@ -97,8 +97,16 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     let (backend, estimating): (Arc<dyn InferenceBackend>, _) = if args.to_substrait.is_some() {
         (Arc::new(OracleBackend::new(Default::default())), None)
     } else {
-        let (real, meta) = super::backend::build(&spec, sources.dataset.as_ref(), Some(&wanted))?;
-        if super::estimate::progress_wants_estimate(&spec, &qc.cost) {
+        let (real, meta) = if wanted.is_empty() && !estimate {
+            // No AI call in sight (SELECT 1, a catalog query): the model is
+            // loaded only if the statement turns out to need it.
+            let lazy =
+                super::backend::build_for_sessions(&spec, sources.dataset.as_ref(), Some(&wanted))?;
+            (lazy, Default::default())
+        } else {
+            super::backend::build(&spec, sources.dataset.as_ref(), Some(&wanted))?
+        };
+        if !wanted.is_empty() && super::estimate::progress_wants_estimate(&spec, &qc.cost) {
             let hints = hints.iter().cloned().collect();
             let estimator = estimator(&spec, &qc.cost, &real, &meta, hints)?;
             progress_estimate = Some((estimator, real.clone()));

@@ -11,6 +11,7 @@ pub mod distributed;
 pub mod kinds;
 pub mod kv_cache;
 pub mod kv_store;
+pub mod lazy;
 pub mod memo;
 pub mod prompt;
 pub mod scheduler;

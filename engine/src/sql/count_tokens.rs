@@ -9,7 +9,7 @@
 //!   them (so the count is the positions the model reads). A NULL argument
 //!   gives NULL.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use aisql_models::Tokenizer;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array};
@@ -31,13 +31,23 @@ pub const NAME: &str = "ai_count_tokens";
 #[derive(Debug)]
 pub struct CountTokens {
     signature: Signature,
-    tokenizer: Tokenizer,
     format: PromptFormat,
 }
 
+/// The vendored tokenizer, read once per process when a statement first
+/// counts: reading it takes a good part of a second and tens of MB, which
+/// a session (every server connection is one) that never counts is spared.
+fn vendored() -> DfResult<&'static Tokenizer> {
+    static VENDORED: OnceLock<std::result::Result<Tokenizer, String>> = OnceLock::new();
+    VENDORED
+        .get_or_init(|| Tokenizer::vendored().map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| DataFusionError::Execution(format!("{NAME}: reading the tokenizer: {e}")))
+}
+
 impl CountTokens {
-    /// Counts with `tokenizer`, rendering prompts in `format`.
-    pub fn new(tokenizer: Tokenizer, format: PromptFormat) -> Self {
+    /// Counts with the vendored tokenizer, rendering prompts in `format`.
+    pub fn new(format: PromptFormat) -> Self {
         let text = || DataType::Utf8;
         Self {
             signature: Signature::one_of(
@@ -48,7 +58,6 @@ impl CountTokens {
                 ],
                 Volatility::Immutable,
             ),
-            tokenizer,
             format,
         }
     }
@@ -57,8 +66,7 @@ impl CountTokens {
         if text.is_empty() {
             return Ok(0);
         }
-        let ids = self
-            .tokenizer
+        let ids = vendored()?
             .encode(text)
             .map_err(|e| DataFusionError::Execution(format!("{NAME}: {e}")))?;
         Ok(ids.len() as i64)
@@ -155,7 +163,7 @@ mod tests {
     async fn counts(sql: &str) -> Vec<Option<i64>> {
         let ctx = SessionContext::new();
         ctx.register_udf(datafusion::logical_expr::ScalarUDF::new_from_impl(
-            CountTokens::new(Tokenizer::vendored().unwrap(), PromptFormat::default()),
+            CountTokens::new(PromptFormat::default()),
         ));
         let batches = ctx.sql(sql).await.unwrap().collect().await.unwrap();
         batches

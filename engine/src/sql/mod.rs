@@ -177,7 +177,7 @@ impl SqlSession {
         });
         register_ai_functions(&ctx, naive, backend.embedding_dims());
         ctx.register_udf(datafusion::logical_expr::ScalarUDF::new_from_impl(
-            count_tokens::CountTokens::new(aisql_models::Tokenizer::vendored()?, options.format),
+            count_tokens::CountTokens::new(options.format),
         ));
         bounded_functions::register(&ctx, options.memory_limit);
         vector_functions::register(&ctx);
@@ -550,9 +550,8 @@ impl SqlSession {
     ) -> Result<SqlOutput> {
         let _one_statement = self.one_statement.lock().await;
         self.check_writes(&plan)?;
-        // The heap the query may add is measured from here.
-        self.pool.start_query(self.backend.host_memory_allowance());
         if matches!(plan, LogicalPlan::Ddl(_) | LogicalPlan::Statement(_)) {
+            self.pool.start_query(self.backend.host_memory_allowance());
             // Session state changes (allowed by the write policy): the context
             // runs them, not the physical planner.
             let schema = Arc::new(plan.schema().as_arrow().clone());
@@ -610,6 +609,11 @@ impl SqlSession {
                 .await
                 .map_err(|e| EngineError::Inference(format!("beginning the query failed: {e}")))??
         };
+        // The heap the query may add is measured from here: after the
+        // backend began it, so that a model loaded for this first AI
+        // statement ([`crate::inference::lazy`]) is the process's, not the
+        // query's.
+        self.pool.start_query(self.backend.host_memory_allowance());
         // Ends the query however this returns, after its measurements are taken.
         let mut ends = QueryEnd {
             running: &self.canceller.running,

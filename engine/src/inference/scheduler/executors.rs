@@ -143,6 +143,9 @@ pub struct ModelExecutor {
 const GENERATION_BATCH: usize = 32;
 
 impl ModelExecutor {
+    /// The name a model's backend goes by in EXPLAIN and run records.
+    pub const NAME: &'static str = "model";
+
     /// Wraps a loaded model; `tokenizer` gives the TRUE/FALSE and stop ids
     /// and reads generated text.
     pub fn new(model: Arc<Qwen3>, tokenizer: &Tokenizer, name: impl Into<String>) -> Result<Self> {

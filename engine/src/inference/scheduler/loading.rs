@@ -12,6 +12,7 @@ use super::{
 use crate::error::{EngineError, Result};
 use crate::inference::backend::Answerer;
 use crate::inference::backend_meta::BackendMeta;
+use crate::inference::lazy::BackendFacts;
 
 /// Which model to load and how to schedule it.
 #[derive(Debug, Clone)]
@@ -130,20 +131,14 @@ pub fn load_model_backend(
     let source = model_source(&spec.model)?;
     let device = aisql_models::device(spec.gpu)?;
     let (model, tokenizer) = aisql_models::load(&source, &device, spec.dtype)?;
-    let mut scheduler = spec.scheduler.clone();
     let mut meta = BackendMeta::default();
-    if spec.kv_budget_from_device
-        && let Some(free) = aisql_models::device_free_memory(&device)
-    {
-        scheduler.kv_budget_bytes = gpu_kv_budget_bytes(free);
-        meta.device_free_bytes_after_weights = Some(free);
-    }
-    if spec.host_kv_from_memory {
-        scheduler.host_kv_budget_bytes = match spec.gpu {
-            Some(_) => default_host_kv_budget_bytes(),
-            None => 0,
-        };
-    }
+    let free = if spec.kv_budget_from_device {
+        aisql_models::device_free_memory(&device)
+    } else {
+        None
+    };
+    meta.device_free_bytes_after_weights = free;
+    let scheduler = scheduler_config(spec, free);
     meta.model = Some(spec.model.clone());
     meta.model_path = Some(source);
     meta.device = Some(match spec.gpu {
@@ -155,7 +150,7 @@ pub fn load_model_backend(
     meta.kv_budget_bytes = Some(scheduler.kv_budget_bytes);
     meta.kv_host_budget_bytes = Some(scheduler.host_kv_budget_bytes);
     meta.batch_tokens = Some(scheduler.batch_tokens);
-    let exec = ModelExecutor::new(Arc::new(model), &tokenizer, "model")?;
+    let exec = ModelExecutor::new(Arc::new(model), &tokenizer, ModelExecutor::NAME)?;
     let mut backend = ScheduledBackend::new(exec, tokenizer, scheduler);
     if let Some(store) = &spec.kv_store {
         let (weights_sha256, tokenizer_sha256) = model_digests(&spec.model)?;
@@ -178,6 +173,47 @@ pub fn load_model_backend(
         backend = backend.with_kv_store(Arc::new(opened));
     }
     Ok((Arc::new(backend), meta))
+}
+
+/// `spec`'s scheduling, its budgets filled where the user chose none:
+/// with `device_free_bytes` (the memory a GPU has left once the weights are
+/// in) the device KV budget is a share of it; a GPU gets a host KV tier, the
+/// CPU (whose KV is in host memory already) none.
+fn scheduler_config(spec: &ModelSpec, device_free_bytes: Option<usize>) -> SchedulerConfig {
+    let mut scheduler = spec.scheduler.clone();
+    if let Some(free) = device_free_bytes {
+        scheduler.kv_budget_bytes = gpu_kv_budget_bytes(free);
+    }
+    if spec.host_kv_from_memory {
+        scheduler.host_kv_budget_bytes = match spec.gpu {
+            Some(_) => default_host_kv_budget_bytes(),
+            None => 0,
+        };
+    }
+    scheduler
+}
+
+/// What the backend [`load_model_backend`] would make of `spec` says of
+/// itself, read from the model's configuration without its weights, so that
+/// sessions can size their tables and plan before the model is first needed
+/// ([`crate::inference::lazy`]). `None` where it depends on the loaded
+/// weights: a GPU's KV budget taken from the memory they leave.
+pub fn describe_model_backend(spec: &ModelSpec) -> Result<Option<BackendFacts>> {
+    if spec.kv_budget_from_device && spec.gpu.is_some() {
+        return Ok(None);
+    }
+    let source = model_source(&spec.model)?;
+    let device = aisql_models::device(spec.gpu)?;
+    let (config, dtype) = aisql_models::describe(&source, &device, spec.dtype)?;
+    let scheduler = scheduler_config(spec, None);
+    Ok(Some(BackendFacts {
+        name: ModelExecutor::NAME.to_string(),
+        reuses_work: scheduler.prefix_cache,
+        kv_capacity_tokens: super::kv_capacity_tokens(&scheduler, config.kv_bytes_per_token(dtype)),
+        context_positions: Some(config.max_position_embeddings),
+        embedding_dims: u32::try_from(config.hidden_size).ok(),
+        host_memory_allowance: super::host_memory_allowance(&scheduler),
+    }))
 }
 
 /// What the answers of `model` (as [`ModelSpec::model`] names it) depend on besides their prompts

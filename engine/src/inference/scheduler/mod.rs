@@ -76,8 +76,9 @@ pub use executors::{
 };
 pub use kv_budget::{default_host_kv_budget_bytes, default_kv_budget_bytes, gpu_kv_budget_bytes};
 pub use loading::{
-    DEFAULT_KV_STORE_BYTES, KvStoreSpec, ModelSpec, answer_identity, load_model_backend,
-    model_input_paths, model_source, simulation_backend, tiny_model_dir, tiny_model_path,
+    DEFAULT_KV_STORE_BYTES, KvStoreSpec, ModelSpec, answer_identity, describe_model_backend,
+    load_model_backend, model_input_paths, model_source, simulation_backend, tiny_model_dir,
+    tiny_model_path,
 };
 
 use std::collections::HashSet;
@@ -572,6 +573,25 @@ fn chunk_by_tokens<T>(items: &[T], max_tokens: usize, tokens: impl Fn(&T) -> usi
 /// score matrices), left to the model by a query's heap bound.
 const FORWARD_WORKING_BYTES: usize = 2 << 30;
 
+/// Host memory a backend scheduled by `config` may add while a query runs
+/// ([`InferenceBackend::host_memory_allowance`]): where the KV lives (host
+/// or device) is the executor's; both budgets are counted, so a CPU model
+/// never trips the bound with its cache.
+fn host_memory_allowance(config: &SchedulerConfig) -> usize {
+    config
+        .kv_budget_bytes
+        .saturating_add(config.host_kv_budget_bytes)
+        .saturating_add(FORWARD_WORKING_BYTES)
+}
+
+/// Positions of KV a backend scheduled by `config` holds at
+/// `kv_bytes_per_token` ([`InferenceBackend::kv_capacity_tokens`]).
+fn kv_capacity_tokens(config: &SchedulerConfig, kv_bytes_per_token: usize) -> Option<usize> {
+    config
+        .prefix_cache
+        .then(|| config.kv_budget_bytes / kv_bytes_per_token.max(1))
+}
+
 impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
     fn name(&self) -> &str {
         self.exec.name()
@@ -646,18 +666,11 @@ impl<E: Executor> InferenceBackend for ScheduledBackend<E> {
     }
 
     fn kv_capacity_tokens(&self) -> Option<usize> {
-        self.config
-            .prefix_cache
-            .then(|| self.config.kv_budget_bytes / self.exec.kv_bytes_per_token().max(1))
+        kv_capacity_tokens(&self.config, self.exec.kv_bytes_per_token())
     }
 
     fn host_memory_allowance(&self) -> usize {
-        // Where the KV lives (host or device) is the executor's; both budgets
-        // are counted, so a CPU model never trips the bound with its cache.
-        self.config
-            .kv_budget_bytes
-            .saturating_add(self.config.host_kv_budget_bytes)
-            .saturating_add(FORWARD_WORKING_BYTES)
+        host_memory_allowance(&self.config)
     }
 }
 
