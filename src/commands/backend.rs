@@ -127,14 +127,17 @@ pub fn build(
     if args.kind == BackendKind::Model && args.workers.is_none() && args.model.name == "tiny" {
         errln!("{TINY_MODEL_NOTE}")?;
     }
-    build_stack(args, dataset, templates)
+    build_stack(args, dataset, templates, None)
 }
 
-/// [`build`], without its note.
+/// [`build`], without its note; a model's scheduling is `scheduler` where
+/// given (the one a [`LazyBackend`]'s facts were read under: the default KV
+/// budget is a share of the memory available when it is computed).
 fn build_stack(
     args: &BackendSpec,
     dataset: Option<&Dataset>,
     templates: Option<&[String]>,
+    scheduler: Option<aisql_engine::inference::scheduler::SchedulerConfig>,
 ) -> anyhow::Result<(Arc<dyn InferenceBackend>, BackendMeta)> {
     // The backend's description for run records: only what this backend uses (an
     // oracle run has no model, device or dtype).
@@ -201,7 +204,7 @@ fn build_stack(
             if args.model.gpu.is_some() {
                 meta.cuda_kernels = Some(format!("{kernels:?}").to_lowercase());
             }
-            let mut scheduler = args.scheduler.config();
+            let mut scheduler = scheduler.unwrap_or_else(|| args.scheduler.config());
             if args.scheduler.kv_budget_mb.is_none() && devices[0].is_none() {
                 // CPU workers share the host's memory.
                 scheduler.kv_budget_bytes /= devices.len();
@@ -262,8 +265,7 @@ fn model_spec(
 
 /// The backend `args` names for sessions (`aisql sql`, the shell, `aisql
 /// serve`, Python), which may run many statements and none with AI calls:
-/// one local model whose facts its configuration gives (the CPU, or a GPU
-/// with `--kv-budget-mb`) is loaded when a statement first needs it
+/// one local model on the CPU is loaded when a statement first needs it
 /// ([`LazyBackend`]); its configuration is read now, so a model that is not
 /// there is still an error at once. Any other backend is built now (the
 /// oracle with the label sets of `templates`, all of them for `None`).
@@ -273,19 +275,17 @@ pub fn build_for_sessions(
     templates: Option<&[String]>,
 ) -> anyhow::Result<Arc<dyn InferenceBackend>> {
     let devices = worker_devices(args)?;
+    // On a GPU the KV budgets depend on the memory the loaded weights leave:
+    // loaded now.
     let one_local_model = args.kind == BackendKind::Model
         && !args.simulate
         && args.workers.is_none()
-        && devices.len() == 1;
+        && devices == [None];
     if !one_local_model {
         return Ok(build(args, dataset, templates)?.0);
     }
-    let spec = model_spec(
-        args,
-        devices[0],
-        dtype(&args.model)?,
-        args.scheduler.config(),
-    );
+    let scheduler = args.scheduler.config();
+    let spec = model_spec(args, devices[0], dtype(&args.model)?, scheduler.clone());
     let Some(facts) = describe_model_backend(&spec)
         .with_context(|| format!("reading model {:?}", args.model.name))?
     else {
@@ -296,7 +296,7 @@ pub fn build_for_sessions(
     }
     let args = args.clone();
     let load: Load = Box::new(move || {
-        build_stack(&args, None, None)
+        build_stack(&args, None, None, Some(scheduler))
             .map(|(backend, _meta)| backend)
             .map_err(|e| EngineError::Inference(format!("{e:#}")))
     });

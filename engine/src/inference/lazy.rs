@@ -187,6 +187,8 @@ mod tests {
 
     #[test]
     fn the_model_loads_once_at_the_first_query_and_a_failed_load_is_said_again() {
+        // One spec for both: the default KV budget is a share of the memory
+        // available when it is made.
         let spec = tiny_spec();
         let facts = describe_model_backend(&spec).unwrap().unwrap();
         let loads = Arc::new(AtomicUsize::new(0));
@@ -195,7 +197,7 @@ mod tests {
             facts.clone(),
             Box::new(move || {
                 counted.fetch_add(1, Ordering::SeqCst);
-                Ok(load_model_backend(&tiny_spec())?.0 as Arc<dyn InferenceBackend>)
+                Ok(load_model_backend(&spec)?.0 as Arc<dyn InferenceBackend>)
             }),
         ));
         // What sessions ask before any AI call loads nothing.

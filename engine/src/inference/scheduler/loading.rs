@@ -196,10 +196,11 @@ fn scheduler_config(spec: &ModelSpec, device_free_bytes: Option<usize>) -> Sched
 /// What the backend [`load_model_backend`] would make of `spec` says of
 /// itself, read from the model's configuration without its weights, so that
 /// sessions can size their tables and plan before the model is first needed
-/// ([`crate::inference::lazy`]). `None` where it depends on the loaded
-/// weights: a GPU's KV budget taken from the memory they leave.
+/// ([`crate::inference::lazy`]). `None` on a GPU, whose budgets depend on
+/// the memory when its weights are in (the device KV budget a share of what
+/// they leave, the host tier's of what the host has then).
 pub fn describe_model_backend(spec: &ModelSpec) -> Result<Option<BackendFacts>> {
-    if spec.kv_budget_from_device && spec.gpu.is_some() {
+    if spec.gpu.is_some() {
         return Ok(None);
     }
     let source = model_source(&spec.model)?;
