@@ -41,14 +41,25 @@ pub fn random(seed: u64, n: usize, dims: usize) -> Vec<f32> {
     (0..n * dims).map(|_| rng.normal() as f32).collect()
 }
 
-/// `n` vectors around `clusters` random centres (spread `spread` per
-/// component around unit-variance centres), flattened.
-pub fn clustered(seed: u64, n: usize, dims: usize, clusters: usize, spread: f64) -> Vec<f32> {
-    let mut rng = Rng::new(seed);
-    let centres: Vec<f64> = (0..clusters.max(1) * dims).map(|_| rng.normal()).collect();
+/// `n` vectors around `clusters` random centres (unit-variance components,
+/// drawn from `centres_seed`), each `spread` per component away from its
+/// centre (drawn from `points_seed`: a query set shares the centres and not
+/// the points), flattened.
+pub fn clustered(
+    centres_seed: u64,
+    points_seed: u64,
+    n: usize,
+    dims: usize,
+    clusters: usize,
+    spread: f64,
+) -> Vec<f32> {
+    let clusters = clusters.max(1);
+    let mut rng = Rng::new(centres_seed);
+    let centres: Vec<f64> = (0..clusters * dims).map(|_| rng.normal()).collect();
+    let mut rng = Rng::new(points_seed);
     let mut out = Vec::with_capacity(n * dims);
     for _ in 0..n {
-        let c = (rng.next_u64() % clusters.max(1) as u64) as usize;
+        let c = (rng.next_u64() % clusters as u64) as usize;
         for d in 0..dims {
             out.push((centres[c * dims + d] + spread * rng.normal()) as f32);
         }

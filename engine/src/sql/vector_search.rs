@@ -193,18 +193,19 @@ fn constant(state: &SessionState, expr: &Expr, what: &str) -> DfResult<ScalarVal
 }
 
 fn string_arg(state: &SessionState, expr: &Expr, what: &str) -> DfResult<String> {
-    match constant(state, expr, what) {
-        Ok(ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)))
-        | Ok(ScalarValue::Utf8View(Some(s))) => Ok(s),
-        // A bare name (`ai_search(docs, ...)`) plans as a column reference.
-        Err(_) if matches!(expr, Expr::Column(c) if c.relation.is_none()) => match expr {
-            Expr::Column(c) => Ok(c.name.clone()),
-            _ => unreachable!("matched as a column above"),
-        },
-        Ok(other) => Err(sql_error(format!(
+    // A bare name (`ai_search(docs, ...)`) plans as a column reference.
+    if let Expr::Column(c) = expr
+        && c.relation.is_none()
+    {
+        return Ok(c.name.clone());
+    }
+    match constant(state, expr, what)? {
+        ScalarValue::Utf8(Some(s))
+        | ScalarValue::LargeUtf8(Some(s))
+        | ScalarValue::Utf8View(Some(s)) => Ok(s),
+        other => Err(sql_error(format!(
             "the {what} must be a name as a string, not {other}"
         ))),
-        Err(e) => Err(e),
     }
 }
 
@@ -295,10 +296,6 @@ struct SearchTable {
 
 #[async_trait]
 impl TableProvider for SearchTable {
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-
     fn schema(&self) -> SchemaRef {
         self.schema.clone()
     }
@@ -333,6 +330,7 @@ impl TableProvider for SearchTable {
             input,
             full_schema: self.schema.clone(),
             projection,
+            schema,
             properties,
         }))
     }
@@ -345,6 +343,7 @@ struct SearchExec {
     input: Arc<dyn ExecutionPlan>,
     full_schema: SchemaRef,
     projection: Option<Vec<usize>>,
+    schema: SchemaRef,
     properties: Arc<PlanProperties>,
 }
 
@@ -400,6 +399,7 @@ impl ExecutionPlan for SearchExec {
             input: children.swap_remove(0),
             full_schema: self.full_schema.clone(),
             projection: self.projection.clone(),
+            schema: self.schema.clone(),
             properties: self.properties.clone(),
         }))
     }
@@ -416,7 +416,7 @@ impl ExecutionPlan for SearchExec {
         }
         let (search, input) = (self.search.clone(), self.input.clone());
         let (full_schema, projection) = (self.full_schema.clone(), self.projection.clone());
-        let schema = self.properties.eq_properties.schema().clone();
+        let schema = self.schema.clone();
         let batch = async move {
             let batches = datafusion::physical_plan::collect(input, context).await?;
             let found = search.run(&batches, full_schema).await?;
@@ -527,7 +527,8 @@ fn rows_of(batches: &[RecordBatch], hits: &[Hit], schema: SchemaRef) -> DfResult
     let at: Vec<(usize, usize)> = hits
         .iter()
         .map(|h| {
-            let b = starts.partition_point(|&s| s <= h.row) - 1;
+            // The last batch starting at or before the row (starts[0] is 0).
+            let b = starts.partition_point(|&s| s <= h.row).saturating_sub(1);
             (b, (h.row - starts[b]) as usize)
         })
         .collect();

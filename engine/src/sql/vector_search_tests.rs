@@ -122,8 +122,14 @@ fn error(s: &SqlSession, sql: &str) -> String {
     }
 }
 
+/// `v` as a SQL list literal. Components are rounded to multiples of 1/1024,
+/// which f32 and f64 hold alike, so that `ai_search` (which reads the query
+/// as f32) and `cosine_distance` (f64) search for the same vector.
 fn literal(v: &[f32]) -> String {
-    let parts: Vec<String> = v.iter().map(|x| format!("{x:?}")).collect();
+    let parts: Vec<String> = v
+        .iter()
+        .map(|x| format!("{:?}", (f64::from(*x) * 1024.0).round() / 1024.0))
+        .collect();
     format!("[{}]", parts.join(", "))
 }
 
@@ -146,7 +152,10 @@ fn assert_matches_order_by(s: &SqlSession, table: &str, q: &[f32], k: usize, exa
         ),
     );
     if exact {
-        assert_eq!(found, want);
+        assert_eq!(found.len(), want.len());
+        if let Some(i) = (0..found.len()).find(|&i| found[i] != want[i]) {
+            panic!("row {i}: ai_search {:?}, ORDER BY {:?}", found[i], want[i]);
+        }
     } else {
         // Distances exact, membership approximate.
         let want_ids: std::collections::HashSet<i64> = want.iter().map(|r| r.0).collect();
