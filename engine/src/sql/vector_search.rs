@@ -253,17 +253,12 @@ fn query_arg(state: &SessionState, expr: &Expr) -> DfResult<Vec<f32>> {
 fn k_arg(state: &SessionState, expr: &Expr) -> DfResult<usize> {
     let value = constant(state, expr, "k")?;
     let k = match &value {
-        v if v.data_type().is_integer() && !v.is_null() => {
-            match v.cast_to(&DataType::Int64)? {
-                ScalarValue::Int64(Some(k)) => Some(k),
-                _ => None,
-            }
-            .or_else(|| match v {
-                // A UInt64 past i64::MAX: as many rows as there are.
-                ScalarValue::UInt64(Some(_)) => Some(i64::MAX),
-                _ => None,
-            })
-        }
+        // A UInt64 past i64::MAX: as many rows as there are.
+        ScalarValue::UInt64(Some(k)) => Some(i64::try_from(*k).unwrap_or(i64::MAX)),
+        v if v.data_type().is_integer() && !v.is_null() => match v.cast_to(&DataType::Int64)? {
+            ScalarValue::Int64(Some(k)) => Some(k),
+            _ => None,
+        },
         _ => None,
     };
     match k {

@@ -197,7 +197,7 @@ fn small_table_is_searched_exactly() {
         &format!(
             "SELECT s.id, s.distance FROM ai_search('docs', 'v', make_array({}), 5) s \
              JOIN docs d ON d.id = s.id WHERE s.distance >= 0 ORDER BY s.distance",
-            vec!["0.5"; 8].join(", ")
+            ["0.5"; 8].join(", ")
         ),
     );
     assert_eq!(rows.len(), 5);
