@@ -12,7 +12,8 @@
 //! Sizes from the environment: `AISQL_VS_N` (vectors, default 100,000),
 //! `AISQL_VS_DIMS` (default 1024), `AISQL_VS_QUERIES` (default 200),
 //! `AISQL_VS_DATA` (`random` or `clustered`, default both), and the graph's
-//! `AISQL_VS_M`, `AISQL_VS_EF_C`, `AISQL_VS_EF` (default: `HnswParams`'s).
+//! `AISQL_VS_M`, `AISQL_VS_EF_C`, `AISQL_VS_EF` (default: `HnswParams`'s;
+//! `AISQL_VS_EF` may list several, `100,200,400`, each searched on one graph).
 //!
 //!     cargo bench -p aisql-vector --bench vector_search
 //!     AISQL_VS_N=20000 cargo bench -p aisql-vector --bench vector_search
@@ -38,11 +39,19 @@ fn main() {
     let params = HnswParams {
         m: env("AISQL_VS_M", defaults.m),
         ef_construction: env("AISQL_VS_EF_C", defaults.ef_construction),
-        ef_search: env("AISQL_VS_EF", defaults.ef_search),
+        ef_search: defaults.ef_search,
     };
+    let efs: Vec<usize> = std::env::var("AISQL_VS_EF")
+        .ok()
+        .map(|v| v.split(',').filter_map(|e| e.trim().parse().ok()).collect())
+        .filter(|v: &Vec<usize>| !v.is_empty())
+        .unwrap_or_else(|| vec![defaults.ef_search]);
     let data = std::env::var("AISQL_VS_DATA").unwrap_or_default();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    println!("top-10 cosine, {n} x {dims}, {queries} queries, {threads} threads, {params:?}");
+    println!(
+        "top-10 cosine, {n} x {dims}, {queries} queries, {threads} threads, m {} ef_construction {}",
+        params.m, params.ef_construction
+    );
     for kind in ["random", "clustered"] {
         if !data.is_empty() && data != kind {
             continue;
@@ -79,22 +88,25 @@ fn main() {
             .collect();
         let flat_s = started.elapsed().as_secs_f64();
 
-        let started = Instant::now();
-        let found: Vec<_> = qs.iter().map(|q| index.search(q, 10)).collect();
-        let hnsw_s = started.elapsed().as_secs_f64();
-
-        let r = found
-            .iter()
-            .zip(&exact)
-            .map(|(f, e)| recall(f, e))
-            .sum::<f64>()
-            / qs.len() as f64;
         println!(
-            "{kind:>9}: build {build:.1} s ({:.0} vectors/s), recall@10 {r:.4}, \
-             hnsw {:.1} q/s, flat {:.1} q/s (one thread each)",
+            "{kind:>9}: build {build:.1} s ({:.0} vectors/s), flat {:.1} q/s",
             n as f64 / build,
-            qs.len() as f64 / hnsw_s,
             qs.len() as f64 / flat_s,
         );
+        for &ef in &efs {
+            let started = Instant::now();
+            let found: Vec<_> = qs.iter().map(|q| index.search_with_ef(q, 10, ef)).collect();
+            let hnsw_s = started.elapsed().as_secs_f64();
+            let r = found
+                .iter()
+                .zip(&exact)
+                .map(|(f, e)| recall(f, e))
+                .sum::<f64>()
+                / qs.len() as f64;
+            println!(
+                "{kind:>9}: ef {ef}: recall@10 {r:.4}, hnsw {:.1} q/s (one thread)",
+                qs.len() as f64 / hnsw_s,
+            );
+        }
     }
 }

@@ -354,9 +354,15 @@ impl VectorIndex {
     /// distances: all of them when `k` ≥ the set's size (then exact, with
     /// or without a graph).
     pub fn search(&self, query: &Query, k: usize) -> Vec<Hit> {
+        self.search_with_ef(query, k, self.params.ef_search)
+    }
+
+    /// [`Self::search`] keeping `ef` candidates (at least `k`) instead of
+    /// the index's `ef_search`: recall against speed, per query.
+    pub fn search_with_ef(&self, query: &Query, k: usize, ef: usize) -> Vec<Hit> {
         match &self.graph {
             Some(graph) if k < self.vectors.len() => {
-                let ef = self.params.ef_search.max(k);
+                let ef = ef.max(k);
                 let candidates: Vec<usize> = graph
                     .search(&query.unit, ef, ef)
                     .iter()
