@@ -1,4 +1,4 @@
-//! `ai_search(table, column, query_vector, k)`: a table function giving the
+//! `ai_search(table, column, query_vector, k [, method])`: a table function giving the
 //! `k` rows of `table` whose vector in `column` is nearest `query_vector` by
 //! cosine distance, with all the table's columns and a `distance` column
 //! (`DOUBLE`, `cosine_distance(column, query_vector)`), nearest first, ties
@@ -14,9 +14,11 @@
 //! top_k => k)` is not read (its `TABLE t` argument and its output, one
 //! struct per base row, do not map onto this function).
 //!
-//! The search is `aisql_vector`'s: exact below
-//! [`FLAT_BELOW`] vectors, HNSW above,
-//! every distance exact. A graph is built on the first search of a
+//! The search is `aisql_vector`'s, exact (flat) by default. A fifth
+//! argument `'hnsw'` asks for the approximate graph search over a column of
+//! [`FLAT_BELOW`] vectors or more (EXPLAIN says so): every distance it gives
+//! is exact, but it may miss some of the nearest rows, and graphs built in
+//! parallel may differ between runs. A graph is built on the first search of a
 //! (table, column) and kept in the session for the next ones while the
 //! column's vectors are the same (a 128-bit hash of them is compared on
 //! every search: the table is read each time, the graph is not rebuilt).
@@ -85,11 +87,16 @@ pub struct AiSearch {
 
 impl TableFunctionImpl for AiSearch {
     fn call_with_args(&self, args: TableFunctionArgs) -> DfResult<Arc<dyn TableProvider>> {
-        let [table, column, query, k] = args.exprs() else {
-            return Err(sql_error(format!(
-                "takes (table, column, query_vector, k), not {} arguments",
-                args.exprs().len()
-            )));
+        let (table, column, query, k, method) = match args.exprs() {
+            [table, column, query, k] => (table, column, query, k, None),
+            [table, column, query, k, method] => (table, column, query, k, Some(method)),
+            other => {
+                return Err(sql_error(format!(
+                    "takes (table, column, query_vector, k [, 'exact' | 'hnsw']), not {} \
+                     arguments",
+                    other.len()
+                )));
+            }
         };
         let session = args.session();
         let state = session
@@ -152,6 +159,16 @@ impl TableFunctionImpl for AiSearch {
         let query = Query::new(&query, query.len())
             .map_err(|e| sql_error(format!("the query vector: {e}")))?;
         let k = k_arg(state, k)?;
+        let approximate = match method.map(|m| string_arg(state, m, "method")).transpose()? {
+            None => false,
+            Some(m) if m.eq_ignore_ascii_case("exact") => false,
+            Some(m) if m.eq_ignore_ascii_case("hnsw") => true,
+            Some(m) => {
+                return Err(sql_error(format!(
+                    "method must be 'exact' (the default) or 'hnsw' (approximate), not {m:?}"
+                )));
+            }
+        };
 
         let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
         fields.push(Field::new(DISTANCE, DataType::Float64, false));
@@ -163,6 +180,7 @@ impl TableFunctionImpl for AiSearch {
                 column_index,
                 query,
                 k,
+                approximate,
                 cache: self.cache.clone(),
             }),
             schema: Arc::new(Schema::new(fields)),
@@ -279,6 +297,10 @@ struct Search {
     column_index: usize,
     query: Query,
     k: usize,
+    /// Search a graph (HNSW) over a large column: faster, and it may miss
+    /// some of the nearest rows. Only when asked (`'hnsw'`): an answer that
+    /// may differ from the exact one is never the default.
+    approximate: bool,
     cache: IndexCache,
 }
 
@@ -348,8 +370,15 @@ impl DisplayAs for SearchExec {
             DisplayFormatType::TreeRender => Ok(()),
             DisplayFormatType::Default | DisplayFormatType::Verbose => write!(
                 f,
-                "AiSearchExec: table={}, column={}, k={}",
-                self.search.table_name, self.search.column, self.search.k
+                "AiSearchExec: table={}, column={}, k={}, search={}",
+                self.search.table_name,
+                self.search.column,
+                self.search.k,
+                if self.search.approximate {
+                    "hnsw (approximate: may miss some of the nearest rows)"
+                } else {
+                    "exact"
+                }
             ),
         }
     }
@@ -479,10 +508,11 @@ impl Search {
         Ok(vectors)
     }
 
-    /// The index over `vectors`: flat when small, else the cached graph if
-    /// it was built from the same vectors, else a new graph (kept).
+    /// The index over `vectors`: flat unless asked to approximate over a
+    /// large column; then the cached graph if it was built from the same
+    /// vectors, else a new graph (kept).
     async fn index(&self, vectors: Vectors) -> DfResult<Arc<VectorIndex>> {
-        if vectors.len() < FLAT_BELOW {
+        if !self.approximate || vectors.len() < FLAT_BELOW {
             return Ok(Arc::new(VectorIndex::flat(vectors)));
         }
         let key = (self.table_name.clone(), self.column.clone());

@@ -140,9 +140,10 @@ fn rows_of(flat: &[f32], dims: usize) -> Vec<Option<Vec<f32>>> {
 /// ai_search's rows and distances against the exact query in SQL.
 fn assert_matches_order_by(s: &SqlSession, table: &str, q: &[f32], k: usize, exact: bool) {
     let q = literal(q);
+    let method = if exact { "" } else { ", 'hnsw'" };
     let found = ids_and_distances(
         s,
-        &format!("SELECT id, distance FROM ai_search('{table}', 'v', {q}, {k})"),
+        &format!("SELECT id, distance FROM ai_search('{table}', 'v', {q}, {k}{method})"),
     );
     let want = ids_and_distances(
         s,
@@ -215,6 +216,20 @@ fn large_table_is_searched_through_the_graph() {
     // k past the table: every row, exactly ordered.
     let q = random(23, 1, dims);
     assert_matches_order_by(&s, "big", &q, n + 5, true);
+    // Without 'hnsw' the search is exact, whatever the table's size.
+    for q in random(24, 2, dims).chunks_exact(dims) {
+        assert_matches_order_by(&s, "big", q, 10, true);
+    }
+    let q = literal(&random(25, 1, dims));
+    let explained = run(
+        &s,
+        &format!("EXPLAIN SELECT id FROM ai_search('big', 'v', {q}, 10, 'hnsw')"),
+    )
+    .unwrap();
+    let plan = datafusion::arrow::util::pretty::pretty_format_batches(&explained)
+        .unwrap()
+        .to_string();
+    assert!(plan.contains("search=hnsw (approximate"), "{plan}");
 }
 
 #[test]
@@ -357,11 +372,15 @@ fn bad_arguments_are_errors() {
         ),
         (
             "SELECT * FROM ai_search('docs', 'v', 3)".to_string(),
-            "takes (table, column, query_vector, k), not 3 arguments",
+            "takes (table, column, query_vector, k [, 'exact' | 'hnsw']), not 3 arguments",
         ),
         (
             format!("SELECT * FROM ai_search('docs', 'v', {q}, id)"),
             "k must be a constant",
+        ),
+        (
+            format!("SELECT * FROM ai_search('docs', 'v', {q}, 3, 'fast')"),
+            "method must be 'exact' (the default) or 'hnsw'",
         ),
     ] {
         let e = error(&s, &sql);
