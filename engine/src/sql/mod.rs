@@ -25,6 +25,7 @@ pub mod spelling;
 pub mod tables;
 pub mod text_scan;
 pub mod vector_functions;
+pub mod vector_search;
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -181,6 +182,7 @@ impl SqlSession {
         ));
         bounded_functions::register(&ctx, options.memory_limit);
         vector_functions::register(&ctx);
+        vector_search::register(&ctx);
         Ok(Self {
             ctx,
             backend,
