@@ -592,3 +592,84 @@ fn the_model_is_loaded_only_when_a_statement_needs_it() {
         .failure()
         .stderr(predicate::str::contains("nowhere"));
 }
+
+/// csv and json rows are printed as they come: a result larger than
+/// `--memory-limit` reaches the pipe whole, where the table format (which
+/// keeps the rows to lay them out) fails naming the result's rows; the text
+/// is the same as a kept result's.
+#[test]
+fn csv_and_json_rows_are_printed_as_they_come() {
+    let tmp = tempfile::tempdir().unwrap();
+    let docs = tmp.path().join("docs.csv");
+    let mut text = String::from("id,body\n");
+    for i in 0..20_000 {
+        text.push_str(&format!(
+            "{i},review {i} {}\n",
+            "plot actor scene ".repeat(14)
+        ));
+    }
+    std::fs::write(&docs, text).unwrap();
+    let table = format!("docs={}", docs.display());
+    let sql = |statement: &str, extra: &[&str]| {
+        let mut c = aisql();
+        c.args(["sql", statement, "--table", &table, "--progress", "off"])
+            .args(["--backend", "model", "--model", "tiny"])
+            .args(extra);
+        c
+    };
+    // About 250 bytes a body, 60 times over: 300 MB under a 128M limit.
+    let big = "SELECT id, repeat(body, 60) AS body FROM docs";
+    let limit = ["--memory-limit", "128M"];
+    let out = sql(big, &[&limit[..], &["--format", "csv"]].concat())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let mut lines = stdout.lines();
+    assert_eq!(lines.next(), Some("id,body"));
+    let (mut rows, mut bytes) = (0u64, 0u64);
+    for line in lines {
+        let (_, body) = line.split_once(',').expect("id,body");
+        rows += 1;
+        bytes += body.len() as u64;
+    }
+    assert_eq!(rows, 20_000);
+    assert!(bytes > 250_000_000, "{bytes} bytes");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("20000 rows in"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let kept = sql(big, &[&limit[..], &["--format", "table"]].concat())
+        .output()
+        .unwrap();
+    assert!(!kept.status.success());
+    assert!(String::from_utf8_lossy(&kept.stderr).contains("query result rows"));
+
+    // The same text as a result printed from kept rows (--output keeps them).
+    let small = "SELECT id, body FROM docs WHERE id < 3 ORDER BY id";
+    let saved = tmp.path().join("small.json");
+    sql(
+        small,
+        &["--format", "json", "--output", saved.to_str().unwrap()],
+    )
+    .assert()
+    .success();
+    let streamed = sql(small, &["--format", "json"]).output().unwrap();
+    let streamed: serde_json::Value = serde_json::from_slice(&streamed.stdout).unwrap();
+    let kept: serde_json::Value = serde_json::from_slice(&std::fs::read(&saved).unwrap()).unwrap();
+    assert_eq!(streamed, kept);
+    assert_eq!(streamed.as_array().unwrap().len(), 3);
+    sql("SELECT id FROM docs WHERE id < 0", &["--format", "json"])
+        .assert()
+        .success()
+        .stdout("[]\n");
+    sql("SELECT id FROM docs WHERE id < 0", &["--format", "csv"])
+        .assert()
+        .success()
+        .stdout("id\n");
+}

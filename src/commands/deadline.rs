@@ -106,6 +106,17 @@ impl<S> Shared<S> {
         Self(self.0.clone())
     }
 
+    /// Runs `f` on the sink, unless it was taken.
+    pub fn with<R>(&self, f: impl FnOnce(&mut S) -> R) -> anyhow::Result<R> {
+        let mut sink = self.0.lock().map_err(|_| {
+            anyhow::anyhow!("the query's rows were lost (a panic while saving them)")
+        })?;
+        let sink = sink
+            .as_mut()
+            .ok_or_else(|| anyhow::anyhow!("the query was stopped; its rows are closed"))?;
+        Ok(f(sink))
+    }
+
     /// The sink, taken from every handle.
     pub fn take(&self) -> anyhow::Result<S> {
         self.0

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use aisql_engine::console::Stdout;
 use aisql_engine::data::files::{write_file_atomic, write_parquet};
-use aisql_engine::data::row_sink::RowSink;
+use aisql_engine::data::row_sink::{CountedRows, RowSink};
 use aisql_engine::errln;
 use aisql_engine::inference::work::{Sum, Work};
 use datafusion::arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
@@ -190,6 +190,54 @@ impl<S: RowSink> RowSink for PrintedRows<S> {
         }
         self.total += batch.num_rows() as u64;
         self.next.push(batch)
+    }
+}
+
+/// Every row of a statement printed on stdout as csv or json as it arrives
+/// (`aisql sql` without `--output` or `--limit`), begun once the statement
+/// is planned and its columns are known: a result larger than
+/// `--memory-limit` reaches a pipe whole.
+pub struct StdoutRows {
+    format: RowFormat,
+    printed: Option<PrintedRows<CountedRows>>,
+}
+
+impl StdoutRows {
+    /// Rows to print in `format` (csv or json).
+    pub fn new(format: RowFormat) -> Self {
+        Self {
+            format,
+            printed: None,
+        }
+    }
+
+    /// Begins the printed text of rows of `schema` (a CSV header).
+    pub fn begin(&mut self, schema: &SchemaRef) -> anyhow::Result<()> {
+        self.printed = Some(PrintedRows::new(
+            self.format,
+            schema,
+            CountedRows::default(),
+        )?);
+        Ok(())
+    }
+
+    /// Ends the printed text, whole csv or json whatever stopped the rows;
+    /// how many were printed (none when the statement was never planned).
+    pub fn finish(self) -> anyhow::Result<Option<u64>> {
+        self.printed
+            .map(|p| p.finish().map(|(total, _)| total))
+            .transpose()
+    }
+}
+
+impl RowSink for StdoutRows {
+    fn push(&mut self, batch: RecordBatch) -> aisql_engine::Result<()> {
+        match &mut self.printed {
+            Some(printed) => printed.push(batch),
+            None => Err(aisql_engine::EngineError::Data(
+                "rows came before their statement was planned (a bug in aisql)".into(),
+            )),
+        }
     }
 }
 

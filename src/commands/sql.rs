@@ -17,7 +17,9 @@ use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::logical_expr::LogicalPlan;
 
 use super::connect::Sources;
+use super::deadline::Shared;
 use super::estimate::estimator;
+use super::rows::StdoutRows;
 use super::{UsageError, deadline};
 use crate::cli::{RowOutputArgs, SqlArgs};
 use crate::config::BackendSpec;
@@ -150,6 +152,10 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     for (template, fraction) in &hints {
         session.set_selectivity(template, *fraction)?;
     }
+    // csv or json with nothing to keep: every row is printed as it comes.
+    let streamed = (args.rows.output.is_none() && args.rows.print_limit().is_none())
+        .then(|| Shared::new(StdoutRows::new(args.rows.format)));
+    let streamed_rows = streamed.as_ref().map(Shared::handle);
     // Reading the tables, planning and running, within --timeout-s.
     let to_substrait = args.to_substrait.clone();
     let canceller = session.canceller();
@@ -204,10 +210,27 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
                     Err(e) => errln!("no estimate for the progress lines: {e:#}")?,
                 }
             }
+            if let Some(mut rows) = streamed_rows {
+                let started = std::time::Instant::now();
+                let plan = session.plan(&sql).await?;
+                let schema = Arc::new(plan.schema().as_arrow().clone());
+                rows.with(|r| r.begin(&schema))??;
+                let out = session.run_plan_into(plan, started, &mut rows).await?;
+                return Ok(Some(out));
+            }
             Ok(Some(session.run(&sql).await?))
         },
-    )?;
-    let Some(out) = out else {
+    );
+    if let Some(streamed) = streamed {
+        // The printed text is ended either way (an error, the deadline):
+        // what was printed stays whole csv or json.
+        let printed = streamed.take()?.finish()?;
+        if let (Some(total), Ok(Some(out))) = (printed, &out) {
+            super::rows::summarise(total, total, &args.rows, out.runtime_s)?;
+            return report_output(out);
+        }
+    }
+    let Some(out) = out? else {
         if let Some((estimator, estimating)) = &estimating {
             super::estimate::print(&estimator.estimate(estimating), args.rows.format)?;
         }
@@ -220,6 +243,11 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
 /// took (the shell prints each of its statements the same way).
 pub(super) fn print_output(out: &SqlOutput, rows: &RowOutputArgs) -> anyhow::Result<()> {
     super::rows::emit(&out.rows()?, rows, out.runtime_s)?;
+    report_output(out)
+}
+
+/// The model work a statement took, on stderr.
+fn report_output(out: &SqlOutput) -> anyhow::Result<()> {
     super::rows::report_work(&out.measurements)?;
     let asked: usize = out.answers.iter().map(|a| a.len()).sum();
     if !out.calls.is_empty() {
