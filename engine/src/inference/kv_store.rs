@@ -194,34 +194,117 @@ fn open_root(root: &Path) -> Result<()> {
     }
     folder_in_store(root).map_err(|e| e.into_engine(root, STORE))?;
     let marker = root.join(MARKER_FILE);
-    match open_in_folder(&marker, OpenOptions::new().read(true)) {
-        Ok(file) => {
-            let mut text = String::new();
-            file.take(4096)
-                .read_to_string(&mut text)
-                .map_err(|e| EngineError::io(&marker, e))?;
-            if text != MARKER {
-                return Err(EngineError::Data(format!(
-                    "{flag} {}: {} is not an aisql KV store's marker",
-                    root.display(),
-                    marker.display()
-                )));
+    let not_a_store = || {
+        EngineError::Data(format!(
+            "{flag} {}: the folder holds other files and is not a KV store; \
+             aisql makes a store only in a new or empty folder",
+            root.display()
+        ))
+    };
+    // Another process may be making the same store: its marker is made
+    // with O_EXCL (never two), and a marker still being written is waited
+    // for, not taken for a foreign file.
+    for _ in 0..MAKING_WAITS {
+        match open_in_folder(&marker, OpenOptions::new().read(true)) {
+            Ok(file) => {
+                let mut text = String::new();
+                file.take(4096)
+                    .read_to_string(&mut text)
+                    .map_err(|e| EngineError::io(&marker, e))?;
+                if text == MARKER {
+                    return Ok(());
+                }
+                if !MARKER.starts_with(&text) {
+                    return Err(EngineError::Data(format!(
+                        "{flag} {}: {} is not an aisql KV store's marker",
+                        root.display(),
+                        marker.display()
+                    )));
+                }
             }
-            Ok(())
-        }
-        Err(StoreFileError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
-            let mut entries = std::fs::read_dir(root).map_err(|e| EngineError::io(root, e))?;
-            if entries.next().is_some() {
-                return Err(EngineError::Data(format!(
-                    "{flag} {}: the folder holds other files and is not a KV store; \
-                     aisql makes a store only in a new or empty folder",
-                    root.display()
-                )));
+            Err(StoreFileError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                let others = std::fs::read_dir(root)
+                    .map_err(|e| EngineError::io(root, e))?
+                    .filter_map(|entry| entry.ok())
+                    .any(|entry| entry.file_name() != MARKER_FILE);
+                if others {
+                    // The marker may have come with them, since it was looked for.
+                    if std::fs::symlink_metadata(&marker).is_ok() {
+                        continue;
+                    }
+                    return Err(not_a_store());
+                }
+                match open_in_folder(&marker, OpenOptions::new().write(true).create_new(true)) {
+                    Ok(mut file) => {
+                        file.write_all(MARKER.as_bytes())
+                            .and_then(|()| file.sync_all())
+                            .map_err(|e| EngineError::io(&marker, e))?;
+                        return Ok(());
+                    }
+                    Err(StoreFileError::Io(e)) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    }
+                    Err(e) => return Err(e.into_engine(&marker, STORE)),
+                }
             }
-            crate::data::files::write_file_atomic(&marker, MARKER.as_bytes())
+            Err(e) => return Err(e.into_engine(&marker, STORE)),
         }
-        Err(e) => Err(e.into_engine(&marker, STORE)),
+        std::thread::sleep(MAKING_WAIT);
     }
+    Err(EngineError::Data(format!(
+        "{flag} {}: {} stayed incomplete for {} ms (a process that was making the store \
+         stopped part way?); clear the folder and try again",
+        root.display(),
+        marker.display(),
+        MAKING_WAITS as u128 * MAKING_WAIT.as_millis()
+    )))
+}
+
+/// How often, and how long each time, a store's marker or identity file
+/// another process is writing is waited for.
+const MAKING_WAITS: u32 = 100;
+const MAKING_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Makes `path` hold `content` unless it does already: made with O_EXCL, so
+/// that two processes opening one new store write it once, and waited for
+/// while another process is still writing it. `Ok(Some(found))` for a file
+/// that holds something else.
+fn make_once(path: &Path, content: &str) -> Result<Option<String>> {
+    for _ in 0..MAKING_WAITS {
+        match open_in_folder(path, OpenOptions::new().read(true)) {
+            Ok(file) => {
+                let mut have = String::new();
+                file.take(1 << 16)
+                    .read_to_string(&mut have)
+                    .map_err(|e| EngineError::io(path, e))?;
+                if have == content {
+                    return Ok(None);
+                }
+                if !content.starts_with(&have) {
+                    return Ok(Some(have));
+                }
+            }
+            Err(StoreFileError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                match open_in_folder(path, OpenOptions::new().write(true).create_new(true)) {
+                    Ok(mut file) => {
+                        file.write_all(content.as_bytes())
+                            .and_then(|()| file.sync_all())
+                            .map_err(|e| EngineError::io(path, e))?;
+                        return Ok(None);
+                    }
+                    Err(StoreFileError::Io(e)) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    }
+                    Err(e) => return Err(e.into_engine(path, STORE)),
+                }
+            }
+            Err(e) => return Err(e.into_engine(path, STORE)),
+        }
+        std::thread::sleep(MAKING_WAIT);
+    }
+    Err(EngineError::Data(format!(
+        "{} stayed incomplete for {} ms (a process that was writing it stopped part way?)",
+        path.display(),
+        MAKING_WAITS as u128 * MAKING_WAIT.as_millis()
+    )))
 }
 
 /// The store's lock, held exclusively while it lives.
@@ -308,25 +391,15 @@ impl KvStore {
         folder_in_store(&dir).map_err(|e| e.into_engine(&dir, STORE))?;
         let identity_path = dir.join(IDENTITY_FILE);
         let want = serde_json::to_string_pretty(identity).expect("identity serialises");
-        match open_in_folder(&identity_path, OpenOptions::new().read(true)) {
-            Ok(file) => {
-                let mut have = String::new();
-                file.take(1 << 16)
-                    .read_to_string(&mut have)
-                    .map_err(|e| EngineError::io(&identity_path, e))?;
-                let have: KvIdentity = serde_json::from_str(&have)
-                    .map_err(|e| EngineError::Data(format!("{}: {e}", identity_path.display())))?;
-                if &have != identity {
-                    return Err(EngineError::Data(format!(
-                        "{}: the KV there belongs to another model identity ({have:?}, not {identity:?})",
-                        identity_path.display()
-                    )));
-                }
+        if let Some(have) = make_once(&identity_path, &want)? {
+            let have: KvIdentity = serde_json::from_str(&have)
+                .map_err(|e| EngineError::Data(format!("{}: {e}", identity_path.display())))?;
+            if &have != identity {
+                return Err(EngineError::Data(format!(
+                    "{}: the KV there belongs to another model identity ({have:?}, not {identity:?})",
+                    identity_path.display()
+                )));
             }
-            Err(StoreFileError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
-                crate::data::files::write_file_atomic(&identity_path, want.as_bytes())?;
-            }
-            Err(e) => return Err(e.into_engine(&identity_path, STORE)),
         }
         Ok(Self {
             root: root.to_path_buf(),
@@ -705,6 +778,46 @@ mod tests {
     fn store(root: &Path, dtype: &str, limit: u64) -> KvStore {
         let k = key(root.parent().unwrap());
         KvStore::open(root, &identity(dtype), k, limit).unwrap()
+    }
+
+    #[test]
+    fn processes_opening_one_new_store_at_once_all_open_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("kv");
+        let k = key(tmp.path());
+        let openers: Vec<_> = (0..8)
+            .map(|_| {
+                let (root, k) = (root.clone(), k.clone());
+                std::thread::spawn(move || KvStore::open(&root, &identity("f32"), k, 1 << 20))
+            })
+            .collect();
+        for opener in openers {
+            opener.join().unwrap().unwrap();
+        }
+        assert_eq!(
+            std::fs::read_to_string(root.join(MARKER_FILE)).unwrap(),
+            MARKER
+        );
+        // A marker another process is still writing is waited for...
+        let second = tmp.path().join("kv2");
+        std::fs::create_dir(&second).unwrap();
+        std::fs::write(second.join(MARKER_FILE), &MARKER[..10]).unwrap();
+        let finishing = second.join(MARKER_FILE);
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            std::fs::write(finishing, MARKER).unwrap();
+        });
+        KvStore::open(&second, &identity("f32"), k.clone(), 1 << 20).unwrap();
+        writer.join().unwrap();
+        // ...and one that is not a marker is refused.
+        let third = tmp.path().join("kv3");
+        std::fs::create_dir(&third).unwrap();
+        std::fs::write(third.join(MARKER_FILE), "{\"something\": 1}").unwrap();
+        let e = KvStore::open(&third, &identity("f32"), k, 1 << 20)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("not an aisql KV store's marker"), "{e}");
     }
 
     fn hit(l: Lookup) -> Vec<u8> {
