@@ -194,69 +194,31 @@ fn open_root(root: &Path) -> Result<()> {
     }
     folder_in_store(root).map_err(|e| e.into_engine(root, STORE))?;
     let marker = root.join(MARKER_FILE);
-    let not_a_store = || {
-        EngineError::Data(format!(
-            "{flag} {}: the folder holds other files and is not a KV store; \
-             aisql makes a store only in a new or empty folder",
-            root.display()
-        ))
-    };
-    // Another process may be making the same store: its marker is made
-    // with O_EXCL (never two), and a marker still being written is waited
-    // for, not taken for a foreign file.
-    for _ in 0..MAKING_WAITS {
-        match open_in_folder(&marker, OpenOptions::new().read(true)) {
-            Ok(file) => {
-                let mut text = String::new();
-                file.take(4096)
-                    .read_to_string(&mut text)
-                    .map_err(|e| EngineError::io(&marker, e))?;
-                if text == MARKER {
-                    return Ok(());
-                }
-                if !MARKER.starts_with(&text) {
-                    return Err(EngineError::Data(format!(
-                        "{flag} {}: {} is not an aisql KV store's marker",
-                        root.display(),
-                        marker.display()
-                    )));
-                }
-            }
-            Err(StoreFileError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
-                let others = std::fs::read_dir(root)
-                    .map_err(|e| EngineError::io(root, e))?
-                    .filter_map(|entry| entry.ok())
-                    .any(|entry| entry.file_name() != MARKER_FILE);
-                if others {
-                    // The marker may have come with them, since it was looked for.
-                    if std::fs::symlink_metadata(&marker).is_ok() {
-                        continue;
-                    }
-                    return Err(not_a_store());
-                }
-                match open_in_folder(&marker, OpenOptions::new().write(true).create_new(true)) {
-                    Ok(mut file) => {
-                        file.write_all(MARKER.as_bytes())
-                            .and_then(|()| file.sync_all())
-                            .map_err(|e| EngineError::io(&marker, e))?;
-                        return Ok(());
-                    }
-                    Err(StoreFileError::Io(e)) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    }
-                    Err(e) => return Err(e.into_engine(&marker, STORE)),
-                }
-            }
-            Err(e) => return Err(e.into_engine(&marker, STORE)),
+    // A store is made only in a new or empty folder. Another process making
+    // the same store may have put its marker and more there since the
+    // marker was looked for: then it is that store.
+    let exists = |path: &Path| std::fs::symlink_metadata(path).is_ok();
+    if !exists(&marker) {
+        let others = std::fs::read_dir(root)
+            .map_err(|e| EngineError::io(root, e))?
+            .filter_map(|entry| entry.ok())
+            .any(|entry| entry.file_name() != MARKER_FILE);
+        if others && !exists(&marker) {
+            return Err(EngineError::Data(format!(
+                "{flag} {}: the folder holds other files and is not a KV store; \
+                 aisql makes a store only in a new or empty folder",
+                root.display()
+            )));
         }
-        std::thread::sleep(MAKING_WAIT);
     }
-    Err(EngineError::Data(format!(
-        "{flag} {}: {} stayed incomplete for {} ms (a process that was making the store \
-         stopped part way?); clear the folder and try again",
-        root.display(),
-        marker.display(),
-        MAKING_WAITS as u128 * MAKING_WAIT.as_millis()
-    )))
+    match make_once(&marker, MARKER)? {
+        None => Ok(()),
+        Some(_) => Err(EngineError::Data(format!(
+            "{flag} {}: {} is not an aisql KV store's marker",
+            root.display(),
+            marker.display()
+        ))),
+    }
 }
 
 /// How often, and how long each time, a store's marker or identity file
