@@ -15,7 +15,6 @@ use aisql_engine::inference::backend::InferenceBackend;
 use aisql_engine::sql::options::QueryOptions;
 use aisql_engine::sql::text_scan::CsvReading;
 use aisql_engine::sql::{Evaluation, SqlOutput, SqlSession, WritePolicy};
-use datafusion::common::ParamValues;
 use datafusion::logical_expr::LogicalPlan;
 
 use super::UsageError;
@@ -231,19 +230,8 @@ impl Connection {
     /// model after its forward batch in flight. Past `--timeout-s` it stops
     /// the same way and fails naming the limit.
     pub async fn run(&self, session: &SqlSession, sql: &str) -> anyhow::Result<SqlOutput> {
-        self.run_within(session, sql, None).await
-    }
-
-    /// Runs `sql` as [`Self::run`], stopped past `statement_timeout` too (a
-    /// server session's own limit) where that comes first.
-    pub async fn run_within(
-        &self,
-        session: &SqlSession,
-        sql: &str,
-        statement_timeout: Option<Duration>,
-    ) -> anyhow::Result<SqlOutput> {
         let started = Instant::now();
-        self.within_limits(async { session.run(sql).await }, started, statement_timeout)
+        self.within_limits(async { session.run(sql).await }, started, None)
             .await
     }
 
@@ -262,26 +250,10 @@ impl Connection {
         .await
     }
 
-    /// Runs `sql` with its placeholders (`$1`, ...) bound to `params`, as
-    /// [`Self::run_within`].
-    pub async fn run_with_params(
-        &self,
-        session: &SqlSession,
-        sql: &str,
-        params: ParamValues,
-        statement_timeout: Option<Duration>,
-    ) -> anyhow::Result<SqlOutput> {
-        let started = Instant::now();
-        let work = async {
-            let plan = session.plan_with_params(sql, Some(params)).await?;
-            session.run_plan(plan, started).await
-        };
-        self.within_limits(work, started, statement_timeout).await
-    }
-
     /// Starts `plan` on `session` as a task of its own, its rows going to
-    /// `rows` as they come (a server streaming them to its client), under the
-    /// same limits as [`Self::run_within`]. The task ends when the statement
+    /// `rows` as they come (a server streaming them to its client), under
+    /// `--timeout-s` and `statement_timeout` (a server session's own limit),
+    /// whichever comes first. The task ends when the statement
     /// does, or soon after the reader of `rows` goes away: the statement is
     /// then dropped, which stops its model work after the forward batch in
     /// flight.
