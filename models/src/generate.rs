@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Tensor};
 
+use crate::constrain::{TokenConstraint, masked_argmax};
 use crate::kv::{KvHandle, LayerKv, Segment};
 use crate::qwen3::Qwen3;
 use crate::score::{Continuation, final_hidden};
@@ -60,7 +61,8 @@ impl<'a> GenerateRequest<'a> {
 /// Why a generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {
-    /// The model produced a stop id (not included in the tokens).
+    /// The model produced a stop id (not included in the tokens), or the
+    /// request's constraint allowed nothing after the last token.
     Stop,
     /// `max_tokens` tokens were generated.
     Length,
@@ -137,7 +139,31 @@ impl Qwen3 {
         max_batch: usize,
         stopped: &dyn Fn() -> bool,
     ) -> Result<Vec<Generation>> {
-        self.generate_in_blocks(requests, stop_ids, max_batch, BLOCK, stopped)
+        self.generate_in_blocks(requests, &mut [], stop_ids, max_batch, BLOCK, stopped)
+    }
+
+    /// [`Self::generate_until`] where each request may carry a constraint
+    /// (`constraints[i]` for request `i`, `None` for a free one): every token
+    /// is the greedy pick among the tokens its constraint allows, and a
+    /// sequence ends, as at a stop id, once its constraint says nothing may
+    /// follow. A request that ends by its `max_tokens` may leave its
+    /// constraint incomplete ([`TokenConstraint::is_complete`] says so).
+    pub fn generate_constrained_until(
+        &self,
+        requests: &[GenerateRequest<'_>],
+        constraints: &mut [Option<Box<dyn TokenConstraint>>],
+        stop_ids: &[u32],
+        max_batch: usize,
+        stopped: &dyn Fn() -> bool,
+    ) -> Result<Vec<Generation>> {
+        if constraints.len() != requests.len() {
+            return Err(ModelError::InvalidInput(format!(
+                "{} constraints for {} requests",
+                constraints.len(),
+                requests.len()
+            )));
+        }
+        self.generate_in_blocks(requests, constraints, stop_ids, max_batch, BLOCK, stopped)
     }
 
     /// [`Self::generate_until`] with closed KV blocks of `block` generated
@@ -145,6 +171,7 @@ impl Qwen3 {
     fn generate_in_blocks(
         &self,
         requests: &[GenerateRequest<'_>],
+        constraints: &mut [Option<Box<dyn TokenConstraint>>],
         stop_ids: &[u32],
         max_batch: usize,
         block: usize,
@@ -162,14 +189,21 @@ impl Qwen3 {
             if stopped() {
                 break Err(ModelError::Stopped);
             }
-            if let Err(e) = self.decode_step(requests, &admit, &mut running, block) {
+            let step = self.decode_step(requests, constraints, stop_ids, &admit, &mut running, block);
+            if let Err(e) = step {
                 break Err(e);
             }
             // Retire finished sequences, freeing their slots and their KV.
             running.retain_mut(|r| {
                 let last = *r.tokens.last().expect("every running sequence has a token");
+                let closed = constraints
+                    .get(r.item)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|c| c.must_stop());
                 let finish = if stop_ids.contains(&last) {
                     r.tokens.pop();
+                    FinishReason::Stop
+                } else if closed {
                     FinishReason::Stop
                 } else if r.tokens.len() >= r.max_tokens {
                     FinishReason::Length
@@ -199,6 +233,8 @@ impl Qwen3 {
     fn decode_step(
         &self,
         requests: &[GenerateRequest<'_>],
+        constraints: &mut [Option<Box<dyn TokenConstraint>>],
+        stop_ids: &[u32],
         admit: &[usize],
         running: &mut Vec<Running>,
         block: usize,
@@ -242,7 +278,27 @@ impl Qwen3 {
             .into_iter()
             .map(|h| h.expect("every item has a row"))
             .collect();
-        let next = self.greedy(&Tensor::stack(&hidden, 0)?)?;
+        // Rows in item order: the running sequences, then the admitted ones.
+        let order: Vec<usize> = running
+            .iter()
+            .map(|r| r.item)
+            .chain(admit.iter().copied())
+            .collect();
+        let masks = order
+            .iter()
+            .map(|&i| match constraints.get_mut(i).and_then(Option::as_mut) {
+                Some(c) => c.mask().map(Some).map_err(|e| constraint_error(i, &e)),
+                None => Ok(None),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let next = self.greedy(&Tensor::stack(&hidden, 0)?, &masks)?;
+        for (&i, &t) in order.iter().zip(&next) {
+            if let Some(c) = constraints.get_mut(i).and_then(Option::as_mut)
+                && !stop_ids.contains(&t)
+            {
+                c.accept(t).map_err(|e| constraint_error(i, &e))?;
+            }
+        }
 
         let mut kv = kv.into_iter();
         for r in running.iter_mut() {
@@ -372,9 +428,53 @@ impl Qwen3 {
             .collect()
     }
 
-    /// The argmax token of each row of `hidden` `(n, hidden)`, ties to the lowest id.
-    fn greedy(&self, hidden: &Tensor) -> Result<Vec<u32>> {
-        let picks = match self.block_head_logits(hidden)? {
+    /// The argmax token of each row of `hidden` `(n, hidden)`, ties to the
+    /// lowest id, among the tokens of the row's mask where it has one.
+    fn greedy(&self, hidden: &Tensor, masks: &[Option<Vec<u32>>]) -> Result<Vec<u32>> {
+        let picks = if masks.iter().any(Option::is_some) {
+            self.masked_picks(hidden, masks)?
+        } else {
+            self.free_picks(hidden)?
+        };
+        picks
+            .into_iter()
+            .enumerate()
+            .map(|(row, id)| {
+                id.ok_or_else(|| {
+                    ModelError::InvalidInput(format!(
+                        "sequence {row} of a decode step has NaN logits"
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// Per row of `hidden`, the argmax over the tokens of its mask (all where
+    /// it has none): the logits come to the host as rows `(n, vocab)`.
+    fn masked_picks(&self, hidden: &Tensor, masks: &[Option<Vec<u32>>]) -> Result<Vec<Option<u32>>> {
+        let rows = match self.block_head_logits(hidden)? {
+            Some(logits) => logits,
+            None => self.lm_head().matmul(&hidden.t()?.contiguous()?)?.t()?,
+        };
+        let vocab = rows.dim(1)?;
+        let values = rows
+            .to_dtype(DType::F32)?
+            .contiguous()?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        values
+            .chunks_exact(vocab)
+            .zip(masks)
+            .map(|(row, mask)| match mask {
+                Some(mask) => masked_argmax(mask, vocab, |id| row[id]),
+                None => Ok(argmax_row(row)),
+            })
+            .collect()
+    }
+
+    /// Per row of `hidden`, the argmax over the whole vocabulary.
+    fn free_picks(&self, hidden: &Tensor) -> Result<Vec<Option<u32>>> {
+        Ok(match self.block_head_logits(hidden)? {
             // A head in the file's block format (a quantized GGUF): its own kernel,
             // rows `(n, vocab)`.
             Some(logits) => argmax_rows_host(&logits)?,
@@ -394,18 +494,7 @@ impl Qwen3 {
                     argmax_columns_device(&logits)?
                 }
             }
-        };
-        picks
-            .into_iter()
-            .enumerate()
-            .map(|(row, id)| {
-                id.ok_or_else(|| {
-                    ModelError::InvalidInput(format!(
-                        "sequence {row} of a decode step has NaN logits"
-                    ))
-                })
-            })
-            .collect()
+        })
     }
 
     /// Rejects requests [`Self::generate`] cannot run, before any work.
@@ -488,21 +577,27 @@ fn argmax_columns_host(logits: &Tensor) -> Result<Vec<Option<u32>>> {
 fn argmax_rows_host(logits: &Tensor) -> Result<Vec<Option<u32>>> {
     let vocab = logits.dim(1)?;
     let values = logits.flatten_all()?.to_vec1::<f32>()?;
-    Ok(values
-        .chunks_exact(vocab)
-        .map(|row| {
-            let mut best = 0;
-            let mut best_value = f32::NEG_INFINITY;
-            for (id, &x) in row.iter().enumerate() {
-                // Strictly greater: an equal value later in the vocabulary loses.
-                if x > best_value {
-                    best_value = x;
-                    best = id as u32;
-                }
-            }
-            (!row.iter().any(|x| x.is_nan())).then_some(best)
-        })
-        .collect())
+    Ok(values.chunks_exact(vocab).map(argmax_row).collect())
+}
+
+/// The index of the largest value of `row`, ties to the lowest index; `None`
+/// for a row holding NaN.
+fn argmax_row(row: &[f32]) -> Option<u32> {
+    let mut best = 0;
+    let mut best_value = f32::NEG_INFINITY;
+    for (id, &x) in row.iter().enumerate() {
+        // Strictly greater: an equal value later in the vocabulary loses.
+        if x > best_value {
+            best_value = x;
+            best = id as u32;
+        }
+    }
+    (!row.iter().any(|x| x.is_nan())).then_some(best)
+}
+
+/// The error of request `i`'s constraint.
+fn constraint_error(i: usize, e: &str) -> ModelError {
+    ModelError::InvalidInput(format!("the decoding constraint of request {i}: {e}"))
 }
 
 /// [`argmax_columns_host`] in tensor ops on the logits' device: the lowest index
@@ -652,7 +747,7 @@ mod tests {
             })
             .collect();
         let got = model
-            .generate_in_blocks(&requests, &stop_ids, 6, block, &|| false)
+            .generate_in_blocks(&requests, &mut [], &stop_ids, 6, block, &|| false)
             .unwrap();
         let mut near_ties = 0;
         for (j, g) in got.iter().enumerate() {
@@ -825,6 +920,104 @@ mod tests {
         assert!(model.generate(&[], &[], 1).unwrap().is_empty());
     }
 
+    /// A test constraint: the `k`-th token must be `≡ k (mod 3)`; the text is
+    /// complete after 2 tokens and closed after `closes_after`.
+    struct Modular {
+        vocab: usize,
+        accepted: Vec<u32>,
+        closes_after: usize,
+    }
+
+    impl TokenConstraint for Modular {
+        fn mask(&mut self) -> std::result::Result<Vec<u32>, String> {
+            let k = self.accepted.len() % 3;
+            let mut mask = vec![0u32; self.vocab.div_ceil(32)];
+            for id in (k..self.vocab).step_by(3) {
+                mask[id / 32] |= 1 << (id % 32);
+            }
+            Ok(mask)
+        }
+        fn accept(&mut self, token: u32) -> std::result::Result<(), String> {
+            if token as usize % 3 != self.accepted.len() % 3 {
+                return Err(format!("token {token} breaks the rule"));
+            }
+            self.accepted.push(token);
+            Ok(())
+        }
+        fn must_stop(&self) -> bool {
+            self.accepted.len() >= self.closes_after
+        }
+        fn is_complete(&mut self) -> bool {
+            self.accepted.len() >= 2
+        }
+    }
+
+    /// Constrained sequences pick the reference's argmax among the allowed
+    /// tokens, end where their constraint closes, and leave the free
+    /// sequences batched beside them as they were.
+    #[test]
+    fn constrained_generation_picks_the_best_allowed_token() {
+        let vocab = 151_669;
+        let model = Qwen3::load_for_test(tiny_dir());
+        let reference = Reference::load(tiny_dir());
+        let doc = tokens(21, 7, vocab as u32);
+        let handle = model.prefill(None, &doc).unwrap();
+        let prompts: Vec<Vec<u32>> = (0..6).map(|j| tokens(1 + j, 40 + j as u64, vocab as u32)).collect();
+        let requests: Vec<GenerateRequest> = prompts
+            .iter()
+            .map(|p| GenerateRequest::new(Some(&handle), p, 6))
+            .collect();
+        let mut constraints: Vec<Option<Box<dyn TokenConstraint>>> = (0..6)
+            .map(|j| {
+                (j % 3 != 2).then(|| {
+                    Box::new(Modular {
+                        vocab,
+                        accepted: Vec::new(),
+                        closes_after: if j == 0 { 4 } else { 100 },
+                    }) as Box<dyn TokenConstraint>
+                })
+            })
+            .collect();
+        let got = model
+            .generate_constrained_until(&requests, &mut constraints, &[], 4, &|| false)
+            .unwrap();
+        let free = model.generate(&requests, &[], 4).unwrap();
+        let mut near_ties = 0;
+        for (j, g) in got.iter().enumerate() {
+            let mut seq: Vec<u32> = doc.iter().chain(&prompts[j]).copied().collect();
+            if j % 3 == 2 {
+                assert_eq!(g, &free[j], "free request {j}");
+                continue;
+            }
+            let want_len = if j == 0 { 4 } else { 6 };
+            assert_eq!(g.token_ids.len(), want_len, "request {j}");
+            let want_finish = if j == 0 { FinishReason::Stop } else { FinishReason::Length };
+            assert_eq!(g.finish, want_finish, "request {j}");
+            for (k, &t) in g.token_ids.iter().enumerate() {
+                assert_eq!(t as usize % 3, k % 3, "request {j} token {k}");
+                let logits = reference.next_logits(&seq);
+                let allowed = (k % 3..vocab).step_by(3);
+                let want = allowed.fold(k % 3, |b, i| if logits[i] > logits[b] { i } else { b });
+                let gap = logits[want] - logits[t as usize];
+                assert!(gap <= NEAR_TIE, "request {j} token {k}: {t}, the reference picks {want}");
+                near_ties += usize::from(t as usize != want);
+                seq.push(t);
+            }
+        }
+        assert!(near_ties <= 1, "{near_ties} near-ties");
+        // A constraint's error fails the call, naming the request.
+        let mut broken: Vec<Option<Box<dyn TokenConstraint>>> = (0..6).map(|_| None).collect();
+        broken[3] = Some(Box::new(Modular { vocab: 0, accepted: Vec::new(), closes_after: 9 }));
+        let e = model
+            .generate_constrained_until(&requests, &mut broken, &[], 4, &|| false)
+            .unwrap_err();
+        assert!(e.to_string().contains("allows no token"), "{e}");
+        let e = model
+            .generate_constrained_until(&requests, &mut [], &[], 4, &|| false)
+            .unwrap_err();
+        assert!(e.to_string().contains("0 constraints for 6 requests"), "{e}");
+    }
+
     /// Both argmax paths pick the lowest id among equal maxima (all -inf too) and refuse NaN.
     #[test]
     fn argmax_ties_go_to_the_lowest_id() {
@@ -868,7 +1061,7 @@ mod tests {
             for _ in 0..3 {
                 let t0 = std::time::Instant::now();
                 let got = model
-                    .generate_in_blocks(&requests, &[], 16, block, &|| false)
+                    .generate_in_blocks(&requests, &mut [], &[], 16, block, &|| false)
                     .unwrap();
                 best = best.min(t0.elapsed().as_secs_f64());
                 n = got.iter().map(|g| g.token_ids.len()).sum::<usize>();

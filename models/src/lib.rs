@@ -11,6 +11,7 @@
 #![warn(missing_docs)]
 
 mod error;
+pub mod constrain;
 pub mod generate;
 pub mod gguf;
 pub mod kv;
@@ -26,6 +27,7 @@ pub mod tiny;
 pub mod tokenizer;
 
 pub use error::{ModelError, Result};
+pub use constrain::TokenConstraint;
 pub use generate::{FinishReason, GenerateRequest, Generation};
 pub use kv::KvHandle;
 pub use precision::Precision;
