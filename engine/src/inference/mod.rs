@@ -8,6 +8,8 @@ pub mod backend;
 pub mod backend_meta;
 pub mod call;
 pub mod distributed;
+pub mod field_type;
+pub mod grammar;
 pub mod kinds;
 pub mod kv_cache;
 pub mod kv_store;

@@ -1,0 +1,255 @@
+//! Token masks for typed answers ([`crate::inference::field_type`]), by
+//! llguidance: a field type's regular expression becomes a parser over the
+//! tokenizer's byte trie, which answers, before each decode step, which of
+//! the vocabulary's tokens keep the text inside the language. llguidance
+//! builds no index per grammar (a new type costs nothing up front) and
+//! walks the trie lazily per step; it is the masking library of llama.cpp,
+//! vLLM and SGLang.
+//!
+//! [`Grammars`] is built once per model (the trie over the vocabulary, about
+//! a second of work); each type's parser is compiled once and cloned per
+//! sequence.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use aisql_models::{TokenConstraint, Tokenizer};
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{InferenceCapabilities, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+
+use crate::error::{EngineError, Result};
+use crate::inference::field_type::FieldType;
+
+/// The tokenizer as llguidance reads it: the bytes of every token, in a trie.
+struct TokenBytes {
+    trie: TokTrie,
+    tokenizer: Tokenizer,
+}
+
+impl TokenizerEnv for TokenBytes {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    /// Only used for text the grammar forces; bytes that are not UTF-8 are
+    /// read with replacement characters.
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
+        self.tokenizer
+            .encode(&String::from_utf8_lossy(s))
+            .unwrap_or_default()
+    }
+}
+
+/// Time and count of the masks computed, for the cost per decoded token.
+#[derive(Debug, Default)]
+pub struct MaskCost {
+    nanos: std::sync::atomic::AtomicU64,
+    masks: std::sync::atomic::AtomicU64,
+}
+
+impl MaskCost {
+    /// Masks computed so far and the seconds they took.
+    pub fn totals(&self) -> (u64, f64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            self.masks.load(Relaxed),
+            self.nanos.load(Relaxed) as f64 / 1e9,
+        )
+    }
+}
+
+/// Parsers for the field types of one model's vocabulary.
+pub struct Grammars {
+    factory: ParserFactory,
+    /// One compiled parser per type (by its spelling), cloned per sequence.
+    compiled: Mutex<HashMap<String, Matcher>>,
+    cost: Arc<MaskCost>,
+}
+
+impl std::fmt::Debug for Grammars {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammars").finish_non_exhaustive()
+    }
+}
+
+impl Grammars {
+    /// Grammars over `tokenizer`'s tokens for a model of `vocab_size` logits
+    /// (ids past the tokenizer's are never allowed); `stop` is the id that
+    /// ends a complete answer.
+    pub fn new(tokenizer: &Tokenizer, vocab_size: usize, stop: u32) -> Result<Self> {
+        let err = |e: String| EngineError::Inference(format!("typed answers: {e}"));
+        let json = tokenizer
+            .inner()
+            .to_string(false)
+            .map_err(|e| err(format!("the tokenizer cannot be written as JSON: {e}")))?;
+        let json: serde_json::Value = serde_json::from_str(&json)
+            .map_err(|e| err(format!("the tokenizer's JSON cannot be read: {e}")))?;
+        let mut words = llguidance::token_bytes_from_tokenizer_json(&json)
+            .map_err(|e| err(format!("the tokenizer's tokens cannot be read as bytes: {e}")))?;
+        if words.len() > vocab_size {
+            return Err(err(format!(
+                "the tokenizer has {} tokens, more than the model's {vocab_size} logits",
+                words.len()
+            )));
+        }
+        words.resize(vocab_size, Vec::new());
+        let info = TokRxInfo::new(vocab_size as u32, stop);
+        let env: TokEnv = Arc::new(TokenBytes {
+            trie: TokTrie::from(&info, &words),
+            tokenizer: tokenizer.clone(),
+        });
+        let mut factory = ParserFactory::new(
+            &env,
+            InferenceCapabilities::default(),
+            &llguidance::earley::SlicedBiasComputer::general_slices(),
+        )
+        .map_err(|e| err(e.to_string()))?;
+        factory.quiet();
+        Ok(Self {
+            factory,
+            compiled: Mutex::new(HashMap::new()),
+            cost: Arc::new(MaskCost::default()),
+        })
+    }
+
+    /// The masks computed so far by every constraint of these grammars.
+    pub fn cost(&self) -> &MaskCost {
+        &self.cost
+    }
+
+    /// A fresh constraint for one answer of type `ty`; `None` for free text.
+    pub fn constraint(&self, ty: &FieldType) -> Result<Option<Box<dyn TokenConstraint>>> {
+        let Some(regex) = ty.regex() else {
+            return Ok(None);
+        };
+        let mut compiled = self.compiled.lock().unwrap_or_else(|p| p.into_inner());
+        let matcher = match compiled.get(&regex) {
+            Some(m) => m.deep_clone(),
+            None => {
+                let parser = self
+                    .factory
+                    .create_parser(TopLevelGrammar::from_regex(&regex));
+                let matcher = Matcher::new(parser);
+                if let Some(e) = matcher.get_error() {
+                    return Err(EngineError::Inference(format!(
+                        "typed answers: the grammar of {ty} does not compile: {e}"
+                    )));
+                }
+                let fresh = matcher.deep_clone();
+                compiled.insert(regex, matcher);
+                fresh
+            }
+        };
+        Ok(Some(Box::new(TypedAnswer {
+            matcher,
+            cost: self.cost.clone(),
+        })))
+    }
+}
+
+/// One sequence's constraint: its parser's state.
+struct TypedAnswer {
+    matcher: Matcher,
+    cost: Arc<MaskCost>,
+}
+
+impl TokenConstraint for TypedAnswer {
+    fn mask(&mut self) -> std::result::Result<Vec<u32>, String> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let started = Instant::now();
+        let mask = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| e.to_string())?;
+        self.cost
+            .nanos
+            .fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+        self.cost.masks.fetch_add(1, Relaxed);
+        Ok(mask.as_slice().to_vec())
+    }
+
+    fn accept(&mut self, token: u32) -> std::result::Result<(), String> {
+        self.matcher.consume_token(token).map_err(|e| e.to_string())
+    }
+
+    fn must_stop(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+
+    fn is_complete(&mut self) -> bool {
+        self.matcher.is_accepting().unwrap_or(false) || self.matcher.is_stopped() && !self.matcher.is_error()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Walks the grammar of `ty` greedily by `prefer` (the allowed token whose
+    /// text `prefer` likes best), as a decoder would, and returns the text.
+    fn walk(grammars: &Grammars, tokenizer: &Tokenizer, ty: &FieldType, prefer: &dyn Fn(u32, &str) -> i64, stop: u32) -> String {
+        let mut c = grammars.constraint(ty).unwrap().unwrap();
+        let mut ids = Vec::new();
+        for _ in 0..40 {
+            let mask = c.mask().unwrap();
+            let allowed: Vec<u32> = (0..mask.len() * 32)
+                .filter(|&i| mask[i / 32] >> (i % 32) & 1 == 1)
+                .map(|i| i as u32)
+                .collect();
+            assert!(!allowed.is_empty(), "{ty}: nothing allowed after {ids:?}");
+            let pick = *allowed
+                .iter()
+                .max_by_key(|&&t| (prefer(t, &tokenizer.decode(&[t]).unwrap()), std::cmp::Reverse(t)))
+                .unwrap();
+            if pick == stop {
+                assert!(c.is_complete());
+                break;
+            }
+            c.accept(pick).unwrap();
+            ids.push(pick);
+            if c.must_stop() {
+                assert!(c.is_complete());
+                break;
+            }
+        }
+        tokenizer.decode(&ids).unwrap()
+    }
+
+    /// Whatever the decoder prefers among the allowed tokens, the text is of
+    /// the type: long tokens, short ones, digits, the stop as soon as allowed.
+    #[test]
+    fn every_walk_through_a_grammar_is_an_answer_of_its_type() {
+        let tokenizer = Tokenizer::vendored().unwrap();
+        let stop = tokenizer.stop_ids()[0];
+        let grammars = Grammars::new(&tokenizer, 151_936, stop).unwrap();
+        let types = [
+            FieldType::Int,
+            FieldType::Double,
+            FieldType::Boolean,
+            FieldType::Date,
+            FieldType::Enum(vec!["drama".into(), "dramatic comedy".into(), "horror (b-movie)".into()]),
+        ];
+        let long = |_: u32, s: &str| s.len() as i64;
+        let short = |_: u32, s: &str| -(s.len() as i64);
+        let stop_early = |t: u32, s: &str| if t == stop { 1000 } else { s.len() as i64 };
+        let nines = |_: u32, s: &str| s.matches('9').count() as i64 * 10 + s.len() as i64;
+        let by_id = |t: u32, _: &str| (t as i64).wrapping_mul(2654435761) % 1000;
+        let mut texts = 0;
+        for ty in &types {
+            for prefer in [&long as &dyn Fn(u32, &str) -> i64, &short, &stop_early, &nines, &by_id] {
+                let text = walk(&grammars, &tokenizer, ty, prefer, stop);
+                assert!(ty.accepts(&text), "{ty}: {text:?}");
+                ty.column(&[Some(&text)]).unwrap();
+                texts += 1;
+            }
+        }
+        assert_eq!(texts, 25);
+        let (masks, seconds) = grammars.cost().totals();
+        assert!(masks > 25, "{masks}");
+        eprintln!("{masks} masks, {:.0} µs each", seconds / masks as f64 * 1e6);
+        // Free text has no constraint.
+        assert!(grammars.constraint(&FieldType::Text).unwrap().is_none());
+    }
+}
