@@ -290,3 +290,76 @@ fn a_generating_call_past_the_context_names_its_row() {
         "{e}"
     );
 }
+
+/// Typed fields of `ai_extract` are decoded in their types' grammars: every
+/// answer is a value of its type, the same with the prefix cache on and
+/// off, the struct's fields carry the types, and a type that cannot finish
+/// within `max_tokens` fails its row naming the field.
+#[test]
+fn typed_fields_are_values_of_their_types_with_and_without_the_prefix_cache() {
+    use aisql_engine::inference::field_type::FieldDecl;
+    use datafusion::arrow::array::{Array, AsArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Fields};
+
+    let docs = documents();
+    let reqs = requests(&docs);
+    let questions = [
+        "year INT: Which year is it about?",
+        "rating DOUBLE: Its rating out of ten?",
+        "visited DATE: On which date?",
+        "again BOOLEAN: Would the writer come back?",
+        "genre ENUM(drama, comedy, 'food & drink'): Which genre?",
+        "tone: One word for the tone?",
+    ];
+    let extract = call("ai_extract", vec![col("body"), list(&questions), lit(24i64)]);
+    assert_eq!(
+        extract.return_type(),
+        DataType::Struct(Fields::from(vec![
+            Field::new("year", DataType::Int64, true),
+            Field::new("rating", DataType::Float64, true),
+            Field::new("visited", DataType::Date32, true),
+            Field::new("again", DataType::Boolean, true),
+            Field::new("genre", DataType::Utf8, true),
+            Field::new("tone", DataType::Utf8, true),
+        ]))
+    );
+    let mut runs = Vec::new();
+    for prefix_cache in [true, false] {
+        let b = backend(prefix_cache)
+            .begin(QueryStart::one(&extract))
+            .unwrap();
+        runs.push(b.answer(&extract, &reqs).unwrap().answers);
+    }
+    assert_eq!(runs[0], runs[1], "typed fields with and without the prefix cache");
+    let decls: Vec<FieldDecl> = extract.labels.iter().map(|l| FieldDecl::parse(l).unwrap()).collect();
+    for a in &runs[0] {
+        let Answer::Fields(f) = a else { panic!("{a:?}") };
+        for (d, text) in decls.iter().zip(f.iter()) {
+            assert!(d.ty.accepts(text), "{d}: {text:?}");
+        }
+    }
+    let column = extract.kind.describe().column(
+        &extract.labels,
+        extract.max_tokens,
+        &runs[0].iter().map(Some).collect::<Vec<_>>(),
+    );
+    let column = column.unwrap();
+    let column = column.as_struct();
+    assert_eq!(column.column(0).data_type(), &DataType::Int64);
+    assert_eq!(column.column(2).null_count(), 0);
+    eprintln!("typed fields of the first review: {:?}", runs[0][0]);
+
+    // A date takes more than two tokens: no row can finish one.
+    let short = call(
+        "ai_extract",
+        vec![col("body"), list(&["visited DATE: On which date?"]), lit(2i64)],
+    );
+    let b = backend(true).begin(QueryStart::one(&short)).unwrap();
+    for a in b.answer(&short, &reqs).unwrap().answers {
+        let Answer::Failed(why) = &a else { panic!("{a:?}") };
+        assert!(
+            why.contains("field visited has no whole DATE answer within max_tokens 2"),
+            "{why}"
+        );
+    }
+}

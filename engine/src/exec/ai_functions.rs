@@ -37,6 +37,7 @@ use crate::exec::answers::answer_array;
 use crate::inference::backend::{
     AiCall, AiKind, AiRequest, Doc, InferenceBackend, ask_once, require_answered,
 };
+use crate::inference::field_type::FieldDecl;
 use crate::inference::kinds::call_pieces;
 use crate::inference::prompt::{PromptFormat, check_placeholders};
 
@@ -503,8 +504,9 @@ impl AiArgs {
 }
 
 /// An extraction's fields (argument number `position`): a list of
-/// `'name: question'` strings, names unique and non-empty. Returns the names
-/// and the questions.
+/// `'name: question'` or `'name TYPE: question'` strings
+/// ([`FieldDecl`]), names unique and non-empty. Returns the canonical
+/// declarations and the questions.
 fn parse_fields(
     name: &str,
     position: usize,
@@ -526,6 +528,7 @@ fn parse_fields(
     }
     let mut names: Vec<String> = Vec::with_capacity(list.len());
     let mut questions = Vec::with_capacity(list.len());
+    let mut declared = Vec::with_capacity(list.len());
     for (i, field) in list.iter().enumerate() {
         let Some((n, q)) = field.split_once(':') else {
             return Err(bad(format!("field {} ({field:?}) has no ':'", i + 1)));
@@ -537,10 +540,16 @@ fn parse_fields(
                 i + 1
             )));
         }
-        if names.iter().any(|m| m.eq_ignore_ascii_case(n)) {
-            return Err(bad(format!("field name {n:?} comes twice")));
+        // `name` or `name TYPE`: the label holds the canonical declaration.
+        let decl = FieldDecl::parse(n).map_err(|e| bad(format!("field {}: {e}", i + 1)))?;
+        if declared
+            .iter()
+            .any(|d: &FieldDecl| d.name.eq_ignore_ascii_case(&decl.name))
+        {
+            return Err(bad(format!("field name {:?} comes twice", decl.name)));
         }
-        names.push(n.to_string());
+        names.push(decl.to_string());
+        declared.push(decl);
         questions.push(q.to_string());
     }
     Ok((names, questions))

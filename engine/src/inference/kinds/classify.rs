@@ -55,8 +55,8 @@ impl AnswerKind for Classify {
         DataType::Utf8
     }
 
-    fn fits(&self, answer: &Answer, labels: usize, _size: u32) -> bool {
-        matches!(answer, Answer::Label(i) if (*i as usize) < labels)
+    fn fits(&self, answer: &Answer, labels: &[String], _size: u32) -> bool {
+        matches!(answer, Answer::Label(i) if (*i as usize) < labels.len())
     }
 
     fn cache_code(&self) -> u8 {

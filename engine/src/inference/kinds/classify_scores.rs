@@ -44,9 +44,9 @@ impl AnswerKind for ClassifyScores {
         )))
     }
 
-    fn fits(&self, answer: &Answer, labels: usize, _size: u32) -> bool {
+    fn fits(&self, answer: &Answer, labels: &[String], _size: u32) -> bool {
         matches!(answer, Answer::LabelScores(p)
-            if p.len() == labels && p.iter().all(|p| (0.0..=1.0).contains(p)))
+            if p.len() == labels.len() && p.iter().all(|p| (0.0..=1.0).contains(p)))
     }
 
     fn cache_code(&self) -> u8 {

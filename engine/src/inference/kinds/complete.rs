@@ -28,7 +28,7 @@ impl AnswerKind for Complete {
         DataType::Utf8
     }
 
-    fn fits(&self, answer: &Answer, _labels: usize, _size: u32) -> bool {
+    fn fits(&self, answer: &Answer, _labels: &[String], _size: u32) -> bool {
         matches!(answer, Answer::Text(_))
     }
 

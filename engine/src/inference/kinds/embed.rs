@@ -101,7 +101,7 @@ impl AnswerKind for Embed {
         true
     }
 
-    fn fits(&self, answer: &Answer, _labels: usize, size: u32) -> bool {
+    fn fits(&self, answer: &Answer, _labels: &[String], size: u32) -> bool {
         matches!(answer, Answer::Vector(v)
             if v.len() == size as usize && v.iter().all(|x| x.is_finite()))
     }
@@ -246,6 +246,6 @@ mod tests {
         assert_eq!(col.data_type(), &vector_type(2));
         assert!(col.is_null(1) && col.is_valid(0));
         assert!(Embed.column(&[], 3, &[Some(&a)]).is_err());
-        assert!(Embed.fits(&a, 0, 2) && !Embed.fits(&a, 0, 3));
+        assert!(Embed.fits(&a, &[], 2) && !Embed.fits(&a, &[], 3));
     }
 }

@@ -1,16 +1,19 @@
-//! `ai_extract`: several texts about one document, one per field (the call's
-//! labels name the fields, its descriptions hold their questions), each
-//! decoded after the document's shared KV.
+//! `ai_extract`: several answers about one document, one per field (the
+//! call's labels declare the fields, `name` or `name TYPE`
+//! ([`FieldDecl`]), its descriptions hold their questions), each decoded
+//! after the document's shared KV; a typed field's text is decoded in its
+//! type's grammar and read as a value of it.
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, StringBuilder, StructArray};
+use datafusion::arrow::array::{ArrayRef, StructArray};
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::datatypes::{DataType, Field};
 use sha2::{Digest, Sha256};
 
 use super::{AnswerKind, ModelReading, SampleSoFar, hash_words, wrong};
-use crate::error::Result;
+use crate::error::{EngineError, Result};
+use crate::inference::field_type::{FieldDecl, FieldType};
 use crate::inference::call::{AiCall, Answer};
 use crate::inference::prompt::{EXTRACT_SEPARATOR, PromptFormat, PromptPieces, extract_questions};
 
@@ -31,18 +34,21 @@ impl AnswerKind for Extract {
         true
     }
 
-    /// A struct of one text per field, named by `fields`.
+    /// A struct of one value per field, named and typed by the `fields`'
+    /// declarations.
     fn return_type(&self, fields: &[String], _size: u32) -> DataType {
         DataType::Struct(
-            fields
+            declarations(fields)
                 .iter()
-                .map(|f| Field::new(f, DataType::Utf8, true))
+                .map(|d| Field::new(&d.name, d.ty.data_type(), true))
                 .collect(),
         )
     }
 
-    fn fits(&self, answer: &Answer, labels: usize, _size: u32) -> bool {
-        matches!(answer, Answer::Fields(f) if f.len() == labels)
+    /// One text per field, each an answer of its field's type.
+    fn fits(&self, answer: &Answer, labels: &[String], _size: u32) -> bool {
+        matches!(answer, Answer::Fields(f) if f.len() == labels.len()
+            && declarations(labels).iter().zip(f.iter()).all(|(d, t)| d.ty.accepts(t)))
     }
 
     fn cache_code(&self) -> u8 {
@@ -91,17 +97,20 @@ impl AnswerKind for Extract {
         _size: u32,
         answers: &[Option<&Answer>],
     ) -> Result<ArrayRef> {
-        let mut columns: Vec<StringBuilder> = labels.iter().map(|_| StringBuilder::new()).collect();
+        let mut texts: Vec<Vec<Option<&str>>> = labels
+            .iter()
+            .map(|_| Vec::with_capacity(answers.len()))
+            .collect();
         let mut valid = Vec::with_capacity(answers.len());
         for a in answers {
             match a {
                 None => {
-                    columns.iter_mut().for_each(StringBuilder::append_null);
+                    texts.iter_mut().for_each(|c| c.push(None));
                     valid.push(false);
                 }
                 Some(Answer::Fields(f)) if f.len() == labels.len() => {
-                    for (c, text) in columns.iter_mut().zip(f.iter()) {
-                        c.append_value(text);
+                    for (c, text) in texts.iter_mut().zip(f.iter()) {
+                        c.push(Some(text));
                     }
                     valid.push(true);
                 }
@@ -111,10 +120,15 @@ impl AnswerKind for Extract {
         let DataType::Struct(fields) = self.return_type(labels, 0) else {
             unreachable!("an extraction is a struct");
         };
-        let arrays: Vec<ArrayRef> = columns
-            .iter_mut()
-            .map(|c| Arc::new(c.finish()) as ArrayRef)
-            .collect();
+        let arrays = declarations(labels)
+            .iter()
+            .zip(&texts)
+            .map(|(d, texts)| {
+                d.ty.column(texts).map_err(|e| {
+                    EngineError::Inference(format!("field {} of an extraction: {e}", d.name))
+                })
+            })
+            .collect::<Result<Vec<ArrayRef>>>()?;
         Ok(Arc::new(StructArray::try_new(
             fields,
             arrays,
@@ -126,9 +140,16 @@ impl AnswerKind for Extract {
         ModelReading::FieldTexts
     }
 
-    /// Empty texts: no sample can say where a text would end.
-    fn drawn(&self, call: &AiCall, _sample: SampleSoFar<'_>, _u: f64) -> Answer {
-        Answer::Fields(vec!["".into(); call.labels.len()].into())
+    /// Empty texts (no sample can say where a text would end), and a value
+    /// of its type for a typed field.
+    fn drawn(&self, call: &AiCall, _sample: SampleSoFar<'_>, u: f64) -> Answer {
+        let h = (u * 2f64.powi(53)) as u64;
+        Answer::Fields(
+            declarations(&call.labels)
+                .iter()
+                .map(|d| d.ty.example(h).unwrap_or_default().into())
+                .collect(),
+        )
     }
 
     /// Each field's text names the prompt's hash mixed with its question.
@@ -136,15 +157,33 @@ impl AnswerKind for Extract {
         Answer::Fields(
             call.descriptions
                 .iter()
-                .map(|q| {
+                .zip(declarations(&call.labels))
+                .map(|(q, d)| {
                     let digest = Sha256::new()
                         .chain_update(h.to_le_bytes())
                         .chain_update(q.as_bytes())
                         .finalize();
                     let field = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"));
-                    hash_words(field, call.max_tokens)
+                    match d.ty.example(field) {
+                        Some(value) => value.into(),
+                        None => hash_words(field, call.max_tokens),
+                    }
                 })
                 .collect(),
         )
     }
+}
+
+/// The fields' declarations; a label that is not one (no call the planner
+/// made has such) is a text field named by the whole label.
+pub fn declarations(labels: &[String]) -> Vec<FieldDecl> {
+    labels
+        .iter()
+        .map(|l| {
+            FieldDecl::parse(l).unwrap_or_else(|_| FieldDecl {
+                name: l.clone(),
+                ty: FieldType::Text,
+            })
+        })
+        .collect()
 }

@@ -30,7 +30,7 @@ impl AnswerKind for Filter {
         DataType::Boolean
     }
 
-    fn fits(&self, answer: &Answer, _labels: usize, _size: u32) -> bool {
+    fn fits(&self, answer: &Answer, _labels: &[String], _size: u32) -> bool {
         matches!(answer, Answer::Bool(_))
     }
 

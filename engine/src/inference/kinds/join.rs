@@ -29,7 +29,7 @@ impl AnswerKind for Join {
         DataType::Boolean
     }
 
-    fn fits(&self, answer: &Answer, _labels: usize, _size: u32) -> bool {
+    fn fits(&self, answer: &Answer, _labels: &[String], _size: u32) -> bool {
         matches!(answer, Answer::Bool(_))
     }
 

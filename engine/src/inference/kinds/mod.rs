@@ -29,6 +29,7 @@ use datafusion::arrow::datatypes::DataType;
 pub use classify::best_label;
 pub use classify_scores::label_probabilities;
 pub use embed::{embedding_of, embedding_pieces};
+pub use extract::declarations;
 
 use crate::error::{EngineError, Result};
 use crate::inference::call::{AiCall, AiKind, Answer};
@@ -85,7 +86,7 @@ pub trait AnswerKind: Send + Sync + fmt::Debug {
     /// Whether an answer of the model (not failed, not unreached) has this
     /// kind's type and fits a call of `labels` labels and `max_tokens`
     /// `size` (an embedding's dimensions).
-    fn fits(&self, answer: &Answer, labels: usize, size: u32) -> bool;
+    fn fits(&self, answer: &Answer, labels: &[String], size: u32) -> bool;
 
     /// The byte that opens a question's hash in the answer cache: changing
     /// one orphans every cached answer of the kind.
@@ -292,7 +293,7 @@ impl Answer {
             || call
                 .kind
                 .describe()
-                .fits(self, call.labels.len(), call.max_tokens)
+                .fits(self, &call.labels, call.max_tokens)
     }
 }
 

@@ -24,7 +24,7 @@ impl AnswerKind for Score {
         DataType::Float64
     }
 
-    fn fits(&self, answer: &Answer, _labels: usize, _size: u32) -> bool {
+    fn fits(&self, answer: &Answer, _labels: &[String], _size: u32) -> bool {
         matches!(answer, Answer::Score(p) if (0.0..=1.0).contains(p))
     }
 

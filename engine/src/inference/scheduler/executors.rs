@@ -4,11 +4,15 @@
 
 use std::sync::Arc;
 
-use aisql_models::{ClassifyRequest, Continuation, GenerateRequest, KvHandle, Qwen3, Tokenizer};
+use aisql_models::{
+    ClassifyRequest, Continuation, GenerateRequest, KvHandle, Qwen3, TokenConstraint, Tokenizer,
+};
 
 use crate::error::Result;
 use crate::inference::backend::{AiCall, AiRequest, Answer, Answerer};
-use crate::inference::kinds::{ModelReading, embedding_of};
+use crate::inference::field_type::FieldType;
+use crate::inference::grammar::Grammars;
+use crate::inference::kinds::{ModelReading, declarations, embedding_of};
 pub use crate::inference::kinds::{best_label, label_probabilities};
 use crate::inference::kv_cache::KvOps;
 use crate::inference::prompt::Excerpt;
@@ -136,6 +140,17 @@ pub struct ModelExecutor {
     /// Nanoseconds spent in generating calls (prefill of their questions and
     /// decoding), for decode tokens/s.
     decode_nanos: std::sync::atomic::AtomicU64,
+    /// The token masks of typed answers, built by the first typed call.
+    grammars: std::sync::OnceLock<std::result::Result<Grammars, String>>,
+}
+
+/// One generated text, or why there is none.
+enum Generated {
+    Text(Box<str>),
+    /// The tokens are not text (the tokenizer's error).
+    Unreadable(String),
+    /// The text is not a whole answer of its type within `max_tokens`.
+    Incomplete,
 }
 
 /// Sequences decoded side by side in one generating call: each decode step is
@@ -156,37 +171,70 @@ impl ModelExecutor {
             model,
             name: name.into(),
             decode_nanos: Default::default(),
+            grammars: std::sync::OnceLock::new(),
         })
     }
 
-    /// Greedy texts after each `(prefix, prompt)` item, `max_tokens` at most;
-    /// an item whose tokens cannot be read as text gives the tokenizer's
-    /// error instead (that row fails, not the batch).
+    /// The grammars of typed answers over this model's vocabulary.
+    pub fn grammars(&self) -> Result<&Grammars> {
+        self.grammars
+            .get_or_init(|| {
+                let stop = *self.stop_ids.first().ok_or("the tokenizer has no stop id")?;
+                Grammars::new(&self.tokenizer, self.model.config().vocab_size, stop)
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| crate::error::EngineError::Inference(e.clone()))
+    }
+
+    /// A constraint for each of `types` (`None` for free text).
+    fn constraints(&self, types: &[&FieldType]) -> Result<Vec<Option<Box<dyn TokenConstraint>>>> {
+        if types.iter().all(|t| t.is_text()) {
+            return Ok(types.iter().map(|_| None).collect());
+        }
+        let grammars = self.grammars()?;
+        types.iter().map(|t| grammars.constraint(t)).collect()
+    }
+
+    /// Greedy texts after each `(prefix, prompt)` item, `max_tokens` at most,
+    /// each in the grammar of its type (`types[i]`); an item whose tokens
+    /// cannot be read as text, or whose typed text is not whole, says so
+    /// instead (that row fails, not the batch).
     fn generate(
         &self,
         items: &[(Option<&KvHandle>, Vec<u32>)],
+        types: &[&FieldType],
         max_tokens: u32,
         stopped: &dyn Fn() -> bool,
-    ) -> Result<Vec<std::result::Result<Box<str>, String>>> {
+    ) -> Result<Vec<Generated>> {
         let started = std::time::Instant::now();
         let requests: Vec<GenerateRequest<'_>> = items
             .iter()
             .map(|(p, t)| GenerateRequest::new(*p, t, max_tokens as usize))
             .collect();
-        let generated =
-            self.model
-                .generate_until(&requests, &self.stop_ids, GENERATION_BATCH, stopped)?;
+        let mut constraints = self.constraints(types)?;
+        let generated = self.model.generate_constrained_until(
+            &requests,
+            &mut constraints,
+            &self.stop_ids,
+            GENERATION_BATCH,
+            stopped,
+        )?;
         self.decode_nanos.fetch_add(
             started.elapsed().as_nanos() as u64,
             std::sync::atomic::Ordering::Relaxed,
         );
         Ok(generated
             .iter()
-            .map(|g| {
-                self.tokenizer
-                    .decode(&g.token_ids)
-                    .map(Into::into)
-                    .map_err(|e| e.to_string())
+            .zip(&mut constraints)
+            .map(|(g, c)| {
+                if c.as_mut().is_some_and(|c| !c.is_complete()) {
+                    return Generated::Incomplete;
+                }
+                match self.tokenizer.decode(&g.token_ids) {
+                    Ok(text) => Generated::Text(text.into()),
+                    Err(e) => Generated::Unreadable(e.to_string()),
+                }
             })
             .collect())
     }
@@ -228,18 +276,13 @@ impl Executor for ModelExecutor {
         labels: &[Vec<u32>],
         stopped: &dyn Fn() -> bool,
     ) -> Result<Vec<Answer>> {
-        // Tokens that are not text fail their row only.
-        let unreadable = |i: usize, e: &str| {
+        // Tokens that are not text, or a typed text that is not whole, fail
+        // their row only.
+        let failed = |i: usize, why: String| {
             let row = requests.get(i).map_or("", |r| r.anchor.id);
-            Answer::Failed(
-                format!(
-                    "{}: the tokens generated for row {} cannot be read as text: {e}",
-                    call.op_id,
-                    Excerpt(row)
-                )
-                .into(),
-            )
+            Answer::Failed(format!("{}: row {}: {why}", call.op_id, Excerpt(row)).into())
         };
+        let unreadable = |e: &str| format!("the tokens generated cannot be read as text: {e}");
         let conts = || -> Vec<Continuation<'_>> {
             items
                 .iter()
@@ -268,12 +311,14 @@ impl Executor for ModelExecutor {
             ModelReading::Text => {
                 let prompts: Vec<(Option<&KvHandle>, Vec<u32>)> =
                     items.iter().map(|(p, t)| (*p, t.to_vec())).collect();
-                self.generate(&prompts, call.max_tokens, stopped)?
+                let types = vec![&FieldType::Text; prompts.len()];
+                self.generate(&prompts, &types, call.max_tokens, stopped)?
                     .into_iter()
                     .enumerate()
                     .map(|(i, text)| match text {
-                        Ok(text) => Answer::Text(text),
-                        Err(e) => unreadable(i, &e),
+                        Generated::Text(text) => Answer::Text(text),
+                        Generated::Unreadable(e) => failed(i, unreadable(&e)),
+                        Generated::Incomplete => failed(i, "no whole answer".into()),
                     })
                     .collect()
             }
@@ -288,19 +333,35 @@ impl Executor for ModelExecutor {
                             .map(move |q| (*p, [*t, q.as_slice()].concat()))
                     })
                     .collect();
-                let texts = self.generate(&prompts, call.max_tokens, stopped)?;
+                let fields = declarations(&call.labels);
+                let types: Vec<&FieldType> = items
+                    .iter()
+                    .flat_map(|_| fields.iter().map(|f| &f.ty))
+                    .collect();
+                let texts = self.generate(&prompts, &types, call.max_tokens, stopped)?;
                 texts
                     .chunks(labels.len().max(1))
                     .enumerate()
-                    .map(|(i, fields)| {
-                        match fields
-                            .iter()
-                            .cloned()
-                            .collect::<std::result::Result<Vec<_>, _>>()
-                        {
-                            Ok(fields) => Answer::Fields(fields.into()),
-                            Err(e) => unreadable(i, &e),
+                    .map(|(i, answers)| {
+                        let mut texts = Vec::with_capacity(answers.len());
+                        for (field, answer) in fields.iter().zip(answers) {
+                            match answer {
+                                Generated::Text(t) => texts.push(t.clone()),
+                                Generated::Unreadable(e) => {
+                                    return failed(i, format!("field {}: {}", field.name, unreadable(e)));
+                                }
+                                Generated::Incomplete => {
+                                    return failed(
+                                        i,
+                                        format!(
+                                            "field {} has no whole {} answer within max_tokens {}",
+                                            field.name, field.ty, call.max_tokens
+                                        ),
+                                    );
+                                }
+                            }
                         }
+                        Answer::Fields(texts.into())
                     })
                     .collect()
             }
