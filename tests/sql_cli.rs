@@ -120,6 +120,41 @@ fn a_query_with_embeddings_written_as_substrait_runs_with_aisql_query() {
     );
 }
 
+/// Typed fields through a plan file: the struct's fields keep their types
+/// (the arithmetic and comparisons below need them) in `aisql sql` and in
+/// the Substrait plan `aisql query` runs.
+#[test]
+fn typed_fields_written_as_substrait_run_with_aisql_query() {
+    written_as_substrait_runs_the_same(
+        "SELECT id, f['year'] + 1 AS next_year, f['rating'] * 2 AS doubled, \
+         f['released'] + INTERVAL '1 day' AS day_after, NOT f['sequel'] AS original, \
+         f['genre'] IN ('drama', 'comedy', 'horror') AS known_genre, f['tone'] AS tone \
+         FROM (SELECT id, ai_extract(body, ['year INT: Which year?', \
+         'rating DOUBLE: Its rating out of ten?', 'released DATE: When was it released?', \
+         'sequel BOOLEAN: Is it a sequel?', 'genre ENUM(drama, comedy, horror): Which genre?', \
+         'tone: One word for the tone?'], 40) AS f FROM reviews) ORDER BY id",
+    );
+}
+
+/// A typed field that cannot finish within `max_tokens` fails its row,
+/// naming the field, or is NULL under `--on-row-error null`.
+#[test]
+fn a_typed_field_past_max_tokens_fails_its_row_or_is_null() {
+    let query = "SELECT id, ai_extract(body, ['released DATE: When?'], 3)['released'] AS d \
+                 FROM docs ORDER BY id LIMIT 3";
+    fails(query, &[], 1, "field released has no whole DATE answer within max_tokens 3");
+    let out = sql(query, &["--format", "csv", "--on-row-error", "null", "--max-error-ratio", "1"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let out = String::from_utf8(out).unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "id,d");
+    assert!(lines.len() > 1 && lines[1..].iter().all(|l| l.ends_with(',')), "{out}");
+}
+
 /// `query` over the tiny corpus's reviews and aspects gives the same CSV run
 /// by `aisql sql` and written by `--to-substrait` (binary and JSON), then run
 /// by `aisql query`.
@@ -254,6 +289,18 @@ fn bad_sql_gets_a_clear_error() {
         &[],
         1,
         "ai_extract: the fields (argument 2) must be a list of 'name: question' strings",
+    );
+    fails(
+        "SELECT ai_extract(body, ['genre ENUM(a, b, a): Which?']) FROM docs",
+        &[],
+        1,
+        "field 1: \"genre ENUM(a, b, a)\": the ENUM value \"a\" comes twice",
+    );
+    fails(
+        "SELECT ai_extract(body, ['year INT: Which?', 'YEAR DATE: When?']) FROM docs",
+        &[],
+        1,
+        "field name \"YEAR\" comes twice",
     );
     fails(
         "SELECT ai_agg('Summarise.', ai_agg('Again.', body)) FROM docs",

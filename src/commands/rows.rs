@@ -308,6 +308,12 @@ pub fn report_work(work: &Work) -> std::io::Result<()> {
             .unwrap_or_default();
         errln!("decode tokens: {decoded} (generated positions, part of the fresh tokens{per_s})")?;
     }
+    if let (Some(Sum(masks)), Some(Sum(seconds))) = (work.typed_masks, work.typed_mask_seconds) {
+        errln!(
+            "typed answers: {masks} token masks, {:.0} µs each",
+            seconds / masks.max(1) as f64 * 1e6
+        )?;
+    }
     if let (Some(Sum(reused)), Some(Sum(asked))) =
         (work.answer_cache_reused, work.answer_cache_asked)
     {

@@ -125,6 +125,11 @@ work_fields! {
     decode_tokens: Sum<u64>,
     /// Seconds spent generating them.
     decode_seconds: Sum<f64>,
+    /// Token masks computed for typed answers (one per decoded token of a
+    /// typed field).
+    typed_masks: Sum<u64>,
+    /// Seconds spent computing them (part of `decode_seconds`).
+    typed_mask_seconds: Sum<f64>,
     /// Whether the prefix cache was on.
     prefix_cache: Config<bool>,
     /// Most KV bytes held on the device at once.

@@ -281,6 +281,21 @@ impl AiCall {
     pub fn return_type(&self) -> DataType {
         self.kind.return_type(&self.labels, self.max_tokens)
     }
+
+    /// The most tokens each text of one question decodes: one bound per
+    /// field of an extraction (a typed field's grammar may bound it below
+    /// `max_tokens`), one for a completion, none for a kind that decodes
+    /// nothing.
+    pub fn decode_bounds(&self) -> Vec<u32> {
+        match self.kind.describe().reading() {
+            ModelReading::Text => vec![self.max_tokens],
+            ModelReading::FieldTexts => declarations(&self.labels)
+                .iter()
+                .map(|d| d.ty.max_tokens().map_or(self.max_tokens, |t| t.min(self.max_tokens)))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
 }
 
 impl Answer {

@@ -47,6 +47,10 @@ pub trait Executor: Send + Sync + 'static {
     fn decode_seconds(&self) -> f64 {
         0.0
     }
+    /// Token masks computed for typed answers so far, and their seconds.
+    fn typed_masks(&self) -> (u64, f64) {
+        (0, 0.0)
+    }
     /// Label-continuation positions computed so far.
     fn label_tokens(&self) -> u64;
     /// KV bytes per cached position (for the budget check).
@@ -397,6 +401,13 @@ impl Executor for ModelExecutor {
         self.model.label_tokens()
     }
 
+    fn typed_masks(&self) -> (u64, f64) {
+        match self.grammars.get() {
+            Some(Ok(g)) => g.cost().totals(),
+            _ => (0, 0.0),
+        }
+    }
+
     fn kv_bytes_per_token(&self) -> usize {
         self.model.kv_bytes_per_token()
     }
@@ -641,33 +652,44 @@ impl Executor for SimExecutor {
             // A kind asked per field prefills each field's question after
             // the document and decodes each field.
             let per_field = matches!(call.kind.describe().reading(), ModelReading::FieldTexts);
-            let (questions, texts) = if per_field {
-                (labels.iter().map(Vec::len).sum(), labels.len())
+            let questions: usize = if per_field {
+                labels.iter().map(Vec::len).sum()
             } else {
-                (0, 1)
+                0
             };
-            let steps = u64::from(call.max_tokens.saturating_sub(1));
-            let decoded = steps * (texts * items.len()) as u64;
+            // Each text decodes its bound (a typed field's grammar's, else
+            // max_tokens) less the first token, read from the prompt.
+            let steps: Vec<u64> = call
+                .decode_bounds()
+                .iter()
+                .map(|&b| u64::from(b.saturating_sub(1)))
+                .collect();
+            let decoded = steps.iter().sum::<u64>() * items.len() as u64;
             self.fresh
                 .fetch_add((questions * items.len()) as u64 + decoded, Relaxed);
             self.decoded.fetch_add(decoded, Relaxed);
             // Each decoded position attends to its prompt and the positions
             // decoded before it.
-            let per_text = steps * (steps + 1) / 2;
             let attended: u64 = items
                 .iter()
                 .map(|(p, t)| {
                     let prompt = (p.map_or(0, |k| k.len) + t.len()) as u64;
-                    (prompt * steps + per_text) * texts as u64
+                    steps.iter().map(|s| prompt * s + s * (s + 1) / 2).sum::<u64>()
                 })
                 .sum();
             self.attended_decode.fetch_add(attended, Relaxed);
-            let empty = if per_field {
-                Answer::Fields(vec!["".into(); texts].into())
+            // Empty texts, and a value of its type for a typed field.
+            let answer = if per_field {
+                Answer::Fields(
+                    declarations(&call.labels)
+                        .iter()
+                        .map(|d| d.ty.example(0).unwrap_or_default().into())
+                        .collect(),
+                )
             } else {
                 Answer::Text("".into())
             };
-            return Ok(vec![empty; requests.len()]);
+            return Ok(vec![answer; requests.len()]);
         }
         self.answers.answer(call, requests)
     }

@@ -15,6 +15,7 @@ impl<E: Executor> ScheduledBackend<E> {
             label: self.exec.label_tokens(),
             decode: self.exec.decode_tokens(),
             decode_seconds: self.exec.decode_seconds(),
+            typed_masks: self.exec.typed_masks(),
         }
     }
 
@@ -71,6 +72,7 @@ pub(super) struct Computed {
     label: u64,
     decode: u64,
     decode_seconds: f64,
+    typed_masks: (u64, f64),
 }
 
 impl Computed {
@@ -81,6 +83,10 @@ impl Computed {
             label_tokens: Some(Sum(self.label - start.label)),
             decode_tokens: Some(Sum(self.decode - start.decode)),
             decode_seconds: Some(Sum(self.decode_seconds - start.decode_seconds)),
+            typed_masks: Some(Sum(self.typed_masks.0 - start.typed_masks.0))
+                .filter(|n| n.0 > 0),
+            typed_mask_seconds: Some(Sum(self.typed_masks.1 - start.typed_masks.1))
+                .filter(|_| self.typed_masks.0 > start.typed_masks.0),
             ..Work::default()
         }
     }
