@@ -10,6 +10,7 @@ pub mod call;
 pub mod distributed;
 pub mod field_type;
 pub mod grammar;
+pub mod key_trie;
 pub mod kinds;
 pub mod kv_cache;
 pub mod kv_store;

@@ -12,6 +12,7 @@ use crate::error::Result;
 use crate::inference::backend::{AiCall, AiRequest, Answer, Answerer};
 use crate::inference::field_type::FieldType;
 use crate::inference::grammar::Grammars;
+use crate::inference::key_trie::KeyTrie;
 use crate::inference::kinds::{ModelReading, declarations, embedding_of};
 pub use crate::inference::kinds::{best_label, label_probabilities};
 use crate::inference::kv_cache::KvOps;
@@ -146,6 +147,8 @@ pub struct ModelExecutor {
     decode_nanos: std::sync::atomic::AtomicU64,
     /// The token masks of typed answers, built by the first typed call.
     grammars: std::sync::OnceLock<std::result::Result<Grammars, String>>,
+    /// The token tries of sets of values, by the set's spelling.
+    key_tries: std::sync::Mutex<std::collections::HashMap<String, Arc<KeyTrie>>>,
 }
 
 /// One generated text, or why there is none.
@@ -176,6 +179,7 @@ impl ModelExecutor {
             name: name.into(),
             decode_nanos: Default::default(),
             grammars: std::sync::OnceLock::new(),
+            key_tries: Default::default(),
         })
     }
 
@@ -191,13 +195,38 @@ impl ModelExecutor {
             .map_err(|e| crate::error::EngineError::Inference(e.clone()))
     }
 
-    /// A constraint for each of `types` (`None` for free text).
+    /// A constraint for each of `types` (`None` for free text): a set of
+    /// values is followed by its token trie (built once per set), another
+    /// type by its grammar.
     fn constraints(&self, types: &[&FieldType]) -> Result<Vec<Option<Box<dyn TokenConstraint>>>> {
-        if types.iter().all(|t| t.is_text()) {
-            return Ok(types.iter().map(|_| None).collect());
+        types
+            .iter()
+            .map(|t| match t {
+                FieldType::Text => Ok(None),
+                FieldType::Enum(values) => Ok(Some(self.key_trie(t, values)?.walk())),
+                t => self.grammars()?.constraint(t),
+            })
+            .collect()
+    }
+
+    /// The token trie of the set of values `ty`.
+    fn key_trie(&self, ty: &FieldType, values: &[String]) -> Result<Arc<KeyTrie>> {
+        let key = ty.to_string();
+        let mut tries = self.key_tries.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(trie) = tries.get(&key) {
+            return Ok(trie.clone());
         }
-        let grammars = self.grammars()?;
-        types.iter().map(|t| grammars.constraint(t)).collect()
+        let stop = *self.stop_ids.first().ok_or_else(|| {
+            crate::error::EngineError::Inference("the tokenizer has no stop id".into())
+        })?;
+        let trie = Arc::new(KeyTrie::new(
+            &self.tokenizer,
+            values,
+            self.model.config().vocab_size,
+            stop,
+        )?);
+        tries.insert(key, trie.clone());
+        Ok(trie)
     }
 
     /// Greedy texts after each `(prefix, prompt)` item, `max_tokens` at most,
