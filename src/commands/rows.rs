@@ -310,7 +310,7 @@ pub fn report_work(work: &Work) -> std::io::Result<()> {
     }
     if let (Some(Sum(masks)), Some(Sum(seconds))) = (work.typed_masks, work.typed_mask_seconds) {
         errln!(
-            "typed answers: {masks} token masks, {:.0} µs each",
+            "typed answers: {masks} grammar token masks, {:.0} µs each",
             seconds / masks.max(1) as f64 * 1e6
         )?;
     }

@@ -326,7 +326,7 @@ impl UserDefinedLogicalNodeCore for AiNode {
             }
         }
         if !self.spec.call.labels.is_empty() {
-            write!(f, " labels={:?}", self.spec.call.labels)?;
+            write!(f, " labels={:?}", self.spec.call.shown_labels())?;
         }
         if self.spec.call.kind.generates() {
             write!(f, " max_tokens={}", self.spec.call.max_tokens)?;

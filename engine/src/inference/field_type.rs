@@ -52,6 +52,12 @@ impl FieldDecl {
     /// what is wrong with the declaration.
     pub fn parse(decl: &str) -> Result<Self, String> {
         let decl = decl.trim();
+        if decl.contains(" FROM ") {
+            return Err(format!(
+                "{decl:?}: a field whose answers are a column's keys (name FROM table.column) \
+                 is read in SQL statements only, where the keys are read before planning"
+            ));
+        }
         let (name, ty) = split_type(decl)?;
         if name.is_empty() {
             return Err(format!("{decl:?} has no name"));

@@ -12,6 +12,7 @@ mod decorrelate;
 #[cfg(test)]
 mod embed_tests;
 pub mod export;
+pub mod key_fields;
 #[cfg(test)]
 mod limits_tests;
 pub mod options;
@@ -31,7 +32,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::array::AsArray;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::ParamValues;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::{SessionState, SessionStateBuilder};
@@ -429,6 +431,51 @@ impl SqlSession {
         Ok(())
     }
 
+    /// Reads the keys of every `ai_extract` field declared `name FROM
+    /// table.column` and writes them into the statement ([`key_fields`]).
+    async fn inline_key_fields(
+        &self,
+        statement: &mut datafusion::sql::parser::Statement,
+    ) -> Result<()> {
+        let columns = key_fields::key_columns(statement)?;
+        let mut keys = std::collections::HashMap::new();
+        for key in columns {
+            let (table, column) = &key;
+            let read = |e: datafusion::error::DataFusionError| {
+                EngineError::Sql(format!(
+                    "ai_extract: the field's keys {table}.{column} cannot be read: {e}"
+                ))
+            };
+            let name = datafusion::prelude::ident(column.as_str());
+            let batches = self
+                .ctx
+                .table(table.as_str())
+                .await
+                .map_err(read)?
+                .filter(name.clone().is_not_null())
+                .map_err(read)?
+                .select(vec![datafusion::prelude::cast(name, DataType::Utf8).alias("key")])
+                .map_err(read)?
+                .distinct()
+                .map_err(read)?
+                .limit(0, Some(key_fields::MAX_KEYS + 1))
+                .map_err(read)?
+                .collect()
+                .await
+                .map_err(read)?;
+            let mut values = std::collections::BTreeSet::new();
+            for batch in &batches {
+                let column = datafusion::arrow::compute::cast(batch.column(0), &DataType::Utf8)
+                    .map_err(|e| read(e.into()))?;
+                let strings = column.as_string::<i32>();
+                values.extend(strings.iter().flatten().map(str::to_string));
+            }
+            let checked = key_fields::checked_keys(&key, values)?;
+            keys.insert(key, checked);
+        }
+        key_fields::inline(statement, &keys)
+    }
+
     /// Plans one statement: spellings normalized, DataFusion's SQL planner, then
     /// the analyzer (with the AI rewrite) and optimizer.
     pub async fn plan(&self, sql: &str) -> Result<LogicalPlan> {
@@ -458,6 +505,7 @@ impl SqlSession {
         let state = self.ctx.state();
         let mut statement = parse_one(sql, &state)?;
         let spelled = spelling::normalize(&mut statement)?;
+        self.inline_key_fields(&mut statement).await?;
         self.check_models(&spelled.models)?;
         self.context.lock().expect("rewrite context lock").sites = spelled.sites;
         let plan = state
@@ -494,6 +542,7 @@ impl SqlSession {
         let state = self.ctx.state();
         let mut statement = parse_one(sql, &state)?;
         spelling::normalize(&mut statement)?;
+        self.inline_key_fields(&mut statement).await?;
         let plan = state
             .statement_to_plan(statement)
             .await

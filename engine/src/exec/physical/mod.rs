@@ -294,7 +294,7 @@ impl AiExec {
             write!(f, ", residual={residual}")?;
         }
         if !spec.call.labels.is_empty() {
-            write!(f, ", labels={:?}", spec.call.labels)?;
+            write!(f, ", labels={:?}", spec.call.shown_labels())?;
         }
         if spec.call.max_tokens > 0 {
             write!(f, ", max_tokens={}", spec.call.max_tokens)?;

@@ -282,6 +282,22 @@ impl AiCall {
         self.kind.return_type(&self.labels, self.max_tokens)
     }
 
+    /// The labels as EXPLAIN shows them: a long one (a field over a
+    /// column's keys) cut after its first 120 characters, saying how many
+    /// more it has.
+    pub fn shown_labels(&self) -> Vec<String> {
+        const SHOWN: usize = 120;
+        self.labels
+            .iter()
+            .map(|l| match l.char_indices().nth(SHOWN) {
+                Some((cut, _)) if l.len() > SHOWN + 40 => {
+                    format!("{}… ({} more characters)", &l[..cut], l.len() - cut)
+                }
+                _ => l.clone(),
+            })
+            .collect()
+    }
+
     /// The most tokens each text of one question decodes: one bound per
     /// field of an extraction (a typed field's grammar may bound it below
     /// `max_tokens`), one for a completion, none for a kind that decodes
