@@ -155,6 +155,71 @@ fn a_typed_field_past_max_tokens_fails_its_row_or_is_null() {
     assert!(lines.len() > 1 && lines[1..].iter().all(|l| l.ends_with(',')), "{out}");
 }
 
+/// A field over a column's keys answers one of the keys for every row: the
+/// keys are the column's distinct values without NULLs (duplicates are one
+/// key), EXPLAIN shows them as the field's ENUM, and an empty key column,
+/// a missing table and a malformed source are errors naming them.
+#[test]
+fn a_field_over_a_columns_keys_answers_one_of_the_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.csv");
+    std::fs::write(&keys, "id,name\n1,price\n2,quality\n3,\n4,price\n5,the delivery time\n").unwrap();
+    let empty = dir.path().join("empty.csv");
+    std::fs::write(&empty, "id,name\n1,\n").unwrap();
+    let tables = [
+        format!("keys={}", keys.display()),
+        format!("nokeys={}", empty.display()),
+    ];
+    let extra = |more: &[&'static str]| -> Vec<String> {
+        let mut v = vec!["--table".to_string(), tables[0].clone(), "--table".into(), tables[1].clone()];
+        v.extend(more.iter().map(|s| s.to_string()));
+        v
+    };
+    let run = |query: &str, more: &[&'static str]| {
+        let args = extra(more);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        sql(query, &args)
+    };
+    let query = "SELECT id, ai_extract(body, ['topic FROM keys.name: Which topic is it about?', \
+                 'year INT: Which year?'], 24)['topic'] AS topic FROM docs WHERE body IS NOT NULL \
+                 ORDER BY id";
+    let out = run(query, &["--format", "csv"]).assert().success().get_output().stdout.clone();
+    let out = String::from_utf8(out).unwrap();
+    let rows: Vec<&str> = out.lines().skip(1).collect();
+    assert!(rows.len() >= 25, "{out}");
+    for row in rows {
+        let topic = row.split_once(',').unwrap().1;
+        assert!(
+            ["price", "quality", "the delivery time"].contains(&topic.trim_matches('"')),
+            "{row}"
+        );
+    }
+    run(&format!("EXPLAIN {query}"), &[])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "topic ENUM('price', 'quality', 'the delivery time')",
+        ));
+    let fails_with = |query: &str, needle: &str| {
+        run(query, &[])
+            .assert()
+            .code(1)
+            .stderr(predicate::str::contains(needle).and(predicate::str::contains("panicked").not()));
+    };
+    fails_with(
+        "SELECT ai_extract(body, ['topic FROM nokeys.name: Which?']) FROM docs",
+        "the field's keys nokeys.name are empty",
+    );
+    fails_with(
+        "SELECT ai_extract(body, ['topic FROM nowhere.name: Which?']) FROM docs",
+        "the field's keys nowhere.name cannot be read",
+    );
+    fails_with(
+        "SELECT ai_extract(body, ['topic FROM keys: Which?']) FROM docs",
+        "must be 'name FROM table.column: question'",
+    );
+}
+
 /// `query` over the tiny corpus's reviews and aspects gives the same CSV run
 /// by `aisql sql` and written by `--to-substrait` (binary and JSON), then run
 /// by `aisql query`.
