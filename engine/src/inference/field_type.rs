@@ -14,11 +14,11 @@
 use std::fmt;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{
-    ArrayRef, BooleanBuilder, Date32Builder, Float64Builder, Int64Builder, StringBuilder,
-};
+use datafusion::arrow::array::{ArrayRef, BooleanArray, PrimitiveArray, StringArray};
 use datafusion::arrow::compute::kernels::cast_utils::Parser;
-use datafusion::arrow::datatypes::{DataType, Date32Type};
+use datafusion::arrow::datatypes::{
+    ArrowPrimitiveType, DataType, Date32Type, Float64Type, Int64Type,
+};
 
 /// The type of one generated answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -244,80 +244,47 @@ impl FieldType {
     /// error names the first text that is not one.
     pub fn column(&self, texts: &[Option<&str>]) -> Result<ArrayRef, String> {
         let bad = |t: &str| format!("{t:?} is not a {self} answer");
-        let value = |t: &str| t.strip_prefix(' ').unwrap_or(t).to_string();
+        // The value's text: the answer without its optional leading space.
+        let value = |t: &'_ str| -> Result<String, String> {
+            match self.accepts(t) {
+                true => Ok(t.strip_prefix(' ').unwrap_or(t).to_string()),
+                false => Err(bad(t)),
+            }
+        };
+        fn primitive<T: ArrowPrimitiveType>(
+            texts: &[Option<&str>],
+            read: impl Fn(&str) -> Result<T::Native, String>,
+        ) -> Result<ArrayRef, String> {
+            let array: PrimitiveArray<T> = texts
+                .iter()
+                .map(|t| t.map(&read).transpose())
+                .collect::<Result<_, String>>()?;
+            Ok(Arc::new(array))
+        }
         Ok(match self {
-            FieldType::Text | FieldType::Enum(_) => {
-                let mut b = StringBuilder::with_capacity(texts.len(), 0);
-                for t in texts {
-                    match t {
-                        None => b.append_null(),
-                        Some(t) if self.accepts(t) => b.append_value(if self.is_text() {
-                            t.to_string()
-                        } else {
-                            value(t)
-                        }),
-                        Some(t) => return Err(bad(t)),
-                    }
-                }
-                Arc::new(b.finish())
-            }
-            FieldType::Int => {
-                let mut b = Int64Builder::with_capacity(texts.len());
-                for t in texts {
-                    match t {
-                        None => b.append_null(),
-                        Some(t) => b.append_value(
-                            value(t)
-                                .parse()
-                                .ok()
-                                .filter(|_| self.accepts(t))
-                                .ok_or_else(|| bad(t))?,
-                        ),
-                    }
-                }
-                Arc::new(b.finish())
-            }
-            FieldType::Double => {
-                let mut b = Float64Builder::with_capacity(texts.len());
-                for t in texts {
-                    match t {
-                        None => b.append_null(),
-                        Some(t) => b.append_value(
-                            value(t)
-                                .parse()
-                                .ok()
-                                .filter(|_| self.accepts(t))
-                                .ok_or_else(|| bad(t))?,
-                        ),
-                    }
-                }
-                Arc::new(b.finish())
-            }
-            FieldType::Boolean => {
-                let mut b = BooleanBuilder::with_capacity(texts.len());
-                for t in texts {
-                    match t {
-                        None => b.append_null(),
-                        Some(t) if self.accepts(t) => b.append_value(value(t) == "true"),
-                        Some(t) => return Err(bad(t)),
-                    }
-                }
-                Arc::new(b.finish())
-            }
-            FieldType::Date => {
-                let mut b = Date32Builder::with_capacity(texts.len());
-                for t in texts {
-                    match t {
-                        None => b.append_null(),
-                        Some(t) => b.append_value(
-                            Date32Type::parse(&value(t))
-                                .filter(|_| self.accepts(t))
-                                .ok_or_else(|| bad(t))?,
-                        ),
-                    }
-                }
-                Arc::new(b.finish())
-            }
+            // Free text is kept as decoded.
+            FieldType::Text => Arc::new(texts.iter().copied().collect::<StringArray>()),
+            FieldType::Enum(_) => Arc::new(
+                texts
+                    .iter()
+                    .map(|t| t.map(value).transpose())
+                    .collect::<Result<StringArray, String>>()?,
+            ),
+            FieldType::Boolean => Arc::new(
+                texts
+                    .iter()
+                    .map(|t| t.map(|t| value(t).map(|v| v == "true")).transpose())
+                    .collect::<Result<BooleanArray, String>>()?,
+            ),
+            FieldType::Int => primitive::<Int64Type>(texts, |t| {
+                value(t)?.parse().map_err(|_| bad(t))
+            })?,
+            FieldType::Double => primitive::<Float64Type>(texts, |t| {
+                value(t)?.parse().map_err(|_| bad(t))
+            })?,
+            FieldType::Date => primitive::<Date32Type>(texts, |t| {
+                Date32Type::parse(&value(t)?).ok_or_else(|| bad(t))
+            })?,
         })
     }
 
@@ -359,7 +326,6 @@ impl FieldType {
 mod tests {
     use super::*;
     use datafusion::arrow::array::{Array, AsArray};
-    use datafusion::arrow::datatypes::{Float64Type, Int64Type};
 
     fn decl(s: &str) -> FieldDecl {
         FieldDecl::parse(s).unwrap()
