@@ -235,6 +235,9 @@ mod tests {
         let docs = test_requests(&texts);
         let mut extract = test_call(AiKind::Extract, "", &["dish", "price"]);
         extract.descriptions = vec!["Which dish?\nANSWER:".into(), "What price?\nANSWER:".into()];
+        // Typed fields: values of their types from every worker.
+        let mut typed = test_call(AiKind::Extract, "", &["year INT", "genre ENUM('a', 'b c')", "on DATE"]);
+        typed.descriptions = vec!["Year?".into(), "Genre?".into(), "Date?".into()];
         let calls = [
             test_call(AiKind::Score, "Is {0} kind?", &[]),
             test_call(
@@ -244,6 +247,7 @@ mod tests {
             ),
             test_call(AiKind::Complete, "Summarise {0}.", &[]),
             extract,
+            typed,
         ];
         let query = sharded
             .clone()

@@ -187,3 +187,24 @@ pub fn declarations(labels: &[String]) -> Vec<FieldDecl> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker's or a cache's texts are checked against the fields' types:
+    /// a text that is not a value of its type is refused, never read.
+    #[test]
+    fn answers_fit_only_with_values_of_their_types() {
+        let labels: Vec<String> = vec!["year INT".into(), "note".into()];
+        let fields = |a: &str, b: &str| Answer::Fields(vec![a.into(), b.into()].into());
+        assert!(Extract.fits(&fields("1999", "anything"), &labels, 8));
+        assert!(Extract.fits(&fields(" -3", ""), &labels, 8));
+        assert!(!Extract.fits(&fields("nineteen", "x"), &labels, 8));
+        assert!(!Extract.fits(&fields("1999", "x"), &labels[..1], 8));
+        let e = Extract
+            .column(&labels, 8, &[Some(&fields("12x", "x"))])
+            .unwrap_err();
+        assert!(e.to_string().contains("field year"), "{e}");
+    }
+}
