@@ -136,6 +136,20 @@ fn typed_fields_written_as_substrait_run_with_aisql_query() {
     );
 }
 
+/// Typed completions in each spelling (`returns =>`, `ai_generate`,
+/// BigQuery's `AI.GENERATE_BOOL`) have their SQL types, in `aisql sql` and
+/// through a Substrait plan.
+#[test]
+fn typed_completions_written_as_substrait_run_with_aisql_query() {
+    written_as_substrait_runs_the_same(
+        "SELECT id, ai_complete('Which year is {0} about?', body, 24, returns => 'INT') + 1 AS y, \
+         ai_generate('DATE', 'When was {0} written?', body, 12) + INTERVAL '1 day' AS d, \
+         NOT AI.GENERATE_BOOL(('Is ', body, ' kind?')) AS unkind, \
+         ai_generate('ENUM(drama, comedy)', 'The genre of {0}?', body) AS genre \
+         FROM reviews ORDER BY id",
+    );
+}
+
 /// A typed field that cannot finish within `max_tokens` fails its row,
 /// naming the field, or is NULL under `--on-row-error null`.
 #[test]
@@ -354,6 +368,18 @@ fn bad_sql_gets_a_clear_error() {
         &[],
         1,
         "ai_extract: the fields (argument 2) must be a list of 'name: question' strings",
+    );
+    fails(
+        "SELECT ai_generate('VARCHAR', 'Year of {0}?', body) FROM docs",
+        &[],
+        1,
+        "ai_generate: the type (argument 1) must be a string literal such as 'INT'",
+    );
+    fails(
+        "SELECT ai_complete('Year of {0}?', body, returns => 'INTEGR') FROM docs",
+        &[],
+        1,
+        "\"INTEGR\" is not one",
     );
     fails(
         "SELECT ai_extract(body, ['genre ENUM(a, b, a): Which?']) FROM docs",

@@ -81,6 +81,10 @@ pub struct AiFunction {
     /// literal, then optional integer `dims`, follow it; the instruction is
     /// the call's template and the dimensions its `max_tokens`.
     pub embeds: bool,
+    /// Whether a type literal comes first (`ai_generate('INT', ...)`): the
+    /// SQL type of its answers ([`crate::inference::field_type`]), decoded
+    /// in that type's grammar.
+    pub returns_type: bool,
     /// The URN of the Substrait extension that declares it: QUAIL-B's for the
     /// functions its plans call, aisql's ([`AISQL_AI_URN`]) for the others.
     pub urn: &'static str,
@@ -91,7 +95,7 @@ pub struct AiFunction {
 pub const AISQL_AI_URN: &str = "extension:aisql:functions_ai";
 
 /// Every AI function.
-pub static AI_FUNCTIONS: [AiFunction; 8] = [
+pub static AI_FUNCTIONS: [AiFunction; 9] = [
     AiFunction {
         name: "ai_filter",
         aliases: &[],
@@ -104,6 +108,7 @@ pub static AI_FUNCTIONS: [AiFunction; 8] = [
         arity: "(template, document) or (template, document, partner)",
         aggregate: false,
         embeds: false,
+        returns_type: false,
         urn: AI_URN,
     },
     AiFunction {
@@ -118,6 +123,7 @@ pub static AI_FUNCTIONS: [AiFunction; 8] = [
         arity: "(template, left document, right document)",
         aggregate: false,
         embeds: false,
+        returns_type: false,
         urn: AI_URN,
     },
     AiFunction {
@@ -132,6 +138,7 @@ pub static AI_FUNCTIONS: [AiFunction; 8] = [
         arity: "(template, document [, partner], [labels...], [descriptions...])",
         aggregate: false,
         embeds: false,
+        returns_type: false,
         urn: AI_URN,
     },
     AiFunction {
@@ -146,6 +153,7 @@ pub static AI_FUNCTIONS: [AiFunction; 8] = [
         arity: "(template, document [, partner])",
         aggregate: false,
         embeds: false,
+        returns_type: false,
         urn: AI_URN,
     },
     AiFunction {
@@ -160,6 +168,7 @@ pub static AI_FUNCTIONS: [AiFunction; 8] = [
         arity: "(template, document [, partner], [labels...], [descriptions...])",
         aggregate: false,
         embeds: false,
+        returns_type: false,
         urn: AISQL_AI_URN,
     },
     AiFunction {
@@ -174,6 +183,22 @@ pub static AI_FUNCTIONS: [AiFunction; 8] = [
         arity: "(template, document [, partner] [, max_tokens])",
         aggregate: false,
         embeds: false,
+        returns_type: false,
+        urn: AISQL_AI_URN,
+    },
+    AiFunction {
+        name: "ai_generate",
+        aliases: &[],
+        kind: AiKind::Complete,
+        documents: (1, 2),
+        template: true,
+        labels: false,
+        fields: false,
+        max_tokens: DEFAULT_MAX_TOKENS,
+        arity: "(returns, template, document [, partner] [, max_tokens])",
+        aggregate: false,
+        embeds: false,
+        returns_type: true,
         urn: AISQL_AI_URN,
     },
     AiFunction {
@@ -188,6 +213,7 @@ pub static AI_FUNCTIONS: [AiFunction; 8] = [
         arity: "(document, ['name: question', ...] [, max_tokens])",
         aggregate: false,
         embeds: false,
+        returns_type: false,
         urn: AISQL_AI_URN,
     },
     AiFunction {
@@ -202,6 +228,7 @@ pub static AI_FUNCTIONS: [AiFunction; 8] = [
         arity: "(text [, 'instruction'] [, dims])",
         aggregate: false,
         embeds: true,
+        returns_type: false,
         urn: AISQL_AI_URN,
     },
 ];
@@ -219,6 +246,7 @@ pub static AI_AGGREGATES: [AiFunction; 1] = [AiFunction {
     arity: "(instruction, column [, max_tokens])",
     aggregate: true,
     embeds: false,
+    returns_type: false,
     urn: AISQL_AI_URN,
 }];
 
@@ -251,12 +279,26 @@ impl AiFunction {
             // An embedding's `dims`: after the text (and the instruction).
             return args > 1 && last_is_number;
         }
-        self.max_tokens > 0 && args > 2 && last_is_number
+        self.max_tokens > 0 && args > 2 + usize::from(self.returns_type) && last_is_number
     }
 
-    /// Arguments before the documents: the template, if it takes one.
+    /// Arguments before the documents: the type, if it takes one, then the
+    /// template, if it takes one.
     pub fn leading(&self) -> usize {
-        usize::from(self.template)
+        usize::from(self.returns_type) + usize::from(self.template)
+    }
+
+    /// Where the template is among the arguments (after the type).
+    pub fn template_at(&self) -> usize {
+        usize::from(self.returns_type)
+    }
+
+    /// The template's place, for errors.
+    pub fn template_place(&self) -> String {
+        match self.template_at() {
+            0 => "first argument".to_string(),
+            at => format!("argument {}", at + 1),
+        }
     }
 
     /// How many arguments are documents, for `args` arguments (the last a
@@ -327,10 +369,12 @@ impl AiArgs {
         let first = function.leading();
         let after = first + documents;
         let template = if function.template {
-            let template = string_literal(&args[0]).ok_or_else(|| {
+            let at = function.template_at();
+            let template = string_literal(&args[at]).ok_or_else(|| {
                 format!(
-                    "{name}: the template (first argument) must be a string literal, not {}",
-                    args[0]
+                    "{name}: the template ({}) must be a string literal, not {}",
+                    function.template_place(),
+                    args[at]
                 )
             })?;
             // An aggregate's instruction names no document: its rows are the text.
@@ -354,6 +398,8 @@ impl AiArgs {
             (labels, descriptions)
         } else if function.fields {
             parse_fields(name, after + 1, &args[after])?
+        } else if function.returns_type {
+            (vec![parse_returns(name, &args[0])?], Vec::new())
         } else {
             (Vec::new(), Vec::new())
         };
@@ -553,6 +599,24 @@ fn parse_fields(
         questions.push(q.to_string());
     }
     Ok((names, questions))
+}
+
+/// A typed generation's type (its first argument): a string literal naming
+/// a field type other than text; returns its canonical spelling, the
+/// call's one label.
+fn parse_returns(name: &str, e: &Expr) -> std::result::Result<String, String> {
+    let bad = |why: String| {
+        format!(
+            "{name}: the type (argument 1) must be a string literal such as 'INT', 'DOUBLE', \
+             'BOOLEAN', 'DATE' or 'ENUM(a, b)'; {why}"
+        )
+    };
+    let spelled = string_literal(e).ok_or_else(|| bad(format!("not {e}")))?;
+    let decl = FieldDecl::parse(&format!("answer {spelled}")).map_err(bad)?;
+    if decl.name != "answer" || decl.ty.is_text() {
+        return Err(bad(format!("{spelled:?} is not one")));
+    }
+    Ok(decl.ty.to_string())
 }
 
 /// Whether `e` is a literal (possibly cast).
@@ -867,6 +931,13 @@ impl ScalarUDFImpl for AiUdf {
                     )));
                 }
             }
+        } else if self.function.returns_type {
+            // The type is a literal by the time the call is typed.
+            let value = args.scalar_arguments.first().copied().flatten();
+            let literal = value.map_or(Expr::Literal(ScalarValue::Null, None), |v| {
+                Expr::Literal(v.clone(), None)
+            });
+            vec![parse_returns(self.function.name, &literal).map_err(DataFusionError::Plan)?]
         } else {
             Vec::new()
         };

@@ -7,6 +7,8 @@
 //! | BigQuery | `AI.IF(('Is ', r.body, ' kind?'))` | `ai_filter('Is {0} kind?', r.body)` |
 //! | BigQuery | `AI.SCORE(('Rate ', r.body))` | `ai_score('Rate {0}', r.body)` |
 //! | BigQuery | `AI.GENERATE(('Summarise ', r.body))` | `ai_complete('Summarise {0}', r.body)` |
+//! | BigQuery | `AI.GENERATE_INT(('Year of ', r.body))` (`_DOUBLE`, `_BOOL`) | `ai_generate('INT', 'Year of {0}', r.body)` |
+//! | aisql | `ai_complete('Year of {0}', r.body, returns => 'INT')` | `ai_generate('INT', 'Year of {0}', r.body)` |
 //! | Snowflake | `AI_COMPLETE('qwen3-4b', PROMPT('Summarise {0}', r.body))` | `ai_complete('Summarise {0}', r.body)`, the model checked against the loaded one |
 //! | Snowflake | `AI_SIMILARITY(a.body, b.body)` | `vector_cosine_similarity(ai_embed(a.body), ai_embed(b.body))` |
 //!
@@ -37,10 +39,11 @@ pub type CallSites = HashMap<String, String>;
 const KNOWN: &str = "ai_filter(template, doc), ai_join(template, left, right), \
 ai_classify(template, doc, [labels], [descriptions]), ai_score(template, doc), \
 ai_classify_scores(template, doc, [labels], [descriptions]), \
-ai_complete(template, doc [, max_tokens]), ai_embed(text [, instruction] [, dims]), \
+ai_complete(template, doc [, max_tokens] [, returns => type]), \
+ai_generate(type, template, doc [, max_tokens]), ai_embed(text [, instruction] [, dims]), \
 ai_similarity(text, text), AI_FILTER(PROMPT(template, doc...)), \
 AI_COMPLETE(model, PROMPT(template, doc...)), AI.IF((text, column, text...)), \
-AI.SCORE((...)), AI.GENERATE((...)), ai_count_tokens(template, doc) or (text), \
+AI.SCORE((...)), AI.GENERATE((...)), AI.GENERATE_INT/_DOUBLE/_BOOL((...)), ai_count_tokens(template, doc) or (text), \
 AI_COUNT_TOKENS('ai_filter', PROMPT(...)) and AI.COUNT_TOKENS((...))";
 
 /// What normalizing a statement found: where each AI call's template is, and
@@ -238,6 +241,47 @@ fn call(name: &str, span_of: &Function, args: Vec<Expr>) -> Expr {
     })
 }
 
+/// `ai_complete(args...)` made `ai_generate('ty', args...)`.
+fn typed(complete: Expr, ty: &str) -> Expr {
+    let Expr::Function(mut f) = complete else {
+        return complete;
+    };
+    if let Some(ObjectNamePart::Identifier(ident)) = f.name.0.first_mut() {
+        ident.value = "ai_generate".to_string();
+    }
+    if let FunctionArguments::List(list) = &mut f.args {
+        list.args.insert(
+            0,
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(literal(ty.to_string()))),
+        );
+    }
+    Expr::Function(f)
+}
+
+/// Whether `a` is a `returns => ...` argument.
+fn is_returns(a: &FunctionArg) -> bool {
+    match a {
+        FunctionArg::Named { name, .. } => name.value.eq_ignore_ascii_case("returns"),
+        FunctionArg::ExprNamed { name: Expr::Identifier(name), .. } => {
+            name.value.eq_ignore_ascii_case("returns")
+        }
+        _ => false,
+    }
+}
+
+/// The type a call's `returns => 'TYPE'` names, if it has one (a string
+/// literal).
+fn returns_argument(f: &Function) -> Option<&str> {
+    let FunctionArguments::List(list) = &f.args else {
+        return None;
+    };
+    list.args.iter().find(|a| is_returns(a)).and_then(|a| match a {
+        FunctionArg::Named { arg: FunctionArgExpr::Expr(e), .. }
+        | FunctionArg::ExprNamed { arg: FunctionArgExpr::Expr(e), .. } => string_literal(e),
+        _ => None,
+    })
+}
+
 fn literal(s: String) -> Expr {
     Expr::value(Value::SingleQuotedString(s))
 }
@@ -253,6 +297,15 @@ fn normalize_expr(e: &mut Expr, found: &mut Spelled) -> Result<()> {
             "if" => Some(bigquery_prompt(f, "AI.IF", "ai_filter", 2)?),
             "score" => Some(bigquery_prompt(f, "AI.SCORE", "ai_score", 2)?),
             "generate" => Some(bigquery_prompt(f, "AI.GENERATE", "ai_complete", 2)?),
+            "generate_int" | "generate_double" | "generate_bool" => {
+                let ty = match op.as_str() {
+                    "generate_int" => "INT",
+                    "generate_double" => "DOUBLE",
+                    _ => "BOOLEAN",
+                };
+                let spelled = format!("AI.{}", op.to_ascii_uppercase());
+                Some(typed(bigquery_prompt(f, &spelled, "ai_complete", 2)?, ty))
+            }
             "count_tokens" => Some(bigquery_prompt(
                 f,
                 "AI.COUNT_TOKENS",
@@ -266,6 +319,25 @@ fn normalize_expr(e: &mut Expr, found: &mut Spelled) -> Result<()> {
                 )));
             }
         },
+        [name] if name == "ai_complete" && returns_argument(f).is_some() => {
+            // ai_complete(..., returns => 'INT'): ai_generate('INT', ...).
+            let ty = returns_argument(f).expect("matched").to_string();
+            let FunctionArguments::List(list) = &f.args else {
+                unreachable!("a named argument is in a list");
+            };
+            let rest: Vec<FunctionArg> = list
+                .args
+                .iter()
+                .filter(|a| !is_returns(a))
+                .cloned()
+                .collect();
+            let mut plain = f.clone();
+            if let FunctionArguments::List(l) = &mut plain.args {
+                l.args = rest;
+            }
+            let args = positional(&plain, &spelled)?;
+            Some(typed(call("ai_complete", f, args), &ty))
+        }
         [name] if name == "ai_summarize_agg" => {
             // Snowflake: AI_SUMMARIZE_AGG(column), a fixed instruction.
             let args = positional(f, &spelled)?;
@@ -511,11 +583,13 @@ fn check_call(f: &Function, sites: &mut CallSites) -> Result<()> {
     if !function.template {
         return Ok(());
     }
-    let template = string_literal(&args[0]).ok_or_else(|| {
+    let t = function.template_at();
+    let template = args.get(t).and_then(string_literal).ok_or_else(|| {
         sql_error(format!(
-            "{name}{}: the template (first argument) must be a string literal, not {}",
+            "{name}{}: the template ({}) must be a string literal, not {}",
             at(f),
-            args[0]
+            function.template_place(),
+            args.get(t).map_or("nothing".to_string(), |a| a.to_string())
         ))
     })?;
     if function.aggregate && template.contains("{0}") {

@@ -1,13 +1,15 @@
 //! `ai_complete` (and each round of `ai_agg`): text decoded greedily until
-//! the end of sequence or `max_tokens`.
+//! the end of sequence or `max_tokens`; `ai_generate`, the same decoded in
+//! the grammar of the call's one label, a field type (`INT`, `DATE`, ...),
+//! and read as a value of it.
 
-use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, StringBuilder};
+use datafusion::arrow::array::ArrayRef;
 use datafusion::arrow::datatypes::DataType;
 
 use super::{AnswerKind, ModelReading, SampleSoFar, TableColumn, hash_words, wrong};
-use crate::error::Result;
+use crate::error::{EngineError, Result};
+use crate::inference::field_type::{FieldDecl, FieldType};
 use crate::inference::call::{AiCall, Answer};
 use crate::inference::prompt::{PromptFormat, PromptPieces, complete_pieces, pair_complete_pieces};
 
@@ -24,12 +26,12 @@ impl AnswerKind for Complete {
         true
     }
 
-    fn return_type(&self, _fields: &[String], _size: u32) -> DataType {
-        DataType::Utf8
+    fn return_type(&self, fields: &[String], _size: u32) -> DataType {
+        answer_type(fields).data_type()
     }
 
-    fn fits(&self, answer: &Answer, _labels: &[String], _size: u32) -> bool {
-        matches!(answer, Answer::Text(_))
+    fn fits(&self, answer: &Answer, labels: &[String], _size: u32) -> bool {
+        matches!(answer, Answer::Text(t) if answer_type(labels).accepts(t))
     }
 
     fn cache_code(&self) -> u8 {
@@ -61,19 +63,21 @@ impl AnswerKind for Complete {
 
     fn column(
         &self,
-        _labels: &[String],
+        labels: &[String],
         _size: u32,
         answers: &[Option<&Answer>],
     ) -> Result<ArrayRef> {
-        let mut b = StringBuilder::with_capacity(answers.len(), 0);
-        for a in answers {
-            match a {
-                None => b.append_null(),
-                Some(Answer::Text(t)) => b.append_value(t),
-                Some(other) => return Err(wrong(self, other)),
-            }
-        }
-        Ok(Arc::new(b.finish()))
+        let texts = answers
+            .iter()
+            .map(|a| match a {
+                None => Ok(None),
+                Some(Answer::Text(t)) => Ok(Some(&**t)),
+                Some(other) => Err(wrong(self, other)),
+            })
+            .collect::<Result<Vec<Option<&str>>>>()?;
+        answer_type(labels)
+            .column(&texts)
+            .map_err(|e| EngineError::Inference(format!("a generated answer: {e}")))
     }
 
     fn read_column(
@@ -92,13 +96,30 @@ impl AnswerKind for Complete {
         ModelReading::Text
     }
 
-    /// Empty: no sample can say where a text would end.
-    fn drawn(&self, _call: &AiCall, _sample: SampleSoFar<'_>, _u: f64) -> Answer {
-        Answer::Text("".into())
+    /// Empty (no sample can say where a text would end), or a value of the
+    /// call's type.
+    fn drawn(&self, call: &AiCall, _sample: SampleSoFar<'_>, u: f64) -> Answer {
+        let h = (u * 2f64.powi(53)) as u64;
+        Answer::Text(answer_type(&call.labels).example(h).unwrap_or_default().into())
     }
 
-    /// The prompt's hash in at most `max_tokens` words.
+    /// The prompt's hash in at most `max_tokens` words, or a value of the
+    /// call's type named by it.
     fn hashed(&self, call: &AiCall, h: u64) -> Answer {
-        Answer::Text(hash_words(h, call.max_tokens))
+        match answer_type(&call.labels).example(h) {
+            Some(value) => Answer::Text(value.into()),
+            None => Answer::Text(hash_words(h, call.max_tokens)),
+        }
+    }
+}
+
+/// The type of a generating call's answers: its one label's (an
+/// `ai_generate`), else text.
+pub fn answer_type(labels: &[String]) -> FieldType {
+    match labels {
+        [spelled] => FieldDecl::parse(&format!("answer {spelled}"))
+            .map(|d| d.ty)
+            .unwrap_or(FieldType::Text),
+        _ => FieldType::Text,
     }
 }

@@ -29,6 +29,7 @@ use datafusion::arrow::datatypes::DataType;
 pub use classify::best_label;
 pub use classify_scores::label_probabilities;
 pub use embed::{embedding_of, embedding_pieces};
+pub use complete::answer_type;
 pub use extract::declarations;
 
 use crate::error::{EngineError, Result};
@@ -304,7 +305,10 @@ impl AiCall {
     /// nothing.
     pub fn decode_bounds(&self) -> Vec<u32> {
         match self.kind.describe().reading() {
-            ModelReading::Text => vec![self.max_tokens],
+            ModelReading::Text => {
+                let ty = answer_type(&self.labels);
+                vec![ty.max_tokens().map_or(self.max_tokens, |t| t.min(self.max_tokens))]
+            }
             ModelReading::FieldTexts => declarations(&self.labels)
                 .iter()
                 .map(|d| d.ty.max_tokens().map_or(self.max_tokens, |t| t.min(self.max_tokens)))

@@ -13,7 +13,7 @@ use crate::inference::backend::{AiCall, AiRequest, Answer, Answerer};
 use crate::inference::field_type::FieldType;
 use crate::inference::grammar::Grammars;
 use crate::inference::key_trie::KeyTrie;
-use crate::inference::kinds::{ModelReading, declarations, embedding_of};
+use crate::inference::kinds::{ModelReading, answer_type, declarations, embedding_of};
 pub use crate::inference::kinds::{best_label, label_probabilities};
 use crate::inference::kv_cache::KvOps;
 use crate::inference::prompt::Excerpt;
@@ -344,14 +344,18 @@ impl Executor for ModelExecutor {
             ModelReading::Text => {
                 let prompts: Vec<(Option<&KvHandle>, Vec<u32>)> =
                     items.iter().map(|(p, t)| (*p, t.to_vec())).collect();
-                let types = vec![&FieldType::Text; prompts.len()];
+                let ty = answer_type(&call.labels);
+                let types = vec![&ty; prompts.len()];
                 self.generate(&prompts, &types, call.max_tokens, stopped)?
                     .into_iter()
                     .enumerate()
                     .map(|(i, text)| match text {
                         Generated::Text(text) => Answer::Text(text),
                         Generated::Unreadable(e) => failed(i, unreadable(&e)),
-                        Generated::Incomplete => failed(i, "no whole answer".into()),
+                        Generated::Incomplete => failed(
+                            i,
+                            format!("no whole {ty} answer within max_tokens {}", call.max_tokens),
+                        ),
                     })
                     .collect()
             }
@@ -716,7 +720,7 @@ impl Executor for SimExecutor {
                         .collect(),
                 )
             } else {
-                Answer::Text("".into())
+                Answer::Text(answer_type(&call.labels).example(0).unwrap_or_default().into())
             };
             return Ok(vec![answer; requests.len()]);
         }
