@@ -203,3 +203,23 @@ def test_options_reach_the_engine(frame):
     con = aisql.connect(model="tiny", tables={"docs": frame}, max_fresh_tokens=1)
     with pytest.raises(aisql.Error, match="max-fresh-tokens|budget"):
         con.sql(FILTER).to_arrow()
+
+
+def test_typed_fields_arrive_with_their_arrow_types(con, frame):
+    """`ai_extract`'s typed fields and `ai_generate` come to Python as their
+    Arrow types, every row a value (the grammar makes each answer parse)."""
+    con.register("docs", frame)
+    got = con.sql(
+        "SELECT id, ai_extract(text, ['year INT: Which year?', 'on DATE: When?', "
+        "'good BOOLEAN: Is it good?', 'tone ENUM(warm, cold): Tone?'], 24) AS f, "
+        "ai_generate('DOUBLE', 'Rate {0} out of ten.', text, 24) AS rating "
+        "FROM docs ORDER BY id"
+    ).to_arrow()
+    assert got.schema.field("f").type == pa.struct(
+        [("year", pa.int64()), ("on", pa.date32()), ("good", pa.bool_()), ("tone", pa.string())]
+    )
+    assert got.schema.field("rating").type == pa.float64()
+    fields = got.column("f").combine_chunks()
+    for name in ["year", "on", "good", "tone"]:
+        assert fields.field(name).null_count == 0, name
+    assert set(fields.field("tone").to_pylist()) <= {"warm", "cold"}
