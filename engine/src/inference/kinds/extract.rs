@@ -4,6 +4,7 @@
 //! after the document's shared KV; a typed field's text is decoded in its
 //! type's grammar and read as a value of it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, StructArray};
@@ -157,7 +158,7 @@ impl AnswerKind for Extract {
         Answer::Fields(
             call.descriptions
                 .iter()
-                .zip(declarations(&call.labels))
+                .zip(declarations(&call.labels).iter())
                 .map(|(q, d)| {
                     let digest = Sha256::new()
                         .chain_update(h.to_le_bytes())
@@ -175,9 +176,25 @@ impl AnswerKind for Extract {
 }
 
 /// The fields' declarations; a label that is not one (no call the planner
-/// made has such) is a text field named by the whole label.
-pub fn declarations(labels: &[String]) -> Vec<FieldDecl> {
-    labels
+/// made has such) is a text field named by the whole label. Every answer's
+/// check reads them, and a field over a column's keys spells them all, so
+/// the last few label sets' declarations are kept, by a hash of the labels.
+pub fn declarations(labels: &[String]) -> Arc<[FieldDecl]> {
+    static KEPT: std::sync::Mutex<Option<HashMap<u128, Arc<[FieldDecl]>>>> =
+        std::sync::Mutex::new(None);
+    const MOST_KEPT: usize = 64;
+    let mut hasher = twox_hash::XxHash3_128::new();
+    for l in labels {
+        hasher.write(&(l.len() as u64).to_le_bytes());
+        hasher.write(l.as_bytes());
+    }
+    let key = hasher.finish_128();
+    let mut kept = KEPT.lock().unwrap_or_else(|p| p.into_inner());
+    let kept = kept.get_or_insert_with(HashMap::new);
+    if let Some(d) = kept.get(&key) {
+        return d.clone();
+    }
+    let parsed: Arc<[FieldDecl]> = labels
         .iter()
         .map(|l| {
             FieldDecl::parse(l).unwrap_or_else(|_| FieldDecl {
@@ -185,7 +202,12 @@ pub fn declarations(labels: &[String]) -> Vec<FieldDecl> {
                 ty: FieldType::Text,
             })
         })
-        .collect()
+        .collect();
+    if kept.len() >= MOST_KEPT {
+        kept.clear();
+    }
+    kept.insert(key, parsed.clone());
+    parsed
 }
 
 #[cfg(test)]

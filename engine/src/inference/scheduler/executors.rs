@@ -216,6 +216,11 @@ impl ModelExecutor {
         if let Some(trie) = tries.get(&key) {
             return Ok(trie.clone());
         }
+        // A few sets at once (a trie of 100,000 keys is tens of MB): past
+        // them all are dropped, and built again when next asked.
+        if tries.len() >= 8 {
+            tries.clear();
+        }
         let stop = *self.stop_ids.first().ok_or_else(|| {
             crate::error::EngineError::Inference("the tokenizer has no stop id".into())
         })?;
