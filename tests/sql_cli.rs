@@ -145,7 +145,11 @@ fn typed_completions_written_as_substrait_run_with_aisql_query() {
         "SELECT id, ai_complete('Which year is {0} about?', body, 24, returns => 'INT') + 1 AS y, \
          ai_generate('DATE', 'When was {0} written?', body, 12) + INTERVAL '1 day' AS d, \
          NOT AI.GENERATE_BOOL(('Is ', body, ' kind?')) AS unkind, \
-         ai_generate('ENUM(drama, comedy)', 'The genre of {0}?', body) AS genre \
+         ai_generate('ENUM(drama, comedy)', 'The genre of {0}?', body) AS genre, \
+         ai_generate('JSON {\"type\":\"object\",\"properties\":{\"year\":{\"type\":\"integer\",\
+         \"minimum\":1900,\"maximum\":2030},\"kind\":{\"enum\":[\"film\",\"food\"]}},\
+         \"required\":[\"year\",\"kind\"],\"additionalProperties\":false}', \
+         'Describe {0} as JSON.', body, 80) AS described \
          FROM reviews ORDER BY id",
     );
 }
@@ -374,6 +378,18 @@ fn bad_sql_gets_a_clear_error() {
         &[],
         1,
         "ai_generate: the type (argument 1) must be a string literal such as 'INT'",
+    );
+    fails(
+        "SELECT ai_complete('Year of {0}?', body, returns => 'JSON {\"type\": \"bogus\"}') FROM docs",
+        &[],
+        1,
+        "the JSON schema is not one llguidance reads",
+    );
+    fails(
+        "SELECT ai_extract(body, ['r JSON {\"type\": \"object\"}: Which?']) FROM docs",
+        &[],
+        1,
+        "a JSON answer is asked with ai_generate",
     );
     fails(
         "SELECT ai_complete('Year of {0}?', body, returns => 'INTEGR') FROM docs",

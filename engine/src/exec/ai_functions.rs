@@ -586,6 +586,13 @@ fn parse_fields(
                 i + 1
             )));
         }
+        if n.contains(" JSON ") {
+            return Err(bad(format!(
+                "field {}: a JSON answer is asked with ai_generate('JSON {{schema}}', ...), \
+                 as a field's ':' would cut its schema",
+                i + 1
+            )));
+        }
         // `name` or `name TYPE`: the label holds the canonical declaration.
         let decl = FieldDecl::parse(n).map_err(|e| bad(format!("field {}: {e}", i + 1)))?;
         if declared

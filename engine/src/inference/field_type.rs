@@ -36,6 +36,9 @@ pub enum FieldType {
     Date,
     /// `ENUM(a, b, ...)`: one of the listed values, as text.
     Enum(Vec<String>),
+    /// `JSON {schema}`: a JSON text valid under the schema (compact, as
+    /// serde_json writes it), as text.
+    Json(String),
 }
 
 /// One declared field: its name and type.
@@ -106,12 +109,21 @@ impl fmt::Display for FieldType {
                     .collect();
                 write!(f, "ENUM({})", quoted.join(", "))
             }
+            FieldType::Json(schema) => write!(f, "JSON {schema}"),
         }
     }
 }
 
 /// `decl` split into its name and type: text when it ends in no type.
 fn split_type(decl: &str) -> Result<(&str, FieldType), String> {
+    if let Some(at) = decl.find(" JSON {") {
+        let text = &decl[at + " JSON ".len()..];
+        let schema: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| format!("{decl:?}: the JSON schema cannot be read: {e}"))?;
+        crate::inference::grammar::check_json_schema(&schema)
+            .map_err(|e| format!("{decl:?}: {e}"))?;
+        return Ok((decl[..at].trim_end(), FieldType::Json(schema.to_string())));
+    }
     if let Some(open) = decl.find(" ENUM(") {
         let Some(inner) = decl[open + " ENUM(".len()..].strip_suffix(')') else {
             return Err(format!("{decl:?}: ENUM( has no closing ')' at the end"));
@@ -196,7 +208,7 @@ impl FieldType {
     /// The Arrow type of the answers.
     pub fn data_type(&self) -> DataType {
         match self {
-            FieldType::Text | FieldType::Enum(_) => DataType::Utf8,
+            FieldType::Text | FieldType::Enum(_) | FieldType::Json(_) => DataType::Utf8,
             FieldType::Int => DataType::Int64,
             FieldType::Double => DataType::Float64,
             FieldType::Boolean => DataType::Boolean,
@@ -206,11 +218,12 @@ impl FieldType {
 
     /// The regular expression every decoded text matches whole (an optional
     /// leading space, as a model's first token often carries one); `None`
-    /// for free text, and for a set of values, which the decoder follows
-    /// by a token trie instead ([`crate::inference::key_trie`]).
+    /// for free text, for a set of values, which the decoder follows by a
+    /// token trie instead ([`crate::inference::key_trie`]), and for JSON,
+    /// whose grammar is its schema's.
     pub fn regex(&self) -> Option<String> {
         let body = match self {
-            FieldType::Text | FieldType::Enum(_) => return None,
+            FieldType::Text | FieldType::Enum(_) | FieldType::Json(_) => return None,
             FieldType::Int => "-?(0|[1-9][0-9]{0,17})".to_string(),
             FieldType::Double => "-?(0|[1-9][0-9]{0,14})(\\.[0-9]{1,15})?".to_string(),
             FieldType::Boolean => "(true|false)".to_string(),
@@ -237,6 +250,9 @@ impl FieldType {
             FieldType::Boolean => value == "true" || value == "false",
             FieldType::Date => value.len() == 10 && Date32Type::parse(value).is_some(),
             FieldType::Enum(values) => values.iter().any(|v| v == value),
+            // Parsed, not checked against the schema: the decoder's mask
+            // keeps the model's text inside it.
+            FieldType::Json(_) => serde_json::from_str::<serde_json::Value>(value).is_ok(),
         }
     }
 
@@ -264,7 +280,7 @@ impl FieldType {
         Ok(match self {
             // Free text is kept as decoded.
             FieldType::Text => Arc::new(texts.iter().copied().collect::<StringArray>()),
-            FieldType::Enum(_) => Arc::new(
+            FieldType::Enum(_) | FieldType::Json(_) => Arc::new(
                 texts
                     .iter()
                     .map(|t| t.map(value).transpose())
@@ -303,14 +319,17 @@ impl FieldType {
                 1 + (h >> 16) % 28
             ),
             FieldType::Enum(values) => values[(h % values.len() as u64) as usize].clone(),
+            // Any JSON text: no simulation can say what the schema's would be.
+            FieldType::Json(_) => "null".to_string(),
         })
     }
 
     /// The most tokens an answer of this type can take (every token holds
-    /// at least one byte), with the optional space; `None` for text.
+    /// at least one byte), with the optional space; `None` for text and
+    /// JSON (unbounded but by `max_tokens`).
     pub fn max_tokens(&self) -> Option<u32> {
         Some(match self {
-            FieldType::Text => return None,
+            FieldType::Text | FieldType::Json(_) => return None,
             FieldType::Int => 20,
             FieldType::Double => 33,
             FieldType::Boolean => 6,
@@ -345,7 +364,12 @@ mod tests {
             genre.ty,
             FieldType::Enum(vec!["drama".into(), "comedy, dark".into(), "it's".into()])
         );
-        for d in [genre, decl("year INT"), decl("release date"), decl("x DATE")] {
+        let json = decl(r#"r JSON {"type": "object", "properties": {"n": {"type": "integer"}}}"#);
+        assert_eq!(
+            json.ty,
+            FieldType::Json(r#"{"type":"object","properties":{"n":{"type":"integer"}}}"#.into())
+        );
+        for d in [genre, json, decl("year INT"), decl("release date"), decl("x DATE")] {
             assert_eq!(decl(&d.to_string()), d, "{d}");
         }
         for (bad, says) in [
@@ -355,6 +379,8 @@ mod tests {
             ("g ENUM('a)", "not closed"),
             ("g ENUM('a' b)", "unexpected"),
             ("g ENUM(' a')", "spaces around"),
+            ("r JSON {\"type\": ", "cannot be read"),
+            ("r JSON {\"type\": \"nope\"}", "the JSON schema"),
             ("x INT DATE", "type keyword"),
             ("x INT VARCHAR", "type keyword"),
             ("", "no name"),

@@ -119,18 +119,22 @@ impl Grammars {
         &self.cost
     }
 
-    /// A fresh constraint for one answer of type `ty`; `None` for free text.
+    /// A fresh constraint for one answer of type `ty`; `None` for free text
+    /// (and for a set of values, which a token trie follows).
     pub fn constraint(&self, ty: &FieldType) -> Result<Option<Box<dyn TokenConstraint>>> {
-        let Some(regex) = ty.regex() else {
+        let Some(grammar) = grammar_of(ty) else {
             return Ok(None);
         };
+        let key = ty.to_string();
         let mut compiled = self.compiled.lock().unwrap_or_else(|p| p.into_inner());
-        let matcher = match compiled.get(&regex) {
+        // JSON schemas come from queries: keep a few parsers, not all.
+        if compiled.len() >= 64 && !compiled.contains_key(&key) {
+            compiled.clear();
+        }
+        let matcher = match compiled.get(&key) {
             Some(m) => m.deep_clone(),
             None => {
-                let parser = self
-                    .factory
-                    .create_parser(TopLevelGrammar::from_regex(&regex));
+                let parser = self.factory.create_parser(grammar);
                 let matcher = Matcher::new(parser);
                 if let Some(e) = matcher.get_error() {
                     return Err(EngineError::Inference(format!(
@@ -138,7 +142,7 @@ impl Grammars {
                     )));
                 }
                 let fresh = matcher.deep_clone();
-                compiled.insert(regex, matcher);
+                compiled.insert(key, matcher);
                 fresh
             }
         };
@@ -147,6 +151,53 @@ impl Grammars {
             cost: self.cost.clone(),
         })))
     }
+}
+
+/// The grammar of `ty`'s answers: its regular expression's, or its JSON
+/// schema's; `None` for text and sets of values.
+fn grammar_of(ty: &FieldType) -> Option<TopLevelGrammar> {
+    match ty {
+        FieldType::Json(schema) => serde_json::from_str(schema)
+            .ok()
+            .map(compact)
+            .map(TopLevelGrammar::from_json_schema),
+        other => other.regex().map(|rx| TopLevelGrammar::from_regex(&rx)),
+    }
+}
+
+/// `schema` asking for compact JSON (no whitespace between tokens) unless
+/// it says otherwise (`x-guidance`): a model that would pad with spaces or
+/// new lines cannot run out its `max_tokens` on them.
+fn compact(mut schema: serde_json::Value) -> serde_json::Value {
+    if let Some(object) = schema.as_object_mut() {
+        object
+            .entry("x-guidance")
+            .or_insert_with(|| serde_json::json!({"whitespace_flexible": false}));
+    }
+    schema
+}
+
+/// An error unless llguidance compiles `schema` (checked when a query is
+/// planned, over a one-byte-per-token vocabulary, before any model is
+/// asked).
+pub fn check_json_schema(schema: &serde_json::Value) -> std::result::Result<(), String> {
+    static FACTORY: std::sync::OnceLock<std::result::Result<ParserFactory, String>> =
+        std::sync::OnceLock::new();
+    let factory = FACTORY
+        .get_or_init(|| {
+            let env = llguidance::toktrie::ApproximateTokEnv::single_byte_env();
+            let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
+            factory.quiet();
+            Ok(factory)
+        })
+        .as_ref()?;
+    if !schema.is_object() {
+        return Err("the JSON schema must be an object".into());
+    }
+    factory
+        .create_parser(TopLevelGrammar::from_json_schema(compact(schema.clone())))
+        .map(|_| ())
+        .map_err(|e| format!("the JSON schema is not one llguidance reads: {e}"))
 }
 
 /// One sequence's constraint: its parser's state.
@@ -229,6 +280,9 @@ mod tests {
             FieldType::Double,
             FieldType::Boolean,
             FieldType::Date,
+            FieldType::Json(
+                r#"{"type":"object","properties":{"n":{"type":"integer","minimum":0,"maximum":999},"ok":{"type":"boolean"}},"required":["n","ok"],"additionalProperties":false}"#.into(),
+            ),
         ];
         let long = |_: u32, s: &str| s.len() as i64;
         let short = |_: u32, s: &str| -(s.len() as i64);
@@ -244,7 +298,7 @@ mod tests {
                 texts += 1;
             }
         }
-        assert_eq!(texts, 20);
+        assert_eq!(texts, 25);
         let (masks, seconds) = grammars.cost().totals();
         assert!(masks > 25, "{masks}");
         eprintln!("{masks} masks, {:.0} µs each", seconds / masks as f64 * 1e6);
