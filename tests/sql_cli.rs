@@ -160,17 +160,35 @@ fn typed_completions_written_as_substrait_run_with_aisql_query() {
 fn a_typed_field_past_max_tokens_fails_its_row_or_is_null() {
     let query = "SELECT id, ai_extract(body, ['released DATE: When?'], 3)['released'] AS d \
                  FROM docs ORDER BY id LIMIT 3";
-    fails(query, &[], 1, "field released has no whole DATE answer within max_tokens 3");
-    let out = sql(query, &["--format", "csv", "--on-row-error", "null", "--max-error-ratio", "1"])
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
+    fails(
+        query,
+        &[],
+        1,
+        "field released has no whole DATE answer within max_tokens 3",
+    );
+    let out = sql(
+        query,
+        &[
+            "--format",
+            "csv",
+            "--on-row-error",
+            "null",
+            "--max-error-ratio",
+            "1",
+        ],
+    )
+    .assert()
+    .success()
+    .get_output()
+    .stdout
+    .clone();
     let out = String::from_utf8(out).unwrap();
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "id,d");
-    assert!(lines.len() > 1 && lines[1..].iter().all(|l| l.ends_with(',')), "{out}");
+    assert!(
+        lines.len() > 1 && lines[1..].iter().all(|l| l.ends_with(',')),
+        "{out}"
+    );
 }
 
 /// A field over a column's keys answers one of the keys for every row: the
@@ -181,7 +199,11 @@ fn a_typed_field_past_max_tokens_fails_its_row_or_is_null() {
 fn a_field_over_a_columns_keys_answers_one_of_the_keys() {
     let dir = tempfile::tempdir().unwrap();
     let keys = dir.path().join("keys.csv");
-    std::fs::write(&keys, "id,name\n1,price\n2,quality\n3,\n4,price\n5,the delivery time\n").unwrap();
+    std::fs::write(
+        &keys,
+        "id,name\n1,price\n2,quality\n3,\n4,price\n5,the delivery time\n",
+    )
+    .unwrap();
     let empty = dir.path().join("empty.csv");
     std::fs::write(&empty, "id,name\n1,\n").unwrap();
     let tables = [
@@ -189,7 +211,12 @@ fn a_field_over_a_columns_keys_answers_one_of_the_keys() {
         format!("nokeys={}", empty.display()),
     ];
     let extra = |more: &[&'static str]| -> Vec<String> {
-        let mut v = vec!["--table".to_string(), tables[0].clone(), "--table".into(), tables[1].clone()];
+        let mut v = vec![
+            "--table".to_string(),
+            tables[0].clone(),
+            "--table".into(),
+            tables[1].clone(),
+        ];
         v.extend(more.iter().map(|s| s.to_string()));
         v
     };
@@ -201,7 +228,12 @@ fn a_field_over_a_columns_keys_answers_one_of_the_keys() {
     let query = "SELECT id, ai_extract(body, ['topic FROM keys.name: Which topic is it about?', \
                  'year INT: Which year?'], 24)['topic'] AS topic FROM docs WHERE body IS NOT NULL \
                  ORDER BY id";
-    let out = run(query, &["--format", "csv"]).assert().success().get_output().stdout.clone();
+    let out = run(query, &["--format", "csv"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
     let out = String::from_utf8(out).unwrap();
     let rows: Vec<&str> = out.lines().skip(1).collect();
     assert!(rows.len() >= 25, "{out}");
@@ -219,10 +251,9 @@ fn a_field_over_a_columns_keys_answers_one_of_the_keys() {
             "topic ENUM('price', 'quality', 'the delivery time')",
         ));
     let fails_with = |query: &str, needle: &str| {
-        run(query, &[])
-            .assert()
-            .code(1)
-            .stderr(predicate::str::contains(needle).and(predicate::str::contains("panicked").not()));
+        run(query, &[]).assert().code(1).stderr(
+            predicate::str::contains(needle).and(predicate::str::contains("panicked").not()),
+        );
     };
     fails_with(
         "SELECT ai_extract(body, ['topic FROM nokeys.name: Which?']) FROM docs",

@@ -311,7 +311,10 @@ fn typed_fields_are_values_of_their_types_with_and_without_the_prefix_cache() {
         "genre ENUM(drama, comedy, 'food & drink'): Which genre?",
         "tone: One word for the tone?",
     ];
-    let extract = call("ai_extract", vec![col("body"), list(&questions), lit(24i64)]);
+    let extract = call(
+        "ai_extract",
+        vec![col("body"), list(&questions), lit(24i64)],
+    );
     assert_eq!(
         extract.return_type(),
         DataType::Struct(Fields::from(vec![
@@ -330,10 +333,19 @@ fn typed_fields_are_values_of_their_types_with_and_without_the_prefix_cache() {
             .unwrap();
         runs.push(b.answer(&extract, &reqs).unwrap().answers);
     }
-    assert_eq!(runs[0], runs[1], "typed fields with and without the prefix cache");
-    let decls: Vec<FieldDecl> = extract.labels.iter().map(|l| FieldDecl::parse(l).unwrap()).collect();
+    assert_eq!(
+        runs[0], runs[1],
+        "typed fields with and without the prefix cache"
+    );
+    let decls: Vec<FieldDecl> = extract
+        .labels
+        .iter()
+        .map(|l| FieldDecl::parse(l).unwrap())
+        .collect();
     for a in &runs[0] {
-        let Answer::Fields(f) = a else { panic!("{a:?}") };
+        let Answer::Fields(f) = a else {
+            panic!("{a:?}")
+        };
         for (d, text) in decls.iter().zip(f.iter()) {
             assert!(d.ty.accepts(text), "{d}: {text:?}");
         }
@@ -352,11 +364,17 @@ fn typed_fields_are_values_of_their_types_with_and_without_the_prefix_cache() {
     // A date takes more than two tokens: no row can finish one.
     let short = call(
         "ai_extract",
-        vec![col("body"), list(&["visited DATE: On which date?"]), lit(2i64)],
+        vec![
+            col("body"),
+            list(&["visited DATE: On which date?"]),
+            lit(2i64),
+        ],
     );
     let b = backend(true).begin(QueryStart::one(&short)).unwrap();
     for a in b.answer(&short, &reqs).unwrap().answers {
-        let Answer::Failed(why) = &a else { panic!("{a:?}") };
+        let Answer::Failed(why) = &a else {
+            panic!("{a:?}")
+        };
         assert!(
             why.contains("field visited has no whole DATE answer within max_tokens 2"),
             "{why}"

@@ -189,7 +189,8 @@ impl Qwen3 {
             if stopped() {
                 break Err(ModelError::Stopped);
             }
-            let step = self.decode_step(requests, constraints, stop_ids, &admit, &mut running, block);
+            let step =
+                self.decode_step(requests, constraints, stop_ids, &admit, &mut running, block);
             if let Err(e) = step {
                 break Err(e);
             }
@@ -451,7 +452,11 @@ impl Qwen3 {
 
     /// Per row of `hidden`, the argmax over the tokens of its mask (all where
     /// it has none): the logits come to the host as rows `(n, vocab)`.
-    fn masked_picks(&self, hidden: &Tensor, masks: &[Option<Vec<u32>>]) -> Result<Vec<Option<u32>>> {
+    fn masked_picks(
+        &self,
+        hidden: &Tensor,
+        masks: &[Option<Vec<u32>>],
+    ) -> Result<Vec<Option<u32>>> {
         let rows = match self.block_head_logits(hidden)? {
             Some(logits) => logits,
             None => self.lm_head().matmul(&hidden.t()?.contiguous()?)?.t()?,
@@ -962,7 +967,9 @@ mod tests {
         let reference = Reference::load(tiny_dir());
         let doc = tokens(21, 7, vocab as u32);
         let handle = model.prefill(None, &doc).unwrap();
-        let prompts: Vec<Vec<u32>> = (0..6).map(|j| tokens(1 + j, 40 + j as u64, vocab as u32)).collect();
+        let prompts: Vec<Vec<u32>> = (0..6)
+            .map(|j| tokens(1 + j, 40 + j as u64, vocab as u32))
+            .collect();
         let requests: Vec<GenerateRequest> = prompts
             .iter()
             .map(|p| GenerateRequest::new(Some(&handle), p, 6))
@@ -991,7 +998,11 @@ mod tests {
             }
             let want_len = if j == 0 { 4 } else { 6 };
             assert_eq!(g.token_ids.len(), want_len, "request {j}");
-            let want_finish = if j == 0 { FinishReason::Stop } else { FinishReason::Length };
+            let want_finish = if j == 0 {
+                FinishReason::Stop
+            } else {
+                FinishReason::Length
+            };
             assert_eq!(g.finish, want_finish, "request {j}");
             for (k, &t) in g.token_ids.iter().enumerate() {
                 assert_eq!(t as usize % 3, k % 3, "request {j} token {k}");
@@ -999,7 +1010,10 @@ mod tests {
                 let allowed = (k % 3..vocab).step_by(3);
                 let want = allowed.fold(k % 3, |b, i| if logits[i] > logits[b] { i } else { b });
                 let gap = logits[want] - logits[t as usize];
-                assert!(gap <= NEAR_TIE, "request {j} token {k}: {t}, the reference picks {want}");
+                assert!(
+                    gap <= NEAR_TIE,
+                    "request {j} token {k}: {t}, the reference picks {want}"
+                );
                 near_ties += usize::from(t as usize != want);
                 seq.push(t);
             }
@@ -1007,7 +1021,11 @@ mod tests {
         assert!(near_ties <= 1, "{near_ties} near-ties");
         // A constraint's error fails the call, naming the request.
         let mut broken: Vec<Option<Box<dyn TokenConstraint>>> = (0..6).map(|_| None).collect();
-        broken[3] = Some(Box::new(Modular { vocab: 0, accepted: Vec::new(), closes_after: 9 }));
+        broken[3] = Some(Box::new(Modular {
+            vocab: 0,
+            accepted: Vec::new(),
+            closes_after: 9,
+        }));
         let e = model
             .generate_constrained_until(&requests, &mut broken, &[], 4, &|| false)
             .unwrap_err();
@@ -1015,7 +1033,10 @@ mod tests {
         let e = model
             .generate_constrained_until(&requests, &mut [], &[], 4, &|| false)
             .unwrap_err();
-        assert!(e.to_string().contains("0 constraints for 6 requests"), "{e}");
+        assert!(
+            e.to_string().contains("0 constraints for 6 requests"),
+            "{e}"
+        );
     }
 
     /// Both argmax paths pick the lowest id among equal maxima (all -inf too) and refuse NaN.

@@ -10,8 +10,8 @@
 
 #![warn(missing_docs)]
 
-mod error;
 pub mod constrain;
+mod error;
 pub mod generate;
 pub mod gguf;
 pub mod kv;
@@ -26,8 +26,8 @@ mod testutil;
 pub mod tiny;
 pub mod tokenizer;
 
-pub use error::{ModelError, Result};
 pub use constrain::TokenConstraint;
+pub use error::{ModelError, Result};
 pub use generate::{FinishReason, GenerateRequest, Generation};
 pub use kv::KvHandle;
 pub use precision::Precision;

@@ -292,12 +292,12 @@ impl FieldType {
                     .map(|t| t.map(|t| value(t).map(|v| v == "true")).transpose())
                     .collect::<Result<BooleanArray, String>>()?,
             ),
-            FieldType::Int => primitive::<Int64Type>(texts, |t| {
-                value(t)?.parse().map_err(|_| bad(t))
-            })?,
-            FieldType::Double => primitive::<Float64Type>(texts, |t| {
-                value(t)?.parse().map_err(|_| bad(t))
-            })?,
+            FieldType::Int => {
+                primitive::<Int64Type>(texts, |t| value(t)?.parse().map_err(|_| bad(t)))?
+            }
+            FieldType::Double => {
+                primitive::<Float64Type>(texts, |t| value(t)?.parse().map_err(|_| bad(t)))?
+            }
             FieldType::Date => primitive::<Date32Type>(texts, |t| {
                 Date32Type::parse(&value(t)?).ok_or_else(|| bad(t))
             })?,
@@ -334,9 +334,7 @@ impl FieldType {
             FieldType::Double => 33,
             FieldType::Boolean => 6,
             FieldType::Date => 11,
-            FieldType::Enum(values) => {
-                1 + values.iter().map(|v| v.len()).max().unwrap_or(0) as u32
-            }
+            FieldType::Enum(values) => 1 + values.iter().map(|v| v.len()).max().unwrap_or(0) as u32,
         })
     }
 }
@@ -352,13 +350,31 @@ mod tests {
 
     #[test]
     fn declarations_read_and_spell_back() {
-        assert_eq!(decl("year INT"), FieldDecl { name: "year".into(), ty: FieldType::Int });
+        assert_eq!(
+            decl("year INT"),
+            FieldDecl {
+                name: "year".into(),
+                ty: FieldType::Int
+            }
+        );
         assert_eq!(decl("  rating   DOUBLE ").ty, FieldType::Double);
         assert_eq!(decl("sequel BOOL").ty, FieldType::Boolean);
         assert_eq!(decl("released DATE").ty, FieldType::Date);
         // Lower case is a name, not a type: an untyped field as before.
-        assert_eq!(decl("release date"), FieldDecl { name: "release date".into(), ty: FieldType::Text });
-        assert_eq!(decl("summary VARCHAR"), FieldDecl { name: "summary".into(), ty: FieldType::Text });
+        assert_eq!(
+            decl("release date"),
+            FieldDecl {
+                name: "release date".into(),
+                ty: FieldType::Text
+            }
+        );
+        assert_eq!(
+            decl("summary VARCHAR"),
+            FieldDecl {
+                name: "summary".into(),
+                ty: FieldType::Text
+            }
+        );
         let genre = decl("genre ENUM(drama, 'comedy, dark', 'it''s')");
         assert_eq!(
             genre.ty,
@@ -369,7 +385,13 @@ mod tests {
             json.ty,
             FieldType::Json(r#"{"type":"object","properties":{"n":{"type":"integer"}}}"#.into())
         );
-        for d in [genre, json, decl("year INT"), decl("release date"), decl("x DATE")] {
+        for d in [
+            genre,
+            json,
+            decl("year INT"),
+            decl("release date"),
+            decl("x DATE"),
+        ] {
             assert_eq!(decl(&d.to_string()), d, "{d}");
         }
         for (bad, says) in [
@@ -396,15 +418,37 @@ mod tests {
             .column(&[Some("42"), None, Some(" -7"), Some("0")])
             .unwrap();
         let ints = ints.as_primitive::<Int64Type>();
-        assert_eq!((ints.value(0), ints.is_null(1), ints.value(2)), (42, true, -7));
-        let doubles = FieldType::Double.column(&[Some("3.25"), Some(" 10")]).unwrap();
-        assert_eq!(doubles.as_primitive::<Float64Type>().values().to_vec(), [3.25, 10.0]);
-        let dates = FieldType::Date.column(&[Some("1970-01-02"), Some(" 2000-02-29")]).unwrap();
-        assert_eq!(dates.as_primitive::<Date32Type>().values().to_vec(), [1, 11016]);
-        let bools = FieldType::Boolean.column(&[Some(" true"), Some("false")]).unwrap();
+        assert_eq!(
+            (ints.value(0), ints.is_null(1), ints.value(2)),
+            (42, true, -7)
+        );
+        let doubles = FieldType::Double
+            .column(&[Some("3.25"), Some(" 10")])
+            .unwrap();
+        assert_eq!(
+            doubles.as_primitive::<Float64Type>().values().to_vec(),
+            [3.25, 10.0]
+        );
+        let dates = FieldType::Date
+            .column(&[Some("1970-01-02"), Some(" 2000-02-29")])
+            .unwrap();
+        assert_eq!(
+            dates.as_primitive::<Date32Type>().values().to_vec(),
+            [1, 11016]
+        );
+        let bools = FieldType::Boolean
+            .column(&[Some(" true"), Some("false")])
+            .unwrap();
         assert!(bools.as_boolean().value(0) && !bools.as_boolean().value(1));
         let genre = FieldType::Enum(vec!["drama".into(), "comedy".into()]);
-        assert_eq!(genre.column(&[Some(" comedy")]).unwrap().as_string::<i32>().value(0), "comedy");
+        assert_eq!(
+            genre
+                .column(&[Some(" comedy")])
+                .unwrap()
+                .as_string::<i32>()
+                .value(0),
+            "comedy"
+        );
         for (ty, bad) in [
             (FieldType::Int, "4.5"),
             (FieldType::Int, "1234567890123456789"),

@@ -86,8 +86,11 @@ impl Grammars {
             .map_err(|e| err(format!("the tokenizer cannot be written as JSON: {e}")))?;
         let json: serde_json::Value = serde_json::from_str(&json)
             .map_err(|e| err(format!("the tokenizer's JSON cannot be read: {e}")))?;
-        let mut words = llguidance::token_bytes_from_tokenizer_json(&json)
-            .map_err(|e| err(format!("the tokenizer's tokens cannot be read as bytes: {e}")))?;
+        let mut words = llguidance::token_bytes_from_tokenizer_json(&json).map_err(|e| {
+            err(format!(
+                "the tokenizer's tokens cannot be read as bytes: {e}"
+            ))
+        })?;
         if words.len() > vocab_size {
             return Err(err(format!(
                 "the tokenizer has {} tokens, more than the model's {vocab_size} logits",
@@ -230,7 +233,8 @@ impl TokenConstraint for TypedAnswer {
     }
 
     fn is_complete(&mut self) -> bool {
-        self.matcher.is_accepting().unwrap_or(false) || self.matcher.is_stopped() && !self.matcher.is_error()
+        self.matcher.is_accepting().unwrap_or(false)
+            || self.matcher.is_stopped() && !self.matcher.is_error()
     }
 }
 
@@ -240,7 +244,13 @@ mod tests {
 
     /// Walks the grammar of `ty` greedily by `prefer` (the allowed token whose
     /// text `prefer` likes best), as a decoder would, and returns the text.
-    fn walk(grammars: &Grammars, tokenizer: &Tokenizer, ty: &FieldType, prefer: &dyn Fn(u32, &str) -> i64, stop: u32) -> String {
+    fn walk(
+        grammars: &Grammars,
+        tokenizer: &Tokenizer,
+        ty: &FieldType,
+        prefer: &dyn Fn(u32, &str) -> i64,
+        stop: u32,
+    ) -> String {
         let mut c = grammars.constraint(ty).unwrap().unwrap();
         let mut ids = Vec::new();
         for _ in 0..40 {
@@ -252,7 +262,12 @@ mod tests {
             assert!(!allowed.is_empty(), "{ty}: nothing allowed after {ids:?}");
             let pick = *allowed
                 .iter()
-                .max_by_key(|&&t| (prefer(t, &tokenizer.decode(&[t]).unwrap()), std::cmp::Reverse(t)))
+                .max_by_key(|&&t| {
+                    (
+                        prefer(t, &tokenizer.decode(&[t]).unwrap()),
+                        std::cmp::Reverse(t),
+                    )
+                })
                 .unwrap();
             if pick == stop {
                 assert!(c.is_complete());
@@ -291,7 +306,13 @@ mod tests {
         let by_id = |t: u32, _: &str| (t as i64).wrapping_mul(2654435761) % 1000;
         let mut texts = 0;
         for ty in &types {
-            for prefer in [&long as &dyn Fn(u32, &str) -> i64, &short, &stop_early, &nines, &by_id] {
+            for prefer in [
+                &long as &dyn Fn(u32, &str) -> i64,
+                &short,
+                &stop_early,
+                &nines,
+                &by_id,
+            ] {
                 let text = walk(&grammars, &tokenizer, ty, prefer, stop);
                 assert!(ty.accepts(&text), "{ty}: {text:?}");
                 ty.column(&[Some(&text)]).unwrap();

@@ -38,7 +38,12 @@ impl KeyTrie {
     /// The trie of `values` (at least one; duplicates are one value) as
     /// `tokenizer` writes them, for a model of `vocab_size` logits whose
     /// `stop` id ends an answer.
-    pub fn new(tokenizer: &Tokenizer, values: &[String], vocab_size: usize, stop: u32) -> Result<Self> {
+    pub fn new(
+        tokenizer: &Tokenizer,
+        values: &[String],
+        vocab_size: usize,
+        stop: u32,
+    ) -> Result<Self> {
         if values.is_empty() {
             return Err(EngineError::Inference(
                 "a set of answers with no value: nothing could be answered".into(),
@@ -212,12 +217,19 @@ mod tests {
             .collect();
         let started = std::time::Instant::now();
         let trie = Arc::new(KeyTrie::new(&tokenizer, &values, 151_936, stop).unwrap());
-        eprintln!("100,000 keys: {} nodes in {:.2} s", trie.len(), started.elapsed().as_secs_f64());
+        eprintln!(
+            "100,000 keys: {} nodes in {:.2} s",
+            trie.len(),
+            started.elapsed().as_secs_f64()
+        );
         let keys: std::collections::HashSet<&str> = values.iter().map(String::as_str).collect();
         for seed in 0..50u64 {
             let prefer = |t: u32| (u64::from(t) ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             let text = walk(&trie, &tokenizer, &prefer);
-            assert!(keys.contains(text.strip_prefix(' ').unwrap_or(&text)), "{text:?}");
+            assert!(
+                keys.contains(text.strip_prefix(' ').unwrap_or(&text)),
+                "{text:?}"
+            );
         }
     }
 }

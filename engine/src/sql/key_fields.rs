@@ -68,12 +68,17 @@ pub fn checked_keys(key: &KeyColumn, values: BTreeSet<String>) -> Result<Vec<Str
         ))
     };
     if values.is_empty() {
-        return Err(bad("are empty (no value that is not NULL): no answer could be given".into()));
+        return Err(bad(
+            "are empty (no value that is not NULL): no answer could be given".into(),
+        ));
     }
     if values.len() > MAX_KEYS {
         return Err(bad(format!("are more than {MAX_KEYS} distinct values")));
     }
-    if let Some(v) = values.iter().find(|v| v.is_empty() || v.trim() != v.as_str()) {
+    if let Some(v) = values
+        .iter()
+        .find(|v| v.is_empty() || v.trim() != v.as_str())
+    {
         return Err(bad(format!(
             "hold {v:?}, empty or with spaces around it; trim the column (a view with trim(...))"
         )));
@@ -91,7 +96,9 @@ fn key_column(field: &str) -> Result<Option<KeyColumn>> {
     };
     let source = source.trim();
     match source.rsplit_once('.') {
-        Some((table, column)) if !name.trim().is_empty() && !table.is_empty() && !column.is_empty() => {
+        Some((table, column))
+            if !name.trim().is_empty() && !table.is_empty() && !column.is_empty() =>
+        {
             Ok(Some((table.to_string(), column.to_string())))
         }
         _ => Err(EngineError::Sql(format!(
@@ -167,7 +174,10 @@ mod tests {
         );
         assert_eq!(key_column("year INT: Which year?").unwrap(), None);
         let e = key_column("drug FROM drugs: Which?").unwrap_err();
-        assert!(e.to_string().contains("'name FROM table.column: question'"), "{e}");
+        assert!(
+            e.to_string().contains("'name FROM table.column: question'"),
+            "{e}"
+        );
         let key = ("drugs".to_string(), "name".to_string());
         let e = checked_keys(&key, BTreeSet::new()).unwrap_err();
         assert!(e.to_string().contains("drugs.name are empty"), "{e}");

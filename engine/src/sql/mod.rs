@@ -31,8 +31,8 @@ pub mod vector_search;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::array::AsArray;
+use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::ParamValues;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
@@ -454,7 +454,9 @@ impl SqlSession {
                 .map_err(read)?
                 .filter(name.clone().is_not_null())
                 .map_err(read)?
-                .select(vec![datafusion::prelude::cast(name, DataType::Utf8).alias("key")])
+                .select(vec![
+                    datafusion::prelude::cast(name, DataType::Utf8).alias("key"),
+                ])
                 .map_err(read)?
                 .distinct()
                 .map_err(read)?

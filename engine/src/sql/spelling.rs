@@ -262,9 +262,10 @@ fn typed(complete: Expr, ty: &str) -> Expr {
 fn is_returns(a: &FunctionArg) -> bool {
     match a {
         FunctionArg::Named { name, .. } => name.value.eq_ignore_ascii_case("returns"),
-        FunctionArg::ExprNamed { name: Expr::Identifier(name), .. } => {
-            name.value.eq_ignore_ascii_case("returns")
-        }
+        FunctionArg::ExprNamed {
+            name: Expr::Identifier(name),
+            ..
+        } => name.value.eq_ignore_ascii_case("returns"),
         _ => false,
     }
 }
@@ -275,11 +276,20 @@ fn returns_argument(f: &Function) -> Option<&str> {
     let FunctionArguments::List(list) = &f.args else {
         return None;
     };
-    list.args.iter().find(|a| is_returns(a)).and_then(|a| match a {
-        FunctionArg::Named { arg: FunctionArgExpr::Expr(e), .. }
-        | FunctionArg::ExprNamed { arg: FunctionArgExpr::Expr(e), .. } => string_literal(e),
-        _ => None,
-    })
+    list.args
+        .iter()
+        .find(|a| is_returns(a))
+        .and_then(|a| match a {
+            FunctionArg::Named {
+                arg: FunctionArgExpr::Expr(e),
+                ..
+            }
+            | FunctionArg::ExprNamed {
+                arg: FunctionArgExpr::Expr(e),
+                ..
+            } => string_literal(e),
+            _ => None,
+        })
 }
 
 fn literal(s: String) -> Expr {

@@ -236,7 +236,11 @@ mod tests {
         let mut extract = test_call(AiKind::Extract, "", &["dish", "price"]);
         extract.descriptions = vec!["Which dish?\nANSWER:".into(), "What price?\nANSWER:".into()];
         // Typed fields: values of their types from every worker.
-        let mut typed = test_call(AiKind::Extract, "", &["year INT", "genre ENUM('a', 'b c')", "on DATE"]);
+        let mut typed = test_call(
+            AiKind::Extract,
+            "",
+            &["year INT", "genre ENUM('a', 'b c')", "on DATE"],
+        );
         typed.descriptions = vec!["Year?".into(), "Genre?".into(), "Date?".into()];
         let calls = [
             test_call(AiKind::Score, "Is {0} kind?", &[]),

@@ -3,14 +3,13 @@
 //! the grammar of the call's one label, a field type (`INT`, `DATE`, ...),
 //! and read as a value of it.
 
-
 use datafusion::arrow::array::ArrayRef;
 use datafusion::arrow::datatypes::DataType;
 
 use super::{AnswerKind, ModelReading, SampleSoFar, TableColumn, hash_words, wrong};
 use crate::error::{EngineError, Result};
-use crate::inference::field_type::{FieldDecl, FieldType};
 use crate::inference::call::{AiCall, Answer};
+use crate::inference::field_type::{FieldDecl, FieldType};
 use crate::inference::prompt::{PromptFormat, PromptPieces, complete_pieces, pair_complete_pieces};
 
 /// See the module header.
@@ -100,7 +99,12 @@ impl AnswerKind for Complete {
     /// call's type.
     fn drawn(&self, call: &AiCall, _sample: SampleSoFar<'_>, u: f64) -> Answer {
         let h = (u * 2f64.powi(53)) as u64;
-        Answer::Text(answer_type(&call.labels).example(h).unwrap_or_default().into())
+        Answer::Text(
+            answer_type(&call.labels)
+                .example(h)
+                .unwrap_or_default()
+                .into(),
+        )
     }
 
     /// The prompt's hash in at most `max_tokens` words, or a value of the

@@ -14,8 +14,8 @@ use sha2::{Digest, Sha256};
 
 use super::{AnswerKind, ModelReading, SampleSoFar, hash_words, wrong};
 use crate::error::{EngineError, Result};
-use crate::inference::field_type::{FieldDecl, FieldType};
 use crate::inference::call::{AiCall, Answer};
+use crate::inference::field_type::{FieldDecl, FieldType};
 use crate::inference::prompt::{EXTRACT_SEPARATOR, PromptFormat, PromptPieces, extract_questions};
 
 /// See the module header.

@@ -28,8 +28,8 @@ use datafusion::arrow::datatypes::DataType;
 
 pub use classify::best_label;
 pub use classify_scores::label_probabilities;
-pub use embed::{embedding_of, embedding_pieces};
 pub use complete::answer_type;
+pub use embed::{embedding_of, embedding_pieces};
 pub use extract::declarations;
 
 use crate::error::{EngineError, Result};
@@ -307,11 +307,17 @@ impl AiCall {
         match self.kind.describe().reading() {
             ModelReading::Text => {
                 let ty = answer_type(&self.labels);
-                vec![ty.max_tokens().map_or(self.max_tokens, |t| t.min(self.max_tokens))]
+                vec![
+                    ty.max_tokens()
+                        .map_or(self.max_tokens, |t| t.min(self.max_tokens)),
+                ]
             }
             ModelReading::FieldTexts => declarations(&self.labels)
                 .iter()
-                .map(|d| d.ty.max_tokens().map_or(self.max_tokens, |t| t.min(self.max_tokens)))
+                .map(|d| {
+                    d.ty.max_tokens()
+                        .map_or(self.max_tokens, |t| t.min(self.max_tokens))
+                })
                 .collect(),
             _ => Vec::new(),
         }

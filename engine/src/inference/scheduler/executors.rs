@@ -187,7 +187,10 @@ impl ModelExecutor {
     pub fn grammars(&self) -> Result<&Grammars> {
         self.grammars
             .get_or_init(|| {
-                let stop = *self.stop_ids.first().ok_or("the tokenizer has no stop id")?;
+                let stop = *self
+                    .stop_ids
+                    .first()
+                    .ok_or("the tokenizer has no stop id")?;
                 Grammars::new(&self.tokenizer, self.model.config().vocab_size, stop)
                     .map_err(|e| e.to_string())
             })
@@ -390,7 +393,10 @@ impl Executor for ModelExecutor {
                             match answer {
                                 Generated::Text(t) => texts.push(t.clone()),
                                 Generated::Unreadable(e) => {
-                                    return failed(i, format!("field {}: {}", field.name, unreadable(e)));
+                                    return failed(
+                                        i,
+                                        format!("field {}: {}", field.name, unreadable(e)),
+                                    );
                                 }
                                 Generated::Incomplete => {
                                     return failed(
@@ -712,7 +718,10 @@ impl Executor for SimExecutor {
                 .iter()
                 .map(|(p, t)| {
                     let prompt = (p.map_or(0, |k| k.len) + t.len()) as u64;
-                    steps.iter().map(|s| prompt * s + s * (s + 1) / 2).sum::<u64>()
+                    steps
+                        .iter()
+                        .map(|s| prompt * s + s * (s + 1) / 2)
+                        .sum::<u64>()
                 })
                 .sum();
             self.attended_decode.fetch_add(attended, Relaxed);
@@ -725,7 +734,12 @@ impl Executor for SimExecutor {
                         .collect(),
                 )
             } else {
-                Answer::Text(answer_type(&call.labels).example(0).unwrap_or_default().into())
+                Answer::Text(
+                    answer_type(&call.labels)
+                        .example(0)
+                        .unwrap_or_default()
+                        .into(),
+                )
             };
             return Ok(vec![answer; requests.len()]);
         }

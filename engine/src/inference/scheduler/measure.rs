@@ -83,8 +83,7 @@ impl Computed {
             label_tokens: Some(Sum(self.label - start.label)),
             decode_tokens: Some(Sum(self.decode - start.decode)),
             decode_seconds: Some(Sum(self.decode_seconds - start.decode_seconds)),
-            typed_masks: Some(Sum(self.typed_masks.0 - start.typed_masks.0))
-                .filter(|n| n.0 > 0),
+            typed_masks: Some(Sum(self.typed_masks.0 - start.typed_masks.0)).filter(|n| n.0 > 0),
             typed_mask_seconds: Some(Sum(self.typed_masks.1 - start.typed_masks.1))
                 .filter(|_| self.typed_masks.0 > start.typed_masks.0),
             ..Work::default()
