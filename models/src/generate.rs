@@ -457,6 +457,9 @@ impl Qwen3 {
         hidden: &Tensor,
         masks: &[Option<Vec<u32>>],
     ) -> Result<Vec<Option<u32>>> {
+        if let Some(picks) = self.few_token_picks(hidden, masks)? {
+            return Ok(picks);
+        }
         let rows = match self.block_head_logits(hidden)? {
             Some(logits) => logits,
             None => self.lm_head().matmul(&hidden.t()?.contiguous()?)?.t()?,
@@ -475,6 +478,49 @@ impl Qwen3 {
                 None => Ok(argmax_row(row)),
             })
             .collect()
+    }
+
+    /// [`Self::masked_picks`] when every row is masked to few tokens (a
+    /// token trie's children, a number's digits) and the head is the
+    /// model's own (no block-format decode head, whose logits the picks must
+    /// stay those of): only the head rows of the tokens some row allows are
+    /// multiplied. `None` when the masks allow too many.
+    fn few_token_picks(
+        &self,
+        hidden: &Tensor,
+        masks: &[Option<Vec<u32>>],
+    ) -> Result<Option<Vec<Option<u32>>>> {
+        /// More allowed tokens than this are cheaper through the whole head.
+        const FEW: usize = 4096;
+        if self.has_block_head() || masks.iter().any(Option::is_none) {
+            return Ok(None);
+        }
+        let words = masks.iter().flatten().map(Vec::len).max().unwrap_or(0);
+        let mut union = vec![0u32; words];
+        for mask in masks.iter().flatten() {
+            union.iter_mut().zip(mask).for_each(|(u, m)| *u |= m);
+        }
+        let vocab = self.lm_head().dim(0)?;
+        let ids: Vec<u32> = (0..words * 32)
+            .filter(|&id| id < vocab && union[id / 32] >> (id % 32) & 1 == 1)
+            .map(|id| id as u32)
+            .collect();
+        if ids.len() > FEW || ids.is_empty() {
+            return Ok(None);
+        }
+        let logits = aisql_kernels::restricted_head(hidden, self.lm_head(), &ids)?
+            .to_dtype(DType::F32)?
+            .to_vec2::<f32>()?;
+        let at = |id: usize| {
+            ids.binary_search(&(id as u32))
+                .expect("an allowed id is in the union")
+        };
+        let picks = logits
+            .iter()
+            .zip(masks.iter().flatten())
+            .map(|(row, mask)| masked_argmax(mask, vocab, |id| row[at(id)]))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Some(picks))
     }
 
     /// Per row of `hidden`, the argmax over the whole vocabulary.
@@ -1037,6 +1083,56 @@ mod tests {
             e.to_string().contains("0 constraints for 6 requests"),
             "{e}"
         );
+    }
+
+    /// Every sequence masked to few tokens (ids below 3,000): the picks come
+    /// from those head rows alone and are still the reference's argmax among
+    /// the allowed tokens.
+    #[test]
+    fn constrained_generation_over_few_tokens_picks_the_best_allowed_token() {
+        let (vocab, below) = (151_669u32, 3000usize);
+        let model = Qwen3::load_for_test(tiny_dir());
+        let reference = Reference::load(tiny_dir());
+        let doc = tokens(17, 9, vocab);
+        let handle = model.prefill(None, &doc).unwrap();
+        let prompts: Vec<Vec<u32>> = (0..5)
+            .map(|j| tokens(2 + j, 60 + j as u64, vocab))
+            .collect();
+        let requests: Vec<GenerateRequest> = prompts
+            .iter()
+            .map(|p| GenerateRequest::new(Some(&handle), p, 5))
+            .collect();
+        let mut constraints: Vec<Option<Box<dyn TokenConstraint>>> = (0..5)
+            .map(|_| {
+                Some(Box::new(Modular {
+                    vocab: below,
+                    accepted: Vec::new(),
+                    closes_after: 100,
+                }) as Box<dyn TokenConstraint>)
+            })
+            .collect();
+        let got = model
+            .generate_constrained_until(&requests, &mut constraints, &[], 3, &|| false)
+            .unwrap();
+        let mut near_ties = 0;
+        for (j, g) in got.iter().enumerate() {
+            assert_eq!(g.token_ids.len(), 5, "request {j}");
+            let mut seq: Vec<u32> = doc.iter().chain(&prompts[j]).copied().collect();
+            for (k, &t) in g.token_ids.iter().enumerate() {
+                let logits = reference.next_logits(&seq);
+                let want = (k % 3..below)
+                    .step_by(3)
+                    .fold(k % 3, |b, i| if logits[i] > logits[b] { i } else { b });
+                let gap = logits[want] - logits[t as usize];
+                assert!(
+                    gap <= NEAR_TIE,
+                    "request {j} token {k}: {t}, the reference picks {want}"
+                );
+                near_ties += usize::from(t as usize != want);
+                seq.push(t);
+            }
+        }
+        assert!(near_ties <= 1, "{near_ties} near-ties");
     }
 
     /// Both argmax paths pick the lowest id among equal maxima (all -inf too) and refuse NaN.

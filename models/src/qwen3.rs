@@ -925,6 +925,10 @@ impl Qwen3 {
     /// Logits `(n, vocab)` f32 of final-normed `hidden` `(n, hidden)` from the head
     /// in the file's block format, or `None` when the model has none
     /// ([`Self::lm_head`] is the head then).
+    pub(crate) fn has_block_head(&self) -> bool {
+        self.decode_head.is_some()
+    }
+
     pub(crate) fn block_head_logits(&self, hidden: &Tensor) -> Result<Option<Tensor>> {
         match &self.decode_head {
             Some(head) => Ok(Some(head.forward(&hidden.contiguous()?)?)),
