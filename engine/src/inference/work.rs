@@ -278,6 +278,8 @@ mod tests {
             "label_tokens",
             "decode_tokens",
             "decode_seconds",
+            "typed_masks",
+            "typed_mask_seconds",
             "prefix_cache",
             "kv_peak_bytes",
             "kv_evictions",
