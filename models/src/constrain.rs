@@ -25,6 +25,21 @@ pub trait TokenConstraint: Send {
     fn is_complete(&mut self) -> bool;
 }
 
+/// The ids set in `mask` (bit `id % 32` of word `id / 32`), rising; a
+/// word's clear bits cost nothing.
+pub fn allowed_ids(mask: &[u32]) -> impl Iterator<Item = usize> + '_ {
+    mask.iter().enumerate().flat_map(|(w, &word)| {
+        let mut bits = word;
+        std::iter::from_fn(move || {
+            (bits != 0).then(|| {
+                let id = w * 32 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                id
+            })
+        })
+    })
+}
+
 /// The largest of `logit(id)` over the ids set in `mask` (below `vocab`),
 /// ties to the lowest id; `Ok(None)` when one of them is NaN, an error when
 /// the mask allows none.
@@ -34,22 +49,14 @@ pub(crate) fn masked_argmax(
     logit: impl Fn(usize) -> f32,
 ) -> Result<Option<u32>> {
     let mut best: Option<(u32, f32)> = None;
-    for (w, &word) in mask.iter().enumerate() {
-        let mut bits = word;
-        while bits != 0 {
-            let id = w * 32 + bits.trailing_zeros() as usize;
-            bits &= bits - 1;
-            if id >= vocab {
-                break;
-            }
-            let x = logit(id);
-            if x.is_nan() {
-                return Ok(None);
-            }
-            // Strictly greater: an equal value later in the vocabulary loses.
-            if best.is_none_or(|(_, b)| x > b) {
-                best = Some((id as u32, x));
-            }
+    for id in allowed_ids(mask).take_while(|&id| id < vocab) {
+        let x = logit(id);
+        if x.is_nan() {
+            return Ok(None);
+        }
+        // Strictly greater: an equal value later in the vocabulary loses.
+        if best.is_none_or(|(_, b)| x > b) {
+            best = Some((id as u32, x));
         }
     }
     match best {
@@ -63,6 +70,13 @@ pub(crate) fn masked_argmax(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allowed_ids_are_the_set_bits_rising() {
+        let ids: Vec<usize> = allowed_ids(&[0b1001, 0, 1 << 31, u32::MAX >> 30]).collect();
+        assert_eq!(ids, [0, 3, 95, 96, 97]);
+        assert_eq!(allowed_ids(&[]).count(), 0);
+    }
 
     #[test]
     fn the_pick_is_the_largest_allowed_logit_ties_to_the_lowest_id() {

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Tensor};
 
-use crate::constrain::{TokenConstraint, masked_argmax};
+use crate::constrain::{TokenConstraint, allowed_ids, masked_argmax};
 use crate::kv::{KvHandle, LayerKv, Segment};
 use crate::qwen3::Qwen3;
 use crate::score::{Continuation, final_hidden};
@@ -501,8 +501,8 @@ impl Qwen3 {
             union.iter_mut().zip(mask).for_each(|(u, m)| *u |= m);
         }
         let vocab = self.lm_head().dim(0)?;
-        let ids: Vec<u32> = (0..words * 32)
-            .filter(|&id| id < vocab && union[id / 32] >> (id % 32) & 1 == 1)
+        let ids: Vec<u32> = allowed_ids(&union)
+            .take_while(|&id| id < vocab)
             .map(|id| id as u32)
             .collect();
         if ids.len() > FEW || ids.is_empty() {

@@ -26,7 +26,7 @@ mod testutil;
 pub mod tiny;
 pub mod tokenizer;
 
-pub use constrain::TokenConstraint;
+pub use constrain::{TokenConstraint, allowed_ids};
 pub use error::{ModelError, Result};
 pub use generate::{FinishReason, GenerateRequest, Generation};
 pub use kv::KvHandle;

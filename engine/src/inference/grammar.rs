@@ -255,10 +255,7 @@ mod tests {
         let mut ids = Vec::new();
         for _ in 0..40 {
             let mask = c.mask().unwrap();
-            let allowed: Vec<u32> = (0..mask.len() * 32)
-                .filter(|&i| mask[i / 32] >> (i % 32) & 1 == 1)
-                .map(|i| i as u32)
-                .collect();
+            let allowed: Vec<u32> = aisql_models::allowed_ids(&mask).map(|i| i as u32).collect();
             assert!(!allowed.is_empty(), "{ty}: nothing allowed after {ids:?}");
             let pick = *allowed
                 .iter()
