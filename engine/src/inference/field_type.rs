@@ -324,6 +324,12 @@ impl FieldType {
         })
     }
 
+    /// The most tokens an answer of this type decodes under a call's
+    /// `max_tokens`: the type's own bound where it is lower.
+    pub fn token_bound(&self, max_tokens: u32) -> u32 {
+        self.max_tokens().map_or(max_tokens, |t| t.min(max_tokens))
+    }
+
     /// The most tokens an answer of this type can take (every token holds
     /// at least one byte), with the optional space; `None` for text and
     /// JSON (unbounded but by `max_tokens`).

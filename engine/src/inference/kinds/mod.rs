@@ -305,19 +305,10 @@ impl AiCall {
     /// nothing.
     pub fn decode_bounds(&self) -> Vec<u32> {
         match self.kind.describe().reading() {
-            ModelReading::Text => {
-                let ty = answer_type(&self.labels);
-                vec![
-                    ty.max_tokens()
-                        .map_or(self.max_tokens, |t| t.min(self.max_tokens)),
-                ]
-            }
+            ModelReading::Text => vec![answer_type(&self.labels).token_bound(self.max_tokens)],
             ModelReading::FieldTexts => declarations(&self.labels)
                 .iter()
-                .map(|d| {
-                    d.ty.max_tokens()
-                        .map_or(self.max_tokens, |t| t.min(self.max_tokens))
-                })
+                .map(|d| d.ty.token_bound(self.max_tokens))
                 .collect(),
             _ => Vec::new(),
         }

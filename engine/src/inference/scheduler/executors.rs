@@ -13,7 +13,7 @@ use crate::inference::backend::{AiCall, AiRequest, Answer, Answerer};
 use crate::inference::field_type::FieldType;
 use crate::inference::grammar::Grammars;
 use crate::inference::key_trie::KeyTrie;
-use crate::inference::kinds::{ModelReading, answer_type, declarations, embedding_of};
+use crate::inference::kinds::{ModelReading, SampleSoFar, answer_type, declarations, embedding_of};
 pub use crate::inference::kinds::{best_label, label_probabilities};
 use crate::inference::kv_cache::KvOps;
 use crate::inference::prompt::Excerpt;
@@ -183,16 +183,23 @@ impl ModelExecutor {
         })
     }
 
+    /// The id that ends a typed answer: the first stop id.
+    fn answer_stop(&self) -> Result<u32> {
+        self.stop_ids.first().copied().ok_or_else(|| {
+            crate::error::EngineError::Inference("the tokenizer has no stop id".into())
+        })
+    }
+
     /// The grammars of typed answers over this model's vocabulary.
     pub fn grammars(&self) -> Result<&Grammars> {
         self.grammars
             .get_or_init(|| {
-                let stop = *self
-                    .stop_ids
-                    .first()
-                    .ok_or("the tokenizer has no stop id")?;
-                Grammars::new(&self.tokenizer, self.model.config().vocab_size, stop)
-                    .map_err(|e| e.to_string())
+                Grammars::new(
+                    &self.tokenizer,
+                    self.model.config().vocab_size,
+                    self.answer_stop().map_err(|e| e.to_string())?,
+                )
+                .map_err(|e| e.to_string())
             })
             .as_ref()
             .map_err(|e| crate::error::EngineError::Inference(e.clone()))
@@ -224,14 +231,11 @@ impl ModelExecutor {
         if tries.len() >= 8 {
             tries.clear();
         }
-        let stop = *self.stop_ids.first().ok_or_else(|| {
-            crate::error::EngineError::Inference("the tokenizer has no stop id".into())
-        })?;
         let trie = Arc::new(KeyTrie::new(
             &self.tokenizer,
             values,
             self.model.config().vocab_size,
-            stop,
+            self.answer_stop()?,
         )?);
         tries.insert(key, trie.clone());
         Ok(trie)
@@ -725,22 +729,16 @@ impl Executor for SimExecutor {
                 })
                 .sum();
             self.attended_decode.fetch_add(attended, Relaxed);
-            // Empty texts, and a value of its type for a typed field.
-            let answer = if per_field {
-                Answer::Fields(
-                    declarations(&call.labels)
-                        .iter()
-                        .map(|d| d.ty.example(0).unwrap_or_default().into())
-                        .collect(),
-                )
-            } else {
-                Answer::Text(
-                    answer_type(&call.labels)
-                        .example(0)
-                        .unwrap_or_default()
-                        .into(),
-                )
+            // What the kind draws with no sample: empty texts, a value of
+            // its type for a typed one.
+            let mut carry = None;
+            let nothing = SampleSoFar {
+                selectivity: 0.0,
+                carry: &mut carry,
+                label_counts: &[],
+                examples: &[],
             };
+            let answer = call.kind.describe().drawn(call, nothing, 0.0);
             return Ok(vec![answer; requests.len()]);
         }
         self.answers.answer(call, requests)
