@@ -1003,6 +1003,34 @@ mod tests {
         }
     }
 
+    /// Checks request `j`'s `tokens` after `seq`, decoded under [`Modular`]
+    /// (ids below `below`): the `k`-th is `≡ k (mod 3)` and the reference's
+    /// argmax among those ids, up to a near-tie. Returns the near-ties.
+    fn check_modular_picks(
+        reference: &Reference,
+        mut seq: Vec<u32>,
+        tokens: &[u32],
+        below: usize,
+        j: usize,
+    ) -> usize {
+        let mut near_ties = 0;
+        for (k, &t) in tokens.iter().enumerate() {
+            assert_eq!(t as usize % 3, k % 3, "request {j} token {k}");
+            let logits = reference.next_logits(&seq);
+            let want = (k % 3..below)
+                .step_by(3)
+                .fold(k % 3, |b, i| if logits[i] > logits[b] { i } else { b });
+            let gap = logits[want] - logits[t as usize];
+            assert!(
+                gap <= NEAR_TIE,
+                "request {j} token {k}: {t}, the reference picks {want}"
+            );
+            near_ties += usize::from(t as usize != want);
+            seq.push(t);
+        }
+        near_ties
+    }
+
     /// Constrained sequences pick the reference's argmax among the allowed
     /// tokens, end where their constraint closes, and leave the free
     /// sequences batched beside them as they were.
@@ -1037,7 +1065,7 @@ mod tests {
         let free = model.generate(&requests, &[], 4).unwrap();
         let mut near_ties = 0;
         for (j, g) in got.iter().enumerate() {
-            let mut seq: Vec<u32> = doc.iter().chain(&prompts[j]).copied().collect();
+            let seq: Vec<u32> = doc.iter().chain(&prompts[j]).copied().collect();
             if j % 3 == 2 {
                 assert_eq!(g, &free[j], "free request {j}");
                 continue;
@@ -1050,19 +1078,7 @@ mod tests {
                 FinishReason::Length
             };
             assert_eq!(g.finish, want_finish, "request {j}");
-            for (k, &t) in g.token_ids.iter().enumerate() {
-                assert_eq!(t as usize % 3, k % 3, "request {j} token {k}");
-                let logits = reference.next_logits(&seq);
-                let allowed = (k % 3..vocab).step_by(3);
-                let want = allowed.fold(k % 3, |b, i| if logits[i] > logits[b] { i } else { b });
-                let gap = logits[want] - logits[t as usize];
-                assert!(
-                    gap <= NEAR_TIE,
-                    "request {j} token {k}: {t}, the reference picks {want}"
-                );
-                near_ties += usize::from(t as usize != want);
-                seq.push(t);
-            }
+            near_ties += check_modular_picks(&reference, seq, &g.token_ids, vocab, j);
         }
         assert!(near_ties <= 1, "{near_ties} near-ties");
         // A constraint's error fails the call, naming the request.
@@ -1117,20 +1133,8 @@ mod tests {
         let mut near_ties = 0;
         for (j, g) in got.iter().enumerate() {
             assert_eq!(g.token_ids.len(), 5, "request {j}");
-            let mut seq: Vec<u32> = doc.iter().chain(&prompts[j]).copied().collect();
-            for (k, &t) in g.token_ids.iter().enumerate() {
-                let logits = reference.next_logits(&seq);
-                let want = (k % 3..below)
-                    .step_by(3)
-                    .fold(k % 3, |b, i| if logits[i] > logits[b] { i } else { b });
-                let gap = logits[want] - logits[t as usize];
-                assert!(
-                    gap <= NEAR_TIE,
-                    "request {j} token {k}: {t}, the reference picks {want}"
-                );
-                near_ties += usize::from(t as usize != want);
-                seq.push(t);
-            }
+            let seq: Vec<u32> = doc.iter().chain(&prompts[j]).copied().collect();
+            near_ties += check_modular_picks(&reference, seq, &g.token_ids, below, j);
         }
         assert!(near_ties <= 1, "{near_ties} near-ties");
     }
