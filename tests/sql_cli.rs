@@ -8,7 +8,7 @@ mod common;
 use std::path::PathBuf;
 
 use assert_cmd::Command;
-use common::cli::{aisql, sql_data_table};
+use common::cli::{aisql, sql_data_table, stdout_of_success};
 use common::*;
 use predicates::prelude::*;
 
@@ -49,13 +49,7 @@ fn fails(query: &str, extra: &[&str], code: i32, needle: &str) {
 fn rows_are_printed_and_saved_in_each_format() {
     let dir = tempfile::tempdir().unwrap();
     let query = "SELECT id FROM docs WHERE year > 2018 AND ai_filter('Is the review {0} kind?', body) ORDER BY id";
-    let csv = sql(query, &["--format", "csv"])
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    let csv = String::from_utf8(csv).unwrap();
+    let csv = stdout_of_success(&mut sql(query, &["--format", "csv"]));
     // The generated tiny model says its answers are random, on stderr only.
     sql(query, &[])
         .assert()
@@ -166,23 +160,15 @@ fn a_typed_field_past_max_tokens_fails_its_row_or_is_null() {
         1,
         "field released has no whole DATE answer within max_tokens 3",
     );
-    let out = sql(
-        query,
-        &[
-            "--format",
-            "csv",
-            "--on-row-error",
-            "null",
-            "--max-error-ratio",
-            "1",
-        ],
-    )
-    .assert()
-    .success()
-    .get_output()
-    .stdout
-    .clone();
-    let out = String::from_utf8(out).unwrap();
+    let null_rows = [
+        "--format",
+        "csv",
+        "--on-row-error",
+        "null",
+        "--max-error-ratio",
+        "1",
+    ];
+    let out = stdout_of_success(&mut sql(query, &null_rows));
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "id,d");
     assert!(
@@ -228,13 +214,7 @@ fn a_field_over_a_columns_keys_answers_one_of_the_keys() {
     let query = "SELECT id, ai_extract(body, ['topic FROM keys.name: Which topic is it about?', \
                  'year INT: Which year?'], 24)['topic'] AS topic FROM docs WHERE body IS NOT NULL \
                  ORDER BY id";
-    let out = run(query, &["--format", "csv"])
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    let out = String::from_utf8(out).unwrap();
+    let out = stdout_of_success(&mut run(query, &["--format", "csv"]));
     let rows: Vec<&str> = out.lines().skip(1).collect();
     assert!(rows.len() >= 25, "{out}");
     for row in rows {

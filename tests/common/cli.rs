@@ -44,6 +44,11 @@ pub fn stderr_of_success(c: &mut Command) -> String {
     stderr
 }
 
+/// Runs `c`, which must succeed, and returns its stdout.
+pub fn stdout_of_success(c: &mut assert_cmd::Command) -> String {
+    String::from_utf8(c.assert().success().get_output().stdout.clone()).unwrap()
+}
+
 /// Runs `c`, which must succeed, and reads its stdout as JSON.
 pub fn stdout_json(c: &mut assert_cmd::Command) -> Value {
     let out = c.output().unwrap();
