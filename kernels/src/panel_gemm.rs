@@ -74,23 +74,36 @@ pub(crate) unsafe fn run(
         let (mc, ng) = (task / n_groups, task % n_groups);
         let rows = mc * chunk_rows..((mc + 1) * chunk_rows).min(m);
         let group = ng * b.n_panels..((ng + 1) * b.n_panels).min(panels);
+        let run_job = |panel: usize, k0: usize, r0: usize| {
+            tile(&TileJob {
+                r0,
+                rows: (m - r0).min(b.mr),
+                panel,
+                k0,
+                kc: b.kc.min(k_steps - k0),
+                // SAFETY: row r0 < m and column 32 · panel < n lie in `y`'s
+                // capacity; only this task writes this tile's outputs.
+                c: unsafe { y_ptr.at(r0 * n + panel * NR) },
+                ldc: n,
+                cols: (n - panel * NR).min(NR),
+                accumulate: k0 > 0,
+            })
+        };
+        if rows.len() <= b.mr {
+            // One micro-tile (decoding): nothing reuses a pass's panel, so each
+            // panel is read whole, front to back, before the next; each output
+            // still sums its passes in the same order.
+            for panel in group {
+                for k0 in (0..k_steps).step_by(b.kc) {
+                    run_job(panel, k0, rows.start);
+                }
+            }
+            return;
+        }
         for k0 in (0..k_steps).step_by(b.kc) {
             for panel in group.clone() {
                 for r0 in rows.clone().step_by(b.mr) {
-                    let job = TileJob {
-                        r0,
-                        rows: (m - r0).min(b.mr),
-                        panel,
-                        k0,
-                        kc: b.kc.min(k_steps - k0),
-                        // SAFETY: row r0 < m and column 32 · panel < n lie in `y`'s
-                        // capacity; only this task writes this tile's outputs.
-                        c: unsafe { y_ptr.at(r0 * n + panel * NR) },
-                        ldc: n,
-                        cols: (n - panel * NR).min(NR),
-                        accumulate: k0 > 0,
-                    };
-                    tile(&job);
+                    run_job(panel, k0, r0);
                 }
             }
         }
@@ -149,8 +162,15 @@ mod tests {
 
     #[test]
     fn every_output_is_written_once_then_added_to_in_pass_order() {
-        // A "kernel" that records, per output, the passes that touched it.
-        let (m, n, k_steps) = (50, 70, 7);
+        // A "kernel" that records, per output, the passes that touched it; several
+        // tiles per task, and one short tile (panel by panel).
+        for m in [50, 4] {
+            check_passes(m);
+        }
+    }
+
+    fn check_passes(m: usize) {
+        let (n, k_steps) = (70, 7);
         let b = Blocking {
             mr: 6,
             m_tiles: 3,

@@ -9,17 +9,21 @@
 //! weights is exact, and the blocks are summed in f32 as `Σ float(dot) · d_x · d_w`.
 //! Only the order of those float operations differs from ggml's.
 //!
-//! `vpdpbusd` multiplies unsigned bytes by signed ones, so the activations are stored
-//! offset by +128 (1 ..= 255) and each block's integer sum starts at `−128 · Σ q_w`,
-//! computed at load: after the block, the sum is the exact signed dot product.
+//! `vpdpbusd` multiplies unsigned bytes by signed ones, so the weights are stored
+//! offset by +128 (0 ..= 255) and each block's integer sum starts at `−128 · Σ q_x`,
+//! computed per row as the activations are quantized: after the block, the sum is
+//! the exact signed dot product. (Offsetting the activations instead would need a
+//! `−128 · Σ q_w` per column and block beside the weights: 4 more bytes per 32
+//! weights read by every decode step.)
 //!
 //! At load a weight matrix `(n, k)` is re-laid as panels of 32 output columns
-//! ([`Q8Matrix`]): per panel, block and group of 4 input values, the 32 columns' 4
-//! bytes side by side (two registers), then per block the 32 column scales and
-//! offsets. Per call, the rows of `x` are quantized into micro-tiles of [`MR`] rows,
-//! 4 bytes of each row side by side, so one 32-bit broadcast feeds a row. A
-//! micro-tile keeps 6 rows × 32 columns of f32 sums and of int32 block sums in 24
-//! registers over a pass of [`KC_BLOCKS`] blocks; the pass's weight panel (16 KiB)
+//! ([`Q8Matrix`]): per panel and block, one 64-byte-aligned [`PanelBlock`] holding,
+//! per group of 4 input values, the 32 columns' 4 bytes side by side (two registers),
+//! then the 32 column scales as f16. That is GGUF's 34 bytes per 32 weights, read as
+//! one stream per panel. Per call, the rows of `x` are quantized into micro-tiles of
+//! [`MR`] rows, 4 bytes of each row side by side, so one 32-bit broadcast feeds a row.
+//! A micro-tile keeps 6 rows × 32 columns of f32 sums and of int32 block sums in 24
+//! registers over a pass of [`KC_BLOCKS`] blocks; the pass's weight panel (17 KiB)
 //! stays in L1 while the tiles of a task stream over it from L2.
 //!
 //! Every output sums its blocks in the same order whatever the batch, so a row's
@@ -55,14 +59,29 @@ const N_PANELS: usize = 8;
 pub struct Q8Matrix {
     n: usize,
     k: usize,
-    /// `[n.div_ceil(32)][k / 32][8][32][4]`: quant `(col, i)` at
-    /// `[((col / 32) · kb + i / 32) · 1024 + (i % 32 / 4) · 128 + (col % 32) · 4 + i % 4]`;
-    /// columns past `n` are zero.
-    quants: Vec<i8>,
-    /// `[n.div_ceil(32)][k / 32][32]`: each column's block scale.
-    scales: Vec<f32>,
-    /// `[n.div_ceil(32)][k / 32][32]`: `−128 · Σ q` over each column's block.
-    offsets: Vec<i32>,
+    /// `[n.div_ceil(32)][k / 32]`: block `i / 32` of the panel holding column `col`
+    /// at `(col / 32) · kb + i / 32`; columns past `n` are zero.
+    blocks: Vec<PanelBlock>,
+}
+
+/// One block of 32 input values of one panel of 32 columns, as the kernel reads it:
+/// the quants, then the scales, in one run of 17 cache lines.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct PanelBlock {
+    /// `[8][32][4]`: quant `(col, i)` (within the panel and block) at
+    /// `(i / 4) · 128 + col · 4 + i % 4`, stored offset by +128.
+    quants: [u8; BLOCK * NR],
+    /// Each column's block scale, f16 bits as GGUF stores them.
+    scales: [u16; NR],
+}
+
+impl PanelBlock {
+    /// Zero weights (quant 0 is stored as 128) with zero scales.
+    const ZERO: Self = Self {
+        quants: [128; BLOCK * NR],
+        scales: [0; NR],
+    };
 }
 
 impl std::fmt::Debug for Q8Matrix {
@@ -99,37 +118,22 @@ impl Q8Matrix {
             )));
         }
         let panels = n.div_ceil(NR);
-        let mut quants = vec![0i8; panels * kb * BLOCK * NR];
-        let mut scales = vec![0f32; panels * kb * NR];
-        let mut offsets = vec![0i32; panels * kb * NR];
-        quants
-            .par_chunks_mut(kb * BLOCK * NR)
-            .zip(scales.par_chunks_mut(kb * NR))
-            .zip(offsets.par_chunks_mut(kb * NR))
+        let mut blocks = vec![PanelBlock::ZERO; panels * kb];
+        blocks
+            .par_chunks_mut(kb)
             .enumerate()
-            .for_each(|(j, ((q, s), o))| {
+            .for_each(|(j, panel)| {
                 for c in 0..(n - j * NR).min(NR) {
                     let row = &bytes[(j * NR + c) * kb * BLOCK_BYTES..][..kb * BLOCK_BYTES];
-                    for (b, block) in row.chunks_exact(BLOCK_BYTES).enumerate() {
-                        s[b * NR + c] = f16::from_le_bytes([block[0], block[1]]).to_f32();
-                        let mut sum = 0i32;
+                    for (to, block) in panel.iter_mut().zip(row.chunks_exact(BLOCK_BYTES)) {
+                        to.scales[c] = u16::from_le_bytes([block[0], block[1]]);
                         for (i, &v) in block[2..].iter().enumerate() {
-                            let v = v as i8;
-                            sum += i32::from(v);
-                            q[b * BLOCK * NR + (i / GROUP) * GROUP * NR + c * GROUP + i % GROUP] =
-                                v;
+                            to.quants[(i / GROUP) * GROUP * NR + c * GROUP + i % GROUP] = v ^ 0x80;
                         }
-                        o[b * NR + c] = -128 * sum;
                     }
                 }
             });
-        Ok(Self {
-            n,
-            k,
-            quants,
-            scales,
-            offsets,
-        })
+        Ok(Self { n, k, blocks })
     }
 
     /// Whether an `(n, k)` matrix can be laid out (Q8_0 needs whole blocks of k).
@@ -149,13 +153,10 @@ impl Q8Matrix {
 
     /// Weight `(col, i)`: its quant and its block's scale, for the reference.
     fn weight(&self, col: usize, i: usize) -> (i8, f32) {
-        let kb = self.k / BLOCK;
-        let block = (col / NR) * kb + i / BLOCK;
-        let q = self.quants[block * BLOCK * NR
-            + (i % BLOCK / GROUP) * GROUP * NR
-            + (col % NR) * GROUP
-            + i % GROUP];
-        (q, self.scales[block * NR + col % NR])
+        let block = &self.blocks[(col / NR) * (self.k / BLOCK) + i / BLOCK];
+        let u = block.quants[(i % BLOCK / GROUP) * GROUP * NR + (col % NR) * GROUP + i % GROUP];
+        let scale = f16::from_bits(block.scales[col % NR]).to_f32();
+        ((u ^ 0x80) as i8, scale)
     }
 
     /// `x Wᵀ` for `x` of `m` rows of `k` values (row-major). Call only where
@@ -186,34 +187,25 @@ impl Q8Matrix {
         // tile and panel (slices of the right length) and writes exactly its outputs.
         let y = unsafe {
             panel_gemm::run(m, n, kb, &blocking, |job| {
-                let at = job.panel * kb + job.k0;
-                let panel = Panel {
-                    quants: &self.quants[at * BLOCK * NR..][..job.kc * BLOCK * NR],
-                    scales: &self.scales[at * NR..][..job.kc * NR],
-                    offsets: &self.offsets[at * NR..][..job.kc * NR],
-                };
-                kernel::tile(job, &a.tile(job.r0, job.k0, job.kc), &panel);
+                let panel = &self.blocks[job.panel * kb + job.k0..][..job.kc];
+                kernel::tile(job, &a.tile(job.r0, job.k0, job.kc), panel);
             })
         };
         Ok(y)
     }
 }
 
-/// One pass of one weight panel: `blocks` blocks of quants, scales and offsets.
-struct Panel<'a> {
-    quants: &'a [i8],
-    scales: &'a [f32],
-    offsets: &'a [i32],
-}
-
 /// One pass of one micro-tile of quantized rows.
 struct Tile<'a> {
     /// Rows in the tile (1 ..= [`MR`]).
     rows: usize,
-    /// `[blocks][8][rows][4]` activations offset by +128.
-    quants: &'a [u8],
+    /// `[blocks][8][rows][4]` activations.
+    quants: &'a [i8],
     /// `[blocks][rows]` row scales.
     scales: &'a [f32],
+    /// `[blocks][rows]`: `−128 · Σ q` over each row's block, where the block's sum of
+    /// products with the weights' stored (+128) bytes starts.
+    starts: &'a [i32],
 }
 
 /// The `m` rows of `x` quantized per block of 32 values, in micro-tiles of [`MR`] rows
@@ -222,20 +214,23 @@ struct Tile<'a> {
 struct QuantizedRows {
     m: usize,
     k: usize,
-    quants: Vec<u8>,
+    quants: Vec<i8>,
     scales: Vec<f32>,
+    starts: Vec<i32>,
 }
 
 impl QuantizedRows {
     fn new(x: &[f32], m: usize, k: usize) -> Self {
         let kb = k / BLOCK;
-        let mut quants: Vec<u8> = crate::cpu::large_buffer(m * k);
+        let mut quants: Vec<i8> = crate::cpu::large_buffer(m * k);
         let mut scales: Vec<f32> = Vec::with_capacity(m * kb);
+        let mut starts: Vec<i32> = Vec::with_capacity(m * kb);
         quants.spare_capacity_mut()[..m * k]
             .par_chunks_mut(MR * k)
             .zip(scales.spare_capacity_mut()[..m * kb].par_chunks_mut(MR * kb))
+            .zip(starts.spare_capacity_mut()[..m * kb].par_chunks_mut(MR * kb))
             .enumerate()
-            .for_each(|(t, (q, s))| {
+            .for_each(|(t, ((q, s), o))| {
                 let live = q.len() / k;
                 for r in 0..live {
                     let row = &x[(t * MR + r) * k..][..k];
@@ -244,6 +239,8 @@ impl QuantizedRows {
                         // that the CPU has AVX-512F; `values` holds one block.
                         let (d, block) = unsafe { kernel::quantize_block(values) };
                         s[b * live + r].write(d);
+                        o[b * live + r]
+                            .write(-128 * block.iter().map(|&v| i32::from(v)).sum::<i32>());
                         let out = &mut q[b * BLOCK * live..][..BLOCK * live];
                         for (g, four) in block.chunks_exact(GROUP).enumerate() {
                             out[(g * live + r) * GROUP..][..GROUP].write_copy_of_slice(four);
@@ -251,17 +248,19 @@ impl QuantizedRows {
                     }
                 }
             });
-        // SAFETY: the tiles cover `m · k` quants and `m · k/32` scales, and each
-        // wrote all of its own.
+        // SAFETY: the tiles cover `m · k` quants and `m · k/32` scales and starts,
+        // and each wrote all of its own.
         unsafe {
             quants.set_len(m * k);
             scales.set_len(m * kb);
+            starts.set_len(m * kb);
         }
         Self {
             m,
             k,
             quants,
             scales,
+            starts,
         }
     }
 
@@ -274,22 +273,23 @@ impl QuantizedRows {
             rows,
             quants: &self.quants[r0 * self.k + b0 * BLOCK * rows..][..blocks * BLOCK * rows],
             scales: &self.scales[r0 * kb + b0 * rows..][..blocks * rows],
+            starts: &self.starts[r0 * kb + b0 * rows..][..blocks * rows],
         }
     }
 }
 
 /// One block of 32 values exactly as ggml's Q8_0 quantizes it (`quantize_row_q8_0`,
 /// and candle's `BlockQ8_0::from_float`): scale `max|x| / 127`, stored as f16; values
-/// `round(x · 127 / max|x|)`, halves away from zero, in −127 ..= 127. The values are
-/// returned offset by +128. A NaN value counts as 0 (and is quantized to 0).
+/// `round(x · 127 / max|x|)`, halves away from zero, in −127 ..= 127. A NaN value
+/// counts as 0 (and is quantized to 0).
 ///
 /// The reference for `kernel::quantize_block`, which the GEMM runs: with the
 /// tiny models' 64-wide rows, this loop took as long as the GEMM itself.
-fn quantize_block(values: &[f32]) -> (f32, [u8; BLOCK]) {
+fn quantize_block(values: &[f32]) -> (f32, [i8; BLOCK]) {
     let amax = values.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    let mut q = [0u8; BLOCK];
+    let mut q = [0i8; BLOCK];
     for (q, &v) in q.iter_mut().zip(values) {
         // Halves away from zero, as C's `roundf`, without a libm call per value
         // (`f32::round` and `f32::trunc` are calls on baseline x86-64): the cast
@@ -303,7 +303,7 @@ fn quantize_block(values: &[f32]) -> (f32, [u8; BLOCK]) {
         } else {
             t
         };
-        *q = (i + 128) as u8;
+        *q = i as i8;
     }
     (f16::from_f32(d).to_f32(), q)
 }
@@ -324,7 +324,7 @@ pub fn matmul_reference(w: &Q8Matrix, x: &[f32], m: usize) -> (Vec<f32>, Vec<f32
     let mut y = vec![0f32; m * n];
     let mut magnitude = vec![0f32; m * n];
     for r in 0..m {
-        let blocks: Vec<(f32, [u8; BLOCK])> = x[r * k..(r + 1) * k]
+        let blocks: Vec<(f32, [i8; BLOCK])> = x[r * k..(r + 1) * k]
             .chunks_exact(BLOCK)
             .map(quantize_block)
             .collect();
@@ -333,9 +333,9 @@ pub fn matmul_reference(w: &Q8Matrix, x: &[f32], m: usize) -> (Vec<f32>, Vec<f32
             for (b, (dx, q)) in blocks.iter().enumerate() {
                 let mut dot = 0i64;
                 let mut dw = 0f32;
-                for (i, &u) in q.iter().enumerate() {
+                for (i, &qx) in q.iter().enumerate() {
                     let (qw, d) = w.weight(col, b * BLOCK + i);
-                    dot += (i64::from(u) - 128) * i64::from(qw);
+                    dot += i64::from(qx) * i64::from(qw);
                     dw = d;
                 }
                 let term = dot as f64 * f64::from(*dx) * f64::from(dw);
@@ -359,7 +359,7 @@ pub fn q8_gemm_available() -> bool {
 
 #[cfg(target_arch = "x86_64")]
 mod kernel {
-    use super::{BLOCK, GROUP, MR, NR, Panel, Tile, TileJob};
+    use super::{BLOCK, GROUP, MR, NR, PanelBlock, Tile, TileJob};
     use crate::panel_gemm::store_row;
     use core::arch::x86_64::*;
 
@@ -376,22 +376,20 @@ mod kernel {
     /// AVX-512F, BW and VNNI must be available; `tile` and `panel` hold `job.kc`
     /// blocks; the job's outputs are writable (and, with `accumulate`, hold earlier
     /// passes' sums).
-    pub(super) unsafe fn tile(job: &TileJob, tile: &Tile, panel: &Panel) {
+    pub(super) unsafe fn tile(job: &TileJob, tile: &Tile, panel: &[PanelBlock]) {
         let blocks = job.kc;
         debug_assert!(
             tile.rows == job.rows
                 && tile.quants.len() >= blocks * BLOCK * tile.rows
                 && tile.scales.len() >= blocks * tile.rows
-                && panel.quants.len() >= blocks * BLOCK * NR
-                && panel.scales.len() >= blocks * NR
-                && panel.offsets.len() >= blocks * NR
+                && tile.starts.len() >= blocks * tile.rows
+                && panel.len() >= blocks
         );
         let args = Args {
             a: tile.quants.as_ptr(),
             sa: tile.scales.as_ptr(),
-            b: panel.quants.as_ptr(),
-            sb: panel.scales.as_ptr(),
-            ob: panel.offsets.as_ptr(),
+            oa: tile.starts.as_ptr(),
+            b: panel.as_ptr(),
             blocks,
             c: job.c,
             ldc: job.ldc,
@@ -420,7 +418,7 @@ mod kernel {
     /// # Safety
     /// AVX-512F must be available; `values` holds [`BLOCK`] values.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn quantize_block(values: &[f32]) -> (f32, [u8; BLOCK]) {
+    pub(super) unsafe fn quantize_block(values: &[f32]) -> (f32, [i8; BLOCK]) {
         debug_assert_eq!(values.len(), BLOCK);
         // SAFETY: `values` holds two vectors' worth; `q` has room for both halves.
         unsafe {
@@ -440,7 +438,7 @@ mod kernel {
             let (lowest, highest) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
             let (half, one) = (_mm512_set1_ps(0.5), _mm512_set1_ps(1.0));
             let sign = _mm512_set1_epi32(i32::MIN);
-            let mut q = [0u8; BLOCK];
+            let mut q = [0i8; BLOCK];
             for (h, v) in halves.into_iter().enumerate() {
                 let x = _mm512_mul_ps(v, id);
                 // NaN (a NaN value, or ∞ · 0) becomes 0, as `NaN as i32` does.
@@ -455,19 +453,18 @@ mod kernel {
                     _mm512_castps_si512(one),
                 ));
                 let r = _mm512_mask_add_ps(t, away, t, step);
-                let u = _mm512_add_epi32(_mm512_cvttps_epi32(r), _mm512_set1_epi32(128));
-                _mm_storeu_si128(q.as_mut_ptr().add(16 * h).cast(), _mm512_cvtepi32_epi8(u));
+                let i = _mm512_cvttps_epi32(r);
+                _mm_storeu_si128(q.as_mut_ptr().add(16 * h).cast(), _mm512_cvtepi32_epi8(i));
             }
             (half::f16::from_f32(d).to_f32(), q)
         }
     }
 
     struct Args {
-        a: *const u8,
+        a: *const i8,
         sa: *const f32,
-        b: *const i8,
-        sb: *const f32,
-        ob: *const i32,
+        oa: *const i32,
+        b: *const PanelBlock,
         blocks: usize,
         c: *mut f32,
         ldc: usize,
@@ -481,28 +478,32 @@ mod kernel {
     unsafe fn tile_r<const R: usize>(p: &Args) {
         let mut acc = [[_mm512_setzero_ps(); 2]; R];
         // SAFETY (whole body): loads read the pass's `blocks` blocks of the tile
-        // (`R · 32` bytes and `R` scales each) and of the panel (1 KiB, 32 scales and
-        // 32 offsets each); `store_row` gets rows of `c` whose masked columns are
-        // writable.
+        // (`R · 32` bytes, `R` scales and `R` starts each) and of the panel (one
+        // aligned `PanelBlock` each); `store_row` gets rows of `c` whose masked
+        // columns are writable.
         unsafe {
             for blk in 0..p.blocks {
-                let o0 = _mm512_loadu_si512(p.ob.add(blk * NR).cast());
-                let o1 = _mm512_loadu_si512(p.ob.add(blk * NR + 16).cast());
-                let mut dot = [[o0, o1]; R];
+                let mut dot = [[_mm512_setzero_si512(); 2]; R];
+                for (r, [lo, hi]) in dot.iter_mut().enumerate() {
+                    let start = _mm512_set1_epi32(*p.oa.add(blk * R + r));
+                    (*lo, *hi) = (start, start);
+                }
                 let a = p.a.add(blk * BLOCK * R);
-                let b = p.b.add(blk * BLOCK * NR);
+                let block = p.b.add(blk);
+                let b = (*block).quants.as_ptr();
                 for g in 0..BLOCK / GROUP {
-                    let w0 = _mm512_loadu_si512(b.add(g * GROUP * NR).cast());
-                    let w1 = _mm512_loadu_si512(b.add(g * GROUP * NR + 64).cast());
+                    let w0 = _mm512_load_si512(b.add(g * GROUP * NR).cast());
+                    let w1 = _mm512_load_si512(b.add(g * GROUP * NR + 64).cast());
                     for (r, [lo, hi]) in dot.iter_mut().enumerate() {
                         let four = a.add((g * R + r) * GROUP).cast::<i32>().read_unaligned();
                         let v = _mm512_set1_epi32(four);
-                        *lo = _mm512_dpbusd_epi32(*lo, v, w0);
-                        *hi = _mm512_dpbusd_epi32(*hi, v, w1);
+                        *lo = _mm512_dpbusd_epi32(*lo, w0, v);
+                        *hi = _mm512_dpbusd_epi32(*hi, w1, v);
                     }
                 }
-                let s0 = _mm512_loadu_ps(p.sb.add(blk * NR));
-                let s1 = _mm512_loadu_ps(p.sb.add(blk * NR + 16));
+                let scales = (*block).scales.as_ptr();
+                let s0 = _mm512_cvtph_ps(_mm256_load_si256(scales.cast()));
+                let s1 = _mm512_cvtph_ps(_mm256_load_si256(scales.add(16).cast()));
                 for (r, ([lo, hi], [d_lo, d_hi])) in acc.iter_mut().zip(dot).enumerate() {
                     let dx = _mm512_set1_ps(*p.sa.add(blk * R + r));
                     let d0 = _mm512_mul_ps(_mm512_cvtepi32_ps(d_lo), dx);
@@ -526,11 +527,11 @@ mod kernel {
         false
     }
 
-    pub(super) unsafe fn tile(_: &TileJob, _: &Tile, _: &Panel) {
+    pub(super) unsafe fn tile(_: &TileJob, _: &Tile, _: &[super::PanelBlock]) {
         unreachable!("the VNNI GEMM is x86_64 only")
     }
 
-    pub(super) unsafe fn quantize_block(_: &[f32]) -> (f32, [u8; super::BLOCK]) {
+    pub(super) unsafe fn quantize_block(_: &[f32]) -> (f32, [i8; super::BLOCK]) {
         unreachable!("the VNNI GEMM is x86_64 only")
     }
 }
@@ -624,20 +625,20 @@ mod tests {
         let values: Vec<f32> = (0..32).map(|i| (i as f32 - 15.5) * 0.3).collect();
         let (d, q) = quantize_block(&values);
         assert_eq!(d, f16::from_f32(4.65 / 127.0).to_f32());
-        assert!(q.iter().all(|&u| (1..=255).contains(&u)));
-        assert_eq!((q[0], q[31]), (1, 255));
+        assert!(q.iter().all(|&v| (-127..=127).contains(&v)));
+        assert_eq!((q[0], q[31]), (-127, 127));
         for (&u, &v) in q.iter().zip(&values) {
-            assert!(((f32::from(u) - 128.0) * d - v).abs() <= d / 2.0 + 1e-3);
+            assert!((f32::from(u) * d - v).abs() <= d / 2.0 + 1e-3);
         }
         let (d, q) = quantize_block(&[0.0; 32]);
         assert_eq!(d, 0.0);
-        assert!(q.iter().all(|&u| u == 128));
+        assert!(q.iter().all(|&u| u == 0));
         // Rounding is C's roundf: halves away from zero, and just below a half down.
         let mut edge = [0f32; 32];
         edge[..6].copy_from_slice(&[127.0, 2.5, -2.5, 0.49999997, -1.5, 3.4999998]);
         let (d, q) = quantize_block(&edge);
         assert_eq!(d, 1.0);
-        let got: Vec<i32> = q[..6].iter().map(|&u| i32::from(u) - 128).collect();
+        let got: Vec<i32> = q[..6].iter().map(|&u| i32::from(u)).collect();
         assert_eq!(got, [127, 3, -3, 0, -2, 3]);
     }
 

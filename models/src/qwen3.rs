@@ -982,6 +982,24 @@ impl Qwen3 {
         keep_kv: bool,
         decode_rows: usize,
     ) -> Result<Packed> {
+        // On the CPU the whole pass runs on one of rayon's threads: each of its
+        // few hundred parallel kernels is then a fork the other threads steal
+        // from, instead of a hand-off from this thread to the pool and back (two
+        // thread wake-ups per kernel, a third of a one-sequence decode step).
+        if self.device.is_cpu() && rayon::current_thread_index().is_none() {
+            return rayon::scope(|_| self.forward_packed_here(tokens, seqs, keep_kv, decode_rows));
+        }
+        self.forward_packed_here(tokens, seqs, keep_kv, decode_rows)
+    }
+
+    /// [`Self::forward_packed`] on the calling thread.
+    fn forward_packed_here(
+        &self,
+        tokens: &[u32],
+        seqs: &[PackedSeq],
+        keep_kv: bool,
+        decode_rows: usize,
+    ) -> Result<Packed> {
         let total: usize = seqs.iter().map(|s| s.len).sum();
         if total != tokens.len() || total == 0 {
             return Err(ModelError::InvalidInput(format!(

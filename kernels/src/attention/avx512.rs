@@ -1,5 +1,6 @@
 //! The tiled attention kernel's key-block step on AVX-512: query rows four at a
-//! time, so every key and value vector loaded serves four rows. Scores of four
+//! time (two where a task has no more, as a decode step's GQA group of two does),
+//! so every key and value vector loaded serves four rows. Scores of four
 //! rows × 64 keys sit in 16 registers over the whole head width; the weighted sum
 //! of values keeps four rows × 64 output columns in 16 registers per pass.
 
@@ -37,13 +38,38 @@ const fn out_vecs(d: usize) -> usize {
 /// to a multiple of four.
 #[target_feature(enable = "avx512f")]
 unsafe fn block<const D: usize>(sc: &mut Scratch, kt: &[f32], vb: &[f32], view: BlockView) {
+    // A decode step's task has one row per query head of its KV head's group (two
+    // in Qwen3-0.6B): four-row steps would spend half their work on padding.
+    // SAFETY: forwarded from the caller; `sc.q` padded to four rows covers two.
+    unsafe {
+        if sc.m.len() <= 2 {
+            block_rows::<D, 2>(sc, kt, vb, view)
+        } else {
+            block_rows::<D, ROWS>(sc, kt, vb, view)
+        }
+    }
+}
+
+/// [`block`] `R` query rows at a time (each row's arithmetic is the same whatever
+/// `R` is).
+///
+/// # Safety
+/// As [`block`].
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn block_rows<const D: usize, const R: usize>(
+    sc: &mut Scratch,
+    kt: &[f32],
+    vb: &[f32],
+    view: BlockView,
+) {
     debug_assert!(D.is_multiple_of(LANES) && kt.len() >= D * K_BLOCK);
-    debug_assert!(vb.len() >= view.keys * D && sc.q.len() >= sc.m.len().next_multiple_of(ROWS) * D);
+    debug_assert!(vb.len() >= view.keys * D && sc.q.len() >= sc.m.len().next_multiple_of(R) * D);
     let rows = sc.m.len();
     let w = out_vecs(D);
-    for r0 in (0..rows).step_by(ROWS) {
-        let live = (rows - r0).min(ROWS);
-        let mut nvalid = [0usize; ROWS];
+    for r0 in (0..rows).step_by(R) {
+        let live = (rows - r0).min(R);
+        let mut nvalid = [0usize; R];
         for (i, nv) in nvalid.iter_mut().enumerate().take(live) {
             *nv = view.visible(r0 + i);
         }
@@ -51,12 +77,12 @@ unsafe fn block<const D: usize>(sc: &mut Scratch, kt: &[f32], vb: &[f32], view: 
         if most == 0 {
             continue;
         }
-        // SAFETY (whole loop body): loads read `sc.q` rows r0..r0+4 (padded), `kt`
+        // SAFETY (whole loop body): loads read `sc.q` rows r0..r0+R (padded), `kt`
         // rows c < D of K_BLOCK values, `vb` rows j < most ≤ keys of D values, and
         // `sc.o` rows r0..r0+live; stores write `p` and those `sc.o` rows.
         unsafe {
             // Scores: four rows × 64 keys.
-            let mut s = [[_mm512_setzero_ps(); KEY_VECS]; ROWS];
+            let mut s = [[_mm512_setzero_ps(); KEY_VECS]; R];
             let q = sc.q.as_ptr().add(r0 * D);
             for c in 0..D {
                 let kc = kt.as_ptr().add(c * K_BLOCK);
@@ -75,8 +101,8 @@ unsafe fn block<const D: usize>(sc: &mut Scratch, kt: &[f32], vb: &[f32], view: 
             }
             // Weights and rescaling per row; a row that sees no key of this block
             // keeps its output (weight 0, factor 1).
-            let mut p = [[0f32; K_BLOCK]; ROWS];
-            let mut alpha = [1f32; ROWS];
+            let mut p = [[0f32; K_BLOCK]; R];
+            let mut alpha = [1f32; R];
             for i in 0..live {
                 if nvalid[i] == 0 {
                     continue;
@@ -90,7 +116,7 @@ unsafe fn block<const D: usize>(sc: &mut Scratch, kt: &[f32], vb: &[f32], view: 
             }
             // Output: rescaled, plus the weighted values, 64 columns per pass.
             for col in (0..D).step_by(w * LANES) {
-                let mut acc = [[_mm512_setzero_ps(); 4]; ROWS];
+                let mut acc = [[_mm512_setzero_ps(); 4]; R];
                 for i in 0..live {
                     let o = sc.o.as_ptr().add((r0 + i) * D + col);
                     let a = _mm512_set1_ps(alpha[i]);
