@@ -3,7 +3,8 @@
 # PyPI into one virtual environment: substrait-validator (every plan that
 # `aisql sql --to-substrait` writes must pass it), numpy (the independent
 # Qwen3 forward of tests/reference/qwen3_numpy.py that `aisql model generate`
-# must agree with), psycopg (a PostgreSQL client for `aisql serve`; the other,
+# must agree with), gguf (llama.cpp's own GGUF reader, which dequantizes a Q8_0
+# file's blocks for that reference), psycopg (a PostgreSQL client for `aisql serve`; the other,
 # psql, is Debian's postgresql-client, which .ci/run installs), and maturin,
 # pytest, pandas and pyarrow (tests/python_package.rs builds the Python package
 # in python/ with maturin and runs its pytest suite).
@@ -19,5 +20,5 @@ if [ ! -x "$venv/bin/python" ]; then
     }
 fi
 "$venv/bin/pip" install --quiet --disable-pip-version-check substrait-validator==0.1.4 numpy==2.4.6 \
-    "psycopg[binary]==3.3.9" maturin==1.16.0 pytest==9.2.0 pandas==3.1.1 pyarrow==26.0.1
-echo "test-tools: $venv ($("$venv/bin/python" -c 'import numpy, pandas, psycopg, pyarrow, pytest, substrait_validator as v; print("substrait-validator", v.version(), "numpy", numpy.__version__, "psycopg", psycopg.__version__, "pandas", pandas.__version__, "pyarrow", pyarrow.__version__, "pytest", pytest.__version__)'))"
+    gguf==0.19.0 "psycopg[binary]==3.3.9" maturin==1.16.0 pytest==9.2.0 pandas==3.1.1 pyarrow==26.0.1
+echo "test-tools: $venv ($("$venv/bin/python" -c 'import gguf, numpy, pandas, psycopg, pyarrow, pytest, substrait_validator as v; from importlib.metadata import version; print("substrait-validator", v.version(), "numpy", numpy.__version__, "gguf", version("gguf"), "psycopg", psycopg.__version__, "pandas", pandas.__version__, "pyarrow", pyarrow.__version__, "pytest", pytest.__version__)'))"

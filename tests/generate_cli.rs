@@ -3,7 +3,11 @@
 //! or candle) must pick the same greedy tokens for the same model and prompt
 //! token ids. Also the command's text output and usage errors, and the model
 //! commands around GGUF files: `model gguf` writes one, `--model F.gguf` runs it
-//! in `model generate` and `sql`, `model bench` times prefill.
+//! in `model generate` and `sql`, `model bench` times prefill. Q8_0 GGUF files are
+//! held to the same reference on the file's dequantized weights (read by
+//! llama.cpp's `gguf` package): the decode kernels round activations, so there the
+//! check is that each generated token's logit is the best up to a small part of
+//! the logits' spread.
 
 mod common;
 
@@ -105,6 +109,94 @@ fn check_against_numpy(dir: &Path) {
     }
 }
 
+/// `aisql model gguf --type q8_0` of the model in `dir`.
+fn write_q8_gguf(dir: &Path, out: &Path) {
+    aisql()
+        .args(["model", "gguf", "--type", "q8_0", "--model"])
+        .arg(dir)
+        .arg("--out")
+        .arg(out)
+        .assert()
+        .success();
+}
+
+/// Every prompt's greedy decoding of the Q8_0 file `gguf` (made from the model in
+/// `dir`), followed by the numpy reference on the file's dequantized weights: each
+/// token, and the stop when there is one, within a tenth of the logits' standard
+/// deviation of the reference's best (a token the kernels got wrong falls several
+/// deviations short).
+fn check_q8_against_numpy(dir: &Path, gguf: &Path) {
+    const STEPS: usize = 12;
+    let python = common::test_python("gguf", "numpy 2.4.6 and gguf 0.19.0");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/qwen3_numpy.py");
+    let join = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+    let mut exact = 0;
+    for prompt in PROMPTS {
+        let out = aisql()
+            .args([
+                "model", "generate", "--cpu", "--format", "json", "--prompt", prompt,
+            ])
+            .arg("--model")
+            .arg(gguf)
+            .args(["--max-tokens", &STEPS.to_string()])
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        let ours: Value = serde_json::from_slice(&out).unwrap();
+        let finish = ours["finish"].as_str().unwrap().to_string();
+        let out = std::process::Command::new(&python)
+            .arg(&script)
+            .arg(dir)
+            .arg("--gguf")
+            .arg(gguf)
+            .args(["--prompt-ids", &join(&ids(&ours["prompt_token_ids"]))])
+            .args(["--follow-ids", &join(&ids(&ours["token_ids"]))])
+            .args(["--finish", &finish])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "qwen3_numpy.py failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let reference: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let gaps = reference["gaps"].as_array().unwrap();
+        let spreads = reference["spreads"].as_array().unwrap();
+        let steps = ids(&ours["token_ids"]).len() + usize::from(finish == "stop");
+        assert_eq!(gaps.len(), steps, "{reference}");
+        for (step, (gap, spread)) in gaps.iter().zip(spreads).enumerate() {
+            let (gap, spread) = (gap.as_f64().unwrap(), spread.as_f64().unwrap());
+            assert!(
+                gap <= 0.1 * spread,
+                "prompt {prompt:?}, step {step}: aisql's token is {gap} below the reference's \
+                 best logit (spread {spread}); aisql: {ours}"
+            );
+            exact += usize::from(gap == 0.0);
+        }
+        eprintln!("{prompt:?}: {steps} steps ({finish}), gaps {gaps:?}");
+    }
+    // Not every step may land on the exact argmax, but most must.
+    assert!(
+        exact >= PROMPTS.len() * 2,
+        "{exact} steps on the reference's argmax"
+    );
+}
+
+#[test]
+fn q8_0_gguf_generation_follows_the_numpy_reference() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tiny = tmp.path().join("tiny");
+    write_tiny(&tiny);
+    write_q8_gguf(&tiny, &tmp.path().join("tiny-q8.gguf"));
+    check_q8_against_numpy(&tiny, &tmp.path().join("tiny-q8.gguf"));
+    let gqa = tmp.path().join("gqa");
+    aisql_models::tiny::write_model(&gqa, &gqa_untied_config(), 5).unwrap();
+    write_q8_gguf(&gqa, &tmp.path().join("gqa-q8.gguf"));
+    check_q8_against_numpy(&gqa, &tmp.path().join("gqa-q8.gguf"));
+}
+
 #[test]
 fn tiny_model_generation_equals_numpy_reference() {
     let tmp = tempfile::tempdir().unwrap();
@@ -117,7 +209,14 @@ fn tiny_model_generation_equals_numpy_reference() {
 #[test]
 fn gqa_untied_model_generation_equals_numpy_reference() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = aisql_models::Config {
+    aisql_models::tiny::write_model(tmp.path(), &gqa_untied_config(), 5).unwrap();
+    check_against_numpy(tmp.path());
+}
+
+/// Untied output head, 8 query heads over 2 KV heads, head_dim 32 while
+/// hidden / heads is 8.
+fn gqa_untied_config() -> aisql_models::Config {
+    aisql_models::Config {
         hidden_size: 64,
         intermediate_size: 128,
         num_hidden_layers: 3,
@@ -127,9 +226,7 @@ fn gqa_untied_model_generation_equals_numpy_reference() {
         rope_theta: 10_000.0,
         tie_word_embeddings: false,
         ..aisql_models::tiny::tiny_config()
-    };
-    aisql_models::tiny::write_model(tmp.path(), &cfg, 5).unwrap();
-    check_against_numpy(tmp.path());
+    }
 }
 
 #[test]

@@ -18,6 +18,20 @@ With --embed it prints {"embedding": [...]} instead: Qwen3-Embedding's
 last-token pooling, the final hidden state (after the final norm, no output
 head) of the last prompt id, its first --dims components (all by default)
 divided by their L2 norm. engine/src/sql/embed_tests.rs holds `ai_embed` to it.
+
+    python qwen3_numpy.py MODEL_DIR --gguf F.gguf --prompt-ids 9707,11 \
+        --follow-ids 5,6,7 --finish stop
+
+With --gguf the weights and shape come from a GGUF file instead (read and its
+blocks dequantized by llama.cpp's own `gguf` package; MODEL_DIR still gives the
+stop tokens). With --follow-ids it does not decode: it follows the given tokens
+(another engine's greedy decoding of the same file) and prints
+{"gaps": [...], "spreads": [...]}: per step, how far the followed token's logit
+falls below the best one (with --finish stop, one more step: the best stop
+token's), and the standard deviation of that step's logits. An engine that
+rounds activations (Q8_0 quantizes them per 32 values, AMX rounds them to
+bfloat16) may part from the exact argmax only where that gap is a small part of
+the spread; tests/generate_cli.rs holds `aisql model generate` to it.
 """
 
 import argparse
@@ -59,6 +73,74 @@ def load_tensors(model_dir):
                 sys.exit(f"{path}: tensor {name} has dtype {dtype}")
             tensors[name] = values.astype(np.float64).reshape(info["shape"])
     return tensors
+
+
+# GGUF tensor names (llama.cpp's) to the Hugging Face names used here.
+GGUF_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def load_gguf(path):
+    """A Qwen3 GGUF file's tensors (dequantized, float64, Hugging Face names)
+    and its shape as a config.json would give it."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(path)
+    meta = {name: field.contents() for name, field in reader.fields.items()}
+    if meta.get("general.architecture") != "qwen3":
+        sys.exit(f"{path}: architecture {meta.get('general.architecture')} is not qwen3")
+    tensors = {}
+    for t in reader.tensors:
+        values = dequantize(t.data, t.tensor_type).astype(np.float64)
+        shape = [int(d) for d in reversed(t.shape)]
+        parts = t.name.split(".")
+        if parts[0] == "blk":
+            name = f"model.layers.{parts[1]}.{GGUF_NAMES[parts[2]]}.{parts[3]}"
+        else:
+            name = {
+                "token_embd.weight": "model.embed_tokens.weight",
+                "output_norm.weight": "model.norm.weight",
+                "output.weight": "lm_head.weight",
+            }[t.name]
+        tensors[name] = values.reshape(shape)
+    a = "qwen3.attention."
+    cfg = {
+        "hidden_size": meta["qwen3.embedding_length"],
+        "intermediate_size": meta["qwen3.feed_forward_length"],
+        "num_hidden_layers": meta["qwen3.block_count"],
+        "num_attention_heads": meta[a + "head_count"],
+        "num_key_value_heads": meta[a + "head_count_kv"],
+        "head_dim": meta[a + "key_length"],
+        "rope_theta": meta["qwen3.rope.freq_base"],
+        "rms_norm_eps": meta[a + "layer_norm_rms_epsilon"],
+        "tie_word_embeddings": "lm_head.weight" not in tensors,
+    }
+    return tensors, cfg
+
+
+def follow(weights, cfg, prompt, followed, stops, finish):
+    """Per step of `followed` (and the stop, when it finished so): the best logit
+    minus the followed token's, and the logits' standard deviation."""
+    gaps, spreads = [], []
+    steps = followed + ([None] if finish == "stop" else [])
+    for i, token in enumerate(steps):
+        logits = next_logits(weights, cfg, prompt + followed[:i])
+        chosen = max(logits[s] for s in stops) if token is None else logits[token]
+        gaps.append(float(logits.max() - chosen))
+        spreads.append(float(logits.std()))
+    return {"gaps": gaps, "spreads": spreads}
 
 
 def stop_ids(model_dir):
@@ -148,17 +230,27 @@ def main():
     parser.add_argument("--max-tokens", type=int)
     parser.add_argument("--embed", action="store_true", help="print the embedding")
     parser.add_argument("--dims", type=int, help="embedding components kept")
+    parser.add_argument("--gguf", type=Path, help="read the weights from this GGUF file")
+    parser.add_argument("--follow-ids", help="comma-separated generated ids to follow")
+    parser.add_argument("--finish", choices=["stop", "length"], default="length")
     args = parser.parse_args()
-    if not args.embed and args.max_tokens is None:
-        parser.error("--max-tokens is required without --embed")
-    cfg = json.loads((args.model_dir / "config.json").read_text())
-    if cfg.get("hidden_act", "silu") != "silu":
-        sys.exit(f"hidden_act {cfg['hidden_act']} is not implemented here")
-    if cfg.get("rope_scaling"):
-        sys.exit("rope_scaling is not implemented here")
-    weights = load_tensors(args.model_dir)
+    if not args.embed and args.max_tokens is None and args.follow_ids is None:
+        parser.error("--max-tokens or --follow-ids is required without --embed")
+    if args.gguf:
+        weights, cfg = load_gguf(args.gguf)
+    else:
+        cfg = json.loads((args.model_dir / "config.json").read_text())
+        if cfg.get("hidden_act", "silu") != "silu":
+            sys.exit(f"hidden_act {cfg['hidden_act']} is not implemented here")
+        if cfg.get("rope_scaling"):
+            sys.exit("rope_scaling is not implemented here")
+        weights = load_tensors(args.model_dir)
     stops = stop_ids(args.model_dir)
     tokens = [int(t) for t in args.prompt_ids.split(",")]
+    if args.follow_ids is not None:
+        followed = [int(t) for t in args.follow_ids.split(",") if t]
+        print(json.dumps(follow(weights, cfg, tokens, followed, stops, args.finish)))
+        return
     if args.embed:
         h = final_hidden(weights, cfg, tokens)[: args.dims or cfg["hidden_size"]]
         print(json.dumps({"embedding": (h / np.linalg.norm(h)).tolist()}))
