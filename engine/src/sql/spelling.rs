@@ -10,6 +10,7 @@
 //! | BigQuery | `AI.GENERATE_INT(('Year of ', r.body))` (`_DOUBLE`, `_BOOL`) | `ai_generate('INT', 'Year of {0}', r.body)` |
 //! | aisql | `ai_complete('Year of {0}', r.body, returns => 'INT')` | `ai_generate('INT', 'Year of {0}', r.body)` |
 //! | Snowflake | `AI_COMPLETE('qwen3-4b', PROMPT('Summarise {0}', r.body))` | `ai_complete('Summarise {0}', r.body)`, the model checked against the loaded one |
+//! | Snowflake | `AI_COMPLETE('qwen3-4b', PROMPT('Facts of {0}', r.body), response_format => {'type': 'json', 'schema': {...}})` | `ai_generate('JSON {...}', 'Facts of {0}', r.body)` (the schema as JSON; also given as a string of JSON) |
 //! | Snowflake | `AI_SIMILARITY(a.body, b.body)` | `vector_cosine_similarity(ai_embed(a.body), ai_embed(b.body))` |
 //!
 //! A BigQuery prompt tuple's strings are concatenated with each other element
@@ -40,6 +41,7 @@ const KNOWN: &str = "ai_filter(template, doc), ai_join(template, left, right), \
 ai_classify(template, doc, [labels], [descriptions]), ai_score(template, doc), \
 ai_classify_scores(template, doc, [labels], [descriptions]), \
 ai_complete(template, doc [, max_tokens] [, returns => type]), \
+AI_COMPLETE(model, PROMPT(...) [, response_format => {'type': 'json', 'schema': {...}}]), \
 ai_generate(type, template, doc [, max_tokens]), ai_embed(text [, instruction] [, dims]), \
 ai_similarity(text, text), AI_FILTER(PROMPT(template, doc...)), \
 AI_COMPLETE(model, PROMPT(template, doc...)), AI.IF((text, column, text...)), \
@@ -258,38 +260,159 @@ fn typed(complete: Expr, ty: &str) -> Expr {
     Expr::Function(f)
 }
 
-/// Whether `a` is a `returns => ...` argument.
-fn is_returns(a: &FunctionArg) -> bool {
+/// The named arguments that give a completion's answer type: aisql's
+/// `returns => 'TYPE'` and Snowflake's `response_format => {...}`.
+const ANSWER_TYPE_ARGUMENTS: [&str; 2] = ["returns", "response_format"];
+
+/// The name of `a` when it is a named argument (`name => value`).
+fn argument_name(a: &FunctionArg) -> Option<&str> {
     match a {
-        FunctionArg::Named { name, .. } => name.value.eq_ignore_ascii_case("returns"),
+        FunctionArg::Named { name, .. } => Some(&name.value),
         FunctionArg::ExprNamed {
             name: Expr::Identifier(name),
             ..
-        } => name.value.eq_ignore_ascii_case("returns"),
-        _ => false,
+        } => Some(&name.value),
+        _ => None,
     }
 }
 
-/// The type a call's `returns => 'TYPE'` names, if it has one (a string
-/// literal).
-fn returns_argument(f: &Function) -> Option<&str> {
+fn is_answer_type_argument(a: &FunctionArg) -> bool {
+    argument_name(a).is_some_and(|n| {
+        ANSWER_TYPE_ARGUMENTS
+            .iter()
+            .any(|t| n.eq_ignore_ascii_case(t))
+    })
+}
+
+/// The answer type a call's `returns => 'TYPE'` or `response_format => ...`
+/// names (`None` when it has neither).
+fn answer_type_argument(f: &Function, spelled: &str) -> Result<Option<String>> {
     let FunctionArguments::List(list) = &f.args else {
-        return None;
+        return Ok(None);
     };
-    list.args
+    let given: Vec<(&str, &Expr)> = list
+        .args
         .iter()
-        .find(|a| is_returns(a))
-        .and_then(|a| match a {
+        .filter(|a| is_answer_type_argument(a))
+        .filter_map(|a| match a {
             FunctionArg::Named {
+                name,
                 arg: FunctionArgExpr::Expr(e),
                 ..
-            }
-            | FunctionArg::ExprNamed {
+            } => Some((name.value.as_str(), e)),
+            FunctionArg::ExprNamed {
+                name: Expr::Identifier(name),
                 arg: FunctionArgExpr::Expr(e),
                 ..
-            } => string_literal(e),
+            } => Some((name.value.as_str(), e)),
             _ => None,
         })
+        .collect();
+    let (name, value) = match given.as_slice() {
+        [] => return Ok(None),
+        [one] => *one,
+        _ => {
+            return Err(sql_error(format!(
+                "{spelled}{}: give the answer's type once (returns => or response_format =>)",
+                at(f)
+            )));
+        }
+    };
+    if name.eq_ignore_ascii_case("returns") {
+        return string_literal(value)
+            .map(|t| Some(t.to_string()))
+            .ok_or_else(|| {
+                sql_error(format!(
+                    "{spelled}{}: returns => takes a type as a string literal such as 'INT', \
+                     not {value}",
+                    at(f)
+                ))
+            });
+    }
+    response_format_type(value)
+        .map(Some)
+        .map_err(|m| sql_error(format!("{spelled}{}: response_format => {m}", at(f))))
+}
+
+/// Snowflake's response format, `{'type': 'json', 'schema': {...}}` (an object
+/// constant, or a string of JSON), as aisql's type `JSON {schema}`.
+fn response_format_type(value: &Expr) -> std::result::Result<String, String> {
+    let format = match string_literal(value) {
+        Some(text) => {
+            serde_json::from_str(text).map_err(|e| format!("is a string that is not JSON ({e})"))?
+        }
+        None => literal_json(value)?,
+    };
+    let fields = format
+        .as_object()
+        .ok_or_else(|| format!("takes {{'type': 'json', 'schema': {{...}}}}, not {format}"))?;
+    match fields.get("type").and_then(|t| t.as_str()) {
+        Some(t) if t.eq_ignore_ascii_case("json") => {}
+        _ => {
+            return Err(format!(
+                "needs 'type': 'json' (the one format Snowflake defines), in {format}"
+            ));
+        }
+    }
+    if let Some(other) = fields
+        .keys()
+        .find(|k| !matches!(k.as_str(), "type" | "schema"))
+    {
+        return Err(format!(
+            "has an unknown key '{other}' (it reads 'type' and 'schema')"
+        ));
+    }
+    match fields.get("schema") {
+        Some(schema @ serde_json::Value::Object(_)) => Ok(format!("JSON {schema}")),
+        _ => Err(format!(
+            "needs a 'schema' that is a JSON schema object, in {format}"
+        )),
+    }
+}
+
+/// A constant written in SQL (`{'key': value}` objects, `[...]` arrays,
+/// strings, numbers, booleans, NULL) as JSON.
+fn literal_json(e: &Expr) -> std::result::Result<serde_json::Value, String> {
+    use datafusion::sql::sqlparser::ast::UnaryOperator;
+    use serde_json::Value as Json;
+    let number = |n: &str| -> std::result::Result<Json, String> {
+        serde_json::from_str::<serde_json::Number>(n)
+            .map(Json::Number)
+            .map_err(|_| format!("{n} is not a JSON number"))
+    };
+    Ok(match e {
+        Expr::Dictionary(fields) => Json::Object(
+            fields
+                .iter()
+                .map(|f| Ok((f.key.value.clone(), literal_json(&f.value)?)))
+                .collect::<std::result::Result<_, String>>()?,
+        ),
+        Expr::Array(array) => Json::Array(
+            array
+                .elem
+                .iter()
+                .map(literal_json)
+                .collect::<std::result::Result<_, String>>()?,
+        ),
+        Expr::Nested(inner) => literal_json(inner)?,
+        Expr::UnaryOp {
+            op: UnaryOperator::Minus,
+            expr,
+        } => match expr.as_ref() {
+            Expr::Value(v) if matches!(v.value, Value::Number(..)) => {
+                number(&format!("-{}", v.value))?
+            }
+            other => return Err(format!("-{other} is not a constant")),
+        },
+        Expr::Value(v) => match &v.value {
+            Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => Json::String(s.clone()),
+            Value::Number(n, _) => number(n)?,
+            Value::Boolean(b) => Json::Bool(*b),
+            Value::Null => Json::Null,
+            other => return Err(format!("{other} is not a JSON value")),
+        },
+        other => return Err(format!("{other} is not a constant")),
+    })
 }
 
 fn literal(s: String) -> Expr {
@@ -329,24 +452,17 @@ fn normalize_expr(e: &mut Expr, found: &mut Spelled) -> Result<()> {
                 )));
             }
         },
-        [name] if name == "ai_complete" && returns_argument(f).is_some() => {
-            // ai_complete(..., returns => 'INT'): ai_generate('INT', ...).
-            let ty = returns_argument(f).expect("matched").to_string();
-            let FunctionArguments::List(list) = &f.args else {
-                unreachable!("a named argument is in a list");
-            };
-            let rest: Vec<FunctionArg> = list
-                .args
-                .iter()
-                .filter(|a| !is_returns(a))
-                .cloned()
-                .collect();
+        [name] if name == "ai_complete" && answer_type_argument(f, &spelled)?.is_some() => {
+            // ai_complete(..., returns => 'INT'): ai_generate('INT', ...); the
+            // rest of the call is read as it would be without the type.
+            let ty = answer_type_argument(f, &spelled)?.expect("matched");
             let mut plain = f.clone();
             if let FunctionArguments::List(l) = &mut plain.args {
-                l.args = rest;
+                l.args.retain(|a| !is_answer_type_argument(a));
             }
-            let args = positional(&plain, &spelled)?;
-            Some(typed(call("ai_complete", f, args), &ty))
+            let mut untyped = Expr::Function(plain);
+            normalize_expr(&mut untyped, found)?;
+            Some(typed(untyped, &ty))
         }
         [name] if name == "ai_summarize_agg" => {
             // Snowflake: AI_SUMMARIZE_AGG(column), a fixed instruction.
@@ -676,6 +792,71 @@ mod tests {
         let bq = normalized("SELECT id FROM t WHERE AI.IF(('Is ', body, ' kind?'))").unwrap();
         assert_eq!(quail, snow);
         assert_eq!(quail, bq);
+    }
+
+    #[test]
+    fn snowflake_response_formats_become_json_types() {
+        let schema = "{'type': 'object', 'properties': {'year': {'type': 'integer', \
+                      'minimum': -5}, 'kind': {'enum': ['film', 'food']}}, 'required': ['year'], \
+                      'additionalProperties': false}";
+        let object = normalized(&format!(
+            "SELECT AI_COMPLETE('qwen3', PROMPT('Facts of {{0}}', body), \
+             response_format => {{'type': 'json', 'schema': {schema}}}) FROM t"
+        ))
+        .unwrap();
+        assert!(
+            object.contains("ai_generate('JSON {")
+                && object.contains("\"minimum\":-5")
+                && object.contains("\"required\":[\"year\"]")
+                && object.contains("\"additionalProperties\":false")
+                && object.ends_with("'Facts of {0}', body) FROM t"),
+            "{object}"
+        );
+        // The same format as a string of JSON, and on aisql's own spelling.
+        let text = normalized(
+            "SELECT ai_complete('Facts of {0}', body, response_format => '{\"type\": \"json\", \
+             \"schema\": {\"type\": \"object\", \"properties\": {\"year\": {\"type\": \
+             \"integer\", \"minimum\": -5}, \"kind\": {\"enum\": [\"film\", \"food\"]}}, \
+             \"required\": [\"year\"], \"additionalProperties\": false}}') FROM t",
+        )
+        .unwrap();
+        assert_eq!(object, text);
+        let refused = |format: &str, says: &str| {
+            let e = normalized(&format!(
+                "SELECT ai_complete('Facts of {{0}}', body, response_format => {format}) FROM t"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains(says) && e.contains("line 1"), "{format}: {e}");
+        };
+        refused("{'type': 'xml', 'schema': {}}", "needs 'type': 'json'");
+        refused("{'type': 'json'}", "needs a 'schema'");
+        refused(
+            "{'type': 'json', 'schema': {}, 'strict': true}",
+            "unknown key 'strict'",
+        );
+        refused("'{not json'", "a string that is not JSON");
+        refused(
+            "{'type': 'json', 'schema': {'maximum': body}}",
+            "body is not a constant",
+        );
+        let both = normalized(
+            "SELECT ai_complete('Facts of {0}', body, returns => 'INT', \
+             response_format => {'type': 'json', 'schema': {}}) FROM t",
+        )
+        .unwrap_err();
+        assert!(
+            both.to_string().contains("give the answer's type once"),
+            "{both}"
+        );
+        let computed = normalized(
+            "SELECT ai_complete('Facts of {0}', body, returns => concat('I', 'NT')) FROM t",
+        )
+        .unwrap_err();
+        assert!(
+            computed.to_string().contains("as a string literal"),
+            "{computed}"
+        );
     }
 
     #[test]
