@@ -162,37 +162,69 @@ impl Q8Matrix {
     /// `x Wᵀ` for `x` of `m` rows of `k` values (row-major). Call only where
     /// [`q8_gemm_available`] is true.
     pub fn matmul(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
-        if x.len() != m * self.k {
-            return Err(bad(format!(
-                "{} input values for {m} rows of {}",
-                x.len(),
-                self.k
-            )));
-        }
-        if !q8_gemm_available() {
-            return Err(bad("this CPU does not offer AVX-512 VNNI".into()));
-        }
-        if m == 0 {
-            return Ok(Vec::new());
-        }
-        let (n, k, kb) = (self.n, self.k, self.k / BLOCK);
-        let a = QuantizedRows::new(x, m, k);
-        let blocking = Blocking {
-            mr: MR,
-            m_tiles: M_TILES,
-            n_panels: N_PANELS,
-            kc: KC_BLOCKS,
-        };
-        // SAFETY: VNNI is available (checked above); each job reads its pass of its
-        // tile and panel (slices of the right length) and writes exactly its outputs.
-        let y = unsafe {
-            panel_gemm::run(m, n, kb, &blocking, |job| {
-                let panel = &self.blocks[job.panel * kb + job.k0..][..job.kc];
-                kernel::tile(job, &a.tile(job.r0, job.k0, job.kc), panel);
-            })
-        };
-        Ok(y)
+        matmul_side_by_side(&[self], x, m)
     }
+
+    /// Whether matrices can be multiplied side by side ([`matmul_side_by_side`]):
+    /// the same `k`, and every one's columns whole panels but the last one's.
+    pub fn side_by_side(matrices: &[&Q8Matrix]) -> bool {
+        let Some((last, rest)) = matrices.split_last() else {
+            return false;
+        };
+        rest.iter().all(|w| w.k == last.k && w.n.is_multiple_of(NR))
+    }
+}
+
+/// `x [W₁ W₂ …]ᵀ`: the products of `x` with several matrices of the same `k` as
+/// one GEMM, their columns side by side in each output row (row `r`: `W₁`'s `n₁`
+/// outputs, then `W₂`'s …). The rows are quantized once and the work is one set of
+/// tasks: a decode step's query, key and value projections (or gate and up) read
+/// the same input. Each output's value is that of the matrix's own [`Q8Matrix::matmul`].
+/// Call only where [`q8_gemm_available`] is true, with matrices that
+/// [`Q8Matrix::side_by_side`] accepts.
+pub fn matmul_side_by_side(matrices: &[&Q8Matrix], x: &[f32], m: usize) -> Result<Vec<f32>> {
+    if !Q8Matrix::side_by_side(matrices) {
+        return Err(bad(
+            "matrices side by side need the same k and whole panels of columns".into(),
+        ));
+    }
+    let k = matrices[0].k;
+    if x.len() != m * k {
+        return Err(bad(format!("{} input values for {m} rows of {k}", x.len())));
+    }
+    if !q8_gemm_available() {
+        return Err(bad("this CPU does not offer AVX-512 VNNI".into()));
+    }
+    if m == 0 {
+        return Ok(Vec::new());
+    }
+    let kb = k / BLOCK;
+    let n: usize = matrices.iter().map(|w| w.n).sum();
+    // Panel `p` of the whole is panel `p - first` of the matrix that holds it.
+    let mut firsts = Vec::with_capacity(matrices.len());
+    let mut first = 0;
+    for w in matrices {
+        firsts.push(first);
+        first += w.n.div_ceil(NR);
+    }
+    let a = QuantizedRows::new(x, m, k);
+    let blocking = Blocking {
+        mr: MR,
+        m_tiles: M_TILES,
+        n_panels: N_PANELS,
+        kc: KC_BLOCKS,
+    };
+    // SAFETY: VNNI is available (checked above); each job reads its pass of its
+    // tile and panel (slices of the right length) and writes exactly its outputs.
+    let y = unsafe {
+        panel_gemm::run(m, n, kb, &blocking, |job| {
+            let i = firsts.partition_point(|&f| f <= job.panel) - 1;
+            let at = (job.panel - firsts[i]) * kb + job.k0;
+            let panel = &matrices[i].blocks[at..][..job.kc];
+            kernel::tile(job, &a.tile(job.r0, job.k0, job.kc), panel);
+        })
+    };
+    Ok(y)
 }
 
 /// One pass of one micro-tile of quantized rows.
@@ -314,6 +346,28 @@ pub fn q8_linear(x: &candle_core::Tensor, w: &Q8Matrix) -> Result<candle_core::T
     use candle_core::DType;
     let dtypes = [DType::F32, DType::BF16];
     crate::cpu::linear("q8_matmul", x, (w.n, w.k), &dtypes, |v, m| w.matmul(v, m))
+}
+
+/// [`matmul_side_by_side`] over a candle tensor, as [`q8_linear`] takes it: one
+/// `(rows, nᵢ)` tensor per matrix.
+pub fn q8_linear_side_by_side(
+    x: &candle_core::Tensor,
+    matrices: &[&Q8Matrix],
+) -> Result<Vec<candle_core::Tensor>> {
+    use candle_core::DType;
+    let dtypes = [DType::F32, DType::BF16];
+    let n: usize = matrices.iter().map(|w| w.n).sum();
+    let k = matrices.first().map_or(0, |w| w.k);
+    let y = crate::cpu::linear("q8_matmul", x, (n, k), &dtypes, |v, m| {
+        matmul_side_by_side(matrices, v, m)
+    })?;
+    let mut parts = Vec::with_capacity(matrices.len());
+    let mut at = 0;
+    for w in matrices {
+        parts.push(y.narrow(1, at, w.n)?.contiguous()?);
+        at += w.n;
+    }
+    Ok(parts)
 }
 
 /// The arithmetic of [`Q8Matrix::matmul`] in plain Rust: the same quantized rows, each
@@ -564,6 +618,47 @@ mod tests {
             let (want, magnitude) = matmul_reference(&w, &x, m);
             assert_within_rounding(&got, &want, &magnitude, (m, n, k));
         }
+    }
+
+    #[test]
+    fn matrices_side_by_side_give_each_ones_own_outputs() {
+        if !q8_gemm_available() {
+            return;
+        }
+        // Two whole-panel matrices and a ragged last one; one row (decode) and a
+        // few tiles.
+        let k = 96;
+        let shapes = [64, 32, 40];
+        let ws: Vec<Q8Matrix> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| Q8Matrix::from_q8_0(&q8_bytes(n, k, 11 + i as u64), n, k).unwrap())
+            .collect();
+        let refs: Vec<&Q8Matrix> = ws.iter().collect();
+        assert!(Q8Matrix::side_by_side(&refs));
+        for m in [1, 13] {
+            let x = spiky(m * k, 3.0);
+            let all = matmul_side_by_side(&refs, &x, m).unwrap();
+            let width: usize = shapes.iter().sum();
+            let mut at = 0;
+            for w in &ws {
+                let own = w.matmul(&x, m).unwrap();
+                for r in 0..m {
+                    assert_eq!(
+                        all[r * width + at..][..w.n()],
+                        own[r * w.n()..][..w.n()],
+                        "m {m}, row {r}, columns from {at}"
+                    );
+                }
+                at += w.n();
+            }
+        }
+        // A ragged matrix before another, or another k, cannot sit side by side.
+        let other_k = Q8Matrix::from_q8_0(&q8_bytes(32, 64, 1), 32, 64).unwrap();
+        assert!(!Q8Matrix::side_by_side(&[&ws[2], &ws[0]]));
+        assert!(!Q8Matrix::side_by_side(&[&ws[0], &other_k]));
+        assert!(!Q8Matrix::side_by_side(&[]));
+        assert!(matmul_side_by_side(&[&ws[2], &ws[0]], &[0.0; 96], 1).is_err());
     }
 
     #[test]

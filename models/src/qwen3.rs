@@ -269,6 +269,48 @@ impl Linear {
     }
 }
 
+impl Linear {
+    /// The Q8_0 panels the VNNI kernel multiplies this projection's decode rows by,
+    /// where it does (and the projection has no bias).
+    fn decode_q8(&self) -> Option<&Q8Matrix> {
+        match (&self.weight, &self.bias) {
+            (LinearWeight::AmxAndQ8 { q8, .. } | LinearWeight::Q8(q8), None) => Some(q8),
+            _ => None,
+        }
+    }
+
+    /// [`Self::forward_rows`] of several projections of the same rows (a layer's
+    /// query, key and value, or its gate and up). Where every one's decode rows run
+    /// on the Q8_0 kernel, those rows are multiplied by all of them as one GEMM:
+    /// quantized once, one set of tasks for the threads instead of one per
+    /// projection. Each output has the bits of its own projection's.
+    fn forward_rows_side_by_side(
+        parts: &[&Linear],
+        x: &Tensor,
+        decode: usize,
+    ) -> candle_core::Result<Vec<Tensor>> {
+        let q8: Option<Vec<&Q8Matrix>> = parts.iter().map(|l| l.decode_q8()).collect();
+        let Some(q8) = q8.filter(|q| decode > 0 && Q8Matrix::side_by_side(q)) else {
+            return parts.iter().map(|l| l.forward_rows(x, decode)).collect();
+        };
+        let total = x.dim(0)?;
+        let head = aisql_kernels::q8_gemm::q8_linear_side_by_side(
+            &x.narrow(0, 0, decode.min(total))?,
+            &q8,
+        )
+        .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        if decode >= total {
+            return Ok(head);
+        }
+        let rest = x.narrow(0, decode, total - decode)?;
+        parts
+            .iter()
+            .zip(head)
+            .map(|(l, h)| Tensor::cat(&[&h, &l.forward(&rest)?], 0))
+            .collect()
+    }
+}
+
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         // `Module` speaks candle's error type; the kernels' errors travel as text.
@@ -557,10 +599,10 @@ impl Mlp {
 impl Mlp {
     /// The MLP of packed rows `x`, the first `decode` of them decode positions.
     fn forward(&self, x: &Tensor, decode: usize) -> Result<Tensor> {
-        let (gate, up) = (
-            self.gate_proj.forward_rows(x, decode)?,
-            self.up_proj.forward_rows(x, decode)?,
-        );
+        let parts = [&self.gate_proj, &self.up_proj];
+        let [gate, up]: [Tensor; 2] = Linear::forward_rows_side_by_side(&parts, x, decode)?
+            .try_into()
+            .expect("one output per projection");
         let h = match self.act {
             Activation::Silu => aisql_kernels::elementwise::swiglu(&gate, &up)?,
             act => (gate.apply(&act)? * up)?,
@@ -618,16 +660,17 @@ impl Attention {
         let total = x.dim(0)?;
         let d = self.head_dim;
         // 1. Project; 2. per-head RMSNorm on q and k (Qwen3's addition over Qwen2).
-        let project = |w: &Linear, heads: usize| -> Result<Tensor> {
-            Ok(w.forward_rows(x, decode)?.reshape((total, heads, d))?)
-        };
+        let parts = [&self.q_proj, &self.k_proj, &self.v_proj];
+        let [q, k, v]: [Tensor; 3] = Linear::forward_rows_side_by_side(&parts, x, decode)?
+            .try_into()
+            .expect("one output per projection");
         let q = self
             .q_norm
-            .forward(&project(&self.q_proj, self.num_heads)?)?;
+            .forward(&q.reshape((total, self.num_heads, d))?)?;
         let k = self
             .k_norm
-            .forward(&project(&self.k_proj, self.num_kv_heads)?)?;
-        let v = project(&self.v_proj, self.num_kv_heads)?;
+            .forward(&k.reshape((total, self.num_kv_heads, d))?)?;
+        let v = v.reshape((total, self.num_kv_heads, d))?;
         // 3. Head-major, the layout of the cache and the kernel (copied on all the
         // CPU's threads: candle's strided copy runs on one).
         use aisql_kernels::elementwise::transpose_01;
