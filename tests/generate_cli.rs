@@ -37,13 +37,19 @@ fn write_tiny(dir: &Path) {
 
 /// `aisql model generate --format json` on the model in `dir`.
 fn generate(dir: &Path, prompt: &str) -> Value {
+    generate_up_to(dir, prompt, MAX_TOKENS)
+}
+
+/// `aisql model generate --format json --max-tokens N` on the model `model` (a
+/// folder or a GGUF file).
+fn generate_up_to(model: &Path, prompt: &str, max_tokens: usize) -> Value {
     let out = aisql()
         .args([
             "model", "generate", "--cpu", "--format", "json", "--prompt", prompt,
         ])
         .arg("--model")
-        .arg(dir)
-        .args(["--max-tokens", &MAX_TOKENS.to_string()])
+        .arg(model)
+        .args(["--max-tokens", &max_tokens.to_string()])
         .assert()
         .success()
         .get_output()
@@ -60,21 +66,31 @@ fn generate(dir: &Path, prompt: &str) -> Value {
 /// The numpy reference's greedy decoding of `prompt_ids` on the model in `dir`.
 fn numpy_generate(dir: &Path, prompt_ids: &[u64]) -> Value {
     let python = common::test_python("numpy", "numpy 2.4.6");
+    reference(&python, dir, |c| {
+        c.args(["--prompt-ids", &joined(prompt_ids)])
+            .args(["--max-tokens", &MAX_TOKENS.to_string()]);
+    })
+}
+
+/// `tests/reference/qwen3_numpy.py DIR ...` run by `python`, with the arguments
+/// `args` adds; its JSON output.
+fn reference(python: &Path, dir: &Path, args: impl FnOnce(&mut std::process::Command)) -> Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/qwen3_numpy.py");
-    let ids: Vec<String> = prompt_ids.iter().map(u64::to_string).collect();
-    let out = std::process::Command::new(python)
-        .arg(script)
-        .arg(dir)
-        .args(["--prompt-ids", &ids.join(",")])
-        .args(["--max-tokens", &MAX_TOKENS.to_string()])
-        .output()
-        .unwrap();
+    let mut command = std::process::Command::new(python);
+    command.arg(script).arg(dir);
+    args(&mut command);
+    let out = command.output().unwrap();
     assert!(
         out.status.success(),
         "qwen3_numpy.py failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Token ids as the reference takes them: `1,2,3`.
+fn joined(ids: &[u64]) -> String {
+    ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
 }
 
 fn ids(v: &Value) -> Vec<u64> {
@@ -128,40 +144,17 @@ fn write_q8_gguf(dir: &Path, out: &Path) {
 fn check_q8_against_numpy(dir: &Path, gguf: &Path) {
     const STEPS: usize = 12;
     let python = common::test_python("gguf", "numpy 2.4.6 and gguf 0.19.0");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/qwen3_numpy.py");
-    let join = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
     let mut exact = 0;
     for prompt in PROMPTS {
-        let out = aisql()
-            .args([
-                "model", "generate", "--cpu", "--format", "json", "--prompt", prompt,
-            ])
-            .arg("--model")
-            .arg(gguf)
-            .args(["--max-tokens", &STEPS.to_string()])
-            .assert()
-            .success()
-            .get_output()
-            .stdout
-            .clone();
-        let ours: Value = serde_json::from_slice(&out).unwrap();
+        let ours = generate_up_to(gguf, prompt, STEPS);
         let finish = ours["finish"].as_str().unwrap().to_string();
-        let out = std::process::Command::new(&python)
-            .arg(&script)
-            .arg(dir)
-            .arg("--gguf")
-            .arg(gguf)
-            .args(["--prompt-ids", &join(&ids(&ours["prompt_token_ids"]))])
-            .args(["--follow-ids", &join(&ids(&ours["token_ids"]))])
-            .args(["--finish", &finish])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "qwen3_numpy.py failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let reference: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let reference = reference(&python, dir, |c| {
+            c.arg("--gguf")
+                .arg(gguf)
+                .args(["--prompt-ids", &joined(&ids(&ours["prompt_token_ids"]))])
+                .args(["--follow-ids", &joined(&ids(&ours["token_ids"]))])
+                .args(["--finish", &finish]);
+        });
         let gaps = reference["gaps"].as_array().unwrap();
         let spreads = reference["spreads"].as_array().unwrap();
         let steps = ids(&ours["token_ids"]).len() + usize::from(finish == "stop");
