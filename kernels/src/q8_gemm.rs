@@ -343,9 +343,7 @@ fn quantize_block(values: &[f32]) -> (f32, [i8; BLOCK]) {
 /// [`Q8Matrix::matmul`] over a candle tensor: `x` `(rows, k)` on the CPU, f32 or
 /// bf16 (made contiguous if it is not), gives `(rows, n)` in `x`'s dtype.
 pub fn q8_linear(x: &candle_core::Tensor, w: &Q8Matrix) -> Result<candle_core::Tensor> {
-    use candle_core::DType;
-    let dtypes = [DType::F32, DType::BF16];
-    crate::cpu::linear("q8_matmul", x, (w.n, w.k), &dtypes, |v, m| w.matmul(v, m))
+    Ok(q8_linear_side_by_side(x, &[w])?.remove(0))
 }
 
 /// [`matmul_side_by_side`] over a candle tensor, as [`q8_linear`] takes it: one
