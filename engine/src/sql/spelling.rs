@@ -294,18 +294,14 @@ fn answer_type_argument(f: &Function, spelled: &str) -> Result<Option<String>> {
         .args
         .iter()
         .filter(|a| is_answer_type_argument(a))
-        .filter_map(|a| match a {
-            FunctionArg::Named {
-                name,
-                arg: FunctionArgExpr::Expr(e),
-                ..
-            } => Some((name.value.as_str(), e)),
-            FunctionArg::ExprNamed {
-                name: Expr::Identifier(name),
-                arg: FunctionArgExpr::Expr(e),
-                ..
-            } => Some((name.value.as_str(), e)),
-            _ => None,
+        .filter_map(|a| {
+            let (FunctionArg::Named { arg, .. } | FunctionArg::ExprNamed { arg, .. }) = a else {
+                return None;
+            };
+            match arg {
+                FunctionArgExpr::Expr(e) => Some((argument_name(a)?, e)),
+                _ => None,
+            }
         })
         .collect();
     let (name, value) = match given.as_slice() {
@@ -425,6 +421,10 @@ fn normalize_expr(e: &mut Expr, found: &mut Spelled) -> Result<()> {
     };
     let parts = name_parts(&f.name);
     let spelled = f.name.to_string();
+    let answer_type = match parts.as_slice() {
+        [name] if name == "ai_complete" => answer_type_argument(f, &spelled)?,
+        _ => None,
+    };
     let replacement = match parts.as_slice() {
         [ai, op] if ai == "ai" => match op.as_str() {
             "if" => Some(bigquery_prompt(f, "AI.IF", "ai_filter", 2)?),
@@ -452,17 +452,16 @@ fn normalize_expr(e: &mut Expr, found: &mut Spelled) -> Result<()> {
                 )));
             }
         },
-        [name] if name == "ai_complete" && answer_type_argument(f, &spelled)?.is_some() => {
+        [_] if let Some(ty) = &answer_type => {
             // ai_complete(..., returns => 'INT'): ai_generate('INT', ...); the
             // rest of the call is read as it would be without the type.
-            let ty = answer_type_argument(f, &spelled)?.expect("matched");
             let mut plain = f.clone();
             if let FunctionArguments::List(l) = &mut plain.args {
                 l.args.retain(|a| !is_answer_type_argument(a));
             }
             let mut untyped = Expr::Function(plain);
             normalize_expr(&mut untyped, found)?;
-            Some(typed(untyped, &ty))
+            Some(typed(untyped, ty))
         }
         [name] if name == "ai_summarize_agg" => {
             // Snowflake: AI_SUMMARIZE_AGG(column), a fixed instruction.
