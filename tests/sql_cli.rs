@@ -217,13 +217,45 @@ fn a_field_over_a_columns_keys_answers_one_of_the_keys() {
     let out = stdout_of_success(&mut run(query, &["--format", "csv"]));
     let rows: Vec<&str> = out.lines().skip(1).collect();
     assert!(rows.len() >= 25, "{out}");
-    for row in rows {
+    for row in &rows {
         let topic = row.split_once(',').unwrap().1;
         assert!(
             ["price", "quality", "the delivery time"].contains(&topic.trim_matches('"')),
             "{row}"
         );
     }
+    // OR NULL: the same walk, ended where the model's best token leaves the
+    // keys, so each answer is that row's key or NULL (no key here is the
+    // start of another).
+    let or_null = query.replace("keys.name:", "keys.name OR NULL:");
+    let out = stdout_of_success(&mut run(&or_null, &["--format", "csv"]));
+    let maybe: Vec<&str> = out.lines().skip(1).collect();
+    assert_eq!(maybe.len(), rows.len(), "{out}");
+    let mut nulls = 0;
+    for (row, want) in maybe.iter().zip(&rows) {
+        nulls += usize::from(row.ends_with(','));
+        assert!(row.ends_with(',') || row == want, "{row} against {want}");
+    }
+    eprintln!("OR NULL: {nulls} of {} rows NULL", rows.len());
+    // One keyed answer per row through ai_generate's type.
+    let generated = "SELECT id, ai_generate('FROM keys.name', 'Which topic is {0} about?', body, \
+                     24) AS topic FROM docs WHERE body IS NOT NULL ORDER BY id";
+    let out = stdout_of_success(&mut run(generated, &["--format", "csv"]));
+    let topics: Vec<&str> = out.lines().skip(1).collect();
+    assert_eq!(topics.len(), rows.len(), "{out}");
+    for row in topics {
+        let topic = row.split_once(',').unwrap().1;
+        assert!(
+            ["price", "quality", "the delivery time"].contains(&topic.trim_matches('"')),
+            "{row}"
+        );
+    }
+    run(&format!("EXPLAIN {or_null}"), &[])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "topic ENUM('price', 'quality', 'the delivery time') OR NULL",
+        ));
     run(&format!("EXPLAIN {query}"), &[])
         .assert()
         .success()
@@ -245,8 +277,80 @@ fn a_field_over_a_columns_keys_answers_one_of_the_keys() {
     );
     fails_with(
         "SELECT ai_extract(body, ['topic FROM keys: Which?']) FROM docs",
-        "must be 'name FROM table.column: question'",
+        "must be 'name FROM table.column'",
     );
+    fails_with(
+        "SELECT ai_extract(body, ['year INT OR NULL: Which?']) FROM docs",
+        "OR NULL follows a set of values",
+    );
+}
+
+/// `OR NULL` follows the model's own greedy path while it stays inside the
+/// keys: with the keys made of the rows' first free tokens, every answer is
+/// NULL or a key that the row's free completion starts with, and rows do
+/// answer keys (the random model's best tokens are rarely another table's
+/// keys, so a key set it prefers is made from its own choices).
+#[test]
+fn an_or_null_key_answer_is_the_free_completion_while_it_stays_in_the_keys() {
+    let template = "Which topic is {0} about?";
+    let rows = |query: &str, extra: &[&str]| -> Vec<Option<String>> {
+        let json = sql(query, &[&["--format", "json"], extra].concat())
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        let json: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        json.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["a"].as_str().map(str::to_string))
+            .collect()
+    };
+    let over =
+        |call: &str| format!("SELECT id, {call} AS a FROM docs WHERE body IS NOT NULL ORDER BY id");
+    let firsts = rows(&over(&format!("ai_complete('{template}', body, 1)")), &[]);
+    let keys: std::collections::BTreeSet<String> = firsts
+        .iter()
+        .flatten()
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty() && t.chars().all(|c| c.is_ascii_alphanumeric()))
+        .collect();
+    assert!(keys.len() >= 3, "{firsts:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("firsts.csv");
+    let csv: Vec<String> = keys.iter().map(|k| format!("{k}\n")).collect();
+    std::fs::write(&file, format!("name\n{}", csv.concat())).unwrap();
+    let table = format!("firsts={}", file.display());
+    let extra = ["--table", table.as_str()];
+    let free = rows(
+        &over(&format!("ai_complete('{template}', body, 24)")),
+        &extra,
+    );
+    let keyed = rows(
+        &over(&format!(
+            "ai_generate('FROM firsts.name OR NULL', '{template}', body, 24)"
+        )),
+        &extra,
+    );
+    assert_eq!(keyed.len(), free.len());
+    let mut answered = 0;
+    for (k, f) in keyed.iter().zip(&free) {
+        let Some(k) = k else { continue };
+        let f = f.as_deref().unwrap_or_default();
+        assert!(keys.contains(k), "{k:?} is no key");
+        assert!(
+            f.trim_start().starts_with(k.as_str()),
+            "{k:?} against {f:?}"
+        );
+        answered += 1;
+    }
+    eprintln!(
+        "{answered} of {} rows answered one of {} keys",
+        keyed.len(),
+        keys.len()
+    );
+    assert!(answered > 0, "{keyed:?}");
 }
 
 /// `query` over the tiny corpus's reviews and aspects gives the same CSV run

@@ -23,6 +23,15 @@ pub trait TokenConstraint: Send {
 
     /// Whether the text so far is complete (a stop may end it).
     fn is_complete(&mut self) -> bool;
+
+    /// Whether the sequence may leave the constraint: when the model's best
+    /// token over the whole vocabulary is strictly better than every token
+    /// the mask allows, the sequence ends there, as at a stop id, instead of
+    /// taking the best allowed token (an answer that must be one of a set of
+    /// keys, or none). Such a step reads the whole head.
+    fn may_leave(&self) -> bool {
+        false
+    }
 }
 
 /// The ids set in `mask` (bit `id % 32` of word `id / 32`), rising; a

@@ -292,7 +292,25 @@ impl Qwen3 {
                 None => Ok(None),
             })
             .collect::<Result<Vec<_>>>()?;
-        let next = self.greedy(&Tensor::stack(&hidden, 0)?, &masks)?;
+        // A sequence that leaves its constraint ends as at the first stop id.
+        let leaves = order
+            .iter()
+            .map(|&i| {
+                let leaves = constraints
+                    .get(i)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|c| c.may_leave());
+                match (leaves, stop_ids.first()) {
+                    (false, _) => Ok(None),
+                    (true, Some(&stop)) => Ok(Some(stop)),
+                    (true, None) => Err(constraint_error(
+                        i,
+                        "it may be left, which ends a sequence at a stop id, and none was given",
+                    )),
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let next = self.greedy(&Tensor::stack(&hidden, 0)?, &masks, &leaves)?;
         for (&i, &t) in order.iter().zip(&next) {
             if let Some(c) = constraints.get_mut(i).and_then(Option::as_mut)
                 && !stop_ids.contains(&t)
@@ -430,10 +448,17 @@ impl Qwen3 {
     }
 
     /// The argmax token of each row of `hidden` `(n, hidden)`, ties to the
-    /// lowest id, among the tokens of the row's mask where it has one.
-    fn greedy(&self, hidden: &Tensor, masks: &[Option<Vec<u32>>]) -> Result<Vec<u32>> {
+    /// lowest id, among the tokens of the row's mask where it has one; a row
+    /// with `leave[row]` set picks that id instead when a token outside its
+    /// mask is strictly better than every allowed one.
+    fn greedy(
+        &self,
+        hidden: &Tensor,
+        masks: &[Option<Vec<u32>>],
+        leave: &[Option<u32>],
+    ) -> Result<Vec<u32>> {
         let picks = if masks.iter().any(Option::is_some) {
-            self.masked_picks(hidden, masks)?
+            self.masked_picks(hidden, masks, leave)?
         } else {
             self.free_picks(hidden)?
         };
@@ -451,13 +476,18 @@ impl Qwen3 {
     }
 
     /// Per row of `hidden`, the argmax over the tokens of its mask (all where
-    /// it has none): the logits come to the host as rows `(n, vocab)`.
+    /// it has none), or its `leave` id (see [`Self::greedy`]): the logits
+    /// come to the host as rows `(n, vocab)`.
     fn masked_picks(
         &self,
         hidden: &Tensor,
         masks: &[Option<Vec<u32>>],
+        leave: &[Option<u32>],
     ) -> Result<Vec<Option<u32>>> {
-        if let Some(picks) = self.few_token_picks(hidden, masks)? {
+        // A row that may leave needs the whole vocabulary's best.
+        if leave.iter().all(Option::is_none)
+            && let Some(picks) = self.few_token_picks(hidden, masks)?
+        {
             return Ok(picks);
         }
         let rows = match self.block_head_logits(hidden)? {
@@ -473,9 +503,24 @@ impl Qwen3 {
         values
             .chunks_exact(vocab)
             .zip(masks)
-            .map(|(row, mask)| match mask {
-                Some(mask) => masked_argmax(mask, vocab, |id| row[id]),
-                None => Ok(argmax_row(row)),
+            .zip(leave)
+            .map(|((row, mask), leave)| {
+                let Some(mask) = mask else {
+                    return Ok(argmax_row(row));
+                };
+                let Some(best) = masked_argmax(mask, vocab, |id| row[id])? else {
+                    return Ok(None);
+                };
+                Ok(match leave {
+                    None => Some(best),
+                    Some(leave) => argmax_row(row).map(|top| {
+                        if row[top as usize] > row[best as usize] {
+                            *leave
+                        } else {
+                            best
+                        }
+                    }),
+                })
             })
             .collect()
     }
@@ -1137,6 +1182,122 @@ mod tests {
             near_ties += check_modular_picks(&reference, seq, &g.token_ids, below, j);
         }
         assert!(near_ties <= 1, "{near_ties} near-ties");
+    }
+
+    /// A test constraint that may be left: the `k`-th token must not be
+    /// `≡ k (mod 7)`.
+    struct AllButASeventh {
+        vocab: usize,
+        accepted: usize,
+    }
+
+    impl AllButASeventh {
+        fn allows(k: usize, id: usize) -> bool {
+            id % 7 != k % 7
+        }
+    }
+
+    impl TokenConstraint for AllButASeventh {
+        fn mask(&mut self) -> std::result::Result<Vec<u32>, String> {
+            let mut mask = vec![0u32; self.vocab.div_ceil(32)];
+            for id in (0..self.vocab).filter(|&id| Self::allows(self.accepted, id)) {
+                mask[id / 32] |= 1 << (id % 32);
+            }
+            Ok(mask)
+        }
+        fn accept(&mut self, token: u32) -> std::result::Result<(), String> {
+            match Self::allows(self.accepted, token as usize) {
+                true => Ok(self.accepted += 1),
+                false => Err(format!("token {token} is not allowed")),
+            }
+        }
+        fn must_stop(&self) -> bool {
+            false
+        }
+        fn is_complete(&mut self) -> bool {
+            true
+        }
+        fn may_leave(&self) -> bool {
+            true
+        }
+    }
+
+    /// A sequence that may leave its constraint takes the best allowed token
+    /// while no other is better, and ends (as at a stop) at the first step
+    /// where one is; sequences beside it are unchanged.
+    #[test]
+    fn a_sequence_leaves_its_constraint_where_a_token_outside_it_is_best() {
+        let vocab = 151_669;
+        let stop = 151_645u32;
+        let model = Qwen3::load_for_test(tiny_dir());
+        let reference = Reference::load(tiny_dir());
+        let doc = tokens(19, 11, vocab as u32);
+        let handle = model.prefill(None, &doc).unwrap();
+        let prompts: Vec<Vec<u32>> = (0..12)
+            .map(|j| tokens(1 + j % 4, 80 + j as u64, vocab as u32))
+            .collect();
+        let requests: Vec<GenerateRequest> = prompts
+            .iter()
+            .map(|p| GenerateRequest::new(Some(&handle), p, 6))
+            .collect();
+        let mut constraints: Vec<Option<Box<dyn TokenConstraint>>> = (0..12)
+            .map(|j| {
+                (j != 5).then(|| {
+                    Box::new(AllButASeventh { vocab, accepted: 0 }) as Box<dyn TokenConstraint>
+                })
+            })
+            .collect();
+        let got = model
+            .generate_constrained_until(&requests, &mut constraints, &[stop], 4, &|| false)
+            .unwrap();
+        let free = model.generate(&requests, &[stop], 4).unwrap();
+        assert_eq!(got[5], free[5], "the free request");
+        let (mut left, mut stayed) = (0, 0);
+        for (j, g) in got.iter().enumerate().filter(|&(j, _)| j != 5) {
+            let mut seq: Vec<u32> = doc.iter().chain(&prompts[j]).copied().collect();
+            for k in 0..=g.token_ids.len() {
+                if k == 6 {
+                    assert_eq!(g.finish, FinishReason::Length, "request {j}");
+                    break;
+                }
+                let logits = reference.next_logits(&seq);
+                let top = argmax(&logits) as usize;
+                let best = (0..vocab)
+                    .filter(|&id| AllButASeventh::allows(k, id))
+                    .fold(None, |b: Option<usize>, i| match b {
+                        Some(b) if logits[b] >= logits[i] => Some(b),
+                        _ => Some(i),
+                    })
+                    .unwrap();
+                let outside_by = logits[top] - logits[best];
+                if k == g.token_ids.len() {
+                    // It ended here: a token outside was better.
+                    assert_eq!(g.finish, FinishReason::Stop, "request {j}");
+                    assert!(outside_by > -NEAR_TIE, "request {j} step {k}: {outside_by}");
+                    left += 1;
+                    break;
+                }
+                let t = g.token_ids[k];
+                assert!(
+                    AllButASeventh::allows(k, t as usize),
+                    "request {j} step {k}"
+                );
+                assert!(outside_by < NEAR_TIE, "request {j} step {k}: {outside_by}");
+                assert!(
+                    logits[best] - logits[t as usize] <= NEAR_TIE,
+                    "request {j} step {k}"
+                );
+                stayed += 1;
+                seq.push(t);
+            }
+        }
+        // Both happen: steps that stayed inside and sequences that left.
+        assert!(left > 0 && stayed > 0, "{left} left, {stayed} steps stayed");
+        // Leaving ends at a stop id: a call with none is refused.
+        let e = model
+            .generate_constrained_until(&requests, &mut constraints, &[], 4, &|| false)
+            .unwrap_err();
+        assert!(e.to_string().contains("none was given"), "{e}");
     }
 
     /// Both argmax paths pick the lowest id among equal maxima (all -inf too) and refuse NaN.

@@ -1,6 +1,10 @@
 //! The SQL types a generated answer can be asked in. A field of `ai_extract`
 //! is declared `name` (text, as before) or `name TYPE`: `year INT`, `rating
-//! DOUBLE`, `released DATE`, `sequel BOOLEAN`, `genre ENUM(drama, comedy)`.
+//! DOUBLE`, `released DATE`, `sequel BOOLEAN`, `genre ENUM(drama, comedy)`,
+//! `cast ARRAY<VARCHAR>`, `film STRUCT<title VARCHAR, year INT>` (BigQuery's
+//! `INT64`, `FLOAT64`, `BOOL` and `STRING` read too). A struct or an array
+//! is decoded as one JSON value under the JSON schema of its type and read
+//! into Arrow by arrow-json.
 //! This module owns the declaration (parsed and spelled canonically, the
 //! spelling the call's label holds, so that the answer cache, workers and
 //! Substrait plans carry the type with the name), the Arrow type a field
@@ -17,7 +21,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{ArrayRef, BooleanArray, PrimitiveArray, StringArray};
 use datafusion::arrow::compute::kernels::cast_utils::Parser;
 use datafusion::arrow::datatypes::{
-    ArrowPrimitiveType, DataType, Date32Type, Float64Type, Int64Type,
+    ArrowPrimitiveType, DataType, Date32Type, Field, Float64Type, Int64Type,
 };
 
 /// The type of one generated answer.
@@ -34,11 +38,23 @@ pub enum FieldType {
     Boolean,
     /// `DATE`: a valid calendar date, `YYYY-MM-DD`.
     Date,
-    /// `ENUM(a, b, ...)`: one of the listed values, as text.
-    Enum(Vec<String>),
+    /// `ENUM(a, b, ...)`: one of the listed values, as text; `ENUM(...) OR
+    /// NULL` also lets the model answer none (NULL) where its best token
+    /// leaves the values' spellings.
+    Enum {
+        /// The values, as declared.
+        values: Vec<String>,
+        /// Whether no value (NULL) is an answer too.
+        or_null: bool,
+    },
     /// `JSON {schema}`: a JSON text valid under the schema (compact, as
     /// serde_json writes it), as text.
     Json(String),
+    /// `STRUCT<name TYPE, ...>`: a JSON object with every field, read as a
+    /// struct. A field's name is letters, digits and `_`.
+    Struct(Vec<FieldDecl>),
+    /// `ARRAY<TYPE>`: a JSON array of values of the type, read as a list.
+    Array(Box<FieldType>),
 }
 
 /// One declared field: its name and type.
@@ -102,21 +118,60 @@ impl fmt::Display for FieldType {
             FieldType::Double => f.write_str("DOUBLE"),
             FieldType::Boolean => f.write_str("BOOLEAN"),
             FieldType::Date => f.write_str("DATE"),
-            FieldType::Enum(values) => {
+            FieldType::Enum { values, or_null } => {
                 let quoted: Vec<String> = values
                     .iter()
                     .map(|v| format!("'{}'", v.replace('\'', "''")))
                     .collect();
-                write!(f, "ENUM({})", quoted.join(", "))
+                write!(f, "ENUM({})", quoted.join(", "))?;
+                match or_null {
+                    true => f.write_str(OR_NULL),
+                    false => Ok(()),
+                }
             }
             FieldType::Json(schema) => write!(f, "JSON {schema}"),
+            FieldType::Struct(fields) => {
+                let spelled: Vec<String> = fields
+                    .iter()
+                    .map(|d| format!("{} {}", d.name, d.ty))
+                    .collect();
+                write!(f, "STRUCT<{}>", spelled.join(", "))
+            }
+            FieldType::Array(item) => write!(f, "ARRAY<{item}>"),
         }
     }
 }
 
+/// Where each type of a declaration begins (` STRUCT<` and so on): the first
+/// one found is the declaration's type, whatever its body holds.
+const TYPE_OPENERS: [&str; 4] = [" JSON {", " ENUM(", " STRUCT<", " ARRAY<"];
+
 /// `decl` split into its name and type: text when it ends in no type.
 fn split_type(decl: &str) -> Result<(&str, FieldType), String> {
-    if let Some(at) = decl.find(" JSON {") {
+    let opener = TYPE_OPENERS
+        .iter()
+        .filter_map(|o| Some((decl.find(o)?, *o)))
+        .min();
+    if let Some((open, o @ (" STRUCT<" | " ARRAY<"))) = opener {
+        let Some(inner) = decl[open + o.len()..].strip_suffix('>') else {
+            return Err(format!(
+                "{decl:?}: {}< has no closing '>' at the end",
+                o.trim_matches([' ', '<'])
+            ));
+        };
+        let ty = match o {
+            " STRUCT<" => {
+                FieldType::Struct(struct_fields(inner).map_err(|e| format!("{decl:?}: {e}"))?)
+            }
+            _ => FieldType::Array(Box::new(
+                nested_type(inner.trim()).map_err(|e| format!("{decl:?}: ARRAY<{inner}>: {e}"))?,
+            )),
+        };
+        crate::inference::grammar::check_json_schema(&ty.json_schema())
+            .map_err(|e| format!("{decl:?}: {e}"))?;
+        return Ok((decl[..open].trim_end(), ty));
+    }
+    if let Some((at, " JSON {")) = opener {
         let text = &decl[at + " JSON ".len()..];
         let schema: serde_json::Value = serde_json::from_str(text)
             .map_err(|e| format!("{decl:?}: the JSON schema cannot be read: {e}"))?;
@@ -124,25 +179,113 @@ fn split_type(decl: &str) -> Result<(&str, FieldType), String> {
             .map_err(|e| format!("{decl:?}: {e}"))?;
         return Ok((decl[..at].trim_end(), FieldType::Json(schema.to_string())));
     }
-    if let Some(open) = decl.find(" ENUM(") {
-        let Some(inner) = decl[open + " ENUM(".len()..].strip_suffix(')') else {
-            return Err(format!("{decl:?}: ENUM( has no closing ')' at the end"));
+    if let Some((open, " ENUM(")) = opener {
+        let (body, or_null) = match decl.strip_suffix(OR_NULL) {
+            Some(body) => (body, true),
+            None => (decl, false),
+        };
+        let Some(inner) = body[open + " ENUM(".len()..].strip_suffix(')') else {
+            return Err(format!(
+                "{decl:?}: ENUM( has no closing ')' at the end (or before {:?})",
+                OR_NULL.trim_start()
+            ));
         };
         let values = enum_values(inner).map_err(|e| format!("{decl:?}: {e}"))?;
-        return Ok((decl[..open].trim_end(), FieldType::Enum(values)));
+        return Ok((decl[..open].trim_end(), FieldType::Enum { values, or_null }));
+    }
+    if decl.ends_with(OR_NULL) {
+        return Err(format!(
+            "{decl:?}: OR NULL follows a set of values (ENUM(...) or FROM table.column) only"
+        ));
     }
     let Some((name, word)) = decl.rsplit_once(char::is_whitespace) else {
         return Ok((decl, FieldType::Text));
     };
     let ty = match word {
-        "INT" | "INTEGER" | "BIGINT" => FieldType::Int,
-        "DOUBLE" | "FLOAT" | "REAL" => FieldType::Double,
+        "INT" | "INTEGER" | "BIGINT" | "INT64" => FieldType::Int,
+        "DOUBLE" | "FLOAT" | "REAL" | "FLOAT64" => FieldType::Double,
         "BOOLEAN" | "BOOL" => FieldType::Boolean,
         "DATE" => FieldType::Date,
         "VARCHAR" | "TEXT" | "STRING" => return Ok((name.trim_end(), FieldType::Text)),
         _ => return Ok((decl, FieldType::Text)),
     };
     Ok((name.trim_end(), ty))
+}
+
+/// The fields of `STRUCT<...>`: `name TYPE` each, comma-separated, at least
+/// one, names of letters, digits and `_`, none twice.
+fn struct_fields(inner: &str) -> Result<Vec<FieldDecl>, String> {
+    let mut fields: Vec<FieldDecl> = Vec::new();
+    for spelled in top_level_items(inner)? {
+        let spelled = spelled.trim();
+        let (name, ty) = spelled
+            .split_once(char::is_whitespace)
+            .ok_or_else(|| format!("the STRUCT field {spelled:?} has no type"))?;
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(format!(
+                "the STRUCT field name {name:?} is not letters, digits and _"
+            ));
+        }
+        if fields.iter().any(|d| d.name.eq_ignore_ascii_case(name)) {
+            return Err(format!("the STRUCT field {name:?} comes twice"));
+        }
+        let ty = nested_type(ty.trim()).map_err(|e| format!("the STRUCT field {name}: {e}"))?;
+        fields.push(FieldDecl {
+            name: name.to_string(),
+            ty,
+        });
+    }
+    if fields.is_empty() {
+        return Err("STRUCT<> has no field".into());
+    }
+    Ok(fields)
+}
+
+/// The type spelled `spelled` inside a STRUCT or an ARRAY: any type but JSON
+/// (arrow-json reads no JSON value into text).
+fn nested_type(spelled: &str) -> Result<FieldType, String> {
+    let unknown = || format!("{spelled:?} is not a type");
+    if spelled.is_empty() {
+        return Err(unknown());
+    }
+    let decl = format!("item {spelled}");
+    let (name, ty) = split_type(&decl)?;
+    match ty {
+        _ if name != "item" => Err(unknown()),
+        FieldType::Text if !matches!(spelled, "VARCHAR" | "TEXT" | "STRING") => Err(unknown()),
+        FieldType::Json(_) => Err("JSON inside a STRUCT or an ARRAY is not read; \
+             spell its fields as a STRUCT"
+            .into()),
+        ty => Ok(ty),
+    }
+}
+
+/// `inner` cut at its commas outside brackets and quotes.
+fn top_level_items(inner: &str) -> Result<Vec<&str>, String> {
+    let mut items = Vec::new();
+    let (mut depth, mut quote, mut start) = (0i32, None::<char>, 0);
+    for (i, c) in inner.char_indices() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '\'' | '"') => quote = Some(c),
+            (None, '<' | '(' | '{' | '[') => depth += 1,
+            (None, '>' | ')' | '}' | ']') => depth -= 1,
+            (None, ',') if depth == 0 => {
+                items.push(&inner[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+        if depth < 0 {
+            return Err(format!("unbalanced {c:?} in {inner:?}"));
+        }
+    }
+    if quote.is_some() || depth != 0 {
+        return Err(format!("unclosed quote or bracket in {inner:?}"));
+    }
+    items.push(&inner[start..]);
+    Ok(items)
 }
 
 /// The values of `ENUM(...)`: comma-separated, each bare or in single quotes
@@ -191,6 +334,9 @@ fn enum_values(inner: &str) -> Result<Vec<String>, String> {
     }
 }
 
+/// What follows a set of values that may be answered by none.
+pub const OR_NULL: &str = " OR NULL";
+
 /// A valid calendar date, `YYYY-MM-DD` (29 February in leap years only).
 const DATE_REGEX: &str = concat!(
     "([0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])",
@@ -208,12 +354,60 @@ impl FieldType {
     /// The Arrow type of the answers.
     pub fn data_type(&self) -> DataType {
         match self {
-            FieldType::Text | FieldType::Enum(_) | FieldType::Json(_) => DataType::Utf8,
+            FieldType::Text | FieldType::Enum { .. } | FieldType::Json(_) => DataType::Utf8,
             FieldType::Int => DataType::Int64,
             FieldType::Double => DataType::Float64,
             FieldType::Boolean => DataType::Boolean,
             FieldType::Date => DataType::Date32,
+            FieldType::Struct(fields) => DataType::Struct(
+                fields
+                    .iter()
+                    .map(|d| Field::new(&d.name, d.ty.data_type(), true))
+                    .collect(),
+            ),
+            FieldType::Array(item) => {
+                DataType::List(Arc::new(Field::new_list_field(item.data_type(), true)))
+            }
         }
+    }
+
+    /// The JSON schema of a value of this type as a STRUCT or an ARRAY
+    /// answer holds it (all of a struct's fields required, no other).
+    pub fn json_schema(&self) -> serde_json::Value {
+        use serde_json::json;
+        // INT's 18 digits, so that every integer read is an i64.
+        const MOST: i64 = 999_999_999_999_999_999;
+        match self {
+            FieldType::Text => json!({"type": "string"}),
+            FieldType::Int => json!({"type": "integer", "minimum": -MOST, "maximum": MOST}),
+            FieldType::Double => json!({"type": "number"}),
+            FieldType::Boolean => json!({"type": "boolean"}),
+            FieldType::Date => json!({"type": "string", "pattern": format!("^({DATE_REGEX})$")}),
+            FieldType::Enum { values, or_null } => {
+                let mut values: Vec<serde_json::Value> = values.iter().map(|v| json!(v)).collect();
+                if *or_null {
+                    values.push(serde_json::Value::Null);
+                }
+                json!({ "enum": values })
+            }
+            FieldType::Json(schema) => serde_json::from_str(schema).unwrap_or(json!({})),
+            FieldType::Struct(fields) => json!({
+                "type": "object",
+                "properties": fields
+                    .iter()
+                    .map(|d| (d.name.clone(), d.ty.json_schema()))
+                    .collect::<serde_json::Map<_, _>>(),
+                "required": fields.iter().map(|d| d.name.clone()).collect::<Vec<_>>(),
+                "additionalProperties": false,
+            }),
+            FieldType::Array(item) => json!({"type": "array", "items": item.json_schema()}),
+        }
+    }
+
+    /// Whether answers are one JSON value read into Arrow (a STRUCT or an
+    /// ARRAY).
+    pub fn is_nested(&self) -> bool {
+        matches!(self, FieldType::Struct(_) | FieldType::Array(_))
     }
 
     /// The regular expression every decoded text matches whole (an optional
@@ -223,7 +417,11 @@ impl FieldType {
     /// whose grammar is its schema's.
     pub fn regex(&self) -> Option<String> {
         let body = match self {
-            FieldType::Text | FieldType::Enum(_) | FieldType::Json(_) => return None,
+            FieldType::Text
+            | FieldType::Enum { .. }
+            | FieldType::Json(_)
+            | FieldType::Struct(_)
+            | FieldType::Array(_) => return None,
             FieldType::Int => "-?(0|[1-9][0-9]{0,17})".to_string(),
             FieldType::Double => "-?(0|[1-9][0-9]{0,14})(\\.[0-9]{1,15})?".to_string(),
             FieldType::Boolean => "(true|false)".to_string(),
@@ -232,7 +430,8 @@ impl FieldType {
         Some(format!(" ?({body})"))
     }
 
-    /// Whether `text` is an answer of this type ([`Self::regex`]'s language).
+    /// Whether `text` is an answer of this type ([`Self::regex`]'s language);
+    /// the empty text is an `ENUM(...) OR NULL`'s none.
     pub fn accepts(&self, text: &str) -> bool {
         let value = text.strip_prefix(' ').unwrap_or(text);
         match self {
@@ -249,11 +448,60 @@ impl FieldType {
             }
             FieldType::Boolean => value == "true" || value == "false",
             FieldType::Date => value.len() == 10 && Date32Type::parse(value).is_some(),
-            FieldType::Enum(values) => values.iter().any(|v| v == value),
+            FieldType::Enum { values, or_null } => {
+                values.iter().any(|v| v == value) || *or_null && text.is_empty()
+            }
             // Parsed, not checked against the schema: the decoder's mask
             // keeps the model's text inside it.
             FieldType::Json(_) => serde_json::from_str::<serde_json::Value>(value).is_ok(),
+            FieldType::Struct(_) | FieldType::Array(_) => self.nested_column(&[Some(text)]).is_ok(),
         }
+    }
+
+    /// The column of STRUCT or ARRAY answers, each one JSON value read by
+    /// arrow-json; the error names the first text that is not one.
+    fn nested_column(&self, texts: &[Option<&str>]) -> Result<ArrayRef, String> {
+        use datafusion::arrow::datatypes::Schema;
+        use datafusion::arrow::json::ReaderBuilder;
+        let schema = Arc::new(Schema::new(vec![Field::new("v", self.data_type(), true)]));
+        let bad = |t: &str, why: String| format!("{t:?} is not a {self} answer: {why}");
+        let read = |lines: &str, rows: usize| -> Result<ArrayRef, String> {
+            let mut decoder = ReaderBuilder::new(schema.clone())
+                .with_batch_size(rows.max(1))
+                .with_strict_mode(true)
+                .build_decoder()
+                .map_err(|e| e.to_string())?;
+            decoder
+                .decode(lines.as_bytes())
+                .map_err(|e| e.to_string())?;
+            let batch = decoder.flush().map_err(|e| e.to_string())?;
+            match batch {
+                Some(b) if b.num_rows() == rows => Ok(b.column(0).clone()),
+                _ => Err(format!("{rows} values read as another count")),
+            }
+        };
+        // Each text is parsed on its own and written back, so that no text
+        // can reach into another's line.
+        let mut lines = Vec::with_capacity(texts.len());
+        for t in texts {
+            let value = match t {
+                None => serde_json::Value::Null,
+                Some(t) => serde_json::from_str::<serde_json::Value>(t)
+                    .map_err(|e| bad(t, e.to_string()))?,
+            };
+            if t.is_some() && value.is_null() {
+                return Err(bad(t.unwrap_or_default(), "null".into()));
+            }
+            lines.push(serde_json::json!({ "v": value }).to_string());
+        }
+        read(&lines.join("\n"), texts.len()).map_err(|whole| {
+            // Name the first text arrow-json refuses on its own.
+            texts
+                .iter()
+                .zip(&lines)
+                .find_map(|(t, line)| Some(bad((*t)?, read(line, 1).err()?)))
+                .unwrap_or(whole)
+        })
     }
 
     /// The column of `texts` (each an answer of this type, or NULL); the
@@ -280,12 +528,18 @@ impl FieldType {
         Ok(match self {
             // Free text is kept as decoded.
             FieldType::Text => Arc::new(texts.iter().copied().collect::<StringArray>()),
-            FieldType::Enum(_) | FieldType::Json(_) => Arc::new(
-                texts
-                    .iter()
-                    .map(|t| t.map(value).transpose())
-                    .collect::<Result<StringArray, String>>()?,
-            ),
+            FieldType::Enum { .. } | FieldType::Json(_) => {
+                // An `OR NULL` set's none is the empty text.
+                let none = |t: &&str| {
+                    matches!(self, FieldType::Enum { or_null: true, .. }) && t.is_empty()
+                };
+                Arc::new(
+                    texts
+                        .iter()
+                        .map(|t| t.filter(|t| !none(t)).map(value).transpose())
+                        .collect::<Result<StringArray, String>>()?,
+                )
+            }
             FieldType::Boolean => Arc::new(
                 texts
                     .iter()
@@ -301,6 +555,7 @@ impl FieldType {
             FieldType::Date => primitive::<Date32Type>(texts, |t| {
                 Date32Type::parse(&value(t)?).ok_or_else(|| bad(t))
             })?,
+            FieldType::Struct(_) | FieldType::Array(_) => self.nested_column(texts)?,
         })
     }
 
@@ -318,10 +573,42 @@ impl FieldType {
                 1 + (h >> 8) % 12,
                 1 + (h >> 16) % 28
             ),
-            FieldType::Enum(values) => values[(h % values.len() as u64) as usize].clone(),
+            FieldType::Enum { values, .. } => values[(h % values.len() as u64) as usize].clone(),
             // Any JSON text: no simulation can say what the schema's would be.
             FieldType::Json(_) => "null".to_string(),
+            FieldType::Struct(_) | FieldType::Array(_) => self.example_json(h).to_string(),
         })
+    }
+
+    /// [`Self::example`] as the JSON value a STRUCT or an ARRAY holds.
+    fn example_json(&self, h: u64) -> serde_json::Value {
+        use serde_json::Value;
+        let next = |i: usize| {
+            h.rotate_left(7 * i as u32 + 1)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        };
+        match self {
+            FieldType::Text => Value::String(format!("text {}", h % 1000)),
+            FieldType::Int => Value::from(h % 2000),
+            FieldType::Double => Value::from((h % 1000) as f64 / 10.0),
+            FieldType::Boolean => Value::Bool(h & 1 == 1),
+            FieldType::Json(_) => Value::Null,
+            FieldType::Struct(fields) => Value::Object(
+                fields
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| (d.name.clone(), d.ty.example_json(next(i))))
+                    .collect(),
+            ),
+            FieldType::Array(item) => Value::Array(
+                (0..h % 3)
+                    .map(|i| item.example_json(next(i as usize)))
+                    .collect(),
+            ),
+            FieldType::Date | FieldType::Enum { .. } => {
+                Value::String(self.example(h).expect("a date or a value"))
+            }
+        }
     }
 
     /// The most tokens an answer of this type decodes under a call's
@@ -331,16 +618,20 @@ impl FieldType {
     }
 
     /// The most tokens an answer of this type can take (every token holds
-    /// at least one byte), with the optional space; `None` for text and
-    /// JSON (unbounded but by `max_tokens`).
+    /// at least one byte), with the optional space; `None` for text, JSON,
+    /// structs and arrays (unbounded but by `max_tokens`).
     pub fn max_tokens(&self) -> Option<u32> {
         Some(match self {
-            FieldType::Text | FieldType::Json(_) => return None,
+            FieldType::Text | FieldType::Json(_) | FieldType::Struct(_) | FieldType::Array(_) => {
+                return None;
+            }
             FieldType::Int => 20,
             FieldType::Double => 33,
             FieldType::Boolean => 6,
             FieldType::Date => 11,
-            FieldType::Enum(values) => 1 + values.iter().map(|v| v.len()).max().unwrap_or(0) as u32,
+            FieldType::Enum { values, .. } => {
+                1 + values.iter().map(|v| v.len()).max().unwrap_or(0) as u32
+            }
         })
     }
 }
@@ -384,7 +675,18 @@ mod tests {
         let genre = decl("genre ENUM(drama, 'comedy, dark', 'it''s')");
         assert_eq!(
             genre.ty,
-            FieldType::Enum(vec!["drama".into(), "comedy, dark".into(), "it's".into()])
+            FieldType::Enum {
+                values: vec!["drama".into(), "comedy, dark".into(), "it's".into()],
+                or_null: false
+            }
+        );
+        let maybe = decl("g ENUM(a, 'b c') OR NULL");
+        assert_eq!(
+            maybe.ty,
+            FieldType::Enum {
+                values: vec!["a".into(), "b c".into()],
+                or_null: true
+            }
         );
         let json = decl(r#"r JSON {"type": "object", "properties": {"n": {"type": "integer"}}}"#);
         assert_eq!(
@@ -393,6 +695,7 @@ mod tests {
         );
         for d in [
             genre,
+            maybe,
             json,
             decl("year INT"),
             decl("release date"),
@@ -407,6 +710,8 @@ mod tests {
             ("g ENUM('a)", "not closed"),
             ("g ENUM('a' b)", "unexpected"),
             ("g ENUM(' a')", "spaces around"),
+            ("g ENUM(a) OR NULL OR NULL", "closing"),
+            ("x INT OR NULL", "follows a set of values"),
             ("r JSON {\"type\": ", "cannot be read"),
             ("r JSON {\"type\": \"nope\"}", "the JSON schema"),
             ("x INT DATE", "type keyword"),
@@ -446,7 +751,22 @@ mod tests {
             .column(&[Some(" true"), Some("false")])
             .unwrap();
         assert!(bools.as_boolean().value(0) && !bools.as_boolean().value(1));
-        let genre = FieldType::Enum(vec!["drama".into(), "comedy".into()]);
+        let genre = FieldType::Enum {
+            values: vec!["drama".into(), "comedy".into()],
+            or_null: false,
+        };
+        // An OR NULL set reads its none (the empty text) as NULL.
+        let maybe = FieldType::Enum {
+            values: vec!["drama".into()],
+            or_null: true,
+        };
+        let read = maybe.column(&[Some(" drama"), Some(""), None]).unwrap();
+        let read = read.as_string::<i32>();
+        assert_eq!(
+            (read.value(0), read.is_null(1), read.is_null(2)),
+            ("drama", true, true)
+        );
+        assert!(maybe.accepts("") && !genre.accepts(""));
         assert_eq!(
             genre
                 .column(&[Some(" comedy")])
@@ -464,9 +784,80 @@ mod tests {
             (FieldType::Date, "1999-2-3"),
             (FieldType::Boolean, "yes"),
             (genre.clone(), "horror"),
+            (genre.clone(), ""),
+            (maybe.clone(), "dra"),
+            (FieldType::Json("{}".into()), ""),
         ] {
             let e = ty.column(&[Some(bad)]).unwrap_err();
             assert!(e.contains("is not a"), "{ty} {bad}: {e}");
+        }
+    }
+
+    /// STRUCT and ARRAY declarations read, spell back and read their JSON
+    /// answers into Arrow with their fields' types; a text that is not one
+    /// is an error naming it.
+    #[test]
+    fn structs_and_arrays_read_as_arrow_values() {
+        let film = decl(
+            "film STRUCT<title STRING, year INT64, score FLOAT64, seen BOOL, \
+             on DATE, g ENUM(drama, 'x, y') OR NULL, cast ARRAY<VARCHAR>, \
+             place STRUCT<city VARCHAR>>",
+        );
+        assert_eq!(
+            film.to_string(),
+            "film STRUCT<title VARCHAR, year INT, score DOUBLE, seen BOOLEAN, on DATE, \
+             g ENUM('drama', 'x, y') OR NULL, cast ARRAY<VARCHAR>, place STRUCT<city VARCHAR>>"
+        );
+        assert_eq!(decl(&film.to_string()), film);
+        let DataType::Struct(fields) = film.ty.data_type() else {
+            panic!("{film}")
+        };
+        let types: Vec<String> = fields.iter().map(|f| f.data_type().to_string()).collect();
+        assert_eq!(
+            types[..6],
+            ["Utf8", "Int64", "Float64", "Boolean", "Date32", "Utf8"]
+        );
+        assert!(matches!(fields[6].data_type(), DataType::List(_)));
+        let answer = r#"{"title":"Up","year":2009,"score":8.5,"seen":true,"on":"2000-02-29","g":null,"cast":["a","b"],"place":{"city":"Paris"}}"#;
+        assert!(film.ty.accepts(answer));
+        let column = film.ty.column(&[Some(answer), None]).unwrap();
+        let column = column.as_struct();
+        assert!(column.is_valid(0) && column.is_null(1));
+        assert_eq!(column.column(1).as_primitive::<Int64Type>().value(0), 2009);
+        assert_eq!(
+            column.column(4).as_primitive::<Date32Type>().value(0),
+            11016
+        );
+        assert!(column.column(5).is_null(0));
+        assert_eq!(column.column(6).as_list::<i32>().value(0).len(), 2);
+        let list = FieldType::Array(Box::new(FieldType::Int));
+        let ints = list.column(&[Some(" [1, -2]"), Some("[]")]).unwrap();
+        assert_eq!(ints.as_list::<i32>().value(0).len(), 2);
+        for bad in [
+            r#"{"title":"Up","year":"x"}"#,
+            r#"{"title":1}},{"v":2"#,
+            "null",
+            "",
+            r#"{"nope":1}"#,
+        ] {
+            let e = film.ty.column(&[Some(answer), Some(bad)]).unwrap_err();
+            assert!(
+                e.contains("is not a STRUCT<") && e.contains(&format!("{bad:?}")),
+                "{bad}: {e}"
+            );
+            assert!(!film.ty.accepts(bad), "{bad}");
+        }
+        for (bad, says) in [
+            ("x STRUCT<a INT", "no closing '>'"),
+            ("x STRUCT<>", "has no type"),
+            ("x STRUCT<a-b INT>", "not letters, digits and _"),
+            ("x STRUCT<a INT, A DATE>", "comes twice"),
+            ("x ARRAY<>", "is not a type"),
+            ("x ARRAY<WHAT>", "is not a type"),
+            ("x ARRAY<JSON {}>", "JSON inside"),
+        ] {
+            let e = FieldDecl::parse(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
         }
     }
 
@@ -478,7 +869,10 @@ mod tests {
             FieldType::Double,
             FieldType::Boolean,
             FieldType::Date,
-            FieldType::Enum(vec!["a".into(), "b c".into()]),
+            FieldType::Enum {
+                values: vec!["a".into(), "b c".into()],
+                or_null: true,
+            },
         ];
         for ty in types {
             for h in (0..5000u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)) {
@@ -486,6 +880,12 @@ mod tests {
                 assert!(ty.accepts(&e), "{ty}: {e}");
                 assert!(e.len() < ty.max_tokens().unwrap() as usize, "{ty}: {e}");
             }
+        }
+        let nested =
+            decl("x STRUCT<a VARCHAR, b ARRAY<STRUCT<c DATE, d DOUBLE>>, e ENUM(p, q)>").ty;
+        for h in (0..500u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)) {
+            let e = nested.example(h).unwrap();
+            assert!(nested.accepts(&e), "{e}");
         }
         assert_eq!(FieldType::Text.example(3), None);
     }

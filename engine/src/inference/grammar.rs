@@ -8,7 +8,10 @@
 //!
 //! [`Grammars`] is built once per model (the trie over the vocabulary, about
 //! a second of work); each type's parser is compiled once and cloned per
-//! sequence.
+//! sequence. A parser's state is a function of its type and the tokens it
+//! has taken, so each (type, tokens) mask is computed once and shared by
+//! every row that reaches it (most rows of a step share their first
+//! masks): [`MaskMemo`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -60,11 +63,40 @@ impl MaskCost {
     }
 }
 
+/// Masks already computed, by type and the tokens taken before them.
+#[derive(Debug, Default)]
+pub struct MaskMemo {
+    masks: Mutex<HashMap<(Arc<str>, Vec<u32>), Arc<[u32]>>>,
+}
+
+impl MaskMemo {
+    /// Masks kept at most (each is the vocabulary's bits, 19 KB for
+    /// Qwen3's); past them all are dropped and computed again when asked.
+    const MOST: usize = 512;
+
+    fn get(&self, key: &(Arc<str>, Vec<u32>)) -> Option<Arc<[u32]>> {
+        self.masks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    fn keep(&self, key: (Arc<str>, Vec<u32>), mask: Arc<[u32]>) {
+        let mut masks = self.masks.lock().unwrap_or_else(|p| p.into_inner());
+        if masks.len() >= Self::MOST {
+            masks.clear();
+        }
+        masks.insert(key, mask);
+    }
+}
+
 /// Parsers for the field types of one model's vocabulary.
 pub struct Grammars {
     factory: ParserFactory,
     /// One compiled parser per type (by its spelling), cloned per sequence.
     compiled: Mutex<HashMap<String, Matcher>>,
+    memo: Arc<MaskMemo>,
     cost: Arc<MaskCost>,
 }
 
@@ -113,6 +145,7 @@ impl Grammars {
         Ok(Self {
             factory,
             compiled: Mutex::new(HashMap::new()),
+            memo: Arc::default(),
             cost: Arc::new(MaskCost::default()),
         })
     }
@@ -129,6 +162,7 @@ impl Grammars {
             return Ok(None);
         };
         let key = ty.to_string();
+        let spelled: Arc<str> = key.as_str().into();
         let mut compiled = self.compiled.lock().unwrap_or_else(|p| p.into_inner());
         // JSON schemas come from queries: keep a few parsers, not all.
         if compiled.len() >= 64 && !compiled.contains_key(&key) {
@@ -151,6 +185,8 @@ impl Grammars {
         };
         Ok(Some(Box::new(TypedAnswer {
             matcher,
+            state: (spelled, Vec::new()),
+            memo: self.memo.clone(),
             cost: self.cost.clone(),
         })))
     }
@@ -164,6 +200,9 @@ fn grammar_of(ty: &FieldType) -> Option<TopLevelGrammar> {
             .ok()
             .map(compact)
             .map(TopLevelGrammar::from_json_schema),
+        nested if nested.is_nested() => Some(TopLevelGrammar::from_json_schema(compact(
+            nested.json_schema(),
+        ))),
         other => other.regex().map(|rx| TopLevelGrammar::from_regex(&rx)),
     }
 }
@@ -203,29 +242,46 @@ pub fn check_json_schema(schema: &serde_json::Value) -> std::result::Result<(), 
         .map_err(|e| format!("the JSON schema is not one llguidance reads: {e}"))
 }
 
-/// One sequence's constraint: its parser's state.
+/// One sequence's constraint: its parser's state, and the type and tokens
+/// that name the state in the memo.
 struct TypedAnswer {
     matcher: Matcher,
+    state: (Arc<str>, Vec<u32>),
+    memo: Arc<MaskMemo>,
     cost: Arc<MaskCost>,
 }
 
 impl TokenConstraint for TypedAnswer {
+    /// The memo's mask for this state, or the parser's (then kept); the cost
+    /// counts both, as the cost of a decoded token's mask.
     fn mask(&mut self) -> std::result::Result<Vec<u32>, String> {
         use std::sync::atomic::Ordering::Relaxed;
         let started = Instant::now();
-        let mask = self
-            .matcher
-            .compute_mask_or_eos()
-            .map_err(|e| e.to_string())?;
+        let mask = match self.memo.get(&self.state) {
+            Some(mask) => mask.to_vec(),
+            None => {
+                let mask = self
+                    .matcher
+                    .compute_mask_or_eos()
+                    .map_err(|e| e.to_string())?;
+                let mask = mask.as_slice().to_vec();
+                self.memo.keep(self.state.clone(), mask.as_slice().into());
+                mask
+            }
+        };
         self.cost
             .nanos
             .fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
         self.cost.masks.fetch_add(1, Relaxed);
-        Ok(mask.as_slice().to_vec())
+        Ok(mask)
     }
 
     fn accept(&mut self, token: u32) -> std::result::Result<(), String> {
-        self.matcher.consume_token(token).map_err(|e| e.to_string())
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| e.to_string())?;
+        self.state.1.push(token);
+        Ok(())
     }
 
     fn must_stop(&self) -> bool {
@@ -253,7 +309,7 @@ mod tests {
     ) -> String {
         let mut c = grammars.constraint(ty).unwrap().unwrap();
         let mut ids = Vec::new();
-        for _ in 0..40 {
+        for _ in 0..80 {
             let mask = c.mask().unwrap();
             let allowed: Vec<u32> = aisql_models::allowed_ids(&mask).map(|i| i as u32).collect();
             assert!(!allowed.is_empty(), "{ty}: nothing allowed after {ids:?}");
@@ -295,6 +351,11 @@ mod tests {
             FieldType::Json(
                 r#"{"type":"object","properties":{"n":{"type":"integer","minimum":0,"maximum":999},"ok":{"type":"boolean"}},"required":["n","ok"],"additionalProperties":false}"#.into(),
             ),
+            crate::inference::field_type::FieldDecl::parse(
+                "x STRUCT<n INT, ok BOOLEAN, d DATE, g ENUM(a, 'b c') OR NULL>",
+            )
+            .unwrap()
+            .ty,
         ];
         let long = |_: u32, s: &str| s.len() as i64;
         let short = |_: u32, s: &str| -(s.len() as i64);
@@ -316,13 +377,23 @@ mod tests {
                 texts += 1;
             }
         }
-        assert_eq!(texts, 25);
+        assert_eq!(texts, 30);
         let (masks, seconds) = grammars.cost().totals();
-        assert!(masks > 25, "{masks}");
-        eprintln!("{masks} masks, {:.0} µs each", seconds / masks as f64 * 1e6);
+        let computed = grammars.memo.masks.lock().unwrap().len();
+        assert!(
+            masks > 30 && computed < masks as usize,
+            "{masks}, {computed}"
+        );
+        eprintln!(
+            "{masks} masks ({computed} computed, the rest shared), {:.0} µs each",
+            seconds / masks as f64 * 1e6
+        );
         // Free text has no grammar, nor has a set of values (a token trie).
         assert!(grammars.constraint(&FieldType::Text).unwrap().is_none());
-        let set = FieldType::Enum(vec!["a".into()]);
+        let set = FieldType::Enum {
+            values: vec!["a".into()],
+            or_null: false,
+        };
         assert!(grammars.constraint(&set).unwrap().is_none());
     }
 }

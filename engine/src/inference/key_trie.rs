@@ -10,6 +10,11 @@
 //! Only the values' own tokenizations are followed: a value the model
 //! would spell in other tokens is still reached through these, as every
 //! step picks the best token the trie allows.
+//!
+//! A walk that may answer none (`ENUM(...) OR NULL`) ends where the model's
+//! best token over the whole vocabulary is outside the trie: after a whole
+//! value that value is the answer, before one the answer is none (the
+//! executor reads the unfinished walk as the empty text, NULL).
 
 use std::sync::Arc;
 
@@ -103,11 +108,13 @@ impl KeyTrie {
         self.nodes.len() <= 1
     }
 
-    /// A fresh walk from the root, for one answer.
-    pub fn walk(self: &Arc<Self>) -> Box<dyn TokenConstraint> {
+    /// A fresh walk from the root, for one answer; `or_none`: the model may
+    /// leave the trie (see the module header).
+    pub fn walk(self: &Arc<Self>, or_none: bool) -> Box<dyn TokenConstraint> {
         Box::new(KeyWalk {
             trie: self.clone(),
             node: 0,
+            or_none,
         })
     }
 }
@@ -116,6 +123,7 @@ impl KeyTrie {
 struct KeyWalk {
     trie: Arc<KeyTrie>,
     node: usize,
+    or_none: bool,
 }
 
 impl TokenConstraint for KeyWalk {
@@ -149,6 +157,10 @@ impl TokenConstraint for KeyWalk {
     fn is_complete(&mut self) -> bool {
         self.trie.nodes[self.node].terminal
     }
+
+    fn may_leave(&self) -> bool {
+        self.or_none
+    }
 }
 
 #[cfg(test)]
@@ -157,7 +169,7 @@ mod tests {
 
     /// Walks by `prefer` among the allowed tokens until the walk ends.
     fn walk(trie: &Arc<KeyTrie>, tokenizer: &Tokenizer, prefer: &dyn Fn(u32) -> u64) -> String {
-        let mut c = trie.walk();
+        let mut c = trie.walk(false);
         let mut ids = Vec::new();
         loop {
             let mask = c.mask().unwrap();
@@ -201,7 +213,8 @@ mod tests {
             assert!(values.iter().any(|v| v == value), "{text:?}");
         }
         // A foreign token is refused.
-        let mut c = trie.walk();
+        let mut c = trie.walk(false);
+        assert!(!c.may_leave() && trie.walk(true).may_leave());
         assert!(c.accept(stop).unwrap_err().contains("no answer value"));
         let e = KeyTrie::new(&tokenizer, &[], 151_936, stop).unwrap_err();
         assert!(e.to_string().contains("no value"), "{e}");

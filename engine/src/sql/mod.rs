@@ -432,7 +432,8 @@ impl SqlSession {
     }
 
     /// Reads the keys of every `ai_extract` field declared `name FROM
-    /// table.column` and writes them into the statement ([`key_fields`]).
+    /// table.column` (and `ai_generate` type `FROM table.column`) and writes
+    /// them into the statement ([`key_fields`]).
     async fn inline_key_fields(
         &self,
         statement: &mut datafusion::sql::parser::Statement,
@@ -443,7 +444,7 @@ impl SqlSession {
             let (table, column) = &key;
             let read = |e: datafusion::error::DataFusionError| {
                 EngineError::Sql(format!(
-                    "ai_extract: the field's keys {table}.{column} cannot be read: {e}"
+                    "the field's keys {table}.{column} cannot be read: {e}"
                 ))
             };
             let name = datafusion::prelude::ident(column.as_str());

@@ -8,6 +8,7 @@
 //! | BigQuery | `AI.SCORE(('Rate ', r.body))` | `ai_score('Rate {0}', r.body)` |
 //! | BigQuery | `AI.GENERATE(('Summarise ', r.body))` | `ai_complete('Summarise {0}', r.body)` |
 //! | BigQuery | `AI.GENERATE_INT(('Year of ', r.body))` (`_DOUBLE`, `_BOOL`) | `ai_generate('INT', 'Year of {0}', r.body)` |
+//! | BigQuery | `AI.GENERATE(('Facts of ', r.body), output_schema => 'name STRING, age INT64')` | `ai_generate('STRUCT<name VARCHAR, age INT>', 'Facts of {0}', r.body)` |
 //! | aisql | `ai_complete('Year of {0}', r.body, returns => 'INT')` | `ai_generate('INT', 'Year of {0}', r.body)` |
 //! | Snowflake | `AI_COMPLETE('qwen3-4b', PROMPT('Summarise {0}', r.body))` | `ai_complete('Summarise {0}', r.body)`, the model checked against the loaded one |
 //! | Snowflake | `AI_COMPLETE('qwen3-4b', PROMPT('Facts of {0}', r.body), response_format => {'type': 'json', 'schema': {...}})` | `ai_generate('JSON {...}', 'Facts of {0}', r.body)` (the schema as JSON; also given as a string of JSON) |
@@ -30,6 +31,7 @@ use datafusion::sql::sqlparser::ast::{
 
 use crate::error::{EngineError, Result};
 use crate::exec::ai_functions::{AiFunction, MAX_TOKENS_LIMIT};
+use crate::inference::field_type::{FieldDecl, FieldType};
 use crate::inference::prompt::check_placeholders;
 
 /// Where each AI call's template first appears in the SQL text: the planner
@@ -45,7 +47,7 @@ AI_COMPLETE(model, PROMPT(...) [, response_format => {'type': 'json', 'schema': 
 ai_generate(type, template, doc [, max_tokens]), ai_embed(text [, instruction] [, dims]), \
 ai_similarity(text, text), AI_FILTER(PROMPT(template, doc...)), \
 AI_COMPLETE(model, PROMPT(template, doc...)), AI.IF((text, column, text...)), \
-AI.SCORE((...)), AI.GENERATE((...)), AI.GENERATE_INT/_DOUBLE/_BOOL((...)), ai_count_tokens(template, doc) or (text), \
+AI.SCORE((...)), AI.GENERATE((...) [, output_schema => 'name TYPE, ...']), AI.GENERATE_INT/_DOUBLE/_BOOL((...)), ai_count_tokens(template, doc) or (text), \
 AI_COUNT_TOKENS('ai_filter', PROMPT(...)) and AI.COUNT_TOKENS((...))";
 
 /// What normalizing a statement found: where each AI call's template is, and
@@ -284,6 +286,47 @@ fn is_answer_type_argument(a: &FunctionArg) -> bool {
     })
 }
 
+/// BigQuery's `AI.GENERATE(prompt, output_schema => 'name STRING, age
+/// INT64')`: the call without the argument, and the struct type it names
+/// (checked here, so that its error has the call's place).
+fn output_schema_argument(f: &Function) -> Result<(Function, Option<FieldType>)> {
+    let mut plain = f.clone();
+    let FunctionArguments::List(list) = &mut plain.args else {
+        return Ok((plain, None));
+    };
+    let is_schema =
+        |a: &FunctionArg| argument_name(a).is_some_and(|n| n.eq_ignore_ascii_case("output_schema"));
+    let given: Vec<FunctionArg> = list.args.iter().filter(|a| is_schema(a)).cloned().collect();
+    list.args.retain(|a| !is_schema(a));
+    let bad = |why: String| sql_error(format!("AI.GENERATE{}: output_schema => {why}", at(f)));
+    let value = match given.as_slice() {
+        [] => return Ok((plain, None)),
+        [
+            FunctionArg::Named {
+                arg: FunctionArgExpr::Expr(e),
+                ..
+            },
+        ]
+        | [
+            FunctionArg::ExprNamed {
+                arg: FunctionArgExpr::Expr(e),
+                ..
+            },
+        ] => e,
+        [_] => return Err(bad("takes a string literal".into())),
+        _ => return Err(bad("is given more than once".into())),
+    };
+    let fields = string_literal(value).ok_or_else(|| {
+        bad(format!(
+            "takes the fields as a string literal such as 'name STRING, age INT64', not {value}"
+        ))
+    })?;
+    let ty = FieldDecl::parse(&format!("answer STRUCT<{fields}>"))
+        .map_err(|e| bad(e.replace("\"answer STRUCT<", "\"STRUCT<")))?
+        .ty;
+    Ok((plain, Some(ty)))
+}
+
 /// The answer type a call's `returns => 'TYPE'` or `response_format => ...`
 /// names (`None` when it has neither).
 fn answer_type_argument(f: &Function, spelled: &str) -> Result<Option<String>> {
@@ -429,7 +472,14 @@ fn normalize_expr(e: &mut Expr, found: &mut Spelled) -> Result<()> {
         [ai, op] if ai == "ai" => match op.as_str() {
             "if" => Some(bigquery_prompt(f, "AI.IF", "ai_filter", 2)?),
             "score" => Some(bigquery_prompt(f, "AI.SCORE", "ai_score", 2)?),
-            "generate" => Some(bigquery_prompt(f, "AI.GENERATE", "ai_complete", 2)?),
+            "generate" => {
+                let (plain, fields) = output_schema_argument(f)?;
+                let complete = bigquery_prompt(&plain, "AI.GENERATE", "ai_complete", 2)?;
+                Some(match fields {
+                    Some(fields) => typed(complete, &fields.to_string()),
+                    None => complete,
+                })
+            }
             "generate_int" | "generate_double" | "generate_bool" => {
                 let ty = match op.as_str() {
                     "generate_int" => "INT",
@@ -791,6 +841,43 @@ mod tests {
         let bq = normalized("SELECT id FROM t WHERE AI.IF(('Is ', body, ' kind?'))").unwrap();
         assert_eq!(quail, snow);
         assert_eq!(quail, bq);
+    }
+
+    /// BigQuery's output_schema is a STRUCT answer type, spelled
+    /// canonically; a schema that is no struct is refused at the call.
+    #[test]
+    fn bigquery_output_schemas_become_struct_types() {
+        let typed = normalized(
+            "SELECT AI.GENERATE(('Facts of ', body), output_schema => \
+             'name STRING, age INT64, tags ARRAY<STRING>, home STRUCT<city STRING, zip INT64>') \
+             FROM t",
+        )
+        .unwrap();
+        assert_eq!(
+            typed,
+            "SELECT ai_generate('STRUCT<name VARCHAR, age INT, tags ARRAY<VARCHAR>, \
+             home STRUCT<city VARCHAR, zip INT>>', 'Facts of {0}', body) FROM t"
+        );
+        let plain = normalized("SELECT AI.GENERATE(('Facts of ', body)) FROM t").unwrap();
+        assert_eq!(plain, "SELECT ai_complete('Facts of {0}', body) FROM t");
+        let refused = |schema: &str, says: &str| {
+            let e = normalized(&format!(
+                "SELECT AI.GENERATE(('Facts of ', body), output_schema => {schema}) FROM t"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.contains(says) && e.contains("line 1") && e.contains("output_schema"),
+                "{schema}: {e}"
+            );
+        };
+        refused("'name'", "has no type");
+        refused("'name BLOB'", "\"BLOB\" is not a type");
+        refused("'a INT64, a STRING'", "comes twice");
+        refused("'a JSON {}'", "JSON inside a STRUCT");
+        refused("'a ARRAY<INT64'", "unclosed");
+        refused("''", "has no type");
+        refused("body", "as a string literal");
     }
 
     #[test]

@@ -9,6 +9,9 @@ use datafusion::arrow::datatypes::DataType;
 use super::{AnswerKind, ModelReading, SampleSoFar, TableColumn, hash_words, wrong};
 use crate::error::{EngineError, Result};
 use crate::inference::call::{AiCall, Answer};
+use std::sync::Arc;
+
+use super::declarations;
 use crate::inference::field_type::{FieldDecl, FieldType};
 use crate::inference::prompt::{PromptFormat, PromptPieces, complete_pieces, pair_complete_pieces};
 
@@ -118,12 +121,25 @@ impl AnswerKind for Complete {
 }
 
 /// The type of a generating call's answers: its one label's (an
-/// `ai_generate`), else text.
-pub fn answer_type(labels: &[String]) -> FieldType {
-    match labels {
-        [spelled] => FieldDecl::parse(&format!("answer {spelled}"))
-            .map(|d| d.ty)
-            .unwrap_or(FieldType::Text),
-        _ => FieldType::Text,
+/// `ai_generate`), else text. Read once per label and kept with the fields
+/// of extractions ([`declarations`]): every answer's check asks for it, and
+/// a struct's or a key set's spelling is long.
+pub fn answer_type(labels: &[String]) -> AnswerType {
+    let decl = match labels {
+        [spelled] => format!("answer {spelled}"),
+        _ => "answer".to_string(),
+    };
+    AnswerType(declarations(&[decl]))
+}
+
+/// A generating call's answer type (see [`answer_type`]).
+pub struct AnswerType(Arc<[FieldDecl]>);
+
+impl std::ops::Deref for AnswerType {
+    type Target = FieldType;
+
+    fn deref(&self) -> &FieldType {
+        // A label that is no declaration is one text field: never empty.
+        &self.0[0].ty
     }
 }

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use aisql_models::{
-    ClassifyRequest, Continuation, GenerateRequest, KvHandle, Qwen3, TokenConstraint, Tokenizer,
+    ClassifyRequest, Continuation, FinishReason, GenerateRequest, KvHandle, Qwen3, TokenConstraint,
+    Tokenizer,
 };
 
 use crate::error::Result;
@@ -213,15 +214,22 @@ impl ModelExecutor {
             .iter()
             .map(|t| match t {
                 FieldType::Text => Ok(None),
-                FieldType::Enum(values) => Ok(Some(self.key_trie(t, values)?.walk())),
+                FieldType::Enum { values, or_null } => {
+                    Ok(Some(self.key_trie(values)?.walk(*or_null)))
+                }
                 t => self.grammars()?.constraint(t),
             })
             .collect()
     }
 
-    /// The token trie of the set of values `ty`.
-    fn key_trie(&self, ty: &FieldType, values: &[String]) -> Result<Arc<KeyTrie>> {
-        let key = ty.to_string();
+    /// The token trie of a set of values (one for `ENUM(...)` and `ENUM(...)
+    /// OR NULL`).
+    fn key_trie(&self, values: &[String]) -> Result<Arc<KeyTrie>> {
+        let key = FieldType::Enum {
+            values: values.to_vec(),
+            or_null: false,
+        }
+        .to_string();
         let mut tries = self.key_tries.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(trie) = tries.get(&key) {
             return Ok(trie.clone());
@@ -273,8 +281,15 @@ impl ModelExecutor {
             .iter()
             .zip(&mut constraints)
             .map(|(g, c)| {
-                if c.as_mut().is_some_and(|c| !c.is_complete()) {
-                    return Generated::Incomplete;
+                if let Some(c) = c.as_mut()
+                    && !c.is_complete()
+                {
+                    // A walk that left its set before a whole value answers
+                    // none; one that ran out of tokens answers nothing.
+                    return match c.may_leave() && g.finish == FinishReason::Stop {
+                        true => Generated::Text("".into()),
+                        false => Generated::Incomplete,
+                    };
                 }
                 match self.tokenizer.decode(&g.token_ids) {
                     Ok(text) => Generated::Text(text.into()),
@@ -357,7 +372,7 @@ impl Executor for ModelExecutor {
                 let prompts: Vec<(Option<&KvHandle>, Vec<u32>)> =
                     items.iter().map(|(p, t)| (*p, t.to_vec())).collect();
                 let ty = answer_type(&call.labels);
-                let types = vec![&ty; prompts.len()];
+                let types = vec![&*ty; prompts.len()];
                 self.generate(&prompts, &types, call.max_tokens, stopped)?
                     .into_iter()
                     .enumerate()
@@ -366,7 +381,10 @@ impl Executor for ModelExecutor {
                         Generated::Unreadable(e) => failed(i, unreadable(&e)),
                         Generated::Incomplete => failed(
                             i,
-                            format!("no whole {ty} answer within max_tokens {}", call.max_tokens),
+                            format!(
+                                "no whole {} answer within max_tokens {}",
+                                *ty, call.max_tokens
+                            ),
                         ),
                     })
                     .collect()
