@@ -140,6 +140,9 @@ fn typed_completions_written_as_substrait_run_with_aisql_query() {
          ai_generate('DATE', 'When was {0} written?', body, 12) + INTERVAL '1 day' AS d, \
          NOT AI.GENERATE_BOOL(('Is ', body, ' kind?')) AS unkind, \
          ai_generate('ENUM(drama, comedy)', 'The genre of {0}?', body) AS genre, \
+         ai_generate('ENUM(drama, comedy) OR NULL', 'The genre of {0}?', body) AS maybe, \
+         AI.GENERATE(('Facts of ', body), output_schema => 'year INT64, ok BOOL, \
+         kind ENUM(film, food) OR NULL, at STRUCT<day DATE>').year AS fy, \
          ai_generate('JSON {\"type\":\"object\",\"properties\":{\"year\":{\"type\":\"integer\",\
          \"minimum\":1900,\"maximum\":2030},\"kind\":{\"enum\":[\"film\",\"food\"]}},\
          \"required\":[\"year\",\"kind\"],\"additionalProperties\":false}', \

@@ -310,10 +310,12 @@ fn typed_fields_are_values_of_their_types_with_and_without_the_prefix_cache() {
         "again BOOLEAN: Would the writer come back?",
         "genre ENUM(drama, comedy, 'food & drink'): Which genre?",
         "tone: One word for the tone?",
+        "facts STRUCT<n INT, ok BOOLEAN, on DATE>: Its facts?",
+        "maybe ENUM(drama, comedy) OR NULL: Which genre, if any?",
     ];
     let extract = call(
         "ai_extract",
-        vec![col("body"), list(&questions), lit(24i64)],
+        vec![col("body"), list(&questions), lit(64i64)],
     );
     assert_eq!(
         extract.return_type(),
@@ -324,6 +326,16 @@ fn typed_fields_are_values_of_their_types_with_and_without_the_prefix_cache() {
             Field::new("again", DataType::Boolean, true),
             Field::new("genre", DataType::Utf8, true),
             Field::new("tone", DataType::Utf8, true),
+            Field::new(
+                "facts",
+                DataType::Struct(Fields::from(vec![
+                    Field::new("n", DataType::Int64, true),
+                    Field::new("ok", DataType::Boolean, true),
+                    Field::new("on", DataType::Date32, true),
+                ])),
+                true
+            ),
+            Field::new("maybe", DataType::Utf8, true),
         ]))
     );
     let mut runs = Vec::new();
@@ -359,6 +371,11 @@ fn typed_fields_are_values_of_their_types_with_and_without_the_prefix_cache() {
     let column = column.as_struct();
     assert_eq!(column.column(0).data_type(), &DataType::Int64);
     assert_eq!(column.column(2).null_count(), 0);
+    assert_eq!(column.column(6).null_count(), 0);
+    assert_eq!(
+        column.column(6).as_struct().column(2).data_type(),
+        &DataType::Date32
+    );
     eprintln!("typed fields of the first review: {:?}", runs[0][0]);
 
     // A date takes more than two tokens: no row can finish one.

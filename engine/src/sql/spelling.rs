@@ -286,6 +286,78 @@ fn is_answer_type_argument(a: &FunctionArg) -> bool {
     })
 }
 
+/// BigQuery's field access on a call, `AI.GENERATE(...).result` or
+/// `AI.GENERATE(..., output_schema => ...).age` (parsed as `AI` accessed by
+/// the call, then by the field): the normalized call, `.result` of a text
+/// answer being the answer itself and a struct's `.name` its field. `None`
+/// when `e` is no such access.
+fn bigquery_field_access(e: &Expr, found: &mut Spelled) -> Result<Option<Expr>> {
+    use datafusion::sql::sqlparser::ast::{AccessExpr, Subscript};
+    let Expr::CompoundFieldAccess { root, access_chain } = e else {
+        return Ok(None);
+    };
+    let (Expr::Identifier(ai), [AccessExpr::Dot(Expr::Function(f)), rest @ ..]) =
+        (root.as_ref(), access_chain.as_slice())
+    else {
+        return Ok(None);
+    };
+    if !ai.value.eq_ignore_ascii_case("ai") {
+        return Ok(None);
+    }
+    let mut call = f.clone();
+    call.name
+        .0
+        .insert(0, ObjectNamePart::Identifier(ai.clone()));
+    let spelled = call.name.to_string();
+    let mut call = Expr::Function(call);
+    normalize_expr(&mut call, found)?;
+    // A struct answer (output_schema) is its fields; any other is BigQuery's
+    // struct of result, full_response and status, of which aisql gives the
+    // result (a failed row is an error or NULL).
+    let is_struct = match &call {
+        Expr::Function(Function {
+            args: FunctionArguments::List(l),
+            ..
+        }) => matches!(
+            l.args.first(),
+            Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(t)))
+                if string_literal(t).is_some_and(|t| t.starts_with("STRUCT<"))
+        ),
+        _ => false,
+    };
+    let mut fields = rest.iter();
+    if !is_struct {
+        match fields.next() {
+            Some(AccessExpr::Dot(Expr::Identifier(r)))
+                if r.value.eq_ignore_ascii_case("result") => {}
+            Some(other) => {
+                return Err(sql_error(format!(
+                    "{spelled}(...){other}{}: aisql gives .result only (no full_response or \
+                     status: a row that fails is an error, or NULL under --on-row-error null)",
+                    at(f)
+                )));
+            }
+            None => {}
+        }
+    }
+    // A struct's fields by name, as DataFusion reads them.
+    let chain: Vec<AccessExpr> = fields
+        .map(|a| match a {
+            AccessExpr::Dot(Expr::Identifier(name)) => AccessExpr::Subscript(Subscript::Index {
+                index: literal(name.value.clone()),
+            }),
+            other => other.clone(),
+        })
+        .collect();
+    Ok(Some(match chain.is_empty() {
+        true => call,
+        false => Expr::CompoundFieldAccess {
+            root: Box::new(call),
+            access_chain: chain,
+        },
+    }))
+}
+
 /// BigQuery's `AI.GENERATE(prompt, output_schema => 'name STRING, age
 /// INT64')`: the call without the argument, and the struct type it names
 /// (checked here, so that its error has the call's place).
@@ -459,6 +531,10 @@ fn literal(s: String) -> Expr {
 }
 
 fn normalize_expr(e: &mut Expr, found: &mut Spelled) -> Result<()> {
+    if let Some(accessed) = bigquery_field_access(e, found)? {
+        *e = accessed;
+        return Ok(());
+    }
     let Expr::Function(f) = e else {
         return Ok(());
     };
@@ -860,6 +936,25 @@ mod tests {
         );
         let plain = normalized("SELECT AI.GENERATE(('Facts of ', body)) FROM t").unwrap();
         assert_eq!(plain, "SELECT ai_complete('Facts of {0}', body) FROM t");
+        // Field access as BigQuery writes it: .result of a text answer, a
+        // struct's field by name.
+        let result = normalized("SELECT AI.GENERATE(('Facts of ', body)).result FROM t").unwrap();
+        assert_eq!(result, plain);
+        let age = normalized(
+            "SELECT AI.GENERATE(('Facts of ', body), output_schema => 'age INT64').age FROM t",
+        )
+        .unwrap();
+        assert_eq!(
+            age,
+            "SELECT ai_generate('STRUCT<age INT>', 'Facts of {0}', body)['age'] FROM t"
+        );
+        let year = normalized("SELECT AI.GENERATE_INT(('Year of ', body)).result FROM t").unwrap();
+        assert_eq!(
+            year,
+            "SELECT ai_generate('INT', 'Year of {0}', body) FROM t"
+        );
+        let e = normalized("SELECT AI.GENERATE(('Facts of ', body)).status FROM t").unwrap_err();
+        assert!(e.to_string().contains(".result only"), "{e}");
         let refused = |schema: &str, says: &str| {
             let e = normalized(&format!(
                 "SELECT AI.GENERATE(('Facts of ', body), output_schema => {schema}) FROM t"
