@@ -8,7 +8,7 @@ mod common;
 use std::path::PathBuf;
 
 use assert_cmd::Command;
-use common::cli::{aisql, sql_data_table, stdout_of_success};
+use common::cli::{aisql, sql_data_table, stdout_json, stdout_of_success};
 use common::*;
 use predicates::prelude::*;
 
@@ -297,14 +297,8 @@ fn a_field_over_a_columns_keys_answers_one_of_the_keys() {
 fn an_or_null_key_answer_is_the_free_completion_while_it_stays_in_the_keys() {
     let template = "Which topic is {0} about?";
     let rows = |query: &str, extra: &[&str]| -> Vec<Option<String>> {
-        let json = sql(query, &[&["--format", "json"], extra].concat())
-            .assert()
-            .success()
-            .get_output()
-            .stdout
-            .clone();
-        let json: serde_json::Value = serde_json::from_slice(&json).unwrap();
-        json.as_array()
+        stdout_json(&mut sql(query, &[&["--format", "json"], extra].concat()))
+            .as_array()
             .unwrap()
             .iter()
             .map(|r| r["a"].as_str().map(str::to_string))

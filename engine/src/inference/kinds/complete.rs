@@ -3,15 +3,14 @@
 //! the grammar of the call's one label, a field type (`INT`, `DATE`, ...),
 //! and read as a value of it.
 
+use std::sync::Arc;
+
 use datafusion::arrow::array::ArrayRef;
 use datafusion::arrow::datatypes::DataType;
 
-use super::{AnswerKind, ModelReading, SampleSoFar, TableColumn, hash_words, wrong};
+use super::{AnswerKind, ModelReading, SampleSoFar, TableColumn, declarations, hash_words, wrong};
 use crate::error::{EngineError, Result};
 use crate::inference::call::{AiCall, Answer};
-use std::sync::Arc;
-
-use super::declarations;
 use crate::inference::field_type::{FieldDecl, FieldType};
 use crate::inference::prompt::{PromptFormat, PromptPieces, complete_pieces, pair_complete_pieces};
 

@@ -11,7 +11,7 @@ use aisql_models::{
 
 use crate::error::Result;
 use crate::inference::backend::{AiCall, AiRequest, Answer, Answerer};
-use crate::inference::field_type::FieldType;
+use crate::inference::field_type::{FieldType, OR_NULL};
 use crate::inference::grammar::Grammars;
 use crate::inference::key_trie::KeyTrie;
 use crate::inference::kinds::{ModelReading, SampleSoFar, answer_type, declarations, embedding_of};
@@ -215,21 +215,21 @@ impl ModelExecutor {
             .map(|t| match t {
                 FieldType::Text => Ok(None),
                 FieldType::Enum { values, or_null } => {
-                    Ok(Some(self.key_trie(values)?.walk(*or_null)))
+                    Ok(Some(self.key_trie(t, values)?.walk(*or_null)))
                 }
                 t => self.grammars()?.constraint(t),
             })
             .collect()
     }
 
-    /// The token trie of a set of values (one for `ENUM(...)` and `ENUM(...)
-    /// OR NULL`).
-    fn key_trie(&self, values: &[String]) -> Result<Arc<KeyTrie>> {
-        let key = FieldType::Enum {
-            values: values.to_vec(),
-            or_null: false,
-        }
-        .to_string();
+    /// The token trie of the set of values `ty` (one for `ENUM(...)` and
+    /// `ENUM(...) OR NULL`).
+    fn key_trie(&self, ty: &FieldType, values: &[String]) -> Result<Arc<KeyTrie>> {
+        let spelled = ty.to_string();
+        let key = spelled
+            .strip_suffix(OR_NULL)
+            .unwrap_or(&spelled)
+            .to_string();
         let mut tries = self.key_tries.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(trie) = tries.get(&key) {
             return Ok(trie.clone());
