@@ -146,29 +146,49 @@ impl fmt::Display for FieldType {
 /// one found is the declaration's type, whatever its body holds.
 const TYPE_OPENERS: [&str; 4] = [" JSON {", " ENUM(", " STRUCT<", " ARRAY<"];
 
+/// The most STRUCT and ARRAY levels a type nests (BigQuery's limit): deeper
+/// types would recurse without bound in every reading of them.
+const MOST_NESTED: usize = 15;
+
 /// `decl` split into its name and type: text when it ends in no type.
 fn split_type(decl: &str) -> Result<(&str, FieldType), String> {
+    split_type_within(decl, 0)
+}
+
+/// [`split_type`] of a declaration inside `depth` STRUCT or ARRAY levels.
+fn split_type_within(decl: &str, depth: usize) -> Result<(&str, FieldType), String> {
     let opener = TYPE_OPENERS
         .iter()
         .filter_map(|o| Some((decl.find(o)?, *o)))
         .min();
     if let Some((open, o @ (" STRUCT<" | " ARRAY<"))) = opener {
+        if depth >= MOST_NESTED {
+            return Err(format!(
+                "STRUCT and ARRAY types nest at most {MOST_NESTED} levels deep"
+            ));
+        }
         let Some(inner) = decl[open + o.len()..].strip_suffix('>') else {
             return Err(format!(
                 "{decl:?}: {}< has no closing '>' at the end",
                 o.trim_matches([' ', '<'])
             ));
         };
+        // The whole declaration names the error once, at the top.
+        let named = |e: String| match depth {
+            0 => format!("{decl:?}: {e}"),
+            _ => e,
+        };
         let ty = match o {
-            " STRUCT<" => {
-                FieldType::Struct(struct_fields(inner).map_err(|e| format!("{decl:?}: {e}"))?)
-            }
+            " STRUCT<" => FieldType::Struct(struct_fields(inner, depth + 1).map_err(named)?),
             _ => FieldType::Array(Box::new(
-                nested_type(inner.trim()).map_err(|e| format!("{decl:?}: ARRAY<{inner}>: {e}"))?,
+                nested_type(inner.trim(), depth + 1).map_err(named)?,
             )),
         };
-        crate::inference::grammar::check_json_schema(&ty.json_schema())
-            .map_err(|e| format!("{decl:?}: {e}"))?;
+        // The whole type's schema, once.
+        if depth == 0 {
+            crate::inference::grammar::check_json_schema(&ty.json_schema())
+                .map_err(|e| format!("{decl:?}: {e}"))?;
+        }
         return Ok((decl[..open].trim_end(), ty));
     }
     if let Some((at, " JSON {")) = opener {
@@ -212,9 +232,10 @@ fn split_type(decl: &str) -> Result<(&str, FieldType), String> {
     Ok((name.trim_end(), ty))
 }
 
-/// The fields of `STRUCT<...>`: `name TYPE` each, comma-separated, at least
-/// one, names of letters, digits and `_`, none twice.
-fn struct_fields(inner: &str) -> Result<Vec<FieldDecl>, String> {
+/// The fields of `STRUCT<...>` (at `depth` levels): `name TYPE` each,
+/// comma-separated, at least one, names of letters, digits and `_`, none
+/// twice.
+fn struct_fields(inner: &str, depth: usize) -> Result<Vec<FieldDecl>, String> {
     let mut fields: Vec<FieldDecl> = Vec::new();
     for spelled in top_level_items(inner)? {
         let spelled = spelled.trim();
@@ -229,7 +250,8 @@ fn struct_fields(inner: &str) -> Result<Vec<FieldDecl>, String> {
         if fields.iter().any(|d| d.name.eq_ignore_ascii_case(name)) {
             return Err(format!("the STRUCT field {name:?} comes twice"));
         }
-        let ty = nested_type(ty.trim()).map_err(|e| format!("the STRUCT field {name}: {e}"))?;
+        let ty =
+            nested_type(ty.trim(), depth).map_err(|e| format!("the STRUCT field {name}: {e}"))?;
         fields.push(FieldDecl {
             name: name.to_string(),
             ty,
@@ -241,15 +263,15 @@ fn struct_fields(inner: &str) -> Result<Vec<FieldDecl>, String> {
     Ok(fields)
 }
 
-/// The type spelled `spelled` inside a STRUCT or an ARRAY: any type but JSON
-/// (arrow-json reads no JSON value into text).
-fn nested_type(spelled: &str) -> Result<FieldType, String> {
+/// The type spelled `spelled` inside `depth` STRUCT or ARRAY levels: any
+/// type but JSON (arrow-json reads no JSON value into text).
+fn nested_type(spelled: &str, depth: usize) -> Result<FieldType, String> {
     let unknown = || format!("{spelled:?} is not a type");
     if spelled.is_empty() {
         return Err(unknown());
     }
     let decl = format!("item {spelled}");
-    let (name, ty) = split_type(&decl)?;
+    let (name, ty) = split_type_within(&decl, depth)?;
     match ty {
         _ if name != "item" => Err(unknown()),
         FieldType::Text if !matches!(spelled, "VARCHAR" | "TEXT" | "STRING") => Err(unknown()),
@@ -858,6 +880,18 @@ mod tests {
         ] {
             let e = FieldDecl::parse(bad).unwrap_err();
             assert!(e.contains(says), "{bad}: {e}");
+        }
+        // Nesting is bounded: 15 levels read, 16 and 100,000 do not (no
+        // recursion without bound).
+        let nested =
+            |levels: usize| format!("x {}INT{}", "ARRAY<".repeat(levels), ">".repeat(levels));
+        assert!(FieldDecl::parse(&nested(15)).is_ok());
+        for (bad, says) in [
+            (nested(16), "at most 15 levels"),
+            (nested(100_000), "at most 15 levels"),
+        ] {
+            let e = FieldDecl::parse(&bad).unwrap_err();
+            assert!(e.contains(says) && e.len() < 2 * bad.len() + 200, "{e}");
         }
     }
 
