@@ -1206,10 +1206,11 @@ mod tests {
             Ok(mask)
         }
         fn accept(&mut self, token: u32) -> std::result::Result<(), String> {
-            match Self::allows(self.accepted, token as usize) {
-                true => Ok(self.accepted += 1),
-                false => Err(format!("token {token} is not allowed")),
+            if !Self::allows(self.accepted, token as usize) {
+                return Err(format!("token {token} is not allowed"));
             }
+            self.accepted += 1;
+            Ok(())
         }
         fn must_stop(&self) -> bool {
             false

@@ -63,10 +63,13 @@ impl MaskCost {
     }
 }
 
-/// Masks already computed, by type and the tokens taken before them.
+/// A parser's state: its type's spelling and the tokens it has taken.
+type ParserState = (Arc<str>, Vec<u32>);
+
+/// Masks already computed, by the state they were computed in.
 #[derive(Debug, Default)]
 pub struct MaskMemo {
-    masks: Mutex<HashMap<(Arc<str>, Vec<u32>), Arc<[u32]>>>,
+    masks: Mutex<HashMap<ParserState, Arc<[u32]>>>,
 }
 
 impl MaskMemo {
@@ -74,7 +77,7 @@ impl MaskMemo {
     /// Qwen3's); past them all are dropped and computed again when asked.
     const MOST: usize = 512;
 
-    fn get(&self, key: &(Arc<str>, Vec<u32>)) -> Option<Arc<[u32]>> {
+    fn get(&self, key: &ParserState) -> Option<Arc<[u32]>> {
         self.masks
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -82,7 +85,7 @@ impl MaskMemo {
             .cloned()
     }
 
-    fn keep(&self, key: (Arc<str>, Vec<u32>), mask: Arc<[u32]>) {
+    fn keep(&self, key: ParserState, mask: Arc<[u32]>) {
         let mut masks = self.masks.lock().unwrap_or_else(|p| p.into_inner());
         if masks.len() >= Self::MOST {
             masks.clear();
@@ -246,7 +249,7 @@ pub fn check_json_schema(schema: &serde_json::Value) -> std::result::Result<(), 
 /// that name the state in the memo.
 struct TypedAnswer {
     matcher: Matcher,
-    state: (Arc<str>, Vec<u32>),
+    state: ParserState,
     memo: Arc<MaskMemo>,
     cost: Arc<MaskCost>,
 }
