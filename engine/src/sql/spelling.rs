@@ -278,6 +278,22 @@ fn argument_name(a: &FunctionArg) -> Option<&str> {
     }
 }
 
+/// The name and value of `a` when it is a named argument whose value is an
+/// expression.
+fn named_argument(a: &FunctionArg) -> Option<(&str, &Expr)> {
+    match a {
+        FunctionArg::Named {
+            arg: FunctionArgExpr::Expr(e),
+            ..
+        }
+        | FunctionArg::ExprNamed {
+            arg: FunctionArgExpr::Expr(e),
+            ..
+        } => Some((argument_name(a)?, e)),
+        _ => None,
+    }
+}
+
 fn is_answer_type_argument(a: &FunctionArg) -> bool {
     argument_name(a).is_some_and(|n| {
         ANSWER_TYPE_ARGUMENTS
@@ -373,19 +389,9 @@ fn output_schema_argument(f: &Function) -> Result<(Function, Option<FieldType>)>
     let bad = |why: String| sql_error(format!("AI.GENERATE{}: output_schema => {why}", at(f)));
     let value = match given.as_slice() {
         [] => return Ok((plain, None)),
-        [
-            FunctionArg::Named {
-                arg: FunctionArgExpr::Expr(e),
-                ..
-            },
-        ]
-        | [
-            FunctionArg::ExprNamed {
-                arg: FunctionArgExpr::Expr(e),
-                ..
-            },
-        ] => e,
-        [_] => return Err(bad("takes a string literal".into())),
+        [one] => named_argument(one)
+            .map(|(_, e)| e)
+            .ok_or_else(|| bad("takes a string literal".into()))?,
         _ => return Err(bad("is given more than once".into())),
     };
     let fields = string_literal(value).ok_or_else(|| {
@@ -409,15 +415,7 @@ fn answer_type_argument(f: &Function, spelled: &str) -> Result<Option<String>> {
         .args
         .iter()
         .filter(|a| is_answer_type_argument(a))
-        .filter_map(|a| {
-            let (FunctionArg::Named { arg, .. } | FunctionArg::ExprNamed { arg, .. }) = a else {
-                return None;
-            };
-            match arg {
-                FunctionArgExpr::Expr(e) => Some((argument_name(a)?, e)),
-                _ => None,
-            }
-        })
+        .filter_map(named_argument)
         .collect();
     let (name, value) = match given.as_slice() {
         [] => return Ok(None),
