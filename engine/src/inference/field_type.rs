@@ -272,9 +272,9 @@ fn nested_type(spelled: &str, depth: usize) -> Result<FieldType, String> {
     }
     let decl = format!("item {spelled}");
     let (name, ty) = split_type_within(&decl, depth)?;
+    // An unknown word stays in the name (`item WORD`), as for any text field.
     match ty {
         _ if name != "item" => Err(unknown()),
-        FieldType::Text if !matches!(spelled, "VARCHAR" | "TEXT" | "STRING") => Err(unknown()),
         FieldType::Json(_) => Err("JSON inside a STRUCT or an ARRAY is not read; \
              spell its fields as a STRUCT"
             .into()),
