@@ -98,7 +98,7 @@ impl MaskMemo {
 pub struct Grammars {
     factory: ParserFactory,
     /// One compiled parser per type (by its spelling), cloned per sequence.
-    compiled: Mutex<HashMap<String, Matcher>>,
+    compiled: Mutex<HashMap<Arc<str>, Matcher>>,
     memo: Arc<MaskMemo>,
     cost: Arc<MaskCost>,
 }
@@ -161,19 +161,19 @@ impl Grammars {
     /// A fresh constraint for one answer of type `ty`; `None` for free text
     /// (and for a set of values, which a token trie follows).
     pub fn constraint(&self, ty: &FieldType) -> Result<Option<Box<dyn TokenConstraint>>> {
-        let Some(grammar) = grammar_of(ty) else {
-            return Ok(None);
-        };
-        let key = ty.to_string();
-        let spelled: Arc<str> = key.as_str().into();
+        let spelled: Arc<str> = ty.to_string().into();
         let mut compiled = self.compiled.lock().unwrap_or_else(|p| p.into_inner());
         // JSON schemas come from queries: keep a few parsers, not all.
-        if compiled.len() >= 64 && !compiled.contains_key(&key) {
+        if compiled.len() >= 64 && !compiled.contains_key(&spelled) {
             compiled.clear();
         }
-        let matcher = match compiled.get(&key) {
+        let matcher = match compiled.get(&spelled) {
             Some(m) => m.deep_clone(),
             None => {
+                // The grammar is built only for a parser not compiled yet.
+                let Some(grammar) = grammar_of(ty) else {
+                    return Ok(None);
+                };
                 let parser = self.factory.create_parser(grammar);
                 let matcher = Matcher::new(parser);
                 if let Some(e) = matcher.get_error() {
@@ -182,7 +182,7 @@ impl Grammars {
                     )));
                 }
                 let fresh = matcher.deep_clone();
-                compiled.insert(key, matcher);
+                compiled.insert(spelled.clone(), matcher);
                 fresh
             }
         };
