@@ -8,7 +8,8 @@ use std::sync::Arc;
 use datafusion::arrow::array::ArrayRef;
 use datafusion::arrow::datatypes::DataType;
 
-use super::{AnswerKind, ModelReading, SampleSoFar, TableColumn, declarations, hash_words, wrong};
+use super::extract::kept_declarations;
+use super::{AnswerKind, ModelReading, SampleSoFar, TableColumn, hash_words, wrong};
 use crate::error::{EngineError, Result};
 use crate::inference::call::{AiCall, Answer};
 use crate::inference::field_type::{FieldDecl, FieldType};
@@ -121,24 +122,22 @@ impl AnswerKind for Complete {
 
 /// The type of a generating call's answers: its one label's (an
 /// `ai_generate`), else text. Read once per label and kept with the fields
-/// of extractions ([`declarations`]): every answer's check asks for it, and
-/// a struct's or a key set's spelling is long.
+/// of extractions ([`kept_declarations`]): every answer's check asks for
+/// it, and a struct's or a key set's spelling is long.
 pub fn answer_type(labels: &[String]) -> AnswerType {
-    let decl = match labels {
-        [spelled] => format!("answer {spelled}"),
-        _ => "answer".to_string(),
-    };
-    AnswerType(declarations(&[decl]))
+    AnswerType(matches!(labels, [_]).then(|| kept_declarations(labels, "answer ")))
 }
 
-/// A generating call's answer type (see [`answer_type`]).
-pub struct AnswerType(Arc<[FieldDecl]>);
+/// A generating call's answer type (see [`answer_type`]): its one label's
+/// declaration, or none (text).
+pub struct AnswerType(Option<Arc<[FieldDecl]>>);
 
 impl std::ops::Deref for AnswerType {
     type Target = FieldType;
 
     fn deref(&self) -> &FieldType {
+        static TEXT: FieldType = FieldType::Text;
         // A label that is no declaration is one text field: never empty.
-        &self.0[0].ty
+        self.0.as_ref().map_or(&TEXT, |d| &d[0].ty)
     }
 }

@@ -180,11 +180,17 @@ impl AnswerKind for Extract {
 /// check reads them, and a field over a column's keys spells them all, so
 /// the last few label sets' declarations are kept, by a hash of the labels.
 pub fn declarations(labels: &[String]) -> Arc<[FieldDecl]> {
+    kept_declarations(labels, "")
+}
+
+/// [`declarations`] of `labels` each read after `prefix` (a generating
+/// call's type is read as `answer {type}`), kept by a hash of both.
+pub(super) fn kept_declarations(labels: &[String], prefix: &str) -> Arc<[FieldDecl]> {
     static KEPT: std::sync::Mutex<Option<HashMap<u128, Arc<[FieldDecl]>>>> =
         std::sync::Mutex::new(None);
     const MOST_KEPT: usize = 64;
     let mut hasher = twox_hash::XxHash3_128::new();
-    for l in labels {
+    for l in std::iter::once(prefix).chain(labels.iter().map(String::as_str)) {
         hasher.write(&(l.len() as u64).to_le_bytes());
         hasher.write(l.as_bytes());
     }
@@ -197,7 +203,7 @@ pub fn declarations(labels: &[String]) -> Arc<[FieldDecl]> {
     let parsed: Arc<[FieldDecl]> = labels
         .iter()
         .map(|l| {
-            FieldDecl::parse(l).unwrap_or_else(|_| FieldDecl {
+            FieldDecl::parse(&format!("{prefix}{l}")).unwrap_or_else(|_| FieldDecl {
                 name: l.clone(),
                 ty: FieldType::Text,
             })
